@@ -1,0 +1,8 @@
+// Umbrella header for the CIERA library.
+#pragma once
+
+#include "ciera/codec.hpp"
+#include "ciera/config.hpp"
+#include "ciera/dtype.hpp"
+#include "ciera/error.hpp"
+#include "ciera/version.hpp"

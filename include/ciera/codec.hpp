@@ -1,0 +1,149 @@
+// The exponent-reuse shard codec (paper §3.1, Algorithm 1). Wire format: docs/format.md.
+//
+// One ShardEncoder per local shard on the sender, one ShardDecoder per peer shard on the
+// receiver. The decoder owns the exponent cache that lets the encoder omit unchanged exponents.
+// All buffers are caller-owned; steady-state encode() and decode() do not allocate.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "ciera/config.hpp"
+#include "ciera/dtype.hpp"
+
+namespace ciera {
+
+// Numeric values are wire codes (docs/format.md, "Header").
+enum class FrameKind : uint8_t {
+  kKey = 1,    // carries every exponent; decodable without any cache
+  kDelta = 2,  // carries only exponents that changed since the previous frame
+};
+
+// Numeric values are wire codes (docs/format.md, "Exponent section").
+enum class ExponentSection : uint8_t {
+  kFull = 0,       // key frame: all exponents as one symbol stream
+  kUnchanged = 1,  // delta frame in which no block changed: empty section
+  kBlock = 2,      // delta frame: all exponents of the changed blocks
+  kFine = 3,       // delta frame: positions and steps of the changed exponents
+};
+
+std::string_view frame_kind_name(FrameKind kind);
+std::string_view exponent_section_name(ExponentSection section);
+
+// What one frame contained. Sizes are bytes unless named otherwise.
+struct FrameStats {
+  FrameKind kind = FrameKind::kKey;
+  ExponentSection section = ExponentSection::kFull;
+  uint32_t epoch = 0;
+  uint64_t sequence = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t bitmap_bytes = 0;
+  uint64_t sign_mantissa_bytes = 0;
+  uint64_t exponent_bytes = 0;  // the whole exponent section
+  uint64_t blocks = 0;
+  uint64_t changed_blocks = 0;  // delta frames only
+  // Values whose exponent differs from the previous frame. Known only to an encoder with exact
+  // detection and to a decoder of a fine-coded frame; otherwise changed_values_known is false.
+  uint64_t changed_values = 0;
+  bool changed_values_known = false;
+  // Over the symbol streams this frame entropy-coded with rANS (tables and states included):
+  uint64_t entropy_symbols = 0;
+  uint64_t entropy_coded_bytes = 0;
+  double entropy_bound_bytes = 0;  // sum over those streams of n * H0 / 8 (order-0 entropy)
+  // Over every exponent symbol stream, however it was coded:
+  uint64_t coded_symbols = 0;
+  double coded_symbols_entropy_bits = 0;  // sum of n * H0
+};
+
+// Upper bound on the payload of a shard of `num_values` values; allocate this once.
+size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values);
+
+// Sender side of one shard.
+class ShardEncoder {
+ public:
+  // `epoch` identifies this encoder's stream; it is incremented by each request_key_frame().
+  ShardEncoder(const CodecConfig& config, uint64_t num_values, uint32_t epoch = 1);
+  ~ShardEncoder();
+  ShardEncoder(ShardEncoder&&) noexcept;
+  ShardEncoder& operator=(ShardEncoder&&) noexcept;
+
+  // Encodes `shard` (num_values values, little-endian, any alignment) into `payload`, which must
+  // hold at least max_payload_bytes(). Returns what was sent; stats.payload_bytes is its length.
+  // The first frame, the first `warmup_steps` frames and the frame after request_key_frame()
+  // are key frames.
+  FrameStats encode(std::span<const std::byte> shard, std::span<std::byte> payload);
+
+  // Makes the next frame a key frame that starts a new epoch (used to resynchronise a peer).
+  void request_key_frame();
+
+  uint64_t num_values() const;
+  size_t max_payload_bytes() const;
+  const CodecConfig& config() const;
+  uint32_t epoch() const;
+  uint64_t next_sequence() const;
+  // Bytes of persistent sender state (exact: one byte per value; hash: 16 bytes per block).
+  size_t cache_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Receiver side of one peer shard; owns that shard's exponent cache.
+class ShardDecoder {
+ public:
+  ShardDecoder(const CodecConfig& config, uint64_t num_values);
+  ~ShardDecoder();
+  ShardDecoder(ShardDecoder&&) noexcept;
+  ShardDecoder& operator=(ShardDecoder&&) noexcept;
+
+  // Reconstructs the shard bit for bit into `shard` (num_values values, any alignment). Throws
+  // FormatError for any payload that is malformed, truncated, out of sequence, from another
+  // epoch, for another configuration, or whose content checksum does not match. On error the
+  // cache, epoch and sequence are unchanged and the contents of `shard` are unspecified.
+  FrameStats decode(std::span<const std::byte> payload, std::span<std::byte> shard);
+
+  // Forgets the cache: the next frame must be a key frame.
+  void reset();
+
+  bool has_cache() const;
+  uint32_t epoch() const;
+  uint64_t last_sequence() const;
+  uint64_t num_values() const;
+  const CodecConfig& config() const;
+  // Bytes of the exponent cache (one byte per value).
+  size_t cache_bytes() const;
+  // The cached exponent of every value (valid when has_cache()); for diagnostics and tests.
+  std::span<const uint8_t> cached_exponents() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Header fields of a payload, validated (magic, version, header checksum, known codes) but not
+// checked against any configuration. Throws FormatError.
+struct PayloadInfo {
+  DType dtype;
+  FrameKind kind;
+  ExponentSection section;
+  uint32_t block_values;
+  uint64_t num_values;
+  uint32_t epoch;
+  uint64_t sequence;
+  bool has_content_checksum;
+  uint64_t payload_bytes;  // as the header's section lengths add up
+};
+PayloadInfo inspect_payload(std::span<const std::byte> payload);
+
+// Stateless one-shot coding: a key frame with every exponent entropy-coded (in the spirit of
+// ZipCCL's exponent coding). `config.dtype` and `config.block_values` must match on both sides.
+// Returns the payload length.
+size_t encode_stateless(const CodecConfig& config, std::span<const std::byte> shard,
+                        std::span<std::byte> payload);
+void decode_stateless(const CodecConfig& config, std::span<const std::byte> payload,
+                      std::span<std::byte> shard);
+
+}  // namespace ciera

@@ -1,0 +1,57 @@
+// The one place where codec parameters and their defaults live (house rule 2).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "ciera/dtype.hpp"
+
+namespace ciera {
+
+// How the sender finds blocks whose exponents changed since the last send (paper §3.1).
+enum class ChangeDetection : uint8_t {
+  // Compare with the sender's copy of the exponents it last sent: no false "unchanged" is
+  // possible. Costs one byte of sender memory per value.
+  kExact = 0,
+  // A 128-bit XXH3 hash per block, as in the paper's Algorithm 1: 16 bytes of sender memory per
+  // block. A collision would be caught by the content checksum (docs/format.md).
+  kHash = 1,
+};
+
+// How the exponents of changed blocks are coded in a delta frame.
+enum class ExponentCoding : uint8_t {
+  kAuto = 0,   // per shard and step, whichever of block/fine is smaller (fine needs kExact)
+  kBlock = 1,  // the paper's mode: all exponents of each changed block, entropy-coded
+  kFine = 2,   // positions of changed values inside changed blocks plus their exponent steps
+};
+
+std::string_view change_detection_name(ChangeDetection mode);
+ChangeDetection parse_change_detection(std::string_view name);  // "exact" | "hash"
+std::string_view exponent_coding_name(ExponentCoding mode);
+ExponentCoding parse_exponent_coding(std::string_view name);  // "auto" | "block" | "fine"
+
+struct CodecConfig {
+  static constexpr uint32_t kMinBlockValues = 64;
+  static constexpr uint32_t kMaxBlockValues = 4096;
+
+  DType dtype = DType::kBF16;
+  // Values per block (paper §3.1 and §4.1, where B = 512 was chosen). Any value in
+  // [kMinBlockValues, kMaxBlockValues]; a shard's last block may be partial.
+  uint32_t block_values = 512;
+  // The first `warmup_steps` frames of an encoder are key frames (all exponents): exponents
+  // change often while Adam's moments warm up (paper §2.2, O2).
+  uint32_t warmup_steps = 30;
+  ChangeDetection detection = ChangeDetection::kExact;
+  ExponentCoding coding = ExponentCoding::kAuto;
+  // XXH3-64 of the reconstructed shard in every payload. A decoder with `checksum` on rejects
+  // payloads that carry none; one with it off still verifies a checksum that is present.
+  bool content_checksum = true;
+  // Test hook for the reliability suite: keep only this many bits of each block hash (1..128) to
+  // force collisions in kHash mode. Leave at 128.
+  uint32_t hash_bits = 128;
+
+  // Throws ConfigError naming the offending field.
+  void validate() const;
+};
+
+}  // namespace ciera

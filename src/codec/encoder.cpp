@@ -1,0 +1,462 @@
+// Sender side of the exponent-reuse codec: paper §3.1 and Algorithm 1 (sender half), with the
+// fine coding and key frames described in docs/format.md.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "ciera/error.hpp"
+#include "codec/chunking.hpp"
+#include "codec/wire.hpp"
+#include "common/bits.hpp"
+#include "common/bytes.hpp"
+#include "common/checksum.hpp"
+#include "entropy/symbol_stream.hpp"
+#include "format/planes.hpp"
+
+namespace ciera {
+namespace {
+
+using entropy::Histogram;
+using entropy::StreamStats;
+using entropy::SymbolSource;
+
+constexpr unsigned kBucketBits = 4;  // bucket symbols are at most wire::kMaxBucket = 12
+
+// Every exponent of a shard, read from the sender's exact copy (a view, no copying).
+class PlaneSource final : public SymbolSource {
+ public:
+  PlaneSource(const uint8_t* plane, uint64_t n) : plane_(plane), n_(n) {}
+  size_t chunk_count() const override { return (n_ + kSourceChunk - 1) / kSourceChunk; }
+  size_t max_chunk_symbols() const override { return 0; }
+  std::span<const uint8_t> chunk(size_t i, uint8_t*) const override {
+    const uint64_t first = i * kSourceChunk;
+    return {plane_ + first, static_cast<size_t>(std::min<uint64_t>(kSourceChunk, n_ - first))};
+  }
+
+ private:
+  static constexpr uint64_t kSourceChunk = format::kMaxChunkValues;
+  const uint8_t* plane_;
+  uint64_t n_;
+};
+
+// Every exponent of a shard, extracted from the values on the fly (hash detection keeps no plane).
+class ValuesSource final : public SymbolSource {
+ public:
+  ValuesSource(DType dtype, const format::PlaneKernels& k, const uint8_t* values, uint64_t n)
+      : dtype_(dtype), k_(k), values_(values), n_(n), value_bytes_(dtype_info(dtype).value_bytes) {}
+  size_t chunk_count() const override { return (n_ + kSourceChunk - 1) / kSourceChunk; }
+  size_t max_chunk_symbols() const override { return kSourceChunk; }
+  std::span<const uint8_t> chunk(size_t i, uint8_t* scratch) const override {
+    const uint64_t first = i * kSourceChunk;
+    const size_t count = static_cast<size_t>(std::min<uint64_t>(kSourceChunk, n_ - first));
+    format::extract_exponents(dtype_, k_, values_ + first * value_bytes_, count, scratch);
+    return {scratch, count};
+  }
+
+ private:
+  static constexpr uint64_t kSourceChunk = format::kMaxChunkValues;
+  DType dtype_;
+  const format::PlaneKernels& k_;
+  const uint8_t* values_;
+  uint64_t n_;
+  uint32_t value_bytes_;
+};
+
+// The exponents of the changed blocks, block by block (block coding).
+class ChangedBlocksSource final : public SymbolSource {
+ public:
+  ChangedBlocksSource(const BlockGrid& grid, const std::vector<uint32_t>& changed,
+                      const uint8_t* plane, DType dtype, const format::PlaneKernels& k,
+                      const uint8_t* values)
+      : grid_(grid), changed_(changed), plane_(plane), dtype_(dtype), k_(k), values_(values),
+        value_bytes_(dtype_info(dtype).value_bytes) {}
+  size_t chunk_count() const override { return changed_.size(); }
+  size_t max_chunk_symbols() const override { return plane_ ? 0 : grid_.block_values; }
+  std::span<const uint8_t> chunk(size_t i, uint8_t* scratch) const override {
+    const uint64_t first = grid_.block_first(changed_[i]);
+    const size_t count = grid_.block_length(changed_[i]);
+    if (plane_) return {plane_ + first, count};
+    format::extract_exponents(dtype_, k_, values_ + first * value_bytes_, count, scratch);
+    return {scratch, count};
+  }
+
+ private:
+  const BlockGrid& grid_;
+  const std::vector<uint32_t>& changed_;
+  const uint8_t* plane_;  // null: extract from values_
+  DType dtype_;
+  const format::PlaneKernels& k_;
+  const uint8_t* values_;
+  uint32_t value_bytes_;
+};
+
+void add_stream_stats(FrameStats& stats, const StreamStats& s) {
+  stats.coded_symbols += s.symbols;
+  stats.coded_symbols_entropy_bits += s.entropy_bits;
+  if (s.method == entropy::StreamMethod::kRans) {
+    stats.entropy_symbols += s.symbols;
+    stats.entropy_coded_bytes += s.bytes;
+    stats.entropy_bound_bytes += s.entropy_bits / 8;
+  }
+}
+
+}  // namespace
+
+size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values) {
+  if (block_values < CodecConfig::kMinBlockValues || block_values > CodecConfig::kMaxBlockValues) {
+    throw ConfigError("max_payload_bytes: block_values " + std::to_string(block_values) +
+                      " is out of range");
+  }
+  const DTypeInfo info = dtype_info(dtype);
+  return wire::kHeaderBytes + wire::bitmap_bytes_for(num_values, block_values) +
+         format::SignMantissaLayout(dtype, num_values).total_bytes() +
+         entropy::symbol_stream_bound(num_values, info.exponent_bits);
+}
+
+struct ShardEncoder::Impl {
+  Impl(const CodecConfig& c, uint64_t n, uint32_t e)
+      : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
+        info(dtype_info(c.dtype)), epoch(e) {
+    config.validate();
+    if (config.detection == ChangeDetection::kExact) {
+      sent_exponents.resize(n);
+    } else {
+      sent_hashes.resize(grid.blocks);
+    }
+    chunk_exponents.resize(grid.chunk_values);
+  }
+
+  FrameStats encode(const uint8_t* values, uint8_t* payload, uint64_t capacity);
+  void scan(const uint8_t* values, bool key, uint8_t* bitmap, uint8_t* sm_plane,
+            ContentChecksum* checksum);
+  void detect_block(uint64_t block, const uint8_t* exps, uint8_t* bitmap);
+  uint64_t write_fine(uint8_t* out, uint64_t capacity, FrameStats& stats);
+  double estimate_block_bits(const uint8_t* values) const;
+
+  CodecConfig config;
+  BlockGrid grid;
+  format::SignMantissaLayout layout;
+  const format::PlaneKernels& kernels;
+  DTypeInfo info;
+  uint32_t epoch;
+  uint64_t next_sequence = 0;
+  uint64_t frames_encoded = 0;
+  bool key_requested = false;
+
+  // Persistent state: what the receivers hold (exact) or its block hashes (hash).
+  std::vector<uint8_t> sent_exponents;
+  std::vector<BlockHash> sent_hashes;
+
+  // Per-frame scratch, grown on demand and kept, so steady-state frames do not allocate.
+  std::vector<uint8_t> chunk_exponents;
+  std::vector<uint32_t> changed_blocks;
+  std::vector<uint16_t> change_positions;  // block-local, in block order
+  std::vector<uint8_t> change_steps;
+  std::vector<uint16_t> changes_per_block;  // one per changed block
+  uint64_t change_count = 0;
+  bool collect_changes = false;
+  std::vector<uint8_t> count_symbols;
+  std::vector<uint8_t> gap_symbols;
+  std::vector<uint8_t> stream_scratch;
+};
+
+void ShardEncoder::Impl::detect_block(uint64_t block, const uint8_t* exps, uint8_t* bitmap) {
+  const uint64_t first = grid.block_first(block);
+  const size_t length = grid.block_length(block);
+  bool changed = false;
+  if (config.detection == ChangeDetection::kHash) {
+    const BlockHash h = block_hash(exps, length, config.hash_bits);
+    changed = !(h == sent_hashes[block]);
+    sent_hashes[block] = h;
+  } else if (collect_changes) {
+    if (change_positions.size() < change_count + length) {
+      change_positions.resize(std::max<size_t>(2 * change_positions.size(), change_count + length));
+      change_steps.resize(change_positions.size());
+    }
+    uint16_t* positions = change_positions.data() + change_count;
+    uint8_t* steps = change_steps.data() + change_count;
+    const size_t m = kernels.find_changes(exps, sent_exponents.data() + first, length, positions, steps);
+    if (m != 0) {
+      changed = true;
+      changes_per_block.push_back(static_cast<uint16_t>(m));
+      change_count += m;
+      uint8_t* sent = sent_exponents.data() + first;
+      for (size_t j = 0; j < m; ++j) sent[positions[j]] = exps[positions[j]];
+    }
+  } else if (std::memcmp(exps, sent_exponents.data() + first, length) != 0) {
+    changed = true;
+    std::memcpy(sent_exponents.data() + first, exps, length);
+  }
+  if (changed) {
+    changed_blocks.push_back(static_cast<uint32_t>(block));
+    bitmap[block / 8] = static_cast<uint8_t>(bitmap[block / 8] | (1u << (block % 8)));
+  }
+}
+
+// One pass over the shard: split into planes, detect changed blocks, checksum the values.
+void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, uint8_t* sm_plane,
+                              ContentChecksum* checksum) {
+  const uint32_t value_bytes = info.value_bytes;
+  for (uint64_t chunk_first = 0; chunk_first < grid.num_values; chunk_first += grid.chunk_values) {
+    const size_t count =
+        static_cast<size_t>(std::min<uint64_t>(grid.chunk_values, grid.num_values - chunk_first));
+    const uint8_t* chunk_values = values + chunk_first * value_bytes;
+    uint8_t* exps = chunk_exponents.data();
+    format::split_values(layout, kernels, chunk_values, chunk_first, count, exps, sm_plane);
+    if (checksum) checksum->update(chunk_values, count * value_bytes);
+    const uint64_t first_block = chunk_first / grid.block_values;
+    const uint64_t end_block = grid.block_of(chunk_first + count - 1) + 1;
+    if (key) {
+      if (config.detection == ChangeDetection::kExact) {
+        std::memcpy(sent_exponents.data() + chunk_first, exps, count);
+      } else {
+        for (uint64_t b = first_block; b < end_block; ++b) {
+          sent_hashes[b] = block_hash(exps + (grid.block_first(b) - chunk_first),
+                                      grid.block_length(b), config.hash_bits);
+        }
+      }
+      continue;
+    }
+    for (uint64_t b = first_block; b < end_block; ++b) {
+      detect_block(b, exps + (grid.block_first(b) - chunk_first), bitmap);
+    }
+  }
+}
+
+// Fine coding (docs/format.md, "Exponent section", fine). Returns 0 if it cannot fit `capacity`.
+uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameStats& stats) {
+  const size_t blocks_changed = changed_blocks.size();
+  count_symbols.resize(blocks_changed);
+  gap_symbols.resize(change_count);
+  uint64_t extra_bits = 0;
+  size_t c = 0;
+  for (size_t i = 0; i < blocks_changed; ++i) {
+    const unsigned bucket = wire::bucket_of(changes_per_block[i] - 1u);
+    count_symbols[i] = static_cast<uint8_t>(bucket);
+    extra_bits += wire::bucket_extra_bits(bucket);
+    int previous = -1;
+    for (size_t j = 0; j < changes_per_block[i]; ++j, ++c) {
+      const int position = change_positions[c];
+      const unsigned gap_bucket = wire::bucket_of(static_cast<uint32_t>(position - previous - 1));
+      gap_symbols[c] = static_cast<uint8_t>(gap_bucket);
+      extra_bits += wire::bucket_extra_bits(gap_bucket);
+      previous = position;
+    }
+  }
+  const uint8_t exponent_mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
+  if (exponent_mask != 0xFF) {
+    for (size_t j = 0; j < change_count; ++j) change_steps[j] &= exponent_mask;
+  }
+  const uint64_t extra_bytes = (extra_bits + 7) / 8;
+  const uint64_t bound = entropy::symbol_stream_bound(blocks_changed, kBucketBits) +
+                         entropy::symbol_stream_bound(change_count, kBucketBits) +
+                         entropy::symbol_stream_bound(change_count, info.exponent_bits) + 8 +
+                         extra_bytes;
+  if (bound > capacity) return 0;
+
+  const entropy::ArraySource counts({count_symbols.data(), blocks_changed});
+  const entropy::ArraySource gaps({gap_symbols.data(), change_count});
+  const entropy::ArraySource steps({change_steps.data(), change_count});
+  uint8_t* at = out;
+  const std::pair<const entropy::ArraySource*, unsigned> streams[] = {
+      {&counts, kBucketBits}, {&gaps, kBucketBits}, {&steps, info.exponent_bits}};
+  for (const auto& [source, symbol_bits] : streams) {
+    const Histogram hist = entropy::histogram_of(*source, stream_scratch);
+    const StreamStats s = entropy::write_symbol_stream(*source, hist, symbol_bits, at,
+                                                       capacity - static_cast<uint64_t>(at - out),
+                                                       stream_scratch);
+    add_stream_stats(stats, s);
+    at += s.bytes;
+  }
+  store_le64(at, extra_bytes);
+  at += 8;
+  BitWriter bits(at);
+  c = 0;
+  for (size_t i = 0; i < blocks_changed; ++i) {
+    const uint32_t v = changes_per_block[i] - 1u;
+    const unsigned bucket = count_symbols[i];
+    bits.put(v - wire::bucket_base(bucket), wire::bucket_extra_bits(bucket));
+  }
+  for (size_t i = 0; i < blocks_changed; ++i) {
+    int previous = -1;
+    for (size_t j = 0; j < changes_per_block[i]; ++j, ++c) {
+      const uint32_t gap = static_cast<uint32_t>(change_positions[c] - previous - 1);
+      bits.put(gap - wire::bucket_base(gap_symbols[c]), wire::bucket_extra_bits(gap_symbols[c]));
+      previous = change_positions[c];
+    }
+  }
+  at += bits.finish();
+  return static_cast<uint64_t>(at - out);
+}
+
+// Estimated bits of block coding for this frame, from an order-0 model of a sample of the
+// changed blocks' exponents. Only used to skip the exact block-coding cost when fine coding is
+// clearly smaller (auto mode); close calls are decided on exact sizes.
+double ShardEncoder::Impl::estimate_block_bits(const uint8_t* values) const {
+  constexpr uint64_t kStride = 61;  // prime, so the sample does not alias with the block size
+  Histogram sample;
+  uint64_t symbols = 0;
+  uint64_t next = 0;
+  for (uint32_t block : changed_blocks) {
+    const uint64_t first = grid.block_first(block);
+    const uint64_t length = grid.block_length(block);
+    for (; next < symbols + length; next += kStride) {
+      const uint64_t v = first + (next - symbols);
+      const uint8_t e = sent_exponents.empty()
+                            ? format::exponent_of(config.dtype, values + v * info.value_bytes)
+                            : sent_exponents[v];
+      ++sample.count[e];
+      ++sample.total;
+    }
+    symbols += length;
+  }
+  return sample.entropy_bits() * static_cast<double>(symbols);
+}
+
+FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, uint64_t capacity) {
+  const bool key = frames_encoded == 0 || key_requested || frames_encoded < config.warmup_steps;
+  FrameStats stats;
+  stats.kind = key ? FrameKind::kKey : FrameKind::kDelta;
+  stats.epoch = epoch;
+  stats.sequence = next_sequence;
+  stats.blocks = grid.blocks;
+  stats.bitmap_bytes = key ? 0 : wire::bitmap_bytes_for(grid.num_values, grid.block_values);
+  stats.sign_mantissa_bytes = layout.total_bytes();
+
+  uint8_t* bitmap = payload + wire::kHeaderBytes;
+  uint8_t* sm_plane = bitmap + stats.bitmap_bytes;
+  uint8_t* exponent_section = sm_plane + stats.sign_mantissa_bytes;
+  const uint64_t exponent_capacity = capacity - static_cast<uint64_t>(exponent_section - payload);
+  std::memset(bitmap, 0, stats.bitmap_bytes);
+  // The FP16 packed plane's last byte may be only partly written: its padding bits must be 0.
+  if (config.dtype == DType::kFP16 && layout.total_bytes() > 0) sm_plane[layout.total_bytes() - 1] = 0;
+
+  changed_blocks.clear();
+  changes_per_block.clear();
+  change_count = 0;
+  collect_changes = !key && config.detection == ChangeDetection::kExact &&
+                    config.coding != ExponentCoding::kBlock;
+  ContentChecksum checksum;
+  scan(values, key, bitmap, sm_plane, config.content_checksum ? &checksum : nullptr);
+
+  const uint8_t* plane = config.detection == ChangeDetection::kExact ? sent_exponents.data() : nullptr;
+  auto write_block = [&]() {
+    const ChangedBlocksSource source(grid, changed_blocks, plane, config.dtype, kernels, values);
+    const Histogram hist = entropy::histogram_of(source, stream_scratch);
+    const StreamStats s = entropy::write_symbol_stream(source, hist, info.exponent_bits,
+                                                       exponent_section, exponent_capacity,
+                                                       stream_scratch);
+    add_stream_stats(stats, s);
+    return s.bytes;
+  };
+
+  if (key) {
+    stats.section = ExponentSection::kFull;
+    const PlaneSource plane_source(plane, grid.num_values);
+    const ValuesSource values_source(config.dtype, kernels, values, grid.num_values);
+    const SymbolSource& source = plane ? static_cast<const SymbolSource&>(plane_source) : values_source;
+    const Histogram hist = entropy::histogram_of(source, stream_scratch);
+    const StreamStats s = entropy::write_symbol_stream(source, hist, info.exponent_bits,
+                                                       exponent_section, exponent_capacity,
+                                                       stream_scratch);
+    add_stream_stats(stats, s);
+    stats.exponent_bytes = s.bytes;
+  } else {
+    stats.changed_blocks = changed_blocks.size();
+    if (collect_changes) {
+      stats.changed_values = change_count;
+      stats.changed_values_known = true;
+    }
+    if (changed_blocks.empty()) {
+      stats.section = ExponentSection::kUnchanged;
+      stats.exponent_bytes = 0;
+    } else if (!collect_changes) {
+      stats.section = ExponentSection::kBlock;
+      stats.exponent_bytes = write_block();
+    } else {
+      FrameStats fine_stats = stats;
+      const uint64_t fine_bytes = write_fine(exponent_section, exponent_capacity, fine_stats);
+      bool use_fine = fine_bytes != 0;
+      if (use_fine && config.coding == ExponentCoding::kAuto &&
+          static_cast<double>(fine_bytes) * 8 > 0.8 * estimate_block_bits(values)) {
+        // Too close to call from the sample: compare with block coding's size on the full data.
+        const ChangedBlocksSource source(grid, changed_blocks, plane, config.dtype, kernels, values);
+        const Histogram hist = entropy::histogram_of(source, stream_scratch);
+        use_fine = fine_bytes <= entropy::estimate_stream_bytes(hist, info.exponent_bits);
+      }
+      if (use_fine) {
+        stats = fine_stats;
+        stats.section = ExponentSection::kFine;
+        stats.exponent_bytes = fine_bytes;
+      } else {
+        stats.section = ExponentSection::kBlock;
+        stats.exponent_bytes = write_block();
+      }
+    }
+  }
+
+  wire::Header header;
+  header.dtype = config.dtype;
+  header.kind = stats.kind;
+  header.section = stats.section;
+  header.flags = config.content_checksum ? wire::kFlagContentChecksum : 0;
+  header.block_values = grid.block_values;
+  header.num_values = grid.num_values;
+  header.epoch = epoch;
+  header.sequence = next_sequence;
+  header.bitmap_bytes = stats.bitmap_bytes;
+  header.sign_mantissa_bytes = stats.sign_mantissa_bytes;
+  header.exponent_bytes = stats.exponent_bytes;
+  header.content_checksum = config.content_checksum ? checksum.digest() : 0;
+  wire::write_header(header, payload);
+  stats.payload_bytes = header.payload_bytes();
+
+  ++next_sequence;
+  ++frames_encoded;
+  key_requested = false;
+  return stats;
+}
+
+ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values, uint32_t epoch)
+    : impl_(std::make_unique<Impl>(config, num_values, epoch)) {}
+ShardEncoder::~ShardEncoder() = default;
+ShardEncoder::ShardEncoder(ShardEncoder&&) noexcept = default;
+ShardEncoder& ShardEncoder::operator=(ShardEncoder&&) noexcept = default;
+
+FrameStats ShardEncoder::encode(std::span<const std::byte> shard, std::span<std::byte> payload) {
+  const uint64_t expected = impl_->grid.num_values * impl_->info.value_bytes;
+  if (shard.size() != expected) {
+    throw std::invalid_argument("ShardEncoder::encode: shard is " + std::to_string(shard.size()) +
+                                " bytes, expected " + std::to_string(expected));
+  }
+  if (payload.size() < max_payload_bytes()) {
+    throw std::invalid_argument("ShardEncoder::encode: payload buffer is " +
+                                std::to_string(payload.size()) + " bytes, needs " +
+                                std::to_string(max_payload_bytes()));
+  }
+  return impl_->encode(reinterpret_cast<const uint8_t*>(shard.data()),
+                       reinterpret_cast<uint8_t*>(payload.data()), payload.size());
+}
+
+void ShardEncoder::request_key_frame() {
+  ++impl_->epoch;
+  impl_->key_requested = true;
+}
+
+uint64_t ShardEncoder::num_values() const { return impl_->grid.num_values; }
+size_t ShardEncoder::max_payload_bytes() const {
+  return ciera::max_payload_bytes(impl_->config.dtype, impl_->grid.num_values,
+                                  impl_->grid.block_values);
+}
+const CodecConfig& ShardEncoder::config() const { return impl_->config; }
+uint32_t ShardEncoder::epoch() const { return impl_->epoch; }
+uint64_t ShardEncoder::next_sequence() const { return impl_->next_sequence; }
+size_t ShardEncoder::cache_bytes() const {
+  return impl_->sent_exponents.size() + impl_->sent_hashes.size() * sizeof(BlockHash);
+}
+
+}  // namespace ciera

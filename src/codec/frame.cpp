@@ -1,0 +1,60 @@
+// Codec entry points shared by both directions: names, payload inspection, one-shot coding.
+#include <string>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "ciera/error.hpp"
+#include "codec/wire.hpp"
+
+namespace ciera {
+
+std::string_view frame_kind_name(FrameKind kind) {
+  switch (kind) {
+    case FrameKind::kKey: return "key";
+    case FrameKind::kDelta: return "delta";
+  }
+  return "unknown";
+}
+
+std::string_view exponent_section_name(ExponentSection section) {
+  switch (section) {
+    case ExponentSection::kFull: return "full";
+    case ExponentSection::kUnchanged: return "unchanged";
+    case ExponentSection::kBlock: return "block";
+    case ExponentSection::kFine: return "fine";
+  }
+  return "unknown";
+}
+
+PayloadInfo inspect_payload(std::span<const std::byte> payload) {
+  const wire::Header h =
+      wire::read_header(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
+  return {h.dtype,     h.kind,     h.section,  h.block_values,           h.num_values,
+          h.epoch,     h.sequence, h.has_content_checksum(), h.payload_bytes()};
+}
+
+namespace {
+uint64_t values_in(const CodecConfig& config, size_t bytes, const char* who) {
+  const uint32_t value_bytes = dtype_info(config.dtype).value_bytes;
+  if (bytes % value_bytes != 0) {
+    throw std::invalid_argument(std::string(who) + ": " + std::to_string(bytes) +
+                                " bytes is not a whole number of " +
+                                std::string(dtype_name(config.dtype)) + " values");
+  }
+  return bytes / value_bytes;
+}
+}  // namespace
+
+size_t encode_stateless(const CodecConfig& config, std::span<const std::byte> shard,
+                        std::span<std::byte> payload) {
+  ShardEncoder encoder(config, values_in(config, shard.size(), "encode_stateless"), 0);
+  return encoder.encode(shard, payload).payload_bytes;
+}
+
+void decode_stateless(const CodecConfig& config, std::span<const std::byte> payload,
+                      std::span<std::byte> shard) {
+  ShardDecoder decoder(config, values_in(config, shard.size(), "decode_stateless"));
+  decoder.decode(payload, shard);
+}
+
+}  // namespace ciera

@@ -1,0 +1,60 @@
+// Payload layout constants and header (de)serialisation: docs/format.md, "Header". Shared by the
+// encoder and the decoder, which never include each other.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+#include "ciera/codec.hpp"
+#include "ciera/dtype.hpp"
+
+namespace ciera::wire {
+
+inline constexpr uint32_t kMagic = 0x52454943;  // "CIER" read as a little-endian u32
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 80;
+inline constexpr uint16_t kFlagContentChecksum = 1;
+
+struct Header {
+  DType dtype = DType::kBF16;
+  FrameKind kind = FrameKind::kKey;
+  ExponentSection section = ExponentSection::kFull;
+  uint16_t flags = 0;
+  uint32_t block_values = 0;
+  uint64_t num_values = 0;
+  uint32_t epoch = 0;
+  uint64_t sequence = 0;
+  uint64_t bitmap_bytes = 0;
+  uint64_t sign_mantissa_bytes = 0;
+  uint64_t exponent_bytes = 0;
+  uint64_t content_checksum = 0;
+
+  bool has_content_checksum() const { return (flags & kFlagContentChecksum) != 0; }
+  uint64_t payload_bytes() const {
+    return kHeaderBytes + bitmap_bytes + sign_mantissa_bytes + exponent_bytes;
+  }
+};
+
+// Writes the 80 header bytes, header checksum included.
+void write_header(const Header& header, uint8_t* out);
+// Parses and validates the header of `payload` on its own terms (magic, version, header checksum,
+// known codes, zero reserved fields, consistent section lengths, exact payload length). Does not
+// compare against any configuration. Throws FormatError.
+Header read_header(const uint8_t* payload, size_t size);
+
+inline uint64_t block_count(uint64_t num_values, uint32_t block_values) {
+  return (num_values + block_values - 1) / block_values;
+}
+inline uint64_t bitmap_bytes_for(uint64_t num_values, uint32_t block_values) {
+  return (block_count(num_values, block_values) + 7) / 8;
+}
+
+// Fine coding's variable-length integers (docs/format.md, "Exponent section", fine):
+// bucket(v) = bit width of v; buckets >= 2 carry bucket - 1 extra bits.
+inline constexpr unsigned kMaxBucket = 12;  // values < 4096 = kMaxBlockValues
+inline unsigned bucket_of(uint32_t v) { return static_cast<unsigned>(std::bit_width(v)); }
+inline unsigned bucket_extra_bits(unsigned bucket) { return bucket >= 2 ? bucket - 1 : 0; }
+inline uint32_t bucket_base(unsigned bucket) { return bucket == 0 ? 0 : 1u << (bucket - 1); }
+
+}  // namespace ciera::wire

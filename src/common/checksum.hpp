@@ -1,0 +1,48 @@
+// XXH3 hashing from Debian's libxxhash: the content checksum (XXH3-64) and the block hashes of
+// hash change detection (XXH3-128), paper §3.1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+namespace ciera {
+
+// Streaming XXH3-64, seed 0; equals XXH3_64bits over the concatenated updates.
+class ContentChecksum {
+ public:
+  ContentChecksum() { XXH3_64bits_reset(&state_); }
+  void update(const void* data, size_t bytes) { XXH3_64bits_update(&state_, data, bytes); }
+  uint64_t digest() const { return XXH3_64bits_digest(&state_); }
+
+ private:
+  XXH3_state_t state_;
+};
+
+inline uint64_t checksum64(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+
+struct BlockHash {
+  uint64_t low = 0;
+  uint64_t high = 0;
+  bool operator==(const BlockHash&) const = default;
+};
+
+// XXH3-128 of a block's exponent bytes, keeping `bits` (1..128) of it. Fewer than 128 bits exist
+// only to force collisions in the reliability tests.
+inline BlockHash block_hash(const uint8_t* exps, size_t n, unsigned bits) {
+  const XXH128_hash_t h = XXH3_128bits(exps, n);
+  BlockHash out{h.low64, h.high64};
+  if (bits < 128) {
+    if (bits <= 64) {
+      out.high = 0;
+      out.low &= bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+    } else {
+      out.high &= (uint64_t{1} << (bits - 64)) - 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace ciera

@@ -1,0 +1,66 @@
+#include "ciera/config.hpp"
+
+#include <string>
+
+#include "ciera/error.hpp"
+
+namespace ciera {
+
+std::string_view change_detection_name(ChangeDetection mode) {
+  return mode == ChangeDetection::kHash ? "hash" : "exact";
+}
+
+ChangeDetection parse_change_detection(std::string_view name) {
+  if (name == "exact") return ChangeDetection::kExact;
+  if (name == "hash") return ChangeDetection::kHash;
+  throw ConfigError("unknown change detection '" + std::string(name) +
+                    "' (expected exact or hash)");
+}
+
+std::string_view exponent_coding_name(ExponentCoding mode) {
+  switch (mode) {
+    case ExponentCoding::kAuto: return "auto";
+    case ExponentCoding::kBlock: return "block";
+    case ExponentCoding::kFine: return "fine";
+  }
+  return "unknown";
+}
+
+ExponentCoding parse_exponent_coding(std::string_view name) {
+  if (name == "auto") return ExponentCoding::kAuto;
+  if (name == "block") return ExponentCoding::kBlock;
+  if (name == "fine") return ExponentCoding::kFine;
+  throw ConfigError("unknown exponent coding '" + std::string(name) +
+                    "' (expected auto, block or fine)");
+}
+
+void CodecConfig::validate() const {
+  if (static_cast<uint8_t>(dtype) < 1 || static_cast<uint8_t>(dtype) > 3) {
+    throw ConfigError("config: unknown dtype code " + std::to_string(static_cast<int>(dtype)));
+  }
+  if (block_values < kMinBlockValues || block_values > kMaxBlockValues) {
+    throw ConfigError("config: block_values " + std::to_string(block_values) +
+                      " is outside [" + std::to_string(kMinBlockValues) + ", " +
+                      std::to_string(kMaxBlockValues) + "]");
+  }
+  if (detection != ChangeDetection::kExact && detection != ChangeDetection::kHash) {
+    throw ConfigError("config: unknown change detection mode");
+  }
+  if (coding != ExponentCoding::kAuto && coding != ExponentCoding::kBlock &&
+      coding != ExponentCoding::kFine) {
+    throw ConfigError("config: unknown exponent coding mode");
+  }
+  if (coding == ExponentCoding::kFine && detection == ChangeDetection::kHash) {
+    // Fine coding names the values whose exponent changed; with hash detection the sender keeps
+    // only block hashes, not the previous exponents, so it cannot know which values changed.
+    throw ConfigError(
+        "config: fine exponent coding needs exact change detection (hash detection keeps no "
+        "previous exponents to compare values against)");
+  }
+  if (hash_bits < 1 || hash_bits > 128) {
+    throw ConfigError("config: hash_bits " + std::to_string(hash_bits) +
+                      " is outside [1, 128]");
+  }
+}
+
+}  // namespace ciera

@@ -1,0 +1,234 @@
+#include "entropy/rans.hpp"
+
+#include <cassert>
+#include <cmath>
+#include <string>
+
+#include "ciera/error.hpp"
+
+namespace ciera::entropy {
+
+RansModel RansModel::from_histogram(const Histogram& hist) {
+  assert(hist.total > 0);
+  RansModel m;
+  const double scale = static_cast<double>(kRansTotal) / static_cast<double>(hist.total);
+  int64_t sum = 0;
+  bool any = false;
+  for (unsigned s = 0; s < 256; ++s) {
+    if (hist.count[s] == 0) continue;
+    if (!any) m.first = static_cast<uint8_t>(s);
+    any = true;
+    m.last = static_cast<uint8_t>(s);
+    const double ideal = static_cast<double>(hist.count[s]) * scale;
+    m.freq[s] = static_cast<uint16_t>(std::max<double>(1.0, std::floor(ideal + 0.5)));
+    sum += m.freq[s];
+  }
+  // Rounding leaves the sum off by at most one per symbol. Move one unit at a time where it
+  // costs the fewest coded bits (or saves the most), so the table stays close to optimal.
+  while (sum != static_cast<int64_t>(kRansTotal)) {
+    const bool grow = sum < static_cast<int64_t>(kRansTotal);
+    int best = -1;
+    double best_delta = 0;
+    for (unsigned s = m.first; s <= m.last; ++s) {
+      const uint64_t c = hist.count[s];
+      if (c == 0) continue;
+      const double f = m.freq[s];
+      if (!grow && f <= 1) continue;
+      // Change in coded bits: c * log2(f_old / f_new).
+      const double delta = static_cast<double>(c) * (grow ? std::log2(f / (f + 1)) : std::log2(f / (f - 1)));
+      if (best < 0 || delta < best_delta) {
+        best = static_cast<int>(s);
+        best_delta = delta;
+      }
+    }
+    assert(best >= 0);
+    m.freq[best] = static_cast<uint16_t>(m.freq[best] + (grow ? 1 : -1));
+    sum += grow ? 1 : -1;
+  }
+  uint32_t cumulative = 0;
+  for (unsigned s = 0; s < 256; ++s) {
+    m.start[s] = static_cast<uint16_t>(cumulative);
+    cumulative += m.freq[s];
+  }
+  return m;
+}
+
+RansModel RansModel::read_table(ByteReader& in, unsigned max_symbol, const char* what) {
+  RansModel m;
+  m.first = in.u8();
+  m.last = in.u8();
+  if (m.first > m.last || m.last > max_symbol) {
+    throw FormatError(std::string(what) + ": rANS table symbol range [" + std::to_string(m.first) +
+                      ", " + std::to_string(m.last) + "] is invalid (largest allowed symbol " +
+                      std::to_string(max_symbol) + ")");
+  }
+  uint32_t sum = 0;
+  for (unsigned s = m.first; s <= m.last; ++s) {
+    const uint64_t f = in.varint(13);
+    if (f > kRansTotal || sum + f > kRansTotal) {
+      throw FormatError(std::string(what) + ": rANS frequencies exceed " +
+                        std::to_string(kRansTotal));
+    }
+    m.freq[s] = static_cast<uint16_t>(f);
+    sum += static_cast<uint32_t>(f);
+  }
+  if (sum != kRansTotal) {
+    throw FormatError(std::string(what) + ": rANS frequencies sum to " + std::to_string(sum) +
+                      ", not " + std::to_string(kRansTotal));
+  }
+  uint32_t cumulative = 0;
+  for (unsigned s = 0; s < 256; ++s) {
+    m.start[s] = static_cast<uint16_t>(cumulative);
+    cumulative += m.freq[s];
+  }
+  return m;
+}
+
+double RansModel::cost_bits(const Histogram& hist) const {
+  double bits = 0;
+  for (unsigned s = 0; s < 256; ++s) {
+    if (hist.count[s] == 0) continue;
+    bits += static_cast<double>(hist.count[s]) *
+            (kRansScaleBits - std::log2(static_cast<double>(freq[s])));
+  }
+  return bits;
+}
+
+size_t RansModel::table_bytes() const {
+  size_t bytes = 2;
+  for (unsigned s = first; s <= last; ++s) bytes += freq[s] >= 128 ? 2 : 1;
+  return bytes;
+}
+
+uint8_t* RansModel::write_table(uint8_t* out) const {
+  *out++ = first;
+  *out++ = last;
+  for (unsigned s = first; s <= last; ++s) out = put_varint(out, freq[s]);
+  return out;
+}
+
+RansEncoder::RansEncoder(const RansModel& model) {
+  for (unsigned s = 0; s < 256; ++s) {
+    const uint32_t freq = model.freq[s];
+    if (freq == 0) continue;
+    Symbol& e = symbols_[s];
+    // x must stay below 2^31 after encoding; renormalise while x >= x_max.
+    e.x_max = ((kRansLowerBound >> kRansScaleBits) << 8) * freq;
+    e.cmpl_freq = static_cast<uint16_t>(kRansTotal - freq);
+    // Division by freq as a multiply-high and shift (exact for x < 2^31), so that the encoder's
+    // inner loop has no divide. For freq = 1 the reciprocal overflows; the bias absorbs it:
+    // x + (start + M - 1) + (x - 1) * (M - 1) == x * M + start.
+    if (freq < 2) {
+      e.rcp_freq = ~0u;
+      e.rcp_shift = 0;
+      e.bias = model.start[s] + kRansTotal - 1;
+    } else {
+      uint32_t shift = 0;
+      while (freq > (1u << shift)) ++shift;
+      e.rcp_freq = static_cast<uint32_t>(((uint64_t{1} << (shift + 31)) + freq - 1) / freq);
+      e.rcp_shift = static_cast<uint16_t>(shift - 1);
+      e.bias = model.start[s];
+    }
+  }
+}
+
+void RansEncoder::begin(uint8_t* out_end, uint8_t* out_limit, uint64_t total_symbols) {
+  for (uint32_t& x : state_) x = kRansLowerBound;
+  next_index_ = total_symbols;
+  out_ = out_end;
+  limit_ = out_limit;
+}
+
+bool RansEncoder::put_reverse(const uint8_t* symbols, size_t n) {
+  assert(n <= next_index_);
+  // One symbol emits at most two bytes (x < 2^31 and x_max >= 2^19), so checking the room once
+  // per batch keeps the inner loop free of bounds checks.
+  constexpr size_t kBatch = 256;
+  for (size_t end = n; end > 0;) {
+    const size_t begin = end > kBatch ? end - kBatch : 0;
+    if (static_cast<size_t>(out_ - limit_) < 2 * (end - begin)) return false;
+    encode_batch(symbols + begin, end - begin);
+    end = begin;
+  }
+  return true;
+}
+
+void RansEncoder::encode_batch(const uint8_t* symbols, size_t n) {
+  uint8_t* out = out_;
+  uint64_t index = next_index_;
+  for (size_t k = n; k-- > 0;) {
+    --index;
+    uint32_t& x = state_[index & (kRansStates - 1)];
+    const Symbol& e = symbols_[symbols[k]];
+    assert(e.x_max != 0);
+    if (x >= e.x_max) {
+      *--out = static_cast<uint8_t>(x);
+      x >>= 8;
+      if (x >= e.x_max) {
+        *--out = static_cast<uint8_t>(x);
+        x >>= 8;
+      }
+    }
+    const uint32_t q = static_cast<uint32_t>((uint64_t{x} * e.rcp_freq) >> 32) >> e.rcp_shift;
+    x = x + e.bias + q * e.cmpl_freq;
+  }
+  out_ = out;
+  next_index_ = index;
+}
+
+void RansEncoder::final_states(uint32_t states[kRansStates]) const {
+  for (unsigned j = 0; j < kRansStates; ++j) states[j] = state_[j];
+}
+
+void RansDecoder::begin(const RansModel& model, const uint32_t states[kRansStates],
+                        const uint8_t* bytes, uint64_t size, const char* what) {
+  what_ = what;
+  for (unsigned s = 0; s < 256; ++s) {
+    const uint32_t f = model.freq[s];
+    if (f == 0) continue;
+    const uint32_t entry = s | ((f - 1) << 8) | (uint32_t{model.start[s]} << 20);
+    for (uint32_t slot = model.start[s]; slot < model.start[s] + f; ++slot) slots_[slot] = entry;
+  }
+  for (unsigned j = 0; j < kRansStates; ++j) {
+    if (states[j] < kRansLowerBound || states[j] >= (kRansLowerBound << 8)) {
+      throw FormatError(std::string(what) + ": rANS state " + std::to_string(j) +
+                        " is out of range");
+    }
+    state_[j] = states[j];
+  }
+  index_ = 0;
+  in_ = bytes;
+  end_ = bytes + size;
+}
+
+void RansDecoder::get(uint8_t* out, size_t n) {
+  const uint8_t* in = in_;
+  uint64_t index = index_;
+  for (size_t k = 0; k < n; ++k, ++index) {
+    uint32_t& x = state_[index & (kRansStates - 1)];
+    const uint32_t slot = x & (kRansTotal - 1);
+    const uint32_t entry = slots_[slot];
+    out[k] = static_cast<uint8_t>(entry);
+    x = (((entry >> 8) & 0xFFF) + 1) * (x >> kRansScaleBits) + slot - (entry >> 20);
+    while (x < kRansLowerBound) {
+      if (in == end_) throw FormatError(std::string(what_) + ": rANS stream ends early");
+      x = (x << 8) | *in++;
+    }
+  }
+  in_ = in;
+  index_ = index;
+}
+
+void RansDecoder::finish() const {
+  if (in_ != end_) {
+    throw FormatError(std::string(what_) + ": rANS stream has " + std::to_string(end_ - in_) +
+                      " unread bytes");
+  }
+  for (uint32_t x : state_) {
+    if (x != kRansLowerBound) {
+      throw FormatError(std::string(what_) + ": rANS stream is corrupt (final state mismatch)");
+    }
+  }
+}
+
+}  // namespace ciera::entropy

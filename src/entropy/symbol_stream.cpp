@@ -1,0 +1,218 @@
+#include "entropy/symbol_stream.hpp"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "ciera/error.hpp"
+
+namespace ciera::entropy {
+namespace {
+
+unsigned packed_width(const Histogram& hist) {
+  return std::max(1u, static_cast<unsigned>(std::bit_width(hist.max_symbol())));
+}
+
+uint64_t packed_body_bytes(uint64_t symbols, unsigned width) { return (symbols * width + 7) / 8; }
+
+std::span<const uint8_t> ensure_chunk(const SymbolSource& source, size_t i,
+                                      std::vector<uint8_t>& scratch) {
+  if (scratch.size() < source.max_chunk_symbols()) scratch.resize(source.max_chunk_symbols());
+  return source.chunk(i, scratch.data());
+}
+
+void write_header(uint8_t* out, StreamMethod method, uint8_t arg, uint64_t body_bytes) {
+  out[0] = static_cast<uint8_t>(method);
+  out[1] = arg;
+  store_le64(out + 2, body_bytes);
+}
+
+StreamStats write_packed(const SymbolSource& source, const Histogram& hist, uint8_t* out,
+                         std::vector<uint8_t>& scratch) {
+  const unsigned width = packed_width(hist);
+  const uint64_t body = packed_body_bytes(hist.total, width);
+  write_header(out, StreamMethod::kPacked, static_cast<uint8_t>(width), body);
+  uint8_t* dst = out + kStreamHeaderBytes;
+  if (width == 8) {
+    for (size_t c = 0; c < source.chunk_count(); ++c) {
+      const auto symbols = ensure_chunk(source, c, scratch);
+      std::memcpy(dst, symbols.data(), symbols.size());
+      dst += symbols.size();
+    }
+  } else {
+    BitWriter bits(dst);
+    for (size_t c = 0; c < source.chunk_count(); ++c) {
+      for (uint8_t s : ensure_chunk(source, c, scratch)) bits.put(s, width);
+    }
+    bits.finish();
+  }
+  return {StreamMethod::kPacked, hist.total, kStreamHeaderBytes + body, 0};
+}
+
+// Returns 0 when the rANS stream would not fit below `capacity` bytes.
+uint64_t write_rans(const SymbolSource& source, const Histogram& hist, const RansModel& model,
+                    uint8_t* out, uint64_t capacity, std::vector<uint8_t>& scratch) {
+  uint8_t* table_end = model.write_table(out + kStreamHeaderBytes);
+  uint8_t* bytes_at = table_end + kRansStateBytes;
+  if (bytes_at > out + capacity) return 0;
+  RansEncoder encoder(model);
+  encoder.begin(out + capacity, bytes_at, hist.total);
+  for (size_t c = source.chunk_count(); c-- > 0;) {
+    const auto symbols = ensure_chunk(source, c, scratch);
+    if (!encoder.put_reverse(symbols.data(), symbols.size())) return 0;
+  }
+  uint32_t states[kRansStates];
+  encoder.final_states(states);
+  for (unsigned j = 0; j < kRansStates; ++j) store_le32(table_end + 4 * j, states[j]);
+  const uint64_t coded = static_cast<uint64_t>(out + capacity - encoder.bytes_begin());
+  std::memmove(bytes_at, encoder.bytes_begin(), coded);
+  const uint64_t body = static_cast<uint64_t>(bytes_at - (out + kStreamHeaderBytes)) + coded;
+  write_header(out, StreamMethod::kRans, 0, body);
+  return kStreamHeaderBytes + body;
+}
+
+}  // namespace
+
+Histogram histogram_of(const SymbolSource& source, std::vector<uint8_t>& scratch) {
+  Histogram hist;
+  for (size_t c = 0; c < source.chunk_count(); ++c) {
+    const auto symbols = ensure_chunk(source, c, scratch);
+    hist.add(symbols.data(), symbols.size());
+  }
+  return hist;
+}
+
+uint64_t symbol_stream_bound(uint64_t symbols, unsigned symbol_bits) {
+  return kStreamHeaderBytes + packed_body_bytes(symbols, symbol_bits);
+}
+
+uint64_t estimate_stream_bytes(const Histogram& hist, unsigned symbol_bits) {
+  (void)symbol_bits;
+  if (hist.total == 0 || hist.distinct() == 1) return kStreamHeaderBytes;
+  const uint64_t packed = kStreamHeaderBytes + packed_body_bytes(hist.total, packed_width(hist));
+  const RansModel model = RansModel::from_histogram(hist);
+  const uint64_t rans = kStreamHeaderBytes + model.table_bytes() + kRansStateBytes +
+                        static_cast<uint64_t>(std::ceil(model.cost_bits(hist) / 8));
+  return std::min(packed, rans);
+}
+
+StreamStats write_symbol_stream(const SymbolSource& source, const Histogram& hist,
+                                unsigned symbol_bits, uint8_t* out, uint64_t capacity,
+                                std::vector<uint8_t>& scratch) {
+  const uint64_t bound = symbol_stream_bound(hist.total, symbol_bits);
+  if (capacity < bound) {
+    throw std::logic_error("write_symbol_stream: capacity below symbol_stream_bound");
+  }
+  const double entropy_bits = hist.entropy_bits() * static_cast<double>(hist.total);
+  if (hist.total > 0 && hist.distinct() == 1) {
+    write_header(out, StreamMethod::kConstant, static_cast<uint8_t>(hist.max_symbol()), 0);
+    return {StreamMethod::kConstant, hist.total, kStreamHeaderBytes, entropy_bits};
+  }
+  const unsigned width = packed_width(hist);
+  const uint64_t packed_bytes = kStreamHeaderBytes + packed_body_bytes(hist.total, width);
+  if (hist.total > 0) {
+    const RansModel model = RansModel::from_histogram(hist);
+    const double estimate = kStreamHeaderBytes + model.table_bytes() + kRansStateBytes +
+                            model.cost_bits(hist) / 8;
+    if (estimate < static_cast<double>(packed_bytes)) {
+      // Encode only within the packed size: a rANS stream that would be larger is abandoned.
+      const uint64_t written = write_rans(source, hist, model, out, packed_bytes, scratch);
+      if (written != 0) return {StreamMethod::kRans, hist.total, written, entropy_bits};
+    }
+  }
+  StreamStats stats = write_packed(source, hist, out, scratch);
+  stats.entropy_bits = entropy_bits;
+  return stats;
+}
+
+void SymbolStreamReader::open(ByteReader& in, uint64_t symbols, unsigned max_symbol,
+                              const char* what) {
+  what_ = what;
+  symbols_ = symbols;
+  read_ = 0;
+  max_symbol_ = max_symbol;
+  const uint8_t method = in.u8();
+  const uint8_t arg = in.u8();
+  const uint64_t body = in.u64();
+  in.need(body);
+  ByteReader body_reader(in.cursor(), body, what);
+  in.take(body);
+  switch (method) {
+    case static_cast<uint8_t>(StreamMethod::kPacked): {
+      method_ = StreamMethod::kPacked;
+      if (arg < 1 || arg > 8 || (arg < 8 && (1u << arg) - 1 > 255)) {
+        throw FormatError(std::string(what) + ": packed symbol width " + std::to_string(arg) +
+                          " is invalid");
+      }
+      width_ = arg;
+      if (body != packed_body_bytes(symbols, width_)) {
+        throw FormatError(std::string(what) + ": packed body is " + std::to_string(body) +
+                          " bytes, expected " + std::to_string(packed_body_bytes(symbols, width_)));
+      }
+      bits_ = BitReader(body_reader.cursor(), body, what);
+      return;
+    }
+    case static_cast<uint8_t>(StreamMethod::kConstant):
+      method_ = StreamMethod::kConstant;
+      if (body != 0) throw FormatError(std::string(what) + ": constant stream with a body");
+      if (arg > max_symbol) {
+        throw FormatError(std::string(what) + ": symbol " + std::to_string(arg) +
+                          " exceeds the largest allowed, " + std::to_string(max_symbol));
+      }
+      constant_ = arg;
+      return;
+    case static_cast<uint8_t>(StreamMethod::kRans): {
+      method_ = StreamMethod::kRans;
+      if (arg != 0) throw FormatError(std::string(what) + ": rANS stream argument must be 0");
+      const RansModel model = RansModel::read_table(body_reader, max_symbol, what);
+      uint32_t states[kRansStates];
+      for (uint32_t& x : states) x = body_reader.u32();
+      rans_.begin(model, states, body_reader.cursor(), body_reader.remaining(), what);
+      return;
+    }
+    default:
+      throw FormatError(std::string(what) + ": unknown stream method " + std::to_string(method));
+  }
+}
+
+void SymbolStreamReader::get(uint8_t* out, size_t n) {
+  if (n > symbols_ - read_) {
+    throw FormatError(std::string(what_) + ": more symbols requested than the stream holds");
+  }
+  switch (method_) {
+    case StreamMethod::kPacked:
+      if (width_ == 8) {
+        for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(bits_.get(8));
+      } else {
+        for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(bits_.get(width_));
+      }
+      for (size_t i = 0; i < n; ++i) {
+        if (out[i] > max_symbol_) {
+          throw FormatError(std::string(what_) + ": symbol " + std::to_string(out[i]) +
+                            " exceeds the largest allowed, " + std::to_string(max_symbol_));
+        }
+      }
+      break;
+    case StreamMethod::kConstant:
+      std::memset(out, constant_, n);
+      break;
+    case StreamMethod::kRans:
+      rans_.get(out, n);
+      break;
+  }
+  read_ += n;
+}
+
+void SymbolStreamReader::finish() {
+  if (read_ != symbols_) {
+    throw FormatError(std::string(what_) + ": " + std::to_string(symbols_ - read_) +
+                      " symbols left unread");
+  }
+  if (method_ == StreamMethod::kPacked && !bits_.exhausted_canonically()) {
+    throw FormatError(std::string(what_) + ": packed stream has non-zero padding");
+  }
+  if (method_ == StreamMethod::kRans) rans_.finish();
+}
+
+}  // namespace ciera::entropy

@@ -1,0 +1,12 @@
+// Kernel tables of each compiled SIMD target (defined in kernels_<target>.cpp).
+#pragma once
+
+#include "format/planes.hpp"
+
+namespace ciera::format {
+extern const PlaneKernels kScalarKernels;
+#if defined(CIERA_HAVE_X86_TARGETS)
+extern const PlaneKernels kSse2Kernels;
+extern const PlaneKernels kAvx2Kernels;
+#endif
+}  // namespace ciera::format

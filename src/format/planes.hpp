@@ -1,0 +1,82 @@
+// Splitting values into an exponent plane and a sign-mantissa plane, and merging them back
+// (docs/format.md, "Exponent and sign-mantissa split"). Pure bit permutations: every bit pattern
+// round-trips, NaN payloads and -0.0 included.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "ciera/dtype.hpp"
+
+namespace ciera::format {
+
+// One SIMD target's kernels. Pointers carry no alignment requirement. `n` counts values.
+struct PlaneKernels {
+  const char* target;  // "avx2", "sse2" or "scalar"
+  // BF16: values are u16; exps and sm one byte per value.
+  void (*split_bf16)(const uint8_t* values, size_t n, uint8_t* exps, uint8_t* sm);
+  void (*merge_bf16)(const uint8_t* exps, const uint8_t* sm, size_t n, uint8_t* values);
+  void (*exponents_bf16)(const uint8_t* values, size_t n, uint8_t* exps);
+  // FP16: lo8 = mantissa[7:0]; hi3 = (sign << 2) | mantissa[9:8], one byte per value (unpacked).
+  void (*split_fp16)(const uint8_t* values, size_t n, uint8_t* exps, uint8_t* lo8, uint8_t* hi3);
+  void (*merge_fp16)(const uint8_t* exps, const uint8_t* lo8, const uint8_t* hi3, size_t n,
+                     uint8_t* values);
+  void (*exponents_fp16)(const uint8_t* values, size_t n, uint8_t* exps);
+  // FP32: hi = BF16 sign-mantissa byte of the upper half; lo16 = mantissa[15:0] (2 bytes/value).
+  void (*split_fp32)(const uint8_t* values, size_t n, uint8_t* exps, uint8_t* hi, uint8_t* lo16);
+  void (*merge_fp32)(const uint8_t* exps, const uint8_t* hi, const uint8_t* lo16, size_t n,
+                     uint8_t* values);
+  void (*exponents_fp32)(const uint8_t* values, size_t n, uint8_t* exps);
+  // Positions i < n (n <= 65536) where now[i] != before[i], in increasing order, with the step
+  // now[i] - before[i] (mod 256). Returns how many; `positions` and `steps` hold n entries.
+  size_t (*find_changes)(const uint8_t* now, const uint8_t* before, size_t n, uint16_t* positions,
+                         uint8_t* steps);
+};
+
+// The fastest kernels this CPU runs, unless CIERA_KERNELS names another available target.
+const PlaneKernels& kernels();
+// Every target compiled in and runnable on this CPU (tests run each of them).
+std::span<const PlaneKernels* const> available_kernels();
+
+// Byte layout of a shard's sign-mantissa plane.
+struct SignMantissaLayout {
+  SignMantissaLayout(DType dtype, uint64_t num_values);
+  uint64_t total_bytes() const { return total_bytes_; }
+
+  DType dtype;
+  uint64_t num_values;
+  uint64_t first_plane_bytes;   // BF16: sm; FP16: lo8; FP32: hi
+  uint64_t second_plane_bytes;  // BF16: 0; FP16: packed hi3; FP32: lo16
+
+ private:
+  uint64_t total_bytes_;
+};
+
+// Largest `count` accepted by split_values / merge_values in one call.
+inline constexpr size_t kMaxChunkValues = 16384;
+
+// Splits values [first, first + count) of a shard. `values` points at value `first`; `exps`
+// receives `count` exponents; the sign-mantissa bits go into their place in `sm_plane`, which
+// covers the whole shard. Bytes of the FP16 packed plane that hold other values' bits keep them.
+void split_values(const SignMantissaLayout& layout, const PlaneKernels& k, const uint8_t* values,
+                  uint64_t first, size_t count, uint8_t* exps, uint8_t* sm_plane);
+// Inverse of split_values: writes values [first, first + count) to `values` (pointing at `first`).
+void merge_values(const SignMantissaLayout& layout, const PlaneKernels& k, const uint8_t* exps,
+                  const uint8_t* sm_plane, uint64_t first, size_t count, uint8_t* values);
+// The exponents of `count` values.
+void extract_exponents(DType dtype, const PlaneKernels& k, const uint8_t* values, size_t count,
+                       uint8_t* exps);
+
+// Exponent field of the value at `value` / replacing it in place.
+uint8_t exponent_of(DType dtype, const uint8_t* value);
+void set_exponent(DType dtype, uint8_t* value, uint8_t exponent);
+
+// The literal, one-value-at-a-time reading of docs/format.md; tests hold the kernels to it.
+namespace reference {
+void split(DType dtype, const uint8_t* values, uint64_t n, uint8_t* exps, uint8_t* sm_plane);
+void merge(DType dtype, const uint8_t* exps, const uint8_t* sm_plane, uint64_t n,
+           uint8_t* values);
+}  // namespace reference
+
+}  // namespace ciera::format

@@ -1,0 +1,241 @@
+// Decoder safety (reliability tests 3, 4, 6, 8, 9, 11): every malformed payload is a FormatError
+// and leaves the decoder exactly as it was.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "ciera/error.hpp"
+#include "codec/wire.hpp"
+#include "test_util.hpp"
+
+namespace ciera {
+namespace {
+
+using testing::Pattern;
+using testing::Trajectory;
+
+struct DecoderSnapshot {
+  bool has_cache;
+  uint32_t epoch;
+  uint64_t sequence;
+  std::vector<uint8_t> cache;
+  explicit DecoderSnapshot(const ShardDecoder& d)
+      : has_cache(d.has_cache()), epoch(d.epoch()), sequence(d.last_sequence()),
+        cache(d.cached_exponents().begin(), d.cached_exponents().end()) {}
+  bool operator==(const DecoderSnapshot&) const = default;
+};
+
+// A sender/receiver pair advanced past warmup, with the next frame encoded but not yet decoded.
+struct Fixture {
+  Fixture(CodecConfig c, size_t values, Pattern pattern, int steps)
+      : config(c), n(values), encoder(c, values, 3), decoder(c, values),
+        trajectory(c.dtype, values, pattern, 77), payload(encoder.max_payload_bytes()),
+        out(values * dtype_info(c.dtype).value_bytes) {
+    for (int i = 0; i < steps; ++i) {
+      trajectory.step();
+      const auto s = encoder.encode(trajectory.span(), payload);
+      decoder.decode({payload.data(), s.payload_bytes}, out);
+    }
+    trajectory.step();
+    stats = encoder.encode(trajectory.span(), payload);
+    payload.resize(stats.payload_bytes);
+  }
+
+  // Decoding `bad` must throw FormatError and leave the decoder untouched.
+  void expect_rejected(const std::vector<std::byte>& bad, const std::string& what) {
+    const DecoderSnapshot before(decoder);
+    EXPECT_THROW(decoder.decode(bad, out), FormatError) << what;
+    EXPECT_TRUE(DecoderSnapshot(decoder) == before) << "decoder state changed: " << what;
+  }
+
+  void expect_good_decode() {
+    decoder.decode(payload, out);
+    EXPECT_EQ(out, trajectory.values());
+  }
+
+  CodecConfig config;
+  size_t n;
+  ShardEncoder encoder;
+  ShardDecoder decoder;
+  Trajectory trajectory;
+  std::vector<std::byte> payload;
+  std::vector<std::byte> out;
+  FrameStats stats;
+};
+
+CodecConfig config_for(ExponentCoding coding, DType dtype = DType::kBF16) {
+  CodecConfig c;
+  c.dtype = dtype;
+  c.coding = coding;
+  c.warmup_steps = 1;
+  c.block_values = 64;
+  return c;
+}
+
+class Corruption : public ::testing::TestWithParam<std::tuple<ExponentCoding, DType, bool>> {};
+
+TEST_P(Corruption, EveryTruncationIsRejected) {
+  const auto [coding, dtype, key] = GetParam();
+  Fixture f(config_for(coding, dtype), 2000, Pattern::kSparse, key ? 0 : 3);
+  ASSERT_EQ(f.stats.kind, key ? FrameKind::kKey : FrameKind::kDelta);
+  for (size_t len = 0; len < f.payload.size(); ++len) {
+    f.expect_rejected({f.payload.begin(), f.payload.begin() + len}, "truncated to " + std::to_string(len));
+  }
+  auto longer = f.payload;
+  longer.push_back(std::byte{0});
+  f.expect_rejected(longer, "one trailing byte");
+  f.expect_good_decode();
+}
+
+TEST_P(Corruption, EverySingleBitFlipIsRejected) {
+  const auto [coding, dtype, key] = GetParam();
+  Fixture f(config_for(coding, dtype), 2000, Pattern::kSparse, key ? 0 : 3);
+  if (!key) {
+    EXPECT_EQ(f.stats.section, coding == ExponentCoding::kBlock ? ExponentSection::kBlock
+                                                                 : ExponentSection::kFine);
+  }
+  const size_t sm_begin = wire::kHeaderBytes + f.stats.bitmap_bytes;
+  const size_t exp_begin = sm_begin + f.stats.sign_mantissa_bytes;
+  for (size_t byte = 0; byte < f.payload.size(); ++byte) {
+    // Every bit of header, bitmap and exponent section; every 7th byte of the large plane.
+    if (byte >= sm_begin && byte < exp_begin && byte % 7 != 0) continue;
+    for (int bit = 0; bit < 8; ++bit) {
+      auto bad = f.payload;
+      bad[byte] ^= std::byte(1u << bit);
+      f.expect_rejected(bad, "bit " + std::to_string(bit) + " of byte " + std::to_string(byte));
+    }
+  }
+  f.expect_good_decode();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Frames, Corruption,
+    ::testing::Combine(::testing::Values(ExponentCoding::kFine, ExponentCoding::kBlock),
+                       ::testing::Values(DType::kBF16, DType::kFP16, DType::kFP32),
+                       ::testing::Bool()));
+
+TEST(DecoderSafety, SkippedRepeatedAndForeignFramesAreRejected) {
+  Fixture f(config_for(ExponentCoding::kAuto), 3000, Pattern::kSparse, 3);
+  const auto frame4 = f.payload;
+  // Skipped step: encode one more and try it before frame 4.
+  f.trajectory.step();
+  std::vector<std::byte> frame5(f.encoder.max_payload_bytes());
+  frame5.resize(f.encoder.encode(f.trajectory.span(), frame5).payload_bytes);
+  f.expect_rejected(frame5, "skipped frame");
+  f.decoder.decode(frame4, f.out);
+  f.expect_rejected(frame4, "repeated frame");
+  f.decoder.decode(frame5, f.out);
+  EXPECT_EQ(f.out, f.trajectory.values());
+
+  // A delta from another sender stream (another epoch) with the right sequence number.
+  ShardEncoder other(f.config, f.n, 99);
+  std::vector<std::byte> p;
+  for (int i = 0; i < 6; ++i) {
+    p.resize(other.max_payload_bytes());
+    p.resize(other.encode(f.trajectory.span(), p).payload_bytes);
+  }
+  ASSERT_EQ(inspect_payload(p).kind, FrameKind::kDelta);
+  ASSERT_EQ(inspect_payload(p).sequence, f.decoder.last_sequence() + 1);
+  f.expect_rejected(p, "foreign epoch");
+}
+
+TEST(DecoderSafety, PayloadsForAnotherConfigurationAreRejected) {
+  const size_t n = 1000;
+  Trajectory t(DType::kBF16, n, Pattern::kSparse, 1);
+  CodecConfig base;
+  std::vector<std::byte> payload(max_payload_bytes(DType::kBF16, n, 512));
+  payload.resize(encode_stateless(base, t.span(), payload));
+  std::vector<std::byte> out(4 * n);
+  CodecConfig fp16 = base;
+  fp16.dtype = DType::kFP16;
+  EXPECT_THROW(ShardDecoder(fp16, n).decode(payload, {out.data(), 2 * n}), FormatError);
+  CodecConfig block256 = base;
+  block256.block_values = 256;
+  EXPECT_THROW(ShardDecoder(block256, n).decode(payload, {out.data(), 2 * n}), FormatError);
+  EXPECT_THROW(ShardDecoder(base, n + 1).decode(payload, {out.data(), 2 * n + 2}), FormatError);
+  try {
+    ShardDecoder(fp16, n).decode(payload, {out.data(), 2 * n});
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("dtype"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DecoderSafety, HugeClaimedSizesAreRejectedBeforeUse) {
+  wire::Header h;
+  h.dtype = DType::kBF16;
+  h.block_values = 512;
+  h.num_values = uint64_t{1} << 62;
+  h.sign_mantissa_bytes = uint64_t{1} << 62;
+  h.exponent_bytes = ~uint64_t{0};
+  std::vector<std::byte> bytes(wire::kHeaderBytes);
+  wire::write_header(h, reinterpret_cast<uint8_t*>(bytes.data()));
+  EXPECT_THROW(inspect_payload(bytes), FormatError);
+  std::vector<std::byte> out(2000);
+  EXPECT_THROW(ShardDecoder(CodecConfig{}, 1000).decode(bytes, out), FormatError);
+}
+
+TEST(DecoderSafety, RandomGarbageNeverCrashes) {
+  std::mt19937_64 rng(9);
+  ShardDecoder decoder(CodecConfig{}, 100);
+  std::vector<std::byte> out(200);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<std::byte> garbage(rng() % 400);
+    for (auto& b : garbage) b = std::byte(rng());
+    EXPECT_THROW(decoder.decode(garbage, out), FormatError);
+  }
+  EXPECT_FALSE(decoder.has_cache());
+}
+
+// Reliability test 9: a deliberately weakened change detector lets stale exponents through;
+// the content checksum must catch it, and a key frame must then restore exactness.
+TEST(DecoderSafety, HashCollisionsAreCaughtByTheChecksumAndRepairedByAKeyFrame) {
+  CodecConfig c;
+  c.detection = ChangeDetection::kHash;
+  c.hash_bits = 1;  // every other changed block collides
+  c.warmup_steps = 1;
+  c.block_values = 64;
+  const size_t n = 4096;
+  ShardEncoder encoder(c, n);
+  ShardDecoder decoder(c, n);
+  std::vector<std::byte> payload(encoder.max_payload_bytes());
+  std::vector<std::byte> out(2 * n);
+  Trajectory t(DType::kBF16, n, Pattern::kSparse, 4);
+  int caught = 0;
+  for (int step = 0; step < 20; ++step) {
+    t.step();
+    const auto sent = encoder.encode(t.span(), payload);
+    const DecoderSnapshot before(decoder);
+    try {
+      decoder.decode({payload.data(), sent.payload_bytes}, out);
+      ASSERT_EQ(out, t.values()) << "a decode that succeeds must be exact";
+    } catch (const FormatError& e) {
+      ++caught;
+      EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+      EXPECT_TRUE(DecoderSnapshot(decoder) == before);
+      encoder.request_key_frame();
+      t.step();
+      const auto key = encoder.encode(t.span(), payload);
+      ASSERT_EQ(key.kind, FrameKind::kKey);
+      decoder.decode({payload.data(), key.payload_bytes}, out);
+      ASSERT_EQ(out, t.values());
+    }
+  }
+  EXPECT_GT(caught, 0);
+}
+
+TEST(DecoderSafety, MisuseOfBufferSizesIsReported) {
+  CodecConfig c;
+  ShardEncoder encoder(c, 100);
+  std::vector<std::byte> values(200), small(10), out(199);
+  EXPECT_THROW(encoder.encode(values, small), std::invalid_argument);
+  std::vector<std::byte> payload(encoder.max_payload_bytes());
+  EXPECT_THROW(encoder.encode({values.data(), 198}, payload), std::invalid_argument);
+  ShardDecoder decoder(c, 100);
+  EXPECT_THROW(decoder.decode(payload, out), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace ciera

@@ -1,0 +1,253 @@
+// Multi-step round trips over dtype x block size x shard size x change pattern x detection and
+// coding mode (house rule 8, reliability test 1): every step bitwise equal, never past the bound.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "ciera/error.hpp"
+#include "test_util.hpp"
+
+namespace ciera {
+namespace {
+
+using testing::Pattern;
+using testing::Trajectory;
+
+struct Mode {
+  ChangeDetection detection;
+  ExponentCoding coding;
+  const char* name;
+};
+const Mode kModes[] = {
+    {ChangeDetection::kExact, ExponentCoding::kAuto, "exact_auto"},
+    {ChangeDetection::kExact, ExponentCoding::kBlock, "exact_block"},
+    {ChangeDetection::kExact, ExponentCoding::kFine, "exact_fine"},
+    {ChangeDetection::kHash, ExponentCoding::kAuto, "hash_auto"},
+    {ChangeDetection::kHash, ExponentCoding::kBlock, "hash_block"},
+};
+
+enum class Size { kZero, kOne, kBlockMinus1, kBlock, kBlockPlus1, kOdd, kMillion };
+size_t size_for(Size s, uint32_t block) {
+  switch (s) {
+    case Size::kZero: return 0;
+    case Size::kOne: return 1;
+    case Size::kBlockMinus1: return block - 1;
+    case Size::kBlock: return block;
+    case Size::kBlockPlus1: return block + 1;
+    case Size::kOdd: return 12345;
+    case Size::kMillion: return 1000000;
+  }
+  return 0;
+}
+
+using Params = std::tuple<DType, uint32_t, Size, Pattern, int>;
+
+class RoundTrip : public ::testing::TestWithParam<Params> {};
+
+constexpr size_t kCanaryBytes = 64;
+constexpr uint8_t kCanary = 0xC5;
+
+TEST_P(RoundTrip, EveryStepIsBitwiseExact) {
+  const auto [dtype, block, size, pattern, mode_index] = GetParam();
+  const Mode mode = kModes[mode_index];
+  const size_t n = size_for(size, block);
+  CodecConfig config;
+  config.dtype = dtype;
+  config.block_values = block;
+  config.detection = mode.detection;
+  config.coding = mode.coding;
+  config.warmup_steps = 2;
+  const int steps = n >= 1000000 ? 4 : 7;
+
+  ShardEncoder encoder(config, n, 11);
+  ShardDecoder decoder(config, n);
+  const size_t bound = max_payload_bytes(dtype, n, block);
+  ASSERT_EQ(encoder.max_payload_bytes(), bound);
+  std::vector<std::byte> payload(bound);
+  const size_t bytes = n * dtype_info(dtype).value_bytes;
+  std::vector<std::byte> out(bytes + kCanaryBytes);
+
+  Trajectory trajectory(dtype, n, pattern, 1000 + n + block);
+  for (int step = 0; step < steps; ++step) {
+    if (step > 0) trajectory.step();
+    const FrameStats sent = encoder.encode(trajectory.span(), payload);
+    ASSERT_LE(sent.payload_bytes, bound);
+    EXPECT_EQ(sent.kind, step < 2 ? FrameKind::kKey : FrameKind::kDelta);
+    std::memset(out.data(), 0xEE, bytes);
+    std::memset(out.data() + bytes, kCanary, kCanaryBytes);
+    const FrameStats got = decoder.decode({payload.data(), sent.payload_bytes},
+                                          {out.data(), bytes});
+    ASSERT_EQ(std::memcmp(out.data(), trajectory.values().data(), bytes), 0)
+        << "step " << step << " section " << exponent_section_name(sent.section);
+    for (size_t i = 0; i < kCanaryBytes; ++i) ASSERT_EQ(static_cast<uint8_t>(out[bytes + i]), kCanary);
+    EXPECT_EQ(got.section, sent.section);
+    EXPECT_EQ(got.changed_blocks, sent.changed_blocks);
+    if (mode.coding == ExponentCoding::kBlock || mode.detection == ChangeDetection::kHash) {
+      EXPECT_NE(sent.section, ExponentSection::kFine);
+    }
+    if (pattern == Pattern::kNone && step >= 2) {
+      EXPECT_EQ(sent.section, ExponentSection::kUnchanged);
+    }
+    // The decoder's cache now holds exactly the shard's exponents.
+    std::vector<uint8_t> want(n);
+    for (size_t i = 0; i < n; ++i) {
+      const DTypeInfo info = dtype_info(dtype);
+      want[i] = static_cast<uint8_t>((testing::get_value(dtype, trajectory.values(), i) >>
+                                      (info.sign_mantissa_bits - 1)) &
+                                     ((1u << info.exponent_bits) - 1));
+    }
+    ASSERT_TRUE(std::equal(want.begin(), want.end(), decoder.cached_exponents().begin()));
+  }
+}
+
+std::string param_name(const ::testing::TestParamInfo<Params>& info) {
+  const auto [dtype, block, size, pattern, mode] = info.param;
+  const char* sizes[] = {"n0", "n1", "nBm1", "nB", "nBp1", "nOdd", "n1M"};
+  return std::string(dtype_name(dtype)) + "_B" + std::to_string(block) + "_" +
+         sizes[static_cast<int>(size)] + "_" + testing::pattern_name(pattern) + "_" +
+         kModes[mode].name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sweep, RoundTrip,
+    ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16, DType::kFP32),
+                       ::testing::Values(64u, 512u, 4096u),
+                       ::testing::Values(Size::kZero, Size::kOne, Size::kBlockMinus1, Size::kBlock,
+                                         Size::kBlockPlus1, Size::kOdd, Size::kMillion),
+                       ::testing::Values(Pattern::kNone, Pattern::kAll, Pattern::kRandom,
+                                         Pattern::kSparse, Pattern::kSpecial),
+                       ::testing::Range(0, 5)),
+    param_name);
+
+TEST(Codec, OddBlockSizesRoundTrip) {
+  for (uint32_t block : {65u, 100u, 777u, 3001u}) {
+    for (DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+      CodecConfig config;
+      config.dtype = dtype;
+      config.block_values = block;
+      config.warmup_steps = 1;
+      const size_t n = 3 * block + 13;
+      ShardEncoder encoder(config, n);
+      ShardDecoder decoder(config, n);
+      std::vector<std::byte> payload(encoder.max_payload_bytes());
+      std::vector<std::byte> out(n * dtype_info(dtype).value_bytes);
+      Trajectory t(dtype, n, Pattern::kSparse, block);
+      for (int step = 0; step < 5; ++step) {
+        t.step();
+        const auto sent = encoder.encode(t.span(), payload);
+        decoder.decode({payload.data(), sent.payload_bytes}, out);
+        ASSERT_EQ(out, t.values()) << "B=" << block << " " << dtype_name(dtype);
+      }
+    }
+  }
+}
+
+TEST(Codec, SparseChangesCostFarLessThanRaw) {
+  CodecConfig config;
+  config.warmup_steps = 1;
+  const size_t n = 1 << 20;
+  ShardEncoder encoder(config, n);
+  ShardDecoder decoder(config, n);
+  std::vector<std::byte> payload(encoder.max_payload_bytes());
+  std::vector<std::byte> out(2 * n);
+  Trajectory t(DType::kBF16, n, Pattern::kSparse, 5);
+  encoder.encode(t.span(), payload);
+  t.step();
+  const auto sent = encoder.encode(t.span(), payload);
+  decoder.reset();
+  EXPECT_EQ(sent.section, ExponentSection::kFine);
+  // 8 bits of sign-mantissa per value plus a small fraction of a bit for the changes.
+  EXPECT_LT(static_cast<double>(sent.payload_bytes) * 8 / n, 8.3);
+}
+
+TEST(Codec, StatelessRoundTripAndInspect) {
+  for (DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    CodecConfig config;
+    config.dtype = dtype;
+    const size_t n = 50000;
+    Trajectory t(dtype, n, Pattern::kSpecial, 1);
+    std::vector<std::byte> payload(max_payload_bytes(dtype, n, config.block_values));
+    const size_t len = encode_stateless(config, t.span(), payload);
+    const PayloadInfo info = inspect_payload({payload.data(), len});
+    EXPECT_EQ(info.kind, FrameKind::kKey);
+    EXPECT_EQ(info.dtype, dtype);
+    EXPECT_EQ(info.num_values, n);
+    EXPECT_EQ(info.payload_bytes, len);
+    EXPECT_TRUE(info.has_content_checksum);
+    std::vector<std::byte> out(t.values().size());
+    decode_stateless(config, {payload.data(), len}, out);
+    EXPECT_EQ(out, t.values());
+  }
+}
+
+TEST(Codec, ChecksumCanBeTurnedOff) {
+  CodecConfig config;
+  config.content_checksum = false;
+  config.warmup_steps = 1;
+  const size_t n = 10000;
+  ShardEncoder encoder(config, n);
+  ShardDecoder decoder(config, n);
+  CodecConfig strict = config;
+  strict.content_checksum = true;
+  ShardDecoder strict_decoder(strict, n);
+  std::vector<std::byte> payload(encoder.max_payload_bytes());
+  std::vector<std::byte> out(2 * n);
+  Trajectory t(DType::kBF16, n, Pattern::kSparse, 2);
+  for (int step = 0; step < 4; ++step) {
+    t.step();
+    const auto sent = encoder.encode(t.span(), payload);
+    EXPECT_FALSE(inspect_payload({payload.data(), sent.payload_bytes}).has_content_checksum);
+    decoder.decode({payload.data(), sent.payload_bytes}, out);
+    EXPECT_EQ(out, t.values());
+    // A decoder that requires checksums refuses a payload without one.
+    EXPECT_THROW(strict_decoder.decode({payload.data(), sent.payload_bytes}, out), FormatError);
+  }
+}
+
+TEST(Codec, ResyncStartsANewEpochAndRecoversAColdDecoder) {
+  CodecConfig config;
+  config.warmup_steps = 1;
+  const size_t n = 5000;
+  ShardEncoder encoder(config, n, 7);
+  ShardDecoder decoder(config, n);
+  std::vector<std::byte> payload(encoder.max_payload_bytes());
+  std::vector<std::byte> out(2 * n);
+  Trajectory t(DType::kBF16, n, Pattern::kSparse, 3);
+  for (int step = 0; step < 3; ++step) {
+    t.step();
+    const auto sent = encoder.encode(t.span(), payload);
+    decoder.decode({payload.data(), sent.payload_bytes}, out);
+  }
+  decoder.reset();  // the receiver restarted with a cold cache
+  t.step();
+  auto sent = encoder.encode(t.span(), payload);
+  EXPECT_THROW(decoder.decode({payload.data(), sent.payload_bytes}, out), FormatError);
+  encoder.request_key_frame();
+  t.step();
+  sent = encoder.encode(t.span(), payload);
+  EXPECT_EQ(sent.kind, FrameKind::kKey);
+  EXPECT_EQ(sent.epoch, 8u);
+  decoder.decode({payload.data(), sent.payload_bytes}, out);
+  EXPECT_EQ(out, t.values());
+  t.step();
+  sent = encoder.encode(t.span(), payload);
+  EXPECT_EQ(sent.kind, FrameKind::kDelta);
+  decoder.decode({payload.data(), sent.payload_bytes}, out);
+  EXPECT_EQ(out, t.values());
+}
+
+TEST(Codec, CacheBytesAreReported) {
+  CodecConfig exact;
+  CodecConfig hash;
+  hash.detection = ChangeDetection::kHash;
+  const size_t n = 1 << 16;
+  EXPECT_EQ(ShardEncoder(exact, n).cache_bytes(), n);
+  EXPECT_EQ(ShardEncoder(hash, n).cache_bytes(), 16 * (n / 512));
+  EXPECT_EQ(ShardDecoder(exact, n).cache_bytes(), n);
+}
+
+}  // namespace
+}  // namespace ciera

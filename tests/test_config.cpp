@@ -1,0 +1,42 @@
+#include <gtest/gtest.h>
+
+#include "ciera/config.hpp"
+#include "ciera/error.hpp"
+
+namespace ciera {
+namespace {
+
+TEST(Config, DefaultsAreValid) { EXPECT_NO_THROW(CodecConfig{}.validate()); }
+
+TEST(Config, InvalidFieldsAreNamed) {
+  CodecConfig c;
+  c.block_values = 63;
+  try {
+    c.validate();
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("block_values"), std::string::npos);
+  }
+  c.block_values = 4097;
+  EXPECT_THROW(c.validate(), ConfigError);
+  c = CodecConfig{};
+  c.coding = ExponentCoding::kFine;
+  c.detection = ChangeDetection::kHash;
+  EXPECT_THROW(c.validate(), ConfigError);
+  c = CodecConfig{};
+  c.hash_bits = 0;
+  EXPECT_THROW(c.validate(), ConfigError);
+}
+
+TEST(Config, NamesParse) {
+  EXPECT_EQ(parse_dtype("bf16"), DType::kBF16);
+  EXPECT_EQ(parse_dtype("half"), DType::kFP16);
+  EXPECT_THROW(parse_dtype("int8"), ConfigError);
+  EXPECT_EQ(parse_change_detection("hash"), ChangeDetection::kHash);
+  EXPECT_THROW(parse_change_detection("crc"), ConfigError);
+  EXPECT_EQ(parse_exponent_coding("fine"), ExponentCoding::kFine);
+  EXPECT_THROW(parse_exponent_coding("zip"), ConfigError);
+}
+
+}  // namespace
+}  // namespace ciera

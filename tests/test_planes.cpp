@@ -1,0 +1,132 @@
+// Plane kernels: every compiled SIMD target against the literal reference of docs/format.md.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "ciera/dtype.hpp"
+#include "format/planes.hpp"
+
+namespace ciera::format {
+namespace {
+
+const DType kDTypes[] = {DType::kBF16, DType::kFP16, DType::kFP32};
+
+std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+TEST(Planes, EveryBf16AndFp16BitPatternRoundTrips) {
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    std::vector<uint8_t> values(65536 * 2);
+    for (uint32_t i = 0; i < 65536; ++i) {
+      values[2 * i] = static_cast<uint8_t>(i);
+      values[2 * i + 1] = static_cast<uint8_t>(i >> 8);
+    }
+    const SignMantissaLayout layout(dtype, 65536);
+    for (const PlaneKernels* k : available_kernels()) {
+      std::vector<uint8_t> exps(65536), sm(layout.total_bytes()), back(values.size());
+      for (uint64_t first = 0; first < 65536; first += kMaxChunkValues) {
+        split_values(layout, *k, values.data() + 2 * first, first, kMaxChunkValues,
+                     exps.data() + first, sm.data());
+      }
+      for (uint64_t first = 0; first < 65536; first += kMaxChunkValues) {
+        merge_values(layout, *k, exps.data() + first, sm.data(), first, kMaxChunkValues,
+                     back.data() + 2 * first);
+      }
+      EXPECT_EQ(back, values) << dtype_name(dtype) << " on " << k->target;
+    }
+  }
+}
+
+// Splitting in arbitrary pieces at arbitrary offsets equals the reference on the whole shard.
+TEST(Planes, KernelsMatchReferenceAtAnyOffset) {
+  const size_t sizes[] = {0, 1, 7, 8, 9, 31, 33, 64, 65, 1000, 4099, 40001};
+  for (DType dtype : kDTypes) {
+    const uint32_t vb = dtype_info(dtype).value_bytes;
+    for (size_t n : sizes) {
+      const auto values = random_bytes(n * vb, n * 31 + vb);
+      const SignMantissaLayout layout(dtype, n);
+      std::vector<uint8_t> ref_exps(n), ref_sm(layout.total_bytes());
+      reference::split(dtype, values.data(), n, ref_exps.data(), ref_sm.data());
+      std::vector<uint8_t> ref_back(values.size());
+      reference::merge(dtype, ref_exps.data(), ref_sm.data(), n, ref_back.data());
+      ASSERT_EQ(ref_back, values) << "reference round trip, " << dtype_name(dtype) << " n=" << n;
+
+      for (const PlaneKernels* k : available_kernels()) {
+        for (size_t piece : {size_t{1}, size_t{5}, size_t{8}, size_t{333}, kMaxChunkValues}) {
+          std::vector<uint8_t> exps(n, 0xAA), sm(layout.total_bytes(), 0);
+          for (size_t first = 0; first < n; first += piece) {
+            const size_t count = std::min(piece, n - first);
+            split_values(layout, *k, values.data() + first * vb, first, count, exps.data() + first,
+                         sm.data());
+          }
+          ASSERT_EQ(exps, ref_exps) << dtype_name(dtype) << " n=" << n << " piece=" << piece << " " << k->target;
+          ASSERT_EQ(sm, ref_sm) << dtype_name(dtype) << " n=" << n << " piece=" << piece << " " << k->target;
+          std::vector<uint8_t> back(values.size(), 0x55);
+          for (size_t first = 0; first < n; first += piece) {
+            const size_t count = std::min(piece, n - first);
+            merge_values(layout, *k, exps.data() + first, sm.data(), first, count,
+                         back.data() + first * vb);
+          }
+          ASSERT_EQ(back, values) << dtype_name(dtype) << " n=" << n << " piece=" << piece << " " << k->target;
+          std::vector<uint8_t> only_exps(n);
+          extract_exponents(dtype, *k, values.data(), n, only_exps.data());
+          ASSERT_EQ(only_exps, ref_exps) << k->target;
+        }
+      }
+    }
+  }
+}
+
+TEST(Planes, SetExponentReplacesOnlyTheExponent) {
+  for (DType dtype : kDTypes) {
+    const DTypeInfo info = dtype_info(dtype);
+    const auto values = random_bytes(64 * info.value_bytes, 7);
+    for (size_t i = 0; i < 64; ++i) {
+      std::vector<uint8_t> v(values.begin() + i * info.value_bytes,
+                             values.begin() + (i + 1) * info.value_bytes);
+      const uint8_t e = static_cast<uint8_t>((i * 37) & ((1u << info.exponent_bits) - 1));
+      set_exponent(dtype, v.data(), e);
+      EXPECT_EQ(exponent_of(dtype, v.data()), e);
+      set_exponent(dtype, v.data(), exponent_of(dtype, values.data() + i * info.value_bytes));
+      EXPECT_TRUE(std::equal(v.begin(), v.end(), values.begin() + i * info.value_bytes));
+    }
+  }
+}
+
+TEST(Planes, FindChangesMatchesScalarScanOnEveryTarget) {
+  std::mt19937_64 rng(3);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{17}, size_t{64}, size_t{100}, size_t{4096}}) {
+    for (unsigned density : {0u, 1u, 50u, 100u}) {
+      std::vector<uint8_t> before(n), now(n);
+      for (size_t i = 0; i < n; ++i) {
+        before[i] = static_cast<uint8_t>(rng());
+        now[i] = (rng() % 100) < density ? static_cast<uint8_t>(before[i] + 1 + rng() % 255) : before[i];
+      }
+      std::vector<uint16_t> want_pos;
+      std::vector<uint8_t> want_step;
+      for (size_t i = 0; i < n; ++i) {
+        if (now[i] != before[i]) {
+          want_pos.push_back(static_cast<uint16_t>(i));
+          want_step.push_back(static_cast<uint8_t>(now[i] - before[i]));
+        }
+      }
+      for (const PlaneKernels* k : available_kernels()) {
+        std::vector<uint16_t> pos(n + 1);
+        std::vector<uint8_t> step(n + 1);
+        const size_t m = k->find_changes(now.data(), before.data(), n, pos.data(), step.data());
+        pos.resize(m);
+        step.resize(m);
+        EXPECT_EQ(pos, want_pos) << k->target << " n=" << n;
+        EXPECT_EQ(step, want_step) << k->target << " n=" << n;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ciera::format
