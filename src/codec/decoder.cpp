@@ -7,7 +7,6 @@
 //   3. compare with the content checksum;
 //   4. only then update the exponent cache from the verified output.
 #include <array>
-#include <optional>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -30,100 +29,145 @@ std::string mismatch(const char* what, const std::string& payload, const std::st
   return std::string("payload ") + what + " is " + payload + " but this decoder expects " + decoder;
 }
 
-// Walks a fine-coded exponent section block by block (docs/format.md, "Exponent section", fine).
-class FineChangeReader {
- public:
-  // `changes_per_block` has room for one entry per changed block.
-  FineChangeReader(const uint8_t* section, uint64_t size, uint64_t changed_blocks,
-                   const BlockGrid& grid, const std::vector<uint32_t>& changed,
-                   unsigned exponent_bits, uint16_t* changes_per_block)
-      : changes_per_block_(changes_per_block) {
-    ByteReader section_reader(section, size, "fine exponent section");
-    counts_.open(section_reader, changed_blocks, wire::kMaxBucket, "fine counts stream");
-    // The gap and step streams hold one symbol per changed value, which only the counts reveal;
-    // remember where they are and read the counts first.
-    const uint64_t gaps_at = section_reader.position();
-    skip_stream(section_reader);
-    const uint64_t steps_at = section_reader.position();
-    skip_stream(section_reader);
-    const uint64_t extra_bytes = section_reader.u64();
-    const uint8_t* extra = section_reader.take(extra_bytes);
-    if (section_reader.remaining() != 0) {
-      throw FormatError("fine exponent section has " + std::to_string(section_reader.remaining()) +
-                        " trailing bytes");
-    }
-    extra_bits_ = BitReader(extra, extra_bytes, "fine extra bits");
+void skip_stream(ByteReader& reader) {
+  reader.need(entropy::kStreamHeaderBytes);
+  const uint64_t body = load_le64(reader.cursor() + 2);
+  reader.take(entropy::kStreamHeaderBytes);
+  reader.take(body);
+}
 
-    uint64_t total = 0;
-    for (uint64_t i = 0; i < changed_blocks; ++i) {
-      uint8_t bucket;
-      counts_.get(&bucket, 1);
-      const uint32_t m = read_bucketed(bucket) + 1;
+// Reads a symbol stream in batches, so per-symbol work stays in a tight loop.
+class BatchedSymbols {
+ public:
+  explicit BatchedSymbols(entropy::SymbolStreamReader& reader, uint64_t total)
+      : reader_(reader), left_(total) {}
+  uint8_t next() {
+    if (at_ == filled_) refill();
+    return buffer_[at_++];
+  }
+
+ private:
+  void refill() {
+    filled_ = static_cast<size_t>(std::min<uint64_t>(buffer_.size(), left_));
+    if (filled_ == 0) throw FormatError("symbol stream holds fewer symbols than announced");
+    reader_.get(buffer_.data(), filled_);
+    left_ -= filled_;
+    at_ = 0;
+  }
+  entropy::SymbolStreamReader& reader_;
+  uint64_t left_;
+  std::array<uint8_t, 4096> buffer_;
+  size_t at_ = 0;
+  size_t filled_ = 0;
+};
+
+}  // namespace
+
+// The changes of a fine-coded frame: value index and exponent step, in value order.
+struct FineChanges {
+  std::vector<uint64_t> values;
+  std::vector<uint8_t> steps;
+  uint64_t count = 0;
+};
+
+namespace {
+
+// Decodes and validates a fine exponent section (docs/format.md, "Exponent section", fine).
+// `changes` grows to the number of changed values, which the bitmap bounds by the shard size;
+// `changes_per_block` holds one entry per block.
+void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
+                 const std::vector<uint32_t>& changed, unsigned exponent_bits,
+                 uint16_t* changes_per_block, FineChanges& changes) {
+  ByteReader in(section, size, "fine exponent section");
+  entropy::SymbolStreamReader counts;
+  counts.open(in, changed.size(), wire::kMaxBucket, "fine counts stream");
+  const uint64_t changes_at = in.position();
+  skip_stream(in);
+  const uint64_t escapes_at = in.position();
+  skip_stream(in);
+  const uint64_t extra_bytes = in.u64();
+  BitReader extra(in.take(extra_bytes), extra_bytes, "fine extra bits");
+  if (in.remaining() != 0) {
+    throw FormatError("fine exponent section has " + std::to_string(in.remaining()) +
+                      " trailing bytes");
+  }
+  auto read_bucketed = [&](unsigned bucket) {
+    return wire::bucket_base(bucket) + extra.get(wire::bucket_extra_bits(bucket));
+  };
+
+  // Counts first: the other streams' lengths depend on them. Their extra bits come first too.
+  uint64_t total = 0;
+  {
+    BatchedSymbols buckets(counts, changed.size());
+    for (size_t i = 0; i < changed.size(); ++i) {
+      const uint32_t m = read_bucketed(buckets.next()) + 1;
       if (m > grid.block_length(changed[i])) {
         throw FormatError("fine exponent section claims " + std::to_string(m) +
                           " changed values in block " + std::to_string(changed[i]) + " of " +
                           std::to_string(grid.block_length(changed[i])) + " values");
       }
-      changes_per_block_[i] = static_cast<uint16_t>(m);
+      changes_per_block[i] = static_cast<uint16_t>(m);
       total += m;
     }
-    counts_.finish();
-    total_changes_ = total;
-    ByteReader gaps_reader(section + gaps_at, steps_at - gaps_at, "fine gaps stream");
-    gaps_.open(gaps_reader, total, wire::kMaxBucket, "fine gaps stream");
-    ByteReader steps_reader(section + steps_at, size - steps_at, "fine steps stream");
-    steps_.open(steps_reader, total, (1u << exponent_bits) - 1, "fine steps stream");
   }
+  counts.finish();
+  if (changes.values.size() < total) {
+    changes.values.resize(total);
+    changes.steps.resize(total);
+  }
+  changes.count = total;
 
-  uint64_t total_changes() const { return total_changes_; }
-
-  // Changed positions (block-local, increasing) and exponent steps of the next changed block.
-  size_t next_block(size_t block_length, uint16_t* positions, uint8_t* steps) {
-    const size_t m = changes_per_block_[block_index_++];
-    std::array<uint8_t, CodecConfig::kMaxBlockValues> gap_buckets;
-    gaps_.get(gap_buckets.data(), m);
-    steps_.get(steps, m);
-    int64_t previous = -1;
-    for (size_t j = 0; j < m; ++j) {
-      const int64_t position = previous + 1 + read_bucketed(gap_buckets[j]);
-      if (position >= static_cast<int64_t>(block_length)) {
-        throw FormatError("fine exponent section places a change past the end of its block");
+  const uint8_t exponent_mask = static_cast<uint8_t>((1u << exponent_bits) - 1);
+  ByteReader changes_in(section + changes_at, escapes_at - changes_at, "fine changes stream");
+  entropy::SymbolStreamReader change_stream;
+  change_stream.open(changes_in, total, wire::kMaxChangeSymbol, "fine changes stream");
+  uint64_t escapes = 0;
+  {
+    BatchedSymbols symbols(change_stream, total);
+    uint64_t c = 0;
+    for (size_t i = 0; i < changed.size(); ++i) {
+      const uint64_t first = grid.block_first(changed[i]);
+      const int64_t length = static_cast<int64_t>(grid.block_length(changed[i]));
+      int64_t previous = -1;
+      for (uint32_t j = 0; j < changes_per_block[i]; ++j, ++c) {
+        const unsigned symbol = symbols.next();
+        const unsigned step_class = symbol % wire::kStepClasses;
+        const int64_t position = previous + 1 + read_bucketed(symbol / wire::kStepClasses);
+        if (position >= length) {
+          throw FormatError("fine exponent section places a change past the end of block " +
+                            std::to_string(changed[i]));
+        }
+        changes.values[c] = first + static_cast<uint64_t>(position);
+        changes.steps[c] = step_class == wire::kStepUp     ? 1
+                           : step_class == wire::kStepDown ? exponent_mask
+                                                           : 0;  // escape: filled in below
+        escapes += step_class == wire::kStepEscape;
+        previous = position;
       }
-      if (steps[j] == 0) throw FormatError("fine exponent section has a zero exponent step");
-      positions[j] = static_cast<uint16_t>(position);
-      previous = position;
-    }
-    return m;
-  }
-
-  void finish() {
-    gaps_.finish();
-    steps_.finish();
-    if (!extra_bits_.exhausted_canonically()) {
-      throw FormatError("fine extra bits are not fully used or have non-zero padding");
     }
   }
+  change_stream.finish();
 
- private:
-  static void skip_stream(ByteReader& reader) {
-    reader.need(entropy::kStreamHeaderBytes);
-    const uint64_t body = load_le64(reader.cursor() + 2);
-    reader.take(entropy::kStreamHeaderBytes);
-    reader.take(body);
+  ByteReader escapes_in(section + escapes_at, size - escapes_at, "fine escapes stream");
+  entropy::SymbolStreamReader escape_stream;
+  escape_stream.open(escapes_in, escapes, exponent_mask, "fine escapes stream");
+  if (escapes != 0) {
+    BatchedSymbols steps(escape_stream, escapes);
+    for (uint64_t c = 0; c < total; ++c) {
+      if (changes.steps[c] != 0) continue;
+      const uint8_t step = steps.next();
+      if (step == 0 || step == 1 || step == exponent_mask) {
+        throw FormatError("fine escapes stream holds step " + std::to_string(step) +
+                          ", which has its own step class");
+      }
+      changes.steps[c] = step;
+    }
   }
-
-  uint32_t read_bucketed(unsigned bucket) {
-    return wire::bucket_base(bucket) + extra_bits_.get(wire::bucket_extra_bits(bucket));
+  escape_stream.finish();
+  if (!extra.exhausted_canonically()) {
+    throw FormatError("fine extra bits are not fully used or have non-zero padding");
   }
-
-  entropy::SymbolStreamReader counts_;
-  entropy::SymbolStreamReader gaps_;
-  entropy::SymbolStreamReader steps_;
-  BitReader extra_bits_;
-  uint16_t* changes_per_block_;
-  uint64_t block_index_ = 0;
-  uint64_t total_changes_ = 0;
-};
+}
 
 }  // namespace
 
@@ -141,9 +185,9 @@ struct ShardDecoder::Impl {
   FrameStats decode(const uint8_t* payload, size_t size, uint8_t* out);
   wire::Header check_header(const uint8_t* payload, size_t size) const;
   void read_bitmap(const uint8_t* bitmap, const wire::Header& header);
-  void apply_fine_to_output(FineChangeReader& fine, uint64_t chunk_first, size_t count,
-                            size_t& next_changed, uint8_t* out);
-  void apply_fine_to_cache(FineChangeReader& fine);
+  // Patches the fine changes that fall in [chunk_first, chunk_first + count) into `out`, which
+  // holds those values; `next` walks the change list across chunks.
+  void patch_fine_changes(uint64_t chunk_first, size_t count, uint64_t& next, uint8_t* out) const;
 
   CodecConfig config;
   BlockGrid grid;
@@ -160,8 +204,7 @@ struct ShardDecoder::Impl {
   std::vector<uint8_t> chunk_exponents;
   std::vector<uint32_t> changed_blocks;
   std::vector<uint16_t> changes_per_block;
-  std::array<uint16_t, CodecConfig::kMaxBlockValues> positions{};
-  std::array<uint8_t, CodecConfig::kMaxBlockValues> steps{};
+  FineChanges fine_changes;  // grows to the most changes seen, at most one per value
 };
 
 wire::Header ShardDecoder::Impl::check_header(const uint8_t* payload, size_t size) const {
@@ -233,33 +276,16 @@ void ShardDecoder::Impl::read_bitmap(const uint8_t* bitmap, const wire::Header& 
   }
 }
 
-void ShardDecoder::Impl::apply_fine_to_output(FineChangeReader& fine, uint64_t chunk_first,
-                                              size_t count, size_t& next_changed, uint8_t* out) {
+void ShardDecoder::Impl::patch_fine_changes(uint64_t chunk_first, size_t count, uint64_t& next,
+                                            uint8_t* out) const {
   const uint8_t mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
   const uint64_t chunk_end = chunk_first + count;
-  for (; next_changed < changed_blocks.size() &&
-         grid.block_first(changed_blocks[next_changed]) < chunk_end;
-       ++next_changed) {
-    const uint64_t block = changed_blocks[next_changed];
-    const uint64_t first = grid.block_first(block);
-    const size_t m = fine.next_block(grid.block_length(block), positions.data(), steps.data());
-    for (size_t j = 0; j < m; ++j) {
-      const uint64_t v = first + positions[j];
-      const uint8_t exponent = static_cast<uint8_t>((cache[v] + steps[j]) & mask);
-      format::set_exponent(config.dtype, out + (v - chunk_first) * info.value_bytes, exponent);
-    }
-  }
-}
-
-void ShardDecoder::Impl::apply_fine_to_cache(FineChangeReader& fine) {
-  const uint8_t mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
-  for (uint32_t block : changed_blocks) {
-    const uint64_t first = grid.block_first(block);
-    const size_t m = fine.next_block(grid.block_length(block), positions.data(), steps.data());
-    for (size_t j = 0; j < m; ++j) {
-      uint8_t& e = cache[first + positions[j]];
-      e = static_cast<uint8_t>((e + steps[j]) & mask);
-    }
+  const uint64_t* values = fine_changes.values.data();
+  const uint8_t* steps = fine_changes.steps.data();
+  for (; next < fine_changes.count && values[next] < chunk_end; ++next) {
+    const uint64_t v = values[next];
+    const uint8_t exponent = static_cast<uint8_t>((cache[v] + steps[next]) & mask);
+    format::set_exponent(config.dtype, out + (v - chunk_first) * info.value_bytes, exponent);
   }
 }
 
@@ -293,7 +319,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   const uint32_t value_bytes = info.value_bytes;
   ByteReader section_reader(section, h.exponent_bytes, "exponent section");
   entropy::SymbolStreamReader stream;
-  std::optional<FineChangeReader> fine;
+  const bool fine = h.section == ExponentSection::kFine;
   uint64_t block_symbols = 0;
   if (h.section == ExponentSection::kFull) {
     stream.open(section_reader, grid.num_values, max_exponent, "full exponent stream");
@@ -301,9 +327,9 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
     for (uint32_t block : changed_blocks) block_symbols += grid.block_length(block);
     stream.open(section_reader, block_symbols, max_exponent, "block exponent stream");
   } else if (h.section == ExponentSection::kFine) {
-    fine.emplace(section, h.exponent_bytes, changed_blocks.size(), grid, changed_blocks,
-                 info.exponent_bits, changes_per_block.data());
-    stats.changed_values = fine->total_changes();
+    decode_fine(section, h.exponent_bytes, grid, changed_blocks, info.exponent_bits,
+                changes_per_block.data(), fine_changes);
+    stats.changed_values = fine_changes.count;
     stats.changed_values_known = true;
   } else if (h.exponent_bytes != 0) {
     throw FormatError("'unchanged' exponent section is not empty");
@@ -315,6 +341,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   }
 
   size_t next_changed = 0;
+  uint64_t next_fine_change = 0;
   for (uint64_t chunk_first = 0; chunk_first < grid.num_values; chunk_first += grid.chunk_values) {
     const size_t count =
         static_cast<size_t>(std::min<uint64_t>(grid.chunk_values, grid.num_values - chunk_first));
@@ -337,14 +364,10 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
       exps = chunk_exponents.data();
     }
     format::merge_values(layout, kernels, exps, sm_plane, chunk_first, count, chunk_out);
-    if (fine) apply_fine_to_output(*fine, chunk_first, count, next_changed, chunk_out);
+    if (fine) patch_fine_changes(chunk_first, count, next_fine_change, chunk_out);
     if (h.has_content_checksum()) checksum.update(chunk_out, count * value_bytes);
   }
-  if (fine) {
-    fine->finish();
-  } else if (h.section != ExponentSection::kUnchanged) {
-    stream.finish();
-  }
+  if (h.section == ExponentSection::kFull || h.section == ExponentSection::kBlock) stream.finish();
   if (h.has_content_checksum() && checksum.digest() != h.content_checksum) {
     throw FormatError(
         "content checksum mismatch: the reconstructed shard differs from what was sent (payload "
@@ -364,9 +387,11 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
       }
       break;
     case ExponentSection::kFine: {
-      FineChangeReader again(section, h.exponent_bytes, changed_blocks.size(), grid,
-                             changed_blocks, info.exponent_bits, changes_per_block.data());
-      apply_fine_to_cache(again);
+      const uint8_t mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
+      for (uint64_t c = 0; c < fine_changes.count; ++c) {
+        uint8_t& e = cache[fine_changes.values[c]];
+        e = static_cast<uint8_t>((e + fine_changes.steps[c]) & mask);
+      }
       break;
     }
     case ExponentSection::kUnchanged:

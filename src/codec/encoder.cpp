@@ -24,7 +24,8 @@ using entropy::Histogram;
 using entropy::StreamStats;
 using entropy::SymbolSource;
 
-constexpr unsigned kBucketBits = 4;  // bucket symbols are at most wire::kMaxBucket = 12
+constexpr unsigned kBucketBits = 4;        // count symbols are at most wire::kMaxBucket = 12
+constexpr unsigned kChangeSymbolBits = 6;  // change symbols are at most wire::kMaxChangeSymbol = 38
 
 // Every exponent of a shard, read from the sender's exact copy (a view, no copying).
 class PlaneSource final : public SymbolSource {
@@ -160,7 +161,8 @@ struct ShardEncoder::Impl {
   uint64_t change_count = 0;
   bool collect_changes = false;
   std::vector<uint8_t> count_symbols;
-  std::vector<uint8_t> gap_symbols;
+  std::vector<uint8_t> change_symbols;
+  std::vector<uint8_t> escape_symbols;
   std::vector<uint8_t> stream_scratch;
 };
 
@@ -230,8 +232,10 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
 // Fine coding (docs/format.md, "Exponent section", fine). Returns 0 if it cannot fit `capacity`.
 uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameStats& stats) {
   const size_t blocks_changed = changed_blocks.size();
+  const uint8_t exponent_mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
   count_symbols.resize(blocks_changed);
-  gap_symbols.resize(change_count);
+  change_symbols.resize(change_count);
+  escape_symbols.clear();
   uint64_t extra_bits = 0;
   size_t c = 0;
   for (size_t i = 0; i < blocks_changed; ++i) {
@@ -242,28 +246,33 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
     for (size_t j = 0; j < changes_per_block[i]; ++j, ++c) {
       const int position = change_positions[c];
       const unsigned gap_bucket = wire::bucket_of(static_cast<uint32_t>(position - previous - 1));
-      gap_symbols[c] = static_cast<uint8_t>(gap_bucket);
+      const uint8_t step = change_steps[c] & exponent_mask;
+      unsigned step_class = wire::kStepEscape;
+      if (step == 1) {
+        step_class = wire::kStepUp;
+      } else if (step == exponent_mask) {
+        step_class = wire::kStepDown;
+      } else {
+        escape_symbols.push_back(step);
+      }
+      change_symbols[c] = static_cast<uint8_t>(wire::kStepClasses * gap_bucket + step_class);
       extra_bits += wire::bucket_extra_bits(gap_bucket);
       previous = position;
     }
   }
-  const uint8_t exponent_mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
-  if (exponent_mask != 0xFF) {
-    for (size_t j = 0; j < change_count; ++j) change_steps[j] &= exponent_mask;
-  }
   const uint64_t extra_bytes = (extra_bits + 7) / 8;
   const uint64_t bound = entropy::symbol_stream_bound(blocks_changed, kBucketBits) +
-                         entropy::symbol_stream_bound(change_count, kBucketBits) +
-                         entropy::symbol_stream_bound(change_count, info.exponent_bits) + 8 +
-                         extra_bytes;
+                         entropy::symbol_stream_bound(change_count, kChangeSymbolBits) +
+                         entropy::symbol_stream_bound(escape_symbols.size(), info.exponent_bits) +
+                         8 + extra_bytes;
   if (bound > capacity) return 0;
 
   const entropy::ArraySource counts({count_symbols.data(), blocks_changed});
-  const entropy::ArraySource gaps({gap_symbols.data(), change_count});
-  const entropy::ArraySource steps({change_steps.data(), change_count});
+  const entropy::ArraySource changes({change_symbols.data(), change_count});
+  const entropy::ArraySource escapes({escape_symbols.data(), escape_symbols.size()});
   uint8_t* at = out;
   const std::pair<const entropy::ArraySource*, unsigned> streams[] = {
-      {&counts, kBucketBits}, {&gaps, kBucketBits}, {&steps, info.exponent_bits}};
+      {&counts, kBucketBits}, {&changes, kChangeSymbolBits}, {&escapes, info.exponent_bits}};
   for (const auto& [source, symbol_bits] : streams) {
     const Histogram hist = entropy::histogram_of(*source, stream_scratch);
     const StreamStats s = entropy::write_symbol_stream(*source, hist, symbol_bits, at,
@@ -275,17 +284,17 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
   store_le64(at, extra_bytes);
   at += 8;
   BitWriter bits(at);
-  c = 0;
   for (size_t i = 0; i < blocks_changed; ++i) {
     const uint32_t v = changes_per_block[i] - 1u;
-    const unsigned bucket = count_symbols[i];
-    bits.put(v - wire::bucket_base(bucket), wire::bucket_extra_bits(bucket));
+    bits.put(v - wire::bucket_base(count_symbols[i]), wire::bucket_extra_bits(count_symbols[i]));
   }
+  c = 0;
   for (size_t i = 0; i < blocks_changed; ++i) {
     int previous = -1;
     for (size_t j = 0; j < changes_per_block[i]; ++j, ++c) {
       const uint32_t gap = static_cast<uint32_t>(change_positions[c] - previous - 1);
-      bits.put(gap - wire::bucket_base(gap_symbols[c]), wire::bucket_extra_bits(gap_symbols[c]));
+      const unsigned bucket = change_symbols[c] / wire::kStepClasses;
+      bits.put(gap - wire::bucket_base(bucket), wire::bucket_extra_bits(bucket));
       previous = change_positions[c];
     }
   }
@@ -297,7 +306,7 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
 // changed blocks' exponents. Only used to skip the exact block-coding cost when fine coding is
 // clearly smaller (auto mode); close calls are decided on exact sizes.
 double ShardEncoder::Impl::estimate_block_bits(const uint8_t* values) const {
-  constexpr uint64_t kStride = 61;  // prime, so the sample does not alias with the block size
+  constexpr uint64_t kStride = 251;  // prime, so the sample does not alias with the block size
   Histogram sample;
   uint64_t symbols = 0;
   uint64_t next = 0;

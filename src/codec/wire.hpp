@@ -57,4 +57,9 @@ inline unsigned bucket_of(uint32_t v) { return static_cast<unsigned>(std::bit_wi
 inline unsigned bucket_extra_bits(unsigned bucket) { return bucket >= 2 ? bucket - 1 : 0; }
 inline uint32_t bucket_base(unsigned bucket) { return bucket == 0 ? 0 : 1u << (bucket - 1); }
 
+// Step classes of fine coding's change symbols: 3 * bucket(gap) + class.
+enum StepClass : unsigned { kStepUp = 0, kStepDown = 1, kStepEscape = 2 };
+inline constexpr unsigned kStepClasses = 3;
+inline constexpr unsigned kMaxChangeSymbol = kStepClasses * kMaxBucket + kStepEscape;  // 38
+
 }  // namespace ciera::wire

@@ -154,24 +154,46 @@ bool RansEncoder::put_reverse(const uint8_t* symbols, size_t n) {
 }
 
 void RansEncoder::encode_batch(const uint8_t* symbols, size_t n) {
+  // States live in locals: `out` is a byte pointer and would otherwise force every state back to
+  // memory after each store.
+  uint32_t x[kRansStates] = {state_[0], state_[1], state_[2], state_[3]};
   uint8_t* out = out_;
   uint64_t index = next_index_;
-  for (size_t k = n; k-- > 0;) {
-    --index;
-    uint32_t& x = state_[index & (kRansStates - 1)];
-    const Symbol& e = symbols_[symbols[k]];
+  auto put = [&](uint32_t& state, uint8_t symbol) {
+    const Symbol& e = symbols_[symbol];
     assert(e.x_max != 0);
-    if (x >= e.x_max) {
-      *--out = static_cast<uint8_t>(x);
-      x >>= 8;
-      if (x >= e.x_max) {
-        *--out = static_cast<uint8_t>(x);
-        x >>= 8;
+    if (state >= e.x_max) {
+      *--out = static_cast<uint8_t>(state);
+      state >>= 8;
+      if (state >= e.x_max) {
+        *--out = static_cast<uint8_t>(state);
+        state >>= 8;
       }
     }
-    const uint32_t q = static_cast<uint32_t>((uint64_t{x} * e.rcp_freq) >> 32) >> e.rcp_shift;
-    x = x + e.bias + q * e.cmpl_freq;
+    const uint32_t q = static_cast<uint32_t>((uint64_t{state} * e.rcp_freq) >> 32) >> e.rcp_shift;
+    state = state + e.bias + q * e.cmpl_freq;
+  };
+  size_t k = n;
+  // Symbols are encoded last to first; symbol i uses state i % 4.
+  while (k > 0 && (index & 3) != 0) {
+    --k;
+    --index;
+    put(x[index & 3], symbols[k]);
   }
+  while (k >= 4) {
+    k -= 4;
+    index -= 4;
+    put(x[3], symbols[k + 3]);
+    put(x[2], symbols[k + 2]);
+    put(x[1], symbols[k + 1]);
+    put(x[0], symbols[k]);
+  }
+  while (k > 0) {
+    --k;
+    --index;
+    put(x[index & 3], symbols[k]);
+  }
+  for (unsigned j = 0; j < kRansStates; ++j) state_[j] = x[j];
   out_ = out;
   next_index_ = index;
 }
@@ -202,21 +224,43 @@ void RansDecoder::begin(const RansModel& model, const uint32_t states[kRansState
 }
 
 void RansDecoder::get(uint8_t* out, size_t n) {
+  uint32_t x[kRansStates] = {state_[0], state_[1], state_[2], state_[3]};
   const uint8_t* in = in_;
+  const uint8_t* const end = end_;
+  const uint32_t* const slots = slots_.data();
   uint64_t index = index_;
-  for (size_t k = 0; k < n; ++k, ++index) {
-    uint32_t& x = state_[index & (kRansStates - 1)];
-    const uint32_t slot = x & (kRansTotal - 1);
-    const uint32_t entry = slots_[slot];
-    out[k] = static_cast<uint8_t>(entry);
-    x = (((entry >> 8) & 0xFFF) + 1) * (x >> kRansScaleBits) + slot - (entry >> 20);
-    while (x < kRansLowerBound) {
-      if (in == end_) throw FormatError(std::string(what_) + ": rANS stream ends early");
-      x = (x << 8) | *in++;
+  auto take = [&](uint32_t& state) -> uint8_t {
+    const uint32_t slot = state & (kRansTotal - 1);
+    const uint32_t entry = slots[slot];
+    state = (((entry >> 8) & 0xFFF) + 1) * (state >> kRansScaleBits) + slot - (entry >> 20);
+    // At most two bytes restore the lower bound (freq >= 1 leaves state >= 2^11).
+    if (state < kRansLowerBound) {
+      if (end - in < 2) return take_slow(state, in, entry);
+      state = (state << 8) | *in++;
+      if (state < kRansLowerBound) state = (state << 8) | *in++;
     }
+    return static_cast<uint8_t>(entry);
+  };
+  size_t k = 0;
+  while (k < n && (index & 3) != 0) out[k++] = take(x[index++ & 3]);
+  for (; k + 4 <= n; k += 4, index += 4) {
+    out[k] = take(x[0]);
+    out[k + 1] = take(x[1]);
+    out[k + 2] = take(x[2]);
+    out[k + 3] = take(x[3]);
   }
+  while (k < n) out[k++] = take(x[index++ & 3]);
+  for (unsigned j = 0; j < kRansStates; ++j) state_[j] = x[j];
   in_ = in;
   index_ = index;
+}
+
+uint8_t RansDecoder::take_slow(uint32_t& state, const uint8_t*& in, uint32_t entry) const {
+  while (state < kRansLowerBound) {
+    if (in == end_) throw FormatError(std::string(what_) + ": rANS stream ends early");
+    state = (state << 8) | *in++;
+  }
+  return static_cast<uint8_t>(entry);
 }
 
 void RansDecoder::finish() const {

@@ -77,6 +77,8 @@ class RansDecoder {
   void finish() const;
 
  private:
+  uint8_t take_slow(uint32_t& state, const uint8_t*& in, uint32_t entry) const;
+
   std::array<uint32_t, kRansTotal> slots_{};  // symbol | (freq - 1) << 8 | start << 20
   uint32_t state_[kRansStates] = {};
   uint64_t index_ = 0;

@@ -138,10 +138,16 @@ void SymbolStreamReader::open(ByteReader& in, uint64_t symbols, unsigned max_sym
   in.need(body);
   ByteReader body_reader(in.cursor(), body, what);
   in.take(body);
+  max_read_ = 0;
+  // Each content has exactly one encoding, so no corruption can turn a payload into another
+  // valid one (docs/format.md, "Symbol stream", canonical form).
+  if (symbols == 0 && !(method == static_cast<uint8_t>(StreamMethod::kPacked) && arg == 1)) {
+    throw FormatError(std::string(what) + ": an empty stream must be packed with width 1");
+  }
   switch (method) {
     case static_cast<uint8_t>(StreamMethod::kPacked): {
       method_ = StreamMethod::kPacked;
-      if (arg < 1 || arg > 8 || (arg < 8 && (1u << arg) - 1 > 255)) {
+      if (arg < 1 || arg > 8) {
         throw FormatError(std::string(what) + ": packed symbol width " + std::to_string(arg) +
                           " is invalid");
       }
@@ -192,6 +198,7 @@ void SymbolStreamReader::get(uint8_t* out, size_t n) {
           throw FormatError(std::string(what_) + ": symbol " + std::to_string(out[i]) +
                             " exceeds the largest allowed, " + std::to_string(max_symbol_));
         }
+        max_read_ = std::max<unsigned>(max_read_, out[i]);
       }
       break;
     case StreamMethod::kConstant:
@@ -209,8 +216,14 @@ void SymbolStreamReader::finish() {
     throw FormatError(std::string(what_) + ": " + std::to_string(symbols_ - read_) +
                       " symbols left unread");
   }
-  if (method_ == StreamMethod::kPacked && !bits_.exhausted_canonically()) {
-    throw FormatError(std::string(what_) + ": packed stream has non-zero padding");
+  if (method_ == StreamMethod::kPacked) {
+    if (!bits_.exhausted_canonically()) {
+      throw FormatError(std::string(what_) + ": packed stream has non-zero padding");
+    }
+    if (symbols_ > 0 && width_ != std::max(1u, static_cast<unsigned>(std::bit_width(max_read_)))) {
+      throw FormatError(std::string(what_) + ": packed width " + std::to_string(width_) +
+                        " is not the narrowest that holds its symbols");
+    }
   }
   if (method_ == StreamMethod::kRans) rans_.finish();
 }

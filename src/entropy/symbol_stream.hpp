@@ -79,6 +79,7 @@ class SymbolStreamReader {
   uint64_t read_ = 0;
   unsigned width_ = 0;
   unsigned max_symbol_ = 0;
+  unsigned max_read_ = 0;  // largest packed symbol read, for the canonical-width check
   uint8_t constant_ = 0;
   BitReader bits_;
   RansDecoder rans_;

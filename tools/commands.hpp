@@ -1,0 +1,16 @@
+// Subcommands of the `ciera` tool. Each registers itself on the CLI11 app; its callback runs the
+// command and throws CommandExit with the exit status.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+namespace ciera::tools {
+
+struct CommandExit {
+  int status;
+};
+
+void register_bench_codec(CLI::App& bench, const std::string& command);
+
+}  // namespace ciera::tools
