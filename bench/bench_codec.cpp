@@ -79,37 +79,43 @@ void BM_MergeBf16(benchmark::State& state) {
 }
 BENCHMARK(BM_MergeBf16)->Unit(benchmark::kMillisecond);
 
+// state.range(0): content checksum on/off; state.range(1): frames alternate between two steps
+// (realistic changes) or repeat one (no changes: the cost of the planes and checksum alone).
 void BM_EncodeSteady(benchmark::State& state) {
   const auto& s = steps();
   ciera::CodecConfig c;
   c.warmup_steps = 1;
+  c.content_checksum = state.range(0) != 0;
+  const bool changing = state.range(1) != 0;
   ciera::ShardEncoder encoder(c, kValues);
   std::vector<std::byte> payload(encoder.max_payload_bytes());
   encoder.encode(s.a, payload);
   bool flip = false;
   uint64_t bytes = 0;
   for (auto _ : state) {
-    bytes += encoder.encode(flip ? s.a : s.b, payload).payload_bytes;
+    bytes += encoder.encode(flip || !changing ? s.a : s.b, payload).payload_bytes;
     flip = !flip;
   }
   state.SetBytesProcessed(state.iterations() * s.a.size());
   state.counters["bits_per_value"] = 8.0 * bytes / state.iterations() / kValues;
 }
-BENCHMARK(BM_EncodeSteady)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EncodeSteady)->ArgsProduct({{1, 0}, {1, 0}})->ArgNames({"checksum", "changing"})->Unit(benchmark::kMillisecond);
 
 void BM_DecodeSteady(benchmark::State& state) {
   const auto& s = steps();
   ciera::CodecConfig c;
   c.warmup_steps = 1;
+  c.content_checksum = state.range(0) != 0;
+  const bool changing = state.range(1) != 0;
   ciera::ShardEncoder encoder(c, kValues);
   ciera::ShardDecoder decoder(c, kValues);
   std::vector<std::byte> key(encoder.max_payload_bytes());
   key.resize(encoder.encode(s.a, key).payload_bytes);
   // Frames alternate b, a, b, a ...; each decodes against the state the previous one left.
   std::vector<std::vector<std::byte>> frames;
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < 48; ++i) {
     std::vector<std::byte> p(encoder.max_payload_bytes());
-    p.resize(encoder.encode(i % 2 ? s.a : s.b, p).payload_bytes);
+    p.resize(encoder.encode(i % 2 || !changing ? s.a : s.b, p).payload_bytes);
     frames.push_back(std::move(p));
   }
   std::vector<std::byte> out(s.a.size());
@@ -127,6 +133,59 @@ void BM_DecodeSteady(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * s.a.size());
 }
-BENCHMARK(BM_DecodeSteady)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DecodeSteady)->ArgsProduct({{1, 0}, {1, 0}})->ArgNames({"checksum", "changing"})->Unit(benchmark::kMillisecond);
 
+}  // namespace
+
+namespace {
+// Merge then checksum each 16 KB chunk while it is in L1: what the decoder's pass costs.
+void BM_MergeThenChecksumPerChunk(benchmark::State& state) {
+  const auto& s = steps();
+  std::vector<uint8_t> exps(kValues), sm(kValues);
+  std::vector<std::byte> out(s.a.size());
+  const auto& k = ciera::format::kernels();
+  k.split_bf16(reinterpret_cast<const uint8_t*>(s.a.data()), kValues, exps.data(), sm.data());
+  const size_t chunk = static_cast<size_t>(state.range(0));
+  for (auto _ : state) {
+    ciera::ContentChecksum sum;
+    for (size_t first = 0; first < kValues; first += chunk) {
+      uint8_t* o = reinterpret_cast<uint8_t*>(out.data()) + 2 * first;
+      k.merge_bf16(exps.data() + first, sm.data() + first, chunk, o);
+      sum.update(o, 2 * chunk);
+    }
+    benchmark::DoNotOptimize(sum.digest());
+  }
+  state.SetBytesProcessed(state.iterations() * s.a.size());
+}
+BENCHMARK(BM_MergeThenChecksumPerChunk)->Arg(1024)->Arg(8192)->Arg(65536)->Unit(benchmark::kMillisecond);
+}  // namespace
+
+#include "entropy/symbol_stream.hpp"
+namespace {
+// Entropy coding of a whole exponent plane (key frames, block mode), symbols per second.
+void BM_RansExponentPlane(benchmark::State& state) {
+  const auto& s = steps();
+  std::vector<uint8_t> exps(kValues), sm(kValues);
+  ciera::format::kernels().split_bf16(reinterpret_cast<const uint8_t*>(s.a.data()), kValues, exps.data(), sm.data());
+  std::vector<uint8_t> scratch;
+  const ciera::entropy::ArraySource source(exps);
+  const auto hist = ciera::entropy::histogram_of(source, scratch);
+  std::vector<uint8_t> stream(ciera::entropy::symbol_stream_bound(kValues, 8));
+  const auto written = ciera::entropy::write_symbol_stream(source, hist, 8, stream.data(), stream.size(), scratch);
+  std::vector<uint8_t> back(kValues);
+  const bool decode = state.range(0) != 0;
+  for (auto _ : state) {
+    if (decode) {
+      ciera::ByteReader in(stream.data(), written.bytes, "bench");
+      ciera::entropy::SymbolStreamReader reader;
+      reader.open(in, kValues, 255, "bench");
+      reader.get(back.data(), kValues);
+      reader.finish();
+    } else {
+      benchmark::DoNotOptimize(ciera::entropy::write_symbol_stream(source, hist, 8, stream.data(), stream.size(), scratch));
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * kValues);
+}
+BENCHMARK(BM_RansExponentPlane)->Arg(0)->Arg(1)->ArgName("decode")->Unit(benchmark::kMillisecond);
 }  // namespace

@@ -128,5 +128,41 @@ TEST(Planes, FindChangesMatchesScalarScanOnEveryTarget) {
   }
 }
 
+TEST(Planes, FusedBf16SplitDetectMatchesSplitThenFind) {
+  std::mt19937_64 rng(8);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{512}, size_t{4096}}) {
+    for (unsigned density : {0u, 2u, 50u, 100u}) {
+      std::vector<uint8_t> values(2 * n), cache(n);
+      for (auto& b : values) b = static_cast<uint8_t>(rng());
+      std::vector<uint8_t> exps(n), sm(n);
+      reference::split(DType::kBF16, values.data(), n, exps.data(), sm.data());
+      for (size_t i = 0; i < n; ++i) {
+        cache[i] = (rng() % 100) < density ? static_cast<uint8_t>(exps[i] + 1 + rng() % 255) : exps[i];
+      }
+      std::vector<uint16_t> want_pos;
+      std::vector<uint8_t> want_step;
+      for (size_t i = 0; i < n; ++i) {
+        if (exps[i] != cache[i]) {
+          want_pos.push_back(static_cast<uint16_t>(i));
+          want_step.push_back(static_cast<uint8_t>(exps[i] - cache[i]));
+        }
+      }
+      for (const PlaneKernels* k : available_kernels()) {
+        std::vector<uint8_t> got_sm(n, 0xAA), got_cache = cache;
+        std::vector<uint16_t> pos(n + kChangeSlack);
+        std::vector<uint8_t> step(n + kChangeSlack);
+        const size_t m = k->split_detect_bf16(values.data(), n, got_sm.data(), got_cache.data(),
+                                              pos.data(), step.data());
+        pos.resize(m);
+        step.resize(m);
+        EXPECT_EQ(got_sm, sm) << k->target;
+        EXPECT_EQ(got_cache, exps) << k->target << ": cache must hold the new exponents";
+        EXPECT_EQ(pos, want_pos) << k->target;
+        EXPECT_EQ(step, want_step) << k->target;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ciera::format

@@ -20,7 +20,7 @@ struct TrajectoryOptions {
   uint64_t seed = 1;
   // Gradient = persistent direction * drift + fresh noise, per element: Adam sees a consistent
   // signal plus minibatch noise, as in real training.
-  double gradient_drift = 0.3;
+  double gradient_drift = 0.2;
 };
 
 class AdamTrajectory {

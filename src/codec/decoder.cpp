@@ -5,7 +5,8 @@
 //   2. merge cached or decoded exponents with the sign-mantissa plane into the caller's buffer,
 //      checksumming the values as they are produced;
 //   3. compare with the content checksum;
-//   4. only then update the exponent cache from the verified output.
+//   4. only then update the exponent cache from the verified output. (Fine frames update the
+//      cache during step 2, while its lines are hot, and revert exactly if step 3 fails.)
 #include <array>
 #include <cstring>
 #include <stdexcept>
@@ -75,7 +76,7 @@ namespace {
 // Decodes and validates a fine exponent section (docs/format.md, "Exponent section", fine).
 // `changes` grows to the number of changed values, which the bitmap bounds by the shard size;
 // `changes_per_block` holds one entry per block.
-void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
+[[gnu::noinline]] void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
                  const std::vector<uint32_t>& changed, unsigned exponent_bits,
                  uint16_t* changes_per_block, FineChanges& changes) {
   ByteReader in(section, size, "fine exponent section");
@@ -123,13 +124,17 @@ void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
   change_stream.open(changes_in, total, wire::kMaxChangeSymbol, "fine changes stream");
   uint64_t escapes = 0;
   {
+    // Raw pointers keep the vectors' data pointers in registers across the byte stores.
+    uint64_t* values = changes.values.data();
+    uint8_t* steps = changes.steps.data();
+    const uint8_t step_of_class[wire::kStepClasses] = {1, exponent_mask, 0};  // 0: escape, below
     BatchedSymbols symbols(change_stream, total);
     uint64_t c = 0;
     for (size_t i = 0; i < changed.size(); ++i) {
       const uint64_t first = grid.block_first(changed[i]);
       const int64_t length = static_cast<int64_t>(grid.block_length(changed[i]));
       int64_t previous = -1;
-      for (uint32_t j = 0; j < changes_per_block[i]; ++j, ++c) {
+      for (const uint64_t end = c + changes_per_block[i]; c < end; ++c) {
         const unsigned symbol = symbols.next();
         const unsigned step_class = symbol % wire::kStepClasses;
         const int64_t position = previous + 1 + read_bucketed(symbol / wire::kStepClasses);
@@ -137,10 +142,8 @@ void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
           throw FormatError("fine exponent section places a change past the end of block " +
                             std::to_string(changed[i]));
         }
-        changes.values[c] = first + static_cast<uint64_t>(position);
-        changes.steps[c] = step_class == wire::kStepUp     ? 1
-                           : step_class == wire::kStepDown ? exponent_mask
-                                                           : 0;  // escape: filled in below
+        values[c] = first + static_cast<uint64_t>(position);
+        steps[c] = step_of_class[step_class];
         escapes += step_class == wire::kStepEscape;
         previous = position;
       }
@@ -185,9 +188,12 @@ struct ShardDecoder::Impl {
   FrameStats decode(const uint8_t* payload, size_t size, uint8_t* out);
   wire::Header check_header(const uint8_t* payload, size_t size) const;
   void read_bitmap(const uint8_t* bitmap, const wire::Header& header);
-  // Patches the fine changes that fall in [chunk_first, chunk_first + count) into `out`, which
-  // holds those values; `next` walks the change list across chunks.
-  void patch_fine_changes(uint64_t chunk_first, size_t count, uint64_t& next, uint8_t* out) const;
+  // Applies the fine changes that fall in [chunk_first, chunk_first + count) to the cache and to
+  // `out`, which holds those values; `next` walks the change list across chunks. Done while the
+  // chunk's cache lines are hot; revert_fine_changes undoes the first `applied` changes exactly
+  // if the frame then fails verification.
+  void apply_fine_changes(uint64_t chunk_first, size_t count, uint64_t& next, uint8_t* out);
+  void revert_fine_changes(uint64_t applied);
 
   CodecConfig config;
   BlockGrid grid;
@@ -276,16 +282,26 @@ void ShardDecoder::Impl::read_bitmap(const uint8_t* bitmap, const wire::Header& 
   }
 }
 
-void ShardDecoder::Impl::patch_fine_changes(uint64_t chunk_first, size_t count, uint64_t& next,
-                                            uint8_t* out) const {
+void ShardDecoder::Impl::apply_fine_changes(uint64_t chunk_first, size_t count, uint64_t& next,
+                                            uint8_t* out) {
   const uint8_t mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
   const uint64_t chunk_end = chunk_first + count;
   const uint64_t* values = fine_changes.values.data();
   const uint8_t* steps = fine_changes.steps.data();
-  for (; next < fine_changes.count && values[next] < chunk_end; ++next) {
+  uint8_t* exps = cache.data();
+  for (const uint64_t end = fine_changes.count; next < end && values[next] < chunk_end; ++next) {
     const uint64_t v = values[next];
-    const uint8_t exponent = static_cast<uint8_t>((cache[v] + steps[next]) & mask);
+    const uint8_t exponent = static_cast<uint8_t>((exps[v] + steps[next]) & mask);
+    exps[v] = exponent;
     format::set_exponent(config.dtype, out + (v - chunk_first) * info.value_bytes, exponent);
+  }
+}
+
+void ShardDecoder::Impl::revert_fine_changes(uint64_t applied) {
+  const uint8_t mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
+  for (uint64_t c = 0; c < applied; ++c) {
+    uint8_t& e = cache[fine_changes.values[c]];
+    e = static_cast<uint8_t>((e - fine_changes.steps[c]) & mask);
   }
 }
 
@@ -364,11 +380,12 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
       exps = chunk_exponents.data();
     }
     format::merge_values(layout, kernels, exps, sm_plane, chunk_first, count, chunk_out);
-    if (fine) patch_fine_changes(chunk_first, count, next_fine_change, chunk_out);
+    if (fine) apply_fine_changes(chunk_first, count, next_fine_change, chunk_out);
     if (h.has_content_checksum()) checksum.update(chunk_out, count * value_bytes);
   }
   if (h.section == ExponentSection::kFull || h.section == ExponentSection::kBlock) stream.finish();
   if (h.has_content_checksum() && checksum.digest() != h.content_checksum) {
+    if (fine) revert_fine_changes(next_fine_change);
     throw FormatError(
         "content checksum mismatch: the reconstructed shard differs from what was sent (payload "
         "corrupted, or sender and receiver disagree about the cached exponents)");
@@ -386,14 +403,8 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
                                   grid.block_length(block), cache.data() + first);
       }
       break;
-    case ExponentSection::kFine: {
-      const uint8_t mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
-      for (uint64_t c = 0; c < fine_changes.count; ++c) {
-        uint8_t& e = cache[fine_changes.values[c]];
-        e = static_cast<uint8_t>((e + fine_changes.steps[c]) & mask);
-      }
+    case ExponentSection::kFine:  // applied during the merge, see apply_fine_changes
       break;
-    }
     case ExponentSection::kUnchanged:
       break;
   }

@@ -135,8 +135,10 @@ struct ShardEncoder::Impl {
   void scan(const uint8_t* values, bool key, uint8_t* bitmap, uint8_t* sm_plane,
             ContentChecksum* checksum);
   void detect_block(uint64_t block, const uint8_t* exps, uint8_t* bitmap);
+  void reserve_changes(size_t more);
+  void record_changed_block(uint64_t block, size_t changes, uint8_t* bitmap);
   uint64_t write_fine(uint8_t* out, uint64_t capacity, FrameStats& stats);
-  double estimate_block_bits(const uint8_t* values) const;
+  double estimate_block_bits(const uint8_t* values, const uint8_t* bitmap) const;
 
   CodecConfig config;
   BlockGrid grid;
@@ -163,6 +165,7 @@ struct ShardEncoder::Impl {
   std::vector<uint8_t> count_symbols;
   std::vector<uint8_t> change_symbols;
   std::vector<uint8_t> escape_symbols;
+  std::vector<uint8_t> extra_scratch;
   std::vector<uint8_t> stream_scratch;
 };
 
@@ -175,27 +178,37 @@ void ShardEncoder::Impl::detect_block(uint64_t block, const uint8_t* exps, uint8
     changed = !(h == sent_hashes[block]);
     sent_hashes[block] = h;
   } else if (collect_changes) {
-    if (change_positions.size() < change_count + length) {
-      change_positions.resize(std::max<size_t>(2 * change_positions.size(), change_count + length));
-      change_steps.resize(change_positions.size());
-    }
+    reserve_changes(length);
     uint16_t* positions = change_positions.data() + change_count;
     uint8_t* steps = change_steps.data() + change_count;
     const size_t m = kernels.find_changes(exps, sent_exponents.data() + first, length, positions, steps);
     if (m != 0) {
-      changed = true;
-      changes_per_block.push_back(static_cast<uint16_t>(m));
-      change_count += m;
       uint8_t* sent = sent_exponents.data() + first;
       for (size_t j = 0; j < m; ++j) sent[positions[j]] = exps[positions[j]];
+      record_changed_block(block, m, bitmap);
     }
+    return;
   } else if (std::memcmp(exps, sent_exponents.data() + first, length) != 0) {
     changed = true;
     std::memcpy(sent_exponents.data() + first, exps, length);
   }
-  if (changed) {
-    changed_blocks.push_back(static_cast<uint32_t>(block));
-    bitmap[block / 8] = static_cast<uint8_t>(bitmap[block / 8] | (1u << (block % 8)));
+  if (changed) record_changed_block(block, 0, bitmap);
+}
+
+void ShardEncoder::Impl::reserve_changes(size_t more) {
+  const size_t need = change_count + more + format::kChangeSlack;
+  if (change_positions.size() < need) {
+    change_positions.resize(std::max<size_t>(2 * change_positions.size(), need));
+    change_steps.resize(change_positions.size());
+  }
+}
+
+void ShardEncoder::Impl::record_changed_block(uint64_t block, size_t changes, uint8_t* bitmap) {
+  changed_blocks.push_back(static_cast<uint32_t>(block));
+  bitmap[block / 8] = static_cast<uint8_t>(bitmap[block / 8] | (1u << (block % 8)));
+  if (collect_changes) {
+    changes_per_block.push_back(static_cast<uint16_t>(changes));
+    change_count += changes;
   }
 }
 
@@ -203,15 +216,31 @@ void ShardEncoder::Impl::detect_block(uint64_t block, const uint8_t* exps, uint8
 void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, uint8_t* sm_plane,
                               ContentChecksum* checksum) {
   const uint32_t value_bytes = info.value_bytes;
+  // BF16 with exact detection has a fused split-and-compare kernel (the steady-state hot path).
+  const bool fused_bf16 = !key && collect_changes && config.dtype == DType::kBF16;
   for (uint64_t chunk_first = 0; chunk_first < grid.num_values; chunk_first += grid.chunk_values) {
     const size_t count =
         static_cast<size_t>(std::min<uint64_t>(grid.chunk_values, grid.num_values - chunk_first));
     const uint8_t* chunk_values = values + chunk_first * value_bytes;
+    const uint64_t first_block = chunk_first / grid.block_values;
+    const uint64_t end_block = grid.block_of(chunk_first + count - 1) + 1;
+    // The checksum runs after the split, over values the split just brought into L1.
+    if (fused_bf16) {
+      for (uint64_t b = first_block; b < end_block; ++b) {
+        const uint64_t first = grid.block_first(b);
+        const size_t length = grid.block_length(b);
+        reserve_changes(length);
+        const size_t m = kernels.split_detect_bf16(
+            values + 2 * first, length, sm_plane + first, sent_exponents.data() + first,
+            change_positions.data() + change_count, change_steps.data() + change_count);
+        if (m != 0) record_changed_block(b, m, bitmap);
+      }
+      if (checksum) checksum->update(chunk_values, count * value_bytes);
+      continue;
+    }
     uint8_t* exps = chunk_exponents.data();
     format::split_values(layout, kernels, chunk_values, chunk_first, count, exps, sm_plane);
     if (checksum) checksum->update(chunk_values, count * value_bytes);
-    const uint64_t first_block = chunk_first / grid.block_values;
-    const uint64_t end_block = grid.block_of(chunk_first + count - 1) + 1;
     if (key) {
       if (config.detection == ChangeDetection::kExact) {
         std::memcpy(sent_exponents.data() + chunk_first, exps, count);
@@ -235,44 +264,60 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
   const uint8_t exponent_mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
   count_symbols.resize(blocks_changed);
   change_symbols.resize(change_count);
-  escape_symbols.clear();
-  uint64_t extra_bits = 0;
+  if (escape_symbols.size() < change_count) escape_symbols.resize(change_count);
+  // Extra bits: at most 11 per count and per gap (bucket 12), plus a word of flush slack.
+  const size_t extra_capacity = (11 * (blocks_changed + change_count) + 7) / 8 + 8;
+  if (extra_scratch.size() < extra_capacity) extra_scratch.resize(extra_capacity);
+  // Raw pointers: byte stores through vectors would make the compiler reload every vector's
+  // data pointer after each store (uint8_t aliases everything).
+  const uint16_t* per_block = changes_per_block.data();
+  const uint16_t* positions = change_positions.data();
+  const uint8_t* steps = change_steps.data();
+  uint8_t* counts = count_symbols.data();
+  uint8_t* symbols = change_symbols.data();
+  uint8_t* escapes = escape_symbols.data();
+  size_t escape_count = 0;
+  // The count extras precede the gap extras in the stream (docs/format.md), so write them first.
+  BitWriter extra(extra_scratch.data());
+  for (size_t i = 0; i < blocks_changed; ++i) {
+    const uint32_t v = per_block[i] - 1u;
+    const unsigned bucket = wire::bucket_of(v);
+    counts[i] = static_cast<uint8_t>(bucket);
+    extra.put(v - wire::bucket_base(bucket), wire::bucket_extra_bits(bucket));
+  }
   size_t c = 0;
   for (size_t i = 0; i < blocks_changed; ++i) {
-    const unsigned bucket = wire::bucket_of(changes_per_block[i] - 1u);
-    count_symbols[i] = static_cast<uint8_t>(bucket);
-    extra_bits += wire::bucket_extra_bits(bucket);
     int previous = -1;
-    for (size_t j = 0; j < changes_per_block[i]; ++j, ++c) {
-      const int position = change_positions[c];
-      const unsigned gap_bucket = wire::bucket_of(static_cast<uint32_t>(position - previous - 1));
-      const uint8_t step = change_steps[c] & exponent_mask;
-      unsigned step_class = wire::kStepEscape;
-      if (step == 1) {
-        step_class = wire::kStepUp;
-      } else if (step == exponent_mask) {
-        step_class = wire::kStepDown;
-      } else {
-        escape_symbols.push_back(step);
-      }
-      change_symbols[c] = static_cast<uint8_t>(wire::kStepClasses * gap_bucket + step_class);
-      extra_bits += wire::bucket_extra_bits(gap_bucket);
+    for (const size_t end = c + per_block[i]; c < end; ++c) {
+      const int position = positions[c];
+      const uint32_t gap = static_cast<uint32_t>(position - previous - 1);
+      const unsigned gap_bucket = wire::bucket_of(gap);
+      extra.put(gap - wire::bucket_base(gap_bucket), wire::bucket_extra_bits(gap_bucket));
+      // Branch-free: up and down steps are equally likely, so a branch would mispredict.
+      const uint8_t step = steps[c] & exponent_mask;
+      const unsigned step_class = step == 1               ? wire::kStepUp
+                                  : step == exponent_mask ? wire::kStepDown
+                                                          : wire::kStepEscape;
+      escapes[escape_count] = step;
+      escape_count += step_class == wire::kStepEscape;
+      symbols[c] = static_cast<uint8_t>(wire::kStepClasses * gap_bucket + step_class);
       previous = position;
     }
   }
-  const uint64_t extra_bytes = (extra_bits + 7) / 8;
+  const uint64_t extra_bytes = extra.finish();
   const uint64_t bound = entropy::symbol_stream_bound(blocks_changed, kBucketBits) +
                          entropy::symbol_stream_bound(change_count, kChangeSymbolBits) +
-                         entropy::symbol_stream_bound(escape_symbols.size(), info.exponent_bits) +
-                         8 + extra_bytes;
+                         entropy::symbol_stream_bound(escape_count, info.exponent_bits) + 8 +
+                         extra_bytes;
   if (bound > capacity) return 0;
 
-  const entropy::ArraySource counts({count_symbols.data(), blocks_changed});
-  const entropy::ArraySource changes({change_symbols.data(), change_count});
-  const entropy::ArraySource escapes({escape_symbols.data(), escape_symbols.size()});
+  const entropy::ArraySource count_source({counts, blocks_changed});
+  const entropy::ArraySource change_source({symbols, change_count});
+  const entropy::ArraySource escape_source({escapes, escape_count});
   uint8_t* at = out;
   const std::pair<const entropy::ArraySource*, unsigned> streams[] = {
-      {&counts, kBucketBits}, {&changes, kChangeSymbolBits}, {&escapes, info.exponent_bits}};
+      {&count_source, kBucketBits}, {&change_source, kChangeSymbolBits},
+      {&escape_source, info.exponent_bits}};
   for (const auto& [source, symbol_bits] : streams) {
     const Histogram hist = entropy::histogram_of(*source, stream_scratch);
     const StreamStats s = entropy::write_symbol_stream(*source, hist, symbol_bits, at,
@@ -283,46 +328,31 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
   }
   store_le64(at, extra_bytes);
   at += 8;
-  BitWriter bits(at);
-  for (size_t i = 0; i < blocks_changed; ++i) {
-    const uint32_t v = changes_per_block[i] - 1u;
-    bits.put(v - wire::bucket_base(count_symbols[i]), wire::bucket_extra_bits(count_symbols[i]));
-  }
-  c = 0;
-  for (size_t i = 0; i < blocks_changed; ++i) {
-    int previous = -1;
-    for (size_t j = 0; j < changes_per_block[i]; ++j, ++c) {
-      const uint32_t gap = static_cast<uint32_t>(change_positions[c] - previous - 1);
-      const unsigned bucket = change_symbols[c] / wire::kStepClasses;
-      bits.put(gap - wire::bucket_base(bucket), wire::bucket_extra_bits(bucket));
-      previous = change_positions[c];
-    }
-  }
-  at += bits.finish();
+  std::memcpy(at, extra_scratch.data(), extra_bytes);
+  at += extra_bytes;
   return static_cast<uint64_t>(at - out);
 }
 
 // Estimated bits of block coding for this frame, from an order-0 model of a sample of the
 // changed blocks' exponents. Only used to skip the exact block-coding cost when fine coding is
 // clearly smaller (auto mode); close calls are decided on exact sizes.
-double ShardEncoder::Impl::estimate_block_bits(const uint8_t* values) const {
-  constexpr uint64_t kStride = 251;  // prime, so the sample does not alias with the block size
+double ShardEncoder::Impl::estimate_block_bits(const uint8_t* values, const uint8_t* bitmap) const {
+  // About 4096 samples: plenty for an order-0 estimate over a few dozen exponent values, and
+  // few enough that their cache misses cost microseconds. An odd stride avoids aliasing with
+  // power-of-two block sizes.
+  const uint64_t stride = std::max<uint64_t>(1, grid.num_values / 4096) | 1;
   Histogram sample;
-  uint64_t symbols = 0;
-  uint64_t next = 0;
-  for (uint32_t block : changed_blocks) {
-    const uint64_t first = grid.block_first(block);
-    const uint64_t length = grid.block_length(block);
-    for (; next < symbols + length; next += kStride) {
-      const uint64_t v = first + (next - symbols);
-      const uint8_t e = sent_exponents.empty()
-                            ? format::exponent_of(config.dtype, values + v * info.value_bytes)
-                            : sent_exponents[v];
-      ++sample.count[e];
-      ++sample.total;
-    }
-    symbols += length;
+  for (uint64_t v = 0; v < grid.num_values; v += stride) {
+    const uint64_t block = grid.block_of(v);
+    if (((bitmap[block / 8] >> (block % 8)) & 1u) == 0) continue;
+    const uint8_t e = sent_exponents.empty()
+                          ? format::exponent_of(config.dtype, values + v * info.value_bytes)
+                          : sent_exponents[v];
+    ++sample.count[e];
+    ++sample.total;
   }
+  uint64_t symbols = 0;
+  for (uint32_t block : changed_blocks) symbols += grid.block_length(block);
   return sample.entropy_bits() * static_cast<double>(symbols);
 }
 
@@ -391,7 +421,7 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
       const uint64_t fine_bytes = write_fine(exponent_section, exponent_capacity, fine_stats);
       bool use_fine = fine_bytes != 0;
       if (use_fine && config.coding == ExponentCoding::kAuto &&
-          static_cast<double>(fine_bytes) * 8 > 0.8 * estimate_block_bits(values)) {
+          static_cast<double>(fine_bytes) * 8 > 0.8 * estimate_block_bits(values, bitmap)) {
         // Too close to call from the sample: compare with block coding's size on the full data.
         const ChangedBlocksSource source(grid, changed_blocks, plane, config.dtype, kernels, values);
         const Histogram hist = entropy::histogram_of(source, stream_scratch);

@@ -2,6 +2,7 @@
 
 #include <cassert>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "ciera/error.hpp"
@@ -162,14 +163,15 @@ void RansEncoder::encode_batch(const uint8_t* symbols, size_t n) {
   auto put = [&](uint32_t& state, uint8_t symbol) {
     const Symbol& e = symbols_[symbol];
     assert(e.x_max != 0);
-    if (state >= e.x_max) {
-      *--out = static_cast<uint8_t>(state);
-      state >>= 8;
-      if (state >= e.x_max) {
-        *--out = static_cast<uint8_t>(state);
-        state >>= 8;
-      }
-    }
+    // Bytes to shed (0..2) follow from the state alone, which keeps the output pointer off the
+    // states' dependency chains. Both candidate bytes are stored below `out` in one go (the
+    // second one above the first, as two pre-decrement stores would place them); only the ones
+    // counted are kept. The batch check guarantees the room.
+    const uint32_t shed = (state >= e.x_max) + (uint64_t{state} >= (uint64_t{e.x_max} << 8));
+    const uint16_t pair = static_cast<uint16_t>(((state & 0xFF) << 8) | ((state >> 8) & 0xFF));
+    std::memcpy(out - 2, &pair, 2);
+    out -= shed;
+    state >>= 8 * shed;
     const uint32_t q = static_cast<uint32_t>((uint64_t{state} * e.rcp_freq) >> 32) >> e.rcp_shift;
     state = state + e.bias + q * e.cmpl_freq;
   };
@@ -233,12 +235,13 @@ void RansDecoder::get(uint8_t* out, size_t n) {
     const uint32_t slot = state & (kRansTotal - 1);
     const uint32_t entry = slots[slot];
     state = (((entry >> 8) & 0xFFF) + 1) * (state >> kRansScaleBits) + slot - (entry >> 20);
-    // At most two bytes restore the lower bound (freq >= 1 leaves state >= 2^11).
-    if (state < kRansLowerBound) {
-      if (end - in < 2) return take_slow(state, in, entry);
-      state = (state << 8) | *in++;
-      if (state < kRansLowerBound) state = (state << 8) | *in++;
-    }
+    // At most two bytes restore the lower bound (freq >= 1 leaves state >= 2^11). How many is
+    // known from the state alone, so the input pointer advances without waiting for the loads.
+    if (end - in < 2) return take_slow(state, in, entry);
+    const uint32_t count = (state < kRansLowerBound) + (state < (kRansLowerBound >> 8));
+    const uint32_t pair = (uint32_t{in[0]} << 8) | in[1];  // the bytes in reading order
+    state = (state << (8 * count)) | (pair >> (16 - 8 * count));
+    in += count;
     return static_cast<uint8_t>(entry);
   };
   size_t k = 0;

@@ -8,5 +8,6 @@ extern const PlaneKernels kScalarKernels;
 #if defined(CIERA_HAVE_X86_TARGETS)
 extern const PlaneKernels kSse2Kernels;
 extern const PlaneKernels kAvx2Kernels;
+extern const PlaneKernels kAvx512Kernels;
 #endif
 }  // namespace ciera::format

@@ -16,6 +16,9 @@ std::vector<const PlaneKernels*> detect_available() {
   std::vector<const PlaneKernels*> found;
 #if defined(CIERA_HAVE_X86_TARGETS)
   __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi2")) {
+    found.push_back(&kAvx512Kernels);
+  }
   if (__builtin_cpu_supports("avx2")) found.push_back(&kAvx2Kernels);
   found.push_back(&kSse2Kernels);
 #endif

@@ -32,6 +32,11 @@ struct PlaneKernels {
   // now[i] - before[i] (mod 256). Returns how many; `positions` and `steps` hold n entries.
   size_t (*find_changes)(const uint8_t* now, const uint8_t* before, size_t n, uint16_t* positions,
                          uint8_t* steps);
+  // split_bf16 fused with find_changes against `cache`, which is then updated to the new
+  // exponents (exact change detection in one pass; n <= 65536). `positions` and `steps` need
+  // kChangeSlack entries beyond n: vector targets store whole registers.
+  size_t (*split_detect_bf16)(const uint8_t* values, size_t n, uint8_t* sm, uint8_t* cache,
+                              uint16_t* positions, uint8_t* steps);
 };
 
 // The fastest kernels this CPU runs, unless CIERA_KERNELS names another available target.
@@ -52,6 +57,9 @@ struct SignMantissaLayout {
  private:
   uint64_t total_bytes_;
 };
+
+// Extra entries split_detect_bf16 may write past the changes it reports.
+inline constexpr size_t kChangeSlack = 64;
 
 // Largest `count` accepted by split_values / merge_values in one call.
 inline constexpr size_t kMaxChunkValues = 16384;
