@@ -3,6 +3,8 @@
 #include "ciera/config.hpp"
 #include "ciera/error.hpp"
 
+#include <bit>
+
 namespace ciera {
 namespace {
 
@@ -38,5 +40,25 @@ TEST(Config, NamesParse) {
   EXPECT_THROW(parse_exponent_coding("zip"), ConfigError);
 }
 
+}  // namespace
+}  // namespace ciera
+
+#include "codec/wire.hpp"
+namespace ciera {
+namespace {
+TEST(Wire, BranchFreeBucketsMatchTheirDefinition) {
+  for (uint32_t v = 0; v < 70000; ++v) {
+    const unsigned b = wire::bucket_of(v);
+    ASSERT_EQ(b, static_cast<unsigned>(std::bit_width(v)));
+    ASSERT_EQ(wire::bucket_extra_bits(b), b >= 2 ? b - 1 : 0u);
+    ASSERT_EQ(wire::bucket_base(b), b == 0 ? 0u : 1u << (b - 1));
+  }
+  for (unsigned mask : {31u, 255u}) {
+    for (unsigned step = 0; step <= mask; ++step) {
+      const unsigned want = step == 1 ? wire::kStepUp : step == mask ? wire::kStepDown : wire::kStepEscape;
+      ASSERT_EQ(wire::step_class_of(static_cast<uint8_t>(step), static_cast<uint8_t>(mask)), want);
+    }
+  }
+}
 }  // namespace
 }  // namespace ciera

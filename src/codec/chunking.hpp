@@ -13,7 +13,7 @@ namespace ciera {
 struct BlockGrid {
   // Chunks hold whole blocks and about this many values: small enough that a chunk's values,
   // exponents and planes stay in L1/L2 between the split, detection and checksum steps.
-  static constexpr uint32_t kTargetChunkValues = 2048;
+  static constexpr uint32_t kTargetChunkValues = 1024;
   static_assert(kTargetChunkValues <= format::kMaxChunkValues);
 
   BlockGrid(uint64_t n, uint32_t b)

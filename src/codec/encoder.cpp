@@ -234,8 +234,8 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
             values + 2 * first, length, sm_plane + first, sent_exponents.data() + first,
             change_positions.data() + change_count, change_steps.data() + change_count);
         if (m != 0) record_changed_block(b, m, bitmap);
+        if (checksum) checksum->update(values + 2 * first, 2 * length);
       }
-      if (checksum) checksum->update(chunk_values, count * value_bytes);
       continue;
     }
     uint8_t* exps = chunk_exponents.data();
@@ -295,9 +295,7 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
       extra.put(gap - wire::bucket_base(gap_bucket), wire::bucket_extra_bits(gap_bucket));
       // Branch-free: up and down steps are equally likely, so a branch would mispredict.
       const uint8_t step = steps[c] & exponent_mask;
-      const unsigned step_class = step == 1               ? wire::kStepUp
-                                  : step == exponent_mask ? wire::kStepDown
-                                                          : wire::kStepEscape;
+      const unsigned step_class = wire::step_class_of(step, exponent_mask);
       escapes[escape_count] = step;
       escape_count += step_class == wire::kStepEscape;
       symbols[c] = static_cast<uint8_t>(wire::kStepClasses * gap_bucket + step_class);

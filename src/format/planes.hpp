@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #include "ciera/dtype.hpp"
@@ -76,9 +77,55 @@ void merge_values(const SignMantissaLayout& layout, const PlaneKernels& k, const
 void extract_exponents(DType dtype, const PlaneKernels& k, const uint8_t* values, size_t count,
                        uint8_t* exps);
 
-// Exponent field of the value at `value` / replacing it in place.
-uint8_t exponent_of(DType dtype, const uint8_t* value);
-void set_exponent(DType dtype, uint8_t* value, uint8_t exponent);
+// Exponent field of the value at `value` / replacing it in place (inline: the decoder patches
+// one value per changed exponent).
+inline uint8_t exponent_of(DType dtype, const uint8_t* value) {
+  switch (dtype) {
+    case DType::kBF16: {
+      uint16_t x;
+      std::memcpy(&x, value, 2);
+      return static_cast<uint8_t>(x >> 7);
+    }
+    case DType::kFP16: {
+      uint16_t x;
+      std::memcpy(&x, value, 2);
+      return static_cast<uint8_t>((x >> 10) & 0x1F);
+    }
+    case DType::kFP32: {
+      uint32_t x;
+      std::memcpy(&x, value, 4);
+      return static_cast<uint8_t>(x >> 23);
+    }
+  }
+  return 0;
+}
+
+inline void set_exponent(DType dtype, uint8_t* value, uint8_t exponent) {
+  switch (dtype) {
+    case DType::kBF16: {
+      uint16_t x;
+      std::memcpy(&x, value, 2);
+      x = static_cast<uint16_t>((x & 0x807F) | (uint16_t{exponent} << 7));
+      std::memcpy(value, &x, 2);
+      return;
+    }
+    case DType::kFP16: {
+      uint16_t x;
+      std::memcpy(&x, value, 2);
+      x = static_cast<uint16_t>((x & 0x83FF) | (uint16_t{static_cast<uint8_t>(exponent & 0x1F)} << 10));
+      std::memcpy(value, &x, 2);
+      return;
+    }
+    case DType::kFP32: {
+      uint32_t x;
+      std::memcpy(&x, value, 4);
+      x = (x & 0x807FFFFFu) | (uint32_t{exponent} << 23);
+      std::memcpy(value, &x, 4);
+      return;
+    }
+  }
+}
+
 
 // The literal, one-value-at-a-time reading of docs/format.md; tests hold the kernels to it.
 namespace reference {
