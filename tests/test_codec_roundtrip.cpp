@@ -80,7 +80,7 @@ TEST_P(RoundTrip, EveryStepIsBitwiseExact) {
     std::memset(out.data() + bytes, kCanary, kCanaryBytes);
     const FrameStats got = decoder.decode({payload.data(), sent.payload_bytes},
                                           {out.data(), bytes});
-    ASSERT_EQ(std::memcmp(out.data(), trajectory.values().data(), bytes), 0)
+    ASSERT_TRUE(std::equal(out.begin(), out.begin() + bytes, trajectory.values().begin()))
         << "step " << step << " section " << exponent_section_name(sent.section);
     for (size_t i = 0; i < kCanaryBytes; ++i) ASSERT_EQ(static_cast<uint8_t>(out[bytes + i]), kCanary);
     EXPECT_EQ(got.section, sent.section);

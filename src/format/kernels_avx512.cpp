@@ -7,7 +7,9 @@
 #include "format/kernels_targets.hpp"
 
 // GCC 12 reports its own _mm512_cvtepi16_epi8 as maybe-uninitialized (a known false positive).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace ciera::format {
 namespace {

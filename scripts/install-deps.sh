@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what CIERA builds and tests with, from Debian packages. Idempotent: packages already
+# present are not touched, so repeated runs cost nothing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libxxhash-dev libzstd-dev          # hashing/checksums, zstd baseline
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev    # the ciera tool
+  clang-14 libclang-rt-14-dev        # libFuzzer
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Every test: installs what it needs, then
+#   1. release build: all GoogleTest suites through ctest;
+#   2. AddressSanitizer + UBSan build: the unit tests again;
+#   3. libFuzzer targets (clang): each fuzzer for CIERA_FUZZ_SECONDS (default 30).
+# Tests assert correctness only; no test asserts a timing.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+jobs=$(nproc)
+"$root/scripts/install-deps.sh"
+
+echo "== release build + tests"
+dir=$("$root/scripts/build.sh" release)
+ctest --test-dir "$dir" --output-on-failure -j "$jobs"
+
+echo "== AddressSanitizer + UBSan"
+dir=$("$root/scripts/build.sh" asan)
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs"
+
+echo "== fuzzers"
+dir=$("$root/scripts/build.sh" fuzz)
+for fuzzer in fuzz_decode fuzz_roundtrip; do
+  corpus="$dir/corpus/$fuzzer"
+  mkdir -p "$corpus"
+  "$dir/fuzz/$fuzzer" -max_total_time="${CIERA_FUZZ_SECONDS:-30}" -max_len=20000 \
+    -artifact_prefix="$dir/$fuzzer-" "$corpus" 2>&1 | tail -n 2
+done
+echo "== all tests passed"
