@@ -1,0 +1,121 @@
+// The compressed allgather engine (paper §3, Figure 7b): gathers buckets of parameter shards over
+// a Transport, each shard as raw bytes or through the exponent-reuse codec, into exactly the
+// rank-major buffer an uncompressed allgather produces.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ciera/config.hpp"
+#include "ciera/dtype.hpp"
+#include "ciera/transport.hpp"
+
+namespace ciera {
+
+// How one parameter's shards travel.
+enum class ShardPolicy : uint8_t { kRaw = 0, kCiera = 1 };
+
+// What ciera-policy shards send during warmup.
+enum class WarmupMode : uint8_t {
+  kRaw = 0,        // raw bytes; exponent reuse starts with a key frame after warmup (cheapest)
+  kKeyFrames = 1,  // stateless key frames (all exponents entropy-coded)
+};
+
+// The shards gathered in one collective: all parameters of one layer or module, as FSDP gathers
+// one parameter group. Rank r's input is its shards of parameters 0..K-1, concatenated; the
+// output is every rank's input, concatenated in rank order (the layout of an uncompressed
+// allgather; ranks may hold different amounts, including none). Every rank passes the same layout.
+struct BucketLayout {
+  std::string name;
+  DType dtype = DType::kBF16;
+  // shard_values[r][k]: values of parameter k held by rank r.
+  std::vector<std::vector<uint64_t>> shard_values;
+  // policy[k]: how parameter k travels.
+  std::vector<ShardPolicy> policy;
+
+  // Parameters of `param_values[k]` values sharded as FSDP does: ceil(n / ranks) values per rank,
+  // the last ranks short or empty.
+  static BucketLayout fsdp_split(std::string name, DType dtype, std::vector<uint64_t> param_values,
+                                 int ranks, ShardPolicy policy = ShardPolicy::kCiera);
+
+  int ranks() const { return static_cast<int>(shard_values.size()); }
+  size_t params() const { return policy.size(); }
+  uint64_t rank_values(int rank) const;
+  uint64_t rank_bytes(int rank) const;
+  uint64_t total_bytes() const;
+  // Byte offset of rank r's input inside the output.
+  uint64_t rank_offset(int rank) const;
+  // Throws ConfigError if the layout is inconsistent (shape, sizes, policies).
+  void validate() const;
+};
+
+struct EngineConfig {
+  CodecConfig codec;  // dtype comes from each bucket; codec.warmup_steps is set from below
+  uint32_t warmup_steps = 30;  // per bucket: gathers before exponent reuse starts
+  WarmupMode warmup = WarmupMode::kRaw;
+  unsigned worker_threads = 2;  // encode/decode threads
+  // A collective waits this long for its peers before every rank fails with CommError.
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+};
+
+// One gather of one bucket, as seen by this rank.
+struct GatherStats {
+  uint64_t step = 0;             // this bucket's gather count, agreed by all ranks
+  bool warmup = false;           // ciera shards went raw (WarmupMode::kRaw)
+  bool resynchronised = false;   // a key-frame round ran (cold rank, steps out of step, bad payload)
+  uint64_t raw_bytes = 0;        // the gathered output
+  uint64_t wire_bytes = 0;       // all ranks' payloads together: what the transport carried
+  uint64_t local_payload_bytes = 0;
+  double encode_s = 0, exchange_s = 0, decode_s = 0, total_s = 0;  // wall time on this rank
+};
+
+class CompressedAllgather {
+ public:
+  // Checks with one collective that every rank has the same configuration and bucket layouts,
+  // and throws ConfigError on every rank, naming the difference, if not. `transport` must
+  // outlive the engine and must not be used by anyone else while the engine exists.
+  CompressedAllgather(Transport& transport, EngineConfig config, std::vector<BucketLayout> buckets);
+  ~CompressedAllgather();
+  CompressedAllgather(const CompressedAllgather&) = delete;
+  CompressedAllgather& operator=(const CompressedAllgather&) = delete;
+
+  using Ticket = uint64_t;
+
+  // Starts gathering `bucket`: `input` is this rank's shards (layout.rank_bytes(rank) bytes),
+  // `output` receives layout.total_bytes(). In place: `input` may be this rank's slot of
+  // `output`. Both must stay valid until wait(). Encoding starts at once on worker threads;
+  // gathers complete in start order, which must be the same on every rank. One gather per
+  // bucket may be in flight.
+  Ticket start(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output);
+  // Blocks until the gather is done. Throws CommError / ConfigError (the same on every rank)
+  // if it failed; output is then unspecified.
+  GatherStats wait(Ticket ticket);
+  // start() then wait().
+  GatherStats run(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output);
+
+  // Forgets all codec state, as after a restart. The next gather of each bucket is detected as
+  // cold by every rank and runs a key-frame round.
+  void reset_caches();
+
+  // Changes a parameter's policy on this rank's view; all ranks must make the same change before
+  // the bucket's next gather (checked). Codec state of the parameter is dropped and restarted.
+  void set_policy(size_t bucket, size_t param, ShardPolicy policy);
+
+  const BucketLayout& bucket(size_t index) const;
+  size_t bucket_count() const;
+  int rank() const;
+  int world_size() const;
+  // Bytes of codec state held by this rank (encoder copies plus peer exponent caches).
+  size_t cache_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ciera

@@ -1,0 +1,158 @@
+// Ranks as threads of one process. Each collective is two rendezvous: ranks publish their input
+// and wait for everyone, copy what they need, then wait again so no input is released early.
+// A rendezvous that times out poisons the world, so every rank fails instead of hanging.
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ciera/loopback.hpp"
+
+namespace ciera {
+
+class LoopbackWorld {
+ public:
+  explicit LoopbackWorld(int n) : size(n), slots(static_cast<size_t>(n)) {}
+
+  struct Slot {
+    const void* in = nullptr;
+    uint64_t bytes = 0;
+    int op = 0;
+  };
+
+  // Blocks until all ranks arrive; throws CommError on timeout or if the world is poisoned.
+  void rendezvous(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds timeout,
+                  const char* what) {
+    if (poisoned) throw CommError(reason);
+    const uint64_t my_generation = generation;
+    if (++arrived == size) {
+      arrived = 0;
+      ++generation;
+      changed.notify_all();
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (generation == my_generation && !poisoned) {
+      if (timeout.count() == 0) {
+        changed.wait(lock);
+      } else if (changed.wait_until(lock, deadline) == std::cv_status::timeout &&
+                 generation == my_generation) {
+        poisoned = true;
+        reason = std::string("loopback ") + what + ": peers did not arrive within " +
+                 std::to_string(timeout.count()) + " ms (a peer is dead or stalled)";
+        changed.notify_all();
+      }
+    }
+    if (generation == my_generation) throw CommError(reason);
+  }
+
+  const int size;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<Slot> slots;
+  int arrived = 0;
+  uint64_t generation = 0;
+  bool poisoned = false;
+  std::string reason;
+};
+
+namespace {
+
+enum Op { kAllgather = 1, kAllgatherv = 2, kBarrier = 3 };
+const char* op_name(int op) {
+  return op == kAllgather ? "allgather" : op == kAllgatherv ? "allgatherv" : "barrier";
+}
+
+class LoopbackTransport final : public Transport {
+ public:
+  LoopbackTransport(std::shared_ptr<LoopbackWorld> world, int rank)
+      : world_(std::move(world)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return world_->size; }
+  std::string_view name() const override { return "loopback"; }
+
+  void allgather(const void* in, size_t bytes, void* out) override {
+    collective(kAllgather, in, bytes, [&](const std::vector<LoopbackWorld::Slot>& slots) {
+      for (int r = 0; r < world_->size; ++r) {
+        if (slots[r].bytes != bytes) {
+          throw CommError("loopback allgather: rank " + std::to_string(r) + " contributed " +
+                          std::to_string(slots[r].bytes) + " bytes, rank " +
+                          std::to_string(rank_) + " " + std::to_string(bytes));
+        }
+        copy(static_cast<char*>(out) + r * bytes, slots[r].in, bytes);
+      }
+    });
+  }
+
+  void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
+                  std::span<const uint64_t> displs) override {
+    collective(kAllgatherv, in, counts[rank_], [&](const std::vector<LoopbackWorld::Slot>& slots) {
+      for (int r = 0; r < world_->size; ++r) {
+        if (slots[r].bytes != counts[r]) {
+          throw CommError("loopback allgatherv: rank " + std::to_string(r) + " contributed " +
+                          std::to_string(slots[r].bytes) + " bytes but rank " +
+                          std::to_string(rank_) + " expected " + std::to_string(counts[r]));
+        }
+        copy(static_cast<char*>(out) + displs[r], slots[r].in, counts[r]);
+      }
+    });
+  }
+
+  void barrier() override { collective(kBarrier, nullptr, 0, [](const auto&) {}); }
+
+  void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+ private:
+  static void copy(char* dst, const void* src, uint64_t bytes) {
+    if (bytes != 0 && dst != src) std::memmove(dst, src, bytes);
+  }
+
+  template <typename CopyOut>
+  void collective(int op, const void* in, uint64_t bytes, CopyOut&& copy_out) {
+    std::unique_lock lock(world_->mutex);
+    world_->slots[rank_] = {in, bytes, op};
+    world_->rendezvous(lock, timeout_, op_name(op));
+    std::string error;
+    for (int r = 0; r < world_->size; ++r) {
+      if (world_->slots[r].op != op) {
+        error = std::string("loopback: rank ") + std::to_string(r) + " called " +
+                op_name(world_->slots[r].op) + " while rank " + std::to_string(rank_) +
+                " called " + op_name(op);
+      }
+    }
+    if (error.empty()) {
+      // Copy outside the lock would race with slot reuse; these copies are small or tests.
+      try {
+        copy_out(world_->slots);
+      } catch (const CommError& e) {
+        error = e.what();
+      }
+    }
+    world_->rendezvous(lock, timeout_, op_name(op));
+    if (!error.empty()) throw CommError(error);
+  }
+
+  std::shared_ptr<LoopbackWorld> world_;
+  int rank_;
+  std::chrono::milliseconds timeout_{std::chrono::seconds(60)};
+};
+
+}  // namespace
+
+std::shared_ptr<LoopbackWorld> make_loopback_world(int size) {
+  if (size < 1) throw ConfigError("loopback world needs at least one rank");
+  return std::make_shared<LoopbackWorld>(size);
+}
+
+std::unique_ptr<Transport> make_loopback_transport(std::shared_ptr<LoopbackWorld> world, int rank) {
+  if (rank < 0 || rank >= world->size) {
+    throw ConfigError("loopback rank " + std::to_string(rank) + " outside world of " +
+                      std::to_string(world->size));
+  }
+  return std::make_unique<LoopbackTransport>(std::move(world), rank);
+}
+
+}  // namespace ciera

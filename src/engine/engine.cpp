@@ -1,0 +1,767 @@
+// The compressed allgather engine. One gather of one bucket (docs/format.md, "Engine protocol"):
+//
+//   encode   this rank's shards into one bucket frame (worker threads; starts at start())
+//   control  allgather of fixed-size control records: frame sizes, steps, cold flags, policy
+//            digests and any local error. Peers out of step or cold -> key-frame round.
+//   payload  allgatherv of the bucket frames, sized exactly (no padding to the maximum)
+//   decode   every peer's frame into the output (worker threads)
+//   verdict  allgather of per-rank decode verdicts: all ranks agree that every shard was
+//            reconstructed exactly; otherwise all re-send key frames once, then fail together.
+//
+// All collectives run on one communication thread, in start() order, so that the order is the
+// same on every rank and the caller's thread only waits where it asks to (paper §3.3: encoding
+// overlaps earlier work, decoding is the only codec work on the critical path).
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "ciera/engine.hpp"
+#include "ciera/error.hpp"
+#include "ciera/version.hpp"
+#include "common/bytes.hpp"
+#include "common/checksum.hpp"
+#include "engine/thread_pool.hpp"
+
+namespace ciera {
+namespace {
+
+// ---- Wire records (docs/format.md, "Engine protocol") ------------------------------------------
+
+constexpr uint32_t kFrameMagic = 0x42454943;    // "CIEB"
+constexpr uint32_t kControlMagic = 0x43454943;  // "CIEC"
+constexpr uint8_t kProtocolVersion = 1;
+constexpr size_t kFrameHeaderBytes = 24;        // + 8 bytes per parameter
+constexpr uint8_t kFrameWarmupRaw = 1;
+constexpr size_t kMessageBytes = 88;
+
+enum ControlFlags : uint32_t { kCold = 1, kLocalError = 2, kKeyRound = 4 };
+
+struct ControlRecord {  // 128 bytes, little-endian host layout
+  uint32_t magic;
+  uint32_t version;
+  uint32_t bucket;
+  uint32_t flags;
+  uint64_t step;
+  uint64_t frame_bytes;
+  uint64_t policy_digest;
+  char message[kMessageBytes];
+};
+static_assert(sizeof(ControlRecord) == 128);
+
+struct Verdict {  // 128 bytes
+  int32_t failed;  // 0: every shard decoded exactly
+  int32_t peer;
+  int32_t param;
+  int32_t reserved;
+  char message[112];
+};
+static_assert(sizeof(Verdict) == 128);
+
+void copy_message(char* dst, size_t capacity, const std::string& text) {
+  std::memset(dst, 0, capacity);
+  std::memcpy(dst, text.data(), std::min(text.size(), capacity - 1));
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(r);
+  }
+  return s;
+}
+
+// ---- Configuration agreement --------------------------------------------------------------------
+
+// One "key=value" line per fact every rank must agree on, in a fixed order.
+std::vector<std::pair<std::string, std::string>> describe(const EngineConfig& c,
+                                                          const std::vector<BucketLayout>& buckets,
+                                                          int world) {
+  std::vector<std::pair<std::string, std::string>> facts;
+  facts.emplace_back("format_version", std::to_string(kFormatVersion));
+  facts.emplace_back("protocol_version", std::to_string(kProtocolVersion));
+  facts.emplace_back("world_size", std::to_string(world));
+  facts.emplace_back("block_values", std::to_string(c.codec.block_values));
+  facts.emplace_back("change_detection", std::string(change_detection_name(c.codec.detection)));
+  facts.emplace_back("exponent_coding", std::string(exponent_coding_name(c.codec.coding)));
+  facts.emplace_back("content_checksum", c.codec.content_checksum ? "on" : "off");
+  facts.emplace_back("warmup_steps", std::to_string(c.warmup_steps));
+  facts.emplace_back("warmup_mode", c.warmup == WarmupMode::kRaw ? "raw" : "key_frames");
+  facts.emplace_back("buckets", std::to_string(buckets.size()));
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const BucketLayout& l = buckets[b];
+    const std::string p = "bucket[" + std::to_string(b) + "].";
+    facts.emplace_back(p + "name", l.name);
+    facts.emplace_back(p + "dtype", std::string(dtype_name(l.dtype)));
+    facts.emplace_back(p + "ranks", std::to_string(l.ranks()));
+    facts.emplace_back(p + "params", std::to_string(l.params()));
+    std::string policy;
+    for (ShardPolicy s : l.policy) policy += s == ShardPolicy::kCiera ? 'c' : 'r';
+    facts.emplace_back(p + "policy", policy);
+    for (int r = 0; r < l.ranks(); ++r) {
+      std::string sizes;
+      for (uint64_t v : l.shard_values[r]) {
+        if (!sizes.empty()) sizes += ',';
+        sizes += std::to_string(v);
+      }
+      facts.emplace_back(p + "shard_values[rank " + std::to_string(r) + "]", sizes);
+    }
+  }
+  return facts;
+}
+
+std::string serialise(const std::vector<std::pair<std::string, std::string>>& facts) {
+  std::string s;
+  for (const auto& [k, v] : facts) s += k + "=" + v + "\n";
+  return s;
+}
+
+std::map<std::string, std::string> parse_facts(const std::string& text) {
+  std::map<std::string, std::string> facts;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) facts[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return facts;
+}
+
+std::string shorten(const std::string& s) { return s.size() > 80 ? s.substr(0, 77) + "..." : s; }
+
+// Exchanges every rank's description; throws ConfigError (the same text on every rank) if any
+// rank reported a local error or any fact differs from rank 0's.
+void agree_on_configuration(Transport& t, const std::string& mine) {
+  const int world = t.size();
+  uint64_t my_length = mine.size();
+  std::vector<uint64_t> lengths(static_cast<size_t>(world));
+  t.allgather(&my_length, sizeof my_length, lengths.data());
+  std::vector<uint64_t> displs(static_cast<size_t>(world));
+  uint64_t total = 0;
+  for (int r = 0; r < world; ++r) {
+    displs[r] = total;
+    total += lengths[r];
+  }
+  std::string all(total, '\0');
+  t.allgatherv(mine.data(), all.data(), lengths, displs);
+  std::vector<std::map<std::string, std::string>> facts;
+  for (int r = 0; r < world; ++r) facts.push_back(parse_facts(all.substr(displs[r], lengths[r])));
+  for (int r = 0; r < world; ++r) {
+    if (auto it = facts[r].find("error"); it != facts[r].end()) {
+      throw ConfigError("configuration rejected on rank " + std::to_string(r) + ": " + it->second);
+    }
+  }
+  // Report the first differing fact in rank 0's order, with which ranks hold which value.
+  std::istringstream order(all.substr(0, lengths[0]));
+  std::string line;
+  std::vector<std::string> keys;
+  while (std::getline(order, line)) keys.push_back(line.substr(0, line.find('=')));
+  for (int r = 1; r < world; ++r) {
+    for (const auto& [k, v] : facts[r]) {
+      if (!facts[0].count(k)) keys.push_back(k);
+    }
+  }
+  for (const std::string& key : keys) {
+    std::map<std::string, std::vector<int>> holders;
+    for (int r = 0; r < world; ++r) {
+      auto it = facts[r].find(key);
+      holders[it == facts[r].end() ? "<absent>" : it->second].push_back(r);
+    }
+    if (holders.size() > 1) {
+      std::string text = "configuration mismatch across ranks: " + key + " is";
+      bool first = true;
+      for (const auto& [value, ranks] : holders) {
+        text += std::string(first ? " " : "; ") + "'" + shorten(value) + "' on rank" +
+                (ranks.size() > 1 ? "s " : " ") + join_ranks(ranks);
+        first = false;
+      }
+      throw ConfigError(text);
+    }
+  }
+}
+
+uint64_t policy_digest(const BucketLayout& layout) {
+  return checksum64(layout.policy.data(), layout.policy.size() * sizeof(ShardPolicy));
+}
+
+}  // namespace
+
+// ---- Engine state -------------------------------------------------------------------------------
+
+struct BucketState {
+  BucketLayout layout;
+  uint32_t value_bytes = 0;
+  uint64_t step = 0;   // gathers completed (agreed by all ranks)
+  bool cold = false;   // set by reset_caches(): peers must resynchronise with this rank
+  bool busy = false;
+  std::vector<uint64_t> my_param_offset;          // byte offset of each param in this rank's input
+  std::vector<uint64_t> slot_offset;              // offset of each param's slot in `send`
+  std::vector<uint64_t> payload_bytes;            // encoded length per param (this step)
+  std::vector<std::unique_ptr<ShardEncoder>> encoders;                 // [param]
+  std::vector<std::vector<std::unique_ptr<ShardDecoder>>> decoders;    // [peer][param]
+  std::vector<std::byte> send;
+  std::vector<std::byte> recv;
+  std::vector<uint64_t> max_frame_bytes;          // per rank
+};
+
+struct Op {
+  CompressedAllgather::Ticket ticket = 0;
+  size_t bucket = 0;
+  const std::byte* in = nullptr;
+  std::byte* out = nullptr;
+  std::string local_error;  // misuse found at start(); every rank learns of it
+  TaskGroup encoding;
+  bool encoded_warmup_raw = false;
+  std::promise<GatherStats> promise;
+  GatherStats stats;
+  std::chrono::steady_clock::time_point started;
+};
+
+struct CompressedAllgather::Impl {
+  Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts);
+  ~Impl();
+
+  void make_codecs(BucketState& s, size_t param);
+  uint64_t frame_bound(const BucketState& s, int rank) const;
+  bool warmup_raw(uint64_t step) const {
+    return config.warmup == WarmupMode::kRaw && step < config.warmup_steps;
+  }
+  void encode(Op& op, BucketState& s, bool raw);
+  uint64_t assemble_frame(BucketState& s, uint64_t step, bool raw);
+  void run_op(Op& op);
+  void comm_loop();
+  GatherStats gather(Op& op, BucketState& s);
+  std::vector<ControlRecord> exchange_control(const Op& op, const BucketState& s, uint64_t frame,
+                                              uint32_t flags);
+  Verdict decode_all(Op& op, BucketState& s, const std::vector<ControlRecord>& control,
+                     uint64_t step);
+
+  Transport& transport;
+  EngineConfig config;
+  int rank = 0;
+  int world = 1;
+  std::vector<BucketState> buckets;
+  ThreadPool pool;
+
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<std::shared_ptr<Op>> queue;
+  std::map<Ticket, std::shared_ptr<Op>> pending;
+  Ticket next_ticket = 1;
+  bool stopping = false;
+  std::string broken;  // after a CommError the engine fails every later gather with this
+  std::thread comm;
+};
+
+CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts)
+    : transport(t), config(std::move(c)), rank(t.rank()), world(t.size()),
+      pool(config.worker_threads) {
+  transport.set_timeout(config.timeout);
+  // Local problems are not thrown yet: every rank first learns of them in the agreement, so
+  // that all fail together rather than some waiting forever for the others.
+  std::string local_error;
+  try {
+    config.codec.warmup_steps = config.warmup == WarmupMode::kKeyFrames ? config.warmup_steps : 0;
+    config.codec.validate();
+    for (const BucketLayout& l : layouts) {
+      l.validate();
+      if (l.ranks() != world) {
+        throw ConfigError("bucket '" + l.name + "' describes " + std::to_string(l.ranks()) +
+                          " ranks but the transport has " + std::to_string(world));
+      }
+    }
+  } catch (const Error& e) {
+    local_error = e.what();
+  }
+  auto facts = describe(config, layouts, world);
+  if (!local_error.empty()) facts.insert(facts.begin(), {"error", local_error});
+  agree_on_configuration(transport, serialise(facts));
+
+  buckets.resize(layouts.size());
+  for (size_t b = 0; b < layouts.size(); ++b) {
+    BucketState& s = buckets[b];
+    s.layout = std::move(layouts[b]);
+    s.value_bytes = dtype_info(s.layout.dtype).value_bytes;
+    const size_t params = s.layout.params();
+    s.encoders.resize(params);
+    s.decoders.resize(static_cast<size_t>(world));
+    for (auto& peer : s.decoders) peer.resize(params);
+    s.payload_bytes.assign(params, 0);
+    s.my_param_offset.resize(params);
+    s.slot_offset.resize(params);
+    uint64_t offset = 0;
+    uint64_t slot = kFrameHeaderBytes + 8 * params;
+    for (size_t k = 0; k < params; ++k) {
+      s.my_param_offset[k] = offset;
+      offset += s.layout.shard_values[rank][k] * s.value_bytes;
+      s.slot_offset[k] = slot;
+      make_codecs(s, k);
+      slot += std::max<uint64_t>(s.layout.shard_values[rank][k] * s.value_bytes,
+                                 s.encoders[k] ? s.encoders[k]->max_payload_bytes() : 0);
+    }
+    s.send.resize(slot);
+    s.max_frame_bytes.resize(static_cast<size_t>(world));
+    uint64_t recv = 0;
+    for (int r = 0; r < world; ++r) recv += s.max_frame_bytes[r] = frame_bound(s, r);
+    s.recv.resize(recv);
+  }
+  comm = std::thread([this] { comm_loop(); });
+}
+
+CompressedAllgather::Impl::~Impl() {
+  {
+    std::lock_guard lock(mutex);
+    stopping = true;
+  }
+  wake.notify_all();
+  comm.join();
+}
+
+void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k) {
+  CodecConfig codec = config.codec;
+  codec.dtype = s.layout.dtype;
+  const bool ciera = s.layout.policy[k] == ShardPolicy::kCiera;
+  s.encoders[k] = ciera ? std::make_unique<ShardEncoder>(codec, s.layout.shard_values[rank][k]) : nullptr;
+  for (int p = 0; p < world; ++p) {
+    s.decoders[p][k] = ciera && p != rank
+                           ? std::make_unique<ShardDecoder>(codec, s.layout.shard_values[p][k])
+                           : nullptr;
+  }
+}
+
+uint64_t CompressedAllgather::Impl::frame_bound(const BucketState& s, int r) const {
+  uint64_t bytes = kFrameHeaderBytes + 8 * s.layout.params();
+  for (size_t k = 0; k < s.layout.params(); ++k) {
+    const uint64_t n = s.layout.shard_values[r][k];
+    bytes += std::max<uint64_t>(n * s.value_bytes,
+                                s.layout.policy[k] == ShardPolicy::kCiera
+                                    ? max_payload_bytes(s.layout.dtype, n, config.codec.block_values)
+                                    : 0);
+  }
+  return bytes;
+}
+
+// Encodes this rank's shards into their slots of `send` on the worker threads. Small shards are
+// grouped so a task is worth its scheduling.
+void CompressedAllgather::Impl::encode(Op& op, BucketState& s, bool raw) {
+  op.encoded_warmup_raw = raw;
+  constexpr uint64_t kTaskBytes = 1 << 20;
+  const size_t params = s.layout.params();
+  size_t first = 0;
+  while (first < params) {
+    size_t last = first;
+    uint64_t bytes = 0;
+    while (last < params && (last == first || bytes < kTaskBytes)) {
+      bytes += s.layout.shard_values[rank][last] * s.value_bytes;
+      ++last;
+    }
+    pool.submit(op.encoding, [&s, &op, first, last, raw, this] {
+      for (size_t k = first; k < last; ++k) {
+        const uint64_t shard_bytes = s.layout.shard_values[rank][k] * s.value_bytes;
+        const std::byte* src = op.in + s.my_param_offset[k];
+        std::byte* slot = s.send.data() + s.slot_offset[k];
+        if (raw || !s.encoders[k]) {
+          if (shard_bytes) std::memcpy(slot, src, shard_bytes);
+          s.payload_bytes[k] = shard_bytes;
+        } else {
+          const uint64_t capacity = s.encoders[k]->max_payload_bytes();
+          s.payload_bytes[k] = s.encoders[k]->encode({src, shard_bytes}, {slot, capacity}).payload_bytes;
+        }
+      }
+    });
+    first = last;
+  }
+}
+
+// Packs the header and the encoded shards into one contiguous frame at the front of `send`.
+uint64_t CompressedAllgather::Impl::assemble_frame(BucketState& s, uint64_t step, bool raw) {
+  uint8_t* frame = reinterpret_cast<uint8_t*>(s.send.data());
+  const size_t params = s.layout.params();
+  uint64_t at = kFrameHeaderBytes + 8 * params;
+  for (size_t k = 0; k < params; ++k) {
+    if (s.slot_offset[k] != at && s.payload_bytes[k] != 0) {
+      std::memmove(frame + at, frame + s.slot_offset[k], s.payload_bytes[k]);
+    }
+    store_le64(frame + kFrameHeaderBytes + 8 * k, s.payload_bytes[k]);
+    at += s.payload_bytes[k];
+  }
+  store_le32(frame, kFrameMagic);
+  frame[4] = kProtocolVersion;
+  frame[5] = raw ? kFrameWarmupRaw : 0;
+  store_le16(frame + 6, 0);
+  store_le32(frame + 8, static_cast<uint32_t>(&s - buckets.data()));
+  store_le32(frame + 12, static_cast<uint32_t>(params));
+  store_le64(frame + 16, step);
+  return at;
+}
+
+std::vector<ControlRecord> CompressedAllgather::Impl::exchange_control(const Op& op,
+                                                                       const BucketState& s,
+                                                                       uint64_t frame,
+                                                                       uint32_t flags) {
+  ControlRecord mine{};
+  mine.magic = kControlMagic;
+  mine.version = kProtocolVersion;
+  mine.bucket = static_cast<uint32_t>(op.bucket);
+  mine.flags = flags | (s.cold ? uint32_t{kCold} : 0u) | (op.local_error.empty() ? 0u : uint32_t{kLocalError});
+  mine.step = s.step;
+  mine.frame_bytes = frame;
+  mine.policy_digest = policy_digest(s.layout);
+  copy_message(mine.message, kMessageBytes, op.local_error);
+  std::vector<ControlRecord> all(static_cast<size_t>(world));
+  transport.allgather(&mine, sizeof mine, all.data());
+  for (int r = 0; r < world; ++r) {
+    const ControlRecord& c = all[r];
+    if (c.magic != kControlMagic || c.version != kProtocolVersion) {
+      throw CommError("rank " + std::to_string(r) + " speaks another CIERA protocol version");
+    }
+    if (c.bucket != op.bucket) {
+      throw CommError("gathers out of order: rank " + std::to_string(r) + " is gathering bucket " +
+                      std::to_string(c.bucket) + " while rank " + std::to_string(rank) +
+                      " gathers bucket " + std::to_string(op.bucket) +
+                      " (start() must be called in the same order on every rank)");
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    if (all[r].flags & kLocalError) {
+      throw ConfigError("rank " + std::to_string(r) + " rejected its gather of bucket '" +
+                        s.layout.name + "': " + std::string(all[r].message));
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    if (all[r].policy_digest != all[0].policy_digest) {
+      throw ConfigError("shard policies of bucket '" + s.layout.name + "' differ between rank 0 and rank " +
+                        std::to_string(r) + " (set_policy must be called the same way on every rank)");
+    }
+    if (all[r].frame_bytes > s.max_frame_bytes[r]) {
+      throw CommError("rank " + std::to_string(r) + " announced a frame of " +
+                      std::to_string(all[r].frame_bytes) + " bytes, above its bound of " +
+                      std::to_string(s.max_frame_bytes[r]));
+    }
+  }
+  return all;
+}
+
+Verdict CompressedAllgather::Impl::decode_all(Op& op, BucketState& s,
+                                              const std::vector<ControlRecord>& control,
+                                              uint64_t step) {
+  const size_t params = s.layout.params();
+  std::vector<uint64_t> frame_at(static_cast<size_t>(world));
+  uint64_t at = 0;
+  for (int r = 0; r < world; ++r) {
+    frame_at[r] = at;
+    at += control[r].frame_bytes;
+  }
+  std::mutex verdict_mutex;
+  Verdict verdict{};
+  auto fail = [&](int peer, int param, const std::string& why) {
+    std::lock_guard lock(verdict_mutex);
+    if (verdict.failed && (verdict.peer < peer || (verdict.peer == peer && verdict.param <= param))) {
+      return;
+    }
+    verdict.failed = 1;
+    verdict.peer = peer;
+    verdict.param = param;
+    copy_message(verdict.message, sizeof verdict.message, why);
+  };
+
+  TaskGroup decoding;
+  // Own shards: straight from the input (nothing to do when gathering in place).
+  std::byte* own = op.out + s.layout.rank_offset(rank);
+  const uint64_t own_bytes = s.layout.rank_bytes(rank);
+  if (own != op.in && own_bytes) {
+    pool.submit(decoding, [own, &op, own_bytes] { std::memmove(own, op.in, own_bytes); });
+  }
+  for (int p = 0; p < world; ++p) {
+    if (p == rank) continue;
+    pool.submit(decoding, [&, p] {
+      const uint8_t* frame = reinterpret_cast<const uint8_t*>(s.recv.data()) + frame_at[p];
+      const uint64_t frame_bytes = control[p].frame_bytes;
+      const uint64_t header = kFrameHeaderBytes + 8 * params;
+      if (frame_bytes < header || load_le32(frame) != kFrameMagic || frame[4] != kProtocolVersion ||
+          load_le32(frame + 8) != op.bucket || load_le32(frame + 12) != params ||
+          load_le64(frame + 16) != step) {
+        fail(p, -1, "rank " + std::to_string(p) + "'s frame header is malformed or for another gather");
+        return;
+      }
+      const bool raw = (frame[5] & kFrameWarmupRaw) != 0;
+      uint64_t offset = header;
+      std::byte* dest = op.out + s.layout.rank_offset(p);
+      for (size_t k = 0; k < params; ++k) {
+        const uint64_t length = load_le64(frame + kFrameHeaderBytes + 8 * k);
+        const uint64_t bytes = s.layout.shard_values[p][k] * s.value_bytes;
+        if (length > frame_bytes - offset) {
+          fail(p, static_cast<int>(k), "rank " + std::to_string(p) + "'s frame is shorter than its shard lengths");
+          return;
+        }
+        const std::byte* payload = reinterpret_cast<const std::byte*>(frame + offset);
+        if (raw || !s.decoders[p][k]) {
+          if (length != bytes) {
+            fail(p, static_cast<int>(k), "raw shard of " + std::to_string(length) + " bytes, expected " + std::to_string(bytes));
+            return;
+          }
+          if (bytes) std::memcpy(dest, payload, bytes);
+        } else {
+          try {
+            s.decoders[p][k]->decode({payload, length}, {dest, bytes});
+          } catch (const FormatError& e) {
+            fail(p, static_cast<int>(k), e.what());
+          }
+        }
+        offset += length;
+        dest += bytes;
+      }
+      if (offset != frame_bytes) fail(p, -1, "rank " + std::to_string(p) + "'s frame has trailing bytes");
+    });
+  }
+  decoding.wait();
+  return verdict;
+}
+
+GatherStats CompressedAllgather::Impl::gather(Op& op, BucketState& s) {
+  GatherStats stats;
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  auto now = [] { return std::chrono::steady_clock::now(); };
+
+  op.encoding.wait();
+  stats.encode_s = since(op.started);  // encoding began at start(), overlapping the caller
+  uint64_t frame = op.local_error.empty() ? assemble_frame(s, s.step, op.encoded_warmup_raw) : 0;
+
+  auto timed = [&](auto&& collective) {
+    const auto t = now();
+    collective();
+    stats.exchange_s += since(t);
+  };
+  std::vector<ControlRecord> control;
+  timed([&] { control = exchange_control(op, s, frame, 0); });
+  uint64_t step = 0;
+  bool in_step = true;
+  bool cold = false;
+  for (const ControlRecord& c : control) {
+    step = std::max(step, c.step);
+    in_step = in_step && c.step == control[0].step;
+    cold = cold || (c.flags & kCold);
+  }
+  auto resynchronise = [&](uint32_t flags) {
+    // Every rank re-sends key frames (or raw bytes in warmup) for the agreed step.
+    stats.resynchronised = true;
+    s.step = step;
+    for (auto& e : s.encoders) {
+      if (e) e->request_key_frame();
+    }
+    auto te = now();
+    encode(op, s, warmup_raw(step));
+    op.encoding.wait();
+    stats.encode_s += since(te);
+    frame = assemble_frame(s, step, op.encoded_warmup_raw);
+    timed([&] { control = exchange_control(op, s, frame, flags); });
+  };
+  if (!in_step || cold || op.encoded_warmup_raw != warmup_raw(step)) resynchronise(kKeyRound);
+
+  for (int round = 0;; ++round) {
+    std::vector<uint64_t> counts(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
+    uint64_t total = 0;
+    for (int r = 0; r < world; ++r) {
+      counts[r] = control[r].frame_bytes;
+      displs[r] = total;
+      total += counts[r];
+    }
+    stats.wire_bytes = total;
+    stats.local_payload_bytes = control[rank].frame_bytes;
+    timed([&] { transport.allgatherv(s.send.data(), s.recv.data(), counts, displs); });
+
+    auto td = now();
+    Verdict mine = decode_all(op, s, control, step);
+    stats.decode_s += since(td);
+    std::vector<Verdict> verdicts(static_cast<size_t>(world));
+    timed([&] { transport.allgather(&mine, sizeof mine, verdicts.data()); });
+    auto failed = std::find_if(verdicts.begin(), verdicts.end(), [](const Verdict& v) { return v.failed; });
+    if (failed == verdicts.end()) break;
+    const int who = static_cast<int>(failed - verdicts.begin());
+    const std::string what = "rank " + std::to_string(who) + " could not reconstruct rank " +
+                             std::to_string(failed->peer) + "'s " +
+                             (failed->param >= 0 ? "shard of parameter " + std::to_string(failed->param) : std::string("frame")) +
+                             " in bucket '" + s.layout.name + "': " + failed->message;
+    if (round > 0) throw CommError(what + " (again after a key-frame round)");
+    resynchronise(kKeyRound);
+  }
+  s.cold = false;
+  s.step = step + 1;
+  stats.step = step;
+  stats.warmup = op.encoded_warmup_raw;
+  stats.raw_bytes = s.layout.total_bytes();
+  stats.total_s = since(op.started);
+  return stats;
+}
+
+void CompressedAllgather::Impl::comm_loop() {
+  for (;;) {
+    std::shared_ptr<Op> op;
+    {
+      std::unique_lock lock(mutex);
+      wake.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;
+      op = queue.front();
+      queue.pop_front();
+    }
+    BucketState& s = buckets[op->bucket];
+    try {
+      if (!broken.empty()) throw CommError(broken);
+      GatherStats stats = gather(*op, s);
+      {
+        std::lock_guard lock(mutex);
+        s.busy = false;
+      }
+      op->promise.set_value(stats);
+    } catch (const CommError& e) {
+      // The transport may now be unusable: fail this and every later gather the same way.
+      {
+        std::lock_guard lock(mutex);
+        broken = e.what();
+        s.busy = false;
+      }
+      try {
+        op->encoding.wait();
+      } catch (...) {
+      }
+      op->promise.set_exception(std::current_exception());
+    } catch (...) {
+      try {
+        op->encoding.wait();
+      } catch (...) {
+      }
+      {
+        std::lock_guard lock(mutex);
+        s.busy = false;
+        // Peers may have advanced their codec state for this gather; resynchronise next time
+        // rather than find out through a failed decode.
+        s.cold = true;
+      }
+      op->promise.set_exception(std::current_exception());
+    }
+  }
+}
+
+// ---- Public API ---------------------------------------------------------------------------------
+
+CompressedAllgather::CompressedAllgather(Transport& transport, EngineConfig config,
+                                         std::vector<BucketLayout> buckets)
+    : impl_(std::make_unique<Impl>(transport, std::move(config), std::move(buckets))) {}
+
+CompressedAllgather::~CompressedAllgather() = default;
+
+CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket, std::span<const std::byte> input,
+                                                       std::span<std::byte> output) {
+  Impl& m = *impl_;
+  if (bucket >= m.buckets.size()) {
+    throw std::invalid_argument("start: bucket " + std::to_string(bucket) + " does not exist (" +
+                                std::to_string(m.buckets.size()) + " buckets)");
+  }
+  BucketState& s = m.buckets[bucket];
+  auto op = std::make_shared<Op>();
+  op->bucket = bucket;
+  op->in = input.data();
+  op->out = output.data();
+  op->started = std::chrono::steady_clock::now();
+  if (input.size() != s.layout.rank_bytes(m.rank)) {
+    op->local_error = "input is " + std::to_string(input.size()) + " bytes, the layout gives this rank " +
+                      std::to_string(s.layout.rank_bytes(m.rank));
+  } else if (output.size() != s.layout.total_bytes()) {
+    op->local_error = "output is " + std::to_string(output.size()) + " bytes, the bucket gathers " +
+                      std::to_string(s.layout.total_bytes());
+  }
+  {
+    std::lock_guard lock(m.mutex);
+    if (s.busy) {
+      throw std::invalid_argument("start: bucket " + std::to_string(bucket) +
+                                  " already has a gather in flight");
+    }
+    s.busy = true;
+    op->ticket = m.next_ticket++;
+    m.pending[op->ticket] = op;
+  }
+  if (op->local_error.empty()) m.encode(*op, s, m.warmup_raw(s.step));
+  {
+    std::lock_guard lock(m.mutex);
+    m.queue.push_back(op);
+  }
+  m.wake.notify_all();
+  return op->ticket;
+}
+
+GatherStats CompressedAllgather::wait(Ticket ticket) {
+  std::shared_ptr<Op> op;
+  {
+    std::lock_guard lock(impl_->mutex);
+    auto it = impl_->pending.find(ticket);
+    if (it == impl_->pending.end()) throw std::invalid_argument("wait: unknown or already waited ticket");
+    op = it->second;
+    impl_->pending.erase(it);
+  }
+  return op->promise.get_future().get();
+}
+
+GatherStats CompressedAllgather::run(size_t bucket, std::span<const std::byte> input,
+                                     std::span<std::byte> output) {
+  return wait(start(bucket, input, output));
+}
+
+void CompressedAllgather::reset_caches() {
+  std::lock_guard lock(impl_->mutex);
+  for (BucketState& s : impl_->buckets) {
+    if (s.busy) throw std::logic_error("reset_caches: a gather is in flight");
+    for (size_t k = 0; k < s.layout.params(); ++k) impl_->make_codecs(s, k);
+    s.cold = true;
+    s.step = 0;
+  }
+}
+
+void CompressedAllgather::set_policy(size_t bucket, size_t param, ShardPolicy policy) {
+  std::lock_guard lock(impl_->mutex);
+  BucketState& s = impl_->buckets.at(bucket);
+  if (s.busy) throw std::logic_error("set_policy: a gather of this bucket is in flight");
+  if (param >= s.layout.params()) throw std::invalid_argument("set_policy: no such parameter");
+  if (s.layout.policy[param] == policy) return;
+  s.layout.policy[param] = policy;
+  impl_->make_codecs(s, param);
+  // A parameter switched to CIERA may need a larger slot than its raw bytes.
+  uint64_t slot = kFrameHeaderBytes + 8 * s.layout.params();
+  for (size_t k = 0; k < s.layout.params(); ++k) {
+    s.slot_offset[k] = slot;
+    slot += std::max<uint64_t>(s.layout.shard_values[impl_->rank][k] * s.value_bytes,
+                               s.encoders[k] ? s.encoders[k]->max_payload_bytes() : 0);
+  }
+  s.send.resize(slot);
+  uint64_t recv = 0;
+  for (int r = 0; r < impl_->world; ++r) recv += s.max_frame_bytes[r] = impl_->frame_bound(s, r);
+  s.recv.resize(recv);
+}
+
+const BucketLayout& CompressedAllgather::bucket(size_t index) const { return impl_->buckets.at(index).layout; }
+size_t CompressedAllgather::bucket_count() const { return impl_->buckets.size(); }
+int CompressedAllgather::rank() const { return impl_->rank; }
+int CompressedAllgather::world_size() const { return impl_->world; }
+
+size_t CompressedAllgather::cache_bytes() const {
+  size_t bytes = 0;
+  for (const BucketState& s : impl_->buckets) {
+    for (const auto& e : s.encoders) bytes += e ? e->cache_bytes() : 0;
+    for (const auto& peer : s.decoders) {
+      for (const auto& d : peer) bytes += d ? d->cache_bytes() : 0;
+    }
+  }
+  return bytes;
+}
+
+}  // namespace ciera

@@ -1,0 +1,103 @@
+// A fixed pool of worker threads for encode/decode tasks, and a latch for a group of tasks.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ciera {
+
+// Counts outstanding tasks of one batch and keeps the first exception one of them threw.
+class TaskGroup {
+ public:
+  void add(size_t n = 1) {
+    std::lock_guard lock(mutex_);
+    pending_ += n;
+  }
+  void finish(std::exception_ptr error = nullptr) {
+    std::lock_guard lock(mutex_);
+    if (error && !error_) error_ = error;
+    if (--pending_ == 0) done_.notify_all();
+  }
+  // Waits for every task; rethrows the first exception.
+  void wait() {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    if (error_) {
+      auto error = error_;
+      error_ = nullptr;
+      std::rethrow_exception(error);
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  size_t pending_ = 0;
+  std::exception_ptr error_;
+};
+
+class ThreadPool {
+ public:
+  // With zero threads, tasks run inline in the submitting thread.
+  explicit ThreadPool(unsigned threads) {
+    for (unsigned i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+  // Runs `task` as part of `group`; its exception, if any, goes to the group.
+  void submit(TaskGroup& group, std::function<void()> task) {
+    group.add();
+    auto wrapped = [&group, task = std::move(task)] {
+      try {
+        task();
+        group.finish();
+      } catch (...) {
+        group.finish(std::current_exception());
+      }
+    };
+    if (workers_.empty()) {
+      wrapped();
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(wrapped));
+    }
+    ready_.notify_one();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mutex_);
+        ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> queue_;
+  std::vector<std::thread> workers_;
+  bool stopping_ = false;
+};
+
+}  // namespace ciera

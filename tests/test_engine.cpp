@@ -1,0 +1,355 @@
+// The compressed allgather engine over the loopback transport (ranks as threads): output
+// bitwise equal to an uncompressed allgather on every rank, every step; configuration
+// mismatches, cold ranks, corrupted payloads and dead peers handled the same way on every rank.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "ciera/engine.hpp"
+#include "ciera/error.hpp"
+#include "ciera/loopback.hpp"
+#include "test_util.hpp"
+
+namespace ciera {
+namespace {
+
+using testing::Pattern;
+using testing::Trajectory;
+
+// Runs `body(rank, transport)` on `world` threads; returns each rank's exception (or null).
+std::vector<std::exception_ptr> run_ranks(
+    int world, const std::function<void(int, Transport&)>& body,
+    const std::function<std::unique_ptr<Transport>(std::shared_ptr<LoopbackWorld>, int)>& make =
+        [](std::shared_ptr<LoopbackWorld> w, int r) { return make_loopback_transport(std::move(w), r); }) {
+  auto shared = make_loopback_world(world);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto transport = make(shared, r);
+        transport->set_timeout(std::chrono::seconds(20));
+        body(r, *transport);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    if (e) std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+  return "";
+}
+
+void expect_all_ok(const std::vector<std::exception_ptr>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(message_of(errors[r]), "") << "rank " << r;
+}
+
+// The bucket's full contents at every step: a trajectory over all parameters of all ranks,
+// laid out rank-major exactly as the gathered output must be.
+struct BucketData {
+  BucketData(const BucketLayout& l, Pattern pattern, uint64_t seed)
+      : layout(l), trajectory(l.dtype, l.total_bytes() / dtype_info(l.dtype).value_bytes, pattern, seed) {}
+  std::span<const std::byte> input(int rank) const {
+    return std::span<const std::byte>(trajectory.values()).subspan(layout.rank_offset(rank), layout.rank_bytes(rank));
+  }
+  const BucketLayout& layout;
+  Trajectory trajectory;
+};
+
+struct Case {
+  int world;
+  DType dtype;
+  WarmupMode warmup;
+  bool in_place;
+};
+
+class EngineRoundTrip : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EngineRoundTrip, HundredsOfStepsAreBitwiseExactOnEveryRank) {
+  const Case c = GetParam();
+  std::vector<BucketLayout> layouts;
+  layouts.push_back(BucketLayout::fsdp_split("experts", c.dtype, {5000, 777, 1, 4096}, c.world));
+  layouts.push_back(BucketLayout::fsdp_split("attention", c.dtype, {3000, 3000}, c.world, ShardPolicy::kRaw));
+  // Uneven and empty shards, mixed policies.
+  BucketLayout odd;
+  odd.name = "odd";
+  odd.dtype = c.dtype;
+  odd.policy = {ShardPolicy::kCiera, ShardPolicy::kRaw, ShardPolicy::kCiera};
+  for (int r = 0; r < c.world; ++r) odd.shard_values.push_back({r == 1 ? 0u : 1000u + 37u * r, 5u, r % 2 ? 3u : 600u});
+  layouts.push_back(odd);
+  layouts[1].policy[1] = ShardPolicy::kCiera;
+
+  constexpr int kSteps = 120;
+  EngineConfig config;
+  config.warmup_steps = 5;
+  config.warmup = c.warmup;
+  config.codec.block_values = 256;
+
+  // Every rank owns a copy of the trajectories and advances them identically, so all ranks see
+  // the same step's data without sharing memory.
+  const auto errors = run_ranks(c.world, [&](int rank, Transport& t) {
+    std::vector<std::unique_ptr<BucketData>> mine;
+    for (size_t b = 0; b < layouts.size(); ++b) {
+      mine.push_back(std::make_unique<BucketData>(layouts[b], b == 2 ? Pattern::kSpecial : Pattern::kSparse, 10 + b));
+    }
+    CompressedAllgather engine(t, config, layouts);
+    std::vector<std::vector<std::byte>> out(layouts.size());
+    for (size_t b = 0; b < layouts.size(); ++b) out[b].resize(layouts[b].total_bytes());
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<CompressedAllgather::Ticket> tickets;
+      // All buckets in flight at once.
+      for (size_t b = 0; b < layouts.size(); ++b) {
+        if (step > 0) mine[b]->trajectory.step();
+        const auto input = mine[b]->input(rank);
+        std::span<const std::byte> source = input;
+        if (c.in_place) {
+          std::memcpy(out[b].data() + layouts[b].rank_offset(rank), input.data(), input.size());
+          source = {out[b].data() + layouts[b].rank_offset(rank), input.size()};
+        }
+        tickets.push_back(engine.start(b, source, out[b]));
+      }
+      for (size_t b = 0; b < layouts.size(); ++b) {
+        const GatherStats stats = engine.wait(tickets[b]);
+        EXPECT_EQ(stats.step, static_cast<uint64_t>(step));
+        EXPECT_EQ(stats.warmup, c.warmup == WarmupMode::kRaw && step < 5);
+        EXPECT_FALSE(stats.resynchronised);
+        ASSERT_TRUE(std::equal(out[b].begin(), out[b].end(), mine[b]->trajectory.values().begin()))
+            << "rank " << rank << " bucket " << b << " step " << step;
+      }
+    }
+    EXPECT_GT(engine.cache_bytes(), 0u);
+  });
+  expect_all_ok(errors);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Worlds, EngineRoundTrip,
+    ::testing::Values(Case{1, DType::kBF16, WarmupMode::kRaw, false},
+                      Case{2, DType::kBF16, WarmupMode::kRaw, false},
+                      Case{3, DType::kFP16, WarmupMode::kKeyFrames, false},
+                      Case{4, DType::kFP32, WarmupMode::kRaw, true},
+                      Case{4, DType::kBF16, WarmupMode::kKeyFrames, true}));
+
+TEST(Engine, MismatchedConfigurationFailsOnEveryRankNamingTheDifference) {
+  const int world = 3;
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    EngineConfig config;
+    if (rank == 2) config.codec.block_values = 256;
+    CompressedAllgather engine(t, config, {BucketLayout::fsdp_split("b", DType::kBF16, {1000}, world)});
+  });
+  for (int r = 0; r < world; ++r) {
+    const std::string m = message_of(errors[r]);
+    EXPECT_NE(m.find("block_values"), std::string::npos) << m;
+    EXPECT_NE(m.find("'512' on ranks 0,1"), std::string::npos) << m;
+    EXPECT_NE(m.find("'256' on rank 2"), std::string::npos) << m;
+    EXPECT_EQ(m, message_of(errors[0])) << "every rank reports the same difference";
+  }
+}
+
+TEST(Engine, MismatchedShardSizesAndDtypesAreNamed) {
+  const int world = 2;
+  auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    CompressedAllgather engine(t, EngineConfig{},
+                               {BucketLayout::fsdp_split("layer0", DType::kBF16, {rank == 0 ? 1000u : 1002u}, world)});
+  });
+  for (int r = 0; r < world; ++r) EXPECT_NE(message_of(errors[r]).find("shard_values"), std::string::npos);
+  errors = run_ranks(world, [&](int rank, Transport& t) {
+    CompressedAllgather engine(t, EngineConfig{},
+                               {BucketLayout::fsdp_split("layer0", rank ? DType::kFP16 : DType::kBF16, {1000}, world)});
+  });
+  for (int r = 0; r < world; ++r) EXPECT_NE(message_of(errors[r]).find("dtype"), std::string::npos);
+  // A layout that is wrong on one rank only is still reported by every rank.
+  errors = run_ranks(world, [&](int rank, Transport& t) {
+    CompressedAllgather engine(t, EngineConfig{},
+                               {BucketLayout::fsdp_split("layer0", DType::kBF16, {1000}, rank ? 3 : world)});
+  });
+  for (int r = 0; r < world; ++r) EXPECT_NE(message_of(errors[r]).find("rejected on rank 1"), std::string::npos) << message_of(errors[r]);
+}
+
+TEST(Engine, WrongBufferSizeOnOneRankFailsEveryRank) {
+  const int world = 3;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world);
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    CompressedAllgather engine(t, EngineConfig{}, {layout});
+    std::vector<std::byte> in(layout.rank_bytes(rank) - (rank == 1 ? 2 : 0)), out(layout.total_bytes());
+    engine.run(0, in, out);
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_NE(message_of(errors[r]).find("rank 1 rejected"), std::string::npos) << message_of(errors[r]);
+  }
+}
+
+// A rank that loses its caches mid-run (a restart) is detected and recovered by a key-frame
+// round all ranks enter together; the output stays exact throughout.
+TEST(Engine, ColdRankIsResynchronisedAndStaysExact) {
+  const int world = 3;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {20000, 3333}, world);
+  EngineConfig config;
+  config.warmup_steps = 2;
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    BucketData data(layout, Pattern::kSparse, 5);
+    CompressedAllgather engine(t, config, {layout});
+    std::vector<std::byte> out(layout.total_bytes());
+    int resyncs = 0;
+    for (int step = 0; step < 40; ++step) {
+      data.trajectory.step();
+      if (rank == 1 && step == 20) engine.reset_caches();
+      const GatherStats stats = engine.run(0, data.input(rank), out);
+      resyncs += stats.resynchronised;
+      if (step == 20) {
+        EXPECT_TRUE(stats.resynchronised) << "rank " << rank;
+      }
+      ASSERT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin())) << step;
+    }
+    EXPECT_EQ(resyncs, 1);
+  });
+  expect_all_ok(errors);
+}
+
+// Corrupts the gathered payload of one rank at chosen calls: the decoder rejects it, every rank
+// agrees on a key-frame round, and the result is exact. Persistent corruption fails everywhere.
+class CorruptingTransport final : public Transport {
+ public:
+  CorruptingTransport(std::unique_ptr<Transport> inner, std::function<bool(int)> corrupt_call)
+      : inner_(std::move(inner)), corrupt_call_(std::move(corrupt_call)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string_view name() const override { return "corrupting"; }
+  void allgather(const void* in, size_t bytes, void* out) override { inner_->allgather(in, bytes, out); }
+  void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
+                  std::span<const uint64_t> displs) override {
+    inner_->allgatherv(in, out, counts, displs);
+    if (corrupt_call_(calls_++)) {
+      // Flip a bit in the middle of rank 0's frame (its sign-mantissa plane).
+      static_cast<uint8_t*>(out)[displs[0] + counts[0] / 2] ^= 0x10;
+    }
+  }
+  void barrier() override { inner_->barrier(); }
+  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::function<bool(int)> corrupt_call_;
+  int calls_ = 0;
+};
+
+TEST(Engine, CorruptedPayloadIsCaughtAndResent) {
+  const int world = 3;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {30000}, world);
+  EngineConfig config;
+  config.warmup_steps = 1;
+  const auto errors = run_ranks(
+      world,
+      [&](int rank, Transport& t) {
+        BucketData data(layout, Pattern::kSparse, 6);
+        CompressedAllgather engine(t, config, {layout});
+        std::vector<std::byte> out(layout.total_bytes());
+        for (int step = 0; step < 10; ++step) {
+          data.trajectory.step();
+          const GatherStats stats = engine.run(0, data.input(rank), out);
+          EXPECT_EQ(stats.resynchronised, step == 4) << "rank " << rank << " step " << step;
+          ASSERT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin()));
+        }
+      },
+      [](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
+        // Agreement uses one allgatherv; the payload of step s is call s + 1. Corrupt on rank 2.
+        return std::make_unique<CorruptingTransport>(make_loopback_transport(std::move(w), r),
+                                                     [r](int call) { return r == 2 && call == 5; });
+      });
+  expect_all_ok(errors);
+}
+
+TEST(Engine, PersistentCorruptionFailsOnEveryRank) {
+  const int world = 2;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {30000}, world);
+  EngineConfig config;
+  config.warmup_steps = 0;
+  const auto errors = run_ranks(
+      world,
+      [&](int rank, Transport& t) {
+        BucketData data(layout, Pattern::kSparse, 6);
+        CompressedAllgather engine(t, config, {layout});
+        std::vector<std::byte> out(layout.total_bytes());
+        engine.run(0, data.input(rank), out);
+      },
+      [](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
+        return std::make_unique<CorruptingTransport>(make_loopback_transport(std::move(w), r),
+                                                     [r](int call) { return r == 1 && call >= 1; });
+      });
+  for (int r = 0; r < world; ++r) {
+    const std::string m = message_of(errors[r]);
+    EXPECT_NE(m.find("again after a key-frame round"), std::string::npos) << m;
+    EXPECT_NE(m.find("checksum"), std::string::npos) << m;
+    EXPECT_EQ(m, message_of(errors[0]));
+  }
+}
+
+TEST(Engine, DeadPeerMakesOthersFailWithinTheTimeout) {
+  const int world = 3;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world);
+  EngineConfig config;
+  config.timeout = std::chrono::milliseconds(1500);
+  const auto begin = std::chrono::steady_clock::now();
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    BucketData data(layout, Pattern::kSparse, 7);
+    CompressedAllgather engine(t, config, {layout});
+    std::vector<std::byte> out(layout.total_bytes());
+    for (int step = 0; step < 10; ++step) {
+      if (rank == 2 && step == 3) return;  // this rank dies
+      data.trajectory.step();
+      engine.run(0, data.input(rank), out);
+    }
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  EXPECT_LT(seconds, 10.0);
+  for (int r : {0, 1}) {
+    EXPECT_NE(message_of(errors[r]).find("dead or stalled"), std::string::npos) << message_of(errors[r]);
+  }
+  EXPECT_EQ(message_of(errors[2]), "");
+}
+
+TEST(Engine, SetPolicyMustMatchAcrossRanks) {
+  const int world = 2;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {4000, 4000}, world);
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    BucketData data(layout, Pattern::kSparse, 8);
+    CompressedAllgather engine(t, EngineConfig{}, {layout});
+    std::vector<std::byte> out(layout.total_bytes());
+    engine.run(0, data.input(rank), out);
+    // Matching change: fine, and still exact.
+    engine.set_policy(0, 1, ShardPolicy::kRaw);
+    data.trajectory.step();
+    engine.run(0, data.input(rank), out);
+    EXPECT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin()));
+    // Only rank 0 changes: every rank fails, naming the policies.
+    if (rank == 0) engine.set_policy(0, 0, ShardPolicy::kRaw);
+    engine.run(0, data.input(rank), out);
+  });
+  for (int r = 0; r < world; ++r) EXPECT_NE(message_of(errors[r]).find("policies"), std::string::npos);
+}
+
+TEST(Engine, FsdpSplitMatchesTorchSharding) {
+  const auto l = BucketLayout::fsdp_split("b", DType::kBF16, {10, 3, 0}, 4);
+  // ceil(10/4) = 3: 3,3,3,1; ceil(3/4) = 1: 1,1,1,0; empty parameter: zeros.
+  EXPECT_EQ(l.shard_values[0], (std::vector<uint64_t>{3, 1, 0}));
+  EXPECT_EQ(l.shard_values[3], (std::vector<uint64_t>{1, 0, 0}));
+  EXPECT_EQ(l.total_bytes(), 2u * 13);
+  EXPECT_EQ(l.rank_offset(2), 2u * 8);
+}
+
+}  // namespace
+}  // namespace ciera
