@@ -9,6 +9,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev    # the ciera tool
   clang-14 libclang-rt-14-dev        # libFuzzer
+  libopenmpi-dev openmpi-bin         # the MPI transport
+  iproute2                           # the link lab (ip netns, tc)
 )
 
 missing=()

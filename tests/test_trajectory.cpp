@@ -60,5 +60,23 @@ TEST(Trajectory, IsDeterministicAndMoves) {
   EXPECT_FALSE(std::equal(before.begin(), before.end(), a.values().begin()));
 }
 
+TEST(Trajectory, ShardsOfATrajectoryComposeTheWhole) {
+  TrajectoryOptions whole;
+  whole.num_values = 1000;
+  AdamTrajectory all(whole);
+  TrajectoryOptions left = whole, right = whole;
+  left.num_values = 400;
+  right.num_values = 600;
+  right.first_index = 400;
+  AdamTrajectory a(left), b(right);
+  for (int i = 0; i < 3; ++i) {
+    all.step();
+    a.step();
+    b.step();
+  }
+  EXPECT_TRUE(std::equal(a.values().begin(), a.values().end(), all.values().begin()));
+  EXPECT_TRUE(std::equal(b.values().begin(), b.values().end(), all.values().begin() + 800));
+}
+
 }  // namespace
 }  // namespace ciera::tools

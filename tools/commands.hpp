@@ -12,5 +12,6 @@ struct CommandExit {
 };
 
 void register_bench_codec(CLI::App& bench, const std::string& command);
+void register_bench_allgather(CLI::App& bench, const std::string& command, int argc, char** argv);
 
 }  // namespace ciera::tools

@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks that verify what they time");
   bench->require_subcommand(1);
   register_bench_codec(*bench, command);
+#if defined(CIERA_WITH_MPI)
+  register_bench_allgather(*bench, command, argc, argv);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -73,8 +73,8 @@ AdamTrajectory::AdamTrajectory(const TrajectoryOptions& options)
       cast_(options.num_values * dtype_info(options.dtype).value_bytes) {
   const float std = static_cast<float>(options.init_std);
   for (uint64_t i = 0; i < options.num_values; ++i) {
-    weights_[i] = std * normal_at(options.seed, 0, i);
-    direction_[i] = normal_at(options.seed, 1, i);
+    weights_[i] = std * normal_at(options.seed, 0, options.first_index + i);
+    direction_[i] = normal_at(options.seed, 1, options.first_index + i);
   }
   cast();
 }
@@ -95,7 +95,7 @@ void AdamTrajectory::step() {
   const uint64_t n = options_.num_values;
   const uint64_t stream = 2 + step_;
   for (uint64_t i = 0; i < n; ++i) {
-    const float g = kGradScale * (drift * d[i] + normal_at(options_.seed, stream, i));
+    const float g = kGradScale * (drift * d[i] + normal_at(options_.seed, stream, options_.first_index + i));
     m[i] = kBeta1 * m[i] + (1.0f - kBeta1) * g;
     v[i] = kBeta2 * v[i] + (1.0f - kBeta2) * g * g;
     w[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bias2 + kEps);

@@ -14,6 +14,9 @@ namespace ciera::tools {
 
 struct TrajectoryOptions {
   uint64_t num_values = 0;
+  // Index of the first value in a larger trajectory: ranks that each simulate their own shard
+  // with the same seed together simulate exactly the trajectory of the whole tensor.
+  uint64_t first_index = 0;
   DType dtype = DType::kBF16;
   double learning_rate = 1e-4;
   double init_std = 0.02;

@@ -38,6 +38,18 @@ class Transport {
   virtual void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
                           std::span<const uint64_t> displs) = 0;
 
+  // Several independent allgathervs, all in flight at once (the engine batches gathers this
+  // way). The default runs them one after another.
+  struct AllgathervCall {
+    const void* in;
+    void* out;
+    std::span<const uint64_t> counts;
+    std::span<const uint64_t> displs;
+  };
+  virtual void allgatherv_many(std::span<const AllgathervCall> calls) {
+    for (const AllgathervCall& c : calls) allgatherv(c.in, c.out, c.counts, c.displs);
+  }
+
   virtual void barrier() = 0;
 
   // Longest a collective waits for its peers before it throws CommError; zero waits forever.

@@ -221,9 +221,27 @@ struct Op {
   std::string local_error;  // misuse found at start(); every rank learns of it
   TaskGroup encoding;
   bool encoded_warmup_raw = false;
+  bool assembled = false;     // the frame has been packed at the front of the bucket's `send`
+  uint64_t frame_bytes = 0;
+  uint64_t step = 0;          // agreed by all ranks in the control exchange
+  std::vector<ControlRecord> control;  // every rank's record for this gather
+  Verdict verdict{};          // this rank's decode outcome
   std::promise<GatherStats> promise;
   GatherStats stats;
   std::chrono::steady_clock::time_point started;
+};
+
+// Gathers processed together share one control exchange, one batched payload exchange and one
+// verdict exchange (see run_group).
+constexpr size_t kMaxGroup = 8;
+struct GroupControl {
+  uint32_t magic;
+  uint32_t count;  // gathers this rank has encoded and ready, at most kMaxGroup
+  uint64_t reserved;
+  ControlRecord records[kMaxGroup];
+};
+struct GroupVerdict {
+  Verdict verdicts[kMaxGroup];
 };
 
 struct CompressedAllgather::Impl {
@@ -237,13 +255,22 @@ struct CompressedAllgather::Impl {
   }
   void encode(Op& op, BucketState& s, bool raw);
   uint64_t assemble_frame(BucketState& s, uint64_t step, bool raw);
-  void run_op(Op& op);
   void comm_loop();
-  GatherStats gather(Op& op, BucketState& s);
-  std::vector<ControlRecord> exchange_control(const Op& op, const BucketState& s, uint64_t frame,
-                                              uint32_t flags);
+  void run_group(std::vector<std::shared_ptr<Op>>& group);
+  void prepare(Op& op);
+  ControlRecord make_record(const Op& op, uint32_t flags) const;
+  size_t exchange_controls(std::span<Op* const> ops, uint32_t flags);
+  void check_records(const Op& op) const;
+  bool needs_resync(const Op& op) const;
+  void resynchronise(Op& op);
+  void exchange_payloads(std::span<Op* const> ops);
+  void decode_ops(std::span<Op* const> ops);
+  std::vector<std::string> exchange_verdicts(std::span<Op* const> ops);
   Verdict decode_all(Op& op, BucketState& s, const std::vector<ControlRecord>& control,
                      uint64_t step);
+  void finish(Op& op);
+  template <typename F>
+  void timed(std::span<Op* const> ops, F&& collective);
 
   Transport& transport;
   EngineConfig config;
@@ -404,53 +431,6 @@ uint64_t CompressedAllgather::Impl::assemble_frame(BucketState& s, uint64_t step
   return at;
 }
 
-std::vector<ControlRecord> CompressedAllgather::Impl::exchange_control(const Op& op,
-                                                                       const BucketState& s,
-                                                                       uint64_t frame,
-                                                                       uint32_t flags) {
-  ControlRecord mine{};
-  mine.magic = kControlMagic;
-  mine.version = kProtocolVersion;
-  mine.bucket = static_cast<uint32_t>(op.bucket);
-  mine.flags = flags | (s.cold ? uint32_t{kCold} : 0u) | (op.local_error.empty() ? 0u : uint32_t{kLocalError});
-  mine.step = s.step;
-  mine.frame_bytes = frame;
-  mine.policy_digest = policy_digest(s.layout);
-  copy_message(mine.message, kMessageBytes, op.local_error);
-  std::vector<ControlRecord> all(static_cast<size_t>(world));
-  transport.allgather(&mine, sizeof mine, all.data());
-  for (int r = 0; r < world; ++r) {
-    const ControlRecord& c = all[r];
-    if (c.magic != kControlMagic || c.version != kProtocolVersion) {
-      throw CommError("rank " + std::to_string(r) + " speaks another CIERA protocol version");
-    }
-    if (c.bucket != op.bucket) {
-      throw CommError("gathers out of order: rank " + std::to_string(r) + " is gathering bucket " +
-                      std::to_string(c.bucket) + " while rank " + std::to_string(rank) +
-                      " gathers bucket " + std::to_string(op.bucket) +
-                      " (start() must be called in the same order on every rank)");
-    }
-  }
-  for (int r = 0; r < world; ++r) {
-    if (all[r].flags & kLocalError) {
-      throw ConfigError("rank " + std::to_string(r) + " rejected its gather of bucket '" +
-                        s.layout.name + "': " + std::string(all[r].message));
-    }
-  }
-  for (int r = 0; r < world; ++r) {
-    if (all[r].policy_digest != all[0].policy_digest) {
-      throw ConfigError("shard policies of bucket '" + s.layout.name + "' differ between rank 0 and rank " +
-                        std::to_string(r) + " (set_policy must be called the same way on every rank)");
-    }
-    if (all[r].frame_bytes > s.max_frame_bytes[r]) {
-      throw CommError("rank " + std::to_string(r) + " announced a frame of " +
-                      std::to_string(all[r].frame_bytes) + " bytes, above its bound of " +
-                      std::to_string(s.max_frame_bytes[r]));
-    }
-  }
-  return all;
-}
-
 Verdict CompressedAllgather::Impl::decode_all(Op& op, BucketState& s,
                                               const std::vector<ControlRecord>& control,
                                               uint64_t step) {
@@ -527,128 +507,300 @@ Verdict CompressedAllgather::Impl::decode_all(Op& op, BucketState& s,
   return verdict;
 }
 
-GatherStats CompressedAllgather::Impl::gather(Op& op, BucketState& s) {
-  GatherStats stats;
-  auto since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
-  auto now = [] { return std::chrono::steady_clock::now(); };
+template <typename F>
+void CompressedAllgather::Impl::timed(std::span<Op* const> ops, F&& collective) {
+  const auto t = std::chrono::steady_clock::now();
+  collective();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  // A batched exchange serves every gather in it; each is charged the whole wait.
+  for (Op* op : ops) op->stats.exchange_s += seconds;
+}
 
-  op.encoding.wait();
-  stats.encode_s = since(op.started);  // encoding began at start(), overlapping the caller
-  uint64_t frame = op.local_error.empty() ? assemble_frame(s, s.step, op.encoded_warmup_raw) : 0;
-
-  auto timed = [&](auto&& collective) {
-    const auto t = now();
-    collective();
-    stats.exchange_s += since(t);
-  };
-  std::vector<ControlRecord> control;
-  timed([&] { control = exchange_control(op, s, frame, 0); });
-  uint64_t step = 0;
-  bool in_step = true;
-  bool cold = false;
-  for (const ControlRecord& c : control) {
-    step = std::max(step, c.step);
-    in_step = in_step && c.step == control[0].step;
-    cold = cold || (c.flags & kCold);
-  }
-  auto resynchronise = [&](uint32_t flags) {
-    // Every rank re-sends key frames (or raw bytes in warmup) for the agreed step.
-    stats.resynchronised = true;
-    s.step = step;
-    for (auto& e : s.encoders) {
-      if (e) e->request_key_frame();
-    }
-    auto te = now();
-    encode(op, s, warmup_raw(step));
+// Waits for the gather's encoding and packs its frame (once).
+void CompressedAllgather::Impl::prepare(Op& op) {
+  if (op.assembled || !op.local_error.empty()) return;
+  try {
     op.encoding.wait();
-    stats.encode_s += since(te);
-    frame = assemble_frame(s, step, op.encoded_warmup_raw);
-    timed([&] { control = exchange_control(op, s, frame, flags); });
-  };
-  if (!in_step || cold || op.encoded_warmup_raw != warmup_raw(step)) resynchronise(kKeyRound);
+  } catch (const std::exception& e) {
+    op.local_error = std::string("encoding failed: ") + e.what();
+    return;
+  }
+  BucketState& s = buckets[op.bucket];
+  op.stats.encode_s = op.encoding.seconds_since(op.started);
+  op.frame_bytes = assemble_frame(s, s.step, op.encoded_warmup_raw);
+  op.assembled = true;
+}
 
-  for (int round = 0;; ++round) {
-    std::vector<uint64_t> counts(static_cast<size_t>(world)), displs(static_cast<size_t>(world));
+ControlRecord CompressedAllgather::Impl::make_record(const Op& op, uint32_t flags) const {
+  const BucketState& s = buckets[op.bucket];
+  ControlRecord r{};
+  r.magic = kControlMagic;
+  r.version = kProtocolVersion;
+  r.bucket = static_cast<uint32_t>(op.bucket);
+  r.flags = flags | (s.cold ? uint32_t{kCold} : 0u) | (op.local_error.empty() ? 0u : uint32_t{kLocalError});
+  r.step = s.step;
+  r.frame_bytes = op.local_error.empty() ? op.frame_bytes : 0;
+  r.policy_digest = policy_digest(s.layout);
+  copy_message(r.message, kMessageBytes, op.local_error);
+  return r;
+}
+
+// One allgather of every rank's records for `ops`. Returns how many leading gathers all ranks
+// have ready (each op's `control` is filled for those); throws if ranks disagree on what they
+// gather.
+size_t CompressedAllgather::Impl::exchange_controls(std::span<Op* const> ops, uint32_t flags) {
+  GroupControl mine{};
+  mine.magic = kControlMagic;
+  mine.count = static_cast<uint32_t>(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) mine.records[i] = make_record(*ops[i], flags);
+  std::vector<GroupControl> all(static_cast<size_t>(world));
+  timed(ops, [&] { transport.allgather(&mine, sizeof mine, all.data()); });
+  size_t ready = kMaxGroup;
+  for (int r = 0; r < world; ++r) {
+    if (all[r].magic != kControlMagic || all[r].count == 0 || all[r].count > kMaxGroup) {
+      throw CommError("rank " + std::to_string(r) + " sent a malformed control record");
+    }
+    ready = std::min<size_t>(ready, all[r].count);
+  }
+  for (size_t i = 0; i < ready; ++i) {
+    ops[i]->control.resize(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) ops[i]->control[r] = all[r].records[i];
+    try {
+      check_records(*ops[i]);
+    } catch (const ConfigError&) {
+      // A gather some rank rejected fails alone: gathers before it proceed, and it and those
+      // after it wait for the next round, where it comes first and fails by itself.
+      if (i == 0) throw;
+      return i;
+    }
+  }
+  return ready;
+}
+
+void CompressedAllgather::Impl::check_records(const Op& op) const {
+  const BucketState& s = buckets[op.bucket];
+  for (int r = 0; r < world; ++r) {
+    const ControlRecord& c = op.control[r];
+    if (c.magic != kControlMagic || c.version != kProtocolVersion) {
+      throw CommError("rank " + std::to_string(r) + " speaks another CIERA protocol version");
+    }
+    if (c.bucket != op.bucket) {
+      throw CommError("gathers out of order: rank " + std::to_string(r) + " is gathering bucket " +
+                      std::to_string(c.bucket) + " while rank " + std::to_string(rank) +
+                      " gathers bucket " + std::to_string(op.bucket) +
+                      " (start() must be called in the same order on every rank)");
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    if (op.control[r].flags & kLocalError) {
+      throw ConfigError("rank " + std::to_string(r) + " rejected its gather of bucket '" +
+                        s.layout.name + "': " + std::string(op.control[r].message));
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    if (op.control[r].policy_digest != op.control[0].policy_digest) {
+      throw ConfigError("shard policies of bucket '" + s.layout.name + "' differ between rank 0 and rank " +
+                        std::to_string(r) + " (set_policy must be called the same way on every rank)");
+    }
+    if (op.control[r].frame_bytes > s.max_frame_bytes[r]) {
+      throw CommError("rank " + std::to_string(r) + " announced a frame of " +
+                      std::to_string(op.control[r].frame_bytes) + " bytes, above its bound of " +
+                      std::to_string(s.max_frame_bytes[r]));
+    }
+  }
+}
+
+// A gather must be re-sent as key frames when some rank is cold, the ranks' step counts differ
+// (a restarted rank), or a rank encoded for the wrong phase (warmup or not) of the agreed step.
+bool CompressedAllgather::Impl::needs_resync(const Op& op) const {
+  uint64_t step = 0;
+  for (const ControlRecord& c : op.control) step = std::max(step, c.step);
+  for (const ControlRecord& c : op.control) {
+    if (c.step != step || (c.flags & kCold)) return true;
+  }
+  return op.encoded_warmup_raw != warmup_raw(step);
+}
+
+// Every rank re-sends key frames (or raw bytes in warmup) for the agreed step, then the ranks
+// exchange fresh control records for this gather alone.
+void CompressedAllgather::Impl::resynchronise(Op& op) {
+  BucketState& s = buckets[op.bucket];
+  uint64_t step = 0;
+  for (const ControlRecord& c : op.control) step = std::max(step, c.step);
+  op.stats.resynchronised = true;
+  s.step = step;
+  for (auto& e : s.encoders) {
+    if (e) e->request_key_frame();
+  }
+  const auto t = std::chrono::steady_clock::now();
+  encode(op, s, warmup_raw(step));
+  op.encoding.wait();
+  op.stats.encode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  op.frame_bytes = assemble_frame(s, step, op.encoded_warmup_raw);
+  Op* one[] = {&op};
+  exchange_controls(one, kKeyRound);
+}
+
+void CompressedAllgather::Impl::exchange_payloads(std::span<Op* const> ops) {
+  std::vector<std::vector<uint64_t>> counts(ops.size()), displs(ops.size());
+  std::vector<Transport::AllgathervCall> calls;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Op& op = *ops[i];
+    BucketState& s = buckets[op.bucket];
+    uint64_t step = 0;
+    for (const ControlRecord& c : op.control) step = std::max(step, c.step);
+    op.step = step;
     uint64_t total = 0;
     for (int r = 0; r < world; ++r) {
-      counts[r] = control[r].frame_bytes;
-      displs[r] = total;
-      total += counts[r];
+      counts[i].push_back(op.control[r].frame_bytes);
+      displs[i].push_back(total);
+      total += op.control[r].frame_bytes;
     }
-    stats.wire_bytes = total;
-    stats.local_payload_bytes = control[rank].frame_bytes;
-    timed([&] { transport.allgatherv(s.send.data(), s.recv.data(), counts, displs); });
-
-    auto td = now();
-    Verdict mine = decode_all(op, s, control, step);
-    stats.decode_s += since(td);
-    std::vector<Verdict> verdicts(static_cast<size_t>(world));
-    timed([&] { transport.allgather(&mine, sizeof mine, verdicts.data()); });
-    auto failed = std::find_if(verdicts.begin(), verdicts.end(), [](const Verdict& v) { return v.failed; });
-    if (failed == verdicts.end()) break;
-    const int who = static_cast<int>(failed - verdicts.begin());
-    const std::string what = "rank " + std::to_string(who) + " could not reconstruct rank " +
-                             std::to_string(failed->peer) + "'s " +
-                             (failed->param >= 0 ? "shard of parameter " + std::to_string(failed->param) : std::string("frame")) +
-                             " in bucket '" + s.layout.name + "': " + failed->message;
-    if (round > 0) throw CommError(what + " (again after a key-frame round)");
-    resynchronise(kKeyRound);
+    op.stats.wire_bytes = total;
+    op.stats.local_payload_bytes = op.control[rank].frame_bytes;
+    calls.push_back({s.send.data(), s.recv.data(), counts[i], displs[i]});
   }
+  timed(ops, [&] { transport.allgatherv_many(calls); });
+}
+
+void CompressedAllgather::Impl::decode_ops(std::span<Op* const> ops) {
+  // Each gather's decode fans out over its peers; gathers run one after another so that each
+  // one's decode time is its own.
+  for (Op* op : ops) {
+    const auto t = std::chrono::steady_clock::now();
+    op->verdict = decode_all(*op, buckets[op->bucket], op->control, op->step);
+    op->stats.decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+}
+
+// Returns, per gather, "" if every rank reconstructed it exactly, else the first failure in
+// rank order, worded the same on every rank.
+std::vector<std::string> CompressedAllgather::Impl::exchange_verdicts(std::span<Op* const> ops) {
+  GroupVerdict mine{};
+  for (size_t i = 0; i < ops.size(); ++i) mine.verdicts[i] = ops[i]->verdict;
+  std::vector<GroupVerdict> all(static_cast<size_t>(world));
+  timed(ops, [&] { transport.allgather(&mine, sizeof mine, all.data()); });
+  std::vector<std::string> failures(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    for (int r = 0; r < world; ++r) {
+      const Verdict& v = all[r].verdicts[i];
+      if (!v.failed) continue;
+      failures[i] = "rank " + std::to_string(r) + " could not reconstruct rank " + std::to_string(v.peer) +
+                    "'s " + (v.param >= 0 ? "shard of parameter " + std::to_string(v.param) : std::string("frame")) +
+                    " in bucket '" + buckets[ops[i]->bucket].layout.name + "': " +
+                    std::string(v.message, strnlen(v.message, sizeof v.message));
+      break;
+    }
+  }
+  return failures;
+}
+
+void CompressedAllgather::Impl::finish(Op& op) {
+  BucketState& s = buckets[op.bucket];
   s.cold = false;
-  s.step = step + 1;
-  stats.step = step;
-  stats.warmup = op.encoded_warmup_raw;
-  stats.raw_bytes = s.layout.total_bytes();
-  stats.total_s = since(op.started);
-  return stats;
+  s.step = op.step + 1;
+  op.stats.step = op.step;
+  op.stats.warmup = op.encoded_warmup_raw;
+  op.stats.raw_bytes = s.layout.total_bytes();
+  op.stats.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - op.started).count();
+  {
+    std::lock_guard lock(mutex);
+    s.busy = false;
+  }
+  op.promise.set_value(op.stats);
+}
+
+// Processes `group` (gathers taken from the queue, in start order). Gathers that not every rank
+// has ready yet go back to the front of the queue for the next round.
+void CompressedAllgather::Impl::run_group(std::vector<std::shared_ptr<Op>>& group) {
+  std::vector<Op*> ops;
+  for (auto& op : group) {
+    prepare(*op);
+    ops.push_back(op.get());
+  }
+  size_t ready = exchange_controls(ops, 0);
+  // The group ends before the first gather that must resynchronise (unless that is the first,
+  // which then goes alone) or that failed locally (check_records threw already in that case).
+  for (size_t i = 0; i < ready; ++i) {
+    if (needs_resync(*ops[i])) {
+      ready = i == 0 ? 1 : i;
+      break;
+    }
+  }
+  {
+    std::lock_guard lock(mutex);
+    for (size_t i = group.size(); i-- > ready;) queue.push_front(group[i]);
+  }
+  group.resize(ready);
+  ops.resize(ready);
+  if (needs_resync(*ops[0])) resynchronise(*ops[0]);
+
+  exchange_payloads(ops);
+  decode_ops(ops);
+  const std::vector<std::string> failures = exchange_verdicts(ops);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (failures[i].empty()) continue;
+    // Every rank re-sends this gather as key frames, once; a second failure fails it everywhere.
+    Op* one[] = {ops[i]};
+    resynchronise(*ops[i]);
+    exchange_payloads(one);
+    decode_ops(one);
+    const std::string again = exchange_verdicts(one)[0];
+    if (!again.empty()) throw CommError(again + " (again after a key-frame round)");
+  }
+  for (Op* op : ops) finish(*op);
 }
 
 void CompressedAllgather::Impl::comm_loop() {
   for (;;) {
-    std::shared_ptr<Op> op;
+    std::vector<std::shared_ptr<Op>> group;
     {
       std::unique_lock lock(mutex);
       wake.wait(lock, [&] { return stopping || !queue.empty(); });
       if (queue.empty()) return;
-      op = queue.front();
+      group.push_back(queue.front());
       queue.pop_front();
     }
-    BucketState& s = buckets[op->bucket];
+    // Gathers already started join the group, and their encoding is waited for: encoding takes
+    // milliseconds where a round of exchanges costs at least a network round trip, and one
+    // batched round keeps every link busy (paper §3.3: encoding overlaps communication; only
+    // decoding is on the critical path).
+    {
+      std::lock_guard lock(mutex);
+      while (group.size() < kMaxGroup && !queue.empty()) {
+        group.push_back(queue.front());
+        queue.pop_front();
+      }
+    }
     try {
       if (!broken.empty()) throw CommError(broken);
-      GatherStats stats = gather(*op, s);
-      {
-        std::lock_guard lock(mutex);
-        s.busy = false;
-      }
-      op->promise.set_value(stats);
-    } catch (const CommError& e) {
-      // The transport may now be unusable: fail this and every later gather the same way.
-      {
+      run_group(group);
+    } catch (...) {
+      // Every gather of the group fails the same way. After a CommError the transport may be
+      // unusable, so every later gather fails with it too.
+      const std::exception_ptr error = std::current_exception();
+      try {
+        std::rethrow_exception(error);
+      } catch (const CommError& e) {
         std::lock_guard lock(mutex);
         broken = e.what();
-        s.busy = false;
-      }
-      try {
-        op->encoding.wait();
       } catch (...) {
       }
-      op->promise.set_exception(std::current_exception());
-    } catch (...) {
-      try {
-        op->encoding.wait();
-      } catch (...) {
+      for (auto& op : group) {
+        try {
+          op->encoding.wait();
+        } catch (...) {
+        }
+        {
+          std::lock_guard lock(mutex);
+          BucketState& s = buckets[op->bucket];
+          s.busy = false;
+          // Peers may have advanced their codec state; resynchronise next time rather than find
+          // out through a failed decode.
+          s.cold = true;
+        }
+        op->promise.set_exception(error);
       }
-      {
-        std::lock_guard lock(mutex);
-        s.busy = false;
-        // Peers may have advanced their codec state for this gather; resynchronise next time
-        // rather than find out through a failed decode.
-        s.cold = true;
-      }
-      op->promise.set_exception(std::current_exception());
     }
   }
 }

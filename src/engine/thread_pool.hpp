@@ -1,6 +1,7 @@
 // A fixed pool of worker threads for encode/decode tasks, and a latch for a group of tasks.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -21,7 +22,20 @@ class TaskGroup {
   void finish(std::exception_ptr error = nullptr) {
     std::lock_guard lock(mutex_);
     if (error && !error_) error_ = error;
-    if (--pending_ == 0) done_.notify_all();
+    if (--pending_ == 0) {
+      finished_at_ = std::chrono::steady_clock::now();
+      done_.notify_all();
+    }
+  }
+  bool done() {
+    std::lock_guard lock(mutex_);
+    return pending_ == 0;
+  }
+  // Seconds from `since` to when the last task finished (0 if none ran).
+  double seconds_since(std::chrono::steady_clock::time_point since) {
+    std::lock_guard lock(mutex_);
+    if (finished_at_ < since) return 0.0;
+    return std::chrono::duration<double>(finished_at_ - since).count();
   }
   // Waits for every task; rethrows the first exception.
   void wait() {
@@ -39,6 +53,7 @@ class TaskGroup {
   std::condition_variable done_;
   size_t pending_ = 0;
   std::exception_ptr error_;
+  std::chrono::steady_clock::time_point finished_at_{};
 };
 
 class ThreadPool {

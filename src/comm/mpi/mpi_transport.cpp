@@ -4,7 +4,9 @@
 // from yielding to short sleeps, so oversubscribed ranks do not steal each other's cores.
 #include <sched.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +34,7 @@ int checked_count(uint64_t bytes, const char* what) {
 class MpiTransport final : public Transport {
  public:
   explicit MpiTransport(MPI_Comm comm) {
+    if (const char* c = std::getenv("CIERA_MPI_CHANNELS")) channels_ = std::max(1, std::atoi(c));
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw CommError("MPI transport: MPI is not initialised");
@@ -60,21 +63,61 @@ class MpiTransport final : public Transport {
     wait(request, "MPI_Iallgather");
   }
 
+  // Large exchanges are cut into `channels_` slices, each its own nonblocking collective, all in
+  // flight at once: one collective at a time leaves TCP links idle between the algorithm's
+  // rounds (like NCCL's channels, several transfers keep every link busy).
   void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
                   std::span<const uint64_t> displs) override {
-    counts_.resize(static_cast<size_t>(size_));
-    displs_.resize(static_cast<size_t>(size_));
-    for (int r = 0; r < size_; ++r) {
-      counts_[r] = checked_count(counts[r], "allgatherv");
-      displs_[r] = checked_count(displs[r], "allgatherv displacement");
-    }
-    const void* send = in == static_cast<char*>(out) + displs[rank_] ? MPI_IN_PLACE : in;
-    MPI_Request request;
-    check(MPI_Iallgatherv(send, counts_[rank_], MPI_BYTE, out, counts_.data(), displs_.data(),
-                          MPI_BYTE, comm_, &request),
-          "MPI_Iallgatherv");
-    wait(request, "MPI_Iallgatherv");
+    const AllgathervCall call{in, out, counts, displs};
+    allgatherv_many({&call, 1});
   }
+
+  void allgatherv_many(std::span<const AllgathervCall> calls) override {
+    requests_.clear();
+    counts_.clear();
+    displs_.clear();
+    size_t slices = 0;
+    for (const AllgathervCall& c : calls) slices += static_cast<size_t>(channels_for(c.counts));
+    // Reserve first: MPI reads the count arrays until the requests complete.
+    counts_.reserve(slices * size_);
+    displs_.reserve(slices * size_);
+    for (const AllgathervCall& c : calls) start_allgatherv(c.in, c.out, c.counts, c.displs);
+    for (MPI_Request& request : requests_) wait(request, "MPI_Iallgatherv");
+  }
+
+ private:
+  int channels_for(std::span<const uint64_t> counts) const {
+    uint64_t total = 0;
+    for (int r = 0; r < size_; ++r) total += counts[r];
+    return total >= kChannelThresholdBytes ? channels_ : 1;
+  }
+
+  void start_allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
+                        std::span<const uint64_t> displs) {
+    const int channels = channels_for(counts);
+    const bool in_place = in == static_cast<char*>(out) + displs[rank_];
+    for (int c = 0; c < channels; ++c) {
+      const size_t at = counts_.size();
+      counts_.resize(at + size_);
+      displs_.resize(at + size_);
+      requests_.emplace_back();
+      int* slice_counts = counts_.data() + at;
+      int* slice_displs = displs_.data() + at;
+      for (int r = 0; r < size_; ++r) {
+        const uint64_t begin = counts[r] * c / channels;
+        const uint64_t end = counts[r] * (c + 1) / channels;
+        slice_counts[r] = checked_count(end - begin, "allgatherv");
+        slice_displs[r] = checked_count(displs[r] + begin, "allgatherv displacement");
+      }
+      const void* send = in_place ? MPI_IN_PLACE
+                                  : static_cast<const char*>(in) + counts[rank_] * c / channels;
+      check(MPI_Iallgatherv(send, slice_counts[rank_], MPI_BYTE, out, slice_counts, slice_displs,
+                            MPI_BYTE, comm_, &requests_.back()),
+            "MPI_Iallgatherv");
+    }
+  }
+
+ public:
 
   void barrier() override {
     MPI_Request request;
@@ -128,7 +171,10 @@ class MpiTransport final : public Transport {
   int size_ = 1;
   bool broken_ = false;
   std::chrono::milliseconds timeout_{std::chrono::seconds(120)};
+  static constexpr uint64_t kChannelThresholdBytes = 1 << 20;
+  int channels_ = 8;
   std::vector<int> counts_, displs_;
+  std::vector<MPI_Request> requests_;
 };
 
 }  // namespace

@@ -1,0 +1,46 @@
+// Reliability test 10 over Open MPI: the last rank exits in the middle of training; every other
+// rank must fail with a CommError within the timeout instead of hanging. Run by ctest as
+//   mpirun -np 3 --mca orte_abort_on_non_zero_status 0 mpi_dead_peer
+// (so that mpirun leaves the survivors to notice by themselves); passes when each survivor
+// prints "survivor <rank> failed cleanly".
+#include <mpi.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "ciera/engine.hpp"
+#include "ciera/mpi.hpp"
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  auto transport = ciera::make_mpi_transport(MPI_COMM_WORLD);
+  ciera::EngineConfig config;
+  config.timeout = std::chrono::seconds(3);
+  const auto layout = ciera::BucketLayout::fsdp_split("b", ciera::DType::kBF16, {100000}, world);
+  ciera::CompressedAllgather engine(*transport, config, {layout});
+  std::vector<std::byte> in(layout.rank_bytes(rank), std::byte{1}), out(layout.total_bytes());
+  const auto begin = std::chrono::steady_clock::now();
+  try {
+    for (int step = 0; step < 100; ++step) {
+      if (rank == world - 1 && step == 5) {
+        std::fprintf(stderr, "rank %d exits without warning\n", rank);
+        _exit(3);
+      }
+      in[0] = static_cast<std::byte>(step);
+      engine.run(0, in, out);
+    }
+    std::printf("rank %d: no error although a peer died\n", rank);
+    return 1;
+  } catch (const ciera::CommError& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    std::printf("survivor %d failed cleanly after %.1f s: %s\n", rank, s, e.what());
+    std::fflush(stdout);
+    _exit(0);  // MPI is unusable now; MPI_Finalize would wait for the dead peer
+  }
+}
