@@ -13,6 +13,7 @@
 #include "ciera/engine.hpp"
 #include "ciera/error.hpp"
 #include "ciera/loopback.hpp"
+#include "engine/adaptive.hpp"
 #include "test_util.hpp"
 
 namespace ciera {
@@ -340,6 +341,56 @@ TEST(Engine, SetPolicyMustMatchAcrossRanks) {
     engine.run(0, data.input(rank), out);
   });
   for (int r = 0; r < world; ++r) EXPECT_NE(message_of(errors[r]).find("policies"), std::string::npos);
+}
+
+TEST(AdaptiveSwitch, ProbesBothWaysThenKeepsTheFasterAndReprobes) {
+  AdaptiveSwitch sw;
+  const uint32_t P = AdaptiveSwitch::kProbeGathers;
+  for (uint64_t i = 0; i < 2 * P; ++i) EXPECT_EQ(sw.compress(i), i < P);
+  // Raw measured faster for both buckets: raw is chosen.
+  for (size_t b = 0; b < 2; ++b) {
+    sw.record(b, true, 0.010);
+    sw.record(b, false, 0.008);
+  }
+  EXPECT_FALSE(sw.prefers_compressed());
+  EXPECT_FALSE(sw.compress(2 * P));
+  EXPECT_FALSE(sw.compress(2 * P + AdaptiveSwitch::kReprobeEvery - 1));
+  EXPECT_TRUE(sw.compress(2 * P + AdaptiveSwitch::kReprobeEvery));  // probe of the other way
+  // The sum over buckets decides: bucket 1 gains more from compression than bucket 0 loses.
+  for (int i = 0; i < 8; ++i) {
+    sw.record(0, true, 0.010);
+    sw.record(0, false, 0.009);
+    sw.record(1, true, 0.020);
+    sw.record(1, false, 0.040);
+  }
+  EXPECT_TRUE(sw.prefers_compressed());
+}
+
+TEST(Engine, AdaptiveSwitchingStaysExact) {
+  const int world = 3;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {60000, 3000}, world);
+  EngineConfig config;
+  config.warmup_steps = 3;
+  config.adaptive = true;
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    BucketData data(layout, Pattern::kSparse, 12);
+    CompressedAllgather engine(t, config, {layout});
+    std::vector<std::byte> out(layout.total_bytes());
+    int compressed = 0, raw = 0;
+    for (int step = 0; step < 3 + 2 * static_cast<int>(AdaptiveSwitch::kProbeGathers) + 20; ++step) {
+      data.trajectory.step();
+      const GatherStats stats = engine.run(0, data.input(rank), out);
+      if (step >= 3) (stats.compressed ? compressed : raw)++;
+      // The probe schedule is the same on every rank: compressed first, then raw.
+      if (step >= 3 && step < 3 + static_cast<int>(AdaptiveSwitch::kProbeGathers)) {
+        EXPECT_TRUE(stats.compressed) << step;
+      }
+      ASSERT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin())) << step;
+    }
+    EXPECT_GE(compressed, static_cast<int>(AdaptiveSwitch::kProbeGathers));
+    EXPECT_GE(raw, static_cast<int>(AdaptiveSwitch::kProbeGathers));
+  });
+  expect_all_ok(errors);
 }
 
 TEST(Engine, FsdpSplitMatchesTorchSharding) {

@@ -117,7 +117,9 @@ int run_child(const Options& o, const std::string& command) {
   std::vector<BucketLayout> layouts;
   const uint64_t per_bucket = o.params / o.buckets;
   const ShardPolicy policy = o.codec == "raw" ? ShardPolicy::kRaw : ShardPolicy::kCiera;
-  if (o.codec != "raw" && o.codec != "ciera") throw ConfigError("--codec must be raw or ciera");
+  if (o.codec != "raw" && o.codec != "ciera" && o.codec != "auto") {
+    throw ConfigError("--codec must be raw, ciera or auto");
+  }
   for (uint32_t b = 0; b < o.buckets; ++b) {
     layouts.push_back(BucketLayout::fsdp_split("layer" + std::to_string(b), dtype,
                                                {b + 1 == o.buckets ? o.params - per_bucket * b : per_bucket},
@@ -142,6 +144,7 @@ int run_child(const Options& o, const std::string& command) {
   config.codec.block_values = o.block;
   config.warmup_steps = o.warmup;
   config.worker_threads = o.threads;
+  config.adaptive = o.codec == "auto";
   config.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
   CompressedAllgather engine(*transport, config, layouts);
 
@@ -300,7 +303,9 @@ void register_bench_allgather(CLI::App& bench, const std::string& command, int a
   cmd->add_option("--link-gbit", o->link_gbit, "shape every link to this rate (link lab; 0 = no lab)")->capture_default_str();
   cmd->add_option("--delay-ms", o->delay_ms, "one-way link delay in the link lab")->capture_default_str();
   cmd->add_flag("--link-lab", o->link_lab, "run in the link lab even without shaping (TCP over veth)");
-  cmd->add_option("--codec", o->codec, "engine shard policy: raw | ciera")->capture_default_str();
+  cmd->add_option("--codec", o->codec,
+                  "engine: raw (no coding), ciera (always), auto (per bucket, whichever is faster here)")
+      ->capture_default_str();
   cmd->add_option("--threads", o->threads, "engine worker threads per rank")->capture_default_str();
   cmd->add_option("--lr", o->lr, "Adam learning rate of the trajectory")->capture_default_str();
   cmd->add_option("--seed", o->seed, "trajectory seed")->capture_default_str();

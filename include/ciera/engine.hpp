@@ -58,6 +58,9 @@ struct EngineConfig {
   CodecConfig codec;  // dtype comes from each bucket; codec.warmup_steps is set from below
   uint32_t warmup_steps = 30;  // per bucket: gathers before exponent reuse starts
   WarmupMode warmup = WarmupMode::kRaw;
+  // Per bucket, time compressed and raw gathers after warmup and keep the faster, re-probing
+  // every few hundred gathers (for links so fast, or cores so few, that coding does not pay).
+  bool adaptive = false;
   unsigned worker_threads = 2;  // encode/decode threads
   // A collective waits this long for its peers before every rank fails with CommError.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
@@ -66,7 +69,8 @@ struct EngineConfig {
 // One gather of one bucket, as seen by this rank.
 struct GatherStats {
   uint64_t step = 0;             // this bucket's gather count, agreed by all ranks
-  bool warmup = false;           // ciera shards went raw (WarmupMode::kRaw)
+  bool warmup = false;           // a warmup gather (with WarmupMode::kRaw, CIERA shards went raw)
+  bool compressed = false;       // this rank's CIERA shards went compressed
   bool resynchronised = false;   // a key-frame round ran (cold rank, steps out of step, bad payload)
   uint64_t raw_bytes = 0;        // the gathered output
   uint64_t wire_bytes = 0;       // all ranks' payloads together: what the transport carried

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 
@@ -39,15 +40,23 @@ class Transport {
                           std::span<const uint64_t> displs) = 0;
 
   // Several independent allgathervs, all in flight at once (the engine batches gathers this
-  // way). The default runs them one after another.
+  // way). `done(i)`, if given, runs as soon as call i has completed, in call order, while later
+  // calls may still be in flight (the engine decodes there). The default runs them one after
+  // another.
   struct AllgathervCall {
     const void* in;
     void* out;
     std::span<const uint64_t> counts;
     std::span<const uint64_t> displs;
+    // Concurrent transfers the transport may split this call into; 0: its own choice.
+    int max_channels = 0;
   };
-  virtual void allgatherv_many(std::span<const AllgathervCall> calls) {
-    for (const AllgathervCall& c : calls) allgatherv(c.in, c.out, c.counts, c.displs);
+  virtual void allgatherv_many(std::span<const AllgathervCall> calls,
+                               const std::function<void(size_t)>& done = {}) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      allgatherv(calls[i].in, calls[i].out, calls[i].counts, calls[i].displs);
+      if (done) done(i);
+    }
   }
 
   virtual void barrier() = 0;

@@ -29,6 +29,7 @@
 #include "ciera/version.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
+#include "engine/adaptive.hpp"
 #include "engine/thread_pool.hpp"
 
 namespace ciera {
@@ -41,9 +42,9 @@ constexpr uint32_t kControlMagic = 0x43454943;  // "CIEC"
 constexpr uint8_t kProtocolVersion = 1;
 constexpr size_t kFrameHeaderBytes = 24;        // + 8 bytes per parameter
 constexpr uint8_t kFrameWarmupRaw = 1;
-constexpr size_t kMessageBytes = 88;
+constexpr size_t kMessageBytes = 80;
 
-enum ControlFlags : uint32_t { kCold = 1, kLocalError = 2, kKeyRound = 4 };
+enum ControlFlags : uint32_t { kCold = 1, kLocalError = 2, kKeyRound = 4, kRaw = 8 };
 
 struct ControlRecord {  // 128 bytes, little-endian host layout
   uint32_t magic;
@@ -53,6 +54,8 @@ struct ControlRecord {  // 128 bytes, little-endian host layout
   uint64_t step;
   uint64_t frame_bytes;
   uint64_t policy_digest;
+  uint32_t previous_us;          // this rank's duration of its previous gather of the bucket
+  uint32_t previous_compressed;  // whether that gather was compressed
   char message[kMessageBytes];
 };
 static_assert(sizeof(ControlRecord) == 128);
@@ -96,6 +99,7 @@ std::vector<std::pair<std::string, std::string>> describe(const EngineConfig& c,
   facts.emplace_back("content_checksum", c.codec.content_checksum ? "on" : "off");
   facts.emplace_back("warmup_steps", std::to_string(c.warmup_steps));
   facts.emplace_back("warmup_mode", c.warmup == WarmupMode::kRaw ? "raw" : "key_frames");
+  facts.emplace_back("adaptive", c.adaptive ? "on" : "off");
   facts.emplace_back("buckets", std::to_string(buckets.size()));
   for (size_t b = 0; b < buckets.size(); ++b) {
     const BucketLayout& l = buckets[b];
@@ -203,6 +207,8 @@ struct BucketState {
   uint64_t step = 0;   // gathers completed (agreed by all ranks)
   bool cold = false;   // set by reset_caches(): peers must resynchronise with this rank
   bool busy = false;
+  double last_gather_s = 0;      // this rank's time for the previous gather (0: none yet)
+  bool last_compressed = false;
   std::vector<uint64_t> my_param_offset;          // byte offset of each param in this rank's input
   std::vector<uint64_t> slot_offset;              // offset of each param's slot in `send`
   std::vector<uint64_t> payload_bytes;            // encoded length per param (this step)
@@ -220,12 +226,16 @@ struct Op {
   std::byte* out = nullptr;
   std::string local_error;  // misuse found at start(); every rank learns of it
   TaskGroup encoding;
-  bool encoded_warmup_raw = false;
+  bool encoded_warmup_raw = false;  // this rank sends this gather raw (warmup or adaptive)
   bool assembled = false;     // the frame has been packed at the front of the bucket's `send`
+  bool direct = false;        // every rank sends raw: gathered straight from input to output
   uint64_t frame_bytes = 0;
   uint64_t step = 0;          // agreed by all ranks in the control exchange
   std::vector<ControlRecord> control;  // every rank's record for this gather
   Verdict verdict{};          // this rank's decode outcome
+  std::mutex verdict_mutex;
+  TaskGroup decoding;
+  std::chrono::steady_clock::time_point decode_started;
   std::promise<GatherStats> promise;
   GatherStats stats;
   std::chrono::steady_clock::time_point started;
@@ -253,21 +263,30 @@ struct CompressedAllgather::Impl {
   bool warmup_raw(uint64_t step) const {
     return config.warmup == WarmupMode::kRaw && step < config.warmup_steps;
   }
+  // Whether the gather at `step` sends this bucket raw (then every parameter travels as is).
+  bool send_raw(const BucketState& s, uint64_t step) const {
+    if (warmup_raw(step)) return true;
+    if (std::none_of(s.layout.policy.begin(), s.layout.policy.end(),
+                     [](ShardPolicy p) { return p == ShardPolicy::kCiera; })) {
+      return true;
+    }
+    return config.adaptive && step >= config.warmup_steps &&
+           !adaptive.compress(step - config.warmup_steps);
+  }
   void encode(Op& op, BucketState& s, bool raw);
   uint64_t assemble_frame(BucketState& s, uint64_t step, bool raw);
   void comm_loop();
   void run_group(std::vector<std::shared_ptr<Op>>& group);
   void prepare(Op& op);
+  void settle_mode(Op& op);
   ControlRecord make_record(const Op& op, uint32_t flags) const;
   size_t exchange_controls(std::span<Op* const> ops, uint32_t flags);
   void check_records(const Op& op) const;
   bool needs_resync(const Op& op) const;
   void resynchronise(Op& op);
-  void exchange_payloads(std::span<Op* const> ops);
-  void decode_ops(std::span<Op* const> ops);
+  void exchange_and_decode(std::span<Op* const> ops);
+  void start_decode(Op& op);
   std::vector<std::string> exchange_verdicts(std::span<Op* const> ops);
-  Verdict decode_all(Op& op, BucketState& s, const std::vector<ControlRecord>& control,
-                     uint64_t step);
   void finish(Op& op);
   template <typename F>
   void timed(std::span<Op* const> ops, F&& collective);
@@ -277,6 +296,7 @@ struct CompressedAllgather::Impl {
   int rank = 0;
   int world = 1;
   std::vector<BucketState> buckets;
+  AdaptiveSwitch adaptive;  // used from the comm thread, and from start() between gathers
   ThreadPool pool;
 
   std::mutex mutex;
@@ -431,41 +451,43 @@ uint64_t CompressedAllgather::Impl::assemble_frame(BucketState& s, uint64_t step
   return at;
 }
 
-Verdict CompressedAllgather::Impl::decode_all(Op& op, BucketState& s,
-                                              const std::vector<ControlRecord>& control,
-                                              uint64_t step) {
+// Submits the decoding of every peer's frame of `op` (and the copy of this rank's own shards)
+// to the worker threads; op.decoding completes when all are done, op.verdict holds the outcome.
+void CompressedAllgather::Impl::start_decode(Op& op) {
+  BucketState& s = buckets[op.bucket];
   const size_t params = s.layout.params();
+  const std::vector<ControlRecord>& control = op.control;
+  const uint64_t step = op.step;
   std::vector<uint64_t> frame_at(static_cast<size_t>(world));
   uint64_t at = 0;
   for (int r = 0; r < world; ++r) {
     frame_at[r] = at;
     at += control[r].frame_bytes;
   }
-  std::mutex verdict_mutex;
-  Verdict verdict{};
-  auto fail = [&](int peer, int param, const std::string& why) {
-    std::lock_guard lock(verdict_mutex);
-    if (verdict.failed && (verdict.peer < peer || (verdict.peer == peer && verdict.param <= param))) {
-      return;
-    }
-    verdict.failed = 1;
-    verdict.peer = peer;
-    verdict.param = param;
-    copy_message(verdict.message, sizeof verdict.message, why);
+  op.verdict = Verdict{};
+  op.decode_started = std::chrono::steady_clock::now();
+  // Keeps the lowest (peer, parameter) failure, so the report does not depend on thread timing.
+  auto fail = [&op](int peer, int param, const std::string& why) {
+    std::lock_guard lock(op.verdict_mutex);
+    Verdict& v = op.verdict;
+    if (v.failed && (v.peer < peer || (v.peer == peer && v.param <= param))) return;
+    v.failed = 1;
+    v.peer = peer;
+    v.param = param;
+    copy_message(v.message, sizeof v.message, why);
   };
 
-  TaskGroup decoding;
   // Own shards: straight from the input (nothing to do when gathering in place).
   std::byte* own = op.out + s.layout.rank_offset(rank);
   const uint64_t own_bytes = s.layout.rank_bytes(rank);
   if (own != op.in && own_bytes) {
-    pool.submit(decoding, [own, &op, own_bytes] { std::memmove(own, op.in, own_bytes); });
+    pool.submit(op.decoding, [own, &op, own_bytes] { std::memmove(own, op.in, own_bytes); });
   }
   for (int p = 0; p < world; ++p) {
     if (p == rank) continue;
-    pool.submit(decoding, [&, p] {
-      const uint8_t* frame = reinterpret_cast<const uint8_t*>(s.recv.data()) + frame_at[p];
-      const uint64_t frame_bytes = control[p].frame_bytes;
+    pool.submit(op.decoding, [&s, &op, fail, p, params, step, frame_offset = frame_at[p],
+                              frame_bytes = control[p].frame_bytes] {
+      const uint8_t* frame = reinterpret_cast<const uint8_t*>(s.recv.data()) + frame_offset;
       const uint64_t header = kFrameHeaderBytes + 8 * params;
       if (frame_bytes < header || load_le32(frame) != kFrameMagic || frame[4] != kProtocolVersion ||
           load_le32(frame + 8) != op.bucket || load_le32(frame + 12) != params ||
@@ -503,8 +525,6 @@ Verdict CompressedAllgather::Impl::decode_all(Op& op, BucketState& s,
       if (offset != frame_bytes) fail(p, -1, "rank " + std::to_string(p) + "'s frame has trailing bytes");
     });
   }
-  decoding.wait();
-  return verdict;
 }
 
 template <typename F>
@@ -519,15 +539,35 @@ void CompressedAllgather::Impl::timed(std::span<Op* const> ops, F&& collective) 
 // Waits for the gather's encoding and packs its frame (once).
 void CompressedAllgather::Impl::prepare(Op& op) {
   if (op.assembled || !op.local_error.empty()) return;
+  BucketState& s = buckets[op.bucket];
+  if (op.encoded_warmup_raw) {
+    // Nothing is encoded for a raw gather: if every rank sends raw, input goes straight to
+    // output. The size announced is that of a raw frame, built only if some peer compresses.
+    op.frame_bytes = kFrameHeaderBytes + 8 * s.layout.params() + s.layout.rank_bytes(rank);
+    return;
+  }
   try {
     op.encoding.wait();
   } catch (const std::exception& e) {
     op.local_error = std::string("encoding failed: ") + e.what();
     return;
   }
-  BucketState& s = buckets[op.bucket];
   op.stats.encode_s = op.encoding.seconds_since(op.started);
   op.frame_bytes = assemble_frame(s, s.step, op.encoded_warmup_raw);
+  op.assembled = true;
+}
+
+// After a control exchange: decides whether the gather goes direct (every rank raw) and, if
+// this rank is raw but a peer compresses, builds the raw frame it announced.
+void CompressedAllgather::Impl::settle_mode(Op& op) {
+  op.direct = std::all_of(op.control.begin(), op.control.end(),
+                          [](const ControlRecord& c) { return (c.flags & kRaw) != 0; });
+  if (op.direct || op.assembled || !op.encoded_warmup_raw) return;
+  BucketState& s = buckets[op.bucket];
+  encode(op, s, true);
+  op.encoding.wait();
+  const uint64_t frame = assemble_frame(s, op.control[rank].step, true);
+  if (frame != op.frame_bytes) throw std::logic_error("raw frame size differs from the announced size");
   op.assembled = true;
 }
 
@@ -537,10 +577,13 @@ ControlRecord CompressedAllgather::Impl::make_record(const Op& op, uint32_t flag
   r.magic = kControlMagic;
   r.version = kProtocolVersion;
   r.bucket = static_cast<uint32_t>(op.bucket);
-  r.flags = flags | (s.cold ? uint32_t{kCold} : 0u) | (op.local_error.empty() ? 0u : uint32_t{kLocalError});
+  r.flags = flags | (s.cold ? uint32_t{kCold} : 0u) | (op.local_error.empty() ? 0u : uint32_t{kLocalError}) |
+            (op.encoded_warmup_raw ? uint32_t{kRaw} : 0u);
   r.step = s.step;
   r.frame_bytes = op.local_error.empty() ? op.frame_bytes : 0;
   r.policy_digest = policy_digest(s.layout);
+  r.previous_us = static_cast<uint32_t>(std::min(4e9, s.last_gather_s * 1e6));
+  r.previous_compressed = s.last_compressed;
   copy_message(r.message, kMessageBytes, op.local_error);
   return r;
 }
@@ -611,14 +654,15 @@ void CompressedAllgather::Impl::check_records(const Op& op) const {
 }
 
 // A gather must be re-sent as key frames when some rank is cold, the ranks' step counts differ
-// (a restarted rank), or a rank encoded for the wrong phase (warmup or not) of the agreed step.
+// (a restarted rank), or this rank compressed a gather that the agreed step puts in raw warmup.
+// (Ranks may otherwise send raw or compressed independently: each frame says which.)
 bool CompressedAllgather::Impl::needs_resync(const Op& op) const {
   uint64_t step = 0;
   for (const ControlRecord& c : op.control) step = std::max(step, c.step);
   for (const ControlRecord& c : op.control) {
     if (c.step != step || (c.flags & kCold)) return true;
   }
-  return op.encoded_warmup_raw != warmup_raw(step);
+  return warmup_raw(step) && !op.encoded_warmup_raw;
 }
 
 // Every rank re-sends key frames (or raw bytes in warmup) for the agreed step, then the ranks
@@ -632,16 +676,23 @@ void CompressedAllgather::Impl::resynchronise(Op& op) {
   for (auto& e : s.encoders) {
     if (e) e->request_key_frame();
   }
-  const auto t = std::chrono::steady_clock::now();
-  encode(op, s, warmup_raw(step));
-  op.encoding.wait();
-  op.stats.encode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  op.frame_bytes = assemble_frame(s, step, op.encoded_warmup_raw);
+  op.assembled = false;
+  op.encoded_warmup_raw = send_raw(s, step);
+  if (!op.encoded_warmup_raw) {
+    const auto t = std::chrono::steady_clock::now();
+    encode(op, s, false);
+    op.encoding.wait();
+    op.stats.encode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+  prepare(op);
   Op* one[] = {&op};
   exchange_controls(one, kKeyRound);
+  settle_mode(op);
 }
 
-void CompressedAllgather::Impl::exchange_payloads(std::span<Op* const> ops) {
+// Exchanges the frames of `ops` (all in flight together) and decodes each gather as soon as
+// its own exchange completes, overlapping the exchanges still in flight (paper §3.3).
+void CompressedAllgather::Impl::exchange_and_decode(std::span<Op* const> ops) {
   std::vector<std::vector<uint64_t>> counts(ops.size()), displs(ops.size());
   std::vector<Transport::AllgathervCall> calls;
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -656,20 +707,32 @@ void CompressedAllgather::Impl::exchange_payloads(std::span<Op* const> ops) {
       displs[i].push_back(total);
       total += op.control[r].frame_bytes;
     }
+    if (op.direct) {
+      // Every rank raw: the plain allgather of the inputs, exactly what MPI would do.
+      for (int r = 0; r < world; ++r) {
+        counts[i][r] = s.layout.rank_bytes(r);
+        displs[i][r] = s.layout.rank_offset(r);
+      }
+      op.stats.wire_bytes = s.layout.total_bytes();
+      op.stats.local_payload_bytes = s.layout.rank_bytes(rank);
+      // As plain MPI would: one transfer. Raw gathers are chosen where links are fast and the
+      // cores busy, and there extra channels only add per-message work.
+      calls.push_back({op.in, op.out, counts[i], displs[i], 1});
+      continue;
+    }
     op.stats.wire_bytes = total;
     op.stats.local_payload_bytes = op.control[rank].frame_bytes;
     calls.push_back({s.send.data(), s.recv.data(), counts[i], displs[i]});
   }
-  timed(ops, [&] { transport.allgatherv_many(calls); });
-}
-
-void CompressedAllgather::Impl::decode_ops(std::span<Op* const> ops) {
-  // Each gather's decode fans out over its peers; gathers run one after another so that each
-  // one's decode time is its own.
+  timed(ops, [&] {
+    transport.allgatherv_many(calls, [&](size_t i) {
+      if (!ops[i]->direct) start_decode(*ops[i]);
+    });
+  });
   for (Op* op : ops) {
-    const auto t = std::chrono::steady_clock::now();
-    op->verdict = decode_all(*op, buckets[op->bucket], op->control, op->step);
-    op->stats.decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    if (op->direct) continue;
+    op->decoding.wait();
+    op->stats.decode_s += op->decoding.seconds_since(op->decode_started);
   }
 }
 
@@ -697,12 +760,28 @@ std::vector<std::string> CompressedAllgather::Impl::exchange_verdicts(std::span<
 
 void CompressedAllgather::Impl::finish(Op& op) {
   BucketState& s = buckets[op.bucket];
+  // The slowest rank's time for the previous gather, as every rank reported it here.
+  uint32_t slowest_us = 0;
+  bool all_reported = true;
+  bool same_mode = true;
+  for (const ControlRecord& c : op.control) {
+    slowest_us = std::max(slowest_us, c.previous_us);
+    all_reported = all_reported && c.previous_us > 0;
+    same_mode = same_mode && c.previous_compressed == op.control[0].previous_compressed;
+  }
+  if (config.adaptive && all_reported && same_mode && op.step > config.warmup_steps) {
+    std::lock_guard lock(mutex);  // start() reads the switch on the caller's thread
+    adaptive.record(op.bucket, op.control[0].previous_compressed != 0, slowest_us * 1e-6);
+  }
   s.cold = false;
   s.step = op.step + 1;
   op.stats.step = op.step;
-  op.stats.warmup = op.encoded_warmup_raw;
+  op.stats.warmup = warmup_raw(op.step);
+  op.stats.compressed = !op.encoded_warmup_raw;
   op.stats.raw_bytes = s.layout.total_bytes();
   op.stats.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - op.started).count();
+  s.last_gather_s = op.stats.total_s;
+  s.last_compressed = op.stats.compressed;
   {
     std::lock_guard lock(mutex);
     s.busy = false;
@@ -733,18 +812,28 @@ void CompressedAllgather::Impl::run_group(std::vector<std::shared_ptr<Op>>& grou
   }
   group.resize(ready);
   ops.resize(ready);
-  if (needs_resync(*ops[0])) resynchronise(*ops[0]);
+  if (needs_resync(*ops[0])) {
+    resynchronise(*ops[0]);
+  } else {
+    settle_mode(*ops[0]);
+  }
+  for (size_t i = 1; i < ops.size(); ++i) settle_mode(*ops[i]);
 
-  exchange_payloads(ops);
-  decode_ops(ops);
-  const std::vector<std::string> failures = exchange_verdicts(ops);
-  for (size_t i = 0; i < ops.size(); ++i) {
+  exchange_and_decode(ops);
+  // Direct gathers cannot fail to decode; only framed ones need a verdict (every rank knows
+  // which are which from the control records).
+  std::vector<Op*> framed;
+  for (Op* op : ops) {
+    if (!op->direct) framed.push_back(op);
+  }
+  const std::vector<std::string> failures =
+      framed.empty() ? std::vector<std::string>{} : exchange_verdicts(framed);
+  for (size_t i = 0; i < framed.size(); ++i) {
     if (failures[i].empty()) continue;
     // Every rank re-sends this gather as key frames, once; a second failure fails it everywhere.
-    Op* one[] = {ops[i]};
-    resynchronise(*ops[i]);
-    exchange_payloads(one);
-    decode_ops(one);
+    Op* one[] = {framed[i]};
+    resynchronise(*framed[i]);
+    exchange_and_decode(one);
     const std::string again = exchange_verdicts(one)[0];
     if (!again.empty()) throw CommError(again + " (again after a key-frame round)");
   }
@@ -842,8 +931,9 @@ CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket, std::span<
     s.busy = true;
     op->ticket = m.next_ticket++;
     m.pending[op->ticket] = op;
+    op->encoded_warmup_raw = m.send_raw(s, s.step);
   }
-  if (op->local_error.empty()) m.encode(*op, s, m.warmup_raw(s.step));
+  if (op->local_error.empty() && !op->encoded_warmup_raw) m.encode(*op, s, false);
   {
     std::lock_guard lock(m.mutex);
     m.queue.push_back(op);

@@ -69,32 +69,45 @@ class MpiTransport final : public Transport {
   void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
                   std::span<const uint64_t> displs) override {
     const AllgathervCall call{in, out, counts, displs};
-    allgatherv_many({&call, 1});
+    allgatherv_many({&call, 1}, {});
   }
 
-  void allgatherv_many(std::span<const AllgathervCall> calls) override {
+  void allgatherv_many(std::span<const AllgathervCall> calls,
+                       const std::function<void(size_t)>& done = {}) override {
     requests_.clear();
     counts_.clear();
     displs_.clear();
     size_t slices = 0;
-    for (const AllgathervCall& c : calls) slices += static_cast<size_t>(channels_for(c.counts));
+    for (const AllgathervCall& c : calls) slices += static_cast<size_t>(channels_for(c));
     // Reserve first: MPI reads the count arrays until the requests complete.
     counts_.reserve(slices * size_);
     displs_.reserve(slices * size_);
-    for (const AllgathervCall& c : calls) start_allgatherv(c.in, c.out, c.counts, c.displs);
-    for (MPI_Request& request : requests_) wait(request, "MPI_Iallgatherv");
+    std::vector<size_t> first_request;
+    for (const AllgathervCall& c : calls) {
+      first_request.push_back(requests_.size());
+      start_allgatherv(c);
+    }
+    first_request.push_back(requests_.size());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      for (size_t r = first_request[i]; r < first_request[i + 1]; ++r) wait(requests_[r], "MPI_Iallgatherv");
+      if (done) done(i);
+    }
   }
 
  private:
-  int channels_for(std::span<const uint64_t> counts) const {
+  int channels_for(const AllgathervCall& c) const {
     uint64_t total = 0;
-    for (int r = 0; r < size_; ++r) total += counts[r];
-    return total >= kChannelThresholdBytes ? channels_ : 1;
+    for (int r = 0; r < size_; ++r) total += c.counts[r];
+    const int channels = total >= kChannelThresholdBytes ? channels_ : 1;
+    return c.max_channels > 0 ? std::min(channels, c.max_channels) : channels;
   }
 
-  void start_allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
-                        std::span<const uint64_t> displs) {
-    const int channels = channels_for(counts);
+  void start_allgatherv(const AllgathervCall& call) {
+    const void* in = call.in;
+    void* out = call.out;
+    const std::span<const uint64_t> counts = call.counts;
+    const std::span<const uint64_t> displs = call.displs;
+    const int channels = channels_for(call);
     const bool in_place = in == static_cast<char*>(out) + displs[rank_];
     for (int c = 0; c < channels; ++c) {
       const size_t at = counts_.size();

@@ -1,0 +1,66 @@
+// Whether CIERA buckets should travel compressed or raw, from measured gather times. Where links
+// are fast and cores are few, coding can cost more than the bytes it saves (docs/benchmarks.md,
+// unshaped links); this switch finds out on the real system and keeps the faster way, probing the
+// other way now and then in case conditions changed.
+//
+// The choice is engine-wide and depends only on a bucket's gather index, so all buckets switch
+// together: gathers batched into one round share their exchange, and only same-mode rounds give
+// comparable times. Every rank feeds it the same agreed numbers (the slowest rank's time for each
+// gather), so every rank makes the same choice. Switching is free and exact: while a bucket goes
+// raw its encoders and decoders stay frozen at the same state, and its next compressed gather is
+// a delta against it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace ciera {
+
+class AdaptiveSwitch {
+ public:
+  static constexpr uint32_t kProbeGathers = 4;    // gathers per mode in a probe
+  static constexpr uint32_t kReprobeEvery = 256;  // gathers between probes
+  static constexpr size_t kKeptSamples = 8;
+
+  // Whether gather number `index` (counted after warmup) should be compressed.
+  bool compress(uint64_t index) const {
+    if (index < 2 * kProbeGathers) return index < kProbeGathers;  // first both ways
+    const uint64_t in_cycle = (index - 2 * kProbeGathers) % (kReprobeEvery + kProbeGathers);
+    // Each cycle ends with a probe of the way not chosen.
+    return in_cycle < kReprobeEvery ? prefer_compressed_ : !prefer_compressed_;
+  }
+
+  // Records the agreed duration of a finished gather of `bucket`.
+  void record(size_t bucket, bool compressed, double seconds) {
+    auto& samples = (compressed ? compressed_s_ : raw_s_)[bucket];
+    samples.push_back(seconds);
+    if (samples.size() > kKeptSamples) samples.erase(samples.begin());
+    // Compare the buckets measured both ways: the sum of their typical times.
+    double compressed_total = 0, raw_total = 0;
+    bool any = false;
+    for (const auto& [b, c] : compressed_s_) {
+      auto r = raw_s_.find(b);
+      if (r == raw_s_.end() || c.empty() || r->second.empty()) continue;
+      compressed_total += median(c);
+      raw_total += median(r->second);
+      any = true;
+    }
+    if (any) prefer_compressed_ = compressed_total <= raw_total;
+  }
+
+  bool prefers_compressed() const { return prefer_compressed_; }
+
+ private:
+  static double median(std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  }
+
+  // Vectors and maps, not deques: their moves are noexcept, so engine state stays movable.
+  std::map<size_t, std::vector<double>> compressed_s_, raw_s_;
+  bool prefer_compressed_ = true;
+};
+
+}  // namespace ciera
