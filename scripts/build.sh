@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configures and builds one flavour of CIERA: build.sh release|asan|fuzz. Prints the build dir.
+# Configures and builds one flavour of CIERA: build.sh release|asan|tsan|fuzz. Prints the build dir.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 flavour=${1:-release}
@@ -7,10 +7,11 @@ dir="$root/build/$flavour"
 case "$flavour" in
   release) args=(-DCMAKE_BUILD_TYPE=Release -DCIERA_BUILD_BENCHMARKS=ON) ;;
   asan)    args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCIERA_SANITIZE=address,undefined -DCIERA_BUILD_TOOLS=OFF) ;;
+  tsan)    args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCIERA_SANITIZE=thread -DCIERA_BUILD_TOOLS=OFF -DCIERA_WITH_MPI=OFF) ;;
   fuzz)    args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCIERA_SANITIZE=address,undefined -DCIERA_BUILD_FUZZERS=ON
                  -DCIERA_BUILD_TESTS=OFF -DCIERA_BUILD_TOOLS=OFF -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link
                  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14) ;;
-  *) echo "usage: build.sh release|asan|fuzz" >&2; exit 2 ;;
+  *) echo "usage: build.sh release|asan|tsan|fuzz" >&2; exit 2 ;;
 esac
 cmake -S "$root" -B "$dir" -G Ninja "${args[@]}" >/dev/null
 cmake --build "$dir" >&2

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Every test: installs what it needs, then
 #   1. release build: all GoogleTest suites through ctest;
-#   2. AddressSanitizer + UBSan build: the unit tests again;
-#   3. libFuzzer targets (clang): each fuzzer for CIERA_FUZZ_SECONDS (default 30).
+#   2. AddressSanitizer + UBSan build: the unit and MPI tests again;
+#   3. ThreadSanitizer build: the engine tests;
+#   4. libFuzzer targets (clang): each fuzzer for CIERA_FUZZ_SECONDS (default 30).
 # Tests assert correctness only; no test asserts a timing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
 "$root/scripts/install-deps.sh"
 
-echo "== release build + tests"
+echo "== release build + tests (unit, MPI under mpirun -np 2/3/4, link lab)"
 dir=$("$root/scripts/build.sh" release)
 ctest --test-dir "$dir" --output-on-failure -j "$jobs"
 
@@ -17,6 +18,10 @@ echo "== AddressSanitizer + UBSan"
 dir=$("$root/scripts/build.sh" asan)
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
   ctest --test-dir "$dir" --output-on-failure -j "$jobs"
+
+echo "== ThreadSanitizer: the engine's threads (worker pool, communication thread, callers)"
+dir=$("$root/scripts/build.sh" tsan)
+TSAN_OPTIONS=halt_on_error=1 "$dir/tests/ciera_unit_tests" --gtest_brief=1 --gtest_filter='*Engine*:*Adaptive*'
 
 echo "== fuzzers"
 dir=$("$root/scripts/build.sh" fuzz)

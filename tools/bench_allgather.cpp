@@ -190,7 +190,8 @@ int run_child(const Options& o, const std::string& command) {
       step_wire += static_cast<double>(s.wire_bytes);
       step_encode = std::max(step_encode, s.encode_s);
       step_decode += s.decode_s;
-      step_exchange += s.exchange_s;
+      // Gathers batched into one round share its exchange, and each reports all of it.
+      step_exchange = std::max(step_exchange, s.exchange_s);
     }
     const double ciera_time = max_over_ranks(ciera_clock.seconds());
 
