@@ -11,6 +11,7 @@ packages=(
   clang-14 libclang-rt-14-dev        # libFuzzer
   libopenmpi-dev openmpi-bin         # the MPI transport
   iproute2                           # the link lab (ip netns, tc)
+  python3-venv python3-dev python3-doc  # the Python package; python3-doc is the training text
 )
 
 missing=()

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The main job with its embedded defaults: installs what it needs, builds, and runs the codec
-# benchmark on its default training trajectory (16M BF16 values, 100 Adam steps, every step
-# verified bit for bit), printing a readable summary. Extra arguments go to `ciera bench codec`.
+# The main job with its embedded defaults: installs what it needs, builds and installs CIERA, and
+# runs `ciera train`: 4 CPU ranks train a small OLMoE with FSDP2 twice from the same seed, once with
+# FSDP2's own all-gather and once through CIERA, and show they are bitwise identical while CIERA
+# sends about half the bytes. Extra arguments go to `ciera train` (see `ciera train --help`).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
-dir=$("$root/scripts/build.sh" release)
-exec "$dir/tools/ciera" bench codec "$@"
+"$root/scripts/python-env.sh" >/dev/null
+cd "$root"
+exec "$root/.venv/bin/ciera" train "$@"

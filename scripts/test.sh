@@ -3,7 +3,8 @@
 #   1. release build: all GoogleTest suites through ctest;
 #   2. AddressSanitizer + UBSan build: the unit and MPI tests again;
 #   3. ThreadSanitizer build: the engine tests;
-#   4. libFuzzer targets (clang): each fuzzer for CIERA_FUZZ_SECONDS (default 30).
+#   4. the Python package, installed with pip into .venv, and its pytest suite;
+#   5. libFuzzer targets (clang): each fuzzer for CIERA_FUZZ_SECONDS (default 30).
 # Tests assert correctness only; no test asserts a timing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,6 +23,10 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
 echo "== ThreadSanitizer: the engine's threads (worker pool, communication thread, callers)"
 dir=$("$root/scripts/build.sh" tsan)
 TSAN_OPTIONS=halt_on_error=1 "$dir/tests/ciera_unit_tests" --gtest_brief=1 --gtest_filter='*Engine*:*Adaptive*'
+
+echo "== Python package (pip install .) and its tests: FSDP2 on 2-4 ranks, ciera train"
+python=$("$root/scripts/python-env.sh")
+(cd "$root" && "$python" -m pytest -q tests/python)
 
 echo "== fuzzers"
 dir=$("$root/scripts/build.sh" fuzz)

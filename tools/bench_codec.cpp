@@ -289,7 +289,10 @@ int run(const Options& o, const std::string& command) {
               << "exponent change rate (steady state): " << fixed(100 * j["exponent_change_rate"].get<double>(), 3) << "% of values per step\n"
               << "block change rate (B=" << o.block << "): " << fixed(100 * j["block_change_rate"].get<double>(), 1) << "% of blocks per step\n"
               << "coded symbols: order-0 entropy " << fixed(j["exponent_entropy_bits"].get<double>(), 3)
-              << " bits; rANS output " << fixed(100 * (efficiency - 1), 2) << "% above the entropy bound\n"
+              << " bits; "
+              << (efficiency > 0 ? "rANS output " + fixed(100 * (efficiency - 1), 2) + "% above the entropy bound"
+                                 : std::string("no stream was worth rANS-coding (packed or constant)"))
+              << "\n"
               << "warmup key frames: " << fixed(keyframe_v.bits_per_value(n), 3) << " bits/value\n"
               << "verified bit-exact every step: " << (verified ? "yes" : "NO") << "\n";
   }

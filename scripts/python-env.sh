@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv (once) and installs CIERA into it from this checkout (`pip install .`), with the
+# training and test extras: torch 2.13.0's CPU build (from local disk), transformers, pytest.
+# Prints the venv's python.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [[ ! -x "$root/.venv/bin/python" ]]; then
+  "${PYTHON:-python3}" -m venv "$root/.venv" >&2
+fi
+"$root/.venv/bin/pip" install --quiet --disable-pip-version-check "$root[train,test]" 2>&1 |
+  grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+"$root/.venv/bin/python" -c "import ciera, torch" >&2
+echo "$root/.venv/bin/python"

@@ -1,0 +1,79 @@
+"""Helpers for tests that need several torch.distributed ranks (gloo on CPU)."""
+
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+try:  # the installed package (pip install .); else this checkout's sources with a built _ext
+    import ciera  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(ROOT / "python"))
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args, queue):
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    try:
+        import datetime
+
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+        queue.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException as e:  # report every rank's failure, then let the test decide
+        queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def spawn(fn, world, *args, timeout=240):
+    """Runs fn(rank, world, *args) on `world` processes; returns {rank: ("ok"|"error", value)}.
+    A rank that never reports (crashed or hung past `timeout`) is reported as "missing"."""
+    import queue as queue_module
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        while len(results) < world:
+            rank, status, value = queue.get(timeout=timeout)
+            results[rank] = (status, value)
+    except queue_module.Empty:
+        pass
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+    for r in range(world):
+        results.setdefault(r, ("missing", None))
+    return results
+
+
+def all_ok(results):
+    bad = {r: v for r, (s, v) in results.items() if s != "ok"}
+    assert not bad, "\n".join(f"rank {r}: {v}" for r, v in bad.items())
+    return [results[r][1] for r in sorted(results)]

@@ -1,0 +1,195 @@
+"""Rank bodies for test_fsdp.py (module-level so that spawned processes can import them)."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+import ciera
+import ciera.torch as ct
+from ciera import data, models
+
+
+def tiny_spec(family, **overrides):
+    # Dimensions chosen so that some parameters do not split evenly over 3 or 4 ranks (vocab 257,
+    # 4 experts over 3 ranks); row strides stay multiples of 16 bytes for grouped GEMMs.
+    spec = dict(family=family, hidden=40, layers=2, experts=4, experts_per_token=2, expert_intermediate=48, heads=4,
+                vocab=257)
+    spec.update(overrides)
+    return models.ModelSpec(**spec)
+
+
+def build(spec, world, seed=0, dtype=torch.bfloat16):
+    model = models.build(spec, seed)
+    mesh = init_device_mesh("cpu", (world,))
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for layer in models.decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def train(model, rank, steps, corpus, lr=1e-3, before_step=None):
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        if before_step:
+            before_step(step)
+        tokens = data.batch(corpus, step, rank, 2, 24)
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach().float().view(torch.int32).item())  # the loss's bits
+    return losses
+
+
+def local_bits(model):
+    return [p.to_local().detach().clone().view(torch.uint8) for p in model.parameters()]
+
+
+def exact_vs_plain(rank, world, family, transport="torch"):
+    """Trains the same model with FSDP2's all-gather and with CIERA; returns the comparison."""
+    corpus = data.load_corpus(1 << 20)
+    spec = tiny_spec(family)
+    plain = build(spec, world)
+    plain_losses = train(plain, rank, 10, corpus)
+    plain_params = local_bits(plain)
+
+    model = build(spec, world)
+    config = ciera.EngineConfig()
+    config.warmup_steps = 4  # gathers per bucket: forward and backward of the first two steps
+    handle = ct.enable(model, config, transport=transport, verify=True)
+    losses = train(model, rank, 10, corpus)
+    records = handle.take_records()
+    params = local_bits(model)
+    handle.disable()
+    return {
+        "losses_equal": losses == plain_losses,
+        "params_equal": all(torch.equal(a, b) for a, b in zip(params, plain_params)),
+        "wrong_bytes": handle.wrong_bytes,
+        "verified_bytes": handle.verified_bytes,
+        "compressed_gathers": sum(r.compressed for r in records),
+        "gathers": len(records),
+        "wire_bytes": sum(r.wire_bytes for r in records),
+        "raw_bytes": sum(r.raw_bytes for r in records),
+    }
+
+
+def parameter_ranges(rank, world):
+    """Every parameter's bytes sit where Bucket.param_range says, uneven shards included."""
+    spec = tiny_spec("olmoe")
+    model = build(spec, world, dtype=torch.float32)
+    handle = ct.enable(model, ciera.EngineConfig())
+    captured = {}
+    original = ct.CieraAllGather.__call__
+
+    def capture(self, output_tensor, input_tensor, group, async_op=False):
+        result = original(self, output_tensor, input_tensor, group, async_op)
+        captured.setdefault(self.bucket.index, output_tensor.clone())
+        return result
+
+    ct.CieraAllGather.__call__ = capture
+    try:
+        tokens = data.batch(data.load_corpus(1 << 16), 0, rank, 1, 8)
+        model(input_ids=tokens, labels=tokens).loss.backward()
+    finally:
+        ct.CieraAllGather.__call__ = original
+    names = dict(model.named_parameters())
+    mismatches, checked, uneven = 0, 0, 0
+    for bucket in handle.buckets:
+        out = captured[bucket.index]
+        for k, p in enumerate(bucket.params):
+            full = names[p.name].full_tensor().detach().reshape(names[p.name].shape[0], -1)
+            rows = -(-full.shape[0] // world)  # FSDP: ceil(dim0 / world) rows per rank, zero padded
+            padded = torch.zeros(rows * world, full.shape[1])
+            padded[: full.shape[0]] = full
+            uneven += full.shape[0] % world != 0
+            for r in range(world):
+                start, end = bucket.param_range(r, k)
+                expect = padded[r * rows : (r + 1) * rows].reshape(-1)
+                mismatches += int((out[start:end] != expect).sum())
+                checked += end - start
+    handle.disable()
+    return {"mismatches": mismatches, "checked": checked, "uneven": uneven}
+
+
+def disable_restores_plain(rank, world):
+    corpus = data.load_corpus(1 << 20)
+    spec = tiny_spec("mixtral")
+    plain = build(spec, world)
+    expected = train(plain, rank, 6, corpus)
+    model = build(spec, world)
+    handle = ct.enable(model, ciera.EngineConfig())
+    first = train(model, rank, 3, corpus)
+    handle.disable()
+    comms = [type(m._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm).__name__
+             for m in handle._runtime.modules]
+    # Continue without CIERA: a fresh optimizer would differ, so compare only the CIERA part
+    # with the plain run, and check that the plain path now runs.
+    rest = train(model, rank, 1, corpus)
+    return {"first_equal": first == expected[:3], "comms": comms, "ran_after_disable": len(rest) == 1}
+
+
+def gradient_average(rank, world):
+    """FSDP2 on gloo averages gradients correctly: compare with one process on the whole batch."""
+    corpus = data.load_corpus(1 << 18)
+    spec = tiny_spec("olmoe")
+    model = build(spec, world, dtype=torch.float32)
+    handle = ct.enable(model, ciera.EngineConfig())
+    tokens = torch.cat([data.batch(corpus, 0, r, 2, 16) for r in range(world)])
+    mine = tokens[rank * 2 : (rank + 1) * 2]
+    model(input_ids=mine, labels=mine).loss.backward()
+    reference = models.build(spec, 0)
+    reference(input_ids=tokens, labels=tokens).loss.backward()
+    worst = 0.0
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        g = p.grad.full_tensor()
+        worst = max(worst, float((g - q.grad).abs().max() / (q.grad.abs().max() + 1e-12)))
+    handle.disable()
+    return worst
+
+
+def integer_parameters(rank, world):
+    """A model with an int8 parameter inside an FSDP group (as a quantised weight would be)."""
+    model = models.build(tiny_spec("olmoe"), 0)
+    models.decoder_layers(model)[0].register_parameter(
+        "scale_q", torch.nn.Parameter(torch.zeros(8, dtype=torch.int8), requires_grad=False))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in models.decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    try:
+        ct.enable(model, ciera.EngineConfig())
+    except TypeError as e:
+        return str(e)
+    return "no error"
+
+
+def mismatched_config(rank, world):
+    model = build(tiny_spec("olmoe"), world)
+    config = ciera.EngineConfig()
+    if rank == world - 1:
+        config.codec.block_values = 1024
+    try:
+        ct.enable(model, config)
+    except ciera.ConfigError as e:
+        return str(e)
+    return "no error"
+
+
+def dead_rank(rank, world):
+    corpus = data.load_corpus(1 << 18)
+    model = build(tiny_spec("olmoe"), world)
+    config = ciera.EngineConfig()
+    config.timeout_s = 5
+    handle = ct.enable(model, config)
+    start = time.time()
+    try:
+        train(model, rank, 6, corpus, before_step=lambda s: os._exit(0) if rank == world - 1 and s == 2 else None)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - start}
+    return {"error": None, "seconds": time.time() - start}

@@ -1,0 +1,78 @@
+"""The Python binding: codec entry points, errors as exceptions, the engine from Python threads."""
+
+import threading
+
+import numpy as np
+import pytest
+from conftest import ROOT  # noqa: F401  (puts the package on sys.path)
+
+import ciera
+
+
+def bf16_weights(n, seed):
+    x = (np.random.default_rng(seed).standard_normal(n) * 0.02).astype(np.float32)
+    return (x.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def test_stateless_round_trip_and_errors():
+    config = ciera.CodecConfig()
+    values = bf16_weights(50_001, 1)
+    payload = ciera.encode_stateless(config, values)
+    assert len(payload) < values.nbytes
+    out = np.empty_like(values)
+    ciera.decode_stateless(config, payload, out)
+    assert np.array_equal(out, values)
+    with pytest.raises(ciera.FormatError, match="truncated"):
+        ciera.decode_stateless(config, payload[:-1], out)
+    corrupt = bytearray(payload)
+    corrupt[200] ^= 1
+    with pytest.raises(ciera.FormatError):
+        ciera.decode_stateless(config, bytes(corrupt), out)
+
+
+def test_exponent_changes_counts_exponent_fields_only():
+    a = bf16_weights(1000, 2)
+    b = a.copy()
+    b[::10] ^= 0x0001          # mantissa only: not a change
+    b[5] ^= 0x0080             # exponent bit
+    b[7] ^= 0x8000             # sign only: not a change
+    assert ciera._ext.exponent_changes(ciera.DType.bf16, a.ctypes.data, b.ctypes.data, a.size) == 1
+    assert np.array_equal(a, b)  # updated in place
+
+
+def test_engine_over_loopback_threads():
+    world = 3
+    layout = ciera.BucketLayout.fsdp_split("b", ciera.DType.bf16, [30_000, 17], world)
+    shared = ciera.loopback_world(world)
+    data = [bf16_weights(30_017 * world, s) for s in range(6)]
+    errors = []
+
+    def rank_body(rank):
+        try:
+            config = ciera.EngineConfig()
+            config.warmup_steps = 2
+            engine = ciera.Engine(ciera.loopback_transport(shared, rank), config, [layout])
+            for step, full in enumerate(data):
+                full = np.concatenate([full[:30_017 * world]])  # the bucket's gathered contents
+                mine = np.ascontiguousarray(full.view(np.uint8)[layout.rank_offset(rank):][:layout.rank_bytes(rank)])
+                out = np.empty(layout.total_bytes(), dtype=np.uint8)
+                stats = engine.run(0, mine.ctypes.data, mine.nbytes, out.ctypes.data, out.nbytes)
+                assert np.array_equal(out, full.view(np.uint8)[: layout.total_bytes()]), (rank, step)
+                assert stats.compressed == (step >= 2)
+            engine.close()
+        except Exception as e:  # noqa: BLE001
+            errors.append((rank, e))
+
+    threads = [threading.Thread(target=rank_body, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_configuration_errors_are_python_exceptions():
+    config = ciera.CodecConfig()
+    config.block_values = 10
+    with pytest.raises(ciera.ConfigError, match="block_values"):
+        config.validate()
