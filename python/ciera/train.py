@@ -48,6 +48,7 @@ def parser() -> argparse.ArgumentParser:
                    help="always compress, or let the engine keep whichever is faster")
     p.add_argument("--transport", default="mpi", choices=["torch", "mpi"],
                    help="CIERA's collectives: torch's gloo process group, or Open MPI")
+    p.add_argument("--threads", type=int, default=2, help="CIERA encode/decode threads per rank")
     p.add_argument("--link-gbit", type=float, default=0.0, help="run in the link lab, links shaped to G Gbit/s")
     p.add_argument("--verify", action="store_true", help="compare every gather with torch.distributed's")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain FSDP2 run")
@@ -264,6 +265,7 @@ class Child:
         config.codec.block_values = a.block
         config.warmup_steps = 0  # warmup is driven per training step below
         config.adaptive = a.codec == "auto"
+        config.worker_threads = a.threads
         config.timeout_s = a.timeout
         handle = ct.enable(model, config, transport=a.transport, verify=a.verify,
                            policy=lambda bucket, param: ciera.ShardPolicy.raw)
