@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
 #if defined(CIERA_WITH_MPI)
   register_bench_allgather(*bench, command, argc, argv);
 #endif
+  register_analyze(app, command);
+  register_simulate(app, command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

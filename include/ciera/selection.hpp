@@ -1,0 +1,212 @@
+// Benefit-driven selective compression (paper §3.2): a cost model measured on the real transport
+// and codec, warmup statistics of how often each shard's exponents change, and the selector that
+// compresses a shard only where the time it saves beats the time it costs, ranked by gain per byte
+// of exponent cache, under a memory budget.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ciera/config.hpp"
+#include "ciera/dtype.hpp"
+#include "ciera/engine.hpp"
+#include "ciera/error.hpp"
+#include "ciera/transport.hpp"
+
+namespace ciera {
+
+// ---- Cost model ---------------------------------------------------------------------------------
+
+// One measured point of Comm(): a collective whose output totals `bytes` took `seconds`.
+struct CommSample {
+  double bytes = 0;
+  double seconds = 0;
+};
+
+// Comm(bytes): time of one allgather over all ranks as a function of the bytes it gathers (the
+// output size). Piecewise-linear through the measured samples (made monotone: a larger collective
+// is never assumed faster), and beyond them the least-squares alpha-beta line, anchored at the
+// last sample so the curve stays continuous.
+class CommCurve {
+ public:
+  CommCurve() = default;
+  // Throws ConfigError if there are fewer than two distinct sizes, or a size or time is negative
+  // or not finite.
+  static CommCurve fit(std::vector<CommSample> samples);
+
+  double seconds(double bytes) const;
+  double alpha_s() const { return alpha_s_; }                    // fitted latency
+  double bytes_per_s() const { return bytes_per_s_; }            // fitted bandwidth
+  const std::vector<CommSample>& samples() const { return samples_; }
+  bool empty() const { return samples_.empty(); }
+
+ private:
+  std::vector<CommSample> samples_;
+  double alpha_s_ = 0;
+  double bytes_per_s_ = 0;
+};
+
+// Codec speed of this machine for one dtype, in bytes of raw shard per second. Change detection
+// is fused into encoding in this codec (split_detect), so `encode` includes it; `detect` is the
+// detection pass alone, reported for the characterisation (paper O5).
+struct CodecThroughput {
+  double detect_bytes_per_s = 0;
+  double encode_bytes_per_s = 0;
+  double decode_bytes_per_s = 0;
+};
+
+struct CostModel {
+  int world_size = 1;
+  CommCurve allgather;
+  // Zero throughput means "not measured" and makes the selector skip the dtype.
+  const CodecThroughput& throughput(DType dtype) const { return codec[index(dtype)]; }
+  CodecThroughput& throughput(DType dtype) { return codec[index(dtype)]; }
+
+  CodecThroughput codec[3];  // by dtype: BF16, FP16, FP32 (see index())
+
+ private:
+  // DType values are wire codes starting at 1; anything else is a bug of the caller.
+  static size_t index(DType dtype) {
+    const size_t i = static_cast<size_t>(dtype) - 1;
+    if (i >= 3) throw ConfigError("CostModel: unknown dtype code " + std::to_string(int(dtype)));
+    return i;
+  }
+};
+
+// Times allgatherv of total sizes `sizes_bytes` (each split evenly over the ranks) `repeats` times
+// and keeps the median per size; every rank gets the same curve (each sample is the slowest rank's
+// median). Collective: all ranks call it with the same arguments.
+CommCurve measure_allgather(Transport& transport, std::span<const uint64_t> sizes_bytes,
+                            int repeats = 5);
+// Default sizes for measure_allgather: powers of four from 4 KiB up to `largest_bytes`.
+std::vector<uint64_t> default_probe_sizes(uint64_t largest_bytes);
+
+// Encodes and decodes a synthetic shard of `values` values (sparse ±1 exponent steps at
+// `change_rate` per value, as after warmup) and returns this machine's throughput. Local.
+CodecThroughput measure_codec(const CodecConfig& config, uint64_t values = 1 << 20,
+                              double change_rate = 0.005, int repeats = 5);
+
+// Makes a locally measured value the same on every rank: the maximum over ranks (a time) or the
+// minimum (a throughput), so that every rank's selector sees identical inputs.
+double agree_max(Transport& transport, double value);
+double agree_min(Transport& transport, double value);
+
+// ---- Warmup statistics --------------------------------------------------------------------------
+
+// How often the exponents of one parameter's shards changed between consecutive observations.
+// Counts are sums over observations (and, after merge, over ranks): rates are ratios of sums.
+struct ShardChangeCounts {
+  uint64_t observations = 0;    // step transitions seen
+  uint64_t values = 0;          // values compared, summed over observations
+  uint64_t blocks = 0;          // blocks compared, summed over observations
+  uint64_t changed_values = 0;  // values whose exponent differed from the previous observation
+  uint64_t changed_blocks = 0;  // blocks with at least one changed exponent (q_i of §3.2)
+
+  double value_change_rate() const { return values ? double(changed_values) / double(values) : 0; }
+  double block_change_rate() const { return blocks ? double(changed_blocks) / double(blocks) : 0; }
+  void merge(const ShardChangeCounts& other);
+};
+
+// Watches this rank's shards of one bucket from step to step, blocks cut as the codec cuts them.
+// Memory: one byte per local value (the previous exponents). Not thread-safe.
+class ChangeMonitor {
+ public:
+  ChangeMonitor(DType dtype, std::vector<uint64_t> shard_values, uint32_t block_values);
+
+  // `shards` is this rank's input to the bucket's gather: its shards, concatenated. The first call
+  // only records exponents.
+  void observe(std::span<const std::byte> shards);
+  const std::vector<ShardChangeCounts>& counts() const { return counts_; }
+  void clear_counts();  // keeps the last exponents, so the next observe() counts again
+  size_t memory_bytes() const { return previous_.size(); }
+
+ private:
+  DType dtype_;
+  std::vector<uint64_t> shard_values_;
+  uint32_t block_values_;
+  std::vector<uint8_t> previous_;
+  std::vector<uint8_t> current_;
+  std::vector<ShardChangeCounts> counts_;
+  bool primed_ = false;
+};
+
+// Sums `counts` over all ranks, in place (one allgather). Collective.
+void merge_counts_across_ranks(Transport& transport, std::vector<ShardChangeCounts>& counts);
+
+// ---- Selector -----------------------------------------------------------------------------------
+
+// One parameter of one bucket, as the selector sees it. Every rank passes identical candidates.
+struct ShardCandidate {
+  size_t bucket = 0;
+  size_t param = 0;
+  std::string name;  // for the table
+  std::string type;  // shard type (expert_ffn, attention, ...), for the table
+  DType dtype = DType::kBF16;
+  std::vector<uint64_t> shard_values;  // [rank]: values of this parameter held by each rank
+  double block_change_rate = 1;        // q_i: fraction of blocks whose exponents change per step
+  double value_change_rate = 1;        // fraction of values whose exponent changes per step
+};
+
+struct SelectorOptions {
+  // Bytes of codec state one rank may hold (encoder copy of its exponents plus the caches of its
+  // peers' exponents). Counted per rank with the largest state; never exceeded.
+  uint64_t cache_budget_bytes = std::numeric_limits<uint64_t>::max();
+  // Detection and encoding overlap compute (§3.3); off: their time is on the critical path too.
+  bool overlap = true;
+  CodecConfig codec;  // block size and detection mode (dtype comes from each candidate)
+};
+
+struct ShardChoice {
+  ShardCandidate shard;
+  double raw_bytes = 0;            // all ranks' shards of the parameter: S_i
+  double expected_wire_bytes = 0;  // S_sm + S_bitmap + exponent section + headers, all ranks
+  double comm_saved_s = 0;         // Comm(bucket) - Comm(bucket with this shard compressed)
+  double encode_s = 0;             // detection + encoding of the slowest rank's shard
+  double decode_s = 0;             // decoding the peers' shards on the slowest rank
+  double gain_s = 0;               // g_i (seconds per gather)
+  uint64_t memory_bytes = 0;       // M_i: codec state on the rank that holds the most
+  double score = 0;                // g_i / M_i (seconds per byte)
+  bool chosen = false;
+  std::string reason;              // why chosen or not, for the table
+};
+
+struct Selection {
+  std::vector<ShardChoice> shards;  // in candidate order
+  uint64_t cache_bytes = 0;         // sum of memory_bytes of the chosen shards
+  uint64_t budget_bytes = 0;
+  double gain_s = 0;                // sum of the chosen gains, minus bucket round overheads
+
+  size_t chosen_count() const;
+  // The engine policy of `bucket`'s parameter `param` (raw when not a candidate).
+  ShardPolicy policy(size_t bucket, size_t param) const;
+};
+
+// Extra latency a bucket pays once any of its shards is compressed: the engine's compressed
+// rounds add a payload-size exchange and a verdict exchange (docs/format.md, Engine protocol).
+double compressed_round_overhead_s(const CostModel& model);
+
+// Codec state a rank holds for one shard of `values` values it sends (`sender`) or receives.
+uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sender);
+
+// Expected delta frame of one rank's shard of `values` values: S_sm + S_bitmap + header + the
+// exponent section, the smaller of block mode (q S_e, the paper's estimate) and, with exact
+// detection, fine mode (kFineBytesPerChange per changed value and kFineBytesPerBlock per changed
+// block; docs/architecture.md, "Fine coding").
+double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t values, double block_change_rate,
+                              double value_change_rate);
+inline constexpr double kFineBytesPerChange = 1.5;
+inline constexpr double kFineBytesPerBlock = 1.0;
+
+// §3.2. g_i = Comm(S_i) - Comm(S_sm + S_bitmap + q_i S_e) - T_decode (minus T_detect + T_encode
+// when overlap is off), where Comm is the marginal cost inside the shard's bucket; rank by
+// g_i / M_i, take shards while the budget lasts, skip g_i <= 0. A bucket whose chosen gains do
+// not pay its compressed-round overhead is dropped whole and the ranking runs again without it.
+// Deterministic: ties are broken by (bucket, param). Throws ConfigError on inconsistent input.
+Selection select_shards(std::span<const ShardCandidate> candidates, const CostModel& model,
+                        const SelectorOptions& options);
+
+}  // namespace ciera

@@ -1,0 +1,319 @@
+// The trace-driven simulator (docs/simulator.md): alpha-beta collectives, a ZeRO-3/FSDP schedule
+// with prefetch, the shapes of six published MoE models, and three systems on top of them:
+// ZeRO-3 (raw), ZeRO++ (int8 weights, hierarchical partitioning, int4 gradients) and CIERA.
+// Times are in seconds, sizes in bytes, bandwidths in GB/s (1e9 bytes per second).
+//
+// Part of the `ciera_sim` library (linked by the `ciera` tool), not of the core `ciera` library.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ciera/analysis.hpp"
+#include "ciera/dtype.hpp"
+#include "ciera/error.hpp"
+
+namespace ciera::sim {
+
+// ---- Shard types ---------------------------------------------------------------------------
+
+// The categories are the analysis module's (ciera/analysis.hpp): the paper's five (§2.4) plus
+// dense FFN and other.
+using ciera::ShardType;
+inline constexpr std::array<ShardType, kShardTypeCount> kAllShardTypes = {
+    ShardType::kExpertFfn, ShardType::kAttention, ShardType::kRouter, ShardType::kNorm,
+    ShardType::kEmbedding, ShardType::kDenseFfn,  ShardType::kOther};
+
+// The inverse of ciera::to_string(ShardType); throws ConfigError naming the accepted names.
+ShardType parse_shard_type(std::string_view name);
+
+// ---- Cluster: links, GPU, kernel speeds ---------------------------------------------------
+
+struct Link {
+  double GBps = 0;       // achievable bus bandwidth (nccl-tests busbw), per GPU inside a node,
+                         // per node between nodes
+  double latency_s = 0;  // per ring step
+};
+
+struct Cluster {
+  std::string name;
+  std::string description;
+  std::string gpu;  // name of the GPU preset
+  int gpus_per_node = 1;
+  Link intra;              // NVLink/NVSwitch; unused when gpus_per_node == 1
+  Link inter;              // between nodes
+  double peak_tflops = 0;  // dense BF16/FP16 peak of one GPU
+  double hbm_GBps = 0;     // memory bandwidth of one GPU (optimizer step)
+  double mfu = 0.4;        // model FLOPs utilisation of the compute
+  // Kernel throughputs, all in GB/s of raw (16-bit) shard bytes processed.
+  double detect_GBps = 0, encode_GBps = 0, decode_GBps = 0;  // CIERA
+  double quantize_GBps = 0, dequantize_GBps = 0;             // ZeRO++
+};
+
+// The presets compiled in from src/sim/clusters.json (the one source of truth for their values).
+std::string builtin_cluster_config();
+std::vector<std::string> cluster_names(const std::string& config_json);
+// Looks `name` up in a cluster config (same format as src/sim/clusters.json). `origin` names the
+// file in error messages. Throws ConfigError for an unknown name or an invalid field.
+Cluster load_cluster(const std::string& config_json, const std::string& name,
+                     const std::string& origin = "built-in cluster config");
+
+// ---- Collectives (alpha-beta) -------------------------------------------------------------
+
+enum class Algorithm { kRing, kHierarchical };
+Algorithm parse_algorithm(std::string_view name);
+
+// One ring over `ranks` peers on `link`: (n-1)·alpha + (n-1)/n · bytes / bandwidth, where
+// `total_bytes` is the allgather output (or reduce-scatter input) of one rank.
+double ring_seconds(int ranks, double total_bytes, const Link& link);
+// Allgather of `total_bytes` (output per rank) over `world` GPUs. Ring: one flat ring whose slowest
+// hop is the inter-node link once it spans nodes. Hierarchical: an inter-node allgather among the
+// GPUs of equal local rank (all sharing their node's link), then an intra-node allgather.
+double allgather_seconds(const Cluster& cluster, int world, double total_bytes,
+                         Algorithm algorithm);
+// Reduce-scatter has the same cost as allgather of the same bytes (reduction arithmetic ignored).
+double reduce_scatter_seconds(const Cluster& cluster, int world, double total_bytes,
+                              Algorithm algorithm);
+
+// seconds = alpha_s + bytes / bytes_per_s, fitted by least squares to measured points.
+struct CostPoint {
+  double bytes = 0;
+  double seconds = 0;
+};
+struct CostCurve {
+  double alpha_s = 0;
+  double bytes_per_s = 0;
+  double seconds(double bytes) const { return bytes > 0 ? alpha_s + bytes / bytes_per_s : 0.0; }
+};
+// Points of the same size (identical buckets) are averaged first, so each size weighs the same. A
+// negative intercept is clamped to 0 (slope refitted through the origin); a single size is fitted
+// through the origin. Throws ConfigError when there are no points or the curve does not increase
+// with bytes. `what` names the curve.
+CostCurve fit_cost_curve(const std::vector<CostPoint>& points, const std::string& what);
+
+// ---- Model zoo ----------------------------------------------------------------------------
+
+struct ModelShape {
+  std::string name;     // command-line name, e.g. "olmoe-1b-7b"
+  std::string display;  // as in the paper's tables, e.g. "OLMoE-1B-7B"
+  std::string source;   // where the shapes come from
+  int layers = 0;
+  int dense_layers = 0;  // leading layers with a dense FFN instead of experts
+  int64_t hidden = 0;
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  int routed_experts = 0, experts_per_token = 0;
+  int64_t expert_intermediate = 0;
+  int64_t shared_intermediate = 0;  // all shared experts together (0: none)
+  int64_t dense_intermediate = 0;   // FFN width of the dense layers
+  int64_t vocab = 0;
+  bool tied_embeddings = false;
+  bool qk_norm_weights = false;     // q/k norm weights over the projection widths (OLMoE)
+  bool qkv_bias = false;            // Qwen2
+  bool shared_expert_gate = false;  // Qwen2: a hidden x 1 sigmoid gate
+  double published_params = 0;      // the published total, for checking the shapes
+  bool published_without_embeddings = false;
+};
+
+const std::vector<ModelShape>& model_zoo();
+// Throws ConfigError listing the known names.
+const ModelShape& find_model(std::string_view name);
+
+// The parameters of one gather unit (FSDP/ZeRO-3 fetches one module's parameters at a time):
+// the embedding, each transformer layer, the head (final norm + LM head).
+struct ShardGroup {
+  ShardType type;
+  uint64_t values = 0;
+};
+struct GatherUnit {
+  std::string name;
+  std::vector<ShardGroup> shards;  // gathered before the unit runs
+  uint64_t grad_values = 0;        // reduce-scattered after its backward (0 for a tied head)
+  double forward_flops_per_token = 0;
+  uint64_t gathered_values() const;
+};
+// Units in forward execution order. `layers` = 0 means all layers.
+std::vector<GatherUnit> model_units(const ModelShape& model, int layers, int seq_len);
+// Unique parameters (a tied embedding counted once).
+uint64_t parameter_count(const ModelShape& model, bool with_embeddings = true);
+
+// ---- Change rates -------------------------------------------------------------------------
+
+struct TypeRate {
+  double element = -1;  // fraction of values whose exponent changes per step (-1: unknown)
+  double block = -1;    // fraction of B-value blocks with at least one change (-1: unknown)
+  std::string source;   // "paper Fig. 4", "assumed", "trace FILE", "rates FILE"
+};
+struct ChangeRates {
+  uint32_t block_values = 512;
+  std::array<TypeRate, kShardTypeCount> by_type;
+  const TypeRate& of(ShardType type) const { return by_type[static_cast<int>(type)]; }
+  TypeRate& of(ShardType type) { return by_type[static_cast<int>(type)]; }
+  // The block rate, or 1 - (1 - element)^B (uniform changes) when only the element rate is known.
+  double block_rate(ShardType type) const;
+};
+// Block change rates at B = 512 read from the paper's Fig. 4, or marked "assumed" where the
+// paper gives none (docs/simulator.md, "Change rates").
+ChangeRates paper_rates(const ModelShape& model);
+// Overrides the types a measured-rates JSON names: {"expert_ffn": 0.004, ...} (element rates),
+// optionally {"block": {"expert_ffn": 0.21, ...}, "block_values": 512}.
+void apply_rates_json(ChangeRates& rates, const std::string& json_text, const std::string& origin);
+
+// ---- Schedule -----------------------------------------------------------------------------
+
+// The cost of one unit under one system. "pre" runs before its gather on a side stream (CIERA's
+// detect + encode, ZeRO++'s quantise); "post" runs after it, before the unit's compute can start
+// (CIERA's decode, ZeRO++'s dequantise).
+struct UnitCost {
+  double forward_s = 0, backward_s = 0;  // compute
+  double allgather_forward_s = 0, allgather_backward_s = 0;
+  double reduce_scatter_s = 0;  // gradient collective incl. its kernels
+  double pre_forward_s = 0, pre_backward_s = 0;
+  double post_forward_s = 0, post_backward_s = 0;
+  double allgather_forward_bytes = 0, allgather_backward_bytes = 0, reduce_scatter_bytes = 0;
+};
+
+struct ScheduleOptions {
+  int prefetch_depth = 1;       // gathers in flight ahead of the running unit
+  bool pre_from_start = false;  // "pre" may start at iteration start (CIERA: parameters are final
+                                // after the previous step), else only when the gather is issued
+  bool blocking_reduce_scatter = false;  // compute waits for each reduce-scatter to finish (CPU
+                                         // ranks: FSDP2's reduce-scatter is a synchronous call)
+  bool prefetch_into_backward = true;    // the last forward units prefetch the first backward
+                                         // gathers; false (FSDP2): the first backward gather is
+                                         // issued when the backward pass reaches its unit
+};
+
+struct Breakdown {
+  double total_s = 0;
+  double compute_s = 0;
+  double exposed_allgather_s = 0;
+  double exposed_reduce_scatter_s = 0;
+  double exposed_codec_s = 0;  // CIERA codec or ZeRO++ (de)quantisation on the critical path
+  double optimizer_s = 0;
+  double allgather_busy_s = 0;  // sum of allgather durations, hidden or not
+  double reduce_scatter_busy_s = 0;
+  double allgather_bytes = 0;  // per iteration, forward + backward
+  double reduce_scatter_bytes = 0;
+};
+
+// Forward over units in order, then backward in reverse; one collective channel served in issue
+// order; the optimizer step after the last reduce-scatter. A gather with no work at all (pre,
+// collective and post all 0: a unit not re-gathered in backward) is ready when issued.
+Breakdown simulate_iteration(const std::vector<UnitCost>& units, double optimizer_s,
+                             const ScheduleOptions& options);
+
+// ---- Systems on the model zoo -------------------------------------------------------------
+
+enum class System { kZero3, kZeroPP, kCiera };
+std::string_view system_name(System system);
+
+struct Workload {
+  int world = 8;
+  DType dtype = DType::kBF16;
+  int seq_len = 1024;
+  int micro_batch = 1;
+  int layers = 0;  // 0: all
+  int prefetch_depth = 1;
+  bool activation_checkpointing = true;  // the paper enables it (§4.1): backward recomputes forward
+  Algorithm algorithm = Algorithm::kRing;  // for ZeRO-3 and CIERA gathers
+  uint32_t zeropp_block_values = 4096;     // ZeRO++ int8 weight quantisation group
+  uint32_t zeropp_grad_block_values = 4096;
+  double optimizer_bytes_per_param = 32;  // mixed-precision Adam traffic per parameter
+};
+
+struct Projection {
+  System system;
+  Breakdown breakdown;
+  // CIERA only: which shard types benefit-driven selection compressed (paper §3.2).
+  std::array<bool, kShardTypeCount> selected{};
+};
+
+Projection project(const ModelShape& model, const Cluster& cluster, const Workload& workload,
+                   const ChangeRates& rates, System system);
+
+// 1 / (1 - share * (1 - 1/ratio)): the speedup if the allgathers, busy for `share` of the
+// iteration, shrank by exactly the byte ratio and nothing else changed. With the busy (not the
+// exposed) share it bounds any schedule: shortening work by x shortens the iteration by <= x.
+double byte_reduction_bound(double allgather_share, double byte_ratio);
+
+// ---- Traces (docs/simulator.md, "Trace format v1") -----------------------------------------
+
+struct TraceShard {
+  std::string name;
+  ShardType type = ShardType::kOther;
+  uint64_t values = 0;
+  double change_rate = 0;         // element rate
+  double block_change_rate = -1;  // optional
+};
+struct TraceBucket {
+  std::string name;
+  double forward_s = 0, backward_s = 0;
+  double raw_bytes = 0, wire_bytes = 0, grad_bytes = 0;
+  // Gathers of this bucket per step (optional, default 2: forward and backward; the FSDP root is
+  // gathered once). The first is placed in the forward pass, the rest in the backward pass.
+  double gathers_per_step = 2;
+  std::vector<TraceShard> shards;
+};
+struct MeasuredRun {
+  double iteration_s = 0;
+  double allgather_s = 0;
+};
+struct Trace {
+  std::string origin;
+  std::string family;
+  uint64_t params = 0;
+  int world_size = 0;
+  DType dtype = DType::kBF16;
+  std::string link_kind;
+  double link_gbit = 0, link_latency_ms = 0;
+  double encode_GBps = 0, decode_GBps = 0, detect_GBps = 0;
+  std::vector<CostPoint> allgather_points, reduce_scatter_points;
+  // "comm_probe" (optional): a micro-benchmark of the same collectives outside the training;
+  // reported, not used for the prediction.
+  std::vector<CostPoint> probe_allgather_points, probe_reduce_scatter_points;
+  // "schedule" (optional): overlap false (default) = every gather and reduce-scatter blocks the
+  // training loop (FSDP2 on CPU ranks); true = gathers in flight while the previous unit computes
+  // (CCP), reduce-scatters still blocking. ciera_overlap (default: overlap) for the CIERA run
+  // alone, where it differs from the baseline's (`ciera train --ablation`: CIERA with CCP).
+  bool overlap = false;
+  bool ciera_overlap = false;
+  uint32_t block_values = 512;  // CIERA's B in the traced run (block_change_rate is at this B)
+  double optimizer_s = 0;
+  std::vector<TraceBucket> buckets;
+  std::optional<MeasuredRun> measured_baseline, measured_ciera;
+  std::string describe() const;  // "olmoe W=4 bf16 linklab 1 Gbit/s"
+};
+
+// Throws ConfigError naming the missing or invalid field ("buckets[2].forward_s").
+Trace parse_trace(const std::string& json_text, const std::string& origin);
+Trace load_trace(const std::string& path);
+// Value-weighted change rates per shard type of the trace's shards (types it lacks stay as given).
+// Block rates are taken only when the trace's B equals rates.block_values (else they are derived
+// from the element rates, as for a rates file without block rates).
+void apply_trace_rates(ChangeRates& rates, const Trace& trace);
+
+struct TracePrediction {
+  Breakdown baseline, ciera;
+  CostCurve allgather, reduce_scatter;
+  std::optional<CostCurve> probe_allgather, probe_reduce_scatter;  // from comm_probe, if fittable
+  bool baseline_overlap = false, ciera_overlap = false;            // the schedules simulated
+  // Comparable to MeasuredRun::allgather_s: the time the training loop spent in (sequential) or
+  // waiting for (overlapped) gathers per step, codec included.
+  double baseline_allgather_s = 0, ciera_allgather_s = 0;
+  // CIERA's gather terms summed over a step's gathers (busy time, hidden or not): Comm(wire bytes)
+  // (raw bytes for buckets sent raw), encode of the own shard, decode of the W-1 peer shards.
+  double ciera_comm_s = 0, ciera_encode_s = 0, ciera_decode_s = 0;
+};
+// The traced run's schedule (Trace::overlap / ciera_overlap); `prefetch_depth` applies to the
+// overlapped one. Sequential: iteration = sum over gathers (Comm + codec) + compute +
+// reduce-scatters + optimizer.
+TracePrediction predict_trace(const Trace& trace, int prefetch_depth = 1);
+
+// Reads a whole file; throws ConfigError naming it when it cannot be read.
+std::string read_text_file(const std::string& path, const std::string& what);
+
+}  // namespace ciera::sim

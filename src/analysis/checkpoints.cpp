@@ -1,0 +1,120 @@
+#include "analysis/checkpoints.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <utility>
+
+#include "ciera/error.hpp"
+
+namespace ciera {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<fs::path> checkpoints_in_directory(const fs::path& dir) {
+  std::vector<std::pair<uint64_t, fs::path>> found;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (!entry.is_regular_file() || entry.path().extension() != ".safetensors") continue;
+    const fs::path& file = entry.path();
+    if (file.stem().string().find("-of-") != std::string::npos) {
+      throw ConfigError(file.string() +
+                        " looks like one part of a sharded checkpoint; ciera analyze takes one "
+                        "safetensors file per checkpoint");
+    }
+    const auto step = checkpoint_step_number(file);
+    if (!step) {
+      throw ConfigError(
+          dir.string() + ": cannot order " + file.filename().string() +
+          ": its name holds no step number (name checkpoints like step_000120.safetensors, "
+          "or list the files in order)");
+    }
+    found.emplace_back(*step, file);
+  }
+  std::sort(found.begin(), found.end());
+  for (size_t i = 1; i < found.size(); ++i) {
+    if (found[i].first == found[i - 1].first) {
+      throw ConfigError(dir.string() + ": " + found[i - 1].second.filename().string() + " and " +
+                        found[i].second.filename().string() + " have the same step number " +
+                        std::to_string(found[i].first));
+    }
+  }
+  if (found.empty()) throw ConfigError(dir.string() + ": no *.safetensors files");
+  std::vector<fs::path> files;
+  for (auto& [step, file] : found) files.push_back(std::move(file));
+  return files;
+}
+
+std::string shape_string(const std::vector<uint64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+}  // namespace
+
+std::optional<uint64_t> checkpoint_step_number(const fs::path& file) {
+  const std::string stem = file.stem().string();
+  size_t end = stem.size();
+  while (end > 0 && !std::isdigit(static_cast<unsigned char>(stem[end - 1]))) --end;
+  size_t begin = end;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(stem[begin - 1]))) --begin;
+  if (begin == end || end - begin > 18) return std::nullopt;
+  return std::stoull(stem.substr(begin, end - begin));
+}
+
+std::vector<fs::path> list_checkpoints(const std::vector<std::string>& arguments) {
+  std::vector<fs::path> files;
+  for (const std::string& argument : arguments) {
+    const fs::path path(argument);
+    if (fs::is_directory(path)) {
+      for (fs::path& file : checkpoints_in_directory(path)) files.push_back(std::move(file));
+    } else {
+      files.push_back(path);  // SafetensorsFile reports a missing or unreadable file
+    }
+  }
+  if (files.size() < 2) {
+    throw ConfigError("ciera analyze needs at least two checkpoints to compare, got " +
+                      std::to_string(files.size()));
+  }
+  return files;
+}
+
+std::vector<SafetensorsFile> open_checkpoint_series(const std::vector<fs::path>& paths) {
+  std::vector<SafetensorsFile> files;
+  files.reserve(paths.size());
+  for (const fs::path& p : paths) files.emplace_back(p);
+  if (files.empty()) return files;
+  const SafetensorsFile& first = files.front();
+  for (size_t c = 1; c < files.size(); ++c) {
+    const SafetensorsFile& other = files[c];
+    for (const SafetensorsTensor& t : first.tensors()) {
+      const SafetensorsTensor* u = other.find(t.name);
+      const std::string where = other.path().string() + ": tensor '" + t.name + "' ";
+      if (u == nullptr)
+        throw FormatError(where + "is missing (it is in " + first.path().string() + ")");
+      if (u->dtype != t.dtype) {
+        throw FormatError(where + "is " + u->dtype + " but " + t.dtype + " in " +
+                          first.path().string());
+      }
+      if (u->shape != t.shape) {
+        throw FormatError(where + "has shape " + shape_string(u->shape) + " but " +
+                          shape_string(t.shape) + " in " + first.path().string());
+      }
+    }
+    if (other.tensors().size() != first.tensors().size()) {
+      for (const SafetensorsTensor& u : other.tensors()) {
+        if (first.find(u.name) == nullptr) {
+          throw FormatError(other.path().string() + ": tensor '" + u.name + "' is not in " +
+                            first.path().string());
+        }
+      }
+    }
+  }
+  return files;
+}
+
+}  // namespace ciera

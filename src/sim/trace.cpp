@@ -1,0 +1,263 @@
+// Trace format v1 (docs/simulator.md): the reader, which rejects anything else by naming the
+// missing or invalid field, and the prediction of baseline and CIERA iteration times from it.
+#include <algorithm>
+#include <sstream>
+
+#include "ciera/config.hpp"
+#include "ciera/sim.hpp"
+#include "sim/json_fields.hpp"
+
+namespace ciera::sim {
+namespace {
+
+using detail::Fields;
+using detail::Json;
+
+std::vector<CostPoint> read_points(const Fields& comm, const char* key) {
+  const Json& array = comm.array(key);
+  if (array.empty())
+    comm.fail("field \"" + comm.path_of(key) + "\"", "must hold at least one measured point");
+  std::vector<CostPoint> points;
+  for (size_t i = 0; i < array.size(); ++i) {
+    const Fields point = comm.element(array, key, i);
+    points.push_back({point.non_negative("bytes"), point.non_negative("seconds")});
+  }
+  return points;
+}
+
+// Like read_points, but the array may be missing or empty (comm_probe is descriptive).
+std::vector<CostPoint> read_optional_points(const Fields& comm, const char* key) {
+  if (!comm.has(key)) return {};
+  const Json& array = comm.array(key);
+  std::vector<CostPoint> points;
+  for (size_t i = 0; i < array.size(); ++i) {
+    const Fields point = comm.element(array, key, i);
+    points.push_back({point.non_negative("bytes"), point.non_negative("seconds")});
+  }
+  return points;
+}
+
+MeasuredRun read_measured(const Fields& run) {
+  return {run.non_negative("iteration_s"), run.non_negative("allgather_s")};
+}
+
+}  // namespace
+
+Trace parse_trace(const std::string& json_text, const std::string& origin) {
+  const Json json = detail::parse_json(json_text, origin);
+  const Fields top(json, "", origin);
+  if (top.string("format") != "ciera-trace")
+    top.fail("field \"format\"", "must be \"ciera-trace\"");
+  if (!top.required("version").is_number_integer() || top.count("version") != 1) {
+    top.fail("field \"version\"", "must be 1 (got " +
+                                      detail::describe_json(top.required("version")) +
+                                      "; this tool reads trace format v1 only)");
+  }
+  Trace trace;
+  trace.origin = origin;
+  const Fields model = top.object("model");
+  trace.family = model.string("family");
+  trace.params = model.count("params");
+  const uint64_t world = top.count("world_size");
+  if (world < 1 || world > (1u << 20)) top.fail("field \"world_size\"", "must be at least 1");
+  trace.world_size = static_cast<int>(world);
+  try {
+    trace.dtype = parse_dtype(top.string("dtype"));
+  } catch (const ConfigError& e) {
+    top.fail("field \"dtype\"", std::string("is invalid: ") + e.what());
+  }
+
+  const Fields link = top.object("link");
+  trace.link_kind = link.string("kind");
+  trace.link_gbit = link.non_negative("gbit");
+  trace.link_latency_ms = link.non_negative("latency_ms");
+
+  const Fields codec = top.object("codec");
+  trace.encode_GBps = codec.positive("encode_GBps");
+  trace.decode_GBps = codec.positive("decode_GBps");
+  trace.detect_GBps = codec.non_negative("detect_GBps");
+
+  const Fields comm = top.object("comm");
+  trace.allgather_points = read_points(comm, "allgather");
+  trace.reduce_scatter_points = read_points(comm, "reduce_scatter");
+  if (top.has("comm_probe")) {
+    const Fields probe = top.object("comm_probe");
+    trace.probe_allgather_points = read_optional_points(probe, "allgather");
+    trace.probe_reduce_scatter_points = read_optional_points(probe, "reduce_scatter");
+  }
+  trace.optimizer_s = top.non_negative("optimizer_s");
+
+  // Optional (absent in the first v1 traces): sequential schedule, B = 512.
+  if (top.has("schedule")) {
+    const Fields schedule = top.object("schedule");
+    if (schedule.has("overlap")) trace.overlap = schedule.boolean("overlap");
+    trace.ciera_overlap =
+        schedule.has("ciera_overlap") ? schedule.boolean("ciera_overlap") : trace.overlap;
+    if (schedule.has("block_values")) {
+      const uint64_t block = schedule.count("block_values");
+      if (block < CodecConfig::kMinBlockValues || block > CodecConfig::kMaxBlockValues) {
+        schedule.fail("field \"" + schedule.path_of("block_values") + "\"",
+                      "must be in " + std::to_string(CodecConfig::kMinBlockValues) + ".." +
+                          std::to_string(CodecConfig::kMaxBlockValues) + " (got " +
+                          std::to_string(block) + ")");
+      }
+      trace.block_values = static_cast<uint32_t>(block);
+    }
+  }
+
+  const Json& buckets = top.array("buckets");
+  if (buckets.empty()) top.fail("field \"buckets\"", "must hold at least one bucket");
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    const Fields b = top.element(buckets, "buckets", i);
+    TraceBucket bucket;
+    bucket.name = b.string("name");
+    bucket.forward_s = b.non_negative("forward_s");
+    bucket.backward_s = b.non_negative("backward_s");
+    bucket.raw_bytes = b.non_negative("raw_bytes");
+    bucket.wire_bytes = b.non_negative("wire_bytes");
+    bucket.grad_bytes = b.non_negative("grad_bytes");
+    if (b.has("gathers_per_step")) bucket.gathers_per_step = b.non_negative("gathers_per_step");
+    const Json& shards = b.array("shards");
+    for (size_t k = 0; k < shards.size(); ++k) {
+      const Fields s = b.element(shards, "shards", k);
+      TraceShard shard;
+      shard.name = s.string("name");
+      try {
+        shard.type = parse_shard_type(s.string("type"));
+      } catch (const ConfigError& e) {
+        s.fail("field \"" + s.path_of("type") + "\"", std::string("is invalid: ") + e.what());
+      }
+      shard.values = s.count("values");
+      shard.change_rate = s.fraction("change_rate");
+      if (s.has("block_change_rate")) shard.block_change_rate = s.fraction("block_change_rate");
+      bucket.shards.push_back(shard);
+    }
+    trace.buckets.push_back(std::move(bucket));
+  }
+
+  if (top.has("measured")) {
+    const Fields measured = top.object("measured");
+    if (measured.has("baseline"))
+      trace.measured_baseline = read_measured(measured.object("baseline"));
+    if (measured.has("ciera")) trace.measured_ciera = read_measured(measured.object("ciera"));
+  }
+  return trace;
+}
+
+Trace load_trace(const std::string& path) {
+  return parse_trace(read_text_file(path, "trace"), "trace " + path);
+}
+
+std::string Trace::describe() const {
+  std::ostringstream out;
+  out << family << " W=" << world_size << " " << dtype_name(dtype) << " " << link_kind;
+  if (link_gbit > 0) {
+    out << " " << link_gbit << " Gbit/s";
+  } else {
+    out << " unshaped";
+  }
+  return out.str();
+}
+
+void apply_trace_rates(ChangeRates& rates, const Trace& trace) {
+  std::array<double, kShardTypeCount> values{}, changed{}, blocks_weighted{}, block_values{};
+  for (const TraceBucket& bucket : trace.buckets) {
+    for (const TraceShard& shard : bucket.shards) {
+      const int t = static_cast<int>(shard.type);
+      values[t] += static_cast<double>(shard.values);
+      changed[t] += shard.change_rate * static_cast<double>(shard.values);
+      if (shard.block_change_rate >= 0) {
+        blocks_weighted[t] += shard.block_change_rate * static_cast<double>(shard.values);
+        block_values[t] += static_cast<double>(shard.values);
+      }
+    }
+  }
+  for (ShardType type : kAllShardTypes) {
+    const int t = static_cast<int>(type);
+    if (values[t] <= 0) continue;
+    TypeRate& rate = rates.of(type);
+    rate.element = changed[t] / values[t];
+    const bool same_block = trace.block_values == rates.block_values;
+    rate.block = block_values[t] > 0 && same_block ? blocks_weighted[t] / block_values[t] : -1.0;
+    rate.source = trace.origin;
+  }
+}
+
+TracePrediction predict_trace(const Trace& trace, int prefetch_depth) {
+  TracePrediction p;
+  p.allgather = fit_cost_curve(trace.allgather_points, trace.origin + ": comm.allgather");
+  p.reduce_scatter =
+      fit_cost_curve(trace.reduce_scatter_points, trace.origin + ": comm.reduce_scatter");
+  // The micro-benchmark is only reported; one that cannot be fitted is left out.
+  try {
+    if (!trace.probe_allgather_points.empty())
+      p.probe_allgather = fit_cost_curve(trace.probe_allgather_points, "comm_probe.allgather");
+    if (!trace.probe_reduce_scatter_points.empty()) {
+      p.probe_reduce_scatter =
+          fit_cost_curve(trace.probe_reduce_scatter_points, "comm_probe.reduce_scatter");
+    }
+  } catch (const ConfigError&) {
+  }
+  p.baseline_overlap = trace.overlap;
+  p.ciera_overlap = trace.ciera_overlap;
+  const double w = trace.world_size;
+  std::vector<UnitCost> baseline, ciera;
+  for (const TraceBucket& b : trace.buckets) {
+    // The first gather of a step serves the forward pass, any others the backward pass.
+    const double in_forward = std::min(1.0, b.gathers_per_step);
+    const double in_backward = std::max(0.0, b.gathers_per_step - 1.0);
+    UnitCost raw;
+    raw.forward_s = b.forward_s;
+    raw.backward_s = b.backward_s;
+    const double raw_s = p.allgather.seconds(b.raw_bytes);
+    raw.allgather_forward_bytes = in_forward * b.raw_bytes;
+    raw.allgather_backward_bytes = in_backward * b.raw_bytes;
+    raw.allgather_forward_s = in_forward * raw_s;
+    raw.allgather_backward_s = in_backward * raw_s;
+    raw.reduce_scatter_bytes = b.grad_bytes;
+    raw.reduce_scatter_s = p.reduce_scatter.seconds(b.grad_bytes);
+    baseline.push_back(raw);
+
+    UnitCost coded = raw;
+    double comm_s = raw_s;
+    if (b.wire_bytes < b.raw_bytes) {  // else the engine sent this bucket raw
+      comm_s = p.allgather.seconds(b.wire_bytes);
+      // Each rank encodes its own shard (the engine's encode includes change detection) and
+      // decodes its W-1 peers' shards, every gather.
+      const double encode = b.raw_bytes / w / (trace.encode_GBps * 1e9);
+      const double decode = b.raw_bytes * (w - 1) / w / (trace.decode_GBps * 1e9);
+      coded.allgather_forward_bytes = in_forward * b.wire_bytes;
+      coded.allgather_backward_bytes = in_backward * b.wire_bytes;
+      coded.allgather_forward_s = in_forward * comm_s;
+      coded.allgather_backward_s = in_backward * comm_s;
+      coded.pre_forward_s = in_forward * encode;
+      coded.pre_backward_s = in_backward * encode;
+      coded.post_forward_s = in_forward * decode;
+      coded.post_backward_s = in_backward * decode;
+      p.ciera_encode_s += b.gathers_per_step * encode;
+      p.ciera_decode_s += b.gathers_per_step * decode;
+    }
+    p.ciera_comm_s += b.gathers_per_step * comm_s;
+    ciera.push_back(coded);
+  }
+  // Sequential: no gather in flight ahead of compute, each codec step in turn (encode starts when
+  // the gather is called). Overlapped (CCP): FSDP2's prefetch, one unit ahead in each pass (the
+  // first backward gather is not prefetched: the unit was resharded after its forward and is
+  // gathered again when the backward reaches it); encode when the gather is issued. On CPU ranks
+  // a reduce-scatter blocks the training loop either way.
+  auto options = [&](bool overlap) {
+    ScheduleOptions o;
+    o.prefetch_depth = overlap ? prefetch_depth : 0;
+    o.pre_from_start = false;
+    o.blocking_reduce_scatter = true;
+    o.prefetch_into_backward = false;  // FSDP2: a unit's backward gather follows its reshard
+    return o;
+  };
+  p.baseline = simulate_iteration(baseline, trace.optimizer_s, options(trace.overlap));
+  p.ciera = simulate_iteration(ciera, trace.optimizer_s, options(trace.ciera_overlap));
+  p.baseline_allgather_s = p.baseline.exposed_allgather_s + p.baseline.exposed_codec_s;
+  p.ciera_allgather_s = p.ciera.exposed_allgather_s + p.ciera.exposed_codec_s;
+  return p;
+}
+
+}  // namespace ciera::sim

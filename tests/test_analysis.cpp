@@ -1,0 +1,585 @@
+// Exponent-change characterisation (docs/analysis.md): counting against hand-worked cases and a
+// literal per-block reference, parameter classification on real transformers names, and the
+// safetensors reader on good and broken files.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "analysis/checkpoints.hpp"
+#include "analysis/safetensors.hpp"
+#include "ciera/analysis.hpp"
+#include "ciera/error.hpp"
+
+namespace ciera {
+namespace {
+
+namespace fs = std::filesystem;
+
+const DType kDTypes[] = {DType::kBF16, DType::kFP16, DType::kFP32};
+
+// --- value helpers ---------------------------------------------------------------------------
+
+uint32_t one_bits(DType dtype) {  // 1.0
+  switch (dtype) {
+    case DType::kBF16:
+      return 0x3F80;
+    case DType::kFP16:
+      return 0x3C00;
+    case DType::kFP32:
+      return 0x3F800000u;
+  }
+  return 0;
+}
+uint32_t two_bits(DType dtype) {  // 2.0: the exponent of 1.0 plus one
+  switch (dtype) {
+    case DType::kBF16:
+      return 0x4000;
+    case DType::kFP16:
+      return 0x4000;
+    case DType::kFP32:
+      return 0x40000000u;
+  }
+  return 0;
+}
+
+std::vector<std::byte> pack(DType dtype, const std::vector<uint32_t>& bits) {
+  const uint32_t size = dtype_info(dtype).value_bytes;
+  std::vector<std::byte> out(bits.size() * size);
+  for (size_t i = 0; i < bits.size(); ++i) {
+    for (uint32_t b = 0; b < size; ++b)
+      out[i * size + b] = static_cast<std::byte>(bits[i] >> (8 * b));
+  }
+  return out;
+}
+
+// n copies of 1.0, and the same with 2.0 at `changed`.
+std::pair<std::vector<std::byte>, std::vector<std::byte>> snapshots(
+    DType dtype, uint64_t n, const std::vector<uint64_t>& changed) {
+  std::vector<uint32_t> before(n, one_bits(dtype)), after(n, one_bits(dtype));
+  for (uint64_t p : changed) after[p] = two_bits(dtype);
+  return {pack(dtype, before), pack(dtype, after)};
+}
+
+// The literal definition: walk every shard of every W and every block of every B.
+ChangeCounts reference_counts(uint64_t n, const std::set<uint64_t>& changed,
+                              const ChangeGrid& grid) {
+  ChangeCounts c(grid);
+  c.transitions = 1;
+  c.values = n;
+  c.changed_values = changed.size();
+  for (size_t w = 0; w < grid.worlds.size(); ++w) {
+    const uint64_t shard = (n + grid.worlds[w] - 1) / grid.worlds[w];
+    for (uint32_t rank = 0; rank < grid.worlds[w]; ++rank) {
+      const uint64_t begin = std::min<uint64_t>(n, rank * shard);
+      const uint64_t end = std::min<uint64_t>(n, begin + shard);
+      if (begin == end) continue;  // an empty shard carries nothing
+      ++c.shards[w];
+      bool shard_changed = false;
+      for (uint64_t p = begin; p < end; ++p) shard_changed |= changed.count(p) > 0;
+      c.changed_shards[w] += shard_changed;
+      for (size_t b = 0; b < grid.block_values.size(); ++b) {
+        for (uint64_t block = begin; block < end; block += grid.block_values[b]) {
+          ++c.blocks[grid.cell(w, b)];
+          bool block_changed = false;
+          for (uint64_t p = block; p < std::min(end, block + grid.block_values[b]); ++p) {
+            block_changed |= changed.count(p) > 0;
+          }
+          c.changed_blocks[grid.cell(w, b)] += block_changed;
+        }
+      }
+    }
+  }
+  return c;
+}
+
+void expect_equal(const ChangeCounts& got, const ChangeCounts& want, const std::string& what) {
+  EXPECT_EQ(got.transitions, want.transitions) << what;
+  EXPECT_EQ(got.values, want.values) << what;
+  EXPECT_EQ(got.changed_values, want.changed_values) << what;
+  EXPECT_EQ(got.blocks, want.blocks) << what;
+  EXPECT_EQ(got.changed_blocks, want.changed_blocks) << what;
+  EXPECT_EQ(got.shards, want.shards) << what;
+  EXPECT_EQ(got.changed_shards, want.changed_shards) << what;
+}
+
+// --- counting --------------------------------------------------------------------------------
+
+// n = 10 over W = 4: shards of 3 values [0,3) [3,6) [6,9) [9,10); over W = 8: shards of 2 values,
+// five of them non-empty; over W = 16: ten shards of one value. Changes at 1, 2 and 9.
+TEST(ExponentChanges, HandWorkedUnevenShardsAndPartialBlocks) {
+  const ChangeGrid grid{{4, 8, 16}, {2, 4}};
+  for (DType dtype : kDTypes) {
+    auto [before, after] = snapshots(dtype, 10, {1, 2, 9});
+    const ChangeCounts c = count_exponent_changes(dtype, before, after, grid);
+    EXPECT_EQ(c.values, 10u);
+    EXPECT_EQ(c.changed_values, 3u);
+    EXPECT_EQ(c.shards, (std::vector<uint64_t>{4, 5, 10}));
+    EXPECT_EQ(c.changed_shards, (std::vector<uint64_t>{2, 3, 3}));
+    // Per W: B = 2, B = 4.  W=4: blocks {[0,2) [2,3)} x3 + {[9,10)} = 7; B=4: one per shard = 4.
+    EXPECT_EQ(c.blocks, (std::vector<uint64_t>{7, 4, 5, 5, 10, 10}));
+    // W=4: [0,2) [2,3) [9,10) changed; B=4: shards 0 and 3.  W=8: [0,2) [2,4) [8,10).
+    EXPECT_EQ(c.changed_blocks, (std::vector<uint64_t>{3, 2, 3, 3, 3, 3}));
+    EXPECT_DOUBLE_EQ(c.element_change_rate(), 0.3);
+    EXPECT_DOUBLE_EQ(c.shard_change_rate(0), 0.5);
+    EXPECT_DOUBLE_EQ(c.block_change_rate(grid.cell(0, 0)), 3.0 / 7.0);
+  }
+}
+
+TEST(ExponentChanges, MatchesTheLiteralDefinitionOnSizesAndPatterns) {
+  const ChangeGrid grid;  // W in {4, 8, 16, 32}, B in {64 .. 1024}
+  std::mt19937_64 rng(7);
+  // 0, 1, odd, below and above a block, not a multiple of anything, past a 16384-value chunk.
+  for (uint64_t n : {0ull, 1ull, 3ull, 63ull, 64ull, 1000ull, 4097ull, 16385ull, 70001ull}) {
+    for (double density : {0.0, 0.003, 0.05, 1.0}) {
+      std::set<uint64_t> changed;
+      for (uint64_t p = 0; p < n; ++p) {
+        if (std::uniform_real_distribution<double>(0, 1)(rng) < density) changed.insert(p);
+      }
+      const std::vector<uint64_t> positions(changed.begin(), changed.end());
+      for (DType dtype : kDTypes) {
+        auto [before, after] = snapshots(dtype, n, positions);
+        expect_equal(count_exponent_changes(dtype, before, after, grid),
+                     reference_counts(n, changed, grid),
+                     std::string(dtype_name(dtype)) + " n=" + std::to_string(n) +
+                         " density=" + std::to_string(density));
+      }
+    }
+  }
+}
+
+TEST(ExponentChanges, OnlyExponentBitsCount) {
+  // Pairs (before, after) per dtype; the first group keeps its exponent, the second changes it.
+  struct Case {
+    DType dtype;
+    std::vector<std::pair<uint32_t, uint32_t>> same, different;
+  };
+  const Case cases[] = {
+      {DType::kBF16,
+       {{0x7FC0, 0x7FC1},
+        {0x7F80, 0x7FC0},
+        {0x0000, 0x8000},
+        {0x3F80, 0xBF80},
+        {0x0001, 0x0000},
+        {0x3F80, 0x3FFF}},
+       {{0x3F80, 0x4000}, {0x7F7F, 0x7F80}, {0x0000, 0x0080}, {0x8000, 0xFFC0}}},
+      {DType::kFP16,
+       {{0x7E00, 0x7E01},
+        {0x7C00, 0x7E00},
+        {0x0000, 0x8000},
+        {0x3C00, 0xBC00},
+        {0x0001, 0x0000},
+        {0x3C00, 0x3FFF}},
+       {{0x3C00, 0x4000}, {0x7BFF, 0x7C00}, {0x0000, 0x0400}, {0x8000, 0xFE00}}},
+      {DType::kFP32,
+       {{0x7FC00000u, 0x7FC00001u},
+        {0x7F800000u, 0x7FC00000u},
+        {0x00000000u, 0x80000000u},
+        {0x3F800000u, 0xBF800000u},
+        {0x00000001u, 0x00000000u},
+        {0x3F800000u, 0x3FFFFFFFu}},
+       {{0x3F800000u, 0x40000000u},
+        {0x7F7FFFFFu, 0x7F800000u},
+        {0x00000000u, 0x00800000u},
+        {0x80000000u, 0xFFC00000u}}},
+  };
+  const ChangeGrid grid{{1}, {1}};
+  for (const Case& c : cases) {
+    std::vector<uint32_t> before, after;
+    for (auto [b, a] : c.same) before.push_back(b), after.push_back(a);
+    for (auto [b, a] : c.different) before.push_back(b), after.push_back(a);
+    const ChangeCounts counts =
+        count_exponent_changes(c.dtype, pack(c.dtype, before), pack(c.dtype, after), grid);
+    EXPECT_EQ(counts.changed_values, c.different.size()) << dtype_name(c.dtype);
+    EXPECT_EQ(counts.changed_blocks[0], c.different.size()) << dtype_name(c.dtype);
+  }
+}
+
+TEST(ExponentChanges, EmptyGridCountsElementsOnly) {
+  auto [before, after] = snapshots(DType::kBF16, 100, {5, 50});
+  const ChangeCounts c = count_exponent_changes(DType::kBF16, before, after, ChangeGrid{{}, {}});
+  EXPECT_EQ(c.changed_values, 2u);
+  EXPECT_TRUE(c.blocks.empty());
+  EXPECT_TRUE(c.shards.empty());
+}
+
+TEST(ExponentChanges, RejectsMisshapenInput) {
+  std::vector<std::byte> a(10), b(12), odd(3);
+  EXPECT_THROW(count_exponent_changes(DType::kBF16, a, b, ChangeGrid{}), ConfigError);
+  EXPECT_THROW(count_exponent_changes(DType::kBF16, odd, odd, ChangeGrid{}), ConfigError);
+  EXPECT_THROW(count_exponent_changes(DType::kBF16, a, a, ChangeGrid{{0}, {64}}), ConfigError);
+  EXPECT_THROW(count_exponent_changes(DType::kBF16, a, a, ChangeGrid{{4}, {0}}), ConfigError);
+}
+
+TEST(ExponentChangeCounter, FollowsSnapshotsAndLeavesWarmupOutOfTheTotal) {
+  const ChangeGrid grid{{4, 8}, {64, 512}};
+  for (DType dtype : kDTypes) {
+    const uint64_t n = 5000;
+    ExponentChangeCounter counter(dtype, n, grid, /*warmup_steps=*/1);
+    std::mt19937_64 rng(3);
+    std::vector<uint32_t> bits(n, one_bits(dtype));
+    std::vector<std::byte> previous = pack(dtype, bits);
+    EXPECT_EQ(counter.observe(previous).values, 0u);  // the baseline
+    ChangeCounts want_total(grid);
+    for (int step = 1; step <= 4; ++step) {
+      for (int k = 0; k < 40; ++k) {
+        const uint64_t p = rng() % n;
+        bits[p] = bits[p] == one_bits(dtype) ? two_bits(dtype) : one_bits(dtype);
+      }
+      const std::vector<std::byte> now = pack(dtype, bits);
+      const ChangeCounts want = count_exponent_changes(dtype, previous, now, grid);
+      expect_equal(counter.observe(now), want, "step " + std::to_string(step));
+      if (step > 1) want_total += want;
+      previous = now;
+    }
+    EXPECT_EQ(counter.transitions(), 4u);
+    ASSERT_EQ(counter.changed_values_per_step().size(), 4u);
+    expect_equal(counter.total(), want_total, std::string(dtype_name(dtype)) + " total");
+    EXPECT_EQ(counter.total().transitions, 3u);
+  }
+}
+
+TEST(ExponentChangeCounter, RejectsASnapshotOfTheWrongSize) {
+  ExponentChangeCounter counter(DType::kFP32, 10);
+  std::vector<std::byte> wrong(36);
+  try {
+    counter.observe(wrong);
+    FAIL() << "accepted 36 bytes for 10 FP32 values";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("40 bytes"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ChangeStatistics, SumsCountsBySteptypeAndLeavesWarmupOut) {
+  const ChangeGrid grid{{4}, {64}};
+  ChangeStatistics stats(grid, /*warmup_steps=*/1);
+  auto [before, after] = snapshots(DType::kBF16, 256, {0, 100});
+  const ChangeCounts c = count_exponent_changes(DType::kBF16, before, after, grid);
+  stats.add(1, ShardType::kNorm, c);
+  stats.add(2, ShardType::kNorm, c);
+  stats.add(2, ShardType::kAttention, c);
+  EXPECT_EQ(stats.steps(), 2u);
+  EXPECT_EQ(stats.step(1).changed_values, 2u);
+  EXPECT_EQ(stats.step(2).changed_values, 4u);
+  EXPECT_EQ(stats.step(2, ShardType::kAttention).changed_values, 2u);
+  EXPECT_EQ(stats.total().changed_values, 4u);  // step 1 is warmup
+  EXPECT_EQ(stats.total().values, 512u);
+  EXPECT_EQ(stats.total(ShardType::kNorm).changed_values, 2u);
+  EXPECT_EQ(stats.total(ShardType::kNorm).changed_blocks[0], 2u);
+  EXPECT_EQ(stats.total(ShardType::kExpertFfn).values, 0u);
+  EXPECT_EQ(stats.step(3).values, 0u);
+}
+
+// --- classification --------------------------------------------------------------------------
+
+// Names as transformers 5.24 builds them (python/ciera/models.py configs; DeepSeek with dense first
+// layers and without q_lora), and the older per-expert checkpoint layouts.
+const std::vector<std::pair<std::string, ShardType>> kNames = {
+    // OLMoE
+    {"model.embed_tokens.weight", ShardType::kEmbedding},
+    {"lm_head.weight", ShardType::kEmbedding},
+    {"model.norm.weight", ShardType::kNorm},
+    {"model.layers.0.self_attn.q_proj.weight", ShardType::kAttention},
+    {"model.layers.0.self_attn.k_proj.weight", ShardType::kAttention},
+    {"model.layers.0.self_attn.v_proj.weight", ShardType::kAttention},
+    {"model.layers.0.self_attn.o_proj.weight", ShardType::kAttention},
+    {"model.layers.0.self_attn.q_norm.weight", ShardType::kNorm},
+    {"model.layers.0.self_attn.k_norm.weight", ShardType::kNorm},
+    {"model.layers.0.mlp.gate.weight", ShardType::kRouter},
+    {"model.layers.0.mlp.experts.gate_up_proj", ShardType::kExpertFfn},
+    {"model.layers.0.mlp.experts.down_proj", ShardType::kExpertFfn},
+    {"model.layers.0.input_layernorm.weight", ShardType::kNorm},
+    {"model.layers.0.post_attention_layernorm.weight", ShardType::kNorm},
+    {"model.layers.3.mlp.experts.17.gate_proj.weight", ShardType::kExpertFfn},  // older layout
+    {"model.layers.3.mlp.experts.17.down_proj.weight", ShardType::kExpertFfn},
+    // Mixtral (5.x uses mlp.*, checkpoints on the Hub block_sparse_moe.*)
+    {"model.layers.1.mlp.gate.weight", ShardType::kRouter},
+    {"model.layers.1.block_sparse_moe.gate.weight", ShardType::kRouter},
+    {"model.layers.1.block_sparse_moe.experts.7.w1.weight", ShardType::kExpertFfn},
+    {"model.layers.1.block_sparse_moe.experts.7.w2.weight", ShardType::kExpertFfn},
+    {"model.layers.1.block_sparse_moe.experts.7.w3.weight", ShardType::kExpertFfn},
+    // Qwen2-MoE
+    {"model.layers.0.self_attn.q_proj.bias", ShardType::kAttention},
+    {"model.layers.0.mlp.shared_expert.gate_proj.weight", ShardType::kExpertFfn},
+    {"model.layers.0.mlp.shared_expert.up_proj.weight", ShardType::kExpertFfn},
+    {"model.layers.0.mlp.shared_expert.down_proj.weight", ShardType::kExpertFfn},
+    {"model.layers.0.mlp.shared_expert_gate.weight", ShardType::kRouter},
+    // DeepSeek V2 / V3
+    {"model.layers.0.self_attn.q_a_proj.weight", ShardType::kAttention},
+    {"model.layers.0.self_attn.q_a_layernorm.weight", ShardType::kNorm},
+    {"model.layers.0.self_attn.q_b_proj.weight", ShardType::kAttention},
+    {"model.layers.0.self_attn.kv_a_proj_with_mqa.weight", ShardType::kAttention},
+    {"model.layers.0.self_attn.kv_a_layernorm.weight", ShardType::kNorm},
+    {"model.layers.0.self_attn.kv_b_proj.weight", ShardType::kAttention},
+    {"model.layers.0.mlp.gate_proj.weight", ShardType::kDenseFfn},  // first_k_dense_replace layers
+    {"model.layers.0.mlp.up_proj.weight", ShardType::kDenseFfn},
+    {"model.layers.0.mlp.down_proj.weight", ShardType::kDenseFfn},
+    {"model.layers.1.mlp.shared_experts.gate_proj.weight", ShardType::kExpertFfn},
+    {"model.layers.1.mlp.shared_experts.down_proj.weight", ShardType::kExpertFfn},
+    {"model.layers.1.mlp.gate.e_score_correction_bias", ShardType::kRouter},
+    // Llama 4
+    {"language_model.model.layers.0.feed_forward.router.weight", ShardType::kRouter},
+    {"language_model.model.layers.0.feed_forward.experts.gate_up_proj", ShardType::kExpertFfn},
+    {"language_model.model.layers.0.feed_forward.shared_expert.down_proj.weight",
+     ShardType::kExpertFfn},
+    // Not a parameter type we know
+    {"model.rotary_emb.inv_freq", ShardType::kOther},
+    {"", ShardType::kOther},
+};
+
+TEST(ClassifyParameter, RealNamesOfEveryFamily) {
+  for (const auto& [name, type] : kNames) {
+    EXPECT_EQ(to_string(classify_parameter(name)), to_string(type)) << name;
+  }
+}
+
+TEST(ClassifyParameter, WrapperPrefixesClassifyTheSame) {
+  for (const auto& [name, type] : kNames) {
+    for (const std::string& wrapped :
+         {"_fsdp_wrapped_module." + name, "module." + name, "_orig_mod." + name,
+          "module._orig_mod." + name, "_fsdp_wrapped_module._checkpoint_wrapped_module." + name}) {
+      EXPECT_EQ(to_string(classify_parameter(wrapped)), to_string(type)) << wrapped;
+    }
+  }
+  // FSDP1 also wraps inside the model.
+  EXPECT_EQ(classify_parameter("model.layers.0._fsdp_wrapped_module.mlp.experts.down_proj"),
+            ShardType::kExpertFfn);
+  EXPECT_EQ(classify_parameter("model.layers.0._fsdp_wrapped_module.mlp.gate.weight"),
+            ShardType::kRouter);
+}
+
+TEST(ClassifyParameter, NamesOfTypes) {
+  EXPECT_EQ(to_string(ShardType::kExpertFfn), "expert_ffn");
+  EXPECT_EQ(to_string(ShardType::kAttention), "attention");
+  EXPECT_EQ(to_string(ShardType::kRouter), "router");
+  EXPECT_EQ(to_string(ShardType::kNorm), "norm");
+  EXPECT_EQ(to_string(ShardType::kEmbedding), "embedding");
+  EXPECT_EQ(to_string(ShardType::kDenseFfn), "dense_ffn");
+  EXPECT_EQ(to_string(ShardType::kOther), "other");
+}
+
+// --- safetensors -------------------------------------------------------------------------------
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() /
+            ("ciera_analysis_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+             "_" + std::to_string(reinterpret_cast<uintptr_t>(this)) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void write_raw(const fs::path& path, const std::string& header, const std::vector<std::byte>& data,
+               std::optional<uint64_t> claimed_header_bytes = std::nullopt) {
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = claimed_header_bytes.value_or(header.size());
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));
+  out << header;
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+}
+
+struct Tensor {
+  std::string name, dtype;
+  std::vector<uint64_t> shape;
+  std::vector<std::byte> bytes;
+};
+
+// A well-formed file: tensors laid out in the order given.
+void write_safetensors(const fs::path& path, const std::vector<Tensor>& tensors) {
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
+  std::vector<std::byte> data;
+  for (const Tensor& t : tensors) {
+    std::string shape;
+    for (size_t i = 0; i < t.shape.size(); ++i) {
+      if (i > 0) shape += ',';
+      shape += std::to_string(t.shape[i]);
+    }
+    header += ",\"" + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[" + shape +
+              "],\"data_offsets\":[" + std::to_string(data.size()) + "," +
+              std::to_string(data.size() + t.bytes.size()) + "]}";
+    data.insert(data.end(), t.bytes.begin(), t.bytes.end());
+  }
+  header += "}";
+  header.resize((header.size() + 7) / 8 * 8, ' ');  // padded as the reference writer does
+  write_raw(path, header, data);
+}
+
+std::vector<std::byte> bytes_of(size_t n, uint8_t seed = 1) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>(seed + i * 7);
+  return v;
+}
+
+// The FormatError's message, or "" when none was thrown.
+template <typename F>
+std::string format_error(F&& f) {
+  try {
+    f();
+  } catch (const FormatError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_rejected(const fs::path& path, const std::string& expected) {
+  const std::string message = format_error([&] { SafetensorsFile file(path); });
+  EXPECT_NE(message.find(expected), std::string::npos)
+      << "message: " << message << "\nexpected: " << expected;
+  EXPECT_NE(message.find(path.string()), std::string::npos)
+      << "message does not name the file: " << message;
+}
+
+TEST(Safetensors, ReadsAWellFormedFile) {
+  TempDir dir;
+  const fs::path path = dir.path() / "a.safetensors";
+  write_safetensors(path, {{"b.weight", "BF16", {2, 3}, bytes_of(12, 1)},
+                           {"a.weight", "F32", {4}, bytes_of(16, 2)},
+                           {"c.half", "F16", {1}, bytes_of(2, 3)},
+                           {"steps", "I64", {}, bytes_of(8, 4)},
+                           {"empty", "F32", {0, 5}, {}}});
+  const SafetensorsFile file(path);
+  ASSERT_EQ(file.tensors().size(), 5u);
+  EXPECT_EQ(file.tensors()[0].name, "a.weight");  // sorted by name
+  EXPECT_EQ(file.metadata().at("format"), "pt");
+  const SafetensorsTensor* b = file.find("b.weight");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->dtype, "BF16");
+  EXPECT_EQ(b->ciera_dtype, DType::kBF16);
+  EXPECT_EQ(b->shape, (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(b->num_values, 6u);
+  EXPECT_EQ(std::vector<std::byte>(b->bytes.begin(), b->bytes.end()), bytes_of(12, 1));
+  EXPECT_EQ(file.find("a.weight")->ciera_dtype, DType::kFP32);
+  EXPECT_EQ(file.find("c.half")->ciera_dtype, DType::kFP16);
+  EXPECT_FALSE(file.find("steps")->ciera_dtype.has_value());
+  EXPECT_EQ(file.find("steps")->num_values, 1u);  // a scalar
+  EXPECT_EQ(file.find("empty")->num_values, 0u);
+  EXPECT_EQ(file.find("missing"), nullptr);
+}
+
+TEST(Safetensors, RejectsBrokenFilesNamingTheProblem) {
+  TempDir dir;
+  const fs::path good = dir.path() / "good.safetensors";
+  write_safetensors(good, {{"w", "BF16", {4}, bytes_of(8)}, {"v", "F32", {2}, bytes_of(8)}});
+  std::ifstream in(good, std::ios::binary);
+  const std::string whole((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+
+  const fs::path p = dir.path() / "bad.safetensors";
+  auto write_text = [&](const std::string& content) {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out << content;
+  };
+  auto entry = [](const std::string& body) { return std::string("{\"w\":") + body + "}"; };
+
+  write_text("abc");
+  expect_rejected(p, "shorter than the 8-byte header length");
+  write_text(whole.substr(0, whole.size() - 3));
+  expect_rejected(p, "tensor 'v': data_offsets [8, 16] reach past the 13 bytes of data");
+  write_raw(p, "{}", {}, 1000);
+  expect_rejected(p, "header length 1000 exceeds the 2 bytes after it");
+  write_raw(p, "{\"w\": [1, 2", {});
+  expect_rejected(p, "header is not valid JSON");
+  write_raw(p, "[1,2]", {});
+  expect_rejected(p, "not a JSON object");
+  write_raw(p, entry(R"({"dtype":"BF16","shape":[4]})"), bytes_of(8));
+  expect_rejected(p, "tensor 'w': entry has no \"data_offsets\"");
+  write_raw(p, entry(R"({"dtype":"Q4","shape":[4],"data_offsets":[0,8]})"), bytes_of(8));
+  expect_rejected(p, "tensor 'w': unknown dtype \"Q4\"");
+  write_raw(p, entry(R"({"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]})"), bytes_of(8));
+  expect_rejected(p,
+                  "tensor 'w': shape [2,3] of BF16 needs 12 bytes but data_offsets [0, 8] hold 8");
+  write_raw(p, entry(R"({"dtype":"BF16","shape":[-4],"data_offsets":[0,8]})"), bytes_of(8));
+  expect_rejected(p, "not a non-negative integer");
+  write_raw(p, entry(R"({"dtype":"BF16","shape":[4],"data_offsets":[8,0]})"), bytes_of(8));
+  expect_rejected(p, "end before they begin");
+  write_raw(p, entry(R"({"dtype":"BF16","shape":[4],"data_offsets":[0]})"), bytes_of(8));
+  expect_rejected(p, "is not a pair of non-negative integers");
+  write_raw(p, entry(R"({"dtype":"BF16","shape":[4294967296,4294967296],"data_offsets":[0,8]})"),
+            bytes_of(8));
+  expect_rejected(p, "overflows");
+  write_raw(p,
+            R"({"w":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]},)"
+            R"("v":{"dtype":"BF16","shape":[4],"data_offsets":[4,12]}})",
+            bytes_of(12));
+  expect_rejected(p, "overlaps tensor 'w'");
+  write_raw(p,
+            R"({"w":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]},)"
+            R"("v":{"dtype":"BF16","shape":[2],"data_offsets":[10,14]}})",
+            bytes_of(14));
+  expect_rejected(p, "tensor 'v': data starts at 10 but the tensors before it end at 8");
+  write_raw(p, entry(R"({"dtype":"BF16","shape":[4],"data_offsets":[0,8]})"), bytes_of(10));
+  expect_rejected(p, "2 bytes after the last tensor's data belong to no tensor");
+  write_raw(p, R"({"__metadata__":{"a":1}})", {});
+  expect_rejected(p, "__metadata__ \"a\" is 1, not a string");
+  expect_rejected(dir.path() / "absent.safetensors", "cannot open");
+}
+
+// --- checkpoint series -------------------------------------------------------------------------
+
+TEST(Checkpoints, DirectoriesAreOrderedByStepNumber) {
+  TempDir dir;
+  for (const char* name : {"step_10.safetensors", "step_9.safetensors", "step_100.safetensors"}) {
+    write_safetensors(dir.path() / name, {{"w", "BF16", {4}, bytes_of(8)}});
+  }
+  std::ofstream(dir.path() / "notes.txt") << "not a checkpoint";
+  const std::vector<fs::path> files = list_checkpoints({dir.path().string()});
+  ASSERT_EQ(files.size(), 3u);
+  EXPECT_EQ(files[0].filename(), "step_9.safetensors");
+  EXPECT_EQ(files[1].filename(), "step_10.safetensors");
+  EXPECT_EQ(files[2].filename(), "step_100.safetensors");
+  EXPECT_EQ(checkpoint_step_number("run3-ckpt-000120.safetensors"), 120u);
+  EXPECT_FALSE(checkpoint_step_number("final.safetensors").has_value());
+
+  write_safetensors(dir.path() / "final.safetensors", {{"w", "BF16", {4}, bytes_of(8)}});
+  try {
+    list_checkpoints({dir.path().string()});
+    FAIL() << "ordered a file without a step number";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("final.safetensors: its name holds no step number"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(list_checkpoints({(dir.path() / "step_9.safetensors").string()}),
+               ConfigError);  // only one
+}
+
+TEST(Checkpoints, SeriesMustAgreeOnTensors) {
+  TempDir dir;
+  const fs::path a = dir.path() / "a.safetensors", b = dir.path() / "b.safetensors";
+  write_safetensors(a, {{"w", "BF16", {4}, bytes_of(8)}, {"v", "F32", {2}, bytes_of(8)}});
+  auto message = [&](const std::vector<Tensor>& second) {
+    write_safetensors(b, second);
+    return format_error([&] { open_checkpoint_series({a, b}); });
+  };
+  EXPECT_EQ(message({{"w", "BF16", {4}, bytes_of(8, 9)}, {"v", "F32", {2}, bytes_of(8)}}), "");
+  EXPECT_NE(message({{"w", "BF16", {4}, bytes_of(8)}})
+                .find(b.string() + ": tensor 'v' is missing (it is in " + a.string()),
+            std::string::npos);
+  EXPECT_NE(message({{"w", "BF16", {4}, bytes_of(8)}, {"v", "BF16", {4}, bytes_of(8)}})
+                .find("tensor 'v' is BF16 but F32 in"),
+            std::string::npos);
+  EXPECT_NE(message({{"w", "BF16", {2, 2}, bytes_of(8)}, {"v", "F32", {2}, bytes_of(8)}})
+                .find("tensor 'w' has shape [2, 2] but [4] in"),
+            std::string::npos);
+  EXPECT_NE(message({{"w", "BF16", {4}, bytes_of(8)},
+                     {"v", "F32", {2}, bytes_of(8)},
+                     {"x", "F32", {1}, bytes_of(4)}})
+                .find("tensor 'x' is not in " + a.string()),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ciera

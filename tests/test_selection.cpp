@@ -1,0 +1,346 @@
+// Benefit-driven selection (paper §3.2) with synthetic costs, the Comm() curve, the change monitor
+// and the measured cost model on the loopback transport.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "ciera/error.hpp"
+#include "ciera/loopback.hpp"
+#include "ciera/selection.hpp"
+
+namespace ciera {
+namespace {
+
+// Comm(bytes) = latency + bytes / (100 MB/s), exactly, for hand-computed gains.
+CostModel linear_model(int world, double latency_s = 1e-3) {
+  CostModel model;
+  model.world_size = world;
+  model.allgather = CommCurve::fit({{0, latency_s}, {1e8, latency_s + 1.0}});
+  for (CodecThroughput& t : model.codec) t = {1e10, 1e10, 1e10};  // 10 GB/s
+  return model;
+}
+
+ShardCandidate candidate(size_t bucket, size_t param, uint64_t values_per_rank, int world, double q) {
+  ShardCandidate c;
+  c.bucket = bucket;
+  c.param = param;
+  c.name = "b" + std::to_string(bucket) + ".p" + std::to_string(param);
+  c.type = "expert_ffn";
+  c.shard_values.assign(size_t(world), values_per_rank);
+  c.block_change_rate = q;
+  c.value_change_rate = q;  // one change per changed block: block mode is the smaller here
+  return c;
+}
+
+TEST(CommCurve, InterpolatesAndExtrapolates) {
+  const CommCurve curve = CommCurve::fit({{1000, 2e-3}, {3000, 4e-3}, {2000, 3e-3}});
+  EXPECT_NEAR(curve.alpha_s(), 1e-3, 1e-12);
+  EXPECT_NEAR(curve.bytes_per_s(), 1e6, 1e-3);
+  EXPECT_NEAR(curve.seconds(1500), 2.5e-3, 1e-12);
+  EXPECT_NEAR(curve.seconds(5000), 6e-3, 1e-12);  // beyond the samples: the fitted slope
+  EXPECT_NEAR(curve.seconds(0), 1e-3, 1e-12);     // below: never under the latency
+}
+
+TEST(CommCurve, NoisySamplesGiveAMonotoneCurve) {
+  const CommCurve curve = CommCurve::fit({{1000, 5e-3}, {2000, 3e-3}, {4000, 8e-3}});
+  EXPECT_GE(curve.seconds(2000), curve.seconds(1000));
+  EXPECT_GE(curve.seconds(3000), curve.seconds(2000));
+}
+
+TEST(CommCurve, RejectsBadSamples) {
+  EXPECT_THROW(CommCurve::fit({{1000, 1e-3}}), ConfigError);
+  EXPECT_THROW(CommCurve::fit({{1000, 1e-3}, {1000, 2e-3}}), ConfigError);
+  try {
+    CommCurve::fit({{1000, -1}, {2000, 1e-3}});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("negative"), std::string::npos);
+  }
+}
+
+TEST(Selector, GainMatchesTheFormulaByHand) {
+  const int world = 4;
+  const CostModel model = linear_model(world);
+  SelectorOptions options;
+  const uint64_t n = 1 << 20;  // values per rank
+  const std::vector<ShardCandidate> shards = {candidate(0, 0, n, world, 0.01)};
+  const Selection s = select_shards(shards, model, options);
+  ASSERT_EQ(s.shards.size(), 1u);
+  const ShardChoice& c = s.shards[0];
+  // BF16: S_i = 4 * 2n; per rank S_sm = n, bitmap = n / 512 / 8, q S_e = 0.01 n, header 80.
+  const double raw = 4.0 * 2 * n;
+  const double wire = 4.0 * (80 + n + n / 512.0 / 8 + 0.01 * n);
+  EXPECT_DOUBLE_EQ(c.raw_bytes, raw);
+  EXPECT_NEAR(c.expected_wire_bytes, wire, 1e-6);
+  EXPECT_NEAR(c.comm_saved_s, (raw - wire) / 1e8, 1e-9);
+  EXPECT_NEAR(c.decode_s, 3.0 * 2 * n / 1e10, 1e-12);  // three peer shards
+  EXPECT_NEAR(c.gain_s, (raw - wire) / 1e8 - 3.0 * 2 * n / 1e10, 1e-9);
+  EXPECT_EQ(c.memory_bytes, 4 * n);  // own copy + three peer caches, one byte per value
+  EXPECT_TRUE(c.chosen);
+  EXPECT_EQ(s.cache_bytes, 4 * n);
+  EXPECT_EQ(s.policy(0, 0), ShardPolicy::kCiera);
+}
+
+TEST(Selector, FineModeEstimateWhenAlmostEveryBlockHoldsAChange) {
+  const int world = 4;
+  const CostModel model = linear_model(world);
+  ShardCandidate c = candidate(0, 0, 1 << 20, world, 0.99);
+  c.value_change_rate = 0.01;  // 1% of values: ~99% of blocks of 512 hold one
+  const Selection exact = select_shards(std::vector{c}, model, SelectorOptions{});
+  const double n = 1 << 20;
+  const double fine = 0.01 * n * kFineBytesPerChange + 0.99 * (n / 512) * kFineBytesPerBlock;
+  EXPECT_NEAR(exact.shards[0].expected_wire_bytes, world * (80 + n + n / 512 / 8 + fine), 1e-3);
+  EXPECT_TRUE(exact.shards[0].chosen);
+  SelectorOptions hash;  // hash detection codes blocks only: nearly the raw size, no gain
+  hash.codec.detection = ChangeDetection::kHash;
+  const Selection blocks = select_shards(std::vector{c}, model, hash);
+  EXPECT_NEAR(blocks.shards[0].expected_wire_bytes, world * (80 + n + n / 512 / 8 + 0.99 * n), 1e-3);
+}
+
+TEST(Selector, HighChangeShardsAreSkipped) {
+  const int world = 4;
+  CostModel model = linear_model(world);
+  for (CodecThroughput& t : model.codec) t = {1e9, 1e9, 1e9};
+  const std::vector<ShardCandidate> shards = {candidate(0, 0, 1 << 16, world, 0.005),
+                                              candidate(0, 1, 1 << 16, world, 1.0)};
+  const Selection s = select_shards(shards, model, SelectorOptions{});
+  EXPECT_TRUE(s.shards[0].chosen);
+  EXPECT_FALSE(s.shards[1].chosen);  // every block changes: the payload is as big as the raw shard
+  EXPECT_LE(s.shards[1].gain_s, 0);
+  EXPECT_NE(s.shards[1].reason.find("no gain"), std::string::npos);
+}
+
+TEST(Selector, BudgetIsRespectedToTheByte) {
+  const int world = 2;
+  const CostModel model = linear_model(world, 1e-7);  // so small shards pay their round overhead
+  std::vector<ShardCandidate> shards;
+  for (size_t p = 0; p < 6; ++p) shards.push_back(candidate(p % 2, p, 1000 * (p + 1), world, 0.01 * double(p)));
+  for (uint64_t budget : {0ull, 1999ull, 2000ull, 5000ull, 12345ull, 100000ull}) {
+    SelectorOptions options;
+    options.cache_budget_bytes = budget;
+    const Selection s = select_shards(shards, model, options);
+    uint64_t used = 0;
+    for (const ShardChoice& c : s.shards) used += c.chosen ? c.memory_bytes : 0;
+    EXPECT_EQ(used, s.cache_bytes);
+    EXPECT_LE(s.cache_bytes, budget) << "budget " << budget;
+    if (budget == 0) {
+      EXPECT_EQ(s.chosen_count(), 0u);
+    }
+    if (budget == 2000) {
+      EXPECT_EQ(s.cache_bytes, 2000u);  // exactly the shard of 1000 values, cached on both ranks
+      EXPECT_TRUE(s.shards[0].chosen);
+    }
+  }
+}
+
+TEST(Selector, ZeroBudgetSelectsNothingAndEveryPolicyIsRaw) {
+  const CostModel model = linear_model(4);
+  SelectorOptions options;
+  options.cache_budget_bytes = 0;
+  const std::vector<ShardCandidate> shards = {candidate(0, 0, 1 << 20, 4, 0.0), candidate(1, 0, 1 << 20, 4, 0.0)};
+  const Selection s = select_shards(shards, model, options);
+  EXPECT_EQ(s.chosen_count(), 0u);
+  EXPECT_EQ(s.cache_bytes, 0u);
+  EXPECT_EQ(s.policy(0, 0), ShardPolicy::kRaw);
+  EXPECT_EQ(s.policy(1, 0), ShardPolicy::kRaw);
+}
+
+TEST(Selector, TiesAreBrokenByBucketThenParam) {
+  const CostModel model = linear_model(2);
+  std::vector<ShardCandidate> shards;
+  for (size_t b : {2u, 0u, 1u}) shards.push_back(candidate(b, 0, 1 << 18, 2, 0.0));
+  SelectorOptions options;
+  options.cache_budget_bytes = 2 * (1 << 18);  // room for exactly one
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    const Selection s = select_shards(shards, model, options);
+    EXPECT_EQ(s.chosen_count(), 1u);
+    EXPECT_TRUE(s.shards[1].chosen);  // bucket 0
+  }
+}
+
+TEST(Selector, RankingPrefersGainPerByte) {
+  const CostModel model = linear_model(2);
+  // Same size; the lower change rate saves more bytes per byte of cache.
+  const std::vector<ShardCandidate> shards = {candidate(0, 0, 1 << 18, 2, 0.5), candidate(0, 1, 1 << 18, 2, 0.01)};
+  SelectorOptions options;
+  options.cache_budget_bytes = 2 * (1 << 18);
+  const Selection s = select_shards(shards, model, options);
+  EXPECT_FALSE(s.shards[0].chosen);
+  EXPECT_TRUE(s.shards[1].chosen);
+  EXPECT_EQ(s.shards[0].reason, "over budget");
+}
+
+TEST(Selector, OverlapOffChargesEncoding) {
+  CostModel model = linear_model(4);
+  for (CodecThroughput& t : model.codec) t = {1e8, 1e8, 1e12};  // encoding as slow as the link
+  const std::vector<ShardCandidate> shards = {candidate(0, 0, 1 << 20, 4, 0.0)};
+  SelectorOptions on, off;
+  off.overlap = false;
+  const Selection hidden = select_shards(shards, model, on);
+  const Selection exposed = select_shards(shards, model, off);
+  EXPECT_NEAR(hidden.shards[0].gain_s - exposed.shards[0].gain_s, exposed.shards[0].encode_s, 1e-12);
+  EXPECT_NEAR(exposed.shards[0].encode_s, 2.0 * (1 << 20) / 1e8, 1e-12);
+}
+
+TEST(Selector, BucketThatCannotPayItsRoundOverheadIsDropped) {
+  CostModel model;
+  model.world_size = 2;
+  // A slow-latency, fast-bandwidth link: compressed rounds cost 2 x 50 ms; a tiny shard saves little.
+  model.allgather = CommCurve::fit({{0, 0.05}, {1e9, 0.05 + 1.0}});
+  for (CodecThroughput& t : model.codec) t = {1e12, 1e12, 1e12};
+  const std::vector<ShardCandidate> shards = {candidate(0, 0, 1000, 2, 0.0), candidate(1, 0, 1 << 26, 2, 0.0)};
+  const Selection s = select_shards(shards, model, SelectorOptions{});
+  EXPECT_GT(s.shards[0].gain_s, 0);
+  EXPECT_FALSE(s.shards[0].chosen);
+  EXPECT_NE(s.shards[0].reason.find("round overhead"), std::string::npos);
+  EXPECT_TRUE(s.shards[1].chosen);
+}
+
+TEST(Selector, UnevenShardsCountTheLargestRanksMemory) {
+  const CostModel model = linear_model(3);
+  ShardCandidate c = candidate(0, 0, 0, 3, 0.0);
+  c.shard_values = {4000, 4000, 1000};
+  const Selection s = select_shards(std::vector{c}, model, SelectorOptions{});
+  EXPECT_EQ(s.shards[0].memory_bytes, 9000u);  // every rank caches all three shards
+  SelectorOptions hash;
+  hash.codec.detection = ChangeDetection::kHash;
+  const Selection h = select_shards(std::vector{c}, model, hash);
+  // Rank 2 holds the most: 2 block hashes (16 bytes) for its own 1000 values + 2 x 4000 peer
+  // exponents (ranks 0 and 1: 8 hashes + 5000).
+  EXPECT_EQ(h.shards[0].memory_bytes, 2 * 16 + 8000u);
+}
+
+TEST(Selector, EachDTypeUsesItsOwnThroughput) {
+  CostModel model = linear_model(2);
+  for (CodecThroughput& t : model.codec) t = {};
+  model.throughput(DType::kFP32) = {1e10, 1e10, 1e10};
+  ShardCandidate single = candidate(0, 0, 1 << 20, 2, 0.0), brain = candidate(1, 0, 1 << 20, 2, 0.0);
+  single.dtype = DType::kFP32;
+  const Selection s = select_shards(std::vector{single, brain}, model, SelectorOptions{});
+  EXPECT_TRUE(s.shards[0].chosen);
+  EXPECT_FALSE(s.shards[1].chosen);
+  EXPECT_NE(s.shards[1].reason.find("not measured for bf16"), std::string::npos) << s.shards[1].reason;
+  EXPECT_THROW(model.throughput(static_cast<DType>(0)), ConfigError);
+}
+
+TEST(Selector, RejectsInconsistentCandidates) {
+  const CostModel model = linear_model(4);
+  EXPECT_THROW(select_shards(std::vector{candidate(0, 0, 10, 3, 0.0)}, model, SelectorOptions{}), ConfigError);
+  EXPECT_THROW(select_shards(std::vector{candidate(0, 0, 10, 4, 1.5)}, model, SelectorOptions{}), ConfigError);
+  ShardCandidate negative = candidate(0, 0, 10, 4, 0.5);
+  negative.value_change_rate = -0.1;
+  EXPECT_THROW(select_shards(std::vector{negative}, model, SelectorOptions{}), ConfigError);
+}
+
+TEST(Selector, CacheBytesPredictionMatchesTheCodec) {
+  for (ChangeDetection detection : {ChangeDetection::kExact, ChangeDetection::kHash}) {
+    CodecConfig config;
+    config.detection = detection;
+    config.warmup_steps = 0;
+    const uint64_t n = 5000;
+    ShardEncoder encoder(config, n);
+    ShardDecoder decoder(config, n);
+    std::vector<std::byte> shard(2 * n, std::byte{0x3c}), payload(encoder.max_payload_bytes()), out(2 * n);
+    const FrameStats sent = encoder.encode(shard, payload);
+    decoder.decode({payload.data(), sent.payload_bytes}, out);
+    EXPECT_EQ(codec_cache_bytes(config, n, true), encoder.cache_bytes());
+    EXPECT_EQ(codec_cache_bytes(config, n, false), decoder.cache_bytes());
+  }
+}
+
+TEST(ChangeMonitor, CountsChangedValuesAndBlocksPerShard) {
+  // Two shards of 10 and 5 BF16 values, blocks of 4: blocks [4,4,2] and [4,1].
+  ChangeMonitor monitor(DType::kBF16, {10, 5}, 4);
+  std::vector<uint16_t> v(15, 0x3f80);  // 1.0
+  monitor.observe(std::as_bytes(std::span(v)));
+  EXPECT_EQ(monitor.counts()[0].observations, 0u);
+  v[1] = 0x3f81;   // mantissa only: no exponent change
+  v[5] = 0x4000;   // 2.0: exponent change in shard 0, block 1
+  v[6] = 0xc000;   // -2.0: same block
+  v[9] = 0x7fc1;   // NaN: shard 0, block 2
+  v[14] = 0xbf80;  // -1.0: sign only
+  monitor.observe(std::as_bytes(std::span(v)));
+  const auto& c = monitor.counts();
+  EXPECT_EQ(c[0].observations, 1u);
+  EXPECT_EQ(c[0].values, 10u);
+  EXPECT_EQ(c[0].blocks, 3u);
+  EXPECT_EQ(c[0].changed_values, 3u);
+  EXPECT_EQ(c[0].changed_blocks, 2u);
+  EXPECT_EQ(c[1].blocks, 2u);
+  EXPECT_EQ(c[1].changed_values, 0u);
+  EXPECT_EQ(c[1].changed_blocks, 0u);
+  EXPECT_DOUBLE_EQ(c[0].block_change_rate(), 2.0 / 3.0);
+  monitor.observe(std::as_bytes(std::span(v)));  // nothing changed since
+  EXPECT_EQ(c[0].changed_blocks, 2u);
+  EXPECT_EQ(c[0].blocks, 6u);
+  EXPECT_THROW(monitor.observe(std::as_bytes(std::span(v).first(3))), ConfigError);
+}
+
+TEST(ChangeMonitor, FP16AndFP32ExponentsOnly) {
+  ChangeMonitor half(DType::kFP16, {4}, 64);
+  std::vector<uint16_t> h = {0x3c00, 0x3c00, 0x3c00, 0x3c00};
+  half.observe(std::as_bytes(std::span(h)));
+  h[0] = 0x3c01, h[1] = 0x4000, h[2] = 0x8000 | 0x3c00;
+  half.observe(std::as_bytes(std::span(h)));
+  EXPECT_EQ(half.counts()[0].changed_values, 1u);
+  ChangeMonitor single(DType::kFP32, {3}, 64);
+  std::vector<uint32_t> f = {0x3f800000, 0x3f800000, 0x00000001};
+  single.observe(std::as_bytes(std::span(f)));
+  f[0] = 0x3f800001, f[1] = 0x40000000, f[2] = 0x00800000;  // subnormal -> normal
+  single.observe(std::as_bytes(std::span(f)));
+  EXPECT_EQ(single.counts()[0].changed_values, 2u);
+}
+
+TEST(CostModel, MeasuredOnLoopbackAgreesOnEveryRank) {
+  const int world = 3;
+  auto shared = make_loopback_world(world);
+  std::vector<CommCurve> curves(world);
+  std::vector<ShardChangeCounts> merged;
+  std::vector<std::thread> threads;
+  std::vector<double> agreed(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      const std::unique_ptr<Transport> transport = make_loopback_transport(shared, r);
+      Transport& t = *transport;
+      const std::vector<uint64_t> sizes = {3000, 30000, 300000};
+      curves[size_t(r)] = measure_allgather(t, sizes, 2);
+      agreed[size_t(r)] = agree_max(t, double(r) + 0.5);
+      std::vector<ShardChangeCounts> counts(2);
+      counts[0] = {4, 100 * uint64_t(r + 1), 10, uint64_t(r), 1};
+      counts[1] = {4, 50, 5, 0, 0};
+      merge_counts_across_ranks(t, counts);
+      if (r == 0) merged = counts;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 1; r < world; ++r) {
+    ASSERT_EQ(curves[size_t(r)].samples().size(), curves[0].samples().size());
+    for (size_t i = 0; i < curves[0].samples().size(); ++i) {
+      EXPECT_EQ(curves[size_t(r)].samples()[i].seconds, curves[0].samples()[i].seconds);
+    }
+    EXPECT_EQ(agreed[size_t(r)], 2.5);
+  }
+  EXPECT_EQ(curves[0].samples().front().bytes, 3000);
+  EXPECT_EQ(merged[0].observations, 4u);
+  EXPECT_EQ(merged[0].values, 600u);
+  EXPECT_EQ(merged[0].changed_values, 3u);
+  EXPECT_EQ(merged[0].changed_blocks, 3u);
+  EXPECT_EQ(merged[1].blocks, 15u);
+}
+
+TEST(CostModel, CodecThroughputIsMeasuredForEveryDType) {
+  for (DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    CodecConfig config;
+    config.dtype = dtype;
+    const CodecThroughput t = measure_codec(config, 1 << 16, 0.005, 2);
+    EXPECT_GT(t.detect_bytes_per_s, 0);
+    EXPECT_GT(t.encode_bytes_per_s, 0);
+    EXPECT_GT(t.decode_bytes_per_s, 0);
+  }
+}
+
+}  // namespace
+}  // namespace ciera

@@ -1,0 +1,655 @@
+// The simulator: collective formulas and the schedule on hand-computed cases, ZeRO++ and CIERA
+// byte counts, the model zoo against published parameter counts, and input errors that name
+// their problem.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "ciera/sim.hpp"
+
+namespace ciera::sim {
+namespace {
+
+// Expects `f` to throw ConfigError whose message contains every one of `parts`.
+template <typename F>
+void expect_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error thrown";
+  } catch (const ConfigError& e) {
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message: " << e.what() << "\nwanted: " << part;
+    }
+  }
+}
+
+Cluster two_tier_cluster() {
+  Cluster c;
+  c.name = "test";
+  c.gpus_per_node = 4;
+  c.intra = {100, 1e-6};
+  c.inter = {10, 1e-5};
+  c.peak_tflops = 100;
+  c.hbm_GBps = 1000;
+  c.mfu = 0.5;
+  c.detect_GBps = 0;
+  c.encode_GBps = c.decode_GBps = c.quantize_GBps = c.dequantize_GBps = 1000;
+  return c;
+}
+
+// ---- Collectives ------------------------------------------------------------------------------
+
+TEST(SimCollectives, RingIsStepsTimesAlphaPlusFractionOverBandwidth) {
+  // 4 ranks, 1 GB gathered, 10 GB/s, 10 us: 3 x 10 us + 3/4 x 1e9 / 1e10 s.
+  EXPECT_NEAR(ring_seconds(4, 1e9, {10, 1e-5}), 3e-5 + 0.075, 1e-12);
+  EXPECT_EQ(ring_seconds(1, 1e9, {10, 1e-5}), 0.0);
+  EXPECT_EQ(ring_seconds(4, 0, {10, 1e-5}), 0.0);
+}
+
+TEST(SimCollectives, RingInsideOneNodeUsesTheIntraLink) {
+  const Cluster c = two_tier_cluster();
+  EXPECT_NEAR(allgather_seconds(c, 4, 1e9, Algorithm::kRing), 3e-6 + 0.75 * 1e9 / 1e11, 1e-12);
+}
+
+TEST(SimCollectives, RingAcrossNodesIsPacedByTheInterNodeLink) {
+  const Cluster c = two_tier_cluster();
+  EXPECT_NEAR(allgather_seconds(c, 8, 1e9, Algorithm::kRing), 7 * 1e-5 + 7.0 / 8 * 1e9 / 1e10,
+              1e-12);
+}
+
+TEST(SimCollectives, HierarchicalIsInterNodeRingOverNodesThenIntraNodeRing) {
+  const Cluster c = two_tier_cluster();
+  const double inter = 1 * 1e-5 + 0.5 * 1e9 / 1e10;   // 2 nodes
+  const double intra = 3 * 1e-6 + 0.75 * 1e9 / 1e11;  // 4 GPUs per node
+  EXPECT_NEAR(allgather_seconds(c, 8, 1e9, Algorithm::kHierarchical), inter + intra, 1e-12);
+  EXPECT_NEAR(reduce_scatter_seconds(c, 8, 1e9, Algorithm::kHierarchical), inter + intra, 1e-12);
+}
+
+TEST(SimCollectives, PartialNodesAreRejected) {
+  const Cluster c = two_tier_cluster();
+  expect_error([&] { allgather_seconds(c, 6, 1e9, Algorithm::kRing); }, {"6 GPUs", "nodes of 4"});
+}
+
+TEST(SimCollectives, CostCurveFitRecoversAlphaAndBandwidth) {
+  const CostCurve curve = fit_cost_curve({{1e6, 0.011}, {2e6, 0.021}, {4e6, 0.041}}, "ag");
+  EXPECT_NEAR(curve.alpha_s, 0.001, 1e-9);
+  EXPECT_NEAR(curve.bytes_per_s, 1e8, 1e-3);
+  // A negative intercept is clamped: refit through the origin.
+  const CostCurve clamped = fit_cost_curve({{1e6, 0.009}, {2e6, 0.021}}, "ag");
+  EXPECT_EQ(clamped.alpha_s, 0.0);
+  EXPECT_GT(clamped.bytes_per_s, 0.0);
+  expect_error([] { fit_cost_curve({}, "comm.allgather"); },
+               {"comm.allgather", "no measured points"});
+  expect_error(
+      [] {
+        fit_cost_curve({{1e6, 0.2}, {2e6, 0.1}}, "comm.allgather");
+      },
+      {"does not increase"});
+}
+
+TEST(SimCollectives, CostCurveFitAveragesRepeatedSizes) {
+  // Three identical buckets at 1 MB (mean 2 s) count as one point: the line through (1, 2),
+  // (2, 3), (3, 5) in MB and s has slope 1.5 s/MB and intercept 1/3 s. Weighting the three
+  // repeats separately would pull the fit towards 1 MB.
+  const CostCurve curve =
+      fit_cost_curve({{1e6, 1.5}, {1e6, 2.5}, {1e6, 2.0}, {2e6, 3.0}, {3e6, 5.0}}, "ag");
+  EXPECT_NEAR(curve.alpha_s, 1.0 / 3, 1e-9);
+  EXPECT_NEAR(curve.bytes_per_s, 1e6 / 1.5, 1e-3);
+  // Two identical buckets and nothing else: one size, fitted through the origin.
+  const CostCurve one = fit_cost_curve({{1e6, 0.4}, {1e6, 0.6}}, "ag");
+  EXPECT_EQ(one.alpha_s, 0.0);
+  EXPECT_NEAR(one.bytes_per_s, 2e6, 1e-3);
+}
+
+TEST(SimCollectives, ByteReductionBound) {
+  EXPECT_NEAR(byte_reduction_bound(0.5, 2.0), 1.0 / 0.75, 1e-12);
+  EXPECT_NEAR(byte_reduction_bound(1.0, 2.0), 2.0, 1e-12);
+  EXPECT_NEAR(byte_reduction_bound(0.0, 2.0), 1.0, 1e-12);
+  EXPECT_NEAR(byte_reduction_bound(0.6, 1.0), 1.0, 1e-12);
+}
+
+// ---- Schedule -------------------------------------------------------------------------------
+
+UnitCost simple_unit() {
+  UnitCost u;
+  u.forward_s = 1;
+  u.backward_s = 2;
+  u.allgather_forward_s = u.allgather_backward_s = 0.5;
+  u.reduce_scatter_s = 0.25;
+  return u;
+}
+
+TEST(SimSchedule, NoPrefetchSerialisesGathersAndCompute) {
+  // Gathers 0.5 each before every unit; the second backward gather waits for the first
+  // reduce-scatter on the channel (5.5 -> 5.75); the last reduce-scatter ends at 8.5.
+  ScheduleOptions options;
+  options.prefetch_depth = 0;
+  const Breakdown b = simulate_iteration({simple_unit(), simple_unit()}, 0.1, options);
+  EXPECT_NEAR(b.total_s, 8.6, 1e-12);
+  EXPECT_NEAR(b.compute_s, 6.0, 1e-12);
+  EXPECT_NEAR(b.exposed_allgather_s, 2.0, 1e-12);
+  EXPECT_NEAR(b.exposed_reduce_scatter_s, 0.5, 1e-12);  // 0.25 before the gather, 0.25 at the end
+  EXPECT_NEAR(b.optimizer_s, 0.1, 1e-12);
+  EXPECT_NEAR(b.allgather_busy_s, 2.0, 1e-12);
+}
+
+TEST(SimSchedule, PrefetchHidesAllButTheFirstGather) {
+  const Breakdown b = simulate_iteration({simple_unit(), simple_unit()}, 0.1, ScheduleOptions{});
+  EXPECT_NEAR(b.total_s, 6.85, 1e-12);
+  EXPECT_NEAR(b.exposed_allgather_s, 0.5, 1e-12);
+  EXPECT_NEAR(b.exposed_reduce_scatter_s, 0.25, 1e-12);
+  EXPECT_NEAR(b.exposed_codec_s, 0.0, 1e-12);
+  EXPECT_NEAR(b.compute_s + b.exposed_allgather_s + b.exposed_reduce_scatter_s + b.optimizer_s,
+              b.total_s, 1e-12);
+}
+
+TEST(SimSchedule, EncodeRunsAheadAndDecodeIsOnTheCriticalPath) {
+  // One unit: encode 0.5 from iteration start, gather 1, decode 0.2. Forward waits 1.7 (0.5 encode,
+  // 1.0 wire, 0.2 decode); the backward gather was prefetched under the forward compute, so only
+  // its decode (0.2) is exposed.
+  UnitCost u;
+  u.forward_s = u.backward_s = 1;
+  u.allgather_forward_s = u.allgather_backward_s = 1;
+  u.pre_forward_s = u.pre_backward_s = 0.5;
+  u.post_forward_s = u.post_backward_s = 0.2;
+  ScheduleOptions options;
+  options.pre_from_start = true;
+  const Breakdown b = simulate_iteration({u}, 0, options);
+  EXPECT_NEAR(b.total_s, 3.9, 1e-12);
+  EXPECT_NEAR(b.exposed_codec_s, 0.9, 1e-12);
+  EXPECT_NEAR(b.exposed_allgather_s, 1.0, 1e-12);
+  EXPECT_NEAR(b.compute_s, 2.0, 1e-12);
+}
+
+TEST(SimSchedule, SequentialScheduleIsTheSumOfEveryStep) {
+  // CPU ranks: no prefetch, reduce-scatters block. Gathers 4 x 0.5, compute 2 x (1 + 2),
+  // reduce-scatters 2 x 0.25, optimizer 0.1: 2 + 6 + 0.5 + 0.1.
+  ScheduleOptions options;
+  options.prefetch_depth = 0;
+  options.blocking_reduce_scatter = true;
+  const Breakdown b = simulate_iteration({simple_unit(), simple_unit()}, 0.1, options);
+  EXPECT_NEAR(b.total_s, 8.6, 1e-12);
+  EXPECT_NEAR(b.exposed_allgather_s, 2.0, 1e-12);
+  EXPECT_NEAR(b.exposed_reduce_scatter_s, 0.5, 1e-12);
+  EXPECT_NEAR(b.exposed_codec_s, 0.0, 1e-12);
+  // With codec work: encode 0.1 before and decode 0.2 after every gather, all in turn.
+  UnitCost u = simple_unit();
+  u.pre_forward_s = u.pre_backward_s = 0.1;
+  u.post_forward_s = u.post_backward_s = 0.2;
+  const Breakdown c = simulate_iteration({u, u, u}, 0.1, options);
+  EXPECT_NEAR(c.total_s, 6 * (0.1 + 0.5 + 0.2) + 3 * (1 + 2) + 3 * 0.25 + 0.1, 1e-12);
+  EXPECT_NEAR(c.exposed_codec_s, 6 * 0.3, 1e-12);
+  EXPECT_NEAR(c.exposed_allgather_s, 6 * 0.5, 1e-12);
+  EXPECT_NEAR(c.exposed_reduce_scatter_s, 3 * 0.25, 1e-12);
+}
+
+TEST(SimSchedule, BlockingReduceScatterWithPrefetch) {
+  // Gathers 0.5, forward 1, backward 2, reduce-scatter 0.25, prefetch 1: the first gather is
+  // exposed (0.5), the others are hidden under compute; each reduce-scatter stalls the loop.
+  // Forward 0.5-1.5, 1.5-2.5; backward 2.5-4.5, RS 4.5-4.75, backward 4.75-6.75, RS -7.0.
+  ScheduleOptions options;
+  options.blocking_reduce_scatter = true;
+  const Breakdown b = simulate_iteration({simple_unit(), simple_unit()}, 0.1, options);
+  EXPECT_NEAR(b.total_s, 7.1, 1e-12);
+  EXPECT_NEAR(b.exposed_allgather_s, 0.5, 1e-12);
+  EXPECT_NEAR(b.exposed_reduce_scatter_s, 0.5, 1e-12);
+  EXPECT_NEAR(b.compute_s + b.exposed_allgather_s + b.exposed_reduce_scatter_s + b.optimizer_s,
+              b.total_s, 1e-12);
+}
+
+TEST(SimSchedule, AUnitNotRegatheredInBackwardWaitsForNothing) {
+  // Unit 0 (the FSDP root) has no backward gather. Without prefetch its backward would otherwise
+  // wait for unit 1's reduce-scatter on the channel (asynchronous reduce-scatters).
+  UnitCost root = simple_unit();
+  root.allgather_backward_s = 0;
+  ScheduleOptions options;
+  options.prefetch_depth = 0;
+  const Breakdown b = simulate_iteration({root, simple_unit()}, 0, options);
+  // Forward 0.5 + 1 + 0.5 + 1; backward gather 0.5 + 2; root backward starts at once (5.5), ends
+  // 7.5; its reduce-scatter waits for unit 1's (5.5-5.75), runs 7.5-7.75.
+  EXPECT_NEAR(b.total_s, 7.75, 1e-12);
+  EXPECT_NEAR(b.exposed_allgather_s, 1.5, 1e-12);
+  EXPECT_NEAR(b.allgather_busy_s, 1.5, 1e-12);
+}
+
+// ---- Systems --------------------------------------------------------------------------------
+
+ModelShape tiny_model() {
+  ModelShape m;
+  m.name = "tiny";
+  m.display = "Tiny";
+  m.layers = 1;
+  m.hidden = 64;
+  m.heads = m.kv_heads = 1;
+  m.head_dim = 64;
+  m.routed_experts = 2;
+  m.experts_per_token = 1;
+  m.expert_intermediate = 128;
+  m.vocab = 100;
+  return m;
+}
+
+TEST(SimSystems, ZeroPlusPlusSendsInt8ForwardRawBackwardAndInt4Gradients) {
+  const ModelShape m = tiny_model();
+  const Cluster c = two_tier_cluster();
+  Workload w;
+  w.world = 8;
+  w.dtype = DType::kFP16;
+  ChangeRates rates;
+  const Projection p = project(m, c, w, rates, System::kZeroPP);
+  double forward = 0, backward = 0, grads = 0;
+  for (const GatherUnit& unit : model_units(m, 0, w.seq_len)) {
+    const double n = static_cast<double>(unit.gathered_values());
+    forward += n + std::ceil(n / 4096) * 4;  // int8 + one FP32 scale per 4096-value block
+    backward += 2 * n;                       // hpZ: FP16 secondary copy
+    const double g = static_cast<double>(unit.grad_values);
+    grads += g / 2 + std::ceil(g / 4096) * 4;  // int4 + scales
+  }
+  EXPECT_NEAR(p.breakdown.allgather_bytes, forward + backward, 1e-6);
+  EXPECT_NEAR(p.breakdown.reduce_scatter_bytes, grads, 1e-6);
+}
+
+TEST(SimSystems, CieraSendsSignMantissaBitmapAndChangedExponents) {
+  const ModelShape m = tiny_model();
+  Cluster c = two_tier_cluster();
+  c.inter.GBps = 0.001;  // a slow link: every type pays for its decode
+  Workload w;
+  w.world = 8;
+  ChangeRates rates;
+  for (ShardType type : kAllShardTypes) rates.of(type).block = 0.25;
+  const Projection p = project(m, c, w, rates, System::kCiera);
+  // Each of the 8 ranks sends a frame for its 1/8 of each shard type: an 80-byte header, a BF16
+  // sign-mantissa byte per value, a bitmap bit per 512-value block (whole bytes), and in the
+  // forward gather the exponent byte of every value of the changed blocks (block mode: with no
+  // element rate known, fine mode is assumed to cost more).
+  auto frames = [](double values, double q) {
+    const double n = std::ceil(values / 8);
+    const double blocks = std::ceil(n / 512);
+    return 8 * (80 + n + std::ceil(blocks / 8) + q * n);
+  };
+  for (ShardType type : {ShardType::kExpertFfn, ShardType::kAttention, ShardType::kEmbedding}) {
+    EXPECT_TRUE(p.selected[static_cast<size_t>(type)]) << to_string(type);
+  }
+  // A norm shard is 8 values per rank: its 80-byte headers cost more than it saves. Sent raw.
+  EXPECT_FALSE(p.selected[static_cast<size_t>(ShardType::kNorm)]);
+  double expected = 0;
+  for (const GatherUnit& unit : model_units(m, 0, w.seq_len)) {
+    for (const ShardGroup& s : unit.shards) {
+      const double n = static_cast<double>(s.values);
+      if (!p.selected[static_cast<size_t>(s.type)]) {
+        expected += 2 * 2 * n;  // raw BF16, forward and backward
+        continue;
+      }
+      expected += frames(n, 0.25);  // forward
+      expected += frames(n, 0.0);   // backward: nothing changed
+    }
+  }
+  EXPECT_NEAR(p.breakdown.allgather_bytes, expected, 1e-6);
+  const Projection base = project(m, c, w, rates, System::kZero3);
+  EXPECT_LT(p.breakdown.total_s, base.breakdown.total_s);
+}
+
+TEST(SimSystems, CieraPayloadIsTheEncodersSmallerMode) {
+  // With the element rate known, fine mode (1.5 B per changed value + 1 B per changed block)
+  // replaces block mode where it is smaller, as in the encoder (ciera::expected_payload_bytes).
+  const ModelShape m = tiny_model();
+  Cluster c = two_tier_cluster();
+  c.inter.GBps = 0.001;
+  Workload w;
+  w.world = 2;
+  ChangeRates rates;
+  for (ShardType type : kAllShardTypes) {
+    rates.of(type).block = 0.5;
+    rates.of(type).element = 0.01;
+  }
+  const Projection p = project(m, c, w, rates, System::kCiera);
+  double expected = 0;
+  for (const GatherUnit& unit : model_units(m, 0, w.seq_len)) {
+    for (const ShardGroup& s : unit.shards) {
+      if (!p.selected[static_cast<size_t>(s.type)]) {
+        expected += 2 * 2 * static_cast<double>(s.values);
+        continue;
+      }
+      const double n = std::ceil(static_cast<double>(s.values) / 2);  // per rank
+      const double blocks = std::ceil(n / 512);
+      const double head = 80 + n + std::ceil(blocks / 8);
+      expected += 2 * (head + std::min(0.5 * n, 0.01 * n * 1.5 + 0.5 * blocks * 1.0));
+      expected += 2 * head;
+    }
+  }
+  EXPECT_TRUE(p.selected[static_cast<size_t>(ShardType::kExpertFfn)]);
+  EXPECT_NEAR(p.breakdown.allgather_bytes, expected, 1e-6);
+}
+
+TEST(SimSystems, SelectionSkipsTypesThatChangeEveryBlock) {
+  const ModelShape m = tiny_model();
+  const Cluster c = two_tier_cluster();
+  Workload w;
+  w.world = 4;
+  ChangeRates rates;
+  for (ShardType type : kAllShardTypes) rates.of(type).block = 1.0;
+  rates.of(ShardType::kExpertFfn).block = 0.0;
+  const Projection p = project(m, c, w, rates, System::kCiera);
+  EXPECT_TRUE(p.selected[static_cast<size_t>(ShardType::kExpertFfn)]);
+  // q = 1 saves only the... nothing in forward, but the backward gather still saves exponents, so
+  // a type is skipped only when decoding costs more than that: make decode slow.
+  Cluster slow_decode = c;
+  slow_decode.decode_GBps = 0.001;
+  const Projection q = project(m, slow_decode, w, rates, System::kCiera);
+  for (ShardType type : kAllShardTypes)
+    EXPECT_FALSE(q.selected[static_cast<size_t>(type)]) << to_string(type);
+}
+
+// ---- Model zoo ------------------------------------------------------------------------------
+
+TEST(SimModels, ParameterCountsMatchPublishedTotals) {
+  ASSERT_EQ(model_zoo().size(), 6u);
+  for (const ModelShape& m : model_zoo()) {
+    const double count = static_cast<double>(parameter_count(m, !m.published_without_embeddings));
+    EXPECT_NEAR(count / m.published_params, 1.0, 0.03) << m.name << ": " << count / 1e9 << "B";
+  }
+  EXPECT_NEAR(parameter_count(find_model("olmoe-1b-7b")) / 1e9, 6.92, 0.02);
+  EXPECT_NEAR(parameter_count(find_model("mixtral-8x7b")) / 1e9, 46.70, 0.05);
+}
+
+TEST(SimModels, UnitsFollowExecutionOrderAndLayerLimit) {
+  const ModelShape& m = find_model("deepseek-moe-16b");
+  const auto units = model_units(m, 4, 1024);
+  ASSERT_EQ(units.size(), 6u);  // embed, 4 layers, head
+  EXPECT_EQ(units.front().name, "embed");
+  EXPECT_EQ(units.back().name, "head");
+  // Layer 0 of DeepSeek-MoE is dense: no router, a dense FFN.
+  bool dense = false, router = false;
+  for (const ShardGroup& s : units[1].shards) {
+    dense |= s.type == ShardType::kDenseFfn;
+    router |= s.type == ShardType::kRouter;
+  }
+  EXPECT_TRUE(dense);
+  EXPECT_FALSE(router);
+  expect_error([&] { model_units(m, 29, 1024); }, {"--layers 29", "1..28"});
+}
+
+TEST(SimModels, UnknownModelNamesTheKnownOnes) {
+  expect_error([] { find_model("gpt-5"); },
+               {"unknown model \"gpt-5\"", "olmoe-1b-7b", "mixtral-8x7b"});
+}
+
+TEST(SimModels, ChangeRatesFromPaperAndFromAJsonFile) {
+  ChangeRates rates = paper_rates(find_model("olmoe-1b-7b"));
+  EXPECT_DOUBLE_EQ(rates.block_rate(ShardType::kExpertFfn), 0.22);
+  EXPECT_DOUBLE_EQ(rates.of(ShardType::kExpertFfn).element, 0.0051);  // paper §2.2, top of range
+  EXPECT_EQ(rates.of(ShardType::kExpertFfn).source.rfind("paper Fig. 4", 0), 0u);
+  EXPECT_LT(rates.of(ShardType::kOther).element, 0);
+  apply_rates_json(rates,
+                   R"({"expert_ffn": 0.004, "block": {"attention": 0.5}, "block_values": 256})",
+                   "rates r.json");
+  EXPECT_NEAR(rates.block_rate(ShardType::kExpertFfn), 1 - std::pow(1 - 0.004, 256), 1e-12);
+  EXPECT_DOUBLE_EQ(rates.block_rate(ShardType::kAttention), 0.5);
+  EXPECT_EQ(rates.of(ShardType::kAttention).source, "rates r.json");
+  expect_error([&] { apply_rates_json(rates, R"({"experts": 0.1})", "rates r.json"); },
+               {"rates r.json", "\"experts\"", "unknown shard type"});
+  expect_error([&] { apply_rates_json(rates, R"({"norm": 1.5})", "rates r.json"); },
+               {"\"norm\"", "[0, 1]"});
+}
+
+// ---- Cluster presets ------------------------------------------------------------------------
+
+TEST(SimClusters, BuiltInPresetsLoad) {
+  const std::string config = builtin_cluster_config();
+  for (const char* name : {"a100-hdr", "h100-ndr", "h200-ndr", "linklab"}) {
+    const Cluster c = load_cluster(config, name);
+    EXPECT_GT(c.inter.GBps, 0) << name;
+    EXPECT_GT(c.peak_tflops, 0) << name;
+  }
+  const Cluster a100 = load_cluster(config, "a100-hdr");
+  EXPECT_DOUBLE_EQ(a100.inter.GBps, 8.0);  // the paper's measured cross-node busbw
+  EXPECT_EQ(a100.gpus_per_node, 8);
+  EXPECT_DOUBLE_EQ(a100.peak_tflops, 312);
+  EXPECT_EQ(load_cluster(config, "linklab").gpus_per_node, 1);
+}
+
+TEST(SimClusters, BadConfigsNameTheProblem) {
+  const std::string config = builtin_cluster_config();
+  expect_error([&] { load_cluster(config, "tpu-v5"); },
+               {"unknown cluster preset \"tpu-v5\"", "a100-hdr"});
+  const std::string missing =
+      R"({"format": "ciera-clusters", "version": 1, "gpus": {"g": {"peak_tflops": 1,
+      "hbm_GBps": 1}}, "clusters": {"c": {"gpu": "g", "gpus_per_node": 1,
+      "kernels": {"detect_GBps": 0, "encode_GBps": 1, "decode_GBps": 1, "quantize_GBps": 1, "dequantize_GBps": 1}}}})";
+  expect_error([&] { load_cluster(missing, "c", "cluster config my.json"); },
+               {"cluster config my.json", "missing field \"clusters.c.inter\""});
+  expect_error([&] { load_cluster("{", "c", "cluster config my.json"); },
+               {"my.json", "not valid JSON"});
+}
+
+// ---- Traces ---------------------------------------------------------------------------------
+
+std::string trace_text(const std::string& bucket_extra = "", const std::string& forward = "1.0") {
+  return R"({"format": "ciera-trace", "version": 1,
+    "model": {"family": "olmoe", "params": 1000000},
+    "world_size": 4, "dtype": "bf16",
+    "link": {"kind": "linklab", "gbit": 1.0, "latency_ms": 0.0},
+    "codec": {"encode_GBps": 1000, "decode_GBps": 1000, "detect_GBps": 0},
+    "comm": {"allgather": [{"bytes": 1000000, "seconds": 0.5}, {"bytes": 2000000, "seconds": 1.0}],
+             "reduce_scatter": [{"bytes": 1000000, "seconds": 0.5}]},
+    "optimizer_s": 0.1,
+    "buckets": [{"name": "layers.0", "forward_s": )" +
+         forward + R"(, "backward_s": 2.0, "raw_bytes": 1000000, "wire_bytes": 500000,
+                 "grad_bytes": 1000000)" +
+         bucket_extra + R"(,
+                 "shards": [{"name": "experts", "type": "expert_ffn", "values": 400000, "change_rate": 0.01,
+                             "block_change_rate": 0.3},
+                            {"name": "attn", "type": "attention", "values": 100000, "change_rate": 0.02}]}],
+    "measured": {"baseline": {"iteration_s": 4.0, "allgather_s": 1.0},
+                 "ciera": {"iteration_s": 4.0, "allgather_s": 0.5}}})";
+}
+
+TEST(SimTrace, PredictsTheSequentialScheduleByDefault) {
+  const Trace t = parse_trace(trace_text(), "trace t.json");
+  EXPECT_EQ(t.world_size, 4);
+  ASSERT_TRUE(t.measured_baseline.has_value());
+  const TracePrediction p = predict_trace(t);
+  EXPECT_FALSE(p.baseline_overlap);
+  EXPECT_FALSE(p.ciera_overlap);
+  EXPECT_NEAR(p.allgather.alpha_s, 0.0, 1e-9);
+  EXPECT_NEAR(p.allgather.bytes_per_s, 2e6, 1e-3);
+  // Baseline: two gathers of 0.5, forward 1, backward 2, reduce-scatter 0.5, optimizer 0.1.
+  EXPECT_NEAR(p.baseline.total_s, 4.6, 1e-12);
+  EXPECT_NEAR(p.baseline_allgather_s, 1.0, 1e-12);
+  // CIERA: two gathers of Comm(500 kB) = 0.25 plus encode of 1 MB / 4 and decode of 3/4 MB at
+  // 1000 GB/s (0.25 + 0.75 us) each.
+  const double codec = 0.25e6 / 1e12 + 0.75e6 / 1e12;
+  EXPECT_NEAR(p.ciera.total_s, 4.1 + 2 * codec, 1e-12);
+  EXPECT_NEAR(p.ciera_allgather_s, 0.5 + 2 * codec, 1e-12);
+  EXPECT_NEAR(p.ciera_comm_s, 0.5, 1e-12);
+  EXPECT_NEAR(p.ciera_encode_s, 2 * 0.25e6 / 1e12, 1e-15);
+  EXPECT_NEAR(p.ciera_decode_s, 2 * 0.75e6 / 1e12, 1e-15);
+}
+
+TEST(SimTrace, GathersPerStepCountsTheGathers) {
+  // The FSDP root is gathered once per step: the sequential baseline pays one 0.5 s gather.
+  const Trace t = parse_trace(trace_text(R"(, "gathers_per_step": 1)"), "trace t.json");
+  EXPECT_DOUBLE_EQ(t.buckets[0].gathers_per_step, 1.0);
+  const TracePrediction p = predict_trace(t);
+  EXPECT_NEAR(p.baseline.total_s, 4.1, 1e-12);
+  EXPECT_NEAR(p.baseline.allgather_bytes, 1e6, 1e-6);
+  EXPECT_NEAR(p.ciera.allgather_bytes, 5e5, 1e-6);
+}
+
+Trace two_bucket_trace(bool overlap, bool ciera_overlap) {
+  // Two identical buckets: forward 1, backward 2, gathers of 1 MB (0.5 s; 0.25 s for CIERA's
+  // 500 kB), reduce-scatters of 0.5 s, codec at 1000 GB/s, W = 4, optimizer 0.1.
+  Trace t;
+  t.origin = "two buckets";
+  t.world_size = 4;
+  t.encode_GBps = t.decode_GBps = 1000;
+  t.allgather_points = {{1e6, 0.5}, {1e6, 0.5}, {2e6, 1.0}};
+  t.reduce_scatter_points = {{1e6, 0.5}};
+  t.optimizer_s = 0.1;
+  t.overlap = overlap;
+  t.ciera_overlap = ciera_overlap;
+  TraceBucket b;
+  b.forward_s = 1;
+  b.backward_s = 2;
+  b.raw_bytes = b.grad_bytes = 1e6;
+  b.wire_bytes = 5e5;
+  t.buckets = {b, b};
+  return t;
+}
+
+TEST(SimTrace, OverlappedScheduleIsFsdp2Prefetch) {
+  const double codec = 0.25e6 / 1e12 + 0.75e6 / 1e12;  // encode + decode per CIERA gather
+  const TracePrediction seq = predict_trace(two_bucket_trace(false, false));
+  EXPECT_NEAR(seq.baseline.total_s, 4 * 0.5 + 6 + 2 * 0.5 + 0.1, 1e-12);
+  EXPECT_NEAR(seq.ciera.total_s, 4 * (0.25 + codec) + 6 + 2 * 0.5 + 0.1, 1e-12);
+  // Overlapped: forward gather 0 exposed (0.5), gather 1 prefetched under compute 0; the first
+  // backward gather is not prefetched (exposed 0.5), the second is, under the first backward.
+  // 0.5 + 1 + 1 | 0.5 + 2 + RS 0.5 + 2 + RS 0.5 | 0.1.
+  const TracePrediction ovl = predict_trace(two_bucket_trace(true, true));
+  EXPECT_NEAR(ovl.baseline.total_s, 8.1, 1e-12);
+  EXPECT_NEAR(ovl.baseline_allgather_s, 1.0, 1e-12);
+  EXPECT_NEAR(ovl.baseline.exposed_reduce_scatter_s, 1.0, 1e-12);
+  // CIERA: the two exposed gathers are 0.25 s plus their encode and decode.
+  EXPECT_NEAR(ovl.ciera.total_s, 7.6 + 2 * codec, 1e-12);
+  EXPECT_NEAR(ovl.ciera_allgather_s, 0.5 + 2 * codec, 1e-12);
+  // `ciera train --ablation`: CIERA with CCP against the sequential baseline.
+  const TracePrediction abl = predict_trace(two_bucket_trace(false, true));
+  EXPECT_NEAR(abl.baseline.total_s, seq.baseline.total_s, 1e-12);
+  EXPECT_NEAR(abl.ciera.total_s, ovl.ciera.total_s, 1e-12);
+}
+
+TEST(SimTrace, ScheduleFieldsAreRead) {
+  std::string text = trace_text();
+  text.replace(text.find(R"("optimizer_s")"), 13,
+               R"("schedule": {"overlap": true, "block_values": 256}, "optimizer_s")");
+  const Trace t = parse_trace(text, "trace t.json");
+  EXPECT_TRUE(t.overlap);
+  EXPECT_TRUE(t.ciera_overlap);  // defaults to overlap
+  EXPECT_EQ(t.block_values, 256u);
+  text = trace_text();
+  text.replace(text.find(R"("optimizer_s")"), 13,
+               R"("schedule": {"overlap": false, "ciera_overlap": true}, "optimizer_s")");
+  const Trace a = parse_trace(text, "trace t.json");
+  EXPECT_FALSE(a.overlap);
+  EXPECT_TRUE(a.ciera_overlap);
+  // One bucket, overlapped: nothing to prefetch (the backward gather follows the reshard).
+  EXPECT_NEAR(predict_trace(t).baseline.total_s, 4.6, 1e-12);
+}
+
+TEST(SimTrace, OptionalFieldsHaveDefaults) {
+  // The first v1 traces have no schedule, gathers_per_step, block_change_rate or comm_probe.
+  const Trace t = parse_trace(trace_text(), "trace t.json");
+  EXPECT_FALSE(t.overlap);
+  EXPECT_FALSE(t.ciera_overlap);
+  EXPECT_EQ(t.block_values, 512u);
+  EXPECT_DOUBLE_EQ(t.buckets[0].gathers_per_step, 2.0);
+  EXPECT_LT(t.buckets[0].shards[1].block_change_rate, 0);
+  EXPECT_TRUE(t.probe_allgather_points.empty());
+  // comm_probe is read (and fitted for the report) but not used for the prediction.
+  std::string text = trace_text();
+  text.replace(text.find(R"("optimizer_s")"), 13,
+               R"("comm_probe": {"allgather": [{"bytes": 1000000, "seconds": 0.1},
+                                               {"bytes": 2000000, "seconds": 0.2}]},
+                  "optimizer_s")");
+  const Trace probed = parse_trace(text, "trace t.json");
+  ASSERT_EQ(probed.probe_allgather_points.size(), 2u);
+  const TracePrediction p = predict_trace(probed);
+  ASSERT_TRUE(p.probe_allgather.has_value());
+  EXPECT_NEAR(p.probe_allgather->bytes_per_s, 1e7, 1e-3);
+  EXPECT_NEAR(p.baseline.total_s, 4.6, 1e-12);
+}
+
+TEST(SimTrace, BadOptionalFieldsAreNamed) {
+  auto with_schedule = [](const std::string& schedule) {
+    std::string text = trace_text();
+    text.replace(text.find(R"("optimizer_s")"), 13, schedule + R"(, "optimizer_s")");
+    return text;
+  };
+  expect_error([&] { parse_trace(with_schedule(R"("schedule": {"overlap": "yes"})"), "trace t.json"); },
+               {"trace t.json", "\"schedule.overlap\"", "true or false", "\"yes\""});
+  expect_error(
+      [&] { parse_trace(with_schedule(R"("schedule": {"ciera_overlap": 1})"), "trace t.json"); },
+      {"\"schedule.ciera_overlap\"", "true or false"});
+  expect_error(
+      [&] { parse_trace(with_schedule(R"("schedule": {"block_values": 8})"), "trace t.json"); },
+      {"\"schedule.block_values\"", "64..4096", "got 8"});
+  expect_error(
+      [&] { parse_trace(with_schedule(R"("schedule": {"block_values": 51.2})"), "trace t.json"); },
+      {"\"schedule.block_values\"", "non-negative integer"});
+  expect_error([&] { parse_trace(with_schedule(R"("schedule": true)"), "trace t.json"); },
+               {"\"schedule\"", "must be an object"});
+  expect_error(
+      [&] { parse_trace(trace_text(R"(, "gathers_per_step": -1)"), "trace t.json"); },
+      {"\"buckets[0].gathers_per_step\"", ">= 0"});
+  expect_error(
+      [&] { parse_trace(trace_text(R"(, "gathers_per_step": "two")"), "trace t.json"); },
+      {"\"buckets[0].gathers_per_step\"", "must be a number"});
+  std::string text = trace_text();
+  text.replace(text.find(R"("block_change_rate": 0.3)"), 24, R"("block_change_rate": 1.3)");
+  expect_error([&] { parse_trace(text, "trace t.json"); },
+               {"\"buckets[0].shards[0].block_change_rate\"", "[0, 1]"});
+  expect_error(
+      [&] {
+        parse_trace(with_schedule(R"("comm_probe": {"allgather": [{"bytes": -1, "seconds": 0}]})"),
+                    "trace t.json");
+      },
+      {"\"comm_probe.allgather[0].bytes\"", ">= 0"});
+}
+
+TEST(SimTrace, RatesPerShardTypeAreValueWeighted) {
+  const Trace t = parse_trace(trace_text(), "trace t.json");
+  ChangeRates rates = paper_rates(find_model("olmoe-1b-7b"));
+  apply_trace_rates(rates, t);
+  EXPECT_DOUBLE_EQ(rates.of(ShardType::kExpertFfn).element, 0.01);
+  EXPECT_DOUBLE_EQ(rates.block_rate(ShardType::kExpertFfn), 0.3);
+  EXPECT_LT(rates.of(ShardType::kAttention).block, 0);  // element rate only: derived
+  EXPECT_EQ(rates.of(ShardType::kAttention).source, "trace t.json");
+  EXPECT_EQ(rates.of(ShardType::kNorm).source.rfind("paper Fig. 4", 0), 0u);  // not in the trace
+  // Block rates measured at another B are not carried over: derived from the element rate.
+  Trace other_block = t;
+  other_block.block_values = 256;
+  ChangeRates derived;
+  apply_trace_rates(derived, other_block);
+  EXPECT_NEAR(derived.block_rate(ShardType::kExpertFfn), 1 - std::pow(1 - 0.01, 512), 1e-12);
+}
+
+TEST(SimTrace, MissingFieldIsNamed) {
+  std::string text = trace_text();
+  text.erase(text.find(R"("forward_s": 1.0, )"), std::string(R"("forward_s": 1.0, )").size());
+  expect_error([&] { parse_trace(text, "trace t.json"); },
+               {"trace t.json", "missing field \"buckets[0].forward_s\""});
+}
+
+TEST(SimTrace, NegativeTimeIsAnError) {
+  expect_error([] { parse_trace(trace_text("", "-0.5"), "trace t.json"); },
+               {"\"buckets[0].forward_s\"", "must be >= 0", "-0.5"});
+  std::string text = trace_text();
+  text.replace(text.find(R"("seconds": 0.5)"), 14, R"("seconds": -1)");
+  expect_error([&] { parse_trace(text, "trace t.json"); },
+               {"\"comm.allgather[0].seconds\"", ">= 0"});
+}
+
+TEST(SimTrace, OtherFormatsAndBadValuesAreRejected) {
+  std::string text = trace_text();
+  text.replace(text.find("\"version\": 1"), 12, "\"version\": 2");
+  expect_error([&] { parse_trace(text, "trace t.json"); }, {"\"version\"", "v1"});
+  text = trace_text();
+  text.replace(text.find("ciera-trace"), 11, "other-trace");
+  expect_error([&] { parse_trace(text, "trace t.json"); }, {"\"format\"", "ciera-trace"});
+  text = trace_text();
+  text.replace(text.find("\"attention\""), 11, "\"attn\"");
+  expect_error([&] { parse_trace(text, "trace t.json"); },
+               {"\"buckets[0].shards[1].type\"", "unknown shard type"});
+  text = trace_text();
+  text.replace(text.find("\"bf16\""), 6, "\"int8\"");
+  expect_error([&] { parse_trace(text, "trace t.json"); }, {"\"dtype\""});
+  expect_error([] { parse_trace("[1, 2]", "trace t.json"); },
+               {"trace t.json", "must be an object"});
+  expect_error([] { load_trace("/nonexistent/trace.json"); },
+               {"cannot read trace /nonexistent/trace.json"});
+}
+
+}  // namespace
+}  // namespace ciera::sim
