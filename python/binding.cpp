@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "ciera/analysis.hpp"
 #include "ciera/ciera.hpp"
 #include "ciera/engine.hpp"
 #include "ciera/loopback.hpp"
+#include "ciera/selection.hpp"
 #if defined(CIERA_WITH_MPI)
 #include "ciera/mpi.hpp"
 #endif
@@ -262,6 +264,144 @@ PYBIND11_MODULE(_ext, m) {
         e.engine.reset();
       });
 
+  // ---- Benefit-driven selection (include/ciera/selection.hpp) ----
+  py::class_<CommCurve>(m, "CommCurve")
+      .def_static("fit", [](const std::vector<std::pair<double, double>>& points) {
+        std::vector<CommSample> samples;
+        for (const auto& [bytes, seconds] : points) samples.push_back({bytes, seconds});
+        return CommCurve::fit(std::move(samples));
+      }, py::arg("points"))
+      .def("seconds", &CommCurve::seconds, py::arg("bytes"))
+      .def_property_readonly("alpha_s", &CommCurve::alpha_s)
+      .def_property_readonly("bytes_per_s", &CommCurve::bytes_per_s)
+      .def_property_readonly("samples", [](const CommCurve& c) {
+        std::vector<std::pair<double, double>> out;
+        for (const CommSample& s : c.samples()) out.emplace_back(s.bytes, s.seconds);
+        return out;
+      });
+  py::class_<CodecThroughput>(m, "CodecThroughput")
+      .def(py::init<>())
+      .def_readwrite("detect_bytes_per_s", &CodecThroughput::detect_bytes_per_s)
+      .def_readwrite("encode_bytes_per_s", &CodecThroughput::encode_bytes_per_s)
+      .def_readwrite("decode_bytes_per_s", &CodecThroughput::decode_bytes_per_s);
+  py::class_<CostModel>(m, "CostModel")
+      .def(py::init<>())
+      .def_readwrite("world_size", &CostModel::world_size)
+      .def_readwrite("allgather", &CostModel::allgather)
+      .def("throughput", [](const CostModel& c, DType d) { return c.throughput(d); }, py::arg("dtype"))
+      .def("set_throughput", [](CostModel& c, DType d, const CodecThroughput& t) { c.throughput(d) = t; },
+           py::arg("dtype"), py::arg("throughput"));
+  m.def(
+      "measure_cost_model",
+      [](std::shared_ptr<Transport> transport, uint64_t largest_bytes, std::vector<DType> dtypes,
+         const CodecConfig& codec, int repeats) {
+        py::gil_scoped_release release;  // collective; a Python transport re-takes the GIL per call
+        CostModel model;
+        model.world_size = transport->size();
+        model.allgather = measure_allgather(*transport, default_probe_sizes(largest_bytes), repeats);
+        for (const DType d : dtypes) {
+          CodecConfig c = codec;
+          c.dtype = d;
+          const CodecThroughput local = measure_codec(c);
+          // The slowest rank decides: every rank's selector must see the same numbers.
+          model.throughput(d) = {agree_min(*transport, local.detect_bytes_per_s),
+                                              agree_min(*transport, local.encode_bytes_per_s),
+                                              agree_min(*transport, local.decode_bytes_per_s)};
+        }
+        return model;
+      },
+      py::arg("transport"), py::arg("largest_bytes"), py::arg("dtypes"), py::arg("codec"), py::arg("repeats") = 5,
+      "Comm(bytes) of this transport and the codec's speed per dtype, the same on every rank (collective).");
+
+  m.def(
+      "measure_codec",
+      [](const CodecConfig& codec, uint64_t values) {
+        py::gil_scoped_release release;
+        return measure_codec(codec, values);
+      },
+      py::arg("codec"), py::arg("values") = uint64_t{1} << 20,
+      "Detection, encoding and decoding throughput of this machine (bytes of raw shard per second).");
+
+  py::class_<ShardChangeCounts>(m, "ShardChangeCounts")
+      .def_readonly("observations", &ShardChangeCounts::observations)
+      .def_readonly("values", &ShardChangeCounts::values)
+      .def_readonly("blocks", &ShardChangeCounts::blocks)
+      .def_readonly("changed_values", &ShardChangeCounts::changed_values)
+      .def_readonly("changed_blocks", &ShardChangeCounts::changed_blocks)
+      .def("as_list", [](const ShardChangeCounts& c) {
+        return std::vector<uint64_t>{c.observations, c.values, c.blocks, c.changed_values, c.changed_blocks};
+      })
+      .def_static("from_list", [](const std::vector<uint64_t>& f) {
+        if (f.size() != 5) throw ConfigError("ShardChangeCounts.from_list needs 5 fields");
+        return ShardChangeCounts{f[0], f[1], f[2], f[3], f[4]};
+      })
+      .def_property_readonly("value_change_rate", &ShardChangeCounts::value_change_rate)
+      .def_property_readonly("block_change_rate", &ShardChangeCounts::block_change_rate);
+  py::class_<ChangeMonitor>(m, "ChangeMonitor")
+      .def(py::init<DType, std::vector<uint64_t>, uint32_t>(), py::arg("dtype"), py::arg("shard_values"),
+           py::arg("block_values"))
+      .def(
+          "observe",
+          [](ChangeMonitor& monitor, uintptr_t data, uint64_t bytes) {
+            py::gil_scoped_release release;
+            monitor.observe(bytes_at<const std::byte>(data, bytes));
+          },
+          py::arg("data_ptr"), py::arg("nbytes"))
+      .def_property_readonly("counts", &ChangeMonitor::counts)
+      .def("clear_counts", &ChangeMonitor::clear_counts)
+      .def_property_readonly("memory_bytes", &ChangeMonitor::memory_bytes);
+
+  py::class_<ShardCandidate>(m, "ShardCandidate")
+      .def(py::init<>())
+      .def_readwrite("bucket", &ShardCandidate::bucket)
+      .def_readwrite("param", &ShardCandidate::param)
+      .def_readwrite("name", &ShardCandidate::name)
+      .def_readwrite("type", &ShardCandidate::type)
+      .def_readwrite("dtype", &ShardCandidate::dtype)
+      .def_readwrite("shard_values", &ShardCandidate::shard_values)
+      .def_readwrite("block_change_rate", &ShardCandidate::block_change_rate)
+      .def_readwrite("value_change_rate", &ShardCandidate::value_change_rate);
+  py::class_<SelectorOptions>(m, "SelectorOptions")
+      .def(py::init<>())
+      .def_readwrite("cache_budget_bytes", &SelectorOptions::cache_budget_bytes)
+      .def_readwrite("overlap", &SelectorOptions::overlap)
+      .def_readwrite("codec", &SelectorOptions::codec);
+  m.def(
+      "select_shards",
+      [](const std::vector<ShardCandidate>& candidates, const CostModel& model, const SelectorOptions& options) {
+        const Selection s = select_shards(candidates, model, options);
+        py::list shards;
+        for (const ShardChoice& c : s.shards) {
+          py::dict d;
+          d["bucket"] = c.shard.bucket;
+          d["param"] = c.shard.param;
+          d["name"] = c.shard.name;
+          d["type"] = c.shard.type;
+          d["block_change_rate"] = c.shard.block_change_rate;
+          d["value_change_rate"] = c.shard.value_change_rate;
+          d["raw_bytes"] = c.raw_bytes;
+          d["expected_wire_bytes"] = c.expected_wire_bytes;
+          d["comm_saved_s"] = c.comm_saved_s;
+          d["encode_s"] = c.encode_s;
+          d["decode_s"] = c.decode_s;
+          d["gain_s"] = c.gain_s;
+          d["memory_bytes"] = c.memory_bytes;
+          d["score"] = c.score;
+          d["chosen"] = c.chosen;
+          d["reason"] = c.reason;
+          shards.append(d);
+        }
+        py::dict out;
+        out["shards"] = shards;
+        out["cache_bytes"] = s.cache_bytes;
+        out["budget_bytes"] = s.budget_bytes;
+        out["gain_s"] = s.gain_s;
+        out["round_overhead_s"] = compressed_round_overhead_s(model);
+        return out;
+      },
+      py::arg("candidates"), py::arg("model"), py::arg("options"),
+      "Benefit-driven selection (paper §3.2): a dict with per-shard gains and choices.");
+
   // Statistics: how many of n values have a different exponent in `now` than in `before`
   // (the paper's exponent change rate, §2.2), and a copy of `now` into `before` for next time.
   m.def(
@@ -318,4 +458,82 @@ PYBIND11_MODULE(_ext, m) {
                          {static_cast<std::byte*>(o.ptr), static_cast<size_t>(o.size * o.itemsize)});
       },
       py::arg("config"), py::arg("payload"), py::arg("out"));
+
+  // ---- Exponent-change characterisation (include/ciera/analysis.hpp, docs/analysis.md) ----
+  // For use inside a training loop: one counter per parameter, observe() after each optimizer
+  // step. summary() has the shape of one "counts" object of `ciera analyze --json`.
+  {
+    auto counts_dict = [](const ChangeCounts& c, const ChangeGrid& grid) {
+      auto per_cell = [&](auto value) {
+        py::list rows;
+        for (size_t w = 0; w < grid.worlds.size(); ++w) {
+          py::list row;
+          for (size_t b = 0; b < grid.block_values.size(); ++b) row.append(value(grid.cell(w, b)));
+          rows.append(row);
+        }
+        return rows;
+      };
+      py::list shard_rate;
+      for (size_t w = 0; w < grid.worlds.size(); ++w) shard_rate.append(c.shard_change_rate(w));
+      py::dict d;
+      d["transitions"] = c.transitions;
+      d["values"] = c.values;
+      d["changed_values"] = c.changed_values;
+      d["element_change_rate"] = c.element_change_rate();
+      d["blocks"] = per_cell([&](size_t i) { return c.blocks[i]; });
+      d["changed_blocks"] = per_cell([&](size_t i) { return c.changed_blocks[i]; });
+      d["block_change_rate"] = per_cell([&](size_t i) { return c.block_change_rate(i); });
+      d["shards"] = c.shards;
+      d["changed_shards"] = c.changed_shards;
+      d["shard_change_rate"] = shard_rate;
+      return d;
+    };
+    m.def(
+        "classify_parameter", [](const std::string& name) { return std::string(to_string(classify_parameter(name))); },
+        py::arg("name"),
+        "Shard type of a parameter name: expert_ffn, attention, router, norm, embedding, dense_ffn or other.");
+    py::class_<ExponentChangeCounter>(m, "ExponentChangeCounter")
+        .def(py::init([](DType dtype, uint64_t values, std::vector<uint32_t> worlds, std::vector<uint32_t> blocks,
+                         uint32_t warmup_steps) {
+               return std::make_unique<ExponentChangeCounter>(dtype, values, ChangeGrid{std::move(worlds), std::move(blocks)},
+                                                              warmup_steps);
+             }),
+             py::arg("dtype"), py::arg("values"), py::arg("worlds") = ChangeGrid{}.worlds,
+             py::arg("blocks") = ChangeGrid{}.block_values, py::arg("warmup_steps") = 0)
+        .def(
+            "observe",
+            [](ExponentChangeCounter& c, uintptr_t data_ptr, uint64_t nbytes) {
+              py::gil_scoped_release release;
+              c.observe(bytes_at<const std::byte>(data_ptr, nbytes));
+            },
+            py::arg("data_ptr"), py::arg("nbytes"),
+            "Counts the changes since the previous snapshot (the first is the baseline); the memory at data_ptr "
+            "holds `values` values of `dtype`, on the host.")
+        .def(
+            "observe",
+            [](ExponentChangeCounter& c, py::buffer snapshot) {
+              py::buffer_info in = snapshot.request();
+              const std::span<const std::byte> bytes(static_cast<const std::byte*>(in.ptr),
+                                                     static_cast<size_t>(in.size * in.itemsize));
+              py::gil_scoped_release release;
+              c.observe(bytes);
+            },
+            py::arg("snapshot"))
+        .def_property_readonly("transitions", &ExponentChangeCounter::transitions)
+        .def_property_readonly("values", &ExponentChangeCounter::num_values)
+        .def("summary", [counts_dict](const ExponentChangeCounter& c) {
+          const ChangeGrid& grid = c.grid();
+          py::dict d;
+          d["dtype"] = std::string(dtype_name(c.dtype()));
+          d["values"] = c.num_values();
+          d["worlds"] = grid.worlds;
+          d["block_values"] = grid.block_values;
+          d["warmup_steps"] = c.warmup_steps();
+          d["transitions"] = c.transitions();
+          d["changed_values_per_step"] =
+              std::vector<uint64_t>(c.changed_values_per_step().begin(), c.changed_values_per_step().end());
+          d["total"] = counts_dict(c.total(), grid);
+          return d;
+        }, "Counts summed over the transitions after warmup (\"total\"), and changed values per step.");
+  }
 }

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
 
 from ciera import _ext
@@ -84,6 +84,7 @@ class ParamSlice:
     name: str
     numel: int    # padded shard values, the same on every rank
     offset: int   # first value of this parameter in a rank's shard of the bucket
+    full_numel: int = 0  # values of the whole (unsharded, unpadded) parameter
 
 
 @dataclass
@@ -131,7 +132,7 @@ def describe_buckets(model: torch.nn.Module) -> list[tuple[FSDPModule, Bucket]]:
             if dtype not in _DTYPES:
                 raise TypeError(f"CIERA carries bf16, fp16 and fp32 parameters; {name} is {dtype}")
             numel = fp.padded_sharded_param_size.numel()
-            params.append(ParamSlice(name, numel, offset))
+            params.append(ParamSlice(name, numel, offset, fp.sharded_param.numel()))
             offset += numel
         if len(dtypes) != 1:
             raise TypeError(f"{module_names.get(id(module))}: parameters of one FSDP group must share a "
@@ -150,6 +151,8 @@ class GatherRecord:
     wire_bytes: int
     compressed: bool
     resynchronised: bool
+    exposed_s: float = -1.0   # time the caller waited for it (overlapped gathers); -1: all of it
+    started: float = 0.0      # time.perf_counter() when FSDP asked for it
 
 
 @dataclass
@@ -161,7 +164,10 @@ class Runtime:
     records: list[GatherRecord] = field(default_factory=list)
     wrong_bytes: int = 0
     verified_bytes: int = 0
-    on_gather: object = None   # optional callback(bucket, output tensor) for statistics
+    on_gather: object = None   # optional callback(bucket index, this rank's input) for statistics
+    on_output: object = None   # optional callback(Bucket, gathered output) for statistics
+    selector: "Selector | None" = None
+    overlap: bool = False      # return gathers in flight to FSDP (CCP) instead of finishing them
 
     def take_records(self) -> list[GatherRecord]:
         records, self.records = self.records, []
@@ -186,51 +192,149 @@ class CieraAllGather(AllGather):
                 f"{input_tensor.dtype}, but CIERA registered {b.numel} x {b.dtype}")
         if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
             raise _ext.ConfigError("CIERA needs contiguous all-gather buffers")
-        start = time.perf_counter()
         nbytes = input_tensor.numel() * input_tensor.element_size()
-        stats = self.runtime.engine.run(b.index, input_tensor.data_ptr(), nbytes, output_tensor.data_ptr(),
-                                        output_tensor.numel() * output_tensor.element_size())
-        elapsed = time.perf_counter() - start
-        if _DEBUG_TIMING and dist.get_rank() == 0:
-            print(f"ciera gather bucket {b.index}: {elapsed*1e3:.1f} ms = encode {stats.encode_s*1e3:.1f} "
-                  f"exchange {stats.exchange_s*1e3:.1f} decode {stats.decode_s*1e3:.1f} "
-                  f"(engine total {stats.total_s*1e3:.1f}) wire {stats.wire_bytes} raw {stats.raw_bytes} "
-                  f"compressed {stats.compressed}", flush=True)
-        self.runtime.records.append(GatherRecord(b.index, elapsed, stats.raw_bytes, stats.wire_bytes,
-                                                 stats.compressed, stats.resynchronised))
-        if self.runtime.verify:
-            reference = torch.empty_like(output_tensor)
-            dist.all_gather_into_tensor(reference, input_tensor, group=group)
-            self.runtime.wrong_bytes += int((reference.view(torch.uint8) != output_tensor.view(torch.uint8)).sum())
-            self.runtime.verified_bytes += reference.numel() * reference.element_size()
-        if self.runtime.on_gather is not None:
-            self.runtime.on_gather(b.index, input_tensor)
+        if self.runtime.selector is not None:
+            self.runtime.selector.observe(b.index, input_tensor.data_ptr(), nbytes)
+        start = time.perf_counter()
+        ticket = self.runtime.engine.start(b.index, input_tensor.data_ptr(), nbytes, output_tensor.data_ptr(),
+                                           output_tensor.numel() * output_tensor.element_size())
+        work = _GatherWork(self, ticket, start, output_tensor, input_tensor, group)
+        if self.runtime.overlap:
+            return work  # FSDP waits on it right before the module runs (CCP, paper §3.3)
+        work.wait()
         return None
+
+
+class _GatherWork(dist.distributed_c10d.Work):
+    """A CIERA gather in flight: encoding, exchange and decoding run on the engine's threads while
+    FSDP2 goes on (prefetching gathers overlap the previous module's compute); FSDP waits on this
+    before it reads the output. Waiting twice is harmless."""
+
+    def __init__(self, gather: "CieraAllGather", ticket, start: float, output_tensor, input_tensor, group):
+        super().__init__()
+        self.gather, self.ticket, self.start = gather, ticket, start
+        self.output_tensor, self.input_tensor, self.group = output_tensor, input_tensor, group
+        self.done = False
+
+    def wait(self, timeout=None) -> bool:
+        if self.done:
+            return True
+        self.done = True
+        runtime, b = self.gather.runtime, self.gather.bucket
+        waited = time.perf_counter()
+        stats = runtime.engine.wait(self.ticket)
+        now = time.perf_counter()
+        if _DEBUG_TIMING and dist.get_rank() == 0:
+            print(f"ciera gather bucket {b.index}: {(now - self.start)*1e3:.1f} ms (waited {(now - waited)*1e3:.1f})"
+                  f" = encode {stats.encode_s*1e3:.1f} exchange {stats.exchange_s*1e3:.1f} decode "
+                  f"{stats.decode_s*1e3:.1f} wire {stats.wire_bytes} raw {stats.raw_bytes} "
+                  f"compressed {stats.compressed}", flush=True)
+        runtime.records.append(GatherRecord(b.index, now - self.start, stats.raw_bytes, stats.wire_bytes,
+                                            stats.compressed, stats.resynchronised, now - waited, self.start))
+        output_tensor, input_tensor = self.output_tensor, self.input_tensor
+        self.output_tensor = self.input_tensor = None
+        if runtime.verify:
+            reference = torch.empty_like(output_tensor)
+            dist.all_gather_into_tensor(reference, input_tensor, group=self.group)
+            runtime.wrong_bytes += int((reference.view(torch.uint8) != output_tensor.view(torch.uint8)).sum())
+            runtime.verified_bytes += reference.numel() * reference.element_size()
+        if runtime.on_gather is not None:
+            runtime.on_gather(b.index, input_tensor)
+        if runtime.on_output is not None:
+            runtime.on_output(b, output_tensor)
+        return True
 
 
 class TimedAllGather(DefaultAllGather):
-    """FSDP2's own all-gather, timed the same way, for the baseline."""
+    """FSDP2's own all-gather (torch.distributed), timed the same way, for the baseline. With
+    `overlap` it is left in flight like CIERA's, so both sides get the same chance to overlap."""
 
-    def __init__(self, records: list, index: int, observer=None):
+    def __init__(self, records: list, index: int, observer=None, overlap: bool = False):
         self.records = records
         self.index = index
         self.observer = observer
+        self.overlap = overlap
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         start = time.perf_counter()
-        dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=False)
+        work = dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=self.overlap)
         nbytes = output_tensor.numel() * output_tensor.element_size()
-        self.records.append(GatherRecord(self.index, time.perf_counter() - start, nbytes, nbytes, False, False))
         if self.observer is not None:
             self.observer(self.index, input_tensor)
+        if not self.overlap:
+            elapsed = time.perf_counter() - start
+            self.records.append(GatherRecord(self.index, elapsed, nbytes, nbytes, False, False, elapsed, start))
+            return None
+        return _TimedWork(work, self.records, GatherRecord(self.index, 0.0, nbytes, nbytes, False, False,
+                                                           started=start), start)
+
+
+class _TimedWork(dist.distributed_c10d.Work):
+    def __init__(self, work, records: list, record: GatherRecord, start: float):
+        super().__init__()
+        self.work, self.records, self.record, self.start = work, records, record, start
+
+    def wait(self, timeout=None) -> bool:
+        if self.work is not None:
+            waited = time.perf_counter()
+            self.work.wait()
+            now = time.perf_counter()
+            self.record.seconds, self.record.exposed_s = now - self.start, now - waited
+            self.records.append(self.record)
+            self.work = None
+        return True
+
+
+@dataclass
+class ReduceScatterRecord:
+    bucket: int
+    started: float
+    seconds: float
+    input_bytes: int
+
+
+class TimedReduceScatter(ReduceScatter):
+    """FSDP2's own reduce-scatter of gradients, timed (for the allgather share of communication
+    time, the paper's O1, and for traces). The same call FSDP2 makes, so results are unchanged."""
+
+    def __init__(self, records: list, index: int):
+        self.records = records
+        self.index = index
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        start = time.perf_counter()
+        dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op)
+        self.records.append(ReduceScatterRecord(self.index, start, time.perf_counter() - start,
+                                                input_tensor.numel() * input_tensor.element_size()))
         return None
 
 
-def time_plain_all_gathers(model: torch.nn.Module, observer=None) -> list:
+def time_reduce_scatters(model: torch.nn.Module) -> list:
+    """Times FSDP2's gradient reduce-scatters; returns the list records accumulate in."""
+    records: list = []
+    for module, bucket in describe_buckets(model):
+        module.set_custom_reduce_scatter(TimedReduceScatter(records, bucket.index))
+    return records
+
+
+def prefetch_forward(model: torch.nn.Module) -> None:
+    """Makes each FSDP module start the next one's all-gather before it runs (FSDP2 prefetches
+    backward gathers itself, forward ones only when told), so an in-flight gather overlaps compute."""
+    modules = [m for m, _ in describe_buckets(model)]
+    for current, following in zip(modules, modules[1:]):
+        current.set_modules_to_forward_prefetch([following])
+
+
+def time_plain_all_gathers(model: torch.nn.Module, observer=None, overlap: bool = False) -> list:
     """Times FSDP2's own all-gathers (the baseline); returns the list records accumulate in."""
     records: list = []
     for module, bucket in describe_buckets(model):
-        module.set_custom_all_gather(TimedAllGather(records, bucket.index, observer))
+        module.set_custom_all_gather(TimedAllGather(records, bucket.index, observer, overlap))
+    if overlap:
+        prefetch_forward(model)
     return records
 
 
@@ -263,13 +367,137 @@ class ExponentTracker:
         self.total += shard.numel()
 
 
+
+# ---- Benefit-driven selection (paper §3.2) --------------------------------------------------------
+
+def shard_type(name: str) -> str:
+    """expert_ffn, attention, router, norm, embedding, dense_ffn or other, from the parameter name."""
+    classify = getattr(_ext, "classify_parameter", None)
+    return classify(name) if classify else "other"
+
+
+class Selector:
+    """Chooses which parameters go through exponent reuse, per the paper's §3.2, on every rank
+    alike: warmup statistics (q_i, the block change rate of each parameter's shards, measured in
+    C++ on the shards about to be gathered), a cost model measured at enable() on the same
+    transport, and a cache budget. Training steps are counted by a forward pre-hook on the root
+    module (training mode only); each bucket's first gather of a step is observed."""
+
+    def __init__(self, runtime: "Runtime", cost_model, budget_bytes: int, select_after: int,
+                 reselect_every: int, overlap: bool, codec, group=None):
+        self.runtime = runtime
+        self.cost_model = cost_model
+        self.budget_bytes = budget_bytes
+        self.select_after = select_after
+        self.reselect_every = reselect_every
+        self.overlap = overlap
+        self.codec = codec
+        self.group = group
+        self.monitors = [_ext.ChangeMonitor(_DTYPES[b.dtype], [p.numel for p in b.params], codec.block_values)
+                         for b in runtime.buckets]
+        self.observed: set[int] = set()
+        self.step = 0
+        self.policies = {(b.index, k): _ext.ShardPolicy.raw for b in runtime.buckets for k in range(len(b.params))}
+        self.selection: dict | None = None
+        self.history: list[dict] = []   # one entry per selection: step, chosen count, cache bytes
+
+    @property
+    def monitor_bytes(self) -> int:
+        return sum(m.memory_bytes for m in self.monitors)
+
+    def observe(self, bucket: int, data_ptr: int, nbytes: int) -> None:
+        if bucket not in self.observed:
+            self.observed.add(bucket)
+            self.monitors[bucket].observe(data_ptr, nbytes)
+
+    def on_step(self, module, args) -> None:
+        if not module.training:
+            return
+        self.observed.clear()
+        done = self.step
+        self.step += 1
+        if done == self.select_after or (self.reselect_every > 0 and done > self.select_after
+                                         and (done - self.select_after) % self.reselect_every == 0):
+            self.select()
+
+    def _merged_counts(self) -> list[list]:
+        rows = [c.as_list() for m in self.monitors for c in m.counts]
+        summed = torch.tensor(rows, dtype=torch.float64)  # exact: counts stay far below 2**53
+        dist.all_reduce(summed, group=self.group)
+        world = dist.get_world_size(self.group)
+        merged = []
+        for row in summed.tolist():
+            row = [int(v) for v in row]
+            row[0] //= world   # every rank saw the same number of steps
+            merged.append(row)
+        return merged
+
+    def select(self) -> dict:
+        """Runs the selector on the statistics since the last selection and applies it. Collective."""
+        merged = iter(self._merged_counts())
+        world = dist.get_world_size(self.group)
+        candidates = []
+        for b in self.runtime.buckets:
+            for k, p in enumerate(b.params):
+                counts = _ext.ShardChangeCounts.from_list(next(merged))
+                c = _ext.ShardCandidate()
+                c.bucket, c.param, c.name, c.type = b.index, k, p.name, shard_type(p.name)
+                c.dtype = _DTYPES[b.dtype]
+                c.shard_values = [p.numel] * world
+                # No statistics yet: assume every block changes, so nothing is selected blindly.
+                c.block_change_rate = counts.block_change_rate if counts.observations else 1.0
+                c.value_change_rate = counts.value_change_rate if counts.observations else 1.0
+                candidates.append(c)
+        options = _ext.SelectorOptions()
+        options.cache_budget_bytes = self.budget_bytes
+        options.overlap = self.overlap
+        options.codec = self.codec
+        selection = _ext.select_shards(candidates, self.cost_model, options)
+        for shard in selection["shards"]:
+            key = (shard["bucket"], shard["param"])
+            wanted = _ext.ShardPolicy.ciera if shard["chosen"] else _ext.ShardPolicy.raw
+            if self.policies[key] != wanted:
+                self.runtime.engine.set_policy(key[0], key[1], wanted)
+                self.policies[key] = wanted
+        for m in self.monitors:
+            m.clear_counts()
+        selection["step"] = self.step - 1
+        self.selection = selection
+        self.history.append({"step": selection["step"], "chosen": sum(s["chosen"] for s in selection["shards"]),
+                             "cache_bytes": selection["cache_bytes"]})
+        return selection
+
+
+def selection_table(selection: dict) -> str:
+    """The selection as a readable table: one row per shard type, then the chosen shards' totals."""
+    by_type: dict[str, list] = {}
+    for s in selection["shards"]:
+        by_type.setdefault(s["type"], []).append(s)
+    lines = [f"{'shard type':<12} {'shards':>6} {'chosen':>6} {'values chg':>10} {'blocks chg':>10} "
+             f"{'gain/gather':>12} {'cache':>10}"]
+    for kind, shards in sorted(by_type.items()):
+        chosen = [s for s in shards if s["chosen"]]
+        q = sum(s["block_change_rate"] for s in shards) / len(shards)
+        p = sum(s["value_change_rate"] for s in shards) / len(shards)
+        gain = sum(s["gain_s"] for s in chosen)
+        cache = sum(s["memory_bytes"] for s in chosen)
+        lines.append(f"{kind:<12} {len(shards):>6} {len(chosen):>6} {100 * p:>9.3f}% {100 * q:>9.2f}% "
+                     f"{1e3 * gain:>9.3f} ms "
+                     f"{cache / 2**20:>7.2f} MiB")
+    budget = selection["budget_bytes"]
+    budget_text = "unlimited" if budget >= 2**63 else f"{budget / 2**20:.2f} MiB"
+    lines.append(f"cache {selection['cache_bytes'] / 2**20:.2f} MiB of {budget_text}; expected gain "
+                 f"{1e3 * selection['gain_s']:.3f} ms per gather round")
+    return "\n".join(lines)
+
 # ---- Public entry point -------------------------------------------------------------------------
 
 class Handle:
     """What enable() returns: the engine, per-parameter layout, statistics, and disable()."""
 
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, hook=None):
         self._runtime = runtime
+        self._hook = hook
 
     @property
     def engine(self):
@@ -293,15 +521,34 @@ class Handle:
     def set_gather_observer(self, callback) -> None:
         self._runtime.on_gather = callback
 
+    def set_output_observer(self, callback) -> None:
+        """callback(bucket: Bucket, output: Tensor) after each gather, with every rank's shards."""
+        self._runtime.on_output = callback
+
+    @property
+    def cache_bytes(self) -> int:
+        """Codec state this rank holds now (encoder copies and peers' exponent caches)."""
+        return self._runtime.engine.cache_bytes
+
+    @property
+    def selector(self) -> Selector | None:
+        """The benefit-driven selector, when enable() was given a cache budget."""
+        return self._runtime.selector
+
     def disable(self) -> None:
         """Restores FSDP2's default all-gather on every module; collective."""
         for module in self._runtime.modules:
             module.set_custom_all_gather(DefaultAllGather())
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         self._runtime.engine.close()
 
 
 def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, process_group=None,
-           transport: str = "torch", verify: bool = False, policy=None) -> Handle:
+           transport: str = "torch", verify: bool = False, policy=None,
+           cache_budget_bytes: int | None = None, select_after_steps: int | None = None,
+           reselect_every: int = 0, overlap: bool = True, cost_model=None) -> Handle:
     """Routes every FSDP2 parameter group's all-gather of `model` through CIERA.
 
     Collective: every rank calls it with the same model structure and configuration (checked;
@@ -309,7 +556,27 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     group beside `process_group`, default the world) or "mpi" (CIERA's Open MPI transport; the
     job must run under mpirun). With `verify`, every gather is also done by torch.distributed
     and compared byte for byte (Handle.wrong_bytes). `policy(bucket, param) -> ShardPolicy`
-    chooses per parameter; the default compresses everything."""
+    chooses per parameter; the default compresses everything.
+
+    With `cache_budget_bytes`, the benefit-driven selector decides instead (paper §3.2): every
+    parameter goes raw for `select_after_steps` training steps (default: config.warmup_steps)
+    while its exponent changes are counted; then the parameters whose compression saves more
+    time than it costs, ranked by gain per byte of cache, go through CIERA until the budget (per
+    rank, bytes of codec state) is used. `reselect_every` > 0 re-runs the selection every that
+    many steps on fresh statistics (results stay exact: a switched shard restarts with a key
+    frame).
+
+    With `overlap` (CCP, paper §3.3), a gather is handed back to FSDP in flight: encoding,
+    exchange and decoding run on the engine's threads while the previous module computes
+    (FSDP's backward prefetch, and forward prefetch which enable() turns on). `overlap=False`
+    finishes each gather before returning, and makes the selector charge detection and encoding
+    to the critical path. `cost_model` (an _ext.CostModel, the same on every rank) replaces the
+    start-up measurement, for tests and for reusing one measured earlier."""
+    selecting = cache_budget_bytes is not None
+    if selecting and policy is not None:
+        raise _ext.ConfigError("enable(): give either policy= or cache_budget_bytes=, not both")
+    if selecting and cache_budget_bytes < 0:
+        raise _ext.ConfigError(f"enable(): cache_budget_bytes must be >= 0, got {cache_budget_bytes}")
     config = config or _ext.EngineConfig()
     described = describe_buckets(model)
     if not described:
@@ -321,7 +588,10 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
         layout.name = bucket.module_name or "<root>"
         layout.dtype = _DTYPES[bucket.dtype]
         layout.shard_values = [[p.numel for p in bucket.params] for _ in range(world)]
-        layout.policy = [policy(bucket, p) if policy else _ext.ShardPolicy.ciera for p in bucket.params]
+        if selecting:
+            layout.policy = [_ext.ShardPolicy.raw for _ in bucket.params]
+        else:
+            layout.policy = [policy(bucket, p) if policy else _ext.ShardPolicy.ciera for p in bucket.params]
         layouts.append(layout)
     if transport == "torch":
         ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
@@ -334,11 +604,25 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
         native = _ext.mpi_transport()
     else:
         raise _ext.ConfigError(f"unknown transport {transport!r} (expected 'torch' or 'mpi')")
+    if selecting and cost_model is None:
+        # Measured before the engine takes the transport over: Comm() up to the largest bucket.
+        largest = max(b.numel * world * torch.tensor([], dtype=b.dtype).element_size() for _, b in described)
+        dtypes = sorted({_DTYPES[b.dtype] for _, b in described}, key=int)
+        cost_model = _ext.measure_cost_model(native, largest, dtypes, config.codec)
     engine = _ext.Engine(native, config, layouts)
-    runtime = Runtime(engine, [b for _, b in described], [m for m, _ in described], verify)
+    runtime = Runtime(engine, [b for _, b in described], [m for m, _ in described], verify, overlap=overlap)
     for module, bucket in described:
         module.set_custom_all_gather(CieraAllGather(runtime, bucket))
-    handle = Handle(runtime)
+    if overlap:
+        prefetch_forward(model)
+    hook = None
+    if selecting:
+        after = config.warmup_steps if select_after_steps is None else select_after_steps
+        runtime.selector = Selector(runtime, cost_model, int(cache_budget_bytes), after, reselect_every,
+                                    overlap, config.codec, process_group)
+        # Prepended: the step must be counted before FSDP's own pre-forward hook gathers the root.
+        hook = model.register_forward_pre_hook(runtime.selector.on_step, prepend=True)
+    handle = Handle(runtime, hook)
     _open_engines.append(engine)
     return handle
 
@@ -362,3 +646,11 @@ def _shutdown_mpi() -> None:
         engine.close()
     _open_engines.clear()
     _ext.mpi_finalize()
+
+
+def full_parameter(bucket: Bucket, k: int, output: torch.Tensor, world: int) -> torch.Tensor:
+    """Parameter k of a gathered bucket as one flat tensor: its shards from every rank,
+    concatenated, without FSDP's padding (which sits at the end: dim-0 chunks are ceil-sized)."""
+    p = bucket.params[k]
+    pieces = [output[r * bucket.numel + p.offset: r * bucket.numel + p.offset + p.numel] for r in range(world)]
+    return torch.cat(pieces)[: p.full_numel]

@@ -83,7 +83,7 @@ def parameter_ranges(rank, world):
     """Every parameter's bytes sit where Bucket.param_range says, uneven shards included."""
     spec = tiny_spec("olmoe")
     model = build(spec, world, dtype=torch.float32)
-    handle = ct.enable(model, ciera.EngineConfig())
+    handle = ct.enable(model, ciera.EngineConfig(), overlap=False)  # output complete on return
     captured = {}
     original = ct.CieraAllGather.__call__
 
@@ -193,3 +193,52 @@ def dead_rank(rank, world):
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - start}
     return {"error": None, "seconds": time.time() - start}
+
+
+def slow_link_model(world):
+    """A cost model of a 10 MB/s link and a fast codec, so that compression clearly pays."""
+    model = ciera._ext.CostModel()
+    model.world_size = world
+    model.allgather = ciera._ext.CommCurve.fit([(0.0, 1e-4), (1e7, 1.0001)])
+    fast = ciera._ext.CodecThroughput()
+    fast.detect_bytes_per_s = fast.encode_bytes_per_s = fast.decode_bytes_per_s = 1e10
+    for dtype in (ciera._ext.DType.bf16, ciera._ext.DType.fp16, ciera._ext.DType.fp32):
+        model.set_throughput(dtype, fast)
+    return model
+
+
+def selection_vs_plain(rank, world, budget_bytes, reselect_every=0, overlap=True, measured=False):
+    """Trains with the benefit-driven selector under a budget; compares with plain FSDP2."""
+    corpus = data.load_corpus(1 << 20)
+    spec = tiny_spec("olmoe")
+    plain = build(spec, world)
+    plain_losses = train(plain, rank, 10, corpus)
+    plain_params = local_bits(plain)
+
+    model = build(spec, world)
+    config = ciera.EngineConfig()
+    config.warmup_steps = 0
+    handle = ct.enable(model, config, verify=True, overlap=overlap, cache_budget_bytes=budget_bytes,
+                       select_after_steps=3, reselect_every=reselect_every,
+                       cost_model=None if measured else slow_link_model(world))
+    peak = []
+    losses = train(model, rank, 10, corpus, before_step=lambda step: peak.append(handle.cache_bytes))
+    peak.append(handle.cache_bytes)
+    records = handle.take_records()
+    params = local_bits(model)
+    selection = handle.selector.selection
+    handle.disable()
+    return {
+        "losses_equal": losses == plain_losses,
+        "params_equal": all(torch.equal(a, b) for a, b in zip(params, plain_params)),
+        "wrong_bytes": handle.wrong_bytes,
+        "verified_bytes": handle.verified_bytes,
+        "peak_cache_bytes": max(peak),
+        "selected_cache_bytes": selection["cache_bytes"],
+        "chosen": sorted(s["name"] for s in selection["shards"] if s["chosen"]),
+        "types": sorted({s["type"] for s in selection["shards"] if s["chosen"]}),
+        "selections": handle.selector.history,
+        "compressed_gathers": sum(r.compressed for r in records),
+        "wire_bytes": sum(r.wire_bytes for r in records),
+        "raw_bytes": sum(r.raw_bytes for r in records),
+    }

@@ -61,3 +61,41 @@ def test_a_dead_rank_makes_the_others_fail_within_the_timeout():
         assert status == "ok", value
         assert value["error"] is not None, value
         assert value["seconds"] < 60, value
+
+
+# ---- Benefit-driven selection (paper §3.2) -------------------------------------------------------
+
+@pytest.mark.parametrize("budget", [20_000, 10**12])
+def test_selection_respects_the_budget_and_stays_exact(budget):
+    results = all_ok(spawn(w.selection_vs_plain, 2, budget))
+    for r in results:
+        assert r["losses_equal"] and r["params_equal"] and r["wrong_bytes"] == 0, r
+        assert r["chosen"], r                                  # a slow link: compression pays
+        assert r["peak_cache_bytes"] <= r["selected_cache_bytes"] <= budget, r
+        assert r["compressed_gathers"] > 0 and r["wire_bytes"] < r["raw_bytes"], r
+    assert len({tuple(r["chosen"]) for r in results}) == 1     # every rank chose the same
+
+
+def test_a_smaller_budget_selects_a_subset():
+    small = all_ok(spawn(w.selection_vs_plain, 2, 20_000))[0]["chosen"]
+    large = all_ok(spawn(w.selection_vs_plain, 2, 10**12))[0]["chosen"]
+    assert set(small) < set(large)
+
+
+def test_zero_budget_selects_nothing_and_gathers_raw():
+    for r in all_ok(spawn(w.selection_vs_plain, 2, 0)):
+        assert r["chosen"] == [] and r["peak_cache_bytes"] == 0, r
+        assert r["compressed_gathers"] == 0 and r["wire_bytes"] == r["raw_bytes"], r
+        assert r["losses_equal"] and r["params_equal"], r
+
+
+def test_reselection_every_few_steps_stays_exact_without_overlap():
+    for r in all_ok(spawn(w.selection_vs_plain, 2, 10**12, 2, False)):
+        assert len(r["selections"]) >= 3, r                    # steps 3, 5, 7, 9
+        assert r["losses_equal"] and r["params_equal"] and r["wrong_bytes"] == 0, r
+
+
+def test_measured_cost_model_on_a_fast_local_link_selects_little_and_stays_exact():
+    for r in all_ok(spawn(w.selection_vs_plain, 2, 10**12, 0, True, True)):
+        assert r["losses_equal"] and r["params_equal"], r
+        assert r["peak_cache_bytes"] <= r["selected_cache_bytes"], r

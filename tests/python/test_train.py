@@ -44,3 +44,27 @@ def test_ciera_train_rejects_bad_options(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ciera.train", "--steps", "5", "--warmup", "5", "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode != 0 and "--steps must exceed --warmup" in done.stderr
+
+
+def test_in_training_statistics_agree_with_ciera_analyze_on_checkpoints(tmp_path):
+    """The same exponent changes counted two ways: on the gathered parameters during training
+    (--stats) and by `ciera analyze` on the checkpoints the run wrote (--save-checkpoints)."""
+    ckpts = tmp_path / "ckpt"
+    cmd = [sys.executable, "-m", "ciera.train", "--ranks", "2", "--steps", "5", "--warmup", "0", "--hidden", "64",
+           "--expert-intermediate", "64", "--seq-len", "32", "--no-baseline", "--stats",
+           "--save-checkpoints", str(ckpts), "--json", "--out", str(tmp_path / "runs")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    training = json.loads((run_dir / "characterisation.json").read_text())["total"]
+    assert len(list(ckpts.glob("*.safetensors"))) == 5
+    from ciera.cli import native_tool
+
+    analyzed = subprocess.run([str(native_tool()), "analyze", str(ckpts), "--json", "--quiet"],
+                              capture_output=True, text=True, timeout=300)
+    assert analyzed.returncode == 0, analyzed.stderr
+    offline = json.loads(analyzed.stdout.strip().splitlines()[-1])["total"]
+    assert training["transitions"] == 4  # step transitions (analyze counts them per tensor)
+    assert training["changed_values"] > 0
+    for key in ("values", "changed_values", "blocks", "changed_blocks", "shards", "changed_shards"):
+        assert training[key] == offline[key], key

@@ -1,0 +1,137 @@
+"""Traces of real training runs for the simulator (``ciera train --trace FILE``; format:
+docs/simulator.md, "Trace format v1").
+
+Per FSDP group (bucket) the trace holds the forward and backward compute time, measured as the
+gaps between the step's communication events: in forward, the time after a group's all-gather
+until the next event is that group's compute (the root's forward also owns the tail up to the
+loss); in backward, the time before a group's gradient reduce-scatter since the previous event is
+that group's backward compute (FSDP reduce-scatters a group's gradients as soon as its backward
+is done). Gathers and reduce-scatters are timed synchronously, so the gaps are pure compute.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepEvents:
+    """What one rank saw in one training step (time.perf_counter() seconds)."""
+    start: float
+    loss_done: float
+    backward_done: float
+    end: float
+    gathers: list        # GatherRecord (with .started, .seconds, .bucket)
+    reduce_scatters: list  # ReduceScatterRecord
+
+
+def compute_times(ev: StepEvents, buckets: int, root: int = 0) -> tuple[list[float], list[float], float]:
+    """(forward_s per bucket, backward_s per bucket, optimizer_s) of one step."""
+    forward = [0.0] * buckets
+    backward = [0.0] * buckets
+    comm = sorted([(g.started, g.started + g.seconds, "ag", g.bucket) for g in ev.gathers] +
+                  [(r.started, r.started + r.seconds, "rs", r.bucket) for r in ev.reduce_scatters])
+    fwd = [e for e in comm if e[0] < ev.loss_done]
+    bwd = [e for e in comm if ev.loss_done <= e[0] < ev.backward_done]
+    # Forward: the gap after each gather belongs to the gathered group; before the first gather
+    # and after the last, to the root (embedding, head, loss).
+    cursor, owner = ev.start, root
+    for began, ended, _, bucket in fwd:
+        forward[owner] += max(0.0, began - cursor)
+        cursor, owner = ended, bucket
+    forward[owner] += max(0.0, ev.loss_done - cursor)
+    # Backward: the gap before each reduce-scatter belongs to that group; gathers only advance
+    # the cursor. A tail after the last reduce-scatter (none in FSDP2) goes to the root.
+    # Before the first reduce-scatter, gaps before gathers are the root's head backward.
+    cursor, pending, seen_rs = ev.loss_done, 0.0, False
+    for began, ended, kind, bucket in bwd:
+        pending += max(0.0, began - cursor)
+        if kind == "rs":
+            backward[bucket] += pending
+            pending, seen_rs = 0.0, True
+        elif not seen_rs:
+            backward[root] += pending
+            pending = 0.0
+        cursor = max(cursor, ended)
+    backward[root] += pending + max(0.0, ev.backward_done - cursor)
+    return forward, backward, ev.end - ev.backward_done
+
+
+@dataclass
+class Tracer:
+    """Accumulates the steady-state steps of the baseline run and writes the trace."""
+    buckets: int
+    forward: list = field(default_factory=list)    # per step: list per bucket
+    backward: list = field(default_factory=list)
+    optimizer: list = field(default_factory=list)
+    gathers: dict = field(default_factory=dict)    # bucket -> [(bytes, seconds)] of every gather
+    reduce_scatters: dict = field(default_factory=dict)
+
+    def add(self, ev: StepEvents) -> None:
+        f, b, o = compute_times(ev, self.buckets)
+        self.forward.append(f)
+        self.backward.append(b)
+        self.optimizer.append(o)
+        for g in ev.gathers:
+            self.gathers.setdefault(g.bucket, []).append((g.raw_bytes, g.seconds))
+        for r in ev.reduce_scatters:
+            self.reduce_scatters.setdefault(r.bucket, []).append((r.input_bytes, r.seconds))
+
+    def gathers_per_step(self, bucket: int) -> float:
+        return len(self.gathers.get(bucket, [])) / max(1, len(self.forward))
+
+    def in_situ_curves(self) -> dict:
+        """Comm() points as the training saw them: per bucket, its size and the mean time of its
+        collectives (with the ranks' real arrival skew, which micro-benchmarks do not have; the
+        mean, because a step's total is a sum and rare slow gathers belong in it)."""
+        def points(by_bucket):
+            return [{"bytes": samples[0][0], "seconds": statistics.fmean(t for _, t in samples)}
+                    for _, samples in sorted(by_bucket.items())]
+        return {"allgather": points(self.gathers), "reduce_scatter": points(self.reduce_scatters)}
+
+    def medians(self) -> tuple[list[float], list[float], float]:
+        med = statistics.median
+        f = [med(step[i] for step in self.forward) for i in range(self.buckets)]
+        b = [med(step[i] for step in self.backward) for i in range(self.buckets)]
+        return f, b, med(self.optimizer)
+
+
+def measure_comm_curves(group, largest_bytes: int, repeats: int = 3) -> dict:
+    """Comm() of torch.distributed's all-gather and reduce-scatter (the baseline's collectives):
+    sizes from 64 KiB to `largest_bytes` by factors of 4, the slowest rank's median per size."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    sizes, s = [], 65536
+    while s < largest_bytes:
+        sizes.append(s)
+        s *= 4
+    sizes.append(max(largest_bytes, 65536))
+    out = {"allgather": [], "reduce_scatter": []}
+    for total in sizes:
+        per_rank = max(1, total // world // 4)  # fp32 elements per rank
+        shard = torch.ones(per_rank, dtype=torch.float32)
+        full = torch.empty(per_rank * world, dtype=torch.float32)
+        for kind, call in (("allgather", lambda: dist.all_gather_into_tensor(full, shard, group=group)),
+                           ("reduce_scatter", lambda: dist.reduce_scatter_tensor(shard, full, group=group))):
+            times = []
+            for i in range(repeats + 1):
+                dist.barrier(group=group)
+                t = time.perf_counter()
+                call()
+                if i:
+                    times.append(time.perf_counter() - t)
+            slowest = torch.tensor([statistics.median(times)], dtype=torch.float64)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+            out[kind].append({"bytes": per_rank * world * 4, "seconds": slowest.item()})
+    return out
+
+
+def write(path: str, trace: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(trace, f, indent=1)

@@ -1,0 +1,77 @@
+"""Exponent-change characterisation from Python: the counter binding, parameter classification,
+and `ciera analyze --plot` end to end (native tool + figures)."""
+
+import numpy as np
+import pytest
+from conftest import ROOT  # noqa: F401  (puts the package on sys.path)
+
+import ciera
+from ciera import _ext
+
+
+def test_classify_parameter_names():
+    assert _ext.classify_parameter("model.layers.0.mlp.experts.gate_up_proj") == "expert_ffn"
+    assert _ext.classify_parameter("_fsdp_wrapped_module.model.layers.0.mlp.gate.weight") == "router"
+    assert _ext.classify_parameter("model.layers.0.self_attn.kv_a_layernorm.weight") == "norm"
+    assert _ext.classify_parameter("lm_head.weight") == "embedding"
+
+
+def test_counter_counts_values_blocks_and_shards():
+    n = 1000
+    before = np.full(n, 0x3F80, dtype=np.uint16)  # BF16 1.0
+    after = before.copy()
+    after[[5, 700]] = 0x4000  # 2.0: exponent + 1
+    after[9] = 0xBF80         # -1.0: sign only, not a change
+    counter = _ext.ExponentChangeCounter(_ext.DType.bf16, n, worlds=[4], blocks=[64])
+    assert counter.observe(before) is None  # the baseline
+    counter.observe(after.ctypes.data, after.nbytes)
+    s = counter.summary()
+    assert s["transitions"] == 1 and s["changed_values_per_step"] == [2]
+    total = s["total"]
+    assert total["values"] == n and total["changed_values"] == 2
+    assert total["shards"] == [4] and total["changed_shards"] == [2]   # shards of 250 values
+    assert total["blocks"] == [[4 * 4]] and total["changed_blocks"] == [[2]]
+    assert total["block_change_rate"] == [[2 / 16]]
+
+
+def test_counter_observes_torch_tensors_and_rejects_wrong_sizes():
+    torch = pytest.importorskip("torch")
+    w = torch.randn(300, dtype=torch.float32)
+    counter = _ext.ExponentChangeCounter(_ext.DType.fp32, w.numel(), warmup_steps=1)
+    for step in range(3):
+        counter.observe(w.data_ptr(), w.numel() * w.element_size())
+        w.mul_(2.0)  # every exponent moves by one
+    s = counter.summary()
+    assert s["changed_values_per_step"] == [300, 300]
+    assert s["total"]["transitions"] == 1  # the first transition is warmup
+    with pytest.raises(ciera.ConfigError, match="1200 bytes"):
+        counter.observe(w.data_ptr(), 4)
+
+
+def test_analyze_plot_end_to_end(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    from ciera import cli
+
+    try:
+        cli.native_tool()
+    except SystemExit:
+        pytest.skip("the native ciera tool is not built")
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    gen = torch.Generator().manual_seed(0)
+    weights = {"model.layers.0.mlp.experts.down_proj": torch.randn(4, 64, 32, generator=gen) * 0.02,
+               "model.layers.0.self_attn.q_proj.weight": torch.randn(64, 64, generator=gen) * 0.02,
+               "model.norm.weight": torch.ones(64)}
+    for step in range(6):
+        safetensors_torch.save_file({k: v.to(torch.bfloat16) for k, v in weights.items()},
+                                    str(ckpts / f"step_{step}.safetensors"))
+        for v in weights.values():
+            v.add_(torch.randn(v.shape, generator=gen) * 1e-3)
+    figures = tmp_path / "figures"
+    assert cli.main(["analyze", str(ckpts), "--warmup", "1", "--max-interval", "3", "--quiet",
+                     "--plot", str(figures)]) == 0
+    names = sorted(p.name for p in figures.glob("*.png"))
+    assert names == ["fig2_exponent_change_rate.png", "fig3a_shard_change_rate.png",
+                     "fig3b_reusable_blocks.png", "fig4_block_change_by_type.png", "fig5_check_interval.png"]
