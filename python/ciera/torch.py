@@ -153,6 +153,7 @@ class GatherRecord:
     resynchronised: bool
     exposed_s: float = -1.0   # time the caller waited for it (overlapped gathers); -1: all of it
     started: float = 0.0      # time.perf_counter() when FSDP asked for it
+    encode_s: float = 0.0     # change detection + encoding on this rank (the engine's encode_s)
 
 
 @dataclass
@@ -230,7 +231,8 @@ class _GatherWork(dist.distributed_c10d.Work):
                   f"{stats.decode_s*1e3:.1f} wire {stats.wire_bytes} raw {stats.raw_bytes} "
                   f"compressed {stats.compressed}", flush=True)
         runtime.records.append(GatherRecord(b.index, now - self.start, stats.raw_bytes, stats.wire_bytes,
-                                            stats.compressed, stats.resynchronised, now - waited, self.start))
+                                            stats.compressed, stats.resynchronised, now - waited, self.start,
+                                            stats.encode_s))
         output_tensor, input_tensor = self.output_tensor, self.input_tensor
         self.output_tensor = self.input_tensor = None
         if runtime.verify:

@@ -194,6 +194,9 @@ def render_summary(s: dict, run_dir: Path) -> str:
                                 f"speedup {s['allgather_speedup'] or float('nan'):.3f}x"),
         ("iteration time/step", f"FSDP2 {ms(s['iteration_ms_fsdp2'])} ms  CIERA {ms(s['iteration_ms_ciera'])} ms  "
                                 f"speedup {s['iteration_speedup'] or float('nan'):.3f}x"),
+        ("detect + encode", f"{s['detect_encode_ms_ciera']:.1f} ms/step on the slowest rank; "
+                            f"{100 * s['allgather_hidden_fraction_ciera']:.0f}% of the gathers' duration hidden"
+                            + (" (--overlap)" if s.get("overlap") else " (synchronous gathers)")),
         ("codec state (peak)", f"{s['cache_bytes'] / 2**20:.2f} MiB per rank"
                                + (f" of {budget_text(s['budget_bytes'])} budget; selected "
                                   f"{s['selected_shards']} of {s['candidate_shards']} shards "
@@ -443,7 +446,9 @@ class Child:
                               sum(r.seconds if r.exposed_s < 0 else r.exposed_s for r in records),
                               sum(r.seconds for r in rs_records),
                               sum(r.raw_bytes for r in records), sum(r.wire_bytes for r in records),
-                              tracker.changed, tracker.total], dtype=torch.float64)
+                              tracker.changed, tracker.total,
+                              sum(r.encode_s for r in records), sum(r.seconds for r in records)],
+                             dtype=torch.float64)
         summed = stats.clone()
         dist.all_reduce(summed, op=dist.ReduceOp.SUM)
         peak = stats.clone()
@@ -452,6 +457,8 @@ class Child:
         out["iteration_s"].append(peak[1].item())
         out["allgather_s"].append(peak[2].item())
         out["reduce_scatter_s"].append(peak[3].item())
+        out["encode_s"].append(peak[8].item())
+        out["gather_duration_s"].append(peak[9].item())
         out["raw"].append(stats[4].item())
         out["wire"].append(stats[5].item())
         record = {"run": run.name, "step": step, "loss": out["loss"][-1], "iteration_ms": 1e3 * peak[1].item(),
@@ -565,6 +572,13 @@ class Child:
             "params_identical": all(d["params_identical"] for d in described.values()),
             "wrong_bytes": sum(d["wrong_bytes"] for d in described.values()),
         }
+        # O5: change detection + encoding per step, and how much of the gathers' duration the
+        # training did not wait for (0 with synchronous gathers; with --overlap, what CCP hid).
+        enc = med(c["encode_s"][steady])
+        duration = med(c["gather_duration_s"][steady])
+        summary["detect_encode_ms_ciera"] = enc * 1e3
+        summary["allgather_hidden_fraction_ciera"] = (1 - main["allgather_ms_ciera"] / 1e3 / duration
+                                                      if duration else 0.0)
         # O1: the allgather's share of the communication time (allgather + gradient reduce-scatter).
         for name in ("fsdp2", "ciera"):
             if name in runs:
@@ -782,7 +796,7 @@ class Run:
         self.rs_records: list = []
         self.bucket_wire: dict[int, list] = {}   # steady-state wire bytes per gather, per bucket
         self.results = {"loss_bits": [], "loss": [], "allgather_s": [], "reduce_scatter_s": [], "iteration_s": [],
-                        "raw": [], "wire": []}
+                        "raw": [], "wire": [], "encode_s": [], "gather_duration_s": []}
 
 
 if __name__ == "__main__":
