@@ -230,8 +230,10 @@ class _GatherWork(dist.distributed_c10d.Work):
                   f" = encode {stats.encode_s*1e3:.1f} exchange {stats.exchange_s*1e3:.1f} decode "
                   f"{stats.decode_s*1e3:.1f} wire {stats.wire_bytes} raw {stats.raw_bytes} "
                   f"compressed {stats.compressed}", flush=True)
+        # A gather finished before FSDP got it back is exposed in full (-1), start() included.
+        exposed = now - waited if runtime.overlap else -1.0
         runtime.records.append(GatherRecord(b.index, now - self.start, stats.raw_bytes, stats.wire_bytes,
-                                            stats.compressed, stats.resynchronised, now - waited, self.start,
+                                            stats.compressed, stats.resynchronised, exposed, self.start,
                                             stats.encode_s))
         output_tensor, input_tensor = self.output_tensor, self.input_tensor
         self.output_tensor = self.input_tensor = None
