@@ -296,19 +296,7 @@ PYBIND11_MODULE(_ext, m) {
       [](std::shared_ptr<Transport> transport, uint64_t largest_bytes, std::vector<DType> dtypes,
          const CodecConfig& codec, int repeats) {
         py::gil_scoped_release release;  // collective; a Python transport re-takes the GIL per call
-        CostModel model;
-        model.world_size = transport->size();
-        model.allgather = measure_allgather(*transport, default_probe_sizes(largest_bytes), repeats);
-        for (const DType d : dtypes) {
-          CodecConfig c = codec;
-          c.dtype = d;
-          const CodecThroughput local = measure_codec(c);
-          // The slowest rank decides: every rank's selector must see the same numbers.
-          model.throughput(d) = {agree_min(*transport, local.detect_bytes_per_s),
-                                              agree_min(*transport, local.encode_bytes_per_s),
-                                              agree_min(*transport, local.decode_bytes_per_s)};
-        }
-        return model;
+        return measure_cost_model(*transport, largest_bytes, dtypes, codec, repeats);
       },
       py::arg("transport"), py::arg("largest_bytes"), py::arg("dtypes"), py::arg("codec"), py::arg("repeats") = 5,
       "Comm(bytes) of this transport and the codec's speed per dtype, the same on every rank (collective).");

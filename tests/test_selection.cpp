@@ -301,6 +301,7 @@ TEST(CostModel, MeasuredOnLoopbackAgreesOnEveryRank) {
   std::vector<ShardChangeCounts> merged;
   std::vector<std::thread> threads;
   std::vector<double> agreed(world);
+  std::vector<CostModel> models(world);
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       const std::unique_ptr<Transport> transport = make_loopback_transport(shared, r);
@@ -308,6 +309,8 @@ TEST(CostModel, MeasuredOnLoopbackAgreesOnEveryRank) {
       const std::vector<uint64_t> sizes = {3000, 30000, 300000};
       curves[size_t(r)] = measure_allgather(t, sizes, 2);
       agreed[size_t(r)] = agree_max(t, double(r) + 0.5);
+      const DType dtypes[] = {DType::kBF16, DType::kFP32};
+      models[size_t(r)] = measure_cost_model(t, 30000, dtypes, CodecConfig{}, 1);
       std::vector<ShardChangeCounts> counts(2);
       counts[0] = {4, 100 * uint64_t(r + 1), 10, uint64_t(r), 1};
       counts[1] = {4, 50, 5, 0, 0};
@@ -322,8 +325,16 @@ TEST(CostModel, MeasuredOnLoopbackAgreesOnEveryRank) {
       EXPECT_EQ(curves[size_t(r)].samples()[i].seconds, curves[0].samples()[i].seconds);
     }
     EXPECT_EQ(agreed[size_t(r)], 2.5);
+    for (DType d : {DType::kBF16, DType::kFP32}) {  // the slowest rank's codec, on every rank
+      EXPECT_EQ(models[size_t(r)].throughput(d).encode_bytes_per_s, models[0].throughput(d).encode_bytes_per_s);
+      EXPECT_EQ(models[size_t(r)].throughput(d).decode_bytes_per_s, models[0].throughput(d).decode_bytes_per_s);
+    }
+    EXPECT_EQ(models[size_t(r)].allgather.samples().size(), models[0].allgather.samples().size());
   }
   EXPECT_EQ(curves[0].samples().front().bytes, 3000);
+  EXPECT_GT(models[0].throughput(DType::kBF16).encode_bytes_per_s, 0);
+  EXPECT_EQ(models[0].throughput(DType::kFP16).encode_bytes_per_s, 0);  // not asked for
+  EXPECT_EQ(models[0].world_size, world);
   EXPECT_EQ(merged[0].observations, 4u);
   EXPECT_EQ(merged[0].values, 600u);
   EXPECT_EQ(merged[0].changed_values, 3u);

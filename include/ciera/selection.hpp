@@ -90,6 +90,12 @@ std::vector<uint64_t> default_probe_sizes(uint64_t largest_bytes);
 CodecThroughput measure_codec(const CodecConfig& config, uint64_t values = 1 << 20,
                               double change_rate = 0.005, int repeats = 5);
 
+// The whole cost model of this job, the same on every rank: Comm() of `transport` up to
+// `largest_bytes` (default_probe_sizes) and the codec's throughput for each of `dtypes`, the slowest
+// rank's. Collective.
+CostModel measure_cost_model(Transport& transport, uint64_t largest_bytes, std::span<const DType> dtypes,
+                             const CodecConfig& codec, int repeats = 5);
+
 // Makes a locally measured value the same on every rank: the maximum over ranks (a time) or the
 // minimum (a throughput), so that every rank's selector sees identical inputs.
 double agree_max(Transport& transport, double value);

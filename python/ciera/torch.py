@@ -195,7 +195,7 @@ class CieraAllGather(AllGather):
             raise _ext.ConfigError("CIERA needs contiguous all-gather buffers")
         nbytes = input_tensor.numel() * input_tensor.element_size()
         if self.runtime.selector is not None:
-            self.runtime.selector.observe(b.index, input_tensor.data_ptr(), nbytes)
+            self.runtime.selector.tracker(b.index, input_tensor)
         start = time.perf_counter()
         ticket = self.runtime.engine.start(b.index, input_tensor.data_ptr(), nbytes, output_tensor.data_ptr(),
                                            output_tensor.numel() * output_tensor.element_size())
@@ -343,16 +343,19 @@ def time_plain_all_gathers(model: torch.nn.Module, observer=None, overlap: bool 
 
 
 class ExponentTracker:
-    """Counts, per step, the values of this rank's shards whose exponent changed since the
-    previous step (the paper's Fig. 2): the first gather of each FSDP group in a step is compared
-    with the same group's input a step earlier. Cheap (one pass in C++ over 1/W of the values),
-    and meant to run in every compared training alike."""
+    """Counts how often the exponents of this rank's shards change from step to step (the paper's
+    Fig. 2 and the q_i of §3.2): the first gather of each FSDP group in a step is compared with
+    the same group's input a step earlier, by a C++ ChangeMonitor (one byte of memory per local
+    value). With `buckets`, counts are per parameter and blocks are cut as the codec cuts them;
+    without, each group's shard counts as one. Meant to run in every compared training alike."""
 
-    def __init__(self):
-        self.previous: dict[int, torch.Tensor] = {}
+    def __init__(self, buckets: list[Bucket] | None = None, block_values: int = 512):
+        self.layouts = {b.index: [p.numel for p in b.params] for b in buckets or []}
+        self.block_values = block_values
+        self.monitors: dict[int, object] = {}
         self.seen: set[int] = set()
-        self.changed = 0
-        self.total = 0
+        self.changed = 0   # values whose exponent changed, this step
+        self.total = 0     # values compared, this step
 
     def new_step(self) -> None:
         self.seen.clear()
@@ -360,24 +363,58 @@ class ExponentTracker:
         self.total = 0
 
     def __call__(self, bucket: int, shard: torch.Tensor) -> None:
-        if bucket in self.seen or shard.dtype not in _DTYPES:
+        self.observe(bucket, shard.dtype, shard.data_ptr(), shard.numel())
+
+    def observe(self, bucket: int, dtype: torch.dtype, data_ptr: int, values: int) -> None:
+        if bucket in self.seen or dtype not in _DTYPES:
             return
         self.seen.add(bucket)
-        before = self.previous.get(bucket)
-        if before is None or before.shape != shard.shape:
-            self.previous[bucket] = shard.detach().clone()
-            return
-        self.changed += _ext.exponent_changes(_DTYPES[shard.dtype], before.data_ptr(), shard.data_ptr(), shard.numel())
-        self.total += shard.numel()
+        monitor = self.monitors.get(bucket)
+        if monitor is None:
+            monitor = _ext.ChangeMonitor(_DTYPES[dtype], self.layouts.get(bucket, [values]), self.block_values)
+            self.monitors[bucket] = monitor
+        before = [(c.changed_values, c.values) for c in monitor.counts]
+        monitor.observe(data_ptr, values * torch.tensor([], dtype=dtype).element_size())
+        for (changed, compared), c in zip(before, monitor.counts):
+            self.changed += c.changed_values - changed
+            self.total += c.values - compared
 
+    def clear_counts(self) -> None:
+        """Starts the per-parameter counts afresh (the last exponents are kept)."""
+        for monitor in self.monitors.values():
+            monitor.clear_counts()
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(m.memory_bytes for m in self.monitors.values())
+
+    def merged_counts(self, buckets: list[Bucket], group=None) -> list[list]:
+        """Per bucket, per parameter: ShardChangeCounts summed over the ranks of `group`.
+        Collective (one all-reduce)."""
+        rows = []
+        for b in buckets:
+            monitor = self.monitors.get(b.index)
+            rows += ([c.as_list() for c in monitor.counts] if monitor is not None
+                     else [[0] * 5 for _ in b.params])
+        summed = torch.tensor(rows, dtype=torch.float64)  # exact: counts stay far below 2**53
+        dist.all_reduce(summed, group=group)
+        world = dist.get_world_size(group)
+        merged, flat = [], iter(summed.tolist())
+        for b in buckets:
+            per_param = []
+            for _ in b.params:
+                row = [int(v) for v in next(flat)]
+                row[0] //= world   # every rank saw the same number of steps
+                per_param.append(_ext.ShardChangeCounts.from_list(row))
+            merged.append(per_param)
+        return merged
 
 
 # ---- Benefit-driven selection (paper §3.2) --------------------------------------------------------
 
 def shard_type(name: str) -> str:
     """expert_ffn, attention, router, norm, embedding, dense_ffn or other, from the parameter name."""
-    classify = getattr(_ext, "classify_parameter", None)
-    return classify(name) if classify else "other"
+    return _ext.classify_parameter(name)
 
 
 class Selector:
@@ -397,9 +434,7 @@ class Selector:
         self.overlap = overlap
         self.codec = codec
         self.group = group
-        self.monitors = [_ext.ChangeMonitor(_DTYPES[b.dtype], [p.numel for p in b.params], codec.block_values)
-                         for b in runtime.buckets]
-        self.observed: set[int] = set()
+        self.tracker = ExponentTracker(runtime.buckets, codec.block_values)
         self.step = 0
         self.policies = {(b.index, k): _ext.ShardPolicy.raw for b in runtime.buckets for k in range(len(b.params))}
         self.selection: dict | None = None
@@ -407,43 +442,26 @@ class Selector:
 
     @property
     def monitor_bytes(self) -> int:
-        return sum(m.memory_bytes for m in self.monitors)
-
-    def observe(self, bucket: int, data_ptr: int, nbytes: int) -> None:
-        if bucket not in self.observed:
-            self.observed.add(bucket)
-            self.monitors[bucket].observe(data_ptr, nbytes)
+        return self.tracker.memory_bytes
 
     def on_step(self, module, args) -> None:
         if not module.training:
             return
-        self.observed.clear()
+        self.tracker.new_step()
         done = self.step
         self.step += 1
         if done == self.select_after or (self.reselect_every > 0 and done > self.select_after
                                          and (done - self.select_after) % self.reselect_every == 0):
             self.select()
 
-    def _merged_counts(self) -> list[list]:
-        rows = [c.as_list() for m in self.monitors for c in m.counts]
-        summed = torch.tensor(rows, dtype=torch.float64)  # exact: counts stay far below 2**53
-        dist.all_reduce(summed, group=self.group)
-        world = dist.get_world_size(self.group)
-        merged = []
-        for row in summed.tolist():
-            row = [int(v) for v in row]
-            row[0] //= world   # every rank saw the same number of steps
-            merged.append(row)
-        return merged
-
     def select(self) -> dict:
         """Runs the selector on the statistics since the last selection and applies it. Collective."""
-        merged = iter(self._merged_counts())
+        merged = self.tracker.merged_counts(self.runtime.buckets, self.group)
         world = dist.get_world_size(self.group)
         candidates = []
         for b in self.runtime.buckets:
             for k, p in enumerate(b.params):
-                counts = _ext.ShardChangeCounts.from_list(next(merged))
+                counts = merged[b.index][k]
                 c = _ext.ShardCandidate()
                 c.bucket, c.param, c.name, c.type = b.index, k, p.name, shard_type(p.name)
                 c.dtype = _DTYPES[b.dtype]
@@ -463,8 +481,7 @@ class Selector:
             if self.policies[key] != wanted:
                 self.runtime.engine.set_policy(key[0], key[1], wanted)
                 self.policies[key] = wanted
-        for m in self.monitors:
-            m.clear_counts()
+        self.tracker.clear_counts()
         selection["step"] = self.step - 1
         self.selection = selection
         self.history.append({"step": selection["step"], "chosen": sum(s["chosen"] for s in selection["shards"]),

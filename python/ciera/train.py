@@ -251,8 +251,6 @@ class Child:
         self.tracer = None
         self.stats = None
         self.grad_bytes: dict[int, int] = {}
-        self.monitors: list = []
-        self.monitor_seen: set = set()
 
     def run(self) -> int:
         import torch
@@ -318,7 +316,7 @@ class Child:
         runs, handles = {}, {}
         # Exponent statistics are collected in every training alike (same cost for all); they
         # are identical anyway, since the parameters are.
-        trackers = {}
+        self.trackers = trackers = {}
         if not a.no_baseline:
             plain, _ = self.build()
             trackers["fsdp2"] = ct.ExponentTracker()
@@ -351,25 +349,10 @@ class Child:
             else:
                 handle = ct.enable(model, config, transport=a.transport, verify=a.verify, overlap=overlap,
                                    policy=lambda bucket, param: ciera.ShardPolicy.raw)
-            trackers[name] = ct.ExponentTracker()
-            if a.trace and name == "ciera":
-                import ciera._ext as ext
-
-                # Per-parameter change rates for the trace, from the steady-state steps.
-                self.monitors = [ext.ChangeMonitor(ct._DTYPES[b.dtype], [p.numel for p in b.params], a.block)
-                                 for b in handle.buckets]
-                self.monitor_seen = set()
-                tracker = trackers[name]
-
-                def observe(bucket, shard, tracker=tracker):
-                    tracker(bucket, shard)
-                    if bucket not in self.monitor_seen:
-                        self.monitor_seen.add(bucket)
-                        self.monitors[bucket].observe(shard.data_ptr(), shard.numel() * shard.element_size())
-
-                handle.set_gather_observer(observe)
-            else:
-                handle.set_gather_observer(trackers[name])
+            # The main run's tracker counts per parameter: a trace takes its change rates from it.
+            trackers[name] = (ct.ExponentTracker(handle.buckets, a.block) if name == "ciera"
+                              else ct.ExponentTracker())
+            handle.set_gather_observer(trackers[name])
             if a.stats and name == "ciera":
                 self.stats = TrainingStats(handle.buckets, self.world, self.rank, a.warmup)
                 handle.set_output_observer(self.stats)
@@ -393,10 +376,8 @@ class Child:
             order = list(runs.values())
             shift = step % len(order)
             order = order[shift:] + order[:shift]
-            if a.trace and step == a.warmup:
-                for m in self.monitors:
-                    m.clear_counts()
-            self.monitor_seen = set()
+            if step == a.warmup:
+                trackers["ciera"].clear_counts()  # per-parameter rates of the steady state only
             if self.stats is not None:
                 self.stats.new_step()
             if a.save_checkpoints:
@@ -638,9 +619,7 @@ class Child:
         dist.all_reduce(times, op=dist.ReduceOp.SUM)
         times = (times / self.world).tolist()
         n = len(buckets)
-        counts = torch.tensor([c.as_list() for m in self.monitors for c in m.counts], dtype=torch.float64)
-        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
-        counts = counts.tolist()
+        counts = self.trackers["ciera"].merged_counts(buckets)
         wire = torch.tensor([statistics.fmean(runs["ciera"].bucket_wire.get(b.index, [0])) for b in buckets],
                             dtype=torch.float64)
         dist.all_reduce(wire, op=dist.ReduceOp.MAX)  # the same on every rank (all ranks' payloads)
@@ -675,15 +654,11 @@ class Child:
                          "ciera_overlap": bool(a.overlap or a.ablation), "block_values": a.block},
             "buckets": [],
         }
-        row = 0
         for i, b in enumerate(buckets):
             shards = []
-            for p in b.params:
-                c = counts[row]
-                row += 1
+            for p, c in zip(b.params, counts[i]):
                 shards.append({"name": p.name, "type": ct.shard_type(p.name), "values": p.numel * self.world,
-                               "change_rate": c[3] / c[1] if c[1] else 0.0,
-                               "block_change_rate": c[4] / c[2] if c[2] else 0.0})
+                               "change_rate": c.value_change_rate, "block_change_rate": c.block_change_rate})
             doc["buckets"].append({
                 "name": b.module_name or "<root>", "forward_s": times[i], "backward_s": times[n + i],
                 "raw_bytes": b.numel * self.world * element[b.index], "wire_bytes": wire[i].item(),

@@ -135,6 +135,23 @@ double agree_min(Transport& transport, double value) {
   return *std::min_element(all.begin(), all.end());
 }
 
+CostModel measure_cost_model(Transport& transport, uint64_t largest_bytes, std::span<const DType> dtypes,
+                             const CodecConfig& codec, int repeats) {
+  CostModel model;
+  model.world_size = transport.size();
+  model.allgather = measure_allgather(transport, default_probe_sizes(largest_bytes), repeats);
+  for (const DType dtype : dtypes) {
+    CodecConfig config = codec;
+    config.dtype = dtype;
+    const CodecThroughput local = measure_codec(config);
+    // The slowest rank decides: every rank's selector must see the same numbers.
+    model.throughput(dtype) = {agree_min(transport, local.detect_bytes_per_s),
+                               agree_min(transport, local.encode_bytes_per_s),
+                               agree_min(transport, local.decode_bytes_per_s)};
+  }
+  return model;
+}
+
 CodecThroughput measure_codec(const CodecConfig& base, uint64_t values, double change_rate, int repeats) {
   CodecConfig config = base;
   config.warmup_steps = 0;

@@ -158,6 +158,7 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
   for (;;) {
     uint64_t used = 0;
     std::vector<double> bucket_gain(buckets, 0.0);
+    std::vector<bool> bucket_chosen(buckets, false);
     for (const size_t i : order) {
       ShardChoice& c = selection.shards[i];
       c.chosen = false;
@@ -170,14 +171,12 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
         c.reason = "chosen";
         used += c.memory_bytes;
         bucket_gain[c.shard.bucket] += c.gain_s;
+        bucket_chosen[c.shard.bucket] = true;
       }
     }
     bool dropped_any = false;
     for (size_t b = 0; b < buckets; ++b) {
-      const bool used_bucket = std::any_of(order.begin(), order.end(), [&](size_t i) {
-        return selection.shards[i].chosen && selection.shards[i].shard.bucket == b;
-      });
-      if (used_bucket && bucket_gain[b] <= round_overhead_s) bucket_dropped[b] = dropped_any = true;
+      if (bucket_chosen[b] && bucket_gain[b] <= round_overhead_s) bucket_dropped[b] = dropped_any = true;
     }
     if (dropped_any) continue;  // the freed budget may go to shards of other buckets
     selection.cache_bytes = used;
