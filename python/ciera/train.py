@@ -237,6 +237,10 @@ def main(argv=None) -> int:
         return Child(args).run()
     if args.warmup >= args.steps:
         raise SystemExit("ciera train: --steps must exceed --warmup to measure a steady state")
+    if args.budget_mb is not None and not args.budget_mb >= 0:
+        raise SystemExit(f"ciera train: --budget-mb must be >= 0 MiB, got {args.budget_mb}")
+    if args.reselect_every < 0:
+        raise SystemExit(f"ciera train: --reselect-every must be >= 0, got {args.reselect_every}")
     return launch(args, argv)
 
 

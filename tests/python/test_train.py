@@ -44,6 +44,9 @@ def test_ciera_train_rejects_bad_options(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ciera.train", "--steps", "5", "--warmup", "5", "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode != 0 and "--steps must exceed --warmup" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "ciera.train", "--budget-mb", "-1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode != 0 and "--budget-mb must be >= 0" in done.stderr
 
 
 def test_in_training_statistics_agree_with_ciera_analyze_on_checkpoints(tmp_path):
