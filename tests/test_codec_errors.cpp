@@ -117,6 +117,30 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(DType::kBF16, DType::kFP16, DType::kFP32),
                        ::testing::Bool()));
 
+// Shards of at least format::kStreamingBytes are assembled in L1 and streamed out past the caches;
+// a corrupted frame must still leave the cache as it was (the fine changes already applied to it
+// are reverted), and the next good frame must decode exactly.
+TEST(DecoderSafety, LargeStreamedShardsRevertAndRecover) {
+  for (const DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    for (const uint32_t block : {64u, 512u}) {
+      CodecConfig c = config_for(ExponentCoding::kFine, dtype);
+      c.block_values = block;
+      const size_t n = 2'500'001;  // >= 4 MiB in every dtype; a partial last block
+      Fixture f(c, n, Pattern::kSparse, 3);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " B=" + std::to_string(block));
+      ASSERT_EQ(f.stats.section, ExponentSection::kFine);
+      const size_t sm_begin = wire::kHeaderBytes + f.stats.bitmap_bytes;
+      for (const size_t at : {sm_begin, sm_begin + f.stats.sign_mantissa_bytes / 2,
+                              sm_begin + f.stats.sign_mantissa_bytes - 1}) {
+        auto bad = f.payload;
+        bad[at] ^= std::byte{0x01};
+        f.expect_rejected(bad, "flipped sign-mantissa byte " + std::to_string(at));
+      }
+      f.expect_good_decode();
+    }
+  }
+}
+
 TEST(DecoderSafety, SkippedRepeatedAndForeignFramesAreRejected) {
   Fixture f(config_for(ExponentCoding::kAuto), 3000, Pattern::kSparse, 3);
   const auto frame4 = f.payload;

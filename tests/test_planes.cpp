@@ -164,5 +164,23 @@ TEST(Planes, FusedBf16SplitDetectMatchesSplitThenFind) {
   }
 }
 
+TEST(Planes, StreamCopyCopiesExactlyAtEveryAlignment) {
+  const auto src = random_bytes(4096 + 128, 11);
+  for (const PlaneKernels* k : available_kernels()) {
+    for (size_t offset = 0; offset < 64; offset += 7) {
+      for (const size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{4096}}) {
+        std::vector<uint8_t> dst(n + 128, 0xA5);
+        k->stream_copy(dst.data() + offset, src.data() + 3, n);
+        stream_fence();
+        for (size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= offset && i < offset + n;
+          ASSERT_EQ(dst[i], inside ? src[3 + i - offset] : 0xA5)
+              << k->target << " offset " << offset << " n " << n << " byte " << i;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ciera::format

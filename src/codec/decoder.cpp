@@ -37,37 +37,18 @@ void skip_stream(ByteReader& reader) {
   reader.take(body);
 }
 
-// Reads a symbol stream in batches, so per-symbol work stays in a tight loop.
-class BatchedSymbols {
- public:
-  explicit BatchedSymbols(entropy::SymbolStreamReader& reader, uint64_t total)
-      : reader_(reader), left_(total) {}
-  uint8_t next() {
-    if (at_ == filled_) refill();
-    return buffer_[at_++];
-  }
-
- private:
-  void refill() {
-    filled_ = static_cast<size_t>(std::min<uint64_t>(buffer_.size(), left_));
-    if (filled_ == 0) throw FormatError("symbol stream holds fewer symbols than announced");
-    reader_.get(buffer_.data(), filled_);
-    left_ -= filled_;
-    at_ = 0;
-  }
-  entropy::SymbolStreamReader& reader_;
-  uint64_t left_;
-  std::array<uint8_t, 4096> buffer_;
-  size_t at_ = 0;
-  size_t filled_ = 0;
-};
-
 }  // namespace
 
-// The changes of a fine-coded frame: value index and exponent step, in value order.
+// The changes of a fine-coded frame, in value order: for each changed block (its count in
+// changes_per_block), the positions of its changed values relative to the block's chunk
+// (BlockGrid) and their exponent steps.
 struct FineChanges {
-  std::vector<uint64_t> values;
+  std::vector<uint16_t> positions;
   std::vector<uint8_t> steps;
+  std::vector<uint8_t> symbols;  // scratch: one stream's symbols, decoded in one go
+  std::vector<uint8_t> escape_steps;  // scratch
+  std::vector<uint8_t> extra;         // scratch: the extra bits with slack
+  std::vector<uint16_t> block_offset;  // scratch: each changed block's offset in its chunk
   uint64_t count = 0;
 };
 
@@ -75,8 +56,10 @@ namespace {
 
 // Decodes and validates a fine exponent section (docs/format.md, "Exponent section", fine).
 // `changes` grows to the number of changed values, which the bitmap bounds by the shard size;
-// `changes_per_block` holds one entry per block.
-[[gnu::noinline]] void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
+// `changes_per_block` holds one entry per block. Each stream is decoded whole into scratch
+// first; the extra bits its symbols call for are then counted and checked against the extra
+// section before any is read, so the loops that read them carry no bounds checks.
+void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
                  const std::vector<uint32_t>& changed, unsigned exponent_bits,
                  uint16_t* changes_per_block, FineChanges& changes) {
   ByteReader in(section, size, "fine exponent section");
@@ -87,86 +70,136 @@ namespace {
   const uint64_t escapes_at = in.position();
   skip_stream(in);
   const uint64_t extra_bytes = in.u64();
-  BitReader extra(in.take(extra_bytes), extra_bytes, "fine extra bits");
+  PaddedBitReader extra(in.take(extra_bytes), extra_bytes, changes.extra);
   if (in.remaining() != 0) {
     throw FormatError("fine exponent section has " + std::to_string(in.remaining()) +
                       " trailing bytes");
   }
+  auto reserve_extra_bits = [&](uint64_t bits) {
+    if (bits > extra.size_bits() - extra.position()) {
+      throw FormatError("fine extra bits end early (" + std::to_string(extra_bytes) + " bytes)");
+    }
+  };
   auto read_bucketed = [&](unsigned bucket) {
     return wire::bucket_base(bucket) + extra.get(wire::bucket_extra_bits(bucket));
   };
+  std::vector<uint8_t>& symbols = changes.symbols;
 
   // Counts first: the other streams' lengths depend on them. Their extra bits come first too.
-  uint64_t total = 0;
-  {
-    BatchedSymbols buckets(counts, changed.size());
-    for (size_t i = 0; i < changed.size(); ++i) {
-      const uint32_t m = read_bucketed(buckets.next()) + 1;
-      if (m > grid.block_length(changed[i])) {
-        throw FormatError("fine exponent section claims " + std::to_string(m) +
-                          " changed values in block " + std::to_string(changed[i]) + " of " +
-                          std::to_string(grid.block_length(changed[i])) + " values");
-      }
-      changes_per_block[i] = static_cast<uint16_t>(m);
-      total += m;
-    }
-  }
+  const size_t blocks = changed.size();
+  if (symbols.size() < blocks) symbols.resize(blocks);
+  counts.get(symbols.data(), blocks);
   counts.finish();
-  if (changes.values.size() < total) {
-    changes.values.resize(total);
+  uint64_t count_bits = 0;
+  for (size_t i = 0; i < blocks; ++i) count_bits += wire::bucket_extra_bits(symbols[i]);
+  reserve_extra_bits(count_bits);
+  uint64_t total = 0;
+  for (size_t i = 0; i < blocks; ++i) {
+    const uint32_t m = read_bucketed(symbols[i]) + 1;
+    if (m > grid.block_length(changed[i])) {
+      throw FormatError("fine exponent section claims " + std::to_string(m) +
+                        " changed values in block " + std::to_string(changed[i]) + " of " +
+                        std::to_string(grid.block_length(changed[i])) + " values");
+    }
+    changes_per_block[i] = static_cast<uint16_t>(m);
+    total += m;
+  }
+  if (changes.positions.size() < total) {
+    changes.positions.resize(total);
     changes.steps.resize(total);
   }
+  if (symbols.size() < total) symbols.resize(total);
   changes.count = total;
 
-  const uint8_t exponent_mask = static_cast<uint8_t>((1u << exponent_bits) - 1);
   ByteReader changes_in(section + changes_at, escapes_at - changes_at, "fine changes stream");
   entropy::SymbolStreamReader change_stream;
   change_stream.open(changes_in, total, wire::kMaxChangeSymbol, "fine changes stream");
-  uint64_t escapes = 0;
-  {
-    // Raw pointers keep the vectors' data pointers in registers across the byte stores.
-    uint64_t* values = changes.values.data();
-    uint8_t* steps = changes.steps.data();
-    const uint8_t step_of_class[wire::kStepClasses] = {1, exponent_mask, 0};  // 0: escape, below
-    BatchedSymbols symbols(change_stream, total);
-    uint64_t c = 0;
-    for (size_t i = 0; i < changed.size(); ++i) {
-      const uint64_t first = grid.block_first(changed[i]);
-      const int64_t length = static_cast<int64_t>(grid.block_length(changed[i]));
-      int64_t previous = -1;
-      for (const uint64_t end = c + changes_per_block[i]; c < end; ++c) {
-        const unsigned symbol = symbols.next();
-        const unsigned step_class = symbol % wire::kStepClasses;
-        const int64_t position = previous + 1 + read_bucketed(symbol / wire::kStepClasses);
-        if (position >= length) {
-          throw FormatError("fine exponent section places a change past the end of block " +
-                            std::to_string(changed[i]));
-        }
-        values[c] = first + static_cast<uint64_t>(position);
-        steps[c] = step_of_class[step_class];
-        escapes += step_class == wire::kStepEscape;
-        previous = position;
-      }
-    }
-  }
+  change_stream.get(symbols.data(), total);
   change_stream.finish();
+  uint64_t gap_bits = 0;
+  uint64_t escapes = 0;
+  for (uint64_t c = 0; c < total; ++c) {
+    gap_bits += wire::bucket_extra_bits(symbols[c] / wire::kStepClasses);
+    escapes += symbols[c] % wire::kStepClasses == wire::kStepEscape;
+  }
+  reserve_extra_bits(gap_bits);
 
+  const uint8_t exponent_mask = static_cast<uint8_t>((1u << exponent_bits) - 1);
+  std::vector<uint8_t>& escape_steps = changes.escape_steps;
+  escape_steps.resize(escapes + 1);  // +1: the loop below may read one past the last escape
   ByteReader escapes_in(section + escapes_at, size - escapes_at, "fine escapes stream");
   entropy::SymbolStreamReader escape_stream;
   escape_stream.open(escapes_in, escapes, exponent_mask, "fine escapes stream");
-  if (escapes != 0) {
-    BatchedSymbols steps(escape_stream, escapes);
-    for (uint64_t c = 0; c < total; ++c) {
-      if (changes.steps[c] != 0) continue;
-      const uint8_t step = steps.next();
-      if (step == 0 || step == 1 || step == exponent_mask) {
-        throw FormatError("fine escapes stream holds step " + std::to_string(step) +
-                          ", which has its own step class");
-      }
-      changes.steps[c] = step;
+  escape_stream.get(escape_steps.data(), escapes);
+  escape_stream.finish();
+  for (uint64_t e = 0; e < escapes; ++e) {
+    const uint8_t step = escape_steps[e];
+    if (step == 0 || step == 1 || step == exponent_mask) {
+      throw FormatError("fine escapes stream holds step " + std::to_string(step) +
+                        ", which has its own step class");
     }
   }
-  escape_stream.finish();
+
+  // One flat loop over all changes, free of data-dependent branches (a loop per block would
+  // mispredict its exit at nearly every block): the first change of each block carries a flag
+  // in its symbol's top bit, which resets the position. Positions are stored relative to the
+  // block's chunk (BlockGrid), which is how the merge applies them.
+  {
+    struct SymbolInfo {
+      uint16_t gap_base;  // 1 + bucket_base: the gap's distance from the previous position
+      uint8_t extra_bits;
+      uint8_t step_class;
+    };
+    std::array<SymbolInfo, wire::kMaxChangeSymbol + 1> info{};
+    for (unsigned sym = 0; sym <= wire::kMaxChangeSymbol; ++sym) {
+      const unsigned bucket = sym / wire::kStepClasses;
+      info[sym] = {static_cast<uint16_t>(1 + wire::bucket_base(bucket)),
+                   static_cast<uint8_t>(wire::bucket_extra_bits(bucket)),
+                   static_cast<uint8_t>(sym % wire::kStepClasses)};
+    }
+    std::vector<uint16_t>& block_offset = changes.block_offset;
+    block_offset.resize(blocks + 1);
+    uint64_t c = 0;
+    for (size_t i = 0; i < blocks; ++i) {
+      symbols[c] = static_cast<uint8_t>(symbols[c] | 0x80);
+      c += changes_per_block[i];
+      block_offset[i + 1] = static_cast<uint16_t>(grid.block_first(changed[i]) % grid.chunk_values);
+    }
+    // Raw pointers keep the vectors' data pointers in registers across the stores.
+    uint16_t* positions = changes.positions.data();
+    uint8_t* steps = changes.steps.data();
+    const uint8_t* symbol = symbols.data();
+    const uint8_t* escape = escape_steps.data();
+    const uint16_t* offsets = block_offset.data();  // [0] unused: `block` starts before block 0
+    const uint8_t step_of_class[wire::kStepClasses] = {1, exponent_mask, 0};
+    const int64_t block_values = grid.block_values;
+    constexpr size_t kNone = ~size_t{0};
+    size_t block = 0;
+    size_t first_bad = kNone;
+    int64_t local = -1;
+    for (c = 0; c < total; ++c) {
+      const unsigned start = symbol[c] >> 7;
+      const SymbolInfo& si = info[symbol[c] & 0x7F];
+      block += start;
+      local = start ? -1 : local;
+      local += si.gap_base + extra.get(si.extra_bits);
+      const bool over = local >= block_values;
+      first_bad = over && first_bad == kNone ? block - 1 : first_bad;
+      positions[c] = static_cast<uint16_t>(offsets[block] + local);
+      const bool escaped = si.step_class == wire::kStepEscape;
+      steps[c] = escaped ? *escape : step_of_class[si.step_class];
+      escape += escaped;
+    }
+    // Every block but the last is whole; the last block's last position bounds its others.
+    if (first_bad == kNone && blocks != 0 &&
+        local >= static_cast<int64_t>(grid.block_length(changed[blocks - 1]))) {
+      first_bad = blocks - 1;
+    }
+    if (first_bad != kNone) {
+      throw FormatError("fine exponent section places a change past the end of block " +
+                        std::to_string(changed[first_bad]));
+    }
+  }
   if (!extra.exhausted_canonically()) {
     throw FormatError("fine extra bits are not fully used or have non-zero padding");
   }
@@ -181,6 +214,7 @@ struct ShardDecoder::Impl {
     config.validate();
     cache.resize(n);
     chunk_exponents.resize(grid.chunk_values);
+    chunk_values.resize(size_t{grid.chunk_values} * info.value_bytes);
     changed_blocks.reserve(grid.blocks);
     changes_per_block.resize(grid.blocks);
   }
@@ -188,12 +222,17 @@ struct ShardDecoder::Impl {
   FrameStats decode(const uint8_t* payload, size_t size, uint8_t* out);
   wire::Header check_header(const uint8_t* payload, size_t size) const;
   void read_bitmap(const uint8_t* bitmap, const wire::Header& header);
-  // Applies the fine changes that fall in [chunk_first, chunk_first + count) to the cache and to
-  // `out`, which holds those values; `next` walks the change list across chunks. Done while the
-  // chunk's cache lines are hot; revert_fine_changes undoes the first `applied` changes exactly
-  // if the frame then fails verification.
-  void apply_fine_changes(uint64_t chunk_first, size_t count, uint64_t& next, uint8_t* out);
-  void revert_fine_changes(uint64_t applied);
+  // Where apply_fine_changes has got to: changed blocks and changes applied so far.
+  struct FineCursor {
+    size_t block = 0;
+    uint64_t change = 0;
+  };
+  // Applies the fine changes of the changed blocks in [chunk_first, chunk_first + count) to the
+  // cache and to `out`, which holds those values, right after the chunk was merged (its cache
+  // lines are then in L1); `at` walks the changes across chunks. revert_fine_changes undoes
+  // everything applied up to `at` exactly if the frame then fails verification.
+  void apply_fine_changes(uint64_t chunk_first, size_t count, FineCursor& at, uint8_t* out);
+  void revert_fine_changes(const FineCursor& at);
 
   CodecConfig config;
   BlockGrid grid;
@@ -208,6 +247,7 @@ struct ShardDecoder::Impl {
 
   // Scratch sized at construction from this decoder's own configuration, never from a payload.
   std::vector<uint8_t> chunk_exponents;
+  std::vector<uint8_t> chunk_values;  // a chunk of output, assembled in L1 (streaming)
   std::vector<uint32_t> changed_blocks;
   std::vector<uint16_t> changes_per_block;
   FineChanges fine_changes;  // grows to the most changes seen, at most one per value
@@ -282,26 +322,36 @@ void ShardDecoder::Impl::read_bitmap(const uint8_t* bitmap, const wire::Header& 
   }
 }
 
-void ShardDecoder::Impl::apply_fine_changes(uint64_t chunk_first, size_t count, uint64_t& next,
+void ShardDecoder::Impl::apply_fine_changes(uint64_t chunk_first, size_t count, FineCursor& at,
                                             uint8_t* out) {
   const uint8_t mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
   const uint64_t chunk_end = chunk_first + count;
-  const uint64_t* values = fine_changes.values.data();
+  uint64_t end = at.change;
+  for (; at.block < changed_blocks.size() && grid.block_first(changed_blocks[at.block]) < chunk_end;
+       ++at.block) {
+    end += changes_per_block[at.block];
+  }
+  const uint16_t* positions = fine_changes.positions.data();
   const uint8_t* steps = fine_changes.steps.data();
-  uint8_t* exps = cache.data();
-  for (const uint64_t end = fine_changes.count; next < end && values[next] < chunk_end; ++next) {
-    const uint64_t v = values[next];
-    const uint8_t exponent = static_cast<uint8_t>((exps[v] + steps[next]) & mask);
-    exps[v] = exponent;
-    format::set_exponent(config.dtype, out + (v - chunk_first) * info.value_bytes, exponent);
+  uint8_t* exps = cache.data() + chunk_first;
+  for (; at.change < end; ++at.change) {
+    const uint16_t p = positions[at.change];
+    const uint8_t exponent = static_cast<uint8_t>((exps[p] + steps[at.change]) & mask);
+    exps[p] = exponent;
+    format::set_exponent(config.dtype, out + p * info.value_bytes, exponent);
   }
 }
 
-void ShardDecoder::Impl::revert_fine_changes(uint64_t applied) {
+void ShardDecoder::Impl::revert_fine_changes(const FineCursor& at) {
   const uint8_t mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
-  for (uint64_t c = 0; c < applied; ++c) {
-    uint8_t& e = cache[fine_changes.values[c]];
-    e = static_cast<uint8_t>((e - fine_changes.steps[c]) & mask);
+  uint64_t c = 0;
+  for (size_t i = 0; i < at.block; ++i) {
+    const uint64_t first = grid.block_first(changed_blocks[i]);
+    uint8_t* exps = cache.data() + (first - first % grid.chunk_values);
+    for (const uint64_t end = c + changes_per_block[i]; c < end; ++c) {
+      uint8_t& e = exps[fine_changes.positions[c]];
+      e = static_cast<uint8_t>((e - fine_changes.steps[c]) & mask);
+    }
   }
 }
 
@@ -357,11 +407,15 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   }
 
   size_t next_changed = 0;
-  uint64_t next_fine_change = 0;
+  FineCursor fine_at;
+  // A large shard is assembled chunk by chunk in an L1 buffer (merged, patched, checksummed
+  // there) and streamed out past the caches; a small one is written in place, where the caller
+  // will find it in cache.
+  const bool streaming = grid.num_values * value_bytes >= format::kStreamingBytes;
   for (uint64_t chunk_first = 0; chunk_first < grid.num_values; chunk_first += grid.chunk_values) {
     const size_t count =
         static_cast<size_t>(std::min<uint64_t>(grid.chunk_values, grid.num_values - chunk_first));
-    uint8_t* chunk_out = out + chunk_first * value_bytes;
+    uint8_t* chunk_out = streaming ? chunk_values.data() : out + chunk_first * value_bytes;
     const uint8_t* exps = cache.data() + chunk_first;
     if (h.section == ExponentSection::kFull) {
       stream.get(chunk_exponents.data(), count);
@@ -380,12 +434,14 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
       exps = chunk_exponents.data();
     }
     format::merge_values(layout, kernels, exps, sm_plane, chunk_first, count, chunk_out);
-    if (fine) apply_fine_changes(chunk_first, count, next_fine_change, chunk_out);
+    if (fine) apply_fine_changes(chunk_first, count, fine_at, chunk_out);
     if (h.has_content_checksum()) checksum.update(chunk_out, count * value_bytes);
+    if (streaming) kernels.stream_copy(out + chunk_first * value_bytes, chunk_out, count * value_bytes);
   }
+  if (streaming) format::stream_fence();
   if (h.section == ExponentSection::kFull || h.section == ExponentSection::kBlock) stream.finish();
   if (h.has_content_checksum() && checksum.digest() != h.content_checksum) {
-    if (fine) revert_fine_changes(next_fine_change);
+    if (fine) revert_fine_changes(fine_at);
     throw FormatError(
         "content checksum mismatch: the reconstructed shard differs from what was sent (payload "
         "corrupted, or sender and receiver disagree about the cached exponents)");

@@ -166,6 +166,7 @@ struct ShardEncoder::Impl {
   std::vector<uint8_t> change_symbols;
   std::vector<uint8_t> escape_symbols;
   std::vector<uint8_t> extra_scratch;
+  std::vector<uint8_t> block_start;  // write_fine: 1 at each block's first change
   std::vector<uint8_t> stream_scratch;
 };
 
@@ -278,29 +279,33 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
   uint8_t* escapes = escape_symbols.data();
   size_t escape_count = 0;
   // The count extras precede the gap extras in the stream (docs/format.md), so write them first.
-  BitWriter extra(extra_scratch.data());
+  SlackBitWriter extra(extra_scratch.data());
   for (size_t i = 0; i < blocks_changed; ++i) {
     const uint32_t v = per_block[i] - 1u;
     const unsigned bucket = wire::bucket_of(v);
     counts[i] = static_cast<uint8_t>(bucket);
     extra.put(v - wire::bucket_base(bucket), wire::bucket_extra_bits(bucket));
   }
-  size_t c = 0;
-  for (size_t i = 0; i < blocks_changed; ++i) {
-    int previous = -1;
-    for (const size_t end = c + per_block[i]; c < end; ++c) {
-      const int position = positions[c];
-      const uint32_t gap = static_cast<uint32_t>(position - previous - 1);
-      const unsigned gap_bucket = wire::bucket_of(gap);
-      extra.put(gap - wire::bucket_base(gap_bucket), wire::bucket_extra_bits(gap_bucket));
-      // Branch-free: up and down steps are equally likely, so a branch would mispredict.
-      const uint8_t step = steps[c] & exponent_mask;
-      const unsigned step_class = wire::step_class_of(step, exponent_mask);
-      escapes[escape_count] = step;
-      escape_count += step_class == wire::kStepEscape;
-      symbols[c] = static_cast<uint8_t>(wire::kStepClasses * gap_bucket + step_class);
-      previous = position;
-    }
+  // One flat loop over all changes (a loop per block would mispredict its exit at nearly every
+  // block); `block_start` flags each block's first change, where the gap restarts.
+  if (block_start.size() < change_count) block_start.resize(change_count);
+  std::memset(block_start.data(), 0, change_count);
+  for (size_t i = 0, c = 0; i < blocks_changed; c += per_block[i], ++i) block_start[c] = 1;
+  const uint8_t* starts = block_start.data();
+  int previous = -1;
+  for (size_t c = 0; c < change_count; ++c) {
+    const int position = positions[c];
+    previous = starts[c] ? -1 : previous;
+    const uint32_t gap = static_cast<uint32_t>(position - previous - 1);
+    const unsigned gap_bucket = wire::bucket_of(gap);
+    extra.put(gap - wire::bucket_base(gap_bucket), wire::bucket_extra_bits(gap_bucket));
+    // Branch-free: up and down steps are equally likely, so a branch would mispredict.
+    const uint8_t step = steps[c] & exponent_mask;
+    const unsigned step_class = wire::step_class_of(step, exponent_mask);
+    escapes[escape_count] = step;
+    escape_count += step_class == wire::kStepEscape;
+    symbols[c] = static_cast<uint8_t>(wire::kStepClasses * gap_bucket + step_class);
+    previous = position;
   }
   const uint64_t extra_bytes = extra.finish();
   const uint64_t bound = entropy::symbol_stream_bound(blocks_changed, kBucketBits) +

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "ciera/error.hpp"
 
@@ -33,6 +34,34 @@ class BitWriter {
       acc_ >>= 8;
       filled_ = filled_ > 8 ? filled_ - 8 : 0;
     }
+    return written_;
+  }
+
+ private:
+  uint8_t* out_;
+  uint64_t written_ = 0;
+  uint64_t acc_ = 0;
+  unsigned filled_ = 0;
+};
+
+// A BitWriter without branches, for hot loops: every put() stores a whole 8-byte word, so the
+// buffer needs 8 bytes of slack beyond the bits written. Same output as BitWriter.
+class SlackBitWriter {
+ public:
+  explicit SlackBitWriter(uint8_t* out) : out_(out) {}
+  // `bits` <= 32 and `value` < 2^bits.
+  void put(uint32_t value, unsigned bits) {
+    acc_ |= uint64_t{value} << filled_;
+    filled_ += bits;
+    std::memcpy(out_ + written_, &acc_, 8);
+    const unsigned bytes = filled_ >> 3;
+    written_ += bytes;
+    acc_ = bytes == 0 ? acc_ : acc_ >> (8 * bytes);  // bytes <= 4: the shift is < 64
+    filled_ &= 7;
+  }
+  // Flushes the partial byte; returns the bytes written in total.
+  uint64_t finish() {
+    if (filled_ > 0) out_[written_++] = static_cast<uint8_t>(acc_);
     return written_;
   }
 
@@ -88,6 +117,41 @@ class BitReader {
   uint64_t acc_ = 0;
   unsigned filled_ = 0;
   const char* what_ = "bit stream";
+};
+
+// Reads a bit stream whose total length the caller has already checked against its size, so
+// get() needs neither a bounds check nor a branch. The bytes are copied into a buffer with 8
+// bytes of zero slack so that every read can load a whole word.
+class PaddedBitReader {
+ public:
+  // `scratch` is reused between streams.
+  PaddedBitReader(const uint8_t* data, uint64_t size, std::vector<uint8_t>& scratch)
+      : size_(size) {
+    scratch.assign(size + 8, 0);
+    if (size != 0) std::memcpy(scratch.data(), data, size);
+    data_ = scratch.data();
+  }
+  uint64_t size_bits() const { return 8 * size_; }
+  uint64_t position() const { return pos_; }
+  // `bits` <= 32; the caller guarantees position() + bits <= size_bits().
+  uint32_t get(unsigned bits) {
+    uint64_t word;
+    std::memcpy(&word, data_ + (pos_ >> 3), 8);
+    const uint32_t v = static_cast<uint32_t>((word >> (pos_ & 7)) & ((uint64_t{1} << bits) - 1));
+    pos_ += bits;
+    return v;
+  }
+  // Same meaning as BitReader::exhausted_canonically: every byte used, and the bits of the last
+  // byte after position() are 0.
+  bool exhausted_canonically() const {
+    if ((pos_ + 7) / 8 != size_) return false;
+    return (pos_ & 7) == 0 || (data_[pos_ >> 3] >> (pos_ & 7)) == 0;
+  }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t pos_ = 0;
 };
 
 }  // namespace ciera

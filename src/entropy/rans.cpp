@@ -1,5 +1,6 @@
 #include "entropy/rans.hpp"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -226,42 +227,58 @@ void RansDecoder::begin(const RansModel& model, const uint32_t states[kRansState
 }
 
 void RansDecoder::get(uint8_t* out, size_t n) {
+  size_t k = 0;
+  // One symbol reads at most two bytes (freq >= 1 leaves state >= 2^11), so while twice the
+  // symbols left in a batch fit in the input, the inner loop needs no bounds check; the last few
+  // symbols of a stream take the checked path. Keeping the check out of the loop also keeps the
+  // states in registers (the checked path takes them by reference).
+  while (k < n) {
+    const size_t room = static_cast<size_t>(end_ - in_) / 2;
+    const size_t batch = std::min(n - k, room) & ~size_t{kRansStates - 1};
+    if (batch < kRansStates || (index_ & (kRansStates - 1)) != 0) {
+      out[k++] = take_checked();
+      continue;
+    }
+    get_unchecked(out + k, batch);
+    k += batch;
+  }
+}
+
+void RansDecoder::get_unchecked(uint8_t* out, size_t n) {
   uint32_t x[kRansStates] = {state_[0], state_[1], state_[2], state_[3]};
   const uint8_t* in = in_;
-  const uint8_t* const end = end_;
   const uint32_t* const slots = slots_.data();
-  uint64_t index = index_;
   auto take = [&](uint32_t& state) -> uint8_t {
     const uint32_t slot = state & (kRansTotal - 1);
     const uint32_t entry = slots[slot];
     state = (((entry >> 8) & 0xFFF) + 1) * (state >> kRansScaleBits) + slot - (entry >> 20);
-    // At most two bytes restore the lower bound (freq >= 1 leaves state >= 2^11). How many is
-    // known from the state alone, so the input pointer advances without waiting for the loads.
-    if (end - in < 2) return take_slow(state, in, entry);
+    // How many bytes restore the lower bound follows from the state alone, so the input
+    // pointer advances without waiting for the loads.
     const uint32_t count = (state < kRansLowerBound) + (state < (kRansLowerBound >> 8));
     const uint32_t pair = (uint32_t{in[0]} << 8) | in[1];  // the bytes in reading order
     state = (state << (8 * count)) | (pair >> (16 - 8 * count));
     in += count;
     return static_cast<uint8_t>(entry);
   };
-  size_t k = 0;
-  while (k < n && (index & 3) != 0) out[k++] = take(x[index++ & 3]);
-  for (; k + 4 <= n; k += 4, index += 4) {
+  for (size_t k = 0; k < n; k += 4) {
     out[k] = take(x[0]);
     out[k + 1] = take(x[1]);
     out[k + 2] = take(x[2]);
     out[k + 3] = take(x[3]);
   }
-  while (k < n) out[k++] = take(x[index++ & 3]);
   for (unsigned j = 0; j < kRansStates; ++j) state_[j] = x[j];
   in_ = in;
-  index_ = index;
+  index_ += n;
 }
 
-uint8_t RansDecoder::take_slow(uint32_t& state, const uint8_t*& in, uint32_t entry) const {
+uint8_t RansDecoder::take_checked() {
+  uint32_t& state = state_[index_++ & (kRansStates - 1)];
+  const uint32_t slot = state & (kRansTotal - 1);
+  const uint32_t entry = slots_[slot];
+  state = (((entry >> 8) & 0xFFF) + 1) * (state >> kRansScaleBits) + slot - (entry >> 20);
   while (state < kRansLowerBound) {
-    if (in == end_) throw FormatError(std::string(what_) + ": rANS stream ends early");
-    state = (state << 8) | *in++;
+    if (in_ == end_) throw FormatError(std::string(what_) + ": rANS stream ends early");
+    state = (state << 8) | *in_++;
   }
   return static_cast<uint8_t>(entry);
 }

@@ -77,7 +77,10 @@ class RansDecoder {
   void finish() const;
 
  private:
-  uint8_t take_slow(uint32_t& state, const uint8_t*& in, uint32_t entry) const;
+  // `n` symbols, a multiple of kRansStates starting at state 0, whose bytes are known to be there.
+  void get_unchecked(uint8_t* out, size_t n);
+  // One symbol, checking every byte it reads.
+  uint8_t take_checked();
 
   std::array<uint32_t, kRansTotal> slots_{};  // symbol | (freq - 1) << 8 | start << 20
   uint32_t state_[kRansStates] = {};

@@ -16,7 +16,8 @@ std::vector<const PlaneKernels*> detect_available() {
   std::vector<const PlaneKernels*> found;
 #if defined(CIERA_HAVE_X86_TARGETS)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi2")) {
+  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi") &&
+      __builtin_cpu_supports("avx512vbmi2")) {
     found.push_back(&kAvx512Kernels);
   }
   if (__builtin_cpu_supports("avx2")) found.push_back(&kAvx2Kernels);
@@ -44,6 +45,16 @@ const PlaneKernels& choose_kernels() {
   }
   return *list.front();
 }
+
+}  // namespace
+
+void stream_fence() {
+#if defined(CIERA_HAVE_X86_TARGETS)
+  __builtin_ia32_sfence();
+#endif
+}
+
+namespace {
 
 // FP16 stores 3 bits per value packed LSB-first (docs/format.md, "Sign-mantissa plane").
 void pack3(const uint8_t* hi3, uint64_t first, size_t count, uint8_t* plane) {

@@ -38,7 +38,18 @@ struct PlaneKernels {
   // kChangeSlack entries beyond n: vector targets store whole registers.
   size_t (*split_detect_bf16)(const uint8_t* values, size_t n, uint8_t* sm, uint8_t* cache,
                               uint16_t* positions, uint8_t* steps);
+  // memcpy whose stores bypass the caches (non-temporal), for large outputs nobody reads soon:
+  // it saves the read-for-ownership of every destination line. Call stream_fence() before
+  // another thread may read `dst`.
+  void (*stream_copy)(uint8_t* dst, const uint8_t* src, size_t n);
 };
+
+// Orders earlier stream_copy stores before later stores (x86 sfence; a no-op elsewhere).
+void stream_fence();
+
+// Outputs at least this large are written with stream_copy: about the L2 of one core, beyond
+// which the data would leave the cache before anyone reads it anyway.
+inline constexpr uint64_t kStreamingBytes = 4ull << 20;
 
 // The fastest kernels this CPU runs, unless CIERA_KERNELS names another available target.
 const PlaneKernels& kernels();
