@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -35,6 +36,16 @@ class MpiTransport final : public Transport {
  public:
   explicit MpiTransport(MPI_Comm comm) {
     if (const char* c = std::getenv("CIERA_MPI_CHANNELS")) channels_ = std::max(1, std::atoi(c));
+    if (const char* a = std::getenv("CIERA_MPI_ALLGATHERV")) {
+      const std::string name = a;
+      if (name == "ring") {
+        choice_ = Algorithm::kRing;
+      } else if (name == "nbc") {
+        choice_ = Algorithm::kNbc;
+      } else if (!name.empty() && name != "auto") {
+        throw ConfigError("CIERA_MPI_ALLGATHERV=" + name + " is not one of: auto, ring, nbc");
+      }
+    }
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw CommError("MPI transport: MPI is not initialised");
@@ -74,6 +85,60 @@ class MpiTransport final : public Transport {
 
   void allgatherv_many(std::span<const AllgathervCall> calls,
                        const std::function<void(size_t)>& done = {}) override {
+    const Algorithm algorithm = size_ > 1 && ring_tags_fit(calls.size()) ? pick(calls) : Algorithm::kNbc;
+    const auto start = std::chrono::steady_clock::now();
+    if (algorithm == Algorithm::kRing) {
+      ring_allgatherv(calls, done);
+    } else {
+      nbc_allgatherv(calls, done);
+    }
+    if (choice_ == Algorithm::kAuto && large(calls)) {
+      Trial& t = trials_[algorithm == Algorithm::kRing ? 1 : 0];
+      t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      t.bytes += static_cast<double>(total_bytes(calls));
+    }
+  }
+
+ private:
+  // ---- Choosing the allgatherv algorithm --------------------------------------------------
+  // Over slow links (TCP at a few Gbit/s) the ring wins: one connection per direction, every
+  // link busy. Where the "link" is fast and the ranks share cores (shared memory, local veth),
+  // the ring's rank-to-rank forwarding waits on the scheduler and MPI's direct exchange wins.
+  // Which case applies is measured: the first kTrials large calls alternate the two, then all
+  // ranks agree (one allreduce, at the same call on every rank, since every rank sees the same
+  // counts) on the one with the lower worst-rank time per byte. CIERA_MPI_ALLGATHERV forces one.
+  enum class Algorithm { kAuto, kRing, kNbc };
+  struct Trial {
+    double seconds = 0, bytes = 0;
+  };
+  static constexpr int kTrials = 4;
+
+  uint64_t total_bytes(std::span<const AllgathervCall> calls) const {
+    uint64_t total = 0;
+    for (const AllgathervCall& c : calls) {
+      for (int r = 0; r < size_; ++r) total += c.counts[static_cast<size_t>(r)];
+    }
+    return total;
+  }
+  bool large(std::span<const AllgathervCall> calls) const {
+    return total_bytes(calls) >= kChannelThresholdBytes;
+  }
+
+  Algorithm pick(std::span<const AllgathervCall> calls) {
+    if (choice_ != Algorithm::kAuto) return choice_;
+    if (!large(calls)) return chosen_ == Algorithm::kAuto ? Algorithm::kNbc : chosen_;
+    if (chosen_ != Algorithm::kAuto) return chosen_;
+    if (large_calls_ < kTrials) return large_calls_++ % 2 == 0 ? Algorithm::kNbc : Algorithm::kRing;
+    double per_byte[2] = {trials_[0].seconds / trials_[0].bytes, trials_[1].seconds / trials_[1].bytes};
+    double worst[2];
+    MPI_Request request;
+    check(MPI_Iallreduce(per_byte, worst, 2, MPI_DOUBLE, MPI_MAX, comm_, &request), "MPI_Iallreduce");
+    wait(request, "MPI_Iallreduce");
+    chosen_ = worst[1] < worst[0] ? Algorithm::kRing : Algorithm::kNbc;
+    return chosen_;
+  }
+
+  void nbc_allgatherv(std::span<const AllgathervCall> calls, const std::function<void(size_t)>& done) {
     requests_.clear();
     counts_.clear();
     displs_.clear();
@@ -94,7 +159,102 @@ class MpiTransport final : public Transport {
     }
   }
 
- private:
+  // ---- Pipelined ring (as gloo and NCCL run allgather) -------------------------------------
+  // W - 1 steps; in step s rank r passes block (r - s) mod W to its right neighbour. Each block
+  // is cut into `channels_` segments and a segment is forwarded as soon as it has arrived, so
+  // every link sends and receives all the time and each rank keeps one connection per
+  // direction (instead of one per peer and channel, which made TCP flows fight over the link).
+  int ring_segments() const { return channels_; }
+  bool ring_tags_fit(size_t calls) const {
+    return static_cast<uint64_t>(calls) * static_cast<uint64_t>(size_ - 1) *
+               static_cast<uint64_t>(ring_segments()) <= 32767;  // MPI guarantees tags to 32767
+  }
+
+  void ring_allgatherv(std::span<const AllgathervCall> calls, const std::function<void(size_t)>& done) {
+    const int left = (rank_ + size_ - 1) % size_;
+    const int right = (rank_ + 1) % size_;
+    const int segments = ring_segments();
+    const int steps = size_ - 1;
+    struct Segment {
+      char* at;
+      int bytes;
+    };
+    // The segment k of block b of call i, in the output.
+    auto segment = [&](size_t i, int block, int k) {
+      const AllgathervCall& c = calls[i];
+      const uint64_t count = c.counts[static_cast<size_t>(block)];
+      const uint64_t begin = count * static_cast<uint64_t>(k) / static_cast<uint64_t>(segments);
+      const uint64_t end = count * static_cast<uint64_t>(k + 1) / static_cast<uint64_t>(segments);
+      return Segment{static_cast<char*>(c.out) + c.displs[static_cast<size_t>(block)] + begin,
+                     checked_count(end - begin, "allgatherv")};
+    };
+    auto tag = [&](size_t i, int step, int k) {
+      return static_cast<int>((i * static_cast<size_t>(steps) + static_cast<size_t>(step)) *
+                                  static_cast<size_t>(segments) + static_cast<size_t>(k));
+    };
+    const size_t per_call = static_cast<size_t>(steps) * static_cast<size_t>(segments);
+    std::vector<MPI_Request> recvs(calls.size() * per_call, MPI_REQUEST_NULL);
+    std::vector<MPI_Request> sends(calls.size() * per_call, MPI_REQUEST_NULL);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const AllgathervCall& c = calls[i];
+      const uint64_t own = c.counts[static_cast<size_t>(rank_)];
+      char* own_out = static_cast<char*>(c.out) + c.displs[static_cast<size_t>(rank_)];
+      if (c.in != own_out && own != 0) std::memcpy(own_out, c.in, own);
+      for (int s = 0; s < steps; ++s) {
+        const int block = (rank_ - s - 1 + 2 * size_) % size_;
+        for (int k = 0; k < segments; ++k) {
+          const Segment g = segment(i, block, k);
+          check(MPI_Irecv(g.at, g.bytes, MPI_BYTE, left, tag(i, s, k), comm_,
+                          &recvs[i * per_call + static_cast<size_t>(s * segments + k)]),
+                "MPI_Irecv");
+        }
+      }
+      for (int k = 0; k < segments; ++k) {
+        const Segment g = segment(i, rank_, k);
+        check(MPI_Isend(g.at, g.bytes, MPI_BYTE, right, tag(i, 0, k), comm_,
+                        &sends[i * per_call + static_cast<size_t>(k)]),
+              "MPI_Isend");
+      }
+    }
+    // Forward each arrived segment (but the last step's) and report calls as they complete.
+    std::vector<int> index(recvs.size());
+    std::vector<size_t> received(calls.size(), 0);
+    size_t next_done = 0;
+    size_t outstanding = recvs.size();
+    poll([&]() -> bool {
+      int completed = 0;
+      const int code = MPI_Testsome(static_cast<int>(recvs.size()), recvs.data(), &completed,
+                                    index.data(), MPI_STATUSES_IGNORE);
+      if (code != MPI_SUCCESS) fail(code, "MPI_Irecv");
+      for (int j = 0; j < (completed == MPI_UNDEFINED ? 0 : completed); ++j) {
+        const size_t r = static_cast<size_t>(index[static_cast<size_t>(j)]);
+        const size_t i = r / per_call;
+        const int s = static_cast<int>(r % per_call) / segments;
+        const int k = static_cast<int>(r % per_call) % segments;
+        ++received[i];
+        --outstanding;
+        ++progress_;
+        if (s + 1 < steps) {
+          const int block = (rank_ - s - 1 + 2 * size_) % size_;
+          const Segment g = segment(i, block, k);
+          check(MPI_Isend(g.at, g.bytes, MPI_BYTE, right, tag(i, s + 1, k), comm_,
+                          &sends[i * per_call + static_cast<size_t>((s + 1) * segments + k)]),
+                "MPI_Isend");
+        }
+      }
+      // Calls complete in order once all their segments are in (their sends finish below).
+      while (done && next_done < calls.size() && received[next_done] == per_call) done(next_done++);
+      return outstanding == 0;
+    }, "ring allgatherv (receive)");
+    poll([&]() -> bool {
+      int all = 0;
+      const int code = MPI_Testall(static_cast<int>(sends.size()), sends.data(), &all, MPI_STATUSES_IGNORE);
+      if (code != MPI_SUCCESS) fail(code, "MPI_Isend");
+      return all != 0;
+    }, "ring allgatherv (send)");
+    while (done && next_done < calls.size()) done(next_done++);
+  }
+
   int channels_for(const AllgathervCall& c) const {
     uint64_t total = 0;
     for (int r = 0; r < size_; ++r) total += c.counts[r];
@@ -151,18 +311,34 @@ class MpiTransport final : public Transport {
     }
   }
 
+  [[noreturn]] void fail(int code, const char* what) {
+    broken_ = true;
+    throw CommError(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " +
+                    mpi_error_text(code));
+  }
+
   void wait(MPI_Request& request, const char* what) {
-    const auto start = std::chrono::steady_clock::now();
-    auto pause = std::chrono::microseconds(0);
-    for (;;) {
+    poll([&]() -> bool {
       int done = 0;
       const int code = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-      if (code != MPI_SUCCESS) {
-        broken_ = true;
-        throw CommError(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " +
-                        mpi_error_text(code));
+      if (code != MPI_SUCCESS) fail(code, what);
+      return done != 0;
+    }, what);
+  }
+
+  // Calls `test` until it returns true or the deadline passes (CommError). Between calls it
+  // yields, then sleeps with growing pauses, unless `test` reported progress (progress_).
+  template <typename Test>
+  void poll(Test&& test, const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::microseconds(0);
+    uint64_t seen = progress_;
+    for (;;) {
+      if (test()) return;
+      if (progress_ != seen) {  // something moved: look again soon, do not back off
+        seen = progress_;
+        pause = std::chrono::microseconds(0);
       }
-      if (done) return;
       if (timeout_.count() > 0 && std::chrono::steady_clock::now() - start > timeout_) {
         broken_ = true;
         throw CommError(std::string(what) + " on rank " + std::to_string(rank_) +
@@ -186,6 +362,11 @@ class MpiTransport final : public Transport {
   std::chrono::milliseconds timeout_{std::chrono::seconds(120)};
   static constexpr uint64_t kChannelThresholdBytes = 1 << 20;
   int channels_ = 8;
+  Algorithm choice_ = Algorithm::kAuto;  // CIERA_MPI_ALLGATHERV
+  Algorithm chosen_ = Algorithm::kAuto;  // after the trials
+  int large_calls_ = 0;
+  Trial trials_[2];                       // [0] nbc, [1] ring
+  uint64_t progress_ = 0;                 // completions seen by poll() (resets its back-off)
   std::vector<int> counts_, displs_;
   std::vector<MPI_Request> requests_;
 };
