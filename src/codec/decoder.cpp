@@ -20,6 +20,7 @@
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
+#include "common/huge_pages.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/planes.hpp"
 
@@ -145,17 +146,22 @@ void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
   // in its symbol's top bit, which resets the position. Positions are stored relative to the
   // block's chunk (BlockGrid), which is how the merge applies them.
   {
+    // Everything a symbol byte (flag included) implies, in one table entry.
     struct SymbolInfo {
-      uint16_t gap_base;  // 1 + bucket_base: the gap's distance from the previous position
-      uint8_t extra_bits;
-      uint8_t step_class;
+      int16_t add;         // added to the position: 1 + bucket_base, or bucket_base after a reset
+      uint8_t extra_bits;  // of the gap
+      uint8_t step;        // 1, -1 (mod 2^E), or 0: escaped, taken from the escapes stream
+      uint8_t start;       // 1 on a block's first change
     };
-    std::array<SymbolInfo, wire::kMaxChangeSymbol + 1> info{};
+    std::array<SymbolInfo, 256> info{};
+    const uint8_t step_of_class[wire::kStepClasses] = {1, exponent_mask, 0};
     for (unsigned sym = 0; sym <= wire::kMaxChangeSymbol; ++sym) {
       const unsigned bucket = sym / wire::kStepClasses;
-      info[sym] = {static_cast<uint16_t>(1 + wire::bucket_base(bucket)),
-                   static_cast<uint8_t>(wire::bucket_extra_bits(bucket)),
-                   static_cast<uint8_t>(sym % wire::kStepClasses)};
+      const auto add = static_cast<int16_t>(1 + wire::bucket_base(bucket));
+      const auto bits = static_cast<uint8_t>(wire::bucket_extra_bits(bucket));
+      const uint8_t step = step_of_class[sym % wire::kStepClasses];
+      info[sym] = {add, bits, step, 0};
+      info[sym | 0x80] = {static_cast<int16_t>(add - 1), bits, step, 1};
     }
     std::vector<uint16_t>& block_offset = changes.block_offset;
     block_offset.resize(blocks + 1);
@@ -165,39 +171,48 @@ void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
       c += changes_per_block[i];
       block_offset[i + 1] = static_cast<uint16_t>(grid.block_first(changed[i]) % grid.chunk_values);
     }
+    const PaddedBitReader gaps = extra;  // where the gap bits begin, for the error path below
     // Raw pointers keep the vectors' data pointers in registers across the stores.
     uint16_t* positions = changes.positions.data();
     uint8_t* steps = changes.steps.data();
     const uint8_t* symbol = symbols.data();
     const uint8_t* escape = escape_steps.data();
     const uint16_t* offsets = block_offset.data();  // [0] unused: `block` starts before block 0
-    const uint8_t step_of_class[wire::kStepClasses] = {1, exponent_mask, 0};
     const int64_t block_values = grid.block_values;
-    constexpr size_t kNone = ~size_t{0};
+    const uint8_t* bits = extra.data();
+    uint64_t bit = extra.position();
     size_t block = 0;
-    size_t first_bad = kNone;
+    bool bad = false;
     int64_t local = -1;
     for (c = 0; c < total; ++c) {
-      const unsigned start = symbol[c] >> 7;
-      const SymbolInfo& si = info[symbol[c] & 0x7F];
-      block += start;
-      local = start ? -1 : local;
-      local += si.gap_base + extra.get(si.extra_bits);
-      const bool over = local >= block_values;
-      first_bad = over && first_bad == kNone ? block - 1 : first_bad;
+      const SymbolInfo si = info[symbol[c]];
+      block += si.start;
+      local = (local & (int64_t{si.start} - 1)) + si.add +
+              PaddedBitReader::read(bits, bit, si.extra_bits);
+      bit += si.extra_bits;
+      bad |= local >= block_values;
       positions[c] = static_cast<uint16_t>(offsets[block] + local);
-      const bool escaped = si.step_class == wire::kStepEscape;
-      steps[c] = escaped ? *escape : step_of_class[si.step_class];
-      escape += escaped;
+      steps[c] = si.step;
+      if (si.step == 0) steps[c] = *escape++;  // rare: escaped steps
     }
+    extra.set_position(bit);
     // Every block but the last is whole; the last block's last position bounds its others.
-    if (first_bad == kNone && blocks != 0 &&
-        local >= static_cast<int64_t>(grid.block_length(changed[blocks - 1]))) {
-      first_bad = blocks - 1;
-    }
-    if (first_bad != kNone) {
-      throw FormatError("fine exponent section places a change past the end of block " +
-                        std::to_string(changed[first_bad]));
+    bad |= blocks != 0 && local >= static_cast<int64_t>(grid.block_length(changed[blocks - 1]));
+    if (bad) {
+      // Find the block to name, block by block (this path only runs on a bad payload).
+      PaddedBitReader again = gaps;
+      for (size_t i = 0, k = 0; i < blocks; ++i) {
+        int64_t at = -1;
+        for (const uint64_t end = k + changes_per_block[i]; k < end; ++k) {
+          const SymbolInfo& si = info[symbol[k] & 0x7F];
+          at += si.add + again.get(si.extra_bits);
+          if (at >= static_cast<int64_t>(grid.block_length(changed[i]))) {
+            throw FormatError("fine exponent section places a change past the end of block " +
+                              std::to_string(changed[i]));
+          }
+        }
+      }
+      throw FormatError("fine exponent section places a change past the end of a block");
     }
   }
   if (!extra.exhausted_canonically()) {
@@ -228,10 +243,10 @@ struct ShardDecoder::Impl {
     uint64_t change = 0;
   };
   // Applies the fine changes of the changed blocks in [chunk_first, chunk_first + count) to the
-  // cache and to `out`, which holds those values, right after the chunk was merged (its cache
-  // lines are then in L1); `at` walks the changes across chunks. revert_fine_changes undoes
-  // everything applied up to `at` exactly if the frame then fails verification.
-  void apply_fine_changes(uint64_t chunk_first, size_t count, FineCursor& at, uint8_t* out);
+  // cache, just before the chunk is merged from it; `at` walks the changes across chunks.
+  // revert_fine_changes undoes everything applied up to `at` exactly if the frame then fails
+  // verification.
+  void apply_fine_changes(uint64_t chunk_first, size_t count, FineCursor& at);
   void revert_fine_changes(const FineCursor& at);
 
   CodecConfig config;
@@ -240,7 +255,7 @@ struct ShardDecoder::Impl {
   const format::PlaneKernels& kernels;
   DTypeInfo info;
 
-  std::vector<uint8_t> cache;  // ExpCache of Algorithm 1
+  std::vector<uint8_t, HugePageAllocator<uint8_t>> cache;  // ExpCache of Algorithm 1
   bool has_cache = false;
   uint32_t epoch = 0;
   uint64_t last_sequence = 0;
@@ -322,8 +337,7 @@ void ShardDecoder::Impl::read_bitmap(const uint8_t* bitmap, const wire::Header& 
   }
 }
 
-void ShardDecoder::Impl::apply_fine_changes(uint64_t chunk_first, size_t count, FineCursor& at,
-                                            uint8_t* out) {
+void ShardDecoder::Impl::apply_fine_changes(uint64_t chunk_first, size_t count, FineCursor& at) {
   const uint8_t mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
   const uint64_t chunk_end = chunk_first + count;
   uint64_t end = at.change;
@@ -334,12 +348,11 @@ void ShardDecoder::Impl::apply_fine_changes(uint64_t chunk_first, size_t count, 
   const uint16_t* positions = fine_changes.positions.data();
   const uint8_t* steps = fine_changes.steps.data();
   uint8_t* exps = cache.data() + chunk_first;
-  for (; at.change < end; ++at.change) {
-    const uint16_t p = positions[at.change];
-    const uint8_t exponent = static_cast<uint8_t>((exps[p] + steps[at.change]) & mask);
-    exps[p] = exponent;
-    format::set_exponent(config.dtype, out + p * info.value_bytes, exponent);
+  for (uint64_t c = at.change; c < end; ++c) {
+    uint8_t& e = exps[positions[c]];
+    e = static_cast<uint8_t>((e + steps[c]) & mask);
   }
+  at.change = end;
 }
 
 void ShardDecoder::Impl::revert_fine_changes(const FineCursor& at) {
@@ -433,8 +446,16 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
       }
       exps = chunk_exponents.data();
     }
+    if (fine) {
+      // Patch this chunk's cached exponents, then merge from them. The next chunk's cache lines
+      // are requested now, so that its patching does not wait on memory.
+      const uint64_t next = chunk_first + count;
+      for (uint64_t at = next; at < std::min(next + count, grid.num_values); at += 64) {
+        __builtin_prefetch(cache.data() + at, 1);
+      }
+      apply_fine_changes(chunk_first, count, fine_at);
+    }
     format::merge_values(layout, kernels, exps, sm_plane, chunk_first, count, chunk_out);
-    if (fine) apply_fine_changes(chunk_first, count, fine_at, chunk_out);
     if (h.has_content_checksum()) checksum.update(chunk_out, count * value_bytes);
     if (streaming) kernels.stream_copy(out + chunk_first * value_bytes, chunk_out, count * value_bytes);
   }
@@ -459,7 +480,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
                                   grid.block_length(block), cache.data() + first);
       }
       break;
-    case ExponentSection::kFine:  // applied during the merge, see apply_fine_changes
+    case ExponentSection::kFine:  // applied chunk by chunk before the merge (apply_fine_changes)
       break;
     case ExponentSection::kUnchanged:
       break;

@@ -14,6 +14,7 @@
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
+#include "common/huge_pages.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/planes.hpp"
 
@@ -151,7 +152,7 @@ struct ShardEncoder::Impl {
   bool key_requested = false;
 
   // Persistent state: what the receivers hold (exact) or its block hashes (hash).
-  std::vector<uint8_t> sent_exponents;
+  std::vector<uint8_t, HugePageAllocator<uint8_t>> sent_exponents;
   std::vector<BlockHash> sent_hashes;
 
   // Per-frame scratch, grown on demand and kept, so steady-state frames do not allocate.

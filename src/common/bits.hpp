@@ -133,11 +133,18 @@ class PaddedBitReader {
   }
   uint64_t size_bits() const { return 8 * size_; }
   uint64_t position() const { return pos_; }
+  // For hot loops that keep the position in a register (byte stores elsewhere in the loop could
+  // otherwise alias pos_ and force it through memory): read at `pos` with read(), then move on.
+  static uint32_t read(const uint8_t* data, uint64_t pos, unsigned bits) {
+    uint64_t word;
+    std::memcpy(&word, data + (pos >> 3), 8);
+    return static_cast<uint32_t>((word >> (pos & 7)) & ((uint64_t{1} << bits) - 1));
+  }
+  const uint8_t* data() const { return data_; }
+  void set_position(uint64_t pos) { pos_ = pos; }
   // `bits` <= 32; the caller guarantees position() + bits <= size_bits().
   uint32_t get(unsigned bits) {
-    uint64_t word;
-    std::memcpy(&word, data_ + (pos_ >> 3), 8);
-    const uint32_t v = static_cast<uint32_t>((word >> (pos_ & 7)) & ((uint64_t{1} << bits) - 1));
+    const uint32_t v = read(data_, pos_, bits);
     pos_ += bits;
     return v;
   }
