@@ -236,8 +236,8 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
             values + 2 * first, length, sm_plane + first, sent_exponents.data() + first,
             change_positions.data() + change_count, change_steps.data() + change_count);
         if (m != 0) record_changed_block(b, m, bitmap);
-        if (checksum) checksum->update(values + 2 * first, 2 * length);
       }
+      if (checksum) checksum->update(chunk_values, 2 * count);
       continue;
     }
     uint8_t* exps = chunk_exponents.data();

@@ -56,7 +56,7 @@ class SlackBitWriter {
     std::memcpy(out_ + written_, &acc_, 8);
     const unsigned bytes = filled_ >> 3;
     written_ += bytes;
-    acc_ = bytes == 0 ? acc_ : acc_ >> (8 * bytes);  // bytes <= 4: the shift is < 64
+    acc_ >>= 8 * bytes;  // filled_ <= 7 + 32, so bytes <= 4 and the shift is < 64
     filled_ &= 7;
   }
   // Flushes the partial byte; returns the bytes written in total.
