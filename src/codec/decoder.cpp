@@ -229,7 +229,7 @@ struct ShardDecoder::Impl {
     config.validate();
     cache.resize(n);
     chunk_exponents.resize(grid.chunk_values);
-    chunk_values.resize(size_t{grid.chunk_values} * info.value_bytes);
+    chunk_output.resize(size_t{grid.chunk_values} * info.value_bytes);
     changed_blocks.reserve(grid.blocks);
     changes_per_block.resize(grid.blocks);
   }
@@ -262,7 +262,7 @@ struct ShardDecoder::Impl {
 
   // Scratch sized at construction from this decoder's own configuration, never from a payload.
   std::vector<uint8_t> chunk_exponents;
-  std::vector<uint8_t> chunk_values;  // a chunk of output, assembled in L1 (streaming)
+  std::vector<uint8_t> chunk_output;  // a chunk of output, assembled in L1 (streaming)
   std::vector<uint32_t> changed_blocks;
   std::vector<uint16_t> changes_per_block;
   FineChanges fine_changes;  // grows to the most changes seen, at most one per value
@@ -428,7 +428,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   for (uint64_t chunk_first = 0; chunk_first < grid.num_values; chunk_first += grid.chunk_values) {
     const size_t count =
         static_cast<size_t>(std::min<uint64_t>(grid.chunk_values, grid.num_values - chunk_first));
-    uint8_t* chunk_out = streaming ? chunk_values.data() : out + chunk_first * value_bytes;
+    uint8_t* chunk_out = streaming ? chunk_output.data() : out + chunk_first * value_bytes;
     const uint8_t* exps = cache.data() + chunk_first;
     if (h.section == ExponentSection::kFull) {
       stream.get(chunk_exponents.data(), count);
