@@ -127,7 +127,7 @@ void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
 
   const uint8_t exponent_mask = static_cast<uint8_t>((1u << exponent_bits) - 1);
   std::vector<uint8_t>& escape_steps = changes.escape_steps;
-  escape_steps.resize(escapes + 1);  // +1: the loop below may read one past the last escape
+  escape_steps.resize(escapes + 1);  // +1: data() stays a valid pointer when there are none
   ByteReader escapes_in(section + escapes_at, size - escapes_at, "fine escapes stream");
   entropy::SymbolStreamReader escape_stream;
   escape_stream.open(escapes_in, escapes, exponent_mask, "fine escapes stream");

@@ -158,7 +158,7 @@ struct ShardEncoder::Impl {
   // Per-frame scratch, grown on demand and kept, so steady-state frames do not allocate.
   std::vector<uint8_t> chunk_exponents;
   std::vector<uint32_t> changed_blocks;
-  std::vector<uint16_t> change_positions;  // block-local, in block order
+  std::vector<uint16_t> change_positions;  // block-local, in block order (write_fine flags bit 15)
   std::vector<uint8_t> change_steps;
   std::vector<uint16_t> changes_per_block;  // one per changed block
   uint64_t change_count = 0;
@@ -167,7 +167,6 @@ struct ShardEncoder::Impl {
   std::vector<uint8_t> change_symbols;
   std::vector<uint8_t> escape_symbols;
   std::vector<uint8_t> extra_scratch;
-  std::vector<uint8_t> block_start;  // write_fine: 1 at each block's first change
   std::vector<uint8_t> stream_scratch;
 };
 
@@ -288,15 +287,16 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
     extra.put(v - wire::bucket_base(bucket), wire::bucket_extra_bits(bucket));
   }
   // One flat loop over all changes (a loop per block would mispredict its exit at nearly every
-  // block); `block_start` flags each block's first change, where the gap restarts.
-  if (block_start.size() < change_count) block_start.resize(change_count);
-  std::memset(block_start.data(), 0, change_count);
-  for (size_t i = 0, c = 0; i < blocks_changed; c += per_block[i], ++i) block_start[c] = 1;
-  const uint8_t* starts = block_start.data();
+  // block): each block's first position carries a flag in bit 15 (positions are below
+  // kMaxBlockValues = 4096), where the gap restarts; the decoder flags its symbols the same way.
+  static_assert(CodecConfig::kMaxBlockValues <= 0x8000);
+  uint16_t* flagged = change_positions.data();
+  for (size_t i = 0, c = 0; i < blocks_changed; c += per_block[i], ++i) flagged[c] |= 0x8000;
   int previous = -1;
   for (size_t c = 0; c < change_count; ++c) {
-    const int position = positions[c];
-    previous = starts[c] ? -1 : previous;
+    const bool start = positions[c] >> 15;
+    const int position = positions[c] & 0x7FFF;
+    previous = start ? -1 : previous;
     const uint32_t gap = static_cast<uint32_t>(position - previous - 1);
     const unsigned gap_bucket = wire::bucket_of(gap);
     extra.put(gap - wire::bucket_base(gap_bucket), wire::bucket_extra_bits(gap_bucket));
