@@ -1,6 +1,8 @@
 // Plane kernels: every compiled SIMD target against the literal reference of docs/format.md.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <random>
 #include <vector>
 
@@ -176,6 +178,72 @@ TEST(Planes, StreamCopyCopiesExactlyAtEveryAlignment) {
           const bool inside = i >= offset && i < offset + n;
           ASSERT_EQ(dst[i], inside ? src[3 + i - offset] : 0xA5)
               << k->target << " offset " << offset << " n " << n << " byte " << i;
+        }
+      }
+    }
+  }
+}
+
+// Fine coding's change symbols against docs/format.md read literally: gap = distance to the
+// previous change in the block minus one (the block's first change: its position), bucket = bit
+// width of the gap, bucket - 1 extra bits (bucket >= 2) holding gap - 2^(bucket-1), LSB first;
+// symbol = 3 * bucket + class (step +1: 0, -1: 1, else 2 with the step escaped).
+TEST(Planes, FineSymbolsFollowTheFormatOnEveryTarget) {
+  std::mt19937_64 rng(21);
+  for (const uint8_t mask : {uint8_t{0xFF}, uint8_t{0x1F}}) {
+    for (const size_t blocks : {size_t{1}, size_t{2}, size_t{7}, size_t{40}, size_t{300}}) {
+      std::vector<uint16_t> positions;
+      std::vector<uint8_t> steps;
+      for (size_t b = 0; b < blocks; ++b) {
+        // Blocks of up to 4096 values with 1 to 70 changes: dense, sparse, far apart.
+        const uint32_t block_values = rng() % 2 ? 4096 : 64 + static_cast<uint32_t>(rng() % 512);
+        std::vector<uint16_t> chosen;
+        const size_t want = 1 + rng() % std::min<size_t>(70, block_values);
+        while (chosen.size() < want) {
+          const auto p = static_cast<uint16_t>(rng() % block_values);
+          if (std::find(chosen.begin(), chosen.end(), p) == chosen.end()) chosen.push_back(p);
+        }
+        std::sort(chosen.begin(), chosen.end());
+        chosen[0] |= 0x8000;
+        for (uint16_t p : chosen) {
+          positions.push_back(p);
+          const uint64_t r = rng() % 8;
+          steps.push_back(r < 3 ? 1 : r < 6 ? static_cast<uint8_t>(mask) : static_cast<uint8_t>(rng()));
+        }
+      }
+      const size_t n = positions.size();
+      std::vector<uint8_t> want_symbols, want_escapes;
+      std::vector<bool> want_bits;
+      int previous = -1;
+      for (size_t c = 0; c < n; ++c) {
+        const int position = positions[c] & 0x7FFF;
+        if (positions[c] & 0x8000) previous = -1;
+        const auto gap = static_cast<uint32_t>(position - previous - 1);
+        previous = position;
+        const auto bucket = static_cast<unsigned>(std::bit_width(gap));
+        for (unsigned i = 0; bucket >= 2 && i < bucket - 1; ++i) {
+          want_bits.push_back(((gap - (1u << (bucket - 1))) >> i) & 1);
+        }
+        const uint8_t step = steps[c] & mask;
+        const unsigned step_class = step == 1 ? 0 : step == mask ? 1 : 2;
+        if (step_class == 2) want_escapes.push_back(step);
+        want_symbols.push_back(static_cast<uint8_t>(3 * bucket + step_class));
+      }
+      for (const PlaneKernels* k : available_kernels()) {
+        std::vector<uint8_t> symbols(n), escapes(n + kChangeSlack), bits(11 * n / 8 + 16);
+        SlackBitWriter writer(bits.data());
+        writer.put(5, 3);  // the writer may start mid-byte (after the counts' extra bits)
+        const size_t escaped = k->fine_symbols(positions.data(), steps.data(), n, mask,
+                                               symbols.data(), escapes.data(), writer);
+        ASSERT_EQ(writer.bits(), 3 + want_bits.size()) << k->target;
+        bits.resize(writer.finish());
+        escapes.resize(escaped);
+        EXPECT_EQ(symbols, want_symbols) << k->target << " n " << n;
+        EXPECT_EQ(escapes, want_escapes) << k->target << " n " << n;
+        EXPECT_EQ(bits[0] & 7, 5) << k->target;
+        for (size_t i = 0; i < want_bits.size(); ++i) {
+          ASSERT_EQ((bits[(3 + i) / 8] >> ((3 + i) % 8)) & 1, want_bits[i])
+              << k->target << " n " << n << " extra bit " << i;
         }
       }
     }

@@ -265,19 +265,18 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
   const uint8_t exponent_mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
   count_symbols.resize(blocks_changed);
   change_symbols.resize(change_count);
-  if (escape_symbols.size() < change_count) escape_symbols.resize(change_count);
+  if (escape_symbols.size() < change_count + format::kChangeSlack) {
+    escape_symbols.resize(change_count + format::kChangeSlack);
+  }
   // Extra bits: at most 11 per count and per gap (bucket 12), plus a word of flush slack.
   const size_t extra_capacity = (11 * (blocks_changed + change_count) + 7) / 8 + 8;
   if (extra_scratch.size() < extra_capacity) extra_scratch.resize(extra_capacity);
   // Raw pointers: byte stores through vectors would make the compiler reload every vector's
   // data pointer after each store (uint8_t aliases everything).
   const uint16_t* per_block = changes_per_block.data();
-  const uint16_t* positions = change_positions.data();
-  const uint8_t* steps = change_steps.data();
   uint8_t* counts = count_symbols.data();
   uint8_t* symbols = change_symbols.data();
   uint8_t* escapes = escape_symbols.data();
-  size_t escape_count = 0;
   // The count extras precede the gap extras in the stream (docs/format.md), so write them first.
   SlackBitWriter extra(extra_scratch.data());
   for (size_t i = 0; i < blocks_changed; ++i) {
@@ -286,28 +285,16 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
     counts[i] = static_cast<uint8_t>(bucket);
     extra.put(v - wire::bucket_base(bucket), wire::bucket_extra_bits(bucket));
   }
-  // One flat loop over all changes (a loop per block would mispredict its exit at nearly every
-  // block): each block's first position carries a flag in bit 15 (positions are below
-  // kMaxBlockValues = 4096), where the gap restarts; the decoder flags its symbols the same way.
+  // Each block's first position carries a flag in bit 15 (positions are below kMaxBlockValues =
+  // 4096), where the gap restarts: the symbols are made in one flat pass over all changes (a loop
+  // per block would mispredict its exit at nearly every block). The decoder flags its symbols
+  // the same way.
   static_assert(CodecConfig::kMaxBlockValues <= 0x8000);
   uint16_t* flagged = change_positions.data();
   for (size_t i = 0, c = 0; i < blocks_changed; c += per_block[i], ++i) flagged[c] |= 0x8000;
-  int previous = -1;
-  for (size_t c = 0; c < change_count; ++c) {
-    const bool start = positions[c] >> 15;
-    const int position = positions[c] & 0x7FFF;
-    previous = start ? -1 : previous;
-    const uint32_t gap = static_cast<uint32_t>(position - previous - 1);
-    const unsigned gap_bucket = wire::bucket_of(gap);
-    extra.put(gap - wire::bucket_base(gap_bucket), wire::bucket_extra_bits(gap_bucket));
-    // Branch-free: up and down steps are equally likely, so a branch would mispredict.
-    const uint8_t step = steps[c] & exponent_mask;
-    const unsigned step_class = wire::step_class_of(step, exponent_mask);
-    escapes[escape_count] = step;
-    escape_count += step_class == wire::kStepEscape;
-    symbols[c] = static_cast<uint8_t>(wire::kStepClasses * gap_bucket + step_class);
-    previous = position;
-  }
+  const size_t escape_count =
+      kernels.fine_symbols(change_positions.data(), change_steps.data(), change_count,
+                           exponent_mask, symbols, escapes, extra);
   const uint64_t extra_bytes = extra.finish();
   const uint64_t bound = entropy::symbol_stream_bound(blocks_changed, kBucketBits) +
                          entropy::symbol_stream_bound(change_count, kChangeSymbolBits) +

@@ -59,11 +59,23 @@ class SlackBitWriter {
     acc_ >>= 8 * bytes;  // filled_ <= 7 + 32, so bytes <= 4 and the shift is < 64
     filled_ &= 7;
   }
+  // `bits` <= 56 and `value` < 2^bits (the accumulator holds at most 7 + 56 bits).
+  void put_wide(uint64_t value, unsigned bits) {
+    acc_ |= value << filled_;
+    filled_ += bits;
+    std::memcpy(out_ + written_, &acc_, 8);
+    const unsigned bytes = filled_ >> 3;
+    written_ += bytes;
+    acc_ >>= 8 * bytes;  // filled_ <= 63, so bytes <= 7
+    filled_ &= 7;
+  }
   // Flushes the partial byte; returns the bytes written in total.
   uint64_t finish() {
     if (filled_ > 0) out_[written_++] = static_cast<uint8_t>(acc_);
     return written_;
   }
+  // Bits written so far.
+  uint64_t bits() const { return 8 * written_ + filled_; }
 
  private:
   uint8_t* out_;

@@ -1,6 +1,8 @@
 // Kernel tables of each compiled SIMD target (defined in kernels_<target>.cpp).
 #pragma once
 
+#include "codec/wire.hpp"  // fine_symbols codes the wire format's fine change symbols
+#include "common/bits.hpp"
 #include "format/planes.hpp"
 
 namespace ciera::format {

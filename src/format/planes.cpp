@@ -16,7 +16,8 @@ std::vector<const PlaneKernels*> detect_available() {
   std::vector<const PlaneKernels*> found;
 #if defined(CIERA_HAVE_X86_TARGETS)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi") &&
+  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512vbmi") &&
       __builtin_cpu_supports("avx512vbmi2")) {
     found.push_back(&kAvx512Kernels);
   }

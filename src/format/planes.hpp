@@ -9,6 +9,7 @@
 #include <span>
 
 #include "ciera/dtype.hpp"
+#include "common/bits.hpp"
 
 namespace ciera::format {
 
@@ -38,6 +39,14 @@ struct PlaneKernels {
   // kChangeSlack entries beyond n: vector targets store whole registers.
   size_t (*split_detect_bf16)(const uint8_t* values, size_t n, uint8_t* sm, uint8_t* cache,
                               uint16_t* positions, uint8_t* steps);
+  // Fine coding's change symbols (docs/format.md, "Exponent section", fine) for `n` changes in
+  // block order. `positions` are block-relative with bit 15 set on each block's first change
+  // (positions[0] must carry it); `steps` are exponent steps, masked here with `exponent_mask`.
+  // Writes n symbols, appends the escaped steps to `escapes` and each gap's extra bits to
+  // `extra`; returns how many escapes. `escapes` needs kChangeSlack entries beyond n.
+  size_t (*fine_symbols)(const uint16_t* positions, const uint8_t* steps, size_t n,
+                         uint8_t exponent_mask, uint8_t* symbols, uint8_t* escapes,
+                         SlackBitWriter& extra);
   // memcpy whose stores bypass the caches (non-temporal), for large outputs nobody reads soon:
   // it saves the read-for-ownership of every destination line. Call stream_fence() before
   // another thread may read `dst`.
@@ -70,7 +79,8 @@ struct SignMantissaLayout {
   uint64_t total_bytes_;
 };
 
-// Extra entries split_detect_bf16 may write past the changes it reports.
+// Extra entries split_detect_bf16 may write past the changes it reports, and fine_symbols past
+// the escapes.
 inline constexpr size_t kChangeSlack = 64;
 
 // Largest `count` accepted by split_values / merge_values in one call.
