@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ciera/dtype.hpp"
+#include "entropy/rans.hpp"
 #include "format/planes.hpp"
 
 namespace ciera::format {
@@ -132,7 +133,8 @@ TEST(Planes, FindChangesMatchesScalarScanOnEveryTarget) {
 
 TEST(Planes, FusedBf16SplitDetectMatchesSplitThenFind) {
   std::mt19937_64 rng(8);
-  for (size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{512}, size_t{4096}}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{64}, size_t{65},
+                   size_t{127}, size_t{128}, size_t{512}, size_t{4096}}) {
     for (unsigned density : {0u, 2u, 50u, 100u}) {
       std::vector<uint8_t> values(2 * n), cache(n);
       for (auto& b : values) b = static_cast<uint8_t>(rng());
@@ -245,6 +247,61 @@ TEST(Planes, FineSymbolsFollowTheFormatOnEveryTarget) {
           ASSERT_EQ((bits[(3 + i) / 8] >> ((3 + i) % 8)) & 1, want_bits[i])
               << k->target << " n " << n << " extra bit " << i;
         }
+      }
+    }
+  }
+}
+
+// Every target's group rANS encoder leaves the words and final states that rans_put, one symbol
+// at a time, leaves (the decoder and docs/format.md follow rans_put's order).
+TEST(Planes, RansGroupsMatchSymbolBySymbolEncoding) {
+  using entropy::kRansStates;
+  std::mt19937_64 rng(34);
+  for (const unsigned alphabet : {2u, 13u, 33u, 64u}) {
+    entropy::Histogram hist;
+    for (unsigned s = 0; s < alphabet; ++s) {
+      hist.count[s] = (s % 5 == 4) ? 0 : 1 + rng() % (s < 3 ? 5000 : 40);
+      hist.total += hist.count[s];
+    }
+    const entropy::RansModel model = entropy::RansModel::from_histogram(hist);
+    entropy::RansGroupTables tables{};
+    std::vector<entropy::RansEncSymbol> constants(entropy::kRansGroupSymbols);
+    for (unsigned s = 0; s < alphabet; ++s) {
+      if (model.freq[s] == 0) continue;
+      constants[s] = entropy::rans_enc_symbol(model, s);
+      tables.x_max[s] = constants[s].x_max;
+      tables.rcp_freq[s] = constants[s].rcp_freq;
+      tables.bias[s] = constants[s].bias;
+      tables.cmpl_shift[s] = constants[s].cmpl_shift;
+    }
+    for (const size_t groups : {size_t{1}, size_t{3}, size_t{257}}) {
+      std::vector<uint8_t> symbols(kRansStates * groups);
+      for (auto& s : symbols) {
+        do s = static_cast<uint8_t>(rng() % alphabet); while (model.freq[s] == 0);
+      }
+      uint32_t start[kRansStates];
+      for (uint32_t& x : start) x = entropy::kRansLowerBound + static_cast<uint32_t>(rng() % (1u << 30));
+      std::vector<uint8_t> want(2 * symbols.size() + 16, 0x5A);
+      uint32_t want_states[kRansStates];
+      std::copy(start, start + kRansStates, want_states);
+      uint8_t* want_out = want.data() + want.size();
+      for (size_t g = groups; g-- > 0;) {
+        for (unsigned j = kRansStates; j-- > 0;) {
+          entropy::rans_put(want_states[j], constants[symbols[kRansStates * g + j]], want_out);
+        }
+      }
+      const size_t want_bytes = static_cast<size_t>(want.data() + want.size() - want_out);
+      for (const PlaneKernels* k : available_kernels()) {
+        std::vector<uint8_t> got(want.size(), 0x5A);
+        uint32_t states[kRansStates];
+        std::copy(start, start + kRansStates, states);
+        uint8_t* out = got.data() + got.size();
+        k->rans_encode_groups(tables, states, symbols.data(), groups, &out);
+        const std::string where = std::string(k->target) + " alphabet " + std::to_string(alphabet) +
+                                  " groups " + std::to_string(groups);
+        ASSERT_EQ(static_cast<size_t>(got.data() + got.size() - out), want_bytes) << where;
+        EXPECT_TRUE(std::equal(out, got.data() + got.size(), want_out)) << where;
+        EXPECT_TRUE(std::equal(states, states + kRansStates, want_states)) << where;
       }
     }
   }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ciera/error.hpp"
+#include "format/planes.hpp"
 
 namespace ciera::entropy {
 
@@ -109,28 +110,40 @@ uint8_t* RansModel::write_table(uint8_t* out) const {
   return out;
 }
 
+RansEncSymbol rans_enc_symbol(const RansModel& model, unsigned s) {
+  const uint32_t freq = model.freq[s];
+  assert(freq != 0);
+  RansEncSymbol e;
+  // x must stay below 2^31 after encoding; renormalise while x >= x_max.
+  e.x_max = ((kRansLowerBound >> kRansScaleBits) << 16) * freq;
+  uint32_t rcp_shift = 0;
+  // Division by freq as a multiply-high and shift (exact for x < 2^31), so that the encoder's
+  // inner loop has no divide. For freq = 1 the reciprocal overflows; the bias absorbs it:
+  // x + (start + M - 1) + (x - 1) * (M - 1) == x * M + start.
+  if (freq < 2) {
+    e.rcp_freq = ~0u;
+    e.bias = model.start[s] + kRansTotal - 1;
+  } else {
+    uint32_t shift = 0;
+    while (freq > (1u << shift)) ++shift;
+    e.rcp_freq = static_cast<uint32_t>(((uint64_t{1} << (shift + 31)) + freq - 1) / freq);
+    rcp_shift = shift - 1;
+    e.bias = model.start[s];
+  }
+  e.cmpl_shift = (kRansTotal - freq) | rcp_shift << 16;
+  return e;
+}
+
 RansEncoder::RansEncoder(const RansModel& model) {
   for (unsigned s = 0; s < 256; ++s) {
-    const uint32_t freq = model.freq[s];
-    if (freq == 0) continue;
-    Symbol& e = symbols_[s];
-    // x must stay below 2^31 after encoding; renormalise while x >= x_max.
-    e.x_max = ((kRansLowerBound >> kRansScaleBits) << 8) * freq;
-    e.cmpl_freq = static_cast<uint16_t>(kRansTotal - freq);
-    // Division by freq as a multiply-high and shift (exact for x < 2^31), so that the encoder's
-    // inner loop has no divide. For freq = 1 the reciprocal overflows; the bias absorbs it:
-    // x + (start + M - 1) + (x - 1) * (M - 1) == x * M + start.
-    if (freq < 2) {
-      e.rcp_freq = ~0u;
-      e.rcp_shift = 0;
-      e.bias = model.start[s] + kRansTotal - 1;
-    } else {
-      uint32_t shift = 0;
-      while (freq > (1u << shift)) ++shift;
-      e.rcp_freq = static_cast<uint32_t>(((uint64_t{1} << (shift + 31)) + freq - 1) / freq);
-      e.rcp_shift = static_cast<uint16_t>(shift - 1);
-      e.bias = model.start[s];
-    }
+    if (model.freq[s] != 0) symbols_[s] = rans_enc_symbol(model, s);
+  }
+  group_kernel_ = model.last < kRansGroupSymbols;
+  for (unsigned s = 0; s < kRansGroupSymbols; ++s) {
+    group_.x_max[s] = symbols_[s].x_max;
+    group_.rcp_freq[s] = symbols_[s].rcp_freq;
+    group_.bias[s] = symbols_[s].bias;
+    group_.cmpl_shift[s] = symbols_[s].cmpl_shift;
   }
 }
 
@@ -143,8 +156,8 @@ void RansEncoder::begin(uint8_t* out_end, uint8_t* out_limit, uint64_t total_sym
 
 bool RansEncoder::put_reverse(const uint8_t* symbols, size_t n) {
   assert(n <= next_index_);
-  // One symbol emits at most two bytes (x < 2^31 and x_max >= 2^19), so checking the room once
-  // per batch keeps the inner loop free of bounds checks.
+  // One symbol emits at most one 16-bit word, so checking the room once per batch keeps the
+  // inner loop free of bounds checks.
   constexpr size_t kBatch = 256;
   for (size_t end = n; end > 0;) {
     const size_t begin = end > kBatch ? end - kBatch : 0;
@@ -156,47 +169,40 @@ bool RansEncoder::put_reverse(const uint8_t* symbols, size_t n) {
 }
 
 void RansEncoder::encode_batch(const uint8_t* symbols, size_t n) {
-  // States live in locals: `out` is a byte pointer and would otherwise force every state back to
-  // memory after each store.
-  uint32_t x[kRansStates] = {state_[0], state_[1], state_[2], state_[3]};
   uint8_t* out = out_;
   uint64_t index = next_index_;
-  auto put = [&](uint32_t& state, uint8_t symbol) {
-    const Symbol& e = symbols_[symbol];
-    assert(e.x_max != 0);
-    // Bytes to shed (0..2) follow from the state alone, which keeps the output pointer off the
-    // states' dependency chains. Both candidate bytes are stored below `out` in one go (the
-    // second one above the first, as two pre-decrement stores would place them); only the ones
-    // counted are kept. The batch check guarantees the room.
-    const uint32_t shed = (state >= e.x_max) + (uint64_t{state} >= (uint64_t{e.x_max} << 8));
-    const uint16_t pair = static_cast<uint16_t>(((state & 0xFF) << 8) | ((state >> 8) & 0xFF));
-    std::memcpy(out - 2, &pair, 2);
-    out -= shed;
-    state >>= 8 * shed;
-    const uint32_t q = static_cast<uint32_t>((uint64_t{state} * e.rcp_freq) >> 32) >> e.rcp_shift;
-    state = state + e.bias + q * e.cmpl_freq;
-  };
   size_t k = n;
-  // Symbols are encoded last to first; symbol i uses state i % 4.
-  while (k > 0 && (index & 3) != 0) {
+  // Symbols are encoded last to first; symbol i uses state i % kRansStates. Up to the first
+  // whole group of sixteen, one at a time.
+  constexpr uint64_t kLast = kRansStates - 1;
+  while (k > 0 && (index & kLast) != 0) {
     --k;
     --index;
-    put(x[index & 3], symbols[k]);
+    rans_put(state_[index & kLast], symbols_[symbols[k]], out);
   }
-  while (k >= 4) {
-    k -= 4;
-    index -= 4;
-    put(x[3], symbols[k + 3]);
-    put(x[2], symbols[k + 2]);
-    put(x[1], symbols[k + 1]);
-    put(x[0], symbols[k]);
+  const size_t groups = k / kRansStates;
+  if (groups > 0) {
+    k -= groups * kRansStates;
+    index -= groups * kRansStates;
+    if (group_kernel_) {
+      format::kernels().rans_encode_groups(group_, state_, symbols + k, groups, &out);
+    } else {
+      // States live in locals: `out` is a byte pointer and would otherwise force every state
+      // back to memory after each store.
+      uint32_t x[kRansStates];
+      for (unsigned j = 0; j < kRansStates; ++j) x[j] = state_[j];
+      for (size_t g = groups; g-- > 0;) {
+        const uint8_t* group = symbols + k + g * kRansStates;
+        for (unsigned j = kRansStates; j-- > 0;) rans_put(x[j], symbols_[group[j]], out);
+      }
+      for (unsigned j = 0; j < kRansStates; ++j) state_[j] = x[j];
+    }
   }
   while (k > 0) {
     --k;
     --index;
-    put(x[index & 3], symbols[k]);
+    rans_put(state_[index & kLast], symbols_[symbols[k]], out);
   }
-  for (unsigned j = 0; j < kRansStates; ++j) state_[j] = x[j];
   out_ = out;
   next_index_ = index;
 }
@@ -215,7 +221,7 @@ void RansDecoder::begin(const RansModel& model, const uint32_t states[kRansState
     for (uint32_t slot = model.start[s]; slot < model.start[s] + f; ++slot) slots_[slot] = entry;
   }
   for (unsigned j = 0; j < kRansStates; ++j) {
-    if (states[j] < kRansLowerBound || states[j] >= (kRansLowerBound << 8)) {
+    if (states[j] < kRansLowerBound || states[j] >= (uint32_t{1} << 31)) {
       throw FormatError(std::string(what) + ": rANS state " + std::to_string(j) +
                         " is out of range");
     }
@@ -228,9 +234,9 @@ void RansDecoder::begin(const RansModel& model, const uint32_t states[kRansState
 
 void RansDecoder::get(uint8_t* out, size_t n) {
   size_t k = 0;
-  // One symbol reads at most two bytes (freq >= 1 leaves state >= 2^11), so while twice the
-  // symbols left in a batch fit in the input, the inner loop needs no bounds check; the last few
-  // symbols of a stream take the checked path. Keeping the check out of the loop also keeps the
+  // One symbol reads at most one 16-bit word (freq >= 1 leaves state >= 2^3 and one word lifts
+  // it to 2^19 >= L), so while twice the symbols left in a batch fit in the input, the inner loop
+  // needs no bounds check; the last few symbols of a stream take the checked path. Keeping the check out of the loop also keeps the
   // states in registers (the checked path takes them by reference).
   while (k < n) {
     const size_t room = static_cast<size_t>(end_ - in_) / 2;
@@ -245,26 +251,24 @@ void RansDecoder::get(uint8_t* out, size_t n) {
 }
 
 void RansDecoder::get_unchecked(uint8_t* out, size_t n) {
-  uint32_t x[kRansStates] = {state_[0], state_[1], state_[2], state_[3]};
+  uint32_t x[kRansStates];
+  for (unsigned j = 0; j < kRansStates; ++j) x[j] = state_[j];
   const uint8_t* in = in_;
   const uint32_t* const slots = slots_.data();
   auto take = [&](uint32_t& state) -> uint8_t {
     const uint32_t slot = state & (kRansTotal - 1);
     const uint32_t entry = slots[slot];
     state = (((entry >> 8) & 0xFFF) + 1) * (state >> kRansScaleBits) + slot - (entry >> 20);
-    // How many bytes restore the lower bound follows from the state alone, so the input
+    // Whether a word restores the lower bound follows from the state alone, so the input
     // pointer advances without waiting for the loads.
-    const uint32_t count = (state < kRansLowerBound) + (state < (kRansLowerBound >> 8));
-    const uint32_t pair = (uint32_t{in[0]} << 8) | in[1];  // the bytes in reading order
-    state = (state << (8 * count)) | (pair >> (16 - 8 * count));
-    in += count;
+    const uint32_t count = state < kRansLowerBound;
+    const uint32_t word = load_le16(in);
+    state = (state << (16 * count)) | (word & (0u - count));
+    in += 2 * count;
     return static_cast<uint8_t>(entry);
   };
-  for (size_t k = 0; k < n; k += 4) {
-    out[k] = take(x[0]);
-    out[k + 1] = take(x[1]);
-    out[k + 2] = take(x[2]);
-    out[k + 3] = take(x[3]);
+  for (size_t k = 0; k < n; k += kRansStates) {
+    for (unsigned j = 0; j < kRansStates; ++j) out[k + j] = take(x[j]);
   }
   for (unsigned j = 0; j < kRansStates; ++j) state_[j] = x[j];
   in_ = in;
@@ -276,9 +280,10 @@ uint8_t RansDecoder::take_checked() {
   const uint32_t slot = state & (kRansTotal - 1);
   const uint32_t entry = slots_[slot];
   state = (((entry >> 8) & 0xFFF) + 1) * (state >> kRansScaleBits) + slot - (entry >> 20);
-  while (state < kRansLowerBound) {
-    if (in_ == end_) throw FormatError(std::string(what_) + ": rANS stream ends early");
-    state = (state << 8) | *in_++;
+  if (state < kRansLowerBound) {
+    if (end_ - in_ < 2) throw FormatError(std::string(what_) + ": rANS stream ends early");
+    state = (state << 16) | load_le16(in_);
+    in_ += 2;
   }
   return static_cast<uint8_t>(entry);
 }

@@ -1,6 +1,7 @@
-// Static order-0 rANS over byte symbols: 12-bit frequencies, four interleaved 32-bit states,
-// byte-wise renormalisation (docs/format.md, "Symbol stream", rANS). The paper codes changed
-// exponents with nvCOMP's ANS (§3.1); this is the CPU counterpart.
+// Static order-0 rANS over byte symbols: 12-bit frequencies, sixteen interleaved 32-bit states,
+// 16-bit word renormalisation (docs/format.md, "Symbol stream", rANS). The paper codes changed
+// exponents with nvCOMP's ANS (§3.1); this is the CPU counterpart. Sixteen states fill an
+// AVX-512 register, so the encoder codes sixteen symbols per step where the kernels allow.
 #pragma once
 
 #include <array>
@@ -9,14 +10,9 @@
 
 #include "common/bytes.hpp"
 #include "entropy/histogram.hpp"
+#include "entropy/rans_core.hpp"
 
 namespace ciera::entropy {
-
-inline constexpr unsigned kRansScaleBits = 12;
-inline constexpr uint32_t kRansTotal = 1u << kRansScaleBits;
-inline constexpr uint32_t kRansLowerBound = 1u << 23;
-inline constexpr unsigned kRansStates = 4;
-inline constexpr size_t kRansStateBytes = 4 * kRansStates;
 
 // Normalised frequencies: sum to kRansTotal; every symbol present in the data has freq >= 1.
 struct RansModel {
@@ -36,6 +32,9 @@ struct RansModel {
   uint8_t* write_table(uint8_t* out) const;
 };
 
+// Symbol `s`'s encoding constants under `model` (freq[s] >= 1).
+RansEncSymbol rans_enc_symbol(const RansModel& model, unsigned s);
+
 class RansEncoder {
  public:
   explicit RansEncoder(const RansModel& model);
@@ -53,14 +52,9 @@ class RansEncoder {
  private:
   void encode_batch(const uint8_t* symbols, size_t n);
 
-  struct Symbol {
-    uint32_t x_max;
-    uint32_t rcp_freq;
-    uint32_t bias;
-    uint16_t cmpl_freq;
-    uint16_t rcp_shift;
-  };
-  std::array<Symbol, 256> symbols_{};
+  std::array<RansEncSymbol, 256> symbols_{};
+  RansGroupTables group_{};
+  bool group_kernel_ = false;  // every symbol of the model is below kRansGroupSymbols
   uint32_t state_[kRansStates] = {};
   uint64_t next_index_ = 0;
   uint8_t* out_ = nullptr;

@@ -10,6 +10,7 @@
 
 #include "ciera/dtype.hpp"
 #include "common/bits.hpp"
+#include "entropy/rans_core.hpp"
 
 namespace ciera::format {
 
@@ -47,6 +48,12 @@ struct PlaneKernels {
   size_t (*fine_symbols)(const uint16_t* positions, const uint8_t* steps, size_t n,
                          uint8_t exponent_mask, uint8_t* symbols, uint8_t* escapes,
                          SlackBitWriter& extra);
+  // rANS-encodes `groups` groups of entropy::kRansStates symbols, the last group first, exactly
+  // as entropy::rans_put would one symbol at a time: symbols[kRansStates * g + j] uses
+  // states[j] and is below kRansGroupSymbols. Words go below *out, which moves down; the caller
+  // guarantees 2 bytes of room per symbol.
+  void (*rans_encode_groups)(const entropy::RansGroupTables& tables, uint32_t* states,
+                             const uint8_t* symbols, size_t groups, uint8_t** out);
   // memcpy whose stores bypass the caches (non-temporal), for large outputs nobody reads soon:
   // it saves the read-for-ownership of every destination line. Call stream_fence() before
   // another thread may read `dst`.

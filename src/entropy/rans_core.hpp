@@ -1,0 +1,52 @@
+// The rANS coder's constants and one-symbol encoding step (docs/format.md, "Symbol stream",
+// rANS), shared by the encoder in rans.cpp and the SIMD kernels that encode whole groups of
+// states (format/kernels_impl.inc).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/bytes.hpp"
+
+namespace ciera::entropy {
+
+inline constexpr unsigned kRansScaleBits = 12;
+inline constexpr uint32_t kRansTotal = 1u << kRansScaleBits;
+// Sixteen interleaved states, one per 32-bit lane of an AVX-512 register, renormalised by 16-bit
+// words: states stay in [kRansLowerBound, 2^31), so a symbol moves at most one word.
+inline constexpr unsigned kRansStates = 16;
+inline constexpr uint32_t kRansLowerBound = 1u << 15;
+inline constexpr size_t kRansStateBytes = 4 * kRansStates;
+// Group kernels look symbols up in register-held tables of this many entries.
+inline constexpr unsigned kRansGroupSymbols = 64;
+
+// One symbol's encoding constants: x / freq becomes a multiply-high and shift (exact for
+// x < 2^31), and x_max bounds the state before encoding (renormalise while x >= x_max).
+struct RansEncSymbol {
+  uint32_t x_max = 0;
+  uint32_t rcp_freq = 0;
+  uint32_t bias = 0;
+  uint32_t cmpl_shift = 0;  // (kRansTotal - freq) | rcp_shift << 16
+};
+
+// The constants of symbols 0..kRansGroupSymbols-1, one array per field, for the group kernels.
+struct RansGroupTables {
+  uint32_t x_max[kRansGroupSymbols];
+  uint32_t rcp_freq[kRansGroupSymbols];
+  uint32_t bias[kRansGroupSymbols];
+  uint32_t cmpl_shift[kRansGroupSymbols];
+};
+
+// Encodes one symbol into state `x`, writing its renormalisation word (if any) just below `out`.
+// Branch-free: the word is always stored and kept only when the state sheds it; the caller
+// guarantees two bytes of room below `out`.
+inline void rans_put(uint32_t& x, const RansEncSymbol& e, uint8_t*& out) {
+  const uint32_t shed = x >= e.x_max;
+  store_le16(out - 2, static_cast<uint16_t>(x));
+  out -= 2 * shed;
+  x >>= 16 * shed;
+  const uint32_t q = static_cast<uint32_t>((uint64_t{x} * e.rcp_freq) >> 32) >> (e.cmpl_shift >> 16);
+  x = x + e.bias + q * (e.cmpl_shift & 0xFFFF);
+}
+
+}  // namespace ciera::entropy
