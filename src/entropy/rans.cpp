@@ -236,8 +236,7 @@ void RansDecoder::get(uint8_t* out, size_t n) {
   size_t k = 0;
   // One symbol reads at most one 16-bit word (freq >= 1 leaves state >= 2^3 and one word lifts
   // it to 2^19 >= L), so while twice the symbols left in a batch fit in the input, the inner loop
-  // needs no bounds check; the last few symbols of a stream take the checked path. Keeping the check out of the loop also keeps the
-  // states in registers (the checked path takes them by reference).
+  // needs no bounds check; the last few symbols of a stream take the checked path.
   while (k < n) {
     const size_t room = static_cast<size_t>(end_ - in_) / 2;
     const size_t batch = std::min(n - k, room) & ~size_t{kRansStates - 1};
@@ -251,27 +250,7 @@ void RansDecoder::get(uint8_t* out, size_t n) {
 }
 
 void RansDecoder::get_unchecked(uint8_t* out, size_t n) {
-  uint32_t x[kRansStates];
-  for (unsigned j = 0; j < kRansStates; ++j) x[j] = state_[j];
-  const uint8_t* in = in_;
-  const uint32_t* const slots = slots_.data();
-  auto take = [&](uint32_t& state) -> uint8_t {
-    const uint32_t slot = state & (kRansTotal - 1);
-    const uint32_t entry = slots[slot];
-    state = (((entry >> 8) & 0xFFF) + 1) * (state >> kRansScaleBits) + slot - (entry >> 20);
-    // Whether a word restores the lower bound follows from the state alone, so the input
-    // pointer advances without waiting for the loads.
-    const uint32_t count = state < kRansLowerBound;
-    const uint32_t word = load_le16(in);
-    state = (state << (16 * count)) | (word & (0u - count));
-    in += 2 * count;
-    return static_cast<uint8_t>(entry);
-  };
-  for (size_t k = 0; k < n; k += kRansStates) {
-    for (unsigned j = 0; j < kRansStates; ++j) out[k + j] = take(x[j]);
-  }
-  for (unsigned j = 0; j < kRansStates; ++j) state_[j] = x[j];
-  in_ = in;
+  format::kernels().rans_decode_groups(slots_.data(), state_, &in_, out, n / kRansStates);
   index_ += n;
 }
 

@@ -54,6 +54,12 @@ struct PlaneKernels {
   // guarantees 2 bytes of room per symbol.
   void (*rans_encode_groups)(const entropy::RansGroupTables& tables, uint32_t* states,
                              const uint8_t* symbols, size_t groups, uint8_t** out);
+  // rANS-decodes `groups` groups of entropy::kRansStates symbols: symbol kRansStates * g + j
+  // from states[j], through the decoder's 4096-slot table (symbol | (freq - 1) << 8 |
+  // start << 20). Renormalisation words are read from *in, which moves forward; the caller
+  // guarantees 32 readable bytes per group left.
+  void (*rans_decode_groups)(const uint32_t* slots, uint32_t* states, const uint8_t** in,
+                             uint8_t* out, size_t groups);
   // memcpy whose stores bypass the caches (non-temporal), for large outputs nobody reads soon:
   // it saves the read-for-ownership of every destination line. Call stream_fence() before
   // another thread may read `dst`.
