@@ -141,28 +141,38 @@ TEST(Planes, FusedBf16SplitDetectMatchesSplitThenFind) {
       std::vector<uint8_t> exps(n), sm(n);
       reference::split(DType::kBF16, values.data(), n, exps.data(), sm.data());
       for (size_t i = 0; i < n; ++i) {
-        cache[i] = (rng() % 100) < density ? static_cast<uint8_t>(exps[i] + 1 + rng() % 255) : exps[i];
+        // Changes of -1 and +1 (the common steps) and escaped ones.
+        const uint64_t kind = rng() % 4;
+        const auto delta = static_cast<uint8_t>(kind == 0 ? 1 : kind == 1 ? 0xFF : 1 + rng() % 255);
+        cache[i] = (rng() % 100) < density ? static_cast<uint8_t>(exps[i] - delta) : exps[i];
       }
+      // Tagged positions: i | class << 13 (class 0: step +1, 1: step -1, 2: escaped).
       std::vector<uint16_t> want_pos;
-      std::vector<uint8_t> want_step;
+      std::vector<uint8_t> want_escapes;
       for (size_t i = 0; i < n; ++i) {
         if (exps[i] != cache[i]) {
-          want_pos.push_back(static_cast<uint16_t>(i));
-          want_step.push_back(static_cast<uint8_t>(exps[i] - cache[i]));
+          const auto step = static_cast<uint8_t>(exps[i] - cache[i]);
+          const unsigned step_class = step == 1 ? 0 : step == 0xFF ? 1 : 2;
+          want_pos.push_back(static_cast<uint16_t>(i | step_class << 13));
+          if (step_class == 2) want_escapes.push_back(step);
         }
       }
       for (const PlaneKernels* k : available_kernels()) {
         std::vector<uint8_t> got_sm(n, 0xAA), got_cache = cache;
         std::vector<uint16_t> pos(n + kChangeSlack);
-        std::vector<uint8_t> step(n + kChangeSlack);
+        std::vector<uint8_t> escapes(3 + n + kChangeSlack, 0xEE);
+        size_t escape_count = 3;  // appends after what is there
         const size_t m = k->split_detect_bf16(values.data(), n, got_sm.data(), got_cache.data(),
-                                              pos.data(), step.data());
+                                              pos.data(), escapes.data(), &escape_count);
         pos.resize(m);
-        step.resize(m);
         EXPECT_EQ(got_sm, sm) << k->target;
         EXPECT_EQ(got_cache, exps) << k->target << ": cache must hold the new exponents";
-        EXPECT_EQ(pos, want_pos) << k->target;
-        EXPECT_EQ(step, want_step) << k->target;
+        EXPECT_EQ(pos, want_pos) << k->target << " n " << n;
+        ASSERT_EQ(escape_count, 3 + want_escapes.size()) << k->target << " n " << n;
+        EXPECT_EQ(std::vector<uint8_t>(escapes.begin(), escapes.begin() + 3), std::vector<uint8_t>(3, 0xEE))
+            << k->target;
+        EXPECT_EQ(std::vector<uint8_t>(escapes.begin() + 3, escapes.begin() + 3 + want_escapes.size()), want_escapes)
+            << k->target << " n " << n;
       }
     }
   }
@@ -189,13 +199,13 @@ TEST(Planes, StreamCopyCopiesExactlyAtEveryAlignment) {
 // Fine coding's change symbols against docs/format.md read literally: gap = distance to the
 // previous change in the block minus one (the block's first change: its position), bucket = bit
 // width of the gap, bucket - 1 extra bits (bucket >= 2) holding gap - 2^(bucket-1), LSB first;
-// symbol = 3 * bucket + class (step +1: 0, -1: 1, else 2 with the step escaped).
+// symbol = 3 * bucket + class (the class comes tagged on the position).
 TEST(Planes, FineSymbolsFollowTheFormatOnEveryTarget) {
   std::mt19937_64 rng(21);
-  for (const uint8_t mask : {uint8_t{0xFF}, uint8_t{0x1F}}) {
+  {
     for (const size_t blocks : {size_t{1}, size_t{2}, size_t{7}, size_t{40}, size_t{300}}) {
       std::vector<uint16_t> positions;
-      std::vector<uint8_t> steps;
+      std::vector<uint8_t> classes;
       for (size_t b = 0; b < blocks; ++b) {
         // Blocks of up to 4096 values with 1 to 70 changes: dense, sparse, far apart.
         const uint32_t block_values = rng() % 2 ? 4096 : 64 + static_cast<uint32_t>(rng() % 512);
@@ -206,19 +216,19 @@ TEST(Planes, FineSymbolsFollowTheFormatOnEveryTarget) {
           if (std::find(chosen.begin(), chosen.end(), p) == chosen.end()) chosen.push_back(p);
         }
         std::sort(chosen.begin(), chosen.end());
-        chosen[0] |= 0x8000;
+        chosen[0] |= kBlockStartFlag;
         for (uint16_t p : chosen) {
-          positions.push_back(p);
-          const uint64_t r = rng() % 8;
-          steps.push_back(r < 3 ? 1 : r < 6 ? static_cast<uint8_t>(mask) : static_cast<uint8_t>(rng()));
+          const unsigned step_class = static_cast<unsigned>(rng() % 3);
+          positions.push_back(static_cast<uint16_t>(p | step_class << kStepClassShift));
+          classes.push_back(static_cast<uint8_t>(step_class));
         }
       }
       const size_t n = positions.size();
-      std::vector<uint8_t> want_symbols, want_escapes;
+      std::vector<uint8_t> want_symbols;
       std::vector<bool> want_bits;
       int previous = -1;
       for (size_t c = 0; c < n; ++c) {
-        const int position = positions[c] & 0x7FFF;
+        const int position = positions[c] & 0x0FFF;
         if (positions[c] & 0x8000) previous = -1;
         const auto gap = static_cast<uint32_t>(position - previous - 1);
         previous = position;
@@ -226,22 +236,16 @@ TEST(Planes, FineSymbolsFollowTheFormatOnEveryTarget) {
         for (unsigned i = 0; bucket >= 2 && i < bucket - 1; ++i) {
           want_bits.push_back(((gap - (1u << (bucket - 1))) >> i) & 1);
         }
-        const uint8_t step = steps[c] & mask;
-        const unsigned step_class = step == 1 ? 0 : step == mask ? 1 : 2;
-        if (step_class == 2) want_escapes.push_back(step);
-        want_symbols.push_back(static_cast<uint8_t>(3 * bucket + step_class));
+        want_symbols.push_back(static_cast<uint8_t>(3 * bucket + classes[c]));
       }
       for (const PlaneKernels* k : available_kernels()) {
-        std::vector<uint8_t> symbols(n), escapes(n + kChangeSlack), bits(11 * n / 8 + 16);
+        std::vector<uint8_t> symbols(n), bits(11 * n / 8 + 16);
         SlackBitWriter writer(bits.data());
         writer.put(5, 3);  // the writer may start mid-byte (after the counts' extra bits)
-        const size_t escaped = k->fine_symbols(positions.data(), steps.data(), n, mask,
-                                               symbols.data(), escapes.data(), writer);
+        k->fine_symbols(positions.data(), n, symbols.data(), writer);
         ASSERT_EQ(writer.bits(), 3 + want_bits.size()) << k->target;
         bits.resize(writer.finish());
-        escapes.resize(escaped);
         EXPECT_EQ(symbols, want_symbols) << k->target << " n " << n;
-        EXPECT_EQ(escapes, want_escapes) << k->target << " n " << n;
         EXPECT_EQ(bits[0] & 7, 5) << k->target;
         for (size_t i = 0; i < want_bits.size(); ++i) {
           ASSERT_EQ((bits[(3 + i) / 8] >> ((3 + i) % 8)) & 1, want_bits[i])

@@ -158,14 +158,15 @@ struct ShardEncoder::Impl {
   // Per-frame scratch, grown on demand and kept, so steady-state frames do not allocate.
   std::vector<uint8_t> chunk_exponents;
   std::vector<uint32_t> changed_blocks;
-  std::vector<uint16_t> change_positions;  // block-local, in block order (write_fine flags bit 15)
-  std::vector<uint8_t> change_steps;
+  std::vector<uint16_t> change_positions;  // tagged (format::tag_change), in block order
+  std::vector<uint8_t> change_steps;       // find_changes' steps (unfused detection)
+  std::vector<uint8_t> escape_symbols;     // the escaped steps, in change order
+  size_t escape_count = 0;
   std::vector<uint16_t> changes_per_block;  // one per changed block
   uint64_t change_count = 0;
   bool collect_changes = false;
   std::vector<uint8_t> count_symbols;
   std::vector<uint8_t> change_symbols;
-  std::vector<uint8_t> escape_symbols;
   std::vector<uint8_t> extra_scratch;
   std::vector<uint8_t> stream_scratch;
 };
@@ -185,7 +186,15 @@ void ShardEncoder::Impl::detect_block(uint64_t block, const uint8_t* exps, uint8
     const size_t m = kernels.find_changes(exps, sent_exponents.data() + first, length, positions, steps);
     if (m != 0) {
       uint8_t* sent = sent_exponents.data() + first;
-      for (size_t j = 0; j < m; ++j) sent[positions[j]] = exps[positions[j]];
+      const uint8_t exponent_mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
+      for (size_t j = 0; j < m; ++j) {
+        sent[positions[j]] = exps[positions[j]];
+        const uint8_t step = steps[j] & exponent_mask;
+        const unsigned step_class = wire::step_class_of(step, exponent_mask);
+        positions[j] = format::tag_change(positions[j], step_class);
+        escape_symbols[escape_count] = step;
+        escape_count += step_class == wire::kStepEscape;
+      }
       record_changed_block(block, m, bitmap);
     }
     return;
@@ -201,6 +210,7 @@ void ShardEncoder::Impl::reserve_changes(size_t more) {
   if (change_positions.size() < need) {
     change_positions.resize(std::max<size_t>(2 * change_positions.size(), need));
     change_steps.resize(change_positions.size());
+    escape_symbols.resize(change_positions.size());
   }
 }
 
@@ -233,7 +243,7 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
         reserve_changes(length);
         const size_t m = kernels.split_detect_bf16(
             values + 2 * first, length, sm_plane + first, sent_exponents.data() + first,
-            change_positions.data() + change_count, change_steps.data() + change_count);
+            change_positions.data() + change_count, escape_symbols.data(), &escape_count);
         if (m != 0) record_changed_block(b, m, bitmap);
       }
       if (checksum) checksum->update(chunk_values, 2 * count);
@@ -262,12 +272,8 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
 // Fine coding (docs/format.md, "Exponent section", fine). Returns 0 if it cannot fit `capacity`.
 uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameStats& stats) {
   const size_t blocks_changed = changed_blocks.size();
-  const uint8_t exponent_mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
   count_symbols.resize(blocks_changed);
   change_symbols.resize(change_count);
-  if (escape_symbols.size() < change_count + format::kChangeSlack) {
-    escape_symbols.resize(change_count + format::kChangeSlack);
-  }
   // Extra bits: at most 11 per count and per gap (bucket 12), plus a word of flush slack.
   const size_t extra_capacity = (11 * (blocks_changed + change_count) + 7) / 8 + 8;
   if (extra_scratch.size() < extra_capacity) extra_scratch.resize(extra_capacity);
@@ -285,16 +291,15 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
     counts[i] = static_cast<uint8_t>(bucket);
     extra.put(v - wire::bucket_base(bucket), wire::bucket_extra_bits(bucket));
   }
-  // Each block's first position carries a flag in bit 15 (positions are below kMaxBlockValues =
-  // 4096), where the gap restarts: the symbols are made in one flat pass over all changes (a loop
-  // per block would mispredict its exit at nearly every block). The decoder flags its symbols
-  // the same way.
-  static_assert(CodecConfig::kMaxBlockValues <= 0x8000);
+  // Each block's first change is flagged where the gap restarts: the symbols are made in one
+  // flat pass over all changes (a loop per block would mispredict its exit at nearly every
+  // block). The decoder flags its symbols the same way.
+  static_assert(CodecConfig::kMaxBlockValues - 1 <= format::kPositionMask);
   uint16_t* flagged = change_positions.data();
-  for (size_t i = 0, c = 0; i < blocks_changed; c += per_block[i], ++i) flagged[c] |= 0x8000;
-  const size_t escape_count =
-      kernels.fine_symbols(change_positions.data(), change_steps.data(), change_count,
-                           exponent_mask, symbols, escapes, extra);
+  for (size_t i = 0, c = 0; i < blocks_changed; c += per_block[i], ++i) {
+    flagged[c] |= format::kBlockStartFlag;
+  }
+  kernels.fine_symbols(change_positions.data(), change_count, symbols, extra);
   const uint64_t extra_bytes = extra.finish();
   const uint64_t bound = entropy::symbol_stream_bound(blocks_changed, kBucketBits) +
                          entropy::symbol_stream_bound(change_count, kChangeSymbolBits) +
@@ -368,6 +373,7 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   changed_blocks.clear();
   changes_per_block.clear();
   change_count = 0;
+  escape_count = 0;
   collect_changes = !key && config.detection == ChangeDetection::kExact &&
                     config.coding != ExponentCoding::kBlock;
   ContentChecksum checksum;

@@ -35,19 +35,18 @@ struct PlaneKernels {
   // now[i] - before[i] (mod 256). Returns how many; `positions` and `steps` hold n entries.
   size_t (*find_changes)(const uint8_t* now, const uint8_t* before, size_t n, uint16_t* positions,
                          uint8_t* steps);
-  // split_bf16 fused with find_changes against `cache`, which is then updated to the new
-  // exponents (exact change detection in one pass; n <= 65536). `positions` and `steps` need
-  // kChangeSlack entries beyond n: vector targets store whole registers.
+  // split_bf16 fused with change detection against `cache`, which is then updated to the new
+  // exponents (exact detection in one pass; n <= 4096). Writes each change's tagged position
+  // (tag_change) in increasing order and returns how many; appends the escaped steps (neither
+  // +1 nor -1) to `escapes` and adds their number to `*escape_count`. `positions` and
+  // `escapes` need kChangeSlack entries beyond n: vector targets store whole registers.
   size_t (*split_detect_bf16)(const uint8_t* values, size_t n, uint8_t* sm, uint8_t* cache,
-                              uint16_t* positions, uint8_t* steps);
+                              uint16_t* positions, uint8_t* escapes, size_t* escape_count);
   // Fine coding's change symbols (docs/format.md, "Exponent section", fine) for `n` changes in
-  // block order. `positions` are block-relative with bit 15 set on each block's first change
-  // (positions[0] must carry it); `steps` are exponent steps, masked here with `exponent_mask`.
-  // Writes n symbols, appends the escaped steps to `escapes` and each gap's extra bits to
-  // `extra`; returns how many escapes. `escapes` needs kChangeSlack entries beyond n.
-  size_t (*fine_symbols)(const uint16_t* positions, const uint8_t* steps, size_t n,
-                         uint8_t exponent_mask, uint8_t* symbols, uint8_t* escapes,
-                         SlackBitWriter& extra);
+  // block order: `positions` are tagged (tag_change) and carry kBlockStartFlag on each block's
+  // first change (positions[0] must). Writes n symbols and appends each gap's extra bits to
+  // `extra`.
+  void (*fine_symbols)(const uint16_t* positions, size_t n, uint8_t* symbols, SlackBitWriter& extra);
   // rANS-encodes `groups` groups of entropy::kRansStates symbols, the last group first, exactly
   // as entropy::rans_put would one symbol at a time: symbols[kRansStates * g + j] uses
   // states[j] and is below kRansGroupSymbols. Words go below *out, which moves down; the caller
@@ -92,9 +91,18 @@ struct SignMantissaLayout {
   uint64_t total_bytes_;
 };
 
-// Extra entries split_detect_bf16 may write past the changes it reports, and fine_symbols past
-// the escapes.
+// Extra entries split_detect_bf16 may write past the changes and escapes it reports.
 inline constexpr size_t kChangeSlack = 64;
+
+// A change's tagged position: its position in the block (below 4096) in bits 0..11, its step
+// class (wire::StepClass: +1, -1 or escaped) in bits 13..14, and kBlockStartFlag on a block's
+// first change (set by the encoder).
+inline constexpr unsigned kStepClassShift = 13;
+inline constexpr uint16_t kPositionMask = 0x0FFF;
+inline constexpr uint16_t kBlockStartFlag = 0x8000;
+inline uint16_t tag_change(uint32_t position, unsigned step_class) {
+  return static_cast<uint16_t>(position | step_class << kStepClassShift);
+}
 
 // Largest `count` accepted by split_values / merge_values in one call.
 inline constexpr size_t kMaxChunkValues = 16384;
