@@ -16,7 +16,7 @@ namespace ciera::format {
 
 // One SIMD target's kernels. Pointers carry no alignment requirement. `n` counts values.
 struct PlaneKernels {
-  const char* target;  // "avx2", "sse2" or "scalar"
+  const char* target;  // "avx512", "avx2", "sse2" or "scalar"
   // BF16: values are u16; exps and sm one byte per value.
   void (*split_bf16)(const uint8_t* values, size_t n, uint8_t* exps, uint8_t* sm);
   void (*merge_bf16)(const uint8_t* exps, const uint8_t* sm, size_t n, uint8_t* values);
