@@ -50,15 +50,7 @@ class SlackBitWriter {
  public:
   explicit SlackBitWriter(uint8_t* out) : out_(out) {}
   // `bits` <= 32 and `value` < 2^bits.
-  void put(uint32_t value, unsigned bits) {
-    acc_ |= uint64_t{value} << filled_;
-    filled_ += bits;
-    std::memcpy(out_ + written_, &acc_, 8);
-    const unsigned bytes = filled_ >> 3;
-    written_ += bytes;
-    acc_ >>= 8 * bytes;  // filled_ <= 7 + 32, so bytes <= 4 and the shift is < 64
-    filled_ &= 7;
-  }
+  void put(uint32_t value, unsigned bits) { put_wide(value, bits); }
   // `bits` <= 56 and `value` < 2^bits (the accumulator holds at most 7 + 56 bits).
   void put_wide(uint64_t value, unsigned bits) {
     acc_ |= value << filled_;
