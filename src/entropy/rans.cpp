@@ -217,7 +217,7 @@ void RansDecoder::begin(const RansModel& model, const uint32_t states[kRansState
   for (unsigned s = 0; s < 256; ++s) {
     const uint32_t f = model.freq[s];
     if (f == 0) continue;
-    const uint32_t entry = s | ((f - 1) << 8) | (uint32_t{model.start[s]} << 20);
+    const uint32_t entry = rans_slot_entry(s, f, model.start[s]);
     for (uint32_t slot = model.start[s]; slot < model.start[s] + f; ++slot) slots_[slot] = entry;
   }
   for (unsigned j = 0; j < kRansStates; ++j) {
@@ -256,15 +256,13 @@ void RansDecoder::get_unchecked(uint8_t* out, size_t n) {
 
 uint8_t RansDecoder::take_checked() {
   uint32_t& state = state_[index_++ & (kRansStates - 1)];
-  const uint32_t slot = state & (kRansTotal - 1);
-  const uint32_t entry = slots_[slot];
-  state = (((entry >> 8) & 0xFFF) + 1) * (state >> kRansScaleBits) + slot - (entry >> 20);
+  const uint8_t symbol = rans_take(state, slots_.data());
   if (state < kRansLowerBound) {
     if (end_ - in_ < 2) throw FormatError(std::string(what_) + ": rANS stream ends early");
     state = (state << 16) | load_le16(in_);
     in_ += 2;
   }
-  return static_cast<uint8_t>(entry);
+  return symbol;
 }
 
 void RansDecoder::finish() const {

@@ -49,4 +49,18 @@ inline void rans_put(uint32_t& x, const RansEncSymbol& e, uint8_t*& out) {
   x = x + e.bias + q * (e.cmpl_shift & 0xFFFF);
 }
 
+// The decoder's table entry for each slot of [start, start + freq): the symbol, freq - 1 and
+// start, packed so that one load serves a decoding step.
+inline uint32_t rans_slot_entry(unsigned symbol, uint32_t freq, uint32_t start) {
+  return symbol | (freq - 1) << 8 | start << 20;
+}
+
+// One decoding step before renormalisation: the symbol that state `x` holds, and `x` without it.
+inline uint8_t rans_take(uint32_t& x, const uint32_t* slots) {
+  const uint32_t slot = x & (kRansTotal - 1);
+  const uint32_t entry = slots[slot];
+  x = (((entry >> 8) & 0xFFF) + 1) * (x >> kRansScaleBits) + slot - (entry >> 20);
+  return static_cast<uint8_t>(entry);
+}
+
 }  // namespace ciera::entropy
