@@ -7,6 +7,7 @@
 
 #include "ciera/codec.hpp"
 #include "common/checksum.hpp"
+#include "format/content_checksum.hpp"
 #include "format/planes.hpp"
 #include "trajectory.hpp"
 
@@ -152,7 +153,7 @@ void BM_MergeThenChecksumPerChunk(benchmark::State& state) {
   k.split_bf16(reinterpret_cast<const uint8_t*>(s.a.data()), kValues, exps.data(), sm.data());
   const size_t chunk = static_cast<size_t>(state.range(0));
   for (auto _ : state) {
-    ciera::ContentChecksum sum;
+    ciera::format::ContentChecksum sum(k);
     for (size_t first = 0; first < kValues; first += chunk) {
       uint8_t* o = reinterpret_cast<uint8_t*>(out.data()) + 2 * first;
       k.merge_bf16(exps.data() + first, sm.data() + first, chunk, o);

@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "ciera/dtype.hpp"
+#include "common/checksum.hpp"
 #include "entropy/rans.hpp"
+#include "format/content_checksum.hpp"
 #include "format/planes.hpp"
 
 namespace ciera::format {
@@ -192,6 +194,30 @@ TEST(Planes, StreamCopyCopiesExactlyAtEveryAlignment) {
               << k->target << " offset " << offset << " n " << n << " byte " << i;
         }
       }
+    }
+  }
+}
+
+// Each target's streaming content checksum equals the shared library's one-shot XXH3-64, whatever
+// the sizes of the updates (xxHash buffers partial stripes between them) and the input length
+// (XXH3 has separate paths up to 16, 128, 240 bytes and beyond).
+TEST(Planes, ContentChecksumEqualsLibraryXxh3OnEveryTarget) {
+  const auto data = random_bytes(70000, 12);
+  std::mt19937_64 rng(13);
+  for (const PlaneKernels* k : available_kernels()) {
+    for (const size_t n : {size_t{0}, size_t{1}, size_t{16}, size_t{17}, size_t{128}, size_t{129},
+                           size_t{240}, size_t{241}, size_t{1024}, size_t{4099}, data.size()}) {
+      const uint64_t expected = checksum64(data.data(), n);
+      ContentChecksum whole(*k);
+      whole.update(data.data(), n);
+      EXPECT_EQ(whole.digest(), expected) << k->target << " n " << n;
+      ContentChecksum pieces(*k);
+      for (size_t at = 0; at < n;) {
+        const size_t piece = std::min<size_t>(n - at, rng() % 3000);
+        pieces.update(data.data() + at, piece);
+        at += piece;
+      }
+      EXPECT_EQ(pieces.digest(), expected) << k->target << " n " << n << " in pieces";
     }
   }
 }

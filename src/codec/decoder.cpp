@@ -19,7 +19,7 @@
 #include "codec/wire.hpp"
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
-#include "common/checksum.hpp"
+#include "format/content_checksum.hpp"
 #include "common/huge_pages.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/planes.hpp"
@@ -394,7 +394,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   stats.changed_blocks = changed_blocks.size();
 
   const unsigned max_exponent = (1u << info.exponent_bits) - 1;
-  ContentChecksum checksum;
+  format::ContentChecksum checksum(kernels);
   const uint32_t value_bytes = info.value_bytes;
   ByteReader section_reader(section, h.exponent_bytes, "exponent section");
   entropy::SymbolStreamReader stream;

@@ -14,6 +14,7 @@
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
+#include "format/content_checksum.hpp"
 #include "common/huge_pages.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/planes.hpp"
@@ -134,7 +135,7 @@ struct ShardEncoder::Impl {
 
   FrameStats encode(const uint8_t* values, uint8_t* payload, uint64_t capacity);
   void scan(const uint8_t* values, bool key, uint8_t* bitmap, uint8_t* sm_plane,
-            ContentChecksum* checksum);
+            format::ContentChecksum* checksum);
   void detect_block(uint64_t block, const uint8_t* exps, uint8_t* bitmap);
   void reserve_changes(size_t more);
   void record_changed_block(uint64_t block, size_t changes, uint8_t* bitmap);
@@ -225,7 +226,7 @@ void ShardEncoder::Impl::record_changed_block(uint64_t block, size_t changes, ui
 
 // One pass over the shard: split into planes, detect changed blocks, checksum the values.
 void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, uint8_t* sm_plane,
-                              ContentChecksum* checksum) {
+                              format::ContentChecksum* checksum) {
   const uint32_t value_bytes = info.value_bytes;
   // BF16 with exact detection has a fused split-and-compare kernel (the steady-state hot path).
   const bool fused_bf16 = !key && collect_changes && config.dtype == DType::kBF16;
@@ -376,7 +377,7 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   escape_count = 0;
   collect_changes = !key && config.detection == ChangeDetection::kExact &&
                     config.coding != ExponentCoding::kBlock;
-  ContentChecksum checksum;
+  format::ContentChecksum checksum(kernels);
   scan(values, key, bitmap, sm_plane, config.content_checksum ? &checksum : nullptr);
 
   const uint8_t* plane = config.detection == ChangeDetection::kExact ? sent_exponents.data() : nullptr;

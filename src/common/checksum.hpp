@@ -1,5 +1,6 @@
-// XXH3 hashing from Debian's libxxhash: the content checksum (XXH3-64) and the block hashes of
-// hash change detection (XXH3-128), paper §3.1.
+// XXH3 hashing from Debian's libxxhash: one-shot XXH3-64 and the block hashes of hash change
+// detection (XXH3-128), paper §3.1. The streaming content checksum of the codec runs xxHash's
+// code compiled per SIMD target instead (format/content_checksum.hpp).
 #pragma once
 
 #include <cstddef>
@@ -14,17 +15,6 @@
 #endif
 
 namespace ciera {
-
-// Streaming XXH3-64, seed 0; equals XXH3_64bits over the concatenated updates.
-class ContentChecksum {
- public:
-  ContentChecksum() { XXH3_64bits_reset(&state_); }
-  void update(const void* data, size_t bytes) { XXH3_64bits_update(&state_, data, bytes); }
-  uint64_t digest() const { return XXH3_64bits_digest(&state_); }
-
- private:
-  XXH3_state_t state_;
-};
 
 inline uint64_t checksum64(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
 

@@ -1,15 +1,21 @@
 // The plane kernels compiled for the 'avx512' target (flags set per file in CMakeLists.txt).
 #include <cstring>
+#include <new>
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
-#include "format/kernels_targets.hpp"
-
-// GCC 12 reports its own _mm512_cvtepi16_epi8 as maybe-uninitialized (a known false positive).
+// GCC 12 reports its own AVX-512 intrinsics (_mm512_cvtepi16_epi8, those xxHash uses) as
+// maybe-uninitialized (a known false positive).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+
+// xxHash's implementation inlined and compiled for this target (the content checksum kernels).
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "format/kernels_targets.hpp"
 
 namespace ciera::format {
 namespace {

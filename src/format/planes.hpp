@@ -14,6 +14,12 @@
 
 namespace ciera::format {
 
+// Storage for one streaming XXH3-64 state (xxHash's XXH3_state_t, which each kernel target
+// checks fits), so that the content checksum can run xxHash's code compiled for that target.
+struct alignas(64) ChecksumState {
+  std::byte bytes[576];
+};
+
 // One SIMD target's kernels. Pointers carry no alignment requirement. `n` counts values.
 struct PlaneKernels {
   const char* target;  // "avx512", "avx2", "sse2" or "scalar"
@@ -63,6 +69,13 @@ struct PlaneKernels {
   // it saves the read-for-ownership of every destination line. Call stream_fence() before
   // another thread may read `dst`.
   void (*stream_copy)(uint8_t* dst, const uint8_t* src, size_t n);
+  // Streaming XXH3-64 with seed 0 (the content checksum, docs/format.md): xxHash's own code,
+  // inlined (XXH_INLINE_ALL) and compiled for this target. The shared library's entry points
+  // cost a call, a copy into the state's buffer and a reload of its accumulators per update,
+  // which for the codec's one update per chunk was a fifth of an encode (docs/benchmarks.md).
+  void (*checksum_reset)(ChecksumState& state);
+  void (*checksum_update)(ChecksumState& state, const uint8_t* data, size_t bytes);
+  uint64_t (*checksum_digest)(const ChecksumState& state);
 };
 
 // Orders earlier stream_copy stores before later stores (x86 sfence; a no-op elsewhere).
