@@ -70,9 +70,10 @@ TEST(Selector, GainMatchesTheFormulaByHand) {
   const Selection s = select_shards(shards, model, options);
   ASSERT_EQ(s.shards.size(), 1u);
   const ShardChoice& c = s.shards[0];
-  // BF16: S_i = 4 * 2n; per rank S_sm = n, bitmap = n / 512 / 8, q S_e = 0.01 n, header 80.
+  // BF16: S_i = 4 * 2n; per rank S_sm = n, q S_e = 0.01 n, and the 80-byte header with the
+  // n / 512 / 8 = 256-byte bitmap, padded to a multiple of 64 (docs/format.md): 384 bytes.
   const double raw = 4.0 * 2 * n;
-  const double wire = 4.0 * (80 + n + n / 512.0 / 8 + 0.01 * n);
+  const double wire = 4.0 * (384 + n + 0.01 * n);
   EXPECT_DOUBLE_EQ(c.raw_bytes, raw);
   EXPECT_NEAR(c.expected_wire_bytes, wire, 1e-6);
   EXPECT_NEAR(c.comm_saved_s, (raw - wire) / 1e8, 1e-9);
@@ -92,12 +93,13 @@ TEST(Selector, FineModeEstimateWhenAlmostEveryBlockHoldsAChange) {
   const Selection exact = select_shards(std::vector{c}, model, SelectorOptions{});
   const double n = 1 << 20;
   const double fine = 0.01 * n * kFineBytesPerChange + 0.99 * (n / 512) * kFineBytesPerBlock;
-  EXPECT_NEAR(exact.shards[0].expected_wire_bytes, world * (80 + n + n / 512 / 8 + fine), 1e-3);
+  const double head = 384;  // 80-byte header, 256-byte bitmap, padded to a multiple of 64
+  EXPECT_NEAR(exact.shards[0].expected_wire_bytes, world * (head + n + fine), 1e-3);
   EXPECT_TRUE(exact.shards[0].chosen);
   SelectorOptions hash;  // hash detection codes blocks only: nearly the raw size, no gain
   hash.codec.detection = ChangeDetection::kHash;
   const Selection blocks = select_shards(std::vector{c}, model, hash);
-  EXPECT_NEAR(blocks.shards[0].expected_wire_bytes, world * (80 + n + n / 512 / 8 + 0.99 * n), 1e-3);
+  EXPECT_NEAR(blocks.shards[0].expected_wire_bytes, world * (head + n + 0.99 * n), 1e-3);
 }
 
 TEST(Selector, HighChangeShardsAreSkipped) {

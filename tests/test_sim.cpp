@@ -267,7 +267,8 @@ TEST(SimSystems, CieraSendsSignMantissaBitmapAndChangedExponents) {
   auto frames = [](double values, double q) {
     const double n = std::ceil(values / 8);
     const double blocks = std::ceil(n / 512);
-    return 8 * (80 + n + std::ceil(blocks / 8) + q * n);
+    // The 80-byte header and the bitmap, padded to a multiple of 64 (docs/format.md).
+    return 8 * (std::ceil((80 + std::ceil(blocks / 8)) / 64) * 64 + n + q * n);
   };
   for (ShardType type : {ShardType::kExpertFfn, ShardType::kAttention, ShardType::kEmbedding}) {
     EXPECT_TRUE(p.selected[static_cast<size_t>(type)]) << to_string(type);
@@ -314,7 +315,7 @@ TEST(SimSystems, CieraPayloadIsTheEncodersSmallerMode) {
       }
       const double n = std::ceil(static_cast<double>(s.values) / 2);  // per rank
       const double blocks = std::ceil(n / 512);
-      const double head = 80 + n + std::ceil(blocks / 8);
+      const double head = std::ceil((80 + std::ceil(blocks / 8)) / 64) * 64 + n;
       expected += 2 * (head + std::min(0.5 * n, 0.01 * n * 1.5 + 0.5 * blocks * 1.0));
       expected += 2 * head;
     }

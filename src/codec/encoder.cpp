@@ -115,7 +115,7 @@ size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values
                       " is out of range");
   }
   const DTypeInfo info = dtype_info(dtype);
-  return wire::kHeaderBytes + wire::bitmap_bytes_for(num_values, block_values) +
+  return wire::sign_mantissa_offset(wire::bitmap_bytes_for(num_values, block_values)) +
          format::SignMantissaLayout(dtype, num_values).total_bytes() +
          entropy::symbol_stream_bound(num_values, info.exponent_bits);
 }
@@ -364,10 +364,10 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   stats.sign_mantissa_bytes = layout.total_bytes();
 
   uint8_t* bitmap = payload + wire::kHeaderBytes;
-  uint8_t* sm_plane = bitmap + stats.bitmap_bytes;
+  uint8_t* sm_plane = payload + wire::sign_mantissa_offset(stats.bitmap_bytes);
   uint8_t* exponent_section = sm_plane + stats.sign_mantissa_bytes;
   const uint64_t exponent_capacity = capacity - static_cast<uint64_t>(exponent_section - payload);
-  std::memset(bitmap, 0, stats.bitmap_bytes);
+  std::memset(bitmap, 0, sm_plane - bitmap);  // the bitmap and the padding after it
   // The FP16 packed plane's last byte may be only partly written: its padding bits must be 0.
   if (config.dtype == DType::kFP16 && layout.total_bytes() > 0) sm_plane[layout.total_bytes() - 1] = 0;
 

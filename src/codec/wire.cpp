@@ -95,15 +95,25 @@ Header read_header(const uint8_t* p, size_t size) {
   // Section lengths are checked one at a time against the bytes actually present, so no sum can
   // overflow and a huge claimed length is rejected before anything is sized from it.
   uint64_t left = size - kHeaderBytes;
-  for (uint64_t section : {h.bitmap_bytes, h.sign_mantissa_bytes, h.exponent_bytes}) {
+  const auto take = [&](uint64_t section) {
     if (section > left) {
       throw FormatError("payload truncated: its sections need more than the " +
                         std::to_string(size) + " bytes received");
     }
     left -= section;
-  }
+  };
+  take(h.bitmap_bytes);
+  take(h.padding_bytes());
+  take(h.sign_mantissa_bytes);
+  take(h.exponent_bytes);
   if (left != 0) {
     throw FormatError("payload has " + std::to_string(left) + " trailing bytes after its sections");
+  }
+  for (uint64_t at = kHeaderBytes + h.bitmap_bytes; at < sign_mantissa_offset(h.bitmap_bytes); ++at) {
+    if (p[at] != 0) {
+      throw FormatError("payload has a non-zero padding byte before its sign-mantissa plane (offset " +
+                        std::to_string(at) + ")");
+    }
   }
   return h;
 }

@@ -12,9 +12,20 @@
 namespace ciera::wire {
 
 inline constexpr uint32_t kMagic = 0x52454943;  // "CIER" read as a little-endian u32
-inline constexpr uint8_t kVersion = 2;
+inline constexpr uint8_t kVersion = 3;
 inline constexpr size_t kHeaderBytes = 80;
 inline constexpr uint16_t kFlagContentChecksum = 1;
+// The sign-mantissa plane starts at a multiple of this many bytes from the payload's start, after
+// zero padding (docs/format.md, "Layout"): in a 64-byte aligned buffer it takes aligned,
+// non-temporal stores.
+inline constexpr uint64_t kPlaneAlignment = 64;
+
+// Offset of the sign-mantissa plane after a bitmap of `bitmap_bytes` (which the caller has
+// bounded by the payload's size, so nothing overflows).
+inline uint64_t sign_mantissa_offset(uint64_t bitmap_bytes) {
+  const uint64_t end = kHeaderBytes + bitmap_bytes;
+  return end + (kPlaneAlignment - end % kPlaneAlignment) % kPlaneAlignment;
+}
 
 struct Header {
   DType dtype = DType::kBF16;
@@ -31,16 +42,19 @@ struct Header {
   uint64_t content_checksum = 0;
 
   bool has_content_checksum() const { return (flags & kFlagContentChecksum) != 0; }
+  uint64_t padding_bytes() const {
+    return sign_mantissa_offset(bitmap_bytes) - kHeaderBytes - bitmap_bytes;
+  }
   uint64_t payload_bytes() const {
-    return kHeaderBytes + bitmap_bytes + sign_mantissa_bytes + exponent_bytes;
+    return sign_mantissa_offset(bitmap_bytes) + sign_mantissa_bytes + exponent_bytes;
   }
 };
 
 // Writes the 80 header bytes, header checksum included.
 void write_header(const Header& header, uint8_t* out);
 // Parses and validates the header of `payload` on its own terms (magic, version, header checksum,
-// known codes, zero reserved fields, consistent section lengths, exact payload length). Does not
-// compare against any configuration. Throws FormatError.
+// known codes, zero reserved fields, consistent section lengths, zero padding, exact payload
+// length). Does not compare against any configuration. Throws FormatError.
 Header read_header(const uint8_t* payload, size_t size);
 
 inline uint64_t block_count(uint64_t num_values, uint32_t block_values) {
