@@ -159,22 +159,37 @@ TEST(Planes, FusedBf16SplitDetectMatchesSplitThenFind) {
           if (step_class == 2) want_escapes.push_back(step);
         }
       }
-      for (const PlaneKernels* k : available_kernels()) {
-        std::vector<uint8_t> got_sm(n, 0xAA), got_cache = cache;
+      // Streamed (non-temporal) or not, into a 64-byte aligned plane or one byte past it (where
+      // the kernels must fall back to ordinary stores).
+      const auto check = [&](const PlaneKernels& k, bool stream, size_t misalign) {
+        SCOPED_TRACE(std::string(k.target) + " n " + std::to_string(n) + " stream " +
+                     std::to_string(stream) + " misalign " + std::to_string(misalign));
+        std::vector<uint8_t> storage(n + 128, 0xAA), got_cache = cache;
+        const size_t at = (-reinterpret_cast<uintptr_t>(storage.data()) & 63) + misalign;
+        uint8_t* got_sm = storage.data() + at;
         std::vector<uint16_t> pos(n + kChangeSlack);
         std::vector<uint8_t> escapes(3 + n + kChangeSlack, 0xEE);
         size_t escape_count = 3;  // appends after what is there
-        const size_t m = k->split_detect_bf16(values.data(), n, got_sm.data(), got_cache.data(),
-                                              pos.data(), escapes.data(), &escape_count);
+        const size_t m = k.split_detect_bf16(values.data(), n, got_sm, got_cache.data(), pos.data(),
+                                             escapes.data(), &escape_count, stream);
+        stream_fence();
         pos.resize(m);
-        EXPECT_EQ(got_sm, sm) << k->target;
-        EXPECT_EQ(got_cache, exps) << k->target << ": cache must hold the new exponents";
-        EXPECT_EQ(pos, want_pos) << k->target << " n " << n;
-        ASSERT_EQ(escape_count, 3 + want_escapes.size()) << k->target << " n " << n;
-        EXPECT_EQ(std::vector<uint8_t>(escapes.begin(), escapes.begin() + 3), std::vector<uint8_t>(3, 0xEE))
-            << k->target;
-        EXPECT_EQ(std::vector<uint8_t>(escapes.begin() + 3, escapes.begin() + 3 + want_escapes.size()), want_escapes)
-            << k->target << " n " << n;
+        EXPECT_EQ(std::vector<uint8_t>(got_sm, got_sm + n), sm);
+        for (size_t i = 0; i < storage.size(); ++i) {
+          if (i < at || i >= at + n) ASSERT_EQ(storage[i], 0xAA) << "wrote byte " << i;
+        }
+        EXPECT_EQ(got_cache, exps) << "cache must hold the new exponents";
+        EXPECT_EQ(pos, want_pos);
+        ASSERT_EQ(escape_count, 3 + want_escapes.size());
+        EXPECT_EQ(std::vector<uint8_t>(escapes.begin(), escapes.begin() + 3), std::vector<uint8_t>(3, 0xEE));
+        EXPECT_EQ(std::vector<uint8_t>(escapes.begin() + 3, escapes.begin() + 3 + want_escapes.size()),
+                  want_escapes);
+      };
+      for (const PlaneKernels* k : available_kernels()) {
+        for (const bool stream : {false, true}) {
+          check(*k, stream, 0);
+          check(*k, stream, 1);
+        }
       }
     }
   }

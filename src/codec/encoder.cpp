@@ -230,6 +230,8 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
   const uint32_t value_bytes = info.value_bytes;
   // BF16 with exact detection has a fused split-and-compare kernel (the steady-state hot path).
   const bool fused_bf16 = !key && collect_changes && config.dtype == DType::kBF16;
+  // A large plane will have left the caches before it is sent: write it past them.
+  const bool stream = layout.total_bytes() >= format::kStreamingBytes;
   for (uint64_t chunk_first = 0; chunk_first < grid.num_values; chunk_first += grid.chunk_values) {
     const size_t count =
         static_cast<size_t>(std::min<uint64_t>(grid.chunk_values, grid.num_values - chunk_first));
@@ -244,7 +246,7 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
         reserve_changes(length);
         const size_t m = kernels.split_detect_bf16(
             values + 2 * first, length, sm_plane + first, sent_exponents.data() + first,
-            change_positions.data() + change_count, escape_symbols.data(), &escape_count);
+            change_positions.data() + change_count, escape_symbols.data(), &escape_count, stream);
         if (m != 0) record_changed_block(b, m, bitmap);
       }
       if (checksum) checksum->update(chunk_values, 2 * count);
@@ -268,6 +270,9 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
       detect_block(b, exps + (grid.block_first(b) - chunk_first), bitmap);
     }
   }
+  // Streamed stores are weakly ordered: complete them before the payload is handed on (the
+  // engine sends it from another thread).
+  if (fused_bf16 && stream) format::stream_fence();
 }
 
 // Fine coding (docs/format.md, "Exponent section", fine). Returns 0 if it cannot fit `capacity`.

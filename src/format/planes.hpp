@@ -46,8 +46,11 @@ struct PlaneKernels {
   // (tag_change) in increasing order and returns how many; appends the escaped steps (neither
   // +1 nor -1) to `escapes` and adds their number to `*escape_count`. `positions` and
   // `escapes` need kChangeSlack entries beyond n: vector targets store whole registers.
+  // With `stream_sm`, whole cache lines of `sm` are written with non-temporal stores where `sm`
+  // is aligned for them (callers then call stream_fence() before anyone reads the plane).
   size_t (*split_detect_bf16)(const uint8_t* values, size_t n, uint8_t* sm, uint8_t* cache,
-                              uint16_t* positions, uint8_t* escapes, size_t* escape_count);
+                              uint16_t* positions, uint8_t* escapes, size_t* escape_count,
+                              bool stream_sm);
   // Fine coding's change symbols (docs/format.md, "Exponent section", fine) for `n` changes in
   // block order: `positions` are tagged (tag_change) and carry kBlockStartFlag on each block's
   // first change (positions[0] must). Writes n symbols and appends each gap's extra bits to
