@@ -29,6 +29,7 @@
 #include "ciera/version.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
+#include "common/huge_pages.hpp"
 #include "engine/adaptive.hpp"
 #include "engine/thread_pool.hpp"
 
@@ -210,13 +211,33 @@ struct BucketState {
   double last_gather_s = 0;      // this rank's time for the previous gather (0: none yet)
   bool last_compressed = false;
   std::vector<uint64_t> my_param_offset;          // byte offset of each param in this rank's input
+  uint64_t frame_offset = 0;                      // where the frame starts in `send`
   std::vector<uint64_t> slot_offset;              // offset of each param's slot in `send`
   std::vector<uint64_t> payload_bytes;            // encoded length per param (this step)
   std::vector<std::unique_ptr<ShardEncoder>> encoders;                 // [param]
   std::vector<std::vector<std::unique_ptr<ShardDecoder>>> decoders;    // [peer][param]
-  std::vector<std::byte> send;
-  std::vector<std::byte> recv;
+  // Cache-line aligned: each slot starts on a line, so that the encoder can stream a large
+  // payload's sign-mantissa plane past the caches (docs/format.md, "Padding").
+  std::vector<std::byte, HugePageAllocator<std::byte>> send;
+  std::vector<std::byte, HugePageAllocator<std::byte>> recv;
   std::vector<uint64_t> max_frame_bytes;          // per rank
+
+  // Places the frame header and one slot per parameter, each large enough for the raw shard or
+  // its largest payload, in `send`. Slots start on cache lines; the frame starts where its first
+  // slot is exactly where assemble_frame packs the first payload, so that one never moves.
+  void lay_out_slots(int rank) {
+    constexpr uint64_t kLine = 64;
+    const uint64_t header = kFrameHeaderBytes + 8 * layout.params();
+    frame_offset = (kLine - header % kLine) % kLine;
+    uint64_t slot = frame_offset + header;
+    for (size_t k = 0; k < layout.params(); ++k) {
+      slot = (slot + kLine - 1) / kLine * kLine;
+      slot_offset[k] = slot;
+      slot += std::max<uint64_t>(layout.shard_values[rank][k] * value_bytes,
+                                 encoders[k] ? encoders[k]->max_payload_bytes() : 0);
+    }
+    send.resize(slot);
+  }
 };
 
 struct Op {
@@ -227,7 +248,7 @@ struct Op {
   std::string local_error;  // misuse found at start(); every rank learns of it
   TaskGroup encoding;
   bool encoded_warmup_raw = false;  // this rank sends this gather raw (warmup or adaptive)
-  bool assembled = false;     // the frame has been packed at the front of the bucket's `send`
+  bool assembled = false;     // the frame has been packed in the bucket's `send`
   bool direct = false;        // every rank sends raw: gathered straight from input to output
   uint64_t frame_bytes = 0;
   uint64_t step = 0;          // agreed by all ranks in the control exchange
@@ -346,16 +367,12 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
     s.my_param_offset.resize(params);
     s.slot_offset.resize(params);
     uint64_t offset = 0;
-    uint64_t slot = kFrameHeaderBytes + 8 * params;
     for (size_t k = 0; k < params; ++k) {
       s.my_param_offset[k] = offset;
       offset += s.layout.shard_values[rank][k] * s.value_bytes;
-      s.slot_offset[k] = slot;
       make_codecs(s, k);
-      slot += std::max<uint64_t>(s.layout.shard_values[rank][k] * s.value_bytes,
-                                 s.encoders[k] ? s.encoders[k]->max_payload_bytes() : 0);
     }
-    s.send.resize(slot);
+    s.lay_out_slots(rank);
     s.max_frame_bytes.resize(static_cast<size_t>(world));
     uint64_t recv = 0;
     for (int r = 0; r < world; ++r) recv += s.max_frame_bytes[r] = frame_bound(s, r);
@@ -429,15 +446,14 @@ void CompressedAllgather::Impl::encode(Op& op, BucketState& s, bool raw) {
   }
 }
 
-// Packs the header and the encoded shards into one contiguous frame at the front of `send`.
+// Packs the header and the encoded shards into one contiguous frame at s.frame_offset of `send`.
 uint64_t CompressedAllgather::Impl::assemble_frame(BucketState& s, uint64_t step, bool raw) {
-  uint8_t* frame = reinterpret_cast<uint8_t*>(s.send.data());
+  uint8_t* frame = reinterpret_cast<uint8_t*>(s.send.data()) + s.frame_offset;
   const size_t params = s.layout.params();
   uint64_t at = kFrameHeaderBytes + 8 * params;
   for (size_t k = 0; k < params; ++k) {
-    if (s.slot_offset[k] != at && s.payload_bytes[k] != 0) {
-      std::memmove(frame + at, frame + s.slot_offset[k], s.payload_bytes[k]);
-    }
+    const uint64_t slot = s.slot_offset[k] - s.frame_offset;
+    if (slot != at && s.payload_bytes[k] != 0) std::memmove(frame + at, frame + slot, s.payload_bytes[k]);
     store_le64(frame + kFrameHeaderBytes + 8 * k, s.payload_bytes[k]);
     at += s.payload_bytes[k];
   }
@@ -722,7 +738,7 @@ void CompressedAllgather::Impl::exchange_and_decode(std::span<Op* const> ops) {
     }
     op.stats.wire_bytes = total;
     op.stats.local_payload_bytes = op.control[rank].frame_bytes;
-    calls.push_back({s.send.data(), s.recv.data(), counts[i], displs[i]});
+    calls.push_back({s.send.data() + s.frame_offset, s.recv.data(), counts[i], displs[i]});
   }
   timed(ops, [&] {
     transport.allgatherv_many(calls, [&](size_t i) {
@@ -978,13 +994,7 @@ void CompressedAllgather::set_policy(size_t bucket, size_t param, ShardPolicy po
   s.layout.policy[param] = policy;
   impl_->make_codecs(s, param);
   // A parameter switched to CIERA may need a larger slot than its raw bytes.
-  uint64_t slot = kFrameHeaderBytes + 8 * s.layout.params();
-  for (size_t k = 0; k < s.layout.params(); ++k) {
-    s.slot_offset[k] = slot;
-    slot += std::max<uint64_t>(s.layout.shard_values[impl_->rank][k] * s.value_bytes,
-                               s.encoders[k] ? s.encoders[k]->max_payload_bytes() : 0);
-  }
-  s.send.resize(slot);
+  s.lay_out_slots(impl_->rank);
   uint64_t recv = 0;
   for (int r = 0; r < impl_->world; ++r) recv += s.max_frame_bytes[r] = impl_->frame_bound(s, r);
   s.recv.resize(recv);
