@@ -60,9 +60,9 @@ namespace {
 // `changes_per_block` holds one entry per block. Each stream is decoded whole into scratch
 // first; the extra bits its symbols call for are then counted and checked against the extra
 // section before any is read, so the loops that read them carry no bounds checks.
-void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
-                 const std::vector<uint32_t>& changed, unsigned exponent_bits,
-                 uint16_t* changes_per_block, FineChanges& changes) {
+void decode_fine(const format::PlaneKernels& kernels, const uint8_t* section, uint64_t size,
+                 const BlockGrid& grid, const std::vector<uint32_t>& changed,
+                 unsigned exponent_bits, uint16_t* changes_per_block, FineChanges& changes) {
   ByteReader in(section, size, "fine exponent section");
   entropy::SymbolStreamReader counts;
   counts.open(in, changed.size(), wire::kMaxBucket, "fine counts stream");
@@ -141,30 +141,13 @@ void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
     }
   }
 
-  // One flat loop over all changes, free of data-dependent branches (a loop per block would
-  // mispredict its exit at nearly every block): the first change of each block carries a flag
-  // in its symbol's top bit, which resets the position. Positions are stored relative to the
-  // block's chunk (BlockGrid), which is how the merge applies them.
+  // Positions and steps from the symbols and extra bits (the fine_positions kernel: 16 changes
+  // per step where the target allows). The first change of each block carries a flag in its
+  // symbol's top bit, which restarts the position. Positions are stored relative to the block's
+  // chunk (BlockGrid), which is how the merge applies them.
   {
-    // Everything a symbol byte (flag included) implies, in one table entry.
-    struct SymbolInfo {
-      int16_t add;         // added to the position: 1 + bucket_base, or bucket_base after a reset
-      uint8_t extra_bits;  // of the gap
-      uint8_t step;        // 1, -1 (mod 2^E), or 0: escaped, taken from the escapes stream
-      uint8_t start;       // 1 on a block's first change
-    };
-    std::array<SymbolInfo, 256> info{};
-    const uint8_t step_of_class[wire::kStepClasses] = {1, exponent_mask, 0};
-    for (unsigned sym = 0; sym <= wire::kMaxChangeSymbol; ++sym) {
-      const unsigned bucket = sym / wire::kStepClasses;
-      const auto add = static_cast<int16_t>(1 + wire::bucket_base(bucket));
-      const auto bits = static_cast<uint8_t>(wire::bucket_extra_bits(bucket));
-      const uint8_t step = step_of_class[sym % wire::kStepClasses];
-      info[sym] = {add, bits, step, 0};
-      info[sym | 0x80] = {static_cast<int16_t>(add - 1), bits, step, 1};
-    }
     std::vector<uint16_t>& block_offset = changes.block_offset;
-    block_offset.resize(blocks + 1);
+    block_offset.resize(blocks + 3);  // [0] unused: state.block counts the flags; 2 readable past
     uint64_t c = 0;
     for (size_t i = 0; i < blocks; ++i) {
       symbols[c] = static_cast<uint8_t>(symbols[c] | 0x80);
@@ -172,29 +155,15 @@ void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
       block_offset[i + 1] = static_cast<uint16_t>(grid.block_first(changed[i]) % grid.chunk_values);
     }
     const PaddedBitReader gaps = extra;  // where the gap bits begin, for the error path below
-    // Raw pointers keep the vectors' data pointers in registers across the stores.
-    uint16_t* positions = changes.positions.data();
-    uint8_t* steps = changes.steps.data();
-    const uint8_t* symbol = symbols.data();
-    const uint8_t* escape = escape_steps.data();
-    const uint16_t* offsets = block_offset.data();  // [0] unused: `block` starts before block 0
-    const int64_t block_values = grid.block_values;
-    const uint8_t* bits = extra.data();
-    uint64_t bit = extra.position();
-    size_t block = 0;
-    bool bad = false;
-    int64_t local = -1;
-    for (c = 0; c < total; ++c) {
-      const SymbolInfo si = info[symbol[c]];
-      block += si.start;
-      local = (local & (int64_t{si.start} - 1)) + si.add +
-              PaddedBitReader::read(bits, bit, si.extra_bits);
-      bit += si.extra_bits;
-      bad |= local >= block_values;
-      positions[c] = static_cast<uint16_t>(offsets[block] + local);
-      steps[c] = si.step;
-      if (si.step == 0) steps[c] = *escape++;  // rare: escaped steps
-    }
+    format::FinePositionState state;
+    state.bit = extra.position();
+    state.escape = escape_steps.data();
+    kernels.fine_positions(symbols.data(), total, extra.data(), block_offset.data(),
+                           grid.block_values, exponent_mask, state, changes.positions.data(),
+                           changes.steps.data());
+    const uint64_t bit = state.bit;
+    const int64_t local = state.local;
+    bool bad = state.bad;
     extra.set_position(bit);
     // Every block but the last is whole; the last block's last position bounds its others.
     bad |= blocks != 0 && local >= static_cast<int64_t>(grid.block_length(changed[blocks - 1]));
@@ -204,8 +173,8 @@ void decode_fine(const uint8_t* section, uint64_t size, const BlockGrid& grid,
       for (size_t i = 0, k = 0; i < blocks; ++i) {
         int64_t at = -1;
         for (const uint64_t end = k + changes_per_block[i]; k < end; ++k) {
-          const SymbolInfo& si = info[symbol[k] & 0x7F];
-          at += si.add + again.get(si.extra_bits);
+          const unsigned bucket = (symbols[k] & 0x7F) / wire::kStepClasses;
+          at += 1 + wire::bucket_base(bucket) + again.get(wire::bucket_extra_bits(bucket));
           if (at >= static_cast<int64_t>(grid.block_length(changed[i]))) {
             throw FormatError("fine exponent section places a change past the end of block " +
                               std::to_string(changed[i]));
@@ -406,7 +375,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
     for (uint32_t block : changed_blocks) block_symbols += grid.block_length(block);
     stream.open(section_reader, block_symbols, max_exponent, "block exponent stream");
   } else if (h.section == ExponentSection::kFine) {
-    decode_fine(section, h.exponent_bytes, grid, changed_blocks, info.exponent_bits,
+    decode_fine(kernels, section, h.exponent_bytes, grid, changed_blocks, info.exponent_bits,
                 changes_per_block.data(), fine_changes);
     stats.changed_values = fine_changes.count;
     stats.changed_values_known = true;
