@@ -24,6 +24,19 @@ std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
   return v;
 }
 
+// 1 to 70 distinct positions below `block_values`, in increasing order: the changes of one block,
+// dense, sparse or far apart.
+std::vector<uint16_t> random_changes(std::mt19937_64& rng, uint32_t block_values) {
+  std::vector<uint16_t> chosen;
+  const size_t want = 1 + rng() % std::min<size_t>(70, block_values);
+  while (chosen.size() < want) {
+    const auto p = static_cast<uint16_t>(rng() % block_values);
+    if (std::find(chosen.begin(), chosen.end(), p) == chosen.end()) chosen.push_back(p);
+  }
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
+}
+
 TEST(Planes, EveryBf16AndFp16BitPatternRoundTrips) {
   for (DType dtype : {DType::kBF16, DType::kFP16}) {
     std::vector<uint8_t> values(65536 * 2);
@@ -248,15 +261,9 @@ TEST(Planes, FineSymbolsFollowTheFormatOnEveryTarget) {
       std::vector<uint16_t> positions;
       std::vector<uint8_t> classes;
       for (size_t b = 0; b < blocks; ++b) {
-        // Blocks of up to 4096 values with 1 to 70 changes: dense, sparse, far apart.
+        // Blocks of up to 4096 values.
         const uint32_t block_values = rng() % 2 ? 4096 : 64 + static_cast<uint32_t>(rng() % 512);
-        std::vector<uint16_t> chosen;
-        const size_t want = 1 + rng() % std::min<size_t>(70, block_values);
-        while (chosen.size() < want) {
-          const auto p = static_cast<uint16_t>(rng() % block_values);
-          if (std::find(chosen.begin(), chosen.end(), p) == chosen.end()) chosen.push_back(p);
-        }
-        std::sort(chosen.begin(), chosen.end());
+        std::vector<uint16_t> chosen = random_changes(rng, block_values);
         chosen[0] |= kBlockStartFlag;
         for (uint16_t p : chosen) {
           const unsigned step_class = static_cast<unsigned>(rng() % 3);
@@ -310,13 +317,7 @@ TEST(Planes, FinePositionsFollowTheFormatOnEveryTarget) {
       std::vector<bool> extra_bits(5, true);  // starts mid-byte, after five other bits
       for (size_t b = 0; b < blocks; ++b) {
         offsets.push_back(static_cast<uint16_t>(rng() % 60000));
-        std::vector<uint32_t> chosen;
-        const size_t want = 1 + rng() % std::min<size_t>(70, block_values);
-        while (chosen.size() < want) {
-          const auto p = static_cast<uint32_t>(rng() % block_values);
-          if (std::find(chosen.begin(), chosen.end(), p) == chosen.end()) chosen.push_back(p);
-        }
-        std::sort(chosen.begin(), chosen.end());
+        const std::vector<uint16_t> chosen = random_changes(rng, block_values);
         int64_t previous = -1;
         for (const uint32_t p : chosen) {
           const auto gap = static_cast<uint32_t>(p - previous - 1);
