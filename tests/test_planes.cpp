@@ -189,7 +189,9 @@ TEST(Planes, FusedBf16SplitDetectMatchesSplitThenFind) {
         pos.resize(m);
         EXPECT_EQ(std::vector<uint8_t>(got_sm, got_sm + n), sm);
         for (size_t i = 0; i < storage.size(); ++i) {
-          if (i < at || i >= at + n) ASSERT_EQ(storage[i], 0xAA) << "wrote byte " << i;
+          if (i < at || i >= at + n) {
+            ASSERT_EQ(storage[i], 0xAA) << "wrote byte " << i;
+          }
         }
         EXPECT_EQ(got_cache, exps) << "cache must hold the new exponents";
         EXPECT_EQ(pos, want_pos);
