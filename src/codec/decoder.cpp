@@ -19,9 +19,9 @@
 #include "codec/wire.hpp"
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
-#include "format/content_checksum.hpp"
 #include "common/huge_pages.hpp"
 #include "entropy/symbol_stream.hpp"
+#include "format/content_checksum.hpp"
 #include "format/planes.hpp"
 
 namespace ciera {

@@ -14,9 +14,9 @@
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
-#include "format/content_checksum.hpp"
 #include "common/huge_pages.hpp"
 #include "entropy/symbol_stream.hpp"
+#include "format/content_checksum.hpp"
 #include "format/planes.hpp"
 
 namespace ciera {
