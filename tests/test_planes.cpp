@@ -341,7 +341,9 @@ TEST(Planes, FinePositionsFollowTheFormatOnEveryTarget) {
         }
       }
       offsets.resize(offsets.size() + 2, 0xEEEE);
-      std::vector<uint8_t> bits((extra_bits.size() + 7) / 8 + 8, 0);
+      // The kernel may read 8 bytes past the extra bits; the stretched gaps below read up to 11
+      // bits more than there are.
+      std::vector<uint8_t> bits((extra_bits.size() + 11 + 7) / 8 + 8, 0);
       for (size_t i = 0; i < extra_bits.size(); ++i) bits[i / 8] |= uint8_t(extra_bits[i] << (i % 8));
       const size_t n = symbols.size();
       for (const PlaneKernels* k : available_kernels()) {
