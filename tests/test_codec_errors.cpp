@@ -97,7 +97,7 @@ TEST_P(Corruption, EverySingleBitFlipIsRejected) {
     EXPECT_EQ(f.stats.section, coding == ExponentCoding::kBlock ? ExponentSection::kBlock
                                                                  : ExponentSection::kFine);
   }
-  const size_t sm_begin = wire::sign_mantissa_offset(f.stats.bitmap_bytes);
+  const size_t sm_begin = wire::sign_mantissa_offset(f.stats.bitmap_bytes, f.stats.sign_mantissa_bytes);
   const size_t exp_begin = sm_begin + f.stats.sign_mantissa_bytes;
   for (size_t byte = 0; byte < f.payload.size(); ++byte) {
     // Every bit of header, bitmap and exponent section; every 7th byte of the large plane.
@@ -129,7 +129,7 @@ TEST(DecoderSafety, LargeStreamedShardsRevertAndRecover) {
       Fixture f(c, n, Pattern::kSparse, 3);
       SCOPED_TRACE(std::string(dtype_name(dtype)) + " B=" + std::to_string(block));
       ASSERT_EQ(f.stats.section, ExponentSection::kFine);
-      const size_t sm_begin = wire::sign_mantissa_offset(f.stats.bitmap_bytes);
+      const size_t sm_begin = wire::sign_mantissa_offset(f.stats.bitmap_bytes, f.stats.sign_mantissa_bytes);
       for (const size_t at : {sm_begin, sm_begin + f.stats.sign_mantissa_bytes / 2,
                               sm_begin + f.stats.sign_mantissa_bytes - 1}) {
         auto bad = f.payload;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -145,18 +146,22 @@ TEST(Codec, OddBlockSizesRoundTrip) {
   }
 }
 
-// docs/format.md, "Layout": the sign-mantissa plane starts at the first multiple of 64 after the
-// header and bitmap, and the bytes between are written as zeros (over a buffer full of junk).
-TEST(Codec, SignMantissaPlaneStartsAlignedAfterZeroPadding) {
+// docs/format.md, "Padding": a sign-mantissa plane of at least 64 KiB starts at the first multiple
+// of 64 after the header and bitmap, and the bytes between are written as zeros (over a buffer
+// full of junk) and must be zeros; a smaller plane follows the bitmap directly.
+TEST(Codec, LargeSignMantissaPlanesStartAlignedAfterZeroPadding) {
+  int padded = 0;
   for (const DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
     for (const uint32_t block : {64u, 512u, 777u}) {
-      for (const size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{12345}, size_t{100000}}) {
+      for (const size_t n : {size_t{0}, size_t{1}, size_t{1000}, size_t{40000}, size_t{100000}}) {
         CodecConfig config;
         config.dtype = dtype;
         config.block_values = block;
         config.warmup_steps = 1;
         ShardEncoder encoder(config, n);
+        ShardDecoder decoder(config, n);
         std::vector<std::byte> payload(encoder.max_payload_bytes());
+        std::vector<std::byte> out(n * dtype_info(dtype).value_bytes);
         Trajectory t(dtype, n, Pattern::kSparse, 7);
         for (int step = 0; step < 3; ++step) {  // a key frame, then delta frames
           std::fill(payload.begin(), payload.end(), std::byte{0xAA});
@@ -166,14 +171,28 @@ TEST(Codec, SignMantissaPlaneStartsAlignedAfterZeroPadding) {
           const uint64_t padding_begin = 80 + f.bitmap_bytes;
           SCOPED_TRACE(std::string(dtype_name(dtype)) + " B=" + std::to_string(block) +
                        " n=" + std::to_string(n) + " step " + std::to_string(step));
-          EXPECT_EQ(plane % 64, 0u);
-          ASSERT_GE(plane, padding_begin);
-          EXPECT_LT(plane - padding_begin, 64u);
-          for (uint64_t at = padding_begin; at < plane; ++at) EXPECT_EQ(payload[at], std::byte{0});
+          if (f.sign_mantissa_bytes < 65536) {
+            EXPECT_EQ(plane, padding_begin);
+          } else {
+            EXPECT_EQ(plane % 64, 0u);
+            ASSERT_GE(plane, padding_begin);
+            EXPECT_LT(plane - padding_begin, 64u);
+          }
+          const std::span<const std::byte> good(payload.data(), f.payload_bytes);
+          for (uint64_t at = padding_begin; at < plane; ++at) {
+            EXPECT_EQ(payload[at], std::byte{0});
+            std::vector<std::byte> bad(good.begin(), good.end());
+            bad[at] = std::byte{1};
+            EXPECT_THROW(decoder.decode(bad, out), FormatError) << "padding byte " << at;
+            ++padded;
+          }
+          decoder.decode(good, out);
+          ASSERT_EQ(out, t.values());
         }
       }
     }
   }
+  EXPECT_GT(padded, 0);
 }
 
 TEST(Codec, SparseChangesCostFarLessThanRaw) {

@@ -340,7 +340,7 @@ void ShardDecoder::Impl::revert_fine_changes(const FineCursor& at) {
 FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8_t* out) {
   const wire::Header h = check_header(payload, size);
   const uint8_t* bitmap = payload + wire::kHeaderBytes;
-  const uint8_t* sm_plane = payload + wire::sign_mantissa_offset(h.bitmap_bytes);
+  const uint8_t* sm_plane = payload + h.sign_mantissa_at();
   const uint8_t* section = sm_plane + h.sign_mantissa_bytes;
   if (config.dtype == DType::kFP16 && (3 * grid.num_values) % 8 != 0) {
     const uint8_t padding = static_cast<uint8_t>(0xFFu << ((3 * grid.num_values) % 8));

@@ -115,8 +115,9 @@ size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values
                       " is out of range");
   }
   const DTypeInfo info = dtype_info(dtype);
-  return wire::sign_mantissa_offset(wire::bitmap_bytes_for(num_values, block_values)) +
-         format::SignMantissaLayout(dtype, num_values).total_bytes() +
+  const uint64_t sign_mantissa = format::SignMantissaLayout(dtype, num_values).total_bytes();
+  return wire::sign_mantissa_offset(wire::bitmap_bytes_for(num_values, block_values), sign_mantissa) +
+         sign_mantissa +
          entropy::symbol_stream_bound(num_values, info.exponent_bits);
 }
 
@@ -230,7 +231,9 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
   const uint32_t value_bytes = info.value_bytes;
   // BF16 with exact detection has a fused split-and-compare kernel (the steady-state hot path).
   const bool fused_bf16 = !key && collect_changes && config.dtype == DType::kBF16;
-  // A large plane will have left the caches before it is sent: write it past them.
+  // A large plane will have left the caches before it is sent: write it past them (it is large
+  // enough to start on a cache line, docs/format.md "Padding").
+  static_assert(format::kStreamingBytes >= wire::kAlignedPlaneBytes);
   const bool stream = layout.total_bytes() >= format::kStreamingBytes;
   for (uint64_t chunk_first = 0; chunk_first < grid.num_values; chunk_first += grid.chunk_values) {
     const size_t count =
@@ -369,7 +372,7 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   stats.sign_mantissa_bytes = layout.total_bytes();
 
   uint8_t* bitmap = payload + wire::kHeaderBytes;
-  uint8_t* sm_plane = payload + wire::sign_mantissa_offset(stats.bitmap_bytes);
+  uint8_t* sm_plane = payload + wire::sign_mantissa_offset(stats.bitmap_bytes, stats.sign_mantissa_bytes);
   uint8_t* exponent_section = sm_plane + stats.sign_mantissa_bytes;
   const uint64_t exponent_capacity = capacity - static_cast<uint64_t>(exponent_section - payload);
   std::memset(bitmap, 0, sm_plane - bitmap);  // the bitmap and the padding after it

@@ -109,7 +109,7 @@ Header read_header(const uint8_t* p, size_t size) {
   if (left != 0) {
     throw FormatError("payload has " + std::to_string(left) + " trailing bytes after its sections");
   }
-  for (uint64_t at = kHeaderBytes + h.bitmap_bytes; at < sign_mantissa_offset(h.bitmap_bytes); ++at) {
+  for (uint64_t at = kHeaderBytes + h.bitmap_bytes; at < h.sign_mantissa_at(); ++at) {
     if (p[at] != 0) {
       throw FormatError("payload has a non-zero padding byte before its sign-mantissa plane (offset " +
                         std::to_string(at) + ")");

@@ -15,15 +15,18 @@ inline constexpr uint32_t kMagic = 0x52454943;  // "CIER" read as a little-endia
 inline constexpr uint8_t kVersion = 3;
 inline constexpr size_t kHeaderBytes = 80;
 inline constexpr uint16_t kFlagContentChecksum = 1;
-// The sign-mantissa plane starts at a multiple of this many bytes from the payload's start, after
-// zero padding (docs/format.md, "Layout"): in a 64-byte aligned buffer it takes aligned,
-// non-temporal stores.
+// A sign-mantissa plane of at least kAlignedPlaneBytes starts at a multiple of kPlaneAlignment
+// bytes from the payload's start, after zero padding (docs/format.md, "Padding"): in a 64-byte
+// aligned buffer it takes aligned, non-temporal stores. Smaller planes, which are not streamed,
+// follow the bitmap directly and cost no padding.
 inline constexpr uint64_t kPlaneAlignment = 64;
+inline constexpr uint64_t kAlignedPlaneBytes = 64 * 1024;
 
 // Offset of the sign-mantissa plane after a bitmap of `bitmap_bytes` (which the caller has
 // bounded by the payload's size, so nothing overflows).
-inline uint64_t sign_mantissa_offset(uint64_t bitmap_bytes) {
+inline uint64_t sign_mantissa_offset(uint64_t bitmap_bytes, uint64_t sign_mantissa_bytes) {
   const uint64_t end = kHeaderBytes + bitmap_bytes;
+  if (sign_mantissa_bytes < kAlignedPlaneBytes) return end;
   return end + (kPlaneAlignment - end % kPlaneAlignment) % kPlaneAlignment;
 }
 
@@ -42,12 +45,9 @@ struct Header {
   uint64_t content_checksum = 0;
 
   bool has_content_checksum() const { return (flags & kFlagContentChecksum) != 0; }
-  uint64_t padding_bytes() const {
-    return sign_mantissa_offset(bitmap_bytes) - kHeaderBytes - bitmap_bytes;
-  }
-  uint64_t payload_bytes() const {
-    return sign_mantissa_offset(bitmap_bytes) + sign_mantissa_bytes + exponent_bytes;
-  }
+  uint64_t sign_mantissa_at() const { return sign_mantissa_offset(bitmap_bytes, sign_mantissa_bytes); }
+  uint64_t padding_bytes() const { return sign_mantissa_at() - kHeaderBytes - bitmap_bytes; }
+  uint64_t payload_bytes() const { return sign_mantissa_at() + sign_mantissa_bytes + exponent_bytes; }
 };
 
 // Writes the 80 header bytes, header checksum included.

@@ -35,7 +35,7 @@ std::string format_seconds(double s) {
 double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t values, double block_change_rate,
                               double value_change_rate) {
   if (values == 0) return 0;
-  const double sign_mantissa = double(format::SignMantissaLayout(dtype, values).total_bytes());
+  const uint64_t sign_mantissa = format::SignMantissaLayout(dtype, values).total_bytes();
   const uint64_t blocks = (values + codec.block_values - 1) / codec.block_values;
   // The paper's block mode: every exponent of each changed block.
   double exponents = block_change_rate * double(values) * dtype_info(dtype).exponent_bits / 8.0;
@@ -47,8 +47,8 @@ double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t va
                         block_change_rate * double(blocks) * kFineBytesPerBlock;
     exponents = std::min(exponents, fine);
   }
-  // The header, the bitmap and the padding that aligns the sign-mantissa plane.
-  return double(wire::sign_mantissa_offset((blocks + 7) / 8)) + sign_mantissa + exponents;
+  // The header, the bitmap and the padding that aligns a large sign-mantissa plane.
+  return double(wire::sign_mantissa_offset((blocks + 7) / 8, sign_mantissa) + sign_mantissa) + exponents;
 }
 
 uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sender) {
