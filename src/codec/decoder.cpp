@@ -161,13 +161,11 @@ void decode_fine(const format::PlaneKernels& kernels, const uint8_t* section, ui
     kernels.fine_positions(symbols.data(), total, extra.data(), block_offset.data(),
                            grid.block_values, exponent_mask, state, changes.positions.data(),
                            changes.steps.data());
-    const uint64_t bit = state.bit;
-    const int64_t local = state.local;
-    bool bad = state.bad;
-    extra.set_position(bit);
+    extra.set_position(state.bit);
     // Every block but the last is whole; the last block's last position bounds its others.
-    bad |= blocks != 0 && local >= static_cast<int64_t>(grid.block_length(changed[blocks - 1]));
-    if (bad) {
+    const bool last_block_overrun =
+        blocks != 0 && state.local >= static_cast<int64_t>(grid.block_length(changed[blocks - 1]));
+    if (state.bad || last_block_overrun) {
       // Find the block to name, block by block (this path only runs on a bad payload).
       PaddedBitReader again = gaps;
       for (size_t i = 0, k = 0; i < blocks; ++i) {

@@ -191,11 +191,8 @@ void ShardEncoder::Impl::detect_block(uint64_t block, const uint8_t* exps, uint8
       const uint8_t exponent_mask = static_cast<uint8_t>((1u << info.exponent_bits) - 1);
       for (size_t j = 0; j < m; ++j) {
         sent[positions[j]] = exps[positions[j]];
-        const uint8_t step = steps[j] & exponent_mask;
-        const unsigned step_class = wire::step_class_of(step, exponent_mask);
-        positions[j] = format::tag_change(positions[j], step_class);
-        escape_symbols[escape_count] = step;
-        escape_count += step_class == wire::kStepEscape;
+        positions[j] = format::tag_step(positions[j], steps[j] & exponent_mask, exponent_mask,
+                                        escape_symbols.data(), escape_count);
       }
       record_changed_block(block, m, bitmap);
     }

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "ciera/dtype.hpp"
+#include "codec/wire.hpp"
 #include "common/bits.hpp"
 #include "entropy/rans_core.hpp"
 
@@ -137,6 +138,16 @@ inline constexpr uint16_t kPositionMask = 0x0FFF;
 inline constexpr uint16_t kBlockStartFlag = 0x8000;
 inline uint16_t tag_change(uint32_t position, unsigned step_class) {
   return static_cast<uint16_t>(position | step_class << kStepClassShift);
+}
+// A change at `position` whose exponent moved by `step` (mod 2^E, `mask` = 2^E - 1): its tagged
+// position, with the step appended to `escapes` at `escape_count` when it is escaped (branch-free:
+// the step is always stored, and counted only then; `escapes` needs room for one more).
+inline uint16_t tag_step(uint32_t position, uint8_t step, uint8_t mask, uint8_t* escapes,
+                         size_t& escape_count) {
+  const unsigned step_class = wire::step_class_of(step, mask);
+  escapes[escape_count] = step;
+  escape_count += step_class == wire::kStepEscape;
+  return tag_change(position, step_class);
 }
 
 // Largest `count` accepted by split_values / merge_values in one call.
