@@ -1,0 +1,127 @@
+# The layers of the library (docs/architecture.md, "Layers"), each its own target that links only
+# downwards, and each compiled against an include root that holds only what it may see:
+#
+#   common <- {format, entropy} <- codec <- {engine, selection};  comm beside them (uses common);
+#   analysis uses format;  sim uses selection and the codec's public size functions.
+#
+# A layer's include root (build/layers/<layer>/) is made of links: one to src/<dep> for the layer
+# itself and each layer below it, and one to each public header (include/ciera/) those layers
+# own. So `#include "codec/wire.hpp"` from format, or `#include "ciera/engine.hpp"` from
+# selection, is "file not found" at compile time, not a remark in review. Code above the layers
+# (tools, tests, benchmarks, fuzzers, the Python binding) sees everything.
+
+set(CIERA_LAYER_ROOTS ${CMAKE_BINARY_DIR}/layers)
+
+# ciera_layer(<layer> [TARGET <name>] [KIND OBJECT|STATIC] SOURCES ... [DEPENDS <layer>...]
+#             [PUBLIC_HEADERS <header>...] [LINK <library>...])
+# Declares layer <layer> (sources under src/<layer>/) and its target, ciera_layer_<layer> by
+# default. PUBLIC_HEADERS names the headers of include/ciera/ the layer owns; DEPENDS the layers
+# directly below it (those below them come along). A second target of a layer already declared
+# (TARGET given, as the MPI transport in comm) shares its include root.
+function(ciera_layer layer)
+  cmake_parse_arguments(L "" "TARGET;KIND" "SOURCES;DEPENDS;PUBLIC_HEADERS;LINK" ${ARGN})
+  if(NOT L_TARGET)
+    set(L_TARGET ciera_layer_${layer})
+  endif()
+  if(NOT L_KIND)
+    set(L_KIND OBJECT)
+  endif()
+
+  get_property(declared GLOBAL PROPERTY CIERA_LAYER_${layer}_VISIBLE SET)
+  if(NOT declared)
+    set(visible ${layer})
+    foreach(dep IN LISTS L_DEPENDS)
+      get_property(known GLOBAL PROPERTY CIERA_LAYER_${dep}_VISIBLE SET)
+      if(NOT known)
+        message(FATAL_ERROR "layer ${layer} depends on ${dep}, which is not declared before it")
+      endif()
+      get_property(below GLOBAL PROPERTY CIERA_LAYER_${dep}_VISIBLE)
+      list(APPEND visible ${below})
+    endforeach()
+    list(REMOVE_DUPLICATES visible)
+    set_property(GLOBAL PROPERTY CIERA_LAYER_${layer}_VISIBLE ${visible})
+    set_property(GLOBAL PROPERTY CIERA_LAYER_${layer}_HEADERS ${L_PUBLIC_HEADERS})
+    set_property(GLOBAL PROPERTY CIERA_LAYER_${layer}_DEPENDS ${L_DEPENDS})
+    _ciera_layer_root(${layer} "${visible}")
+  endif()
+
+  add_library(${L_TARGET} ${L_KIND} ${L_SOURCES})
+  set_target_properties(${L_TARGET} PROPERTIES CIERA_LAYER ${layer})
+  target_include_directories(${L_TARGET} PRIVATE ${CIERA_LAYER_ROOTS}/${layer})
+  if(L_KIND STREQUAL "OBJECT")
+    # Usage requirements only (definitions, third-party includes): object libraries link no
+    # objects, which reach a binary through the umbrella library `ciera`. A second target of a
+    # layer links `ciera` itself (LINK) instead.
+    get_property(deps GLOBAL PROPERTY CIERA_LAYER_${layer}_DEPENDS)
+    foreach(dep IN LISTS deps)
+      target_link_libraries(${L_TARGET} PUBLIC ciera_layer_${dep})
+    endforeach()
+  endif()
+  if(L_LINK)
+    target_link_libraries(${L_TARGET} PUBLIC ${L_LINK})
+  endif()
+  target_compile_options(${L_TARGET} PRIVATE ${CIERA_WARNINGS})
+  target_compile_features(${L_TARGET} PUBLIC cxx_std_20)
+  if(L_KIND STREQUAL "OBJECT")
+    set_property(GLOBAL APPEND PROPERTY CIERA_CORE_LAYER_TARGETS ${L_TARGET})
+  endif()
+endfunction()
+
+# Temporary switch while the layers are being separated: OFF lets every layer see everything.
+option(CIERA_ENFORCE_LAYERS "Compile each layer against an include root of its own and those below" OFF)
+
+function(_ciera_layer_root layer visible)
+  set(root ${CIERA_LAYER_ROOTS}/${layer})
+  file(REMOVE_RECURSE ${root})
+  if(NOT CIERA_ENFORCE_LAYERS)
+    file(MAKE_DIRECTORY ${root})
+    foreach(any common format entropy codec comm engine selection analysis sim)
+      file(CREATE_LINK ${PROJECT_SOURCE_DIR}/src/${any} ${root}/${any} SYMBOLIC)
+    endforeach()
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/include/ciera ${root}/ciera SYMBOLIC)
+    return()
+  endif()
+  file(MAKE_DIRECTORY ${root}/ciera)
+  foreach(seen IN LISTS visible)
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/src/${seen} ${root}/${seen} SYMBOLIC)
+    get_property(headers GLOBAL PROPERTY CIERA_LAYER_${seen}_HEADERS)
+    foreach(header IN LISTS headers)
+      if(NOT EXISTS ${PROJECT_SOURCE_DIR}/include/ciera/${header})
+        message(FATAL_ERROR "layer ${seen}: no public header include/ciera/${header}")
+      endif()
+      file(CREATE_LINK ${PROJECT_SOURCE_DIR}/include/ciera/${header} ${root}/ciera/${header} SYMBOLIC)
+    endforeach()
+  endforeach()
+endfunction()
+
+# ciera_layer_kernels(<target> <layer>): compiles src/<layer>/kernels_impl.inc once per SIMD
+# target (scalar, and on x86 SSE2, AVX2, AVX-512), as Highway does. Each copy defines the
+# layer's table `k<Target>Kernels` through the .inc's make_kernels(); the layer picks one at run
+# time through common/simd_targets.hpp. src/<layer>/kernels_prelude.hpp holds what must be
+# included outside the anonymous namespace the .inc is compiled in.
+function(ciera_layer_kernels target layer)
+  set(simd_targets scalar)
+  if(CIERA_X86)
+    list(APPEND simd_targets sse2 avx2 avx512)
+  endif()
+  set(flags_scalar "-fno-tree-vectorize")
+  set(flags_sse2 "")
+  set(flags_avx2 "-mavx2;-mbmi;-mbmi2")
+  set(flags_avx512 "-mavx512f;-mavx512bw;-mavx512cd;-mavx512vl;-mavx512vbmi;-mavx512vbmi2;-mavx2;-mbmi;-mbmi2;-mprefer-vector-width=512")
+  foreach(simd IN LISTS simd_targets)
+    set(CIERA_KERNEL_LAYER ${layer})
+    set(CIERA_KERNEL_SIMD ${simd})
+    string(SUBSTRING ${simd} 0 1 first)
+    string(TOUPPER ${first} first)
+    string(SUBSTRING ${simd} 1 -1 rest)
+    set(CIERA_KERNEL_TABLE "k${first}${rest}Kernels")
+    set(CIERA_KERNEL_SCALAR_ONLY 0)
+    if(simd STREQUAL "scalar")
+      set(CIERA_KERNEL_SCALAR_ONLY 1)
+    endif()
+    set(out ${CMAKE_BINARY_DIR}/generated/${layer}/kernels_${simd}.cpp)
+    configure_file(${PROJECT_SOURCE_DIR}/cmake/kernels_target.cpp.in ${out} @ONLY)
+    target_sources(${target} PRIVATE ${out})
+    set_source_files_properties(${out} PROPERTIES COMPILE_OPTIONS "${flags_${simd}}")
+  endforeach()
+endfunction()
