@@ -30,6 +30,10 @@ ChangeDetection parse_change_detection(std::string_view name);  // "exact" | "ha
 std::string_view exponent_coding_name(ExponentCoding mode);
 ExponentCoding parse_exponent_coding(std::string_view name);  // "auto" | "block" | "fine"
 
+// How one parameter's shards travel: the engine's per-parameter switch, and what the selector
+// (paper §3.2) chooses.
+enum class ShardPolicy : uint8_t { kRaw = 0, kCiera = 1 };
+
 struct CodecConfig {
   static constexpr uint32_t kMinBlockValues = 64;
   static constexpr uint32_t kMaxBlockValues = 4096;

@@ -17,9 +17,6 @@
 
 namespace ciera {
 
-// How one parameter's shards travel.
-enum class ShardPolicy : uint8_t { kRaw = 0, kCiera = 1 };
-
 // What ciera-policy shards send during warmup.
 enum class WarmupMode : uint8_t {
   kRaw = 0,        // raw bytes; exponent reuse starts with a key frame after warmup (cheapest)

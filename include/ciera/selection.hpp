@@ -13,7 +13,6 @@
 
 #include "ciera/config.hpp"
 #include "ciera/dtype.hpp"
-#include "ciera/engine.hpp"
 #include "ciera/error.hpp"
 #include "ciera/transport.hpp"
 
