@@ -1,13 +1,24 @@
 """CIERA: lossless compressed allgather for sharded training of Mixture-of-Experts models.
 
 All algorithmic work happens in the C++ library (``ciera._ext``); this package is the binding,
-the PyTorch FSDP2 integration (:mod:`ciera.torch`) and the training harness (:mod:`ciera.train`).
+the PyTorch FSDP2 integration (:mod:`ciera.torch`, implemented in :mod:`ciera.fsdp`) and the
+training harness (:mod:`ciera.train`).
+
+The codec itself, over NumPy arrays, bytes-like objects or CPU tensors::
+
+    encoder = ciera.ShardEncoder(ciera.CodecConfig(), values)   # sender, one per shard
+    decoder = ciera.ShardDecoder(ciera.CodecConfig(), values)   # receiver, one per peer shard
+    payload, stats = encoder.encode(shard)                      # every step
+    decoder.decode(payload, out)                                # bit-exact, or ciera.FormatError
 """
 
 from ciera._ext import (  # noqa: F401
     BucketLayout,
+    ChangeCounts,
     ChangeDetection,
+    ChangeGrid,
     ChangeMonitor,
+    ChangeStatistics,
     CodecConfig,
     CodecThroughput,
     CommCurve,
@@ -20,11 +31,20 @@ from ciera._ext import (  # noqa: F401
     Error,
     ExponentChangeCounter,
     ExponentCoding,
+    ExponentSection,
     FormatError,
+    FrameKind,
+    FrameStats,
     GatherStats,
+    Selection,
     SelectorOptions,
     ShardCandidate,
+    ShardChangeCounts,
+    ShardChoice,
+    ShardDecoder,
+    ShardEncoder,
     ShardPolicy,
+    ShardType,
     WarmupMode,
     __version__,
     classify_parameter,
@@ -42,10 +62,11 @@ from ciera._ext import (  # noqa: F401
 )
 
 __all__ = [
-    "BucketLayout", "ChangeDetection", "ChangeMonitor", "CodecConfig", "CodecThroughput", "CommCurve",
-    "CommError", "ConfigError", "CostModel", "DType", "Engine", "EngineConfig", "Error",
-    "ExponentChangeCounter", "ExponentCoding", "FormatError", "GatherStats", "SelectorOptions",
-    "ShardCandidate", "ShardPolicy", "WarmupMode", "classify_parameter", "decode_stateless",
-    "encode_stateless", "loopback_transport", "loopback_world", "max_payload_bytes", "measure_codec",
-    "measure_cost_model", "python_transport", "select_shards",
+    "BucketLayout", "ChangeCounts", "ChangeDetection", "ChangeGrid", "ChangeMonitor", "ChangeStatistics",
+    "CodecConfig", "CodecThroughput", "CommCurve", "CommError", "ConfigError", "CostModel", "DType", "Engine",
+    "EngineConfig", "Error", "ExponentChangeCounter", "ExponentCoding", "ExponentSection", "FormatError",
+    "FrameKind", "FrameStats", "GatherStats", "Selection", "SelectorOptions", "ShardCandidate",
+    "ShardChangeCounts", "ShardChoice", "ShardDecoder", "ShardEncoder", "ShardPolicy", "ShardType", "WarmupMode",
+    "classify_parameter", "decode_stateless", "encode_stateless", "loopback_transport", "loopback_world",
+    "max_payload_bytes", "measure_codec", "measure_cost_model", "python_transport", "select_shards",
 ]

@@ -10,6 +10,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import ciera
 import ciera.torch as ct
+from ciera import fsdp
 from ciera import data, models
 
 
@@ -130,13 +131,22 @@ def disable_restores_plain(rank, world):
     model = build(spec, world)
     handle = ct.enable(model, ciera.EngineConfig())
     first = train(model, rank, 3, corpus)
+    open_before = len(ct.open_engines())
     handle.disable()
-    comms = [type(m._get_fsdp_state()._fsdp_param_groups[0]._all_gather_comm).__name__
-             for m in handle._runtime.modules]
+    comms = [type(fsdp.all_gather_comm(m)).__name__ for m in handle._runtime.modules]
+    try:
+        handle.cache_bytes
+        closed_error = None
+    except ValueError as e:
+        closed_error = str(e)
     # Continue without CIERA: a fresh optimizer would differ, so compare only the CIERA part
     # with the plain run, and check that the plain path now runs.
     rest = train(model, rank, 1, corpus)
-    return {"first_equal": first == expected[:3], "comms": comms, "ran_after_disable": len(rest) == 1}
+    # Enabling and disabling again keeps no engine open: the registry of open engines does not grow.
+    for _ in range(2):
+        ct.enable(model, ciera.EngineConfig()).disable()
+    return {"first_equal": first == expected[:3], "comms": comms, "ran_after_disable": len(rest) == 1,
+            "closed_error": closed_error, "open_before": open_before, "open_after": len(ct.open_engines())}
 
 
 def gradient_average(rank, world):
@@ -231,10 +241,17 @@ def selection_vs_plain(rank, world, budget_bytes, reselect_every=0, overlap=True
     peak.append(handle.cache_bytes)
     selector = handle.selector
     selection = selector.selection
+    shards = selection.shards
     return compare(handle, model, losses, plain_losses, plain_params) | {
         "peak_cache_bytes": max(peak),
-        "selected_cache_bytes": selection["cache_bytes"],
-        "chosen": sorted(s["name"] for s in selection["shards"] if s["chosen"]),
-        "types": sorted({s["type"] for s in selection["shards"] if s["chosen"]}),
+        "selected_cache_bytes": selection.cache_bytes,
+        "chosen": sorted(s.name for s in shards if s.chosen),
+        "types": sorted({s.type for s in shards if s.chosen}),
         "selections": selector.history,
+        "gain_s": selection.gain_s,
+        # What the selector saw and decided, per shard, to check it against the cost model.
+        "shards": [{k: getattr(s, k) for k in ("name", "bucket", "chosen", "raw_bytes", "expected_wire_bytes",
+                                               "comm_saved_s", "encode_s", "decode_s", "gain_s", "memory_bytes")}
+                   for s in shards],
+        "round_overhead_s": ciera._ext.compressed_round_overhead_s(selector.cost_model),
     }

@@ -23,15 +23,16 @@ def test_counter_counts_values_blocks_and_shards():
     after[[5, 700]] = 0x4000  # 2.0: exponent + 1
     after[9] = 0xBF80         # -1.0: sign only, not a change
     counter = _ext.ExponentChangeCounter(_ext.DType.bf16, n, worlds=[4], blocks=[64])
-    assert counter.observe(before) is None  # the baseline
-    counter.observe(after.ctypes.data, after.nbytes)
-    s = counter.summary()
-    assert s["transitions"] == 1 and s["changed_values_per_step"] == [2]
-    total = s["total"]
-    assert total["values"] == n and total["changed_values"] == 2
-    assert total["shards"] == [4] and total["changed_shards"] == [2]   # shards of 250 values
-    assert total["blocks"] == [[4 * 4]] and total["changed_blocks"] == [[2]]
-    assert total["block_change_rate"] == [[2 / 16]]
+    assert counter.observe(before).values == 0  # the baseline
+    step = counter.observe(after.ctypes.data, after.nbytes)
+    assert step.changed_values == 2 and step.transitions == 1
+    assert counter.transitions == 1 and counter.changed_values_per_step == [2]
+    total = counter.total
+    assert total.values == n and total.changed_values == 2
+    assert total.shards == [4] and total.changed_shards == [2]   # shards of 250 values
+    assert total.blocks == [4 * 4] and total.changed_blocks == [2]
+    assert total.block_change_rate(counter.grid.cell(0, 0)) == 2 / 16
+    assert total.element_change_rate() == 2 / n
 
 
 def test_counter_observes_torch_tensors_and_rejects_wrong_sizes():
@@ -39,13 +40,40 @@ def test_counter_observes_torch_tensors_and_rejects_wrong_sizes():
     w = torch.randn(300, dtype=torch.float32)
     counter = _ext.ExponentChangeCounter(_ext.DType.fp32, w.numel(), warmup_steps=1)
     for step in range(3):
-        counter.observe(w.data_ptr(), w.numel() * w.element_size())
+        counter.observe(w)
         w.mul_(2.0)  # every exponent moves by one
-    s = counter.summary()
-    assert s["changed_values_per_step"] == [300, 300]
-    assert s["total"]["transitions"] == 1  # the first transition is warmup
+    assert counter.changed_values_per_step == [300, 300]
+    assert counter.total.transitions == 1  # the first transition is warmup
     with pytest.raises(ciera.ConfigError, match="1200 bytes"):
         counter.observe(w.data_ptr(), 4)
+
+
+def test_change_statistics_sum_counts_by_step_and_type_and_cross_ranks_by_pickle():
+    import pickle
+
+    grid = _ext.ChangeGrid([4], [64])
+    counters = [_ext.ExponentChangeCounter(_ext.DType.bf16, 512, worlds=[4], blocks=[64], warmup_steps=1)
+                for _ in range(2)]
+    stats = _ext.ChangeStatistics(grid, 1)
+    kinds = [_ext.ShardType.attention, _ext.ShardType.expert_ffn]
+    x = np.full(512, 0x3F80, dtype=np.uint16)
+    for step in range(4):
+        for k, (counter, kind) in enumerate(zip(counters, kinds)):
+            x[step * 10 + k] = 0x4000
+            counts = counter.observe(x)
+            if counter.transitions:
+                stats.add(counter.transitions, kind, counts)
+    assert stats.steps == 3 and stats.step(1).values == 1024
+    assert stats.total().changed_values == sum(c.total.changed_values for c in counters)
+    assert stats.total(_ext.ShardType.attention).changed_values == counters[0].total.changed_values
+    copy = pickle.loads(pickle.dumps(stats.total()))  # how ranks exchange counts
+    assert copy.blocks == stats.total().blocks and copy.changed_values == stats.total().changed_values
+    summed = copy + stats.total()
+    assert summed.changed_values == 2 * copy.changed_values
+    with pytest.raises(ciera.ConfigError, match="different grids"):
+        copy + _ext.ChangeCounts(_ext.ChangeGrid([4, 8], [64]))
+    with pytest.raises(ValueError, match="from 1"):
+        stats.add(0, _ext.ShardType.norm, copy)
 
 
 def test_analyze_plot_end_to_end(tmp_path, monkeypatch):

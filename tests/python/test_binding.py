@@ -1,4 +1,5 @@
-"""The Python binding: codec entry points, errors as exceptions, the engine from Python threads."""
+"""The Python binding: the stateful codec and one-shot entry points, errors as exceptions, the engine
+from Python threads and after close()."""
 
 import threading
 
@@ -28,16 +29,6 @@ def test_stateless_round_trip_and_errors():
     corrupt[200] ^= 1
     with pytest.raises(ciera.FormatError):
         ciera.decode_stateless(config, bytes(corrupt), out)
-
-
-def test_exponent_changes_counts_exponent_fields_only():
-    a = bf16_weights(1000, 2)
-    b = a.copy()
-    b[::10] ^= 0x0001          # mantissa only: not a change
-    b[5] ^= 0x0080             # exponent bit
-    b[7] ^= 0x8000             # sign only: not a change
-    assert ciera._ext.exponent_changes(ciera.DType.bf16, a.ctypes.data, b.ctypes.data, a.size) == 1
-    assert np.array_equal(a, b)  # updated in place
 
 
 def test_engine_over_loopback_threads():
@@ -76,3 +67,19 @@ def test_configuration_errors_are_python_exceptions():
     config.block_values = 10
     with pytest.raises(ciera.ConfigError, match="block_values"):
         config.validate()
+
+
+def test_engine_after_close_raises_instead_of_crashing():
+    layout = ciera.BucketLayout.fsdp_split("b", ciera.DType.bf16, [100], 1)
+    engine = ciera.Engine(ciera.loopback_transport(ciera.loopback_world(1), 0), ciera.EngineConfig(), [layout])
+    assert engine.cache_bytes >= 0 and not engine.closed
+    engine.close()
+    assert engine.closed
+    with pytest.raises(ValueError, match="engine is closed"):
+        engine.cache_bytes
+    data = np.zeros(100, dtype=np.uint16)
+    with pytest.raises(ValueError, match="engine is closed"):
+        engine.run(0, data.ctypes.data, data.nbytes, data.ctypes.data, data.nbytes)
+    with pytest.raises(ValueError, match="engine is closed"):
+        engine.set_policy(0, 0, ciera.ShardPolicy.raw)
+    engine.close()  # closing twice is harmless

@@ -35,6 +35,8 @@ def test_disable_restores_the_plain_path():
         assert r["first_equal"], r
         assert set(r["comms"]) == {"DefaultAllGather"}, r
         assert r["ran_after_disable"], r
+        assert "engine is closed" in (r["closed_error"] or ""), r   # Handle.cache_bytes after disable()
+        assert r["open_before"] == 1 and r["open_after"] == 0, r     # closed engines are forgotten
 
 
 def test_gradients_are_averaged_like_a_single_process():
@@ -96,6 +98,28 @@ def test_reselection_every_few_steps_stays_exact_without_overlap():
 
 
 def test_measured_cost_model_on_a_fast_local_link_selects_little_and_stays_exact():
-    for r in all_ok(spawn(w.selection_vs_plain, 2, 10**12, 0, True, True)):
-        assert r["losses_equal"] and r["params_equal"], r
+    """Here the cost model is measured on loopback TCP between two processes sharing this machine's
+    few cores: a link faster than decoding, for buckets of a few KiB whose compressed rounds cost
+    two extra exchanges. Compression cannot pay for much of that, and whatever is chosen must follow
+    from the model's own numbers (no timing is asserted)."""
+    results = all_ok(spawn(w.selection_vs_plain, 2, 10**12, 0, True, True))
+    for r in results:
+        assert r["losses_equal"] and r["params_equal"] and r["wrong_bytes"] == 0, r
         assert r["peak_cache_bytes"] <= r["selected_cache_bytes"], r
+        shards, chosen = r["shards"], [s for s in r["shards"] if s["chosen"]]
+        # Little is selected: at most a quarter of the parameters and of the gathered bytes.
+        assert len(chosen) <= len(shards) // 4, [s["name"] for s in chosen]
+        assert sum(s["raw_bytes"] for s in chosen) <= 0.25 * sum(s["raw_bytes"] for s in shards), chosen
+        # The selection follows from the cost model: g_i = dComm_i - T_decode (overlapped, so
+        # encoding is off the critical path), only gains above zero are taken, compressed shards
+        # send fewer bytes, the cache is what the chosen shards hold, and the chosen gains pay for
+        # their buckets' extra round.
+        for s in shards:
+            assert abs(s["gain_s"] - (s["comm_saved_s"] - s["decode_s"])) <= 1e-12 + 1e-9 * abs(s["comm_saved_s"]), s
+            assert not s["chosen"] or s["gain_s"] > 0, s
+            assert s["expected_wire_bytes"] < s["raw_bytes"], s
+        assert r["selected_cache_bytes"] == sum(s["memory_bytes"] for s in chosen), r
+        for bucket in {s["bucket"] for s in chosen}:
+            assert sum(s["gain_s"] for s in chosen if s["bucket"] == bucket) > r["round_overhead_s"], bucket
+        assert r["gain_s"] >= 0, r
+    assert len({tuple(r["chosen"]) for r in results}) == 1     # every rank chose the same

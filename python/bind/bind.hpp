@@ -1,0 +1,54 @@
+// The Python extension ciera._ext, one bind function per area of the C++ API. The binding only
+// marshals: C++ structs become classes with read-only properties, memory crosses as the buffer
+// protocol or as a data pointer and a byte count (torch tensors are read through data_ptr(), so
+// the extension never links libtorch), every call that moves or codes data releases the GIL, and
+// C++ errors become Python exceptions (ciera.FormatError, ConfigError, CommError).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace ciera::python {
+
+namespace py = pybind11;
+
+void bind_errors(py::module_& m);     // errors.cpp: the exception classes
+void bind_config(py::module_& m);     // config.cpp: dtypes, policies, CodecConfig, EngineConfig
+void bind_codec(py::module_& m);      // codec.cpp: ShardEncoder, ShardDecoder, stateless coding
+void bind_transport(py::module_& m);  // transport.cpp: loopback, Python callables, Open MPI
+void bind_engine(py::module_& m);     // engine.cpp: BucketLayout, GatherStats, Engine
+void bind_selection(py::module_& m);  // selection.cpp: cost model, change monitor, selector
+void bind_analysis(py::module_& m);   // analysis.cpp: shard types, exponent-change statistics
+
+// `bytes` bytes of host memory at `address` (a data pointer from Python, e.g. Tensor.data_ptr()).
+template <typename T>
+std::span<T> bytes_at(uintptr_t address, uint64_t bytes) {
+  return {reinterpret_cast<T*>(address), static_cast<size_t>(bytes)};
+}
+
+// The memory of a Python object, held for as long as this lives: anything with the buffer
+// protocol (bytes, bytearray, memoryview, NumPy arrays), which must be C-contiguous; or a CPU
+// torch.Tensor (any object with data_ptr(), numel(), element_size() and is_contiguous()),
+// which must be contiguous. Throws ValueError/TypeError naming `what` otherwise.
+class HostBuffer {
+ public:
+  HostBuffer(py::handle object, bool writable, const char* what);
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  std::span<const std::byte> bytes() const { return {data_, size_}; }
+  std::span<std::byte> writable_bytes() const { return {data_, size_}; }
+  size_t size() const { return size_; }
+
+ private:
+  Py_buffer view_{};
+  bool have_view_ = false;
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace ciera::python

@@ -1,0 +1,45 @@
+#include <pybind11/stl.h>
+
+#include "bind.hpp"
+#include "ciera/config.hpp"
+#include "ciera/dtype.hpp"
+#include "ciera/engine.hpp"
+
+namespace ciera::python {
+
+void bind_config(py::module_& m) {
+  py::enum_<DType>(m, "DType").value("bf16", DType::kBF16).value("fp16", DType::kFP16).value("fp32", DType::kFP32);
+  py::enum_<ChangeDetection>(m, "ChangeDetection")
+      .value("exact", ChangeDetection::kExact)
+      .value("hash", ChangeDetection::kHash);
+  py::enum_<ExponentCoding>(m, "ExponentCoding")
+      .value("auto", ExponentCoding::kAuto)
+      .value("block", ExponentCoding::kBlock)
+      .value("fine", ExponentCoding::kFine);
+  py::enum_<ShardPolicy>(m, "ShardPolicy").value("raw", ShardPolicy::kRaw).value("ciera", ShardPolicy::kCiera);
+  py::enum_<WarmupMode>(m, "WarmupMode").value("raw", WarmupMode::kRaw).value("key_frames", WarmupMode::kKeyFrames);
+
+
+  py::class_<CodecConfig>(m, "CodecConfig")
+      .def(py::init<>())
+      .def_readwrite("dtype", &CodecConfig::dtype)
+      .def_readwrite("block_values", &CodecConfig::block_values)
+      .def_readwrite("warmup_steps", &CodecConfig::warmup_steps)
+      .def_readwrite("detection", &CodecConfig::detection)
+      .def_readwrite("coding", &CodecConfig::coding)
+      .def_readwrite("content_checksum", &CodecConfig::content_checksum)
+      .def("validate", &CodecConfig::validate);
+
+  py::class_<EngineConfig>(m, "EngineConfig")
+      .def(py::init<>())
+      .def_readwrite("codec", &EngineConfig::codec)
+      .def_readwrite("warmup_steps", &EngineConfig::warmup_steps)
+      .def_readwrite("warmup", &EngineConfig::warmup)
+      .def_readwrite("adaptive", &EngineConfig::adaptive)
+      .def_readwrite("worker_threads", &EngineConfig::worker_threads)
+      .def_property(
+          "timeout_s", [](const EngineConfig& c) { return c.timeout.count() / 1000.0; },
+          [](EngineConfig& c, double s) { c.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); });
+}
+
+}  // namespace ciera::python

@@ -1,0 +1,112 @@
+// The compressed allgather engine (include/ciera/engine.hpp). Buffers cross as data pointers and
+// byte counts (FSDP's flat tensors); the engine keeps its transport alive as long as it lives.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <vector>
+
+#include "bind.hpp"
+#include "ciera/engine.hpp"
+#include "ciera/transport.hpp"
+
+namespace ciera::python {
+namespace {
+
+// An engine that close() can end before Python drops the object: every later call is a
+// ValueError, as for a closed file, never a use of the engine that is gone.
+class PyEngine {
+ public:
+  PyEngine(std::shared_ptr<Transport> transport, EngineConfig config, std::vector<BucketLayout> buckets)
+      : transport_(std::move(transport)) {
+    py::gil_scoped_release release;  // the agreement is collective
+    engine_ = std::make_unique<CompressedAllgather>(*transport_, std::move(config), std::move(buckets));
+  }
+
+  CompressedAllgather& live() {
+    if (!engine_) throw py::value_error("the CIERA engine is closed (Engine.close(), or Handle.disable())");
+    return *engine_;
+  }
+
+  bool closed() const { return !engine_; }
+
+  void close() {
+    py::gil_scoped_release release;  // joining the communication thread may need the GIL
+    engine_.reset();
+  }
+
+ private:
+  std::shared_ptr<Transport> transport_;
+  std::unique_ptr<CompressedAllgather> engine_;
+};
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  py::class_<BucketLayout>(m, "BucketLayout")
+      .def(py::init<>())
+      .def_readwrite("name", &BucketLayout::name)
+      .def_readwrite("dtype", &BucketLayout::dtype)
+      .def_readwrite("shard_values", &BucketLayout::shard_values)
+      .def_readwrite("policy", &BucketLayout::policy)
+      .def_static("fsdp_split", &BucketLayout::fsdp_split, py::arg("name"), py::arg("dtype"),
+                  py::arg("param_values"), py::arg("ranks"), py::arg("policy") = ShardPolicy::kCiera)
+      .def("rank_bytes", &BucketLayout::rank_bytes)
+      .def("rank_offset", &BucketLayout::rank_offset)
+      .def("total_bytes", &BucketLayout::total_bytes)
+      .def("validate", &BucketLayout::validate);
+
+  py::class_<GatherStats>(m, "GatherStats")
+      .def_readonly("step", &GatherStats::step)
+      .def_readonly("warmup", &GatherStats::warmup)
+      .def_readonly("compressed", &GatherStats::compressed)
+      .def_readonly("resynchronised", &GatherStats::resynchronised)
+      .def_readonly("raw_bytes", &GatherStats::raw_bytes)
+      .def_readonly("wire_bytes", &GatherStats::wire_bytes)
+      .def_readonly("local_payload_bytes", &GatherStats::local_payload_bytes)
+      .def_readonly("encode_s", &GatherStats::encode_s)
+      .def_readonly("exchange_s", &GatherStats::exchange_s)
+      .def_readonly("decode_s", &GatherStats::decode_s)
+      .def_readonly("total_s", &GatherStats::total_s);
+
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init<std::shared_ptr<Transport>, EngineConfig, std::vector<BucketLayout>>(), py::arg("transport"),
+           py::arg("config"), py::arg("buckets"))
+      .def(
+          "start",
+          [](PyEngine& e, size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output, uint64_t output_bytes) {
+            CompressedAllgather& engine = e.live();
+            py::gil_scoped_release release;
+            return engine.start(bucket, bytes_at<const std::byte>(input, input_bytes),
+                                bytes_at<std::byte>(output, output_bytes));
+          },
+          py::arg("bucket"), py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"), py::arg("output_bytes"))
+      .def(
+          "wait",
+          [](PyEngine& e, CompressedAllgather::Ticket ticket) {
+            CompressedAllgather& engine = e.live();
+            py::gil_scoped_release release;
+            return engine.wait(ticket);
+          },
+          py::arg("ticket"))
+      .def(
+          "run",
+          [](PyEngine& e, size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output, uint64_t output_bytes) {
+            CompressedAllgather& engine = e.live();
+            py::gil_scoped_release release;
+            return engine.run(bucket, bytes_at<const std::byte>(input, input_bytes),
+                              bytes_at<std::byte>(output, output_bytes));
+          },
+          py::arg("bucket"), py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"), py::arg("output_bytes"))
+      .def("reset_caches", [](PyEngine& e) { e.live().reset_caches(); })
+      .def("set_policy", [](PyEngine& e, size_t bucket, size_t param, ShardPolicy p) { e.live().set_policy(bucket, param, p); },
+           py::arg("bucket"), py::arg("param"), py::arg("policy"))
+      .def("bucket", [](PyEngine& e, size_t b) { return e.live().bucket(b); }, py::arg("index"))
+      .def_property_readonly("bucket_count", [](PyEngine& e) { return e.live().bucket_count(); })
+      .def_property_readonly("cache_bytes", [](PyEngine& e) { return e.live().cache_bytes(); })
+      .def_property_readonly("rank", [](PyEngine& e) { return e.live().rank(); })
+      .def_property_readonly("world_size", [](PyEngine& e) { return e.live().world_size(); })
+      .def_property_readonly("closed", &PyEngine::closed)
+      .def("close", &PyEngine::close, "Ends the engine (joins its threads); closing twice is harmless.");
+}
+
+}  // namespace ciera::python

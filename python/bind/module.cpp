@@ -1,0 +1,23 @@
+// The module ciera._ext: its version attributes, then each area's bindings (bind.hpp).
+#include "bind.hpp"
+#include "ciera/ciera.hpp"
+
+PYBIND11_MODULE(_ext, m) {
+  namespace cp = ciera::python;
+  m.doc() = "CIERA: lossless compressed allgather for sharded MoE training (C++ core)";
+  m.attr("__version__") = ciera::kLibraryVersion;
+  m.attr("format_version") = ciera::kFormatVersion;
+  m.attr("with_mpi") =
+#if defined(CIERA_WITH_MPI)
+      true;
+#else
+      false;
+#endif
+  cp::bind_errors(m);
+  cp::bind_config(m);
+  cp::bind_codec(m);
+  cp::bind_transport(m);
+  cp::bind_engine(m);
+  cp::bind_selection(m);
+  cp::bind_analysis(m);
+}

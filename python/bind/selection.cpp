@@ -1,0 +1,149 @@
+// Benefit-driven selective compression (include/ciera/selection.hpp, paper §3.2): the cost model,
+// warmup change statistics and the selector. Results are classes with read-only properties.
+#include <pybind11/stl.h>
+
+#include <utility>
+#include <vector>
+
+#include "bind.hpp"
+#include "ciera/selection.hpp"
+
+namespace ciera::python {
+
+void bind_selection(py::module_& m) {
+  py::class_<CommCurve>(m, "CommCurve")
+      .def_static(
+          "fit",
+          [](const std::vector<std::pair<double, double>>& points) {
+            std::vector<CommSample> samples;
+            for (const auto& [bytes, seconds] : points) samples.push_back({bytes, seconds});
+            return CommCurve::fit(std::move(samples));
+          },
+          py::arg("points"), "Comm(bytes) through (bytes, seconds) points.")
+      .def("seconds", &CommCurve::seconds, py::arg("bytes"))
+      .def_property_readonly("alpha_s", &CommCurve::alpha_s)
+      .def_property_readonly("bytes_per_s", &CommCurve::bytes_per_s)
+      .def_property_readonly("samples", [](const CommCurve& c) {
+        std::vector<std::pair<double, double>> out;
+        for (const CommSample& s : c.samples()) out.emplace_back(s.bytes, s.seconds);
+        return out;
+      });
+  py::class_<CodecThroughput>(m, "CodecThroughput")
+      .def(py::init<>())
+      .def_readwrite("detect_bytes_per_s", &CodecThroughput::detect_bytes_per_s)
+      .def_readwrite("encode_bytes_per_s", &CodecThroughput::encode_bytes_per_s)
+      .def_readwrite("decode_bytes_per_s", &CodecThroughput::decode_bytes_per_s);
+  py::class_<CostModel>(m, "CostModel")
+      .def(py::init<>())
+      .def_readwrite("world_size", &CostModel::world_size)
+      .def_readwrite("allgather", &CostModel::allgather)
+      .def("throughput", [](const CostModel& c, DType d) { return c.throughput(d); }, py::arg("dtype"))
+      .def("set_throughput", [](CostModel& c, DType d, const CodecThroughput& t) { c.throughput(d) = t; },
+           py::arg("dtype"), py::arg("throughput"));
+  m.def(
+      "measure_cost_model",
+      [](std::shared_ptr<Transport> transport, uint64_t largest_bytes, std::vector<DType> dtypes,
+         const CodecConfig& codec, int repeats) {
+        py::gil_scoped_release release;  // collective; a Python transport re-takes the GIL per call
+        return measure_cost_model(*transport, largest_bytes, dtypes, codec, repeats);
+      },
+      py::arg("transport"), py::arg("largest_bytes"), py::arg("dtypes"), py::arg("codec"), py::arg("repeats") = 5,
+      "Comm(bytes) of this transport and the codec's speed per dtype, the same on every rank (collective).");
+  m.def(
+      "measure_codec",
+      [](const CodecConfig& codec, uint64_t values) {
+        py::gil_scoped_release release;
+        return measure_codec(codec, values);
+      },
+      py::arg("codec"), py::arg("values") = uint64_t{1} << 20,
+      "Detection, encoding and decoding throughput of this machine (bytes of raw shard per second).");
+  m.def("compressed_round_overhead_s", &compressed_round_overhead_s, py::arg("model"),
+        "Extra latency a bucket pays once any of its shards is compressed.");
+
+  // Pickled as its five counts, so that ranks can exchange them (torch's all_gather_object).
+  py::class_<ShardChangeCounts>(m, "ShardChangeCounts")
+      .def(py::init<>())
+      .def_readonly("observations", &ShardChangeCounts::observations)
+      .def_readonly("values", &ShardChangeCounts::values)
+      .def_readonly("blocks", &ShardChangeCounts::blocks)
+      .def_readonly("changed_values", &ShardChangeCounts::changed_values)
+      .def_readonly("changed_blocks", &ShardChangeCounts::changed_blocks)
+      .def_property_readonly("value_change_rate", &ShardChangeCounts::value_change_rate)
+      .def_property_readonly("block_change_rate", &ShardChangeCounts::block_change_rate)
+      .def("merge", &ShardChangeCounts::merge, py::arg("other"),
+           "Adds another rank's counts of the same shard (the observation count is shared).")
+      .def(py::pickle(
+          [](const ShardChangeCounts& c) {
+            return py::make_tuple(c.observations, c.values, c.blocks, c.changed_values, c.changed_blocks);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 5) throw ConfigError("ShardChangeCounts: a pickled state has 5 counts");
+            return ShardChangeCounts{t[0].cast<uint64_t>(), t[1].cast<uint64_t>(), t[2].cast<uint64_t>(),
+                                     t[3].cast<uint64_t>(), t[4].cast<uint64_t>()};
+          }));
+  py::class_<ChangeMonitor>(m, "ChangeMonitor")
+      .def(py::init<DType, std::vector<uint64_t>, uint32_t>(), py::arg("dtype"), py::arg("shard_values"),
+           py::arg("block_values"))
+      .def(
+          "observe",
+          [](ChangeMonitor& monitor, uintptr_t data, uint64_t bytes) {
+            py::gil_scoped_release release;
+            monitor.observe(bytes_at<const std::byte>(data, bytes));
+          },
+          py::arg("data_ptr"), py::arg("nbytes"))
+      .def_property_readonly("counts", &ChangeMonitor::counts)
+      .def("clear_counts", &ChangeMonitor::clear_counts)
+      .def_property_readonly("memory_bytes", &ChangeMonitor::memory_bytes);
+
+  py::class_<ShardCandidate>(m, "ShardCandidate")
+      .def(py::init<>())
+      .def_readwrite("bucket", &ShardCandidate::bucket)
+      .def_readwrite("param", &ShardCandidate::param)
+      .def_readwrite("name", &ShardCandidate::name)
+      .def_readwrite("type", &ShardCandidate::type)
+      .def_readwrite("dtype", &ShardCandidate::dtype)
+      .def_readwrite("shard_values", &ShardCandidate::shard_values)
+      .def_readwrite("block_change_rate", &ShardCandidate::block_change_rate)
+      .def_readwrite("value_change_rate", &ShardCandidate::value_change_rate);
+  py::class_<SelectorOptions>(m, "SelectorOptions")
+      .def(py::init<>())
+      .def_readwrite("cache_budget_bytes", &SelectorOptions::cache_budget_bytes)
+      .def_readwrite("overlap", &SelectorOptions::overlap)
+      .def_readwrite("codec", &SelectorOptions::codec);
+
+  // A choice also answers for its candidate's fields (bucket, param, name, type, rates).
+  py::class_<ShardChoice>(m, "ShardChoice")
+      .def_readonly("shard", &ShardChoice::shard)
+      .def_property_readonly("bucket", [](const ShardChoice& c) { return c.shard.bucket; })
+      .def_property_readonly("param", [](const ShardChoice& c) { return c.shard.param; })
+      .def_property_readonly("name", [](const ShardChoice& c) { return c.shard.name; })
+      .def_property_readonly("type", [](const ShardChoice& c) { return c.shard.type; })
+      .def_property_readonly("block_change_rate", [](const ShardChoice& c) { return c.shard.block_change_rate; })
+      .def_property_readonly("value_change_rate", [](const ShardChoice& c) { return c.shard.value_change_rate; })
+      .def_readonly("raw_bytes", &ShardChoice::raw_bytes)
+      .def_readonly("expected_wire_bytes", &ShardChoice::expected_wire_bytes)
+      .def_readonly("comm_saved_s", &ShardChoice::comm_saved_s)
+      .def_readonly("encode_s", &ShardChoice::encode_s)
+      .def_readonly("decode_s", &ShardChoice::decode_s)
+      .def_readonly("gain_s", &ShardChoice::gain_s)
+      .def_readonly("memory_bytes", &ShardChoice::memory_bytes)
+      .def_readonly("score", &ShardChoice::score)
+      .def_readonly("chosen", &ShardChoice::chosen)
+      .def_readonly("reason", &ShardChoice::reason);
+  py::class_<Selection>(m, "Selection")
+      .def_readonly("shards", &Selection::shards)
+      .def_readonly("cache_bytes", &Selection::cache_bytes)
+      .def_readonly("budget_bytes", &Selection::budget_bytes)
+      .def_readonly("gain_s", &Selection::gain_s)
+      .def("chosen_count", &Selection::chosen_count)
+      .def("policy", &Selection::policy, py::arg("bucket"), py::arg("param"));
+  m.def(
+      "select_shards",
+      [](const std::vector<ShardCandidate>& candidates, const CostModel& model, const SelectorOptions& options) {
+        return select_shards(candidates, model, options);
+      },
+      py::arg("candidates"), py::arg("model"), py::arg("options"),
+      "Benefit-driven selection (paper §3.2): per-shard gains and choices.");
+}
+
+}  // namespace ciera::python

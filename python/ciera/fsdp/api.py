@@ -1,0 +1,149 @@
+"""The public entry point: enable() routes every FSDP2 parameter group's all-gather through CIERA,
+and the Handle it returns gives statistics and disable()."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ciera import _ext
+from ciera.fsdp import lifecycle
+from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
+from ciera.fsdp.layout import DTYPES, Bucket, DefaultAllGather, describe_buckets, element_bytes, prefetch_forward
+from ciera.fsdp.selection import Selector
+from ciera.fsdp.transport import make_transport
+
+
+class Handle:
+    """What enable() returns: the engine, per-parameter layout, statistics, and disable()."""
+
+    def __init__(self, runtime: Runtime, hook=None):
+        self._runtime = runtime
+        self._hook = hook
+
+    @property
+    def engine(self):
+        return self._runtime.engine
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        return self._runtime.buckets
+
+    @property
+    def overlap(self) -> bool:
+        """Whether gathers are handed back to FSDP in flight (CCP)."""
+        return self._runtime.overlap
+
+    @property
+    def wrong_bytes(self) -> int:
+        return self._runtime.wrong_bytes
+
+    @property
+    def verified_bytes(self) -> int:
+        return self._runtime.verified_bytes
+
+    def take_records(self) -> list[GatherRecord]:
+        return self._runtime.take_records()
+
+    def set_gather_observer(self, callback) -> None:
+        self._runtime.on_gather = callback
+
+    def set_output_observer(self, callback) -> None:
+        """callback(bucket: Bucket, output: Tensor) after each gather, with every rank's shards."""
+        self._runtime.on_output = callback
+
+    @property
+    def cache_bytes(self) -> int:
+        """Codec state this rank holds now (encoder copies and peers' exponent caches); a
+        ValueError after disable()."""
+        return self._runtime.engine.cache_bytes
+
+    @property
+    def selector(self) -> Selector | None:
+        """The benefit-driven selector, when enable() was given a cache budget."""
+        return self._runtime.selector
+
+    def disable(self) -> None:
+        """Restores FSDP2's default all-gather on every module and closes the engine; collective."""
+        for module in self._runtime.modules:
+            module.set_custom_all_gather(DefaultAllGather())
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        lifecycle.close_engine(self._runtime.engine)
+
+
+def _layouts(described: list, world: int, selecting: bool, policy) -> list:
+    layouts = []
+    for _, bucket in described:
+        layout = _ext.BucketLayout()
+        layout.name = bucket.module_name or "<root>"
+        layout.dtype = DTYPES[bucket.dtype]
+        layout.shard_values = [[p.numel for p in bucket.params] for _ in range(world)]
+        if selecting:
+            layout.policy = [_ext.ShardPolicy.raw for _ in bucket.params]
+        else:
+            layout.policy = [policy(bucket, p) if policy else _ext.ShardPolicy.ciera for p in bucket.params]
+        layouts.append(layout)
+    return layouts
+
+
+def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, process_group=None,
+           transport: str = "torch", verify: bool = False, policy=None,
+           cache_budget_bytes: int | None = None, select_after_steps: int | None = None,
+           reselect_every: int = 0, overlap: bool = True, cost_model=None) -> Handle:
+    """Routes every FSDP2 parameter group's all-gather of `model` through CIERA.
+
+    Collective: every rank calls it with the same model structure and configuration (checked;
+    a difference raises ConfigError on every rank). `transport` is "torch" (a dedicated gloo
+    group beside `process_group`, default the world) or "mpi" (CIERA's Open MPI transport; the
+    job must run under mpirun). With `verify`, every gather is also done by torch.distributed
+    and compared byte for byte (Handle.wrong_bytes). `policy(bucket, param) -> ShardPolicy`
+    chooses per parameter; the default compresses everything.
+
+    With `cache_budget_bytes`, the benefit-driven selector decides instead (paper §3.2): every
+    parameter goes raw for `select_after_steps` training steps (default: config.warmup_steps)
+    while its exponent changes are counted; then the parameters whose compression saves more
+    time than it costs, ranked by gain per byte of cache, go through CIERA until the budget (per
+    rank, bytes of codec state) is used. `reselect_every` > 0 re-runs the selection every that
+    many steps on fresh statistics (results stay exact: a switched shard restarts with a key
+    frame).
+
+    With `overlap` (CCP, paper §3.3), a gather is handed back to FSDP in flight: encoding,
+    exchange and decoding run on the engine's threads while the previous module computes
+    (FSDP's backward prefetch, and forward prefetch which enable() turns on). `overlap=False`
+    finishes each gather before returning, and makes the selector charge detection and encoding
+    to the critical path. `cost_model` (an _ext.CostModel, the same on every rank) replaces the
+    start-up measurement, for tests and for reusing one measured earlier."""
+    selecting = cache_budget_bytes is not None
+    if selecting and policy is not None:
+        raise _ext.ConfigError("enable(): give either policy= or cache_budget_bytes=, not both")
+    if selecting and cache_budget_bytes < 0:
+        raise _ext.ConfigError(f"enable(): cache_budget_bytes must be >= 0, got {cache_budget_bytes}")
+    config = config or _ext.EngineConfig()
+    described = describe_buckets(model)
+    if not described:
+        raise _ext.ConfigError("enable(): the model has no FSDP2 (fully_shard) parameter groups")
+    world = dist.get_world_size(process_group)
+    layouts = _layouts(described, world, selecting, policy)
+    native = make_transport(transport, process_group)
+    if selecting and cost_model is None:
+        # Measured before the engine takes the transport over: Comm() up to the largest bucket.
+        largest = max(b.numel * world * element_bytes(b.dtype) for _, b in described)
+        dtypes = sorted({DTYPES[b.dtype] for _, b in described}, key=int)
+        cost_model = _ext.measure_cost_model(native, largest, dtypes, config.codec)
+    engine = _ext.Engine(native, config, layouts)
+    lifecycle.register_engine(engine)
+    runtime = Runtime(engine, [b for _, b in described], [m for m, _ in described], verify, overlap=overlap)
+    for module, bucket in described:
+        module.set_custom_all_gather(CieraAllGather(runtime, bucket))
+    if overlap:
+        prefetch_forward(model)
+    hook = None
+    if selecting:
+        after = config.warmup_steps if select_after_steps is None else select_after_steps
+        runtime.selector = Selector(runtime, cost_model, int(cache_budget_bytes), after, reselect_every,
+                                    overlap, config.codec, process_group)
+        # Prepended: the step must be counted before FSDP's own pre-forward hook gathers the root.
+        hook = model.register_forward_pre_hook(runtime.selector.on_step, prepend=True)
+    return Handle(runtime, hook)

@@ -1,0 +1,98 @@
+"""FSDP2's own collectives, timed exactly as CIERA's gathers are, for the baseline of a
+comparison: the same calls FSDP2 makes, so results are unchanged."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ciera.fsdp.gather import GatherRecord
+from ciera.fsdp.layout import DefaultAllGather, ReduceScatter, describe_buckets, prefetch_forward
+
+
+class TimedAllGather(DefaultAllGather):
+    """FSDP2's own all-gather (torch.distributed), timed the same way, for the baseline. With
+    `overlap` it is left in flight like CIERA's, so both sides get the same chance to overlap."""
+
+    def __init__(self, records: list, index: int, observer=None, overlap: bool = False):
+        self.records = records
+        self.index = index
+        self.observer = observer
+        self.overlap = overlap
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        start = time.perf_counter()
+        work = dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=self.overlap)
+        nbytes = output_tensor.numel() * output_tensor.element_size()
+        if self.observer is not None:
+            self.observer(self.index, input_tensor)
+        if not self.overlap:
+            elapsed = time.perf_counter() - start
+            self.records.append(GatherRecord(self.index, elapsed, nbytes, nbytes, False, False, elapsed, start))
+            return None
+        return _TimedWork(work, self.records, GatherRecord(self.index, 0.0, nbytes, nbytes, False, False,
+                                                           started=start), start)
+
+
+class _TimedWork(dist.distributed_c10d.Work):
+    def __init__(self, work, records: list, record: GatherRecord, start: float):
+        super().__init__()
+        self.work, self.records, self.record, self.start = work, records, record, start
+
+    def wait(self, timeout=None) -> bool:
+        if self.work is not None:
+            waited = time.perf_counter()
+            self.work.wait()
+            now = time.perf_counter()
+            self.record.seconds, self.record.exposed_s = now - self.start, now - waited
+            self.records.append(self.record)
+            self.work = None
+        return True
+
+
+@dataclass
+class ReduceScatterRecord:
+    bucket: int
+    started: float
+    seconds: float
+    input_bytes: int
+
+
+class TimedReduceScatter(ReduceScatter):
+    """FSDP2's own reduce-scatter of gradients, timed (for the allgather share of communication
+    time, the paper's O1, and for traces)."""
+
+    def __init__(self, records: list, index: int):
+        self.records = records
+        self.index = index
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        start = time.perf_counter()
+        dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op)
+        self.records.append(ReduceScatterRecord(self.index, start, time.perf_counter() - start,
+                                                input_tensor.numel() * input_tensor.element_size()))
+        return None
+
+
+def time_reduce_scatters(model: torch.nn.Module) -> list:
+    """Times FSDP2's gradient reduce-scatters; returns the list records accumulate in."""
+    records: list = []
+    for module, bucket in describe_buckets(model):
+        module.set_custom_reduce_scatter(TimedReduceScatter(records, bucket.index))
+    return records
+
+
+def time_plain_all_gathers(model: torch.nn.Module, observer=None, overlap: bool = False) -> list:
+    """Times FSDP2's own all-gathers (the baseline); returns the list records accumulate in."""
+    records: list = []
+    for module, bucket in describe_buckets(model):
+        module.set_custom_all_gather(TimedAllGather(records, bucket.index, observer, overlap))
+    if overlap:
+        prefetch_forward(model)
+    return records

@@ -1,0 +1,112 @@
+"""Which bytes of FSDP2's flat all-gather buffers belong to which parameter.
+
+The one module that reads FSDP2's private state (``torch.distributed.fsdp._fully_shard``: the
+parameter groups, their padded shard sizes and mixed-precision policy, and the collective
+interfaces a custom all-gather implements). A torch release that moves them breaks here only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # noqa: F401
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather  # noqa: F401
+
+from ciera import _ext
+
+# The torch dtypes CIERA carries, as the codec names them.
+DTYPES = {torch.bfloat16: _ext.DType.bf16, torch.float16: _ext.DType.fp16, torch.float32: _ext.DType.fp32}
+
+
+@dataclass
+class ParamSlice:
+    name: str
+    numel: int    # padded shard values, the same on every rank
+    offset: int   # first value of this parameter in a rank's shard of the bucket
+    full_numel: int = 0  # values of the whole (unsharded, unpadded) parameter
+
+
+@dataclass
+class Bucket:
+    """One FSDP parameter group: one engine bucket whose shards are the group's parameters."""
+    index: int
+    module_name: str
+    dtype: torch.dtype
+    params: list[ParamSlice]
+    numel: int    # values per rank
+
+    def param_range(self, rank: int, k: int) -> tuple[int, int]:
+        """[first, end) value offsets of parameter k's shard of `rank` in the gathered buffer."""
+        start = rank * self.numel + self.params[k].offset
+        return start, start + self.params[k].numel
+
+
+def _param_group(module: FSDPModule):
+    groups = module._get_fsdp_state()._fsdp_param_groups
+    if len(groups) > 1:
+        raise _ext.ConfigError(f"{type(module).__name__}: CIERA needs one FSDP parameter group per module")
+    return groups[0] if groups else None
+
+
+def _bucket(index: int, module_name: str, group, names: dict) -> Bucket:
+    dtypes = set()
+    params, offset = [], 0
+    mp = group.mp_policy
+    for fp in group.fsdp_params:
+        # What FSDP all-gathers: the mixed-precision param dtype for floating-point parameters
+        # (FSDP sets param_dtype only at its lazy init, after enable() typically runs).
+        orig = fp.sharded_param.dtype
+        dtype = mp.param_dtype if (mp.param_dtype is not None and orig.is_floating_point) else orig
+        dtypes.add(dtype)
+        name = names.get(id(fp.sharded_param), f"{module_name}.<param>")
+        if dtype not in DTYPES:
+            raise TypeError(f"CIERA carries bf16, fp16 and fp32 parameters; {name} is {dtype}")
+        numel = fp.padded_sharded_param_size.numel()
+        params.append(ParamSlice(name, numel, offset, fp.sharded_param.numel()))
+        offset += numel
+    if len(dtypes) != 1:
+        raise TypeError(f"{module_name}: parameters of one FSDP group must share a "
+                        f"dtype for CIERA, found {sorted(map(str, dtypes))}")
+    return Bucket(index, module_name, dtypes.pop(), params, offset)
+
+
+def describe_buckets(model: torch.nn.Module) -> list[tuple[FSDPModule, Bucket]]:
+    """One bucket per FSDP parameter group, in module order (the same on every rank)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    module_names = {id(m): n for n, m in model.named_modules()}
+    out = []
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = _param_group(module)
+        if group is None or not group.fsdp_params:
+            continue
+        out.append((module, _bucket(len(out), module_names.get(id(module), ""), group, names)))
+    return out
+
+
+def all_gather_comm(module: FSDPModule):
+    """The all-gather FSDP2 currently uses for `module`'s parameter group (for tests)."""
+    return _param_group(module)._all_gather_comm
+
+
+def prefetch_forward(model: torch.nn.Module) -> None:
+    """Makes each FSDP module start the next one's all-gather before it runs (FSDP2 prefetches
+    backward gathers itself, forward ones only when told), so an in-flight gather overlaps compute."""
+    modules = [m for m, _ in describe_buckets(model)]
+    for current, following in zip(modules, modules[1:]):
+        current.set_modules_to_forward_prefetch([following])
+
+
+def element_bytes(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def full_parameter(bucket: Bucket, k: int, output: torch.Tensor, world: int) -> torch.Tensor:
+    """Parameter k of a gathered bucket as one flat tensor: its shards from every rank,
+    concatenated, without FSDP's padding (which sits at the end: dim-0 chunks are ceil-sized)."""
+    p = bucket.params[k]
+    pieces = [output[r * bucket.numel + p.offset: r * bucket.numel + p.offset + p.numel] for r in range(world)]
+    return torch.cat(pieces)[: p.full_numel]

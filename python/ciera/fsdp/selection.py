@@ -1,0 +1,114 @@
+"""Benefit-driven selection (paper §3.2) inside a training: warmup statistics, the C++ selector,
+and its choice applied on every rank at the same step."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from ciera import _ext
+from ciera.fsdp.layout import DTYPES
+from ciera.fsdp.tracking import ExponentTracker
+
+
+def shard_type(name: str) -> str:
+    """expert_ffn, attention, router, norm, embedding, dense_ffn or other, from the parameter name."""
+    return _ext.classify_parameter(name)
+
+
+class Selector:
+    """Chooses which parameters go through exponent reuse on every rank alike: warmup statistics
+    (q_i, the block change rate of each parameter's shards, measured in C++ on the shards about to
+    be gathered), a cost model measured at enable() on the same transport, and a cache budget.
+    Training steps are counted by a forward pre-hook on the root module (training mode only);
+    each bucket's first gather of a step is observed."""
+
+    def __init__(self, runtime, cost_model, budget_bytes: int, select_after: int,
+                 reselect_every: int, overlap: bool, codec, group=None):
+        self.runtime = runtime
+        self.cost_model = cost_model
+        self.budget_bytes = budget_bytes
+        self.select_after = select_after
+        self.reselect_every = reselect_every
+        self.overlap = overlap
+        self.codec = codec
+        self.group = group
+        self.tracker = ExponentTracker(runtime.buckets, codec.block_values)
+        self.step = 0
+        self.policies = {(b.index, k): _ext.ShardPolicy.raw for b in runtime.buckets for k in range(len(b.params))}
+        self.selection: _ext.Selection | None = None   # the latest
+        self.selection_step: int | None = None         # the training step it was made at
+        self.history: list[dict] = []   # one entry per selection: step, chosen count, cache bytes
+
+    @property
+    def monitor_bytes(self) -> int:
+        return self.tracker.memory_bytes
+
+    def on_step(self, module, args) -> None:
+        if not module.training:
+            return
+        self.tracker.new_step()
+        done = self.step
+        self.step += 1
+        if done == self.select_after or (self.reselect_every > 0 and done > self.select_after
+                                         and (done - self.select_after) % self.reselect_every == 0):
+            self.select()
+
+    def candidates(self, merged: list[list]) -> list:
+        """Every parameter as the selector sees it, from the statistics merged over ranks."""
+        world = dist.get_world_size(self.group)
+        out = []
+        for b in self.runtime.buckets:
+            for k, p in enumerate(b.params):
+                counts = merged[b.index][k]
+                c = _ext.ShardCandidate()
+                c.bucket, c.param, c.name, c.type = b.index, k, p.name, shard_type(p.name)
+                c.dtype = DTYPES[b.dtype]
+                c.shard_values = [p.numel] * world
+                # No statistics yet: assume every block changes, so nothing is selected blindly.
+                c.block_change_rate = counts.block_change_rate if counts.observations else 1.0
+                c.value_change_rate = counts.value_change_rate if counts.observations else 1.0
+                out.append(c)
+        return out
+
+    def select(self) -> _ext.Selection:
+        """Runs the selector on the statistics since the last selection and applies it. Collective."""
+        merged = self.tracker.merged_counts(self.runtime.buckets, self.group)
+        options = _ext.SelectorOptions()
+        options.cache_budget_bytes = self.budget_bytes
+        options.overlap = self.overlap
+        options.codec = self.codec
+        selection = _ext.select_shards(self.candidates(merged), self.cost_model, options)
+        for shard in selection.shards:
+            key = (shard.bucket, shard.param)
+            wanted = _ext.ShardPolicy.ciera if shard.chosen else _ext.ShardPolicy.raw
+            if self.policies[key] != wanted:
+                self.runtime.engine.set_policy(key[0], key[1], wanted)
+                self.policies[key] = wanted
+        self.tracker.clear_counts()
+        self.selection, self.selection_step = selection, self.step - 1
+        self.history.append({"step": self.selection_step, "chosen": selection.chosen_count(),
+                             "cache_bytes": selection.cache_bytes})
+        return selection
+
+
+def selection_table(selection: _ext.Selection) -> str:
+    """The selection as a readable table: one row per shard type, then the chosen shards' totals."""
+    by_type: dict[str, list] = {}
+    for s in selection.shards:
+        by_type.setdefault(s.type, []).append(s)
+    lines = [f"{'shard type':<12} {'shards':>6} {'chosen':>6} {'values chg':>10} {'blocks chg':>10} "
+             f"{'gain/gather':>12} {'cache':>10}"]
+    for kind, shards in sorted(by_type.items()):
+        chosen = [s for s in shards if s.chosen]
+        q = sum(s.block_change_rate for s in shards) / len(shards)
+        p = sum(s.value_change_rate for s in shards) / len(shards)
+        gain = sum(s.gain_s for s in chosen)
+        cache = sum(s.memory_bytes for s in chosen)
+        lines.append(f"{kind:<12} {len(shards):>6} {len(chosen):>6} {100 * p:>9.3f}% {100 * q:>9.2f}% "
+                     f"{1e3 * gain:>9.3f} ms "
+                     f"{cache / 2**20:>7.2f} MiB")
+    budget = selection.budget_bytes
+    budget_text = "unlimited" if budget >= 2**63 else f"{budget / 2**20:.2f} MiB"
+    lines.append(f"cache {selection.cache_bytes / 2**20:.2f} MiB of {budget_text}; expected gain "
+                 f"{1e3 * selection.gain_s:.3f} ms per gather round")
+    return "\n".join(lines)

@@ -1,0 +1,5 @@
+import sys
+
+from ciera.train.launcher import main
+
+sys.exit(main())

@@ -1,0 +1,171 @@
+"""The process the user started: launches the ranks (under mpirun, or inside the link lab),
+draws their progress from the metrics rank 0 appends, and renders the summary they wrote."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ciera.train import options
+from ciera.train.options import budget_text
+
+ROOT = Path(__file__).resolve().parents[1]   # the ciera package
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def linklab_script() -> str:
+    for candidate in (ROOT / "share" / "linklab.sh", ROOT.parents[1] / "scripts" / "linklab.sh"):
+        if candidate.is_file():
+            return str(candidate)
+    raise SystemExit("ciera train: scripts/linklab.sh not found")
+
+
+def launch(args, argv: list[str]) -> int:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.out) / f"{stamp}-{args.model}-w{args.ranks}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    child = [sys.executable, "-m", "ciera.train", *argv, "--child", "--run-dir", str(run_dir.resolve())]
+    env = dict(os.environ, CIERA_MASTER_PORT=str(free_port()), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT.parent), env.get("PYTHONPATH")]))
+    if args.link_gbit > 0:
+        cmd = [linklab_script(), "--ranks", str(args.ranks), "--gbit", str(args.link_gbit), "--", *child]
+    else:
+        mpirun = shutil.which("mpirun")
+        if mpirun is None:
+            raise SystemExit("ciera train: mpirun not found (apt-get install openmpi-bin)")
+        cmd = [mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(args.ranks),
+               "-x", "CIERA_MASTER_PORT", "-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED", "-x", "OMP_NUM_THREADS", *child]
+    log_path = run_dir / "log.txt"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        status = follow(proc, run_dir / "metrics.jsonl", args)
+    summary_path = run_dir / "summary.json"
+    if status != 0 or not summary_path.is_file():
+        sys.stderr.write(f"\nciera train: the ranks failed (exit {status}); last lines of {log_path}:\n")
+        sys.stderr.write("".join(open(log_path).readlines()[-25:]))
+        return status or 1
+    summary = json.loads(summary_path.read_text())
+    try:
+        from ciera import plots
+
+        summary["plots"] = plots.write_all(run_dir)
+    except Exception as e:  # plots are a convenience; the numbers are in the files
+        summary["plots"] = []
+        sys.stderr.write(f"ciera train: plots skipped: {e}\n")
+    summary_path.write_text(json.dumps(summary, indent=2))
+    print(render_summary(summary, run_dir))
+    if args.json:
+        # The per-shard selection stays in summary.json; the line is for scripts.
+        line = {k: v for k, v in summary.items() if k not in ("selection", "selection_table")}
+        print(json.dumps(line, separators=(",", ":")))
+    identical = summary["losses_identical"] or summary.get("iteration_ms_fsdp2") is None  # no baseline run
+    return 0 if identical and summary["wrong_bytes"] == 0 else 3
+
+
+def follow(proc: subprocess.Popen, metrics: Path, args) -> int:
+    """Draws a progress bar from the metrics rank 0 appends, until the ranks exit."""
+    tty = sys.stderr.isatty()
+    total = args.steps * ((0 if args.no_baseline else 1) + (3 if args.ablation else 1))
+    seen, last_line, offset, started = 0, "", 0, time.time()
+    while True:
+        status = proc.poll()
+        if metrics.is_file():
+            with open(metrics) as f:
+                f.seek(offset)
+                for line in f:
+                    if not line.endswith("\n"):
+                        break
+                    offset += len(line)
+                    rec = json.loads(line)
+                    seen += 1
+                    frac = seen / total
+                    bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
+                    extra = (f" ratio {rec['ratio']:.2f}x" if rec.get("ratio") else "")
+                    last_line = (f"{rec['run']:>8} [{bar}] {seen}/{total} step {rec['step'] + 1} "
+                                 f"loss {rec['loss']:.4f} allgather {rec['allgather_ms']:.1f} ms{extra} "
+                                 f"{time.time() - started:.0f}s")
+                    if tty:
+                        sys.stderr.write("\r" + last_line + "\033[K")
+                        sys.stderr.flush()
+                    elif seen % max(1, total // 10) == 0 or seen == total:
+                        sys.stderr.write(last_line + "\n")
+        if status is not None:
+            if tty and last_line:
+                sys.stderr.write("\n")
+            return status
+        time.sleep(0.2)
+
+
+def render_summary(s: dict, run_dir: Path) -> str:
+    def ms(x):
+        return "-" if x is None else f"{x:.1f}"
+
+    rows = [
+        ("model", f"{s['model']} ({s['params']:,} parameters, {s['buckets']} FSDP groups), {s['ranks']} ranks"),
+        ("links", s["links"]),
+        ("steps", f"{s['steps']} per run, {s['warmup']} warmup; steady state = steps {s['warmup'] + 1}..{s['steps']}"),
+        ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
+        ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  "
+                                 f"ratio {s['ratio']:.3f}x ({s['bits_per_value']:.3f} bits/value)"),
+        ("allgather time/step", f"FSDP2 {ms(s['allgather_ms_fsdp2'])} ms  CIERA {ms(s['allgather_ms_ciera'])} ms  "
+                                f"speedup {s['allgather_speedup'] or float('nan'):.3f}x"),
+        ("iteration time/step", f"FSDP2 {ms(s['iteration_ms_fsdp2'])} ms  CIERA {ms(s['iteration_ms_ciera'])} ms  "
+                                f"speedup {s['iteration_speedup'] or float('nan'):.3f}x"),
+        ("detect + encode", f"{s['detect_encode_ms_ciera']:.1f} ms/step on the slowest rank; "
+                            f"{100 * s['allgather_hidden_fraction_ciera']:.0f}% of the gathers' duration hidden"
+                            + (" (--overlap)" if s.get("overlap") else " (synchronous gathers)")),
+        ("codec state (peak)", f"{s['cache_bytes'] / 2**20:.2f} MiB per rank"
+                               + (f" of {budget_text(s['budget_bytes'])} budget; selected "
+                                  f"{s['selected_shards']} of {s['candidate_shards']} shards "
+                                  + ", ".join(f"{t} {n}" for t, n in s["selected_by_type"].items() if n)
+                                  if s.get("budget_bytes") is not None else "; all shards compressed")),
+        *([("characterisation", "element changes {:.3f}%/step; reusable blocks W=4: ".format(
+            100 * s["characterisation"]["element_change_rate"]) + ", ".join(
+            f"B={b} {100 * r:.1f}%" for b, r in s["characterisation"]["reusable_blocks_w4"].items()))]
+          if s.get("characterisation") else []),
+        ("exponent change rate", f"{100 * s['exponent_change_rate']:.3f}% of values per step (steady state)"),
+        ("exactness", ("not compared (--no-baseline)" if s.get("iteration_ms_fsdp2") is None
+                       else "losses and parameters bitwise identical to FSDP2"
+                       if s["losses_identical"] and s["params_identical"] else "NOT IDENTICAL") + (f"; verify: {s['wrong_bytes']} wrong bytes of {s['verified_bytes']:,}"
+                                               if s["verified_bytes"] else "")),
+        ("run folder", str(run_dir)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    if s.get("selection_table"):
+        text += "\n\nselection (paper §3.2) at the end of warmup:\n" + s["selection_table"]
+    if s.get("ablation"):
+        text += ("\n\nablation (cumulative, speedups over plain FSDP2 in this run):\n"
+                 f"{'config':<18} {'allgather ms':>12} {'speedup':>8} {'iteration ms':>12} {'speedup':>8} "
+                 f"{'ratio':>6} {'cache MiB':>9} {'shards':>6}\n"
+                 f"{'FSDP2':<18} {ms(s['allgather_ms_fsdp2']):>12} {'1.000':>8} {ms(s['iteration_ms_fsdp2']):>12} "
+                 f"{'1.000':>8} {'1.000':>6} {'0':>9} {'0':>6}")
+        for row in s["ablation"]:
+            text += (f"\n{row['config']:<18} {row['allgather_ms_ciera']:>12.1f} {row['allgather_speedup'] or 0:>8.3f} "
+                     f"{row['iteration_ms_ciera']:>12.1f} {row['iteration_speedup'] or 0:>8.3f} "
+                     f"{row['ratio'] or 0:>6.3f} {row['cache_bytes'] / 2**20:>9.2f} {row['selected_shards']:>6}")
+    return text
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = options.parser().parse_args(argv)
+    if args.child:
+        from ciera.train.rank import RankProgram
+
+        return RankProgram(args).run()
+    options.check(args)
+    return launch(args, argv)

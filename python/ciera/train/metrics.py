@@ -1,0 +1,98 @@
+"""Typed records of a training's numbers. Each converts to and from the tensor torch.distributed
+reduces over ranks, so a field is named once instead of being a position in a tensor."""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class StepMetrics:
+    """One rank's numbers of one training step, as float64. Reduced with SUM (the mean loss, the
+    change rate) and with MAX (each time's slowest rank)."""
+    loss: float
+    iteration_s: float
+    allgather_s: float          # on the critical path: all of a finished gather, the wait for one in flight
+    reduce_scatter_s: float
+    raw_bytes: float            # gathered outputs
+    wire_bytes: float           # what the transport carried for them
+    changed_values: float       # values whose exponent changed since the previous step
+    compared_values: float
+    encode_s: float             # detection + encoding
+    gather_duration_s: float    # from each gather's start to its end, hidden or not
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # what a float64 tensor holds, whatever the caller passed
+            setattr(self, f.name, float(getattr(self, f.name)))
+
+    def to_tensor(self) -> torch.Tensor:
+        return torch.tensor(astuple(self), dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, tensor: torch.Tensor) -> "StepMetrics":
+        return cls(*tensor.tolist())
+
+    def all_reduce(self, op) -> "StepMetrics":
+        """These metrics reduced over all ranks by `op` (collective)."""
+        tensor = self.to_tensor()
+        dist.all_reduce(tensor, op=op)
+        return StepMetrics.from_tensor(tensor)
+
+
+@dataclass
+class RunCheck:
+    """How one CIERA training compares with the baseline on this rank: counts that are summed
+    over ranks (as int64)."""
+    loss_mismatches: int = 0          # steps whose loss bits differ
+    param_bytes_mismatched: int = 0   # bytes of the final parameters that differ
+    wrong_bytes: int = 0              # --verify: gathered bytes that differ from torch's
+    verified_bytes: int = 0
+
+    def to_tensor(self) -> torch.Tensor:
+        return torch.tensor(astuple(self), dtype=torch.int64)
+
+    @classmethod
+    def from_tensor(cls, tensor: torch.Tensor) -> "RunCheck":
+        return cls(*(int(v) for v in tensor.tolist()))
+
+    @staticmethod
+    def sum_over_ranks(checks: list["RunCheck"]) -> list["RunCheck"]:
+        """Every run's checks summed over ranks, in one collective."""
+        if not checks:
+            return []
+        stacked = torch.stack([c.to_tensor() for c in checks])
+        dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+        return [RunCheck.from_tensor(row) for row in stacked]
+
+
+class Run:
+    """One of the trainings compared: its model, optimizer and per-step results (lists of floats
+    by name, one entry per step, already reduced over ranks)."""
+
+    def __init__(self, name, model, lr, take_records):
+        self.name = name
+        self.model = model
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        self.take_records = take_records
+        self.final = None
+        self.budget_mb = None
+        self.peak_cache_bytes = 0
+        self.rs_records: list = []
+        self.bucket_wire: dict[int, list] = {}   # steady-state wire bytes per gather, per bucket
+        self.results = {"loss_bits": [], "loss": [], "allgather_s": [], "reduce_scatter_s": [], "iteration_s": [],
+                        "raw": [], "wire": [], "encode_s": [], "gather_duration_s": []}
+
+    def record(self, loss_bits: int, summed: StepMetrics, peak: StepMetrics, mine: StepMetrics, world: int) -> None:
+        out = self.results
+        out["loss_bits"].append(loss_bits)
+        out["loss"].append(summed.loss / world)
+        out["iteration_s"].append(peak.iteration_s)
+        out["allgather_s"].append(peak.allgather_s)
+        out["reduce_scatter_s"].append(peak.reduce_scatter_s)
+        out["encode_s"].append(peak.encode_s)
+        out["gather_duration_s"].append(peak.gather_duration_s)
+        out["raw"].append(mine.raw_bytes)
+        out["wire"].append(mine.wire_bytes)

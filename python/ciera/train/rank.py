@@ -1,0 +1,241 @@
+"""One rank of ``ciera train`` (started by the launcher under mpirun): builds the baseline and the
+CIERA model(s) from the same seed, trains them side by side one step at a time, and writes the
+per-step metrics (rank 0) and, at the end, the summary."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import ciera
+from ciera import fsdp
+from ciera.train.metrics import Run, StepMetrics
+from ciera.train.options import budget_bytes
+
+
+class RankProgram:
+    def __init__(self, args):
+        self.args = args
+        self.rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+        self.world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+        self.run_dir = Path(args.run_dir)
+        self.tracer = None
+        self.stats = None
+        self.trackers: dict = {}
+        self.grad_bytes: dict[int, int] = {}
+
+    def run(self) -> int:
+        torch.set_num_threads(1)
+        in_lab = "CIERA_LINKLAB_PREFIX" in os.environ
+        master = "10.231.0.1" if in_lab else "127.0.0.1"
+        if in_lab:
+            os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
+        dist.init_process_group("gloo", init_method=f"tcp://{master}:{os.environ['CIERA_MASTER_PORT']}",
+                                rank=self.rank, world_size=self.world,
+                                timeout=_dt.timedelta(seconds=self.args.timeout))
+        try:
+            self.train_all()
+        finally:
+            dist.destroy_process_group()
+        return 0
+
+    def emit(self, record: dict) -> None:
+        if self.rank == 0:
+            with open(self.run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def build(self):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from ciera import models
+
+        a = self.args
+        spec = models.ModelSpec(family=a.model, hidden=a.hidden, layers=a.layers, experts=a.experts,
+                                expert_intermediate=a.expert_intermediate, max_positions=max(1024, a.seq_len))
+        model = models.build(spec, a.seed)
+        mesh = init_device_mesh("cpu", (self.world,))
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in models.decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        return model, spec
+
+    def variants(self) -> list[tuple[str, float | None, bool]]:
+        """(name, cache budget in MiB or None for every shard, overlap) of each CIERA training."""
+        a = self.args
+        if not a.ablation:
+            return [("ciera", a.budget_mb, a.overlap)]
+        budget = a.budget_mb if a.budget_mb is not None else float("inf")  # BSC by gain alone
+        # The paper's Table 3, cumulative: exponent reuse on every shard, + selection, + pipelining.
+        return [("er", None, False), ("bsc", budget, False), ("ciera", budget, True)]
+
+    def add_baseline(self, runs: dict) -> None:
+        """Plain FSDP2, its gathers and reduce-scatters timed. Exponent statistics are collected in
+        every training alike (same cost for all); they are identical anyway, since the parameters are."""
+        a = self.args
+        plain, _ = self.build()
+        self.trackers["fsdp2"] = fsdp.ExponentTracker()
+        records = fsdp.time_plain_all_gathers(plain, self.trackers["fsdp2"], overlap=a.overlap and not a.ablation)
+
+        def take_plain_records():
+            taken = list(records)
+            records.clear()
+            return taken
+
+        runs["fsdp2"] = Run("fsdp2", plain, a.lr, take_plain_records)
+        runs["fsdp2"].rs_records = fsdp.time_reduce_scatters(plain)
+        if a.trace:
+            from ciera import trace
+
+            self.tracer = trace.Tracer(len(fsdp.describe_buckets(plain)))
+
+    def add_ciera(self, runs: dict, handles: dict, name: str, budget_mb: float | None, overlap: bool):
+        """One CIERA training; returns its model and spec."""
+        a = self.args
+        model, spec = self.build()
+        config = ciera.EngineConfig()
+        config.codec.block_values = a.block
+        config.warmup_steps = 0  # warmup is driven per training step below
+        config.adaptive = a.codec == "auto"
+        config.worker_threads = a.threads
+        config.timeout_s = a.timeout
+        if budget_mb is not None:
+            # The selector counts steps itself and selects at the start of step `warmup`.
+            handle = fsdp.enable(model, config, transport=a.transport, verify=a.verify, overlap=overlap,
+                                 cache_budget_bytes=budget_bytes(budget_mb), select_after_steps=a.warmup,
+                                 reselect_every=a.reselect_every)
+        else:
+            handle = fsdp.enable(model, config, transport=a.transport, verify=a.verify, overlap=overlap,
+                                 policy=lambda bucket, param: ciera.ShardPolicy.raw)
+        # The main run's tracker counts per parameter: a trace takes its change rates from it.
+        self.trackers[name] = (fsdp.ExponentTracker(handle.buckets, a.block) if name == "ciera"
+                               else fsdp.ExponentTracker())
+        handle.set_gather_observer(self.trackers[name])
+        if a.stats and name == "ciera":
+            from ciera.train.characterisation import TrainingStats
+
+            self.stats = TrainingStats(handle.buckets, self.world, self.rank, a.warmup)
+            handle.set_output_observer(self.stats)
+        runs[name] = Run(name, model, a.lr, handle.take_records)
+        runs[name].budget_mb = budget_mb
+        runs[name].rs_records = fsdp.time_reduce_scatters(model)
+        handles[name] = handle
+        return model, spec
+
+    def train_all(self) -> None:
+        """Trains the baseline and the CIERA model(s) side by side, one step of each in turn: all
+        start from the same seed and see the same data, and interleaving keeps the machine's state
+        (memory warm-up, other load) the same for all, so their times are comparable. (Run one
+        after the other, the first training in a process is about twice as slow.)"""
+        from ciera import data
+        from ciera.train.summary import finish
+
+        a = self.args
+        corpus = data.load_corpus()
+        runs, handles = {}, {}
+        if not a.no_baseline:
+            self.add_baseline(runs)
+        for name, budget_mb, overlap in self.variants():
+            model, spec = self.add_ciera(runs, handles, name, budget_mb, overlap)
+        for step in range(a.steps):
+            self.train_step(runs, handles, step, data.batch(corpus, step, self.rank, a.batch, a.seq_len, a.seed))
+        for run in runs.values():
+            run.final = self.local_params(run.model)
+        finish(self, runs, handles, spec, sum(p.numel() for p in model.parameters()))
+        for handle in handles.values():
+            handle.disable()
+
+    def train_step(self, runs: dict, handles: dict, step: int, tokens) -> None:
+        """Step `step` of every training, in an order that rotates from step to step."""
+        a = self.args
+        if step == a.warmup:
+            # Warmup over: without a selector every parameter now goes through exponent reuse
+            # (all ranks at once).
+            for handle in handles.values():
+                if handle.selector is None:
+                    for bucket in handle.buckets:
+                        for k in range(len(bucket.params)):
+                            handle.engine.set_policy(bucket.index, k, ciera.ShardPolicy.ciera)
+        # Whichever model steps first after the previous pair is measurably slower on an
+        # oversubscribed machine (caches and schedulers settle); rotating the order every
+        # step gives every run the same share of that cost.
+        order = list(runs.values())
+        shift = step % len(order)
+        order = order[shift:] + order[:shift]
+        if step == a.warmup:
+            self.trackers["ciera"].clear_counts()  # per-parameter rates of the steady state only
+        if self.stats is not None:
+            self.stats.new_step()
+        if a.save_checkpoints:
+            self.save_checkpoint(runs["ciera"].model, step)
+        for run in order:
+            self.trackers[run.name].new_step()
+            self.emit(self.step(run, step, tokens, self.trackers[run.name]))
+            if run.name in handles:
+                run.peak_cache_bytes = max(run.peak_cache_bytes, handles[run.name].cache_bytes)
+
+    def step(self, run: Run, step: int, tokens, tracker) -> dict:
+        """One optimizer step of `run`; returns its line of metrics.jsonl."""
+        start = time.perf_counter()
+        loss = run.model(input_ids=tokens, labels=tokens).loss
+        loss_done = time.perf_counter()
+        loss.backward()
+        backward_done = time.perf_counter()
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        end = time.perf_counter()
+        records = run.take_records()
+        rs_records = list(run.rs_records)
+        run.rs_records.clear()
+        for r in rs_records:
+            self.grad_bytes[r.bucket] = r.input_bytes
+        if step >= self.args.warmup:
+            for r in records:
+                run.bucket_wire.setdefault(r.bucket, []).append(r.wire_bytes)
+            if self.tracer is not None and run.name == "fsdp2":
+                from ciera import trace
+
+                self.tracer.add(trace.StepEvents(start, loss_done, backward_done, end, records, rs_records))
+        local = loss.detach().float()
+        mine = StepMetrics(
+            loss=float(local), iteration_s=end - start,
+            allgather_s=sum(r.seconds if r.exposed_s < 0 else r.exposed_s for r in records),
+            reduce_scatter_s=sum(r.seconds for r in rs_records),
+            raw_bytes=sum(r.raw_bytes for r in records), wire_bytes=sum(r.wire_bytes for r in records),
+            changed_values=tracker.changed, compared_values=tracker.total,
+            encode_s=sum(r.encode_s for r in records), gather_duration_s=sum(r.seconds for r in records))
+        # Two small all-reduces per step: the mean loss, and each time's slowest rank.
+        summed = mine.all_reduce(dist.ReduceOp.SUM)
+        peak = mine.all_reduce(dist.ReduceOp.MAX)
+        run.record(int(local.view(torch.int32).item()), summed, peak, mine, self.world)
+        record = {"run": run.name, "step": step, "loss": run.results["loss"][-1], "iteration_ms": 1e3 * peak.iteration_s,
+                  "allgather_ms": 1e3 * peak.allgather_s, "reduce_scatter_ms": 1e3 * peak.reduce_scatter_s,
+                  "raw_bytes": mine.raw_bytes, "wire_bytes": mine.wire_bytes}
+        if summed.compared_values > 0:
+            record["exponent_change_rate"] = summed.changed_values / summed.compared_values
+        if run.name != "fsdp2":
+            record["ratio"] = mine.raw_bytes / max(1.0, mine.wire_bytes)
+            record["bits_per_value"] = 16.0 * mine.wire_bytes / max(1.0, mine.raw_bytes)
+        return record
+
+    def local_params(self, model) -> list:
+        return [p.to_local().detach().clone() if hasattr(p, "to_local") else p.detach().clone()
+                for p in model.parameters()]
+
+    def save_checkpoint(self, model, step: int) -> None:
+        """The parameters as FSDP gathers them (BF16 casts of the FP32 masters). Collective."""
+        from safetensors.torch import save_file
+
+        tensors = {name: p.full_tensor().detach().to(torch.bfloat16).contiguous()
+                   for name, p in model.named_parameters()}
+        if self.rank == 0:
+            folder = Path(self.args.save_checkpoints)
+            folder.mkdir(parents=True, exist_ok=True)
+            save_file(tensors, str(folder / f"step_{step:05d}.safetensors"))

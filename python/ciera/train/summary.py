@@ -1,0 +1,166 @@
+"""summary.json of a ``ciera train`` run, made on rank 0 from the trainings' per-step results;
+other tools and docs read its keys, so they stay as they are."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from ciera import fsdp
+from ciera.train.metrics import Run, RunCheck
+from ciera.train.options import budget_bytes
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def check_runs(runs: dict, handles: dict, names: list[str]) -> tuple[list[RunCheck], list[int]]:
+    """Per CIERA run: its RunCheck against the baseline summed over ranks, and the peak codec state
+    of any rank. Collective."""
+    base = runs.get("fsdp2")
+    checks, peaks = [], torch.zeros(len(names), dtype=torch.int64)
+    for i, name in enumerate(names):
+        run, check = runs[name], RunCheck()
+        if base:
+            check.loss_mismatches = sum(x != y for x, y in zip(base.results["loss_bits"], run.results["loss_bits"]))
+            check.param_bytes_mismatched = sum(int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
+                                               for x, y in zip(base.final, run.final))
+        check.wrong_bytes = handles[name].wrong_bytes
+        check.verified_bytes = handles[name].verified_bytes
+        checks.append(check)
+        peaks[i] = run.peak_cache_bytes
+    checks = RunCheck.sum_over_ranks(checks)
+    dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+    return checks, [int(p) for p in peaks]
+
+
+def _selection_fields(handle) -> dict:
+    selection = handle.selector.selection if handle.selector else None
+    if selection is None:
+        n = sum(len(b.params) for b in handle.buckets)
+        return {"selected_shards": n, "candidate_shards": n}
+    shards = selection.shards
+    chosen = [x for x in shards if x.chosen]
+    return {
+        "selected_shards": len(chosen),
+        "candidate_shards": len(shards),
+        "selected_by_type": {t: sum(1 for x in chosen if x.type == t) for t in sorted({x.type for x in shards})},
+        "selection_table": fsdp.selection_table(selection),
+        "selection": [{k: getattr(x, k) for k in ("name", "type", "value_change_rate", "block_change_rate", "gain_s",
+                                                  "memory_bytes", "chosen", "reason")}
+                      for x in shards],
+        "selections": handle.selector.history,
+    }
+
+
+def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None, steady: slice) -> dict:
+    """One CIERA training's part of the summary: bytes, times and speedups, exactness, selection."""
+    r = run.results
+    raw, wire = sum(r["raw"][steady]), sum(r["wire"][steady])
+    ag, it = _median(r["allgather_s"][steady]), _median(r["iteration_s"][steady])
+    ag_base = _median(base.results["allgather_s"][steady]) if base else None
+    it_base = _median(base.results["iteration_s"][steady]) if base else None
+    return {
+        "allgather_raw_bytes": int(statistics.median(r["raw"][steady])),
+        "allgather_wire_bytes": int(statistics.median(r["wire"][steady])),
+        "ratio": raw / wire if wire else None,
+        "bits_per_value": 16.0 * wire / raw if raw else None,
+        "allgather_ms_ciera": ag * 1e3,
+        "allgather_speedup": ag_base / ag if ag_base else None,
+        "iteration_ms_ciera": it * 1e3,
+        "iteration_speedup": it_base / it if it_base else None,
+        "losses_identical": bool(base) and check.loss_mismatches == 0,
+        "params_identical": bool(base) and check.param_bytes_mismatched == 0,
+        "loss_mismatches": check.loss_mismatches, "param_bytes_mismatched": check.param_bytes_mismatched,
+        "wrong_bytes": check.wrong_bytes, "verified_bytes": check.verified_bytes,
+        "overlap": handle.overlap,
+        "cache_bytes": peak,
+        "budget_bytes": budget_bytes(run.budget_mb) if run.budget_mb is not None else None,
+        **_selection_fields(handle),
+    }
+
+
+def _communication_shares(runs: dict, steady: slice) -> dict:
+    """O1: the allgather's share of the communication time (allgather + gradient reduce-scatter)."""
+    out = {}
+    for name in ("fsdp2", "ciera"):
+        if name in runs:
+            ag_s = _median(runs[name].results["allgather_s"][steady])
+            rs_s = _median(runs[name].results["reduce_scatter_s"][steady])
+            out[f"allgather_share_{name}"] = ag_s / (ag_s + rs_s) if ag_s + rs_s > 0 else None
+            out[f"reduce_scatter_ms_{name}"] = rs_s * 1e3
+    return out
+
+
+def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
+    """Compares the trainings, collects the trace and statistics (collective), and on rank 0
+    writes summary.json (and characterisation.json, the trace)."""
+    a = program.args
+    steady = slice(a.warmup, a.steps)
+    base = runs.get("fsdp2")
+    names = [n for n in runs if n != "fsdp2"]
+    checks, peaks = check_runs(runs, handles, names)
+    trace_doc = None
+    if a.trace:
+        from ciera.train.tracing import collect_trace
+
+        trace_doc = collect_trace(program, runs, handles, params)
+    characterisation = program.stats.gather() if program.stats is not None else None
+    if program.rank != 0:
+        return
+    described = {name: describe_run(runs[name], handles[name], checks[i], peaks[i], base, steady)
+                 for i, name in enumerate(names)}
+    main = described["ciera"]
+    records = [json.loads(line) for line in open(program.run_dir / "metrics.jsonl")]
+    rates = [r["exponent_change_rate"] for r in records
+             if r["run"] == "ciera" and r["step"] >= a.warmup and r.get("exponent_change_rate") is not None]
+    ag_base = _median(base.results["allgather_s"][steady]) if base else None
+    it_base = _median(base.results["iteration_s"][steady]) if base else None
+    c = runs["ciera"].results
+    summary = {
+        "model": a.model, "spec": spec.describe(), "params": params, "ranks": program.world,
+        "buckets": len(handles["ciera"].buckets), "links": (f"{a.link_gbit:g} Gbit/s (link lab)" if a.link_gbit
+                                                             else "unshaped (mpirun on one host)"),
+        "transport": a.transport, "codec": a.codec,
+        "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
+        "loss_first": c["loss"][0], "loss_last": c["loss"][-1],
+        "allgather_ms_fsdp2": ag_base * 1e3 if ag_base else None,
+        "iteration_ms_fsdp2": it_base * 1e3 if it_base else None,
+        **main,
+        "exponent_change_rate": statistics.fmean(rates) if rates else 0.0,
+        # Every CIERA training of this run must match the baseline, not just the main one.
+        "losses_identical": all(d["losses_identical"] for d in described.values()),
+        "params_identical": all(d["params_identical"] for d in described.values()),
+        "wrong_bytes": sum(d["wrong_bytes"] for d in described.values()),
+    }
+    # O5: change detection + encoding per step, and how much of the gathers' duration the
+    # training did not wait for (0 with synchronous gathers; with --overlap, what CCP hid).
+    enc = _median(c["encode_s"][steady])
+    duration = _median(c["gather_duration_s"][steady])
+    summary["detect_encode_ms_ciera"] = enc * 1e3
+    summary["allgather_hidden_fraction_ciera"] = (1 - main["allgather_ms_ciera"] / 1e3 / duration
+                                                  if duration else 0.0)
+    summary.update(_communication_shares(runs, steady))
+    if characterisation is not None:
+        (program.run_dir / "characterisation.json").write_text(json.dumps(characterisation, indent=1))
+        summary["characterisation"] = characterisation["summary"]
+    if trace_doc is not None:
+        trace_doc["measured"] = {
+            "baseline": {"iteration_s": it_base, "allgather_s": ag_base},
+            "ciera": {"iteration_s": main["iteration_ms_ciera"] / 1e3, "allgather_s": main["allgather_ms_ciera"] / 1e3},
+        }
+        from ciera import trace
+
+        trace.write(a.trace, trace_doc)
+        summary["trace"] = a.trace
+    if a.ablation:
+        summary["ablation"] = [{"config": {"er": "+ER (all shards)", "bsc": "+BSC", "ciera": "+CCP"}[n],
+                                **{k: described[n][k] for k in (
+                                    "allgather_ms_ciera", "allgather_speedup", "iteration_ms_ciera",
+                                    "iteration_speedup", "ratio", "cache_bytes", "selected_shards",
+                                    "losses_identical")}} for n in names]
+    (program.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
