@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "ciera/sim.hpp"
+#include "sim/sim.hpp"
 
 namespace ciera::sim {
 namespace {

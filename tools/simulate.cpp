@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "ciera/sim.hpp"
+#include "sim/sim.hpp"
 #include "commands.hpp"
 #include "report.hpp"
 

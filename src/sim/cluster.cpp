@@ -2,7 +2,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "ciera/sim.hpp"
+#include "sim/sim.hpp"
 #include "sim/json_fields.hpp"
 
 namespace ciera::sim {

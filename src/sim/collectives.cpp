@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ciera/sim.hpp"
+#include "sim/sim.hpp"
 
 namespace ciera::sim {
 

@@ -2,7 +2,7 @@
 // and shard type, FLOPs per token, and the paper's per-type change rates.
 #include <cmath>
 
-#include "ciera/sim.hpp"
+#include "sim/sim.hpp"
 #include "sim/json_fields.hpp"
 
 namespace ciera::sim {

@@ -5,7 +5,7 @@
 
 #include "ciera/config.hpp"
 #include "ciera/selection.hpp"
-#include "ciera/sim.hpp"
+#include "sim/sim.hpp"
 
 namespace ciera::sim {
 namespace {

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "ciera/sim.hpp"
+#include "sim/sim.hpp"
 
 namespace ciera::sim {
 namespace {

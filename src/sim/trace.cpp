@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "ciera/config.hpp"
-#include "ciera/sim.hpp"
+#include "sim/sim.hpp"
 #include "sim/json_fields.hpp"
 
 namespace ciera::sim {

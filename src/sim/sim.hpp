@@ -3,7 +3,8 @@
 // ZeRO-3 (raw), ZeRO++ (int8 weights, hierarchical partitioning, int4 gradients) and CIERA.
 // Times are in seconds, sizes in bytes, bandwidths in GB/s (1e9 bytes per second).
 //
-// Part of the `ciera_sim` library (linked by the `ciera` tool), not of the core `ciera` library.
+// The API of the `ciera_sim` tool library (linked by the `ciera` tool and its tests), not of the
+// core `ciera` library: it lives with the layer's sources and is not installed.
 #pragma once
 
 #include <array>
