@@ -1,0 +1,152 @@
+// The description is "key=value" lines in a fixed order, so that the first differing fact can be
+// reported by name; it is exchanged as text because ranks of different builds must still be able
+// to read each other's (format_version and protocol_version are facts too).
+#include "engine/agreement.hpp"
+
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include "ciera/codec.hpp"
+#include "ciera/error.hpp"
+#include "ciera/version.hpp"
+#include "engine/protocol.hpp"
+
+namespace ciera {
+namespace {
+
+using Facts = std::vector<std::pair<std::string, std::string>>;
+
+// One fact per line, in a fixed order, for everything every rank must agree on.
+Facts describe(const EngineConfig& c, const std::vector<BucketLayout>& buckets, int world) {
+  Facts facts;
+  facts.emplace_back("format_version", std::to_string(kFormatVersion));
+  facts.emplace_back("protocol_version", std::to_string(kEngineProtocolVersion));
+  facts.emplace_back("world_size", std::to_string(world));
+  facts.emplace_back("block_values", std::to_string(c.codec.block_values));
+  facts.emplace_back("change_detection", std::string(change_detection_name(c.codec.detection)));
+  facts.emplace_back("exponent_coding", std::string(exponent_coding_name(c.codec.coding)));
+  facts.emplace_back("content_checksum", c.codec.content_checksum ? "on" : "off");
+  facts.emplace_back("warmup_steps", std::to_string(c.warmup_steps));
+  facts.emplace_back("warmup_mode", c.warmup == WarmupMode::kRaw ? "raw" : "key_frames");
+  facts.emplace_back("adaptive", c.adaptive ? "on" : "off");
+  facts.emplace_back("buckets", std::to_string(buckets.size()));
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const BucketLayout& l = buckets[b];
+    const std::string p = "bucket[" + std::to_string(b) + "].";
+    facts.emplace_back(p + "name", l.name);
+    facts.emplace_back(p + "dtype", std::string(dtype_name(l.dtype)));
+    facts.emplace_back(p + "ranks", std::to_string(l.ranks()));
+    facts.emplace_back(p + "params", std::to_string(l.params()));
+    std::string policy;
+    for (ShardPolicy s : l.policy) policy += s == ShardPolicy::kCiera ? 'c' : 'r';
+    facts.emplace_back(p + "policy", policy);
+    for (int r = 0; r < l.ranks(); ++r) {
+      std::string sizes;
+      for (uint64_t v : l.shard_values[r]) {
+        if (!sizes.empty()) sizes += ',';
+        sizes += std::to_string(v);
+      }
+      facts.emplace_back(p + "shard_values[rank " + std::to_string(r) + "]", sizes);
+    }
+  }
+  return facts;
+}
+
+std::string serialise(const Facts& facts) {
+  std::string s;
+  for (const auto& [k, v] : facts) s += k + "=" + v + "\n";
+  return s;
+}
+
+std::map<std::string, std::string> parse_facts(const std::string& text) {
+  std::map<std::string, std::string> facts;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos) facts[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return facts;
+}
+
+std::string shorten(const std::string& s) { return s.size() > 80 ? s.substr(0, 77) + "..." : s; }
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(r);
+  }
+  return s;
+}
+
+// Every rank's description, as sent.
+std::vector<std::string> exchange_descriptions(Transport& t, const std::string& mine) {
+  const int world = t.size();
+  uint64_t my_length = mine.size();
+  std::vector<uint64_t> lengths(static_cast<size_t>(world));
+  t.allgather(&my_length, sizeof my_length, lengths.data());
+  std::vector<uint64_t> displs(static_cast<size_t>(world));
+  uint64_t total = 0;
+  for (int r = 0; r < world; ++r) {
+    displs[r] = total;
+    total += lengths[r];
+  }
+  std::string all(total, '\0');
+  t.allgatherv(mine.data(), all.data(), lengths, displs);
+  std::vector<std::string> texts;
+  for (int r = 0; r < world; ++r) texts.push_back(all.substr(displs[r], lengths[r]));
+  return texts;
+}
+
+// Throws on the first fact (in rank 0's order, then facts rank 0 lacks) whose value differs.
+void throw_first_difference(const std::string& rank0_text,
+                            const std::vector<std::map<std::string, std::string>>& facts) {
+  const int world = static_cast<int>(facts.size());
+  std::istringstream order(rank0_text);
+  std::string line;
+  std::vector<std::string> keys;
+  while (std::getline(order, line)) keys.push_back(line.substr(0, line.find('=')));
+  for (int r = 1; r < world; ++r) {
+    for (const auto& [k, v] : facts[r]) {
+      if (!facts[0].count(k)) keys.push_back(k);
+    }
+  }
+  for (const std::string& key : keys) {
+    std::map<std::string, std::vector<int>> holders;
+    for (int r = 0; r < world; ++r) {
+      auto it = facts[r].find(key);
+      holders[it == facts[r].end() ? "<absent>" : it->second].push_back(r);
+    }
+    if (holders.size() > 1) {
+      std::string text = "configuration mismatch across ranks: " + key + " is";
+      bool first = true;
+      for (const auto& [value, ranks] : holders) {
+        text += std::string(first ? " " : "; ") + "'" + shorten(value) + "' on rank" +
+                (ranks.size() > 1 ? "s " : " ") + join_ranks(ranks);
+        first = false;
+      }
+      throw ConfigError(text);
+    }
+  }
+}
+
+}  // namespace
+
+void agree_on_configuration(Transport& transport, const EngineConfig& config,
+                            const std::vector<BucketLayout>& buckets, const std::string& local_error) {
+  Facts mine = describe(config, buckets, transport.size());
+  if (!local_error.empty()) mine.insert(mine.begin(), {"error", local_error});
+  const std::vector<std::string> texts = exchange_descriptions(transport, serialise(mine));
+  std::vector<std::map<std::string, std::string>> facts;
+  for (const std::string& text : texts) facts.push_back(parse_facts(text));
+  for (size_t r = 0; r < facts.size(); ++r) {
+    if (auto it = facts[r].find("error"); it != facts[r].end()) {
+      throw ConfigError("configuration rejected on rank " + std::to_string(r) + ": " + it->second);
+    }
+  }
+  throw_first_difference(texts[0], facts);
+}
+
+}  // namespace ciera

@@ -1,0 +1,122 @@
+// A gather's codec work on the worker threads: this rank's shards into their envelope slots
+// (start(), so that encoding overlaps earlier work), and every peer's envelope into the output
+// as soon as its payload exchange completes (paper §3.3: decoding is the only codec work on the
+// critical path). Payload bytes move only through `memory` (engine/memory_ops.hpp).
+#include <string>
+
+#include "ciera/error.hpp"
+#include "engine/engine_impl.hpp"
+
+namespace ciera {
+
+// Small shards are grouped so a task is worth its scheduling.
+void CompressedAllgather::Impl::encode(Gather& g, BucketState& s, bool raw) {
+  g.sends_raw = raw;
+  constexpr uint64_t kTaskBytes = 1 << 20;
+  const size_t params = s.layout.params();
+  size_t first = 0;
+  while (first < params) {
+    size_t last = first;
+    uint64_t bytes = 0;
+    while (last < params && (last == first || bytes < kTaskBytes)) {
+      bytes += s.layout.shard_values[rank][last] * s.value_bytes;
+      ++last;
+    }
+    pool.submit(g.encoding, [&s, &g, first, last, raw, this] {
+      for (size_t k = first; k < last; ++k) {
+        const uint64_t shard_bytes = s.layout.shard_values[rank][k] * s.value_bytes;
+        const std::byte* src = g.in + s.my_param_offset[k];
+        std::byte* slot = s.send.data() + s.send_layout.slot_offset[k];
+        if (raw || !s.encoders[k]) {
+          memory.copy(slot, src, shard_bytes);
+          s.payload_bytes[k] = shard_bytes;
+        } else {
+          const uint64_t capacity = s.encoders[k]->max_payload_bytes();
+          s.payload_bytes[k] = s.encoders[k]->encode({src, shard_bytes}, {slot, capacity}).payload_bytes;
+        }
+      }
+    });
+    first = last;
+  }
+}
+
+uint64_t CompressedAllgather::Impl::pack(BucketState& s, uint64_t step, bool raw) {
+  EnvelopeHeader header;
+  header.bucket = static_cast<uint32_t>(&s - buckets.data());
+  header.params = static_cast<uint32_t>(s.layout.params());
+  header.step = step;
+  header.all_raw = raw;
+  return pack_envelope(s.send.data(), s.send_layout, s.payload_bytes, header, memory);
+}
+
+// g.decoding completes when every peer's envelope is decoded and this rank's own shards are in
+// place; g.verdict then holds the outcome.
+void CompressedAllgather::Impl::start_decode(Gather& g) {
+  BucketState& s = buckets[g.bucket];
+  g.verdict = Verdict{};
+  g.decode_started = std::chrono::steady_clock::now();
+  // Own shards: straight from the input (nothing to do when gathering in place).
+  std::byte* own = g.out + s.layout.rank_offset(rank);
+  const uint64_t own_bytes = s.layout.rank_bytes(rank);
+  if (own != g.in && own_bytes) {
+    pool.submit(g.decoding, [own, &g, own_bytes, this] { memory.move(own, g.in, own_bytes); });
+  }
+  uint64_t at = 0;
+  for (int p = 0; p < world; ++p) {
+    const uint64_t bytes = g.control[p].envelope_bytes;
+    if (p != rank) {
+      pool.submit(g.decoding, [&g, p, at, bytes, this] { decode_envelope(g, p, at, bytes); });
+    }
+    at += bytes;
+  }
+}
+
+// Decodes `peer`'s envelope (at `envelope_offset` of the bucket's `recv`) into its slot of the
+// output; a problem becomes g.verdict, never an exception, so that every rank can agree on it.
+void CompressedAllgather::Impl::decode_envelope(Gather& g, int peer, uint64_t envelope_offset,
+                                                uint64_t envelope_bytes) {
+  BucketState& s = buckets[g.bucket];
+  auto fail = [&g, peer](int param, const std::string& reason) {
+    std::lock_guard lock(g.verdict_mutex);
+    record_failure(g.verdict, peer, param, reason);
+  };
+  // Worded only on failure: a steady-state gather builds no strings.
+  auto who = [peer] { return "rank " + std::to_string(peer) + "'s envelope"; };
+  EnvelopeReader reader(s.recv.data() + envelope_offset, envelope_bytes);
+  EnvelopeHeader expected;
+  expected.bucket = static_cast<uint32_t>(g.bucket);
+  expected.params = static_cast<uint32_t>(s.layout.params());
+  expected.step = g.step;
+  if (!reader.open(expected)) {
+    fail(-1, who() + " header is malformed or for another gather");
+    return;
+  }
+  const bool raw = reader.all_raw();
+  std::byte* dest = g.out + s.layout.rank_offset(peer);
+  for (size_t k = 0; k < s.layout.params(); ++k) {
+    const uint64_t bytes = s.layout.shard_values[peer][k] * s.value_bytes;
+    std::span<const std::byte> payload;
+    if (!reader.next(payload)) {
+      fail(static_cast<int>(k), who() + " is shorter than its shard lengths");
+      return;
+    }
+    if (raw || !s.decoders[peer][k]) {
+      if (payload.size() != bytes) {
+        fail(static_cast<int>(k), "raw shard of " + std::to_string(payload.size()) + " bytes, expected " +
+                                      std::to_string(bytes));
+        return;
+      }
+      memory.copy(dest, payload.data(), bytes);
+    } else {
+      try {
+        s.decoders[peer][k]->decode(payload, {dest, bytes});
+      } catch (const FormatError& e) {
+        fail(static_cast<int>(k), e.what());
+      }
+    }
+    dest += bytes;
+  }
+  if (!reader.at_end()) fail(-1, who() + " has trailing bytes");
+}
+
+}  // namespace ciera

@@ -1,0 +1,125 @@
+// The engine's state, shared by its parts: engine.cpp (public API, setup), scheduler.cpp (the
+// communication thread: rounds of control, payload and verdict exchanges) and codec_tasks.cpp
+// (encoding and decoding on the worker threads).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "ciera/engine.hpp"
+#include "engine/adaptive.hpp"
+#include "engine/control.hpp"
+#include "engine/envelope.hpp"
+#include "engine/memory_ops.hpp"
+#include "engine/thread_pool.hpp"
+
+namespace ciera {
+
+struct BucketState {
+  explicit BucketState(const MemoryOps& memory) : send(memory), recv(memory) {}
+
+  BucketLayout layout;
+  uint32_t value_bytes = 0;
+  uint64_t step = 0;   // gathers completed (agreed by all ranks)
+  bool cold = false;   // set by reset_caches(): peers must resynchronise with this rank
+  bool busy = false;
+  double last_gather_s = 0;      // this rank's time for the previous gather (0: none yet)
+  bool last_compressed = false;
+  std::vector<uint64_t> my_param_offset;          // byte offset of each param in this rank's input
+  SendLayout send_layout;                         // this rank's envelope and slots in `send`
+  std::vector<uint64_t> payload_bytes;            // encoded length per param (this step)
+  std::vector<std::unique_ptr<ShardEncoder>> encoders;                 // [param]
+  std::vector<std::vector<std::unique_ptr<ShardDecoder>>> decoders;    // [peer][param]
+  PayloadBuffer send;                             // this rank's slots, then its envelope
+  PayloadBuffer recv;                             // every rank's envelope, back to back
+  std::vector<uint64_t> max_envelope_bytes;       // per rank
+};
+
+// One gather of one bucket, from start() to its promise.
+struct Gather {
+  CompressedAllgather::Ticket ticket = 0;
+  size_t bucket = 0;
+  const std::byte* in = nullptr;   // payload memory
+  std::byte* out = nullptr;        // payload memory
+  std::string local_error;  // misuse found at start(); every rank learns of it
+  TaskGroup encoding;
+  bool sends_raw = false;   // this rank sends this gather raw (warmup or adaptive)
+  bool packed = false;      // the envelope has been packed in the bucket's `send`
+  bool direct = false;      // every rank sends raw: gathered straight from input to output
+  uint64_t envelope_bytes = 0;
+  uint64_t step = 0;          // agreed by all ranks in the control exchange
+  std::vector<ControlRecord> control;  // every rank's record for this gather
+  Verdict verdict{};          // this rank's decode outcome
+  std::mutex verdict_mutex;
+  TaskGroup decoding;
+  std::chrono::steady_clock::time_point decode_started;
+  std::promise<GatherStats> promise;
+  GatherStats stats;
+  std::chrono::steady_clock::time_point started;
+};
+
+struct CompressedAllgather::Impl {
+  Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts);
+  ~Impl();
+
+  // Setup (engine.cpp).
+  void make_codecs(BucketState& s, size_t param);
+  void size_buffers(BucketState& s);
+  bool warmup_raw(uint64_t step) const {
+    return config.warmup == WarmupMode::kRaw && step < config.warmup_steps;
+  }
+  // Whether the gather at `step` sends this bucket raw (then every parameter travels as is).
+  bool send_raw(const BucketState& s, uint64_t step) const;
+
+  // Worker-thread work (codec_tasks.cpp).
+  void encode(Gather& g, BucketState& s, bool raw);
+  uint64_t pack(BucketState& s, uint64_t step, bool raw);
+  void start_decode(Gather& g);
+  void decode_envelope(Gather& g, int peer, uint64_t envelope_offset, uint64_t envelope_bytes);
+
+  // The communication thread (scheduler.cpp).
+  void comm_loop();
+  void run_round(std::vector<std::shared_ptr<Gather>>& round);
+  void fail_round(std::vector<std::shared_ptr<Gather>>& round, std::exception_ptr error);
+  void prepare(Gather& g);
+  void settle_mode(Gather& g);
+  ControlRecord make_record(const Gather& g, uint32_t flags) const;
+  size_t exchange_controls(std::span<Gather* const> gathers, uint32_t flags);
+  bool needs_resync(const Gather& g) const;
+  void resynchronise(Gather& g);
+  void exchange_and_decode(std::span<Gather* const> gathers);
+  std::vector<std::string> exchange_verdicts(std::span<Gather* const> gathers);
+  void finish(Gather& g);
+  template <typename F>
+  void timed(std::span<Gather* const> gathers, F&& collective);
+
+  Transport& transport;
+  const MemoryOps& memory;  // every payload byte the engine moves goes through here
+  EngineConfig config;
+  int rank = 0;
+  int world = 1;
+  std::vector<BucketState> buckets;
+  AdaptiveSwitch adaptive;  // used from the comm thread, and from start() between gathers
+  ThreadPool pool;
+
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<std::shared_ptr<Gather>> queue;
+  std::map<Ticket, std::shared_ptr<Gather>> pending;
+  Ticket next_ticket = 1;
+  bool stopping = false;
+  std::string broken;  // after a CommError the engine fails every later gather with this
+  std::thread comm;
+};
+
+}  // namespace ciera

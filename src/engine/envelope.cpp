@@ -1,0 +1,94 @@
+// The envelope's bytes (docs/format.md, "Engine protocol", step 2).
+#include "engine/envelope.hpp"
+
+#include <algorithm>
+
+#include "ciera/codec.hpp"
+#include "common/bytes.hpp"
+#include "engine/protocol.hpp"
+
+namespace ciera {
+
+uint64_t envelope_bound(const BucketLayout& layout, int rank, uint32_t block_values) {
+  const uint32_t value_bytes = dtype_info(layout.dtype).value_bytes;
+  uint64_t bytes = envelope_header_bytes(layout.params());
+  for (size_t k = 0; k < layout.params(); ++k) {
+    const uint64_t n = layout.shard_values[rank][k];
+    bytes += std::max<uint64_t>(n * value_bytes, layout.policy[k] == ShardPolicy::kCiera
+                                                     ? max_payload_bytes(layout.dtype, n, block_values)
+                                                     : 0);
+  }
+  return bytes;
+}
+
+uint64_t raw_envelope_bytes(const BucketLayout& layout, int rank) {
+  return envelope_header_bytes(layout.params()) + layout.rank_bytes(rank);
+}
+
+void lay_out_send_buffer(std::span<const uint64_t> slot_capacity_bytes, SendLayout& layout) {
+  constexpr uint64_t kLine = 64;
+  const uint64_t header = envelope_header_bytes(slot_capacity_bytes.size());
+  layout.envelope_offset = (kLine - header % kLine) % kLine;
+  layout.slot_offset.resize(slot_capacity_bytes.size());
+  uint64_t slot = layout.envelope_offset + header;
+  for (size_t k = 0; k < slot_capacity_bytes.size(); ++k) {
+    slot = (slot + kLine - 1) / kLine * kLine;
+    layout.slot_offset[k] = slot;
+    slot += slot_capacity_bytes[k];
+  }
+  layout.buffer_bytes = slot;
+}
+
+uint64_t pack_envelope(std::byte* send, const SendLayout& layout,
+                       std::span<const uint64_t> payload_bytes, const EnvelopeHeader& header,
+                       const MemoryOps& memory) {
+  std::byte* envelope = send + layout.envelope_offset;
+  uint8_t* head = reinterpret_cast<uint8_t*>(envelope);
+  const size_t params = payload_bytes.size();
+  uint64_t at = envelope_header_bytes(params);
+  for (size_t k = 0; k < params; ++k) {
+    const uint64_t slot = layout.slot_offset[k] - layout.envelope_offset;
+    if (slot != at && payload_bytes[k] != 0) memory.move(envelope + at, envelope + slot, payload_bytes[k]);
+    store_le64(head + kEnvelopeFixedBytes + 8 * k, payload_bytes[k]);
+    at += payload_bytes[k];
+  }
+  store_le32(head, kEnvelopeMagic);
+  head[4] = kEngineProtocolVersion;
+  head[5] = header.all_raw ? kEnvelopeAllRaw : 0;
+  store_le16(head + 6, 0);
+  store_le32(head + 8, header.bucket);
+  store_le32(head + 12, header.params);
+  store_le64(head + 16, header.step);
+  return at;
+}
+
+bool EnvelopeReader::open(const EnvelopeHeader& expected) {
+  const uint8_t* head = reinterpret_cast<const uint8_t*>(envelope_);
+  const uint64_t header = envelope_header_bytes(expected.params);
+  if (bytes_ < header || load_le32(head) != kEnvelopeMagic || head[4] != kEngineProtocolVersion ||
+      load_le32(head + 8) != expected.bucket || load_le32(head + 12) != expected.params ||
+      load_le64(head + 16) != expected.step) {
+    return false;
+  }
+  params_ = expected.params;
+  next_param_ = 0;
+  offset_ = header;
+  return true;
+}
+
+bool EnvelopeReader::all_raw() const {
+  return (reinterpret_cast<const uint8_t*>(envelope_)[5] & kEnvelopeAllRaw) != 0;
+}
+
+bool EnvelopeReader::next(std::span<const std::byte>& payload) {
+  if (next_param_ >= params_) return false;
+  const uint8_t* head = reinterpret_cast<const uint8_t*>(envelope_);
+  const uint64_t length = load_le64(head + kEnvelopeFixedBytes + 8 * next_param_);
+  if (length > bytes_ - offset_) return false;
+  payload = {envelope_ + offset_, length};
+  offset_ += length;
+  ++next_param_;
+  return true;
+}
+
+}  // namespace ciera

@@ -1,0 +1,84 @@
+// The envelope: the unit one rank sends for one gather of one bucket in the payload exchange
+// (docs/format.md, "Engine protocol", step 2). A fixed header, one length per parameter, then
+// the parameters' payloads back to back, each raw bytes or a CIERA payload (whose key and delta
+// frames are the codec's business, not the envelope's).
+//
+// Envelope bytes live in payload memory (engine/memory_ops.hpp); the header is read and written
+// through host pointers (see src/comm/nccl/README.md for what a device backend does about it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ciera/engine.hpp"
+#include "engine/memory_ops.hpp"
+
+namespace ciera {
+
+constexpr uint32_t kEnvelopeMagic = 0x42454943;  // "CIEB"
+constexpr uint64_t kEnvelopeFixedBytes = 24;     // before the per-parameter lengths
+constexpr uint8_t kEnvelopeAllRaw = 1;           // flags bit 0: every payload is raw bytes
+
+inline uint64_t envelope_header_bytes(size_t params) { return kEnvelopeFixedBytes + 8 * params; }
+
+// Which gather an envelope belongs to; a receiver checks it against the gather it is decoding.
+struct EnvelopeHeader {
+  uint32_t bucket = 0;
+  uint32_t params = 0;
+  uint64_t step = 0;
+  bool all_raw = false;
+};
+
+// The largest envelope `rank` can send for `layout`: each parameter as raw bytes or its largest
+// CIERA payload (max_payload_bytes), whichever is larger.
+uint64_t envelope_bound(const BucketLayout& layout, int rank, uint32_t block_values);
+// The exact size of `rank`'s all-raw envelope.
+uint64_t raw_envelope_bytes(const BucketLayout& layout, int rank);
+
+// Where this rank's envelope and one encoding slot per parameter sit in its send buffer. Each
+// slot starts on a cache line, so that the encoder can stream a large payload's sign-mantissa
+// plane past the caches (docs/format.md, "Padding"); the envelope starts where its first slot is
+// exactly where pack_envelope puts the first payload, so that one never moves.
+struct SendLayout {
+  uint64_t envelope_offset = 0;      // bytes into the send buffer
+  std::vector<uint64_t> slot_offset;  // [param], bytes into the send buffer
+  uint64_t buffer_bytes = 0;          // send buffer size these offsets need
+};
+// Lays out slots of `slot_capacity_bytes[k]` each (raw shard or largest payload, whichever is
+// larger). Reuses `layout`'s storage.
+void lay_out_send_buffer(std::span<const uint64_t> slot_capacity_bytes, SendLayout& layout);
+
+// Slides the encoded payloads (payload_bytes[k] at their slots) together behind the header and
+// writes the header, in `send` (payload memory). Returns the envelope's length in bytes.
+uint64_t pack_envelope(std::byte* send, const SendLayout& layout,
+                       std::span<const uint64_t> payload_bytes, const EnvelopeHeader& header,
+                       const MemoryOps& memory);
+
+// Walks a received envelope (payload memory, `bytes` long) payload by payload, checking every
+// length against the envelope's end before it is used.
+class EnvelopeReader {
+ public:
+  EnvelopeReader(const std::byte* envelope, uint64_t bytes) : envelope_(envelope), bytes_(bytes) {}
+
+  // Whether the header is well formed and belongs to the `expected` gather (all_raw ignored);
+  // call first.
+  bool open(const EnvelopeHeader& expected);
+  // Flags bit 0.
+  bool all_raw() const;
+  // The next parameter's payload; false if its length runs past the envelope's end.
+  bool next(std::span<const std::byte>& payload);
+  // Whether every byte has been consumed (no trailing bytes).
+  bool at_end() const { return offset_ == bytes_; }
+
+ private:
+  const std::byte* envelope_;
+  uint64_t bytes_;
+  size_t params_ = 0;  // set by open()
+  size_t next_param_ = 0;
+  uint64_t offset_ = 0;  // of the next payload; set by open()
+};
+
+}  // namespace ciera
