@@ -44,6 +44,7 @@ TEST(Config, NamesParse) {
 }  // namespace ciera
 
 #include "codec/wire.hpp"
+#include "format/changes.hpp"
 namespace ciera {
 namespace {
 TEST(Wire, BranchFreeBucketsMatchTheirDefinition) {
@@ -55,8 +56,8 @@ TEST(Wire, BranchFreeBucketsMatchTheirDefinition) {
   }
   for (unsigned mask : {31u, 255u}) {
     for (unsigned step = 0; step <= mask; ++step) {
-      const unsigned want = step == 1 ? wire::kStepUp : step == mask ? wire::kStepDown : wire::kStepEscape;
-      ASSERT_EQ(wire::step_class_of(static_cast<uint8_t>(step), static_cast<uint8_t>(mask)), want);
+      const unsigned want = step == 1 ? format::kStepUp : step == mask ? format::kStepDown : format::kStepEscape;
+      ASSERT_EQ(format::step_class_of(static_cast<uint8_t>(step), static_cast<uint8_t>(mask)), want);
     }
   }
 }

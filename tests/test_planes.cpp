@@ -8,12 +8,14 @@
 
 #include "ciera/dtype.hpp"
 #include "common/checksum.hpp"
-#include "entropy/rans.hpp"
 #include "format/content_checksum.hpp"
 #include "format/planes.hpp"
+#include "test_util.hpp"
 
 namespace ciera::format {
 namespace {
+
+using ciera::testing::kernels_of_every_target;
 
 const DType kDTypes[] = {DType::kBF16, DType::kFP16, DType::kFP32};
 
@@ -24,19 +26,6 @@ std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
   return v;
 }
 
-// 1 to 70 distinct positions below `block_values`, in increasing order: the changes of one block,
-// dense, sparse or far apart.
-std::vector<uint16_t> random_changes(std::mt19937_64& rng, uint32_t block_values) {
-  std::vector<uint16_t> chosen;
-  const size_t want = 1 + rng() % std::min<size_t>(70, block_values);
-  while (chosen.size() < want) {
-    const auto p = static_cast<uint16_t>(rng() % block_values);
-    if (std::find(chosen.begin(), chosen.end(), p) == chosen.end()) chosen.push_back(p);
-  }
-  std::sort(chosen.begin(), chosen.end());
-  return chosen;
-}
-
 TEST(Planes, EveryBf16AndFp16BitPatternRoundTrips) {
   for (DType dtype : {DType::kBF16, DType::kFP16}) {
     std::vector<uint8_t> values(65536 * 2);
@@ -45,7 +34,7 @@ TEST(Planes, EveryBf16AndFp16BitPatternRoundTrips) {
       values[2 * i + 1] = static_cast<uint8_t>(i >> 8);
     }
     const SignMantissaLayout layout(dtype, 65536);
-    for (const PlaneKernels* k : available_kernels()) {
+    for (const PlaneKernels* k : kernels_of_every_target(kernels_for)) {
       std::vector<uint8_t> exps(65536), sm(layout.total_bytes()), back(values.size());
       for (uint64_t first = 0; first < 65536; first += kMaxChunkValues) {
         split_values(layout, *k, values.data() + 2 * first, first, kMaxChunkValues,
@@ -74,7 +63,7 @@ TEST(Planes, KernelsMatchReferenceAtAnyOffset) {
       reference::merge(dtype, ref_exps.data(), ref_sm.data(), n, ref_back.data());
       ASSERT_EQ(ref_back, values) << "reference round trip, " << dtype_name(dtype) << " n=" << n;
 
-      for (const PlaneKernels* k : available_kernels()) {
+      for (const PlaneKernels* k : kernels_of_every_target(kernels_for)) {
         for (size_t piece : {size_t{1}, size_t{5}, size_t{8}, size_t{333}, kMaxChunkValues}) {
           std::vector<uint8_t> exps(n, 0xAA), sm(layout.total_bytes(), 0);
           for (size_t first = 0; first < n; first += piece) {
@@ -133,7 +122,7 @@ TEST(Planes, FindChangesMatchesScalarScanOnEveryTarget) {
           want_step.push_back(static_cast<uint8_t>(now[i] - before[i]));
         }
       }
-      for (const PlaneKernels* k : available_kernels()) {
+      for (const PlaneKernels* k : kernels_of_every_target(kernels_for)) {
         std::vector<uint16_t> pos(n + 1);
         std::vector<uint8_t> step(n + 1);
         const size_t m = k->find_changes(now.data(), before.data(), n, pos.data(), step.data());
@@ -200,7 +189,7 @@ TEST(Planes, FusedBf16SplitDetectMatchesSplitThenFind) {
         EXPECT_EQ(std::vector<uint8_t>(escapes.begin() + 3, escapes.begin() + 3 + want_escapes.size()),
                   want_escapes);
       };
-      for (const PlaneKernels* k : available_kernels()) {
+      for (const PlaneKernels* k : kernels_of_every_target(kernels_for)) {
         for (const bool stream : {false, true}) {
           check(*k, stream, 0);
           check(*k, stream, 1);
@@ -212,7 +201,7 @@ TEST(Planes, FusedBf16SplitDetectMatchesSplitThenFind) {
 
 TEST(Planes, StreamCopyCopiesExactlyAtEveryAlignment) {
   const auto src = random_bytes(4096 + 128, 11);
-  for (const PlaneKernels* k : available_kernels()) {
+  for (const PlaneKernels* k : kernels_of_every_target(kernels_for)) {
     for (size_t offset = 0; offset < 64; offset += 7) {
       for (const size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{4096}}) {
         std::vector<uint8_t> dst(n + 128, 0xA5);
@@ -234,7 +223,7 @@ TEST(Planes, StreamCopyCopiesExactlyAtEveryAlignment) {
 TEST(Planes, ContentChecksumEqualsLibraryXxh3OnEveryTarget) {
   const auto data = random_bytes(70000, 12);
   std::mt19937_64 rng(13);
-  for (const PlaneKernels* k : available_kernels()) {
+  for (const PlaneKernels* k : kernels_of_every_target(kernels_for)) {
     for (const size_t n : {size_t{0}, size_t{1}, size_t{16}, size_t{17}, size_t{128}, size_t{129},
                            size_t{240}, size_t{241}, size_t{1024}, size_t{4099}, data.size()}) {
       const uint64_t expected = checksum64(data.data(), n);
@@ -252,236 +241,6 @@ TEST(Planes, ContentChecksumEqualsLibraryXxh3OnEveryTarget) {
   }
 }
 
-// Fine coding's change symbols against docs/format.md read literally: gap = distance to the
-// previous change in the block minus one (the block's first change: its position), bucket = bit
-// width of the gap, bucket - 1 extra bits (bucket >= 2) holding gap - 2^(bucket-1), LSB first;
-// symbol = 3 * bucket + class (the class comes tagged on the position).
-TEST(Planes, FineSymbolsFollowTheFormatOnEveryTarget) {
-  std::mt19937_64 rng(21);
-  {
-    for (const size_t blocks : {size_t{1}, size_t{2}, size_t{7}, size_t{40}, size_t{300}}) {
-      std::vector<uint16_t> positions;
-      std::vector<uint8_t> classes;
-      for (size_t b = 0; b < blocks; ++b) {
-        // Blocks of up to 4096 values.
-        const uint32_t block_values = rng() % 2 ? 4096 : 64 + static_cast<uint32_t>(rng() % 512);
-        std::vector<uint16_t> chosen = random_changes(rng, block_values);
-        chosen[0] |= kBlockStartFlag;
-        for (uint16_t p : chosen) {
-          const unsigned step_class = static_cast<unsigned>(rng() % 3);
-          positions.push_back(static_cast<uint16_t>(p | step_class << kStepClassShift));
-          classes.push_back(static_cast<uint8_t>(step_class));
-        }
-      }
-      const size_t n = positions.size();
-      std::vector<uint8_t> want_symbols;
-      std::vector<bool> want_bits;
-      int previous = -1;
-      for (size_t c = 0; c < n; ++c) {
-        const int position = positions[c] & 0x0FFF;
-        if (positions[c] & 0x8000) previous = -1;
-        const auto gap = static_cast<uint32_t>(position - previous - 1);
-        previous = position;
-        const auto bucket = static_cast<unsigned>(std::bit_width(gap));
-        for (unsigned i = 0; bucket >= 2 && i < bucket - 1; ++i) {
-          want_bits.push_back(((gap - (1u << (bucket - 1))) >> i) & 1);
-        }
-        want_symbols.push_back(static_cast<uint8_t>(3 * bucket + classes[c]));
-      }
-      for (const PlaneKernels* k : available_kernels()) {
-        std::vector<uint8_t> symbols(n), bits(11 * n / 8 + 16);
-        SlackBitWriter writer(bits.data());
-        writer.put(5, 3);  // the writer may start mid-byte (after the counts' extra bits)
-        k->fine_symbols(positions.data(), n, symbols.data(), writer);
-        ASSERT_EQ(writer.bits(), 3 + want_bits.size()) << k->target;
-        bits.resize(writer.finish());
-        EXPECT_EQ(symbols, want_symbols) << k->target << " n " << n;
-        EXPECT_EQ(bits[0] & 7, 5) << k->target;
-        for (size_t i = 0; i < want_bits.size(); ++i) {
-          ASSERT_EQ((bits[(3 + i) / 8] >> ((3 + i) % 8)) & 1, want_bits[i])
-              << k->target << " n " << n << " extra bit " << i;
-        }
-      }
-    }
-  }
-}
-
-// fine_positions against docs/format.md read literally: symbols 3 * bucket(gap) + class (bit 7 on
-// a block's first change), bucket - 1 extra bits per gap LSB first, position = previous + gap + 1
-// (the first: the gap), steps +1 / -1 / the escapes in order; output = block offset + position.
-TEST(Planes, FinePositionsFollowTheFormatOnEveryTarget) {
-  std::mt19937_64 rng(22);
-  const uint8_t mask = 0xFF;
-  for (const size_t blocks : {size_t{1}, size_t{2}, size_t{7}, size_t{40}, size_t{300}}) {
-    for (const uint32_t block_values : {64u, 512u, 4096u}) {
-      std::vector<uint8_t> symbols, escapes, want_steps;
-      std::vector<uint16_t> want_positions, offsets{0xEEEE};  // [0] unused
-      std::vector<bool> extra_bits(5, true);  // starts mid-byte, after five other bits
-      for (size_t b = 0; b < blocks; ++b) {
-        offsets.push_back(static_cast<uint16_t>(rng() % 60000));
-        const std::vector<uint16_t> chosen = random_changes(rng, block_values);
-        int64_t previous = -1;
-        for (const uint32_t p : chosen) {
-          const auto gap = static_cast<uint32_t>(p - previous - 1);
-          previous = p;
-          const auto bucket = static_cast<unsigned>(std::bit_width(gap));
-          for (unsigned i = 0; bucket >= 2 && i < bucket - 1; ++i) {
-            extra_bits.push_back(((gap - (1u << (bucket - 1))) >> i) & 1);
-          }
-          const unsigned step_class = static_cast<unsigned>(rng() % 3);
-          const bool first = p == chosen.front();
-          symbols.push_back(static_cast<uint8_t>((3 * bucket + step_class) | (first ? 0x80 : 0)));
-          want_positions.push_back(static_cast<uint16_t>(offsets.back() + p));
-          uint8_t step = step_class == 0 ? 1 : mask;
-          if (step_class == 2) {
-            step = static_cast<uint8_t>(2 + rng() % 253);
-            escapes.push_back(step);
-          }
-          want_steps.push_back(step);
-        }
-      }
-      offsets.resize(offsets.size() + 2, 0xEEEE);
-      // The kernel may read 8 bytes past the extra bits; the stretched gaps below read up to 11
-      // bits more than there are.
-      std::vector<uint8_t> bits((extra_bits.size() + 11 + 7) / 8 + 8, 0);
-      for (size_t i = 0; i < extra_bits.size(); ++i) bits[i / 8] |= uint8_t(extra_bits[i] << (i % 8));
-      const size_t n = symbols.size();
-      for (const PlaneKernels* k : available_kernels()) {
-        SCOPED_TRACE(std::string(k->target) + " blocks " + std::to_string(blocks) + " B " +
-                     std::to_string(block_values));
-        std::vector<uint16_t> positions(n);
-        std::vector<uint8_t> steps(n);
-        FinePositionState state;
-        state.bit = 5;
-        state.escape = escapes.data();
-        k->fine_positions(symbols.data(), n, bits.data(), offsets.data(), block_values, mask, state,
-                          positions.data(), steps.data());
-        EXPECT_EQ(positions, want_positions);
-        EXPECT_EQ(steps, want_steps);
-        EXPECT_EQ(state.bit, extra_bits.size());
-        EXPECT_EQ(state.escape, escapes.data() + escapes.size());
-        EXPECT_EQ(state.block, blocks);
-        EXPECT_FALSE(state.bad);
-        // A gap of at least 2048 (bucket 12), anywhere, in a vector or in the scalar tail, puts
-        // that change past the end of a block of 64 or 512 values: bad.
-        for (const size_t at : {size_t{0}, n / 2, n - 1}) {
-          if (block_values == 4096) break;
-          std::vector<uint8_t> stretched = symbols;
-          stretched[at] = static_cast<uint8_t>((symbols[at] & 0x80) | (3 * 12 + (symbols[at] & 0x7F) % 3));
-          FinePositionState s2;
-          s2.bit = 5;
-          s2.escape = escapes.data();
-          k->fine_positions(stretched.data(), n, bits.data(), offsets.data(), block_values, mask,
-                            s2, positions.data(), steps.data());
-          EXPECT_TRUE(s2.bad) << "change " << at;
-        }
-      }
-    }
-  }
-}
-
-// Every target's group rANS encoder leaves the words and final states that rans_put, one symbol
-// at a time, leaves (the decoder and docs/format.md follow rans_put's order).
-TEST(Planes, RansGroupsMatchSymbolBySymbolEncoding) {
-  using entropy::kRansStates;
-  std::mt19937_64 rng(34);
-  for (const unsigned alphabet : {2u, 13u, 33u, 64u}) {
-    entropy::Histogram hist;
-    for (unsigned s = 0; s < alphabet; ++s) {
-      hist.count[s] = (s % 5 == 4) ? 0 : 1 + rng() % (s < 3 ? 5000 : 40);
-      hist.total += hist.count[s];
-    }
-    const entropy::RansModel model = entropy::RansModel::from_histogram(hist);
-    entropy::RansGroupTables tables{};
-    std::vector<entropy::RansEncSymbol> constants(entropy::kRansGroupSymbols);
-    for (unsigned s = 0; s < alphabet; ++s) {
-      if (model.freq[s] == 0) continue;
-      constants[s] = entropy::rans_enc_symbol(model, s);
-      tables.x_max[s] = constants[s].x_max;
-      tables.rcp_freq[s] = constants[s].rcp_freq;
-      tables.bias[s] = constants[s].bias;
-      tables.cmpl_shift[s] = constants[s].cmpl_shift;
-    }
-    for (const size_t groups : {size_t{1}, size_t{3}, size_t{257}}) {
-      std::vector<uint8_t> symbols(kRansStates * groups);
-      for (auto& s : symbols) {
-        do s = static_cast<uint8_t>(rng() % alphabet); while (model.freq[s] == 0);
-      }
-      uint32_t start[kRansStates];
-      for (uint32_t& x : start) x = entropy::kRansLowerBound + static_cast<uint32_t>(rng() % (1u << 30));
-      std::vector<uint8_t> want(2 * symbols.size() + 16, 0x5A);
-      uint32_t want_states[kRansStates];
-      std::copy(start, start + kRansStates, want_states);
-      uint8_t* want_out = want.data() + want.size();
-      for (size_t g = groups; g-- > 0;) {
-        for (unsigned j = kRansStates; j-- > 0;) {
-          entropy::rans_put(want_states[j], constants[symbols[kRansStates * g + j]], want_out);
-        }
-      }
-      const size_t want_bytes = static_cast<size_t>(want.data() + want.size() - want_out);
-      for (const PlaneKernels* k : available_kernels()) {
-        std::vector<uint8_t> got(want.size(), 0x5A);
-        uint32_t states[kRansStates];
-        std::copy(start, start + kRansStates, states);
-        uint8_t* out = got.data() + got.size();
-        k->rans_encode_groups(tables, states, symbols.data(), groups, &out);
-        const std::string where = std::string(k->target) + " alphabet " + std::to_string(alphabet) +
-                                  " groups " + std::to_string(groups);
-        ASSERT_EQ(static_cast<size_t>(got.data() + got.size() - out), want_bytes) << where;
-        EXPECT_TRUE(std::equal(out, got.data() + got.size(), want_out)) << where;
-        EXPECT_TRUE(std::equal(states, states + kRansStates, want_states)) << where;
-      }
-    }
-  }
-}
-
-// Every target's group rANS decoder reads back what the encoder wrote: the symbols, the start
-// states, and exactly the words it emitted.
-TEST(Planes, RansGroupsDecodeWhatWasEncoded) {
-  using entropy::kRansStates;
-  std::mt19937_64 rng(35);
-  for (const unsigned alphabet : {2u, 40u, 256u}) {
-    entropy::Histogram hist;
-    for (unsigned s = 0; s < alphabet; ++s) {
-      hist.count[s] = 1 + rng() % (s < 2 ? 3000 : 30);
-      hist.total += hist.count[s];
-    }
-    const entropy::RansModel model = entropy::RansModel::from_histogram(hist);
-    std::vector<uint32_t> slots(entropy::kRansTotal);
-    for (unsigned s = 0; s < alphabet; ++s) {
-      for (uint32_t slot = model.start[s]; slot < model.start[s] + model.freq[s]; ++slot) {
-        slots[slot] = s | (model.freq[s] - 1u) << 8 | uint32_t{model.start[s]} << 20;
-      }
-    }
-    for (const size_t groups : {size_t{1}, size_t{5}, size_t{300}}) {
-      std::vector<uint8_t> symbols(kRansStates * groups);
-      for (auto& s : symbols) s = static_cast<uint8_t>(rng() % alphabet);
-      std::vector<uint8_t> buffer(2 * symbols.size() + 64);
-      entropy::RansEncoder encoder(model);
-      encoder.begin(buffer.data() + buffer.size(), buffer.data(), symbols.size());
-      ASSERT_TRUE(encoder.put_reverse(symbols.data(), symbols.size()));
-      uint32_t final_states[kRansStates];
-      encoder.final_states(final_states);
-      const uint8_t* words = encoder.bytes_begin();
-      // 32 readable bytes per group: the words plus padding the decoder may look at.
-      std::vector<uint8_t> input(words, static_cast<const uint8_t*>(buffer.data() + buffer.size()));
-      const size_t word_bytes = input.size();
-      input.resize(word_bytes + 32 * groups, 0xC3);
-      for (const PlaneKernels* k : available_kernels()) {
-        uint32_t states[kRansStates];
-        std::copy(final_states, final_states + kRansStates, states);
-        const uint8_t* in = input.data();
-        std::vector<uint8_t> got(symbols.size());
-        k->rans_decode_groups(slots.data(), states, &in, got.data(), groups);
-        const std::string where = std::string(k->target) + " alphabet " + std::to_string(alphabet) +
-                                  " groups " + std::to_string(groups);
-        EXPECT_EQ(got, symbols) << where;
-        EXPECT_EQ(static_cast<size_t>(in - input.data()), word_bytes) << where;
-        for (uint32_t x : states) EXPECT_EQ(x, entropy::kRansLowerBound) << where;
-      }
-    }
-  }
-}
 
 }  // namespace
 }  // namespace ciera::format

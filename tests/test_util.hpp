@@ -10,8 +10,21 @@
 #include <vector>
 
 #include "ciera/dtype.hpp"
+#include "common/simd_targets.hpp"
 
 namespace ciera::testing {
+
+// One layer's kernel tables for every SIMD target this CPU runs (kernels_for: the layer's
+// format::kernels_for, entropy::rans_kernels_for or codec::fine_kernels_for): tests run every
+// kernel of every target, as Highway's do.
+template <class Kernels>
+std::vector<const Kernels*> kernels_of_every_target(const Kernels& (*kernels_for)(common::SimdTarget)) {
+  std::vector<const Kernels*> tables;
+  for (const common::SimdTarget target : common::available_simd_targets()) {
+    tables.push_back(&kernels_for(target));
+  }
+  return tables;
+}
 
 enum class Pattern { kNone, kAll, kRandom, kSparse, kSpecial };
 

@@ -60,6 +60,23 @@ struct FrameStats {
 // Upper bound on the payload of a shard of `num_values` values; allocate this once.
 size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values);
 
+// Expected delta frame of one shard of `values` values whose blocks change at rate
+// `block_change_rate` and values at `value_change_rate` per step: header, bitmap, padding and
+// sign-mantissa plane exactly, plus the exponent section as the smaller of block mode (q S_e,
+// the paper's estimate) and, with exact detection, fine mode (kFineBytesPerChange per changed
+// value and kFineBytesPerBlock per changed block; docs/architecture.md, "Fine coding"). The
+// encoder sends whichever mode is smaller, so a real frame is at most about this size. For the
+// selector (paper §3.2), which must not re-derive the wire layout.
+double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t values,
+                              double block_change_rate, double value_change_rate);
+inline constexpr double kFineBytesPerChange = 1.5;
+inline constexpr double kFineBytesPerBlock = 1.0;
+
+// Codec state a rank holds for one shard of `values` values it sends (`sender`: the copy of
+// what it last sent) or receives (the exponent cache), in bytes. ShardEncoder/ShardDecoder's
+// cache_bytes() report the same.
+uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sender);
+
 // Sender side of one shard.
 class ShardEncoder {
  public:

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ciera/codec.hpp"  // expected_payload_bytes, codec_cache_bytes
 #include "ciera/config.hpp"
 #include "ciera/dtype.hpp"
 #include "ciera/error.hpp"
@@ -193,18 +194,6 @@ struct Selection {
 // Extra latency a bucket pays once any of its shards is compressed: the engine's compressed
 // rounds add a payload-size exchange and a verdict exchange (docs/format.md, Engine protocol).
 double compressed_round_overhead_s(const CostModel& model);
-
-// Codec state a rank holds for one shard of `values` values it sends (`sender`) or receives.
-uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sender);
-
-// Expected delta frame of one rank's shard of `values` values: S_sm + S_bitmap + header + the
-// exponent section, the smaller of block mode (q S_e, the paper's estimate) and, with exact
-// detection, fine mode (kFineBytesPerChange per changed value and kFineBytesPerBlock per changed
-// block; docs/architecture.md, "Fine coding").
-double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t values, double block_change_rate,
-                              double value_change_rate);
-inline constexpr double kFineBytesPerChange = 1.5;
-inline constexpr double kFineBytesPerBlock = 1.0;
 
 // §3.2. g_i = Comm(S_i) - Comm(S_sm + S_bitmap + q_i S_e) - T_decode (minus T_detect + T_encode
 // when overlap is off), where Comm is the marginal cost inside the shard's bucket; rank by

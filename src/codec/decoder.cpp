@@ -16,6 +16,7 @@
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
 #include "codec/chunking.hpp"
+#include "codec/fine_kernels.hpp"
 #include "codec/wire.hpp"
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
@@ -60,7 +61,7 @@ namespace {
 // `changes_per_block` holds one entry per block. Each stream is decoded whole into scratch
 // first; the extra bits its symbols call for are then counted and checked against the extra
 // section before any is read, so the loops that read them carry no bounds checks.
-void decode_fine(const format::PlaneKernels& kernels, const uint8_t* section, uint64_t size,
+void decode_fine(const codec::FineKernels& fine, const uint8_t* section, uint64_t size,
                  const BlockGrid& grid, const std::vector<uint32_t>& changed,
                  unsigned exponent_bits, uint16_t* changes_per_block, FineChanges& changes) {
   ByteReader in(section, size, "fine exponent section");
@@ -121,7 +122,7 @@ void decode_fine(const format::PlaneKernels& kernels, const uint8_t* section, ui
   uint64_t escapes = 0;
   for (uint64_t c = 0; c < total; ++c) {
     gap_bits += wire::bucket_extra_bits(symbols[c] / wire::kStepClasses);
-    escapes += symbols[c] % wire::kStepClasses == wire::kStepEscape;
+    escapes += symbols[c] % wire::kStepClasses == format::kStepEscape;
   }
   reserve_extra_bits(gap_bits);
 
@@ -155,11 +156,11 @@ void decode_fine(const format::PlaneKernels& kernels, const uint8_t* section, ui
       block_offset[i + 1] = static_cast<uint16_t>(grid.block_first(changed[i]) % grid.chunk_values);
     }
     const PaddedBitReader gaps = extra;  // where the gap bits begin, for the error path below
-    format::FinePositionState state;
+    codec::FinePositionState state;
     state.bit = extra.position();
     state.escape = escape_steps.data();
-    kernels.fine_positions(symbols.data(), total, extra.data(), block_offset.data(),
-                           grid.block_values, exponent_mask, state, changes.positions.data(),
+    fine.fine_positions(symbols.data(), total, extra.data(), block_offset.data(),
+                        grid.block_values, exponent_mask, state, changes.positions.data(),
                            changes.steps.data());
     extra.set_position(state.bit);
     // Every block but the last is whole; the last block's last position bounds its others.
@@ -192,7 +193,7 @@ void decode_fine(const format::PlaneKernels& kernels, const uint8_t* section, ui
 struct ShardDecoder::Impl {
   Impl(const CodecConfig& c, uint64_t n)
       : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
-        info(dtype_info(c.dtype)) {
+        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)) {
     config.validate();
     cache.resize(n);
     chunk_exponents.resize(grid.chunk_values);
@@ -220,6 +221,7 @@ struct ShardDecoder::Impl {
   BlockGrid grid;
   format::SignMantissaLayout layout;
   const format::PlaneKernels& kernels;
+  const codec::FineKernels& fine_coding;
   DTypeInfo info;
 
   std::vector<uint8_t, HugePageAllocator<uint8_t>> cache;  // ExpCache of Algorithm 1
@@ -373,7 +375,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
     for (uint32_t block : changed_blocks) block_symbols += grid.block_length(block);
     stream.open(section_reader, block_symbols, max_exponent, "block exponent stream");
   } else if (h.section == ExponentSection::kFine) {
-    decode_fine(kernels, section, h.exponent_bytes, grid, changed_blocks, info.exponent_bits,
+    decode_fine(fine_coding, section, h.exponent_bytes, grid, changed_blocks, info.exponent_bits,
                 changes_per_block.data(), fine_changes);
     stats.changed_values = fine_changes.count;
     stats.changed_values_known = true;

@@ -10,6 +10,7 @@
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
 #include "codec/chunking.hpp"
+#include "codec/fine_kernels.hpp"
 #include "codec/wire.hpp"
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
@@ -124,7 +125,7 @@ size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values
 struct ShardEncoder::Impl {
   Impl(const CodecConfig& c, uint64_t n, uint32_t e)
       : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
-        info(dtype_info(c.dtype)), epoch(e) {
+        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), epoch(e) {
     config.validate();
     if (config.detection == ChangeDetection::kExact) {
       sent_exponents.resize(n);
@@ -147,6 +148,7 @@ struct ShardEncoder::Impl {
   BlockGrid grid;
   format::SignMantissaLayout layout;
   const format::PlaneKernels& kernels;
+  const codec::FineKernels& fine_coding;
   DTypeInfo info;
   uint32_t epoch;
   uint64_t next_sequence = 0;
@@ -305,7 +307,7 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
   for (size_t i = 0, c = 0; i < blocks_changed; c += per_block[i], ++i) {
     flagged[c] |= format::kBlockStartFlag;
   }
-  kernels.fine_symbols(change_positions.data(), change_count, symbols, extra);
+  fine_coding.fine_symbols(change_positions.data(), change_count, symbols, extra);
   const uint64_t extra_bytes = extra.finish();
   const uint64_t bound = entropy::symbol_stream_bound(blocks_changed, kBucketBits) +
                          entropy::symbol_stream_bound(change_count, kChangeSymbolBits) +

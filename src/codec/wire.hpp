@@ -8,6 +8,7 @@
 
 #include "ciera/codec.hpp"
 #include "ciera/dtype.hpp"
+#include "codec/fine_alphabet.hpp"
 
 namespace ciera::wire {
 
@@ -62,25 +63,6 @@ inline uint64_t block_count(uint64_t num_values, uint32_t block_values) {
 }
 inline uint64_t bitmap_bytes_for(uint64_t num_values, uint32_t block_values) {
   return (block_count(num_values, block_values) + 7) / 8;
-}
-
-// Fine coding's variable-length integers (docs/format.md, "Exponent section", fine):
-// bucket(v) = bit width of v; buckets >= 2 carry bucket - 1 extra bits.
-inline constexpr unsigned kMaxBucket = 12;  // values < 4096 = kMaxBlockValues
-// Branch-free forms: these run once per changed value, and their inputs are unpredictable.
-inline unsigned bucket_of(uint32_t v) {  // == std::bit_width(v) for v < 2^31
-  return 63u - static_cast<unsigned>(__builtin_clzll(2 * uint64_t{v} + 1));
-}
-inline unsigned bucket_extra_bits(unsigned bucket) { return bucket - (bucket != 0); }
-inline uint32_t bucket_base(unsigned bucket) { return (1u << bucket) >> 1; }
-
-// Step classes of fine coding's change symbols: 3 * bucket(gap) + class.
-enum StepClass : unsigned { kStepUp = 0, kStepDown = 1, kStepEscape = 2 };
-inline constexpr unsigned kStepClasses = 3;
-inline constexpr unsigned kMaxChangeSymbol = kStepClasses * kMaxBucket + kStepEscape;  // 38
-// The step class of an exponent step (mod 2^E, `mask` = 2^E - 1), without branches.
-inline unsigned step_class_of(uint8_t step, uint8_t mask) {
-  return kStepEscape - 2u * (step == 1) - (step == mask);
 }
 
 }  // namespace ciera::wire

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "ciera/error.hpp"
-#include "format/planes.hpp"
+#include "entropy/rans_kernels.hpp"
 
 namespace ciera::entropy {
 
@@ -185,7 +185,7 @@ void RansEncoder::encode_batch(const uint8_t* symbols, size_t n) {
     k -= groups * kRansStates;
     index -= groups * kRansStates;
     if (group_kernel_) {
-      format::kernels().rans_encode_groups(group_, state_, symbols + k, groups, &out);
+      rans_kernels().encode_groups(group_, state_, symbols + k, groups, &out);
     } else {
       // States live in locals: `out` is a byte pointer and would otherwise force every state
       // back to memory after each store.
@@ -250,7 +250,7 @@ void RansDecoder::get(uint8_t* out, size_t n) {
 }
 
 void RansDecoder::get_unchecked(uint8_t* out, size_t n) {
-  format::kernels().rans_decode_groups(slots_.data(), state_, &in_, out, n / kRansStates);
+  rans_kernels().decode_groups(slots_.data(), state_, &in_, out, n / kRansStates);
   index_ += n;
 }
 

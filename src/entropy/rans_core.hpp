@@ -1,6 +1,6 @@
 // The rANS coder's constants and one-symbol encoding step (docs/format.md, "Symbol stream",
 // rANS), shared by the encoder in rans.cpp and the SIMD kernels that encode whole groups of
-// states (format/kernels_impl.inc).
+// states (entropy/kernels_impl.inc).
 #pragma once
 
 #include <cstddef>

@@ -7,54 +7,8 @@
 #include <vector>
 
 #include "ciera/error.hpp"
-#include "format/kernels_targets.hpp"
 
 namespace ciera::format {
-namespace {
-
-std::vector<const PlaneKernels*> detect_available() {
-  std::vector<const PlaneKernels*> found;
-#if defined(CIERA_HAVE_X86_TARGETS)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512vbmi") &&
-      __builtin_cpu_supports("avx512vbmi2")) {
-    found.push_back(&kAvx512Kernels);
-  }
-  if (__builtin_cpu_supports("avx2")) found.push_back(&kAvx2Kernels);
-  found.push_back(&kSse2Kernels);
-#endif
-  found.push_back(&kScalarKernels);
-  return found;
-}
-
-const std::vector<const PlaneKernels*>& available_list() {
-  static const std::vector<const PlaneKernels*> list = detect_available();
-  return list;
-}
-
-const PlaneKernels& choose_kernels() {
-  const auto& list = available_list();
-  if (const char* wanted = std::getenv("CIERA_KERNELS"); wanted != nullptr && *wanted != '\0') {
-    for (const PlaneKernels* k : list) {
-      if (std::string_view(k->target) == wanted) return *k;
-    }
-    std::string names;
-    for (const PlaneKernels* k : list) names += std::string(names.empty() ? "" : ", ") + k->target;
-    throw ConfigError("CIERA_KERNELS=" + std::string(wanted) +
-                      " is not available on this CPU (available: " + names + ")");
-  }
-  return *list.front();
-}
-
-}  // namespace
-
-void stream_fence() {
-#if defined(CIERA_HAVE_X86_TARGETS)
-  __builtin_ia32_sfence();
-#endif
-}
-
 namespace {
 
 // FP16 stores 3 bits per value packed LSB-first (docs/format.md, "Sign-mantissa plane").
@@ -111,13 +65,6 @@ void unpack3(const uint8_t* plane, uint64_t first, size_t count, uint8_t* hi3) {
 }
 
 }  // namespace
-
-const PlaneKernels& kernels() {
-  static const PlaneKernels& chosen = choose_kernels();
-  return chosen;
-}
-
-std::span<const PlaneKernels* const> available_kernels() { return available_list(); }
 
 SignMantissaLayout::SignMantissaLayout(DType d, uint64_t n) : dtype(d), num_values(n) {
   switch (d) {

@@ -2,7 +2,7 @@
 //
 // Where this departs from the paper, and why:
 //  * The expected payload takes the smaller of the paper's block mode and our fine mode
-//    (expected_payload_bytes), since the encoder sends whichever is smaller.
+//    (the codec's expected_payload_bytes), since the encoder sends whichever is smaller.
 //  * The paper prints g_i = Comm(S_i) - Comm(S_s+m + S_bm + q_i S_e) + T_hash + T_cmp + T_decmp;
 //    codec time is a cost, so it is subtracted here (the "+" would favour slow codecs).
 //  * Comm() is taken at the shard's bucket size: shards of one layer travel in one collective
@@ -18,8 +18,6 @@
 
 #include "ciera/error.hpp"
 #include "ciera/selection.hpp"
-#include "codec/wire.hpp"
-#include "format/planes.hpp"
 
 namespace ciera {
 namespace {
@@ -31,31 +29,6 @@ std::string format_seconds(double s) {
 }
 
 }  // namespace
-
-double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t values, double block_change_rate,
-                              double value_change_rate) {
-  if (values == 0) return 0;
-  const uint64_t sign_mantissa = format::SignMantissaLayout(dtype, values).total_bytes();
-  const uint64_t blocks = (values + codec.block_values - 1) / codec.block_values;
-  // The paper's block mode: every exponent of each changed block.
-  double exponents = block_change_rate * double(values) * dtype_info(dtype).exponent_bits / 8.0;
-  // Fine mode: with ~1% of values changing, almost every block of 512 holds a change (q near 1)
-  // and block mode saves nothing, while fine mode sends ~1.5 bytes per change (measured 8.1
-  // bits/value for BF16 at 0.94% changes). Only with exact detection, as the encoder.
-  if (codec.detection == ChangeDetection::kExact) {
-    const double fine = value_change_rate * double(values) * kFineBytesPerChange +
-                        block_change_rate * double(blocks) * kFineBytesPerBlock;
-    exponents = std::min(exponents, fine);
-  }
-  // The header, the bitmap and the padding that aligns a large sign-mantissa plane.
-  return double(wire::sign_mantissa_offset((blocks + 7) / 8, sign_mantissa) + sign_mantissa) + exponents;
-}
-
-uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sender) {
-  if (!sender || codec.detection == ChangeDetection::kExact) return values;  // a byte per exponent
-  const uint64_t blocks = (values + codec.block_values - 1) / codec.block_values;
-  return blocks * 16;  // one XXH3-128 per block
-}
 
 double compressed_round_overhead_s(const CostModel& model) {
   // Two extra collectives of a few bytes per rank and per parameter.

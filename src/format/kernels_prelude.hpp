@@ -1,4 +1,7 @@
-// The plane kernels compiled for the 'avx512' target (flags set per file in CMakeLists.txt).
+// What the format kernels (kernels_impl.inc) include, outside the anonymous namespace each SIMD
+// target's copy is compiled in (cmake/kernels_target.cpp.in).
+#pragma once
+
 #include <cstring>
 #include <new>
 #if defined(__SSE2__)
@@ -7,20 +10,20 @@
 
 // GCC 12 reports its own AVX-512 intrinsics (_mm512_cvtepi16_epi8, those xxHash uses) as
 // maybe-uninitialized (a known false positive).
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 // xxHash's implementation inlined and compiled for this target (the content checksum kernels).
 #define XXH_INLINE_ALL
+#if defined(CIERA_SCALAR_ONLY)
+#define XXH_VECTOR 0  // XXH_SCALAR: no SIMD in the scalar target
+#endif
 #include <xxhash.h>
 
-#include "format/kernels_targets.hpp"
+#include "format/changes.hpp"
+#include "format/kernels.hpp"
 
 namespace ciera::format {
-namespace {
-#include "format/kernels_impl.inc"
-}  // namespace
-
-const PlaneKernels kAvx512Kernels = make_kernels("avx512");
+using Kernels = PlaneKernels;
 }  // namespace ciera::format

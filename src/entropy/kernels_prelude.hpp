@@ -1,0 +1,15 @@
+// What the rANS kernels (kernels_impl.inc) include, outside the anonymous namespace each SIMD
+// target's copy is compiled in (cmake/kernels_target.cpp.in).
+#pragma once
+
+#include <cstring>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
+#include "common/bytes.hpp"
+#include "entropy/rans_kernels.hpp"
+
+namespace ciera::entropy {
+using Kernels = RansKernels;
+}  // namespace ciera::entropy

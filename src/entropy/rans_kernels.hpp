@@ -1,0 +1,35 @@
+// The entropy layer's kernel table: sixteen interleaved rANS states coded in one register,
+// compiled once per SIMD target (kernels_impl.inc) and chosen as every layer's kernels are
+// (common::chosen_simd_target()). Symbols and words only: the entropy coder never sees a float.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/simd_targets.hpp"
+#include "entropy/rans_core.hpp"
+
+namespace ciera::entropy {
+
+struct RansKernels {
+  const char* target;  // common::simd_target_name()
+  // rANS-encodes `groups` groups of kRansStates symbols, the last group first, exactly as
+  // rans_put would one symbol at a time: symbols[kRansStates * g + j] uses states[j] and is
+  // below kRansGroupSymbols. Words go below *out, which moves down; the caller guarantees 2
+  // bytes of room per symbol.
+  void (*encode_groups)(const RansGroupTables& tables, uint32_t* states, const uint8_t* symbols,
+                        size_t groups, uint8_t** out);
+  // rANS-decodes `groups` groups of kRansStates symbols: symbol kRansStates * g + j from
+  // states[j], through the decoder's 4096-slot table (symbol | (freq - 1) << 8 | start << 20).
+  // Renormalisation words are read from *in, which moves forward; the caller guarantees 32
+  // readable bytes per group left.
+  void (*decode_groups)(const uint32_t* slots, uint32_t* states, const uint8_t** in, uint8_t* out,
+                        size_t groups);
+};
+
+// The kernels of the process's SIMD target.
+const RansKernels& rans_kernels();
+// The kernels of `target`, which must be available (tests run every available target).
+const RansKernels& rans_kernels_for(common::SimdTarget target);
+
+}  // namespace ciera::entropy
