@@ -164,11 +164,15 @@ uint64_t GatherUnit::gathered_values() const {
   return total;
 }
 
-std::vector<GatherUnit> model_units(const ModelShape& m, int layers, int seq_len) {
+void check_layers(const ModelShape& m, int layers) {
   if (layers < 0 || layers > m.layers) {
     throw ConfigError("--layers " + std::to_string(layers) + " is outside 1.." +
                       std::to_string(m.layers) + " for " + m.display);
   }
+}
+
+std::vector<GatherUnit> model_units(const ModelShape& m, int layers, int seq_len) {
+  check_layers(m, layers);
   const int count = layers == 0 ? m.layers : layers;
   const uint64_t table = static_cast<uint64_t>(m.vocab) * m.hidden;
   std::vector<GatherUnit> units;

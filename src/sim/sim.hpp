@@ -136,6 +136,8 @@ struct GatherUnit {
   double forward_flops_per_token = 0;
   uint64_t gathered_values() const;
 };
+// Throws ConfigError unless 0 <= layers <= model.layers (0: all layers).
+void check_layers(const ModelShape& model, int layers);
 // Units in forward execution order. `layers` = 0 means all layers.
 std::vector<GatherUnit> model_units(const ModelShape& model, int layers, int seq_len);
 // Unique parameters (a tied embedding counted once).

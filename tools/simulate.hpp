@@ -1,0 +1,134 @@
+// `ciera simulate` (docs/simulator.md) in its three steps: the options CLI11 fills in are parsed
+// into a Request (every check, and every input file read, before any work), the Request is
+// computed into a result, and the result is rendered as tables or one JSON object.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "sim/sim.hpp"
+
+namespace ciera::tools::simulate {
+
+// The command line as CLI11 binds it: raw values, not yet checked.
+struct Options {
+  std::string model;
+  std::vector<int> gpus = {8, 16, 32, 64, 128};
+  std::vector<std::string> baselines = {"zero3", "zeropp"};
+  std::string dtype = "auto";
+  int seq_len = 1024;
+  int micro_batch = 1;
+  int layers = 0;
+  int prefetch = 1;
+  uint32_t block = 512;
+  std::string cluster = "a100-hdr";
+  std::string cluster_config;
+  std::optional<double> gbit, latency_ms, mfu;
+  std::optional<int> gpus_per_node;
+  std::string algorithm = "ring";
+  bool no_checkpointing = false;
+  std::string rates_file;
+  std::string trace_file;
+  std::vector<std::string> validate;
+  bool print_cluster_config = false;
+  bool json = false;
+};
+
+// ---- Projection (--model) -------------------------------------------------------------------
+
+struct Baseline {
+  sim::System system;
+  DType dtype;
+  std::string key;  // "zero3" | "zeropp", as in the JSON
+};
+
+// A zoo model with the change rates it is projected with (paper, trace, rates file).
+struct ModelInput {
+  const sim::ModelShape* model;
+  sim::ChangeRates rates;
+};
+
+struct ProjectionRequest {
+  sim::Cluster cluster;
+  sim::Workload workload;  // world and dtype are set per configuration
+  std::string algorithm;   // as given, for the report
+  std::vector<int> gpus;
+  std::vector<Baseline> baselines;
+  std::vector<ModelInput> models;
+};
+
+// One system on one configuration: a row of the breakdown table and of "results".
+struct ProjectionRun {
+  const ModelInput* model;
+  int gpus;
+  DType dtype;
+  sim::System system;
+  std::string key;  // "ciera" | "zero3" | "zeropp"
+  sim::Projection projection;
+};
+
+// CIERA against one baseline on one configuration.
+struct Comparison {
+  const Baseline* baseline;
+  const ModelInput* model;
+  int gpus;
+  double speedup;
+  double byte_ratio;
+  double allgather_share;  // busy share of the baseline iteration
+  double bound;            // speedup from byte reduction alone
+};
+
+struct ProjectionResult {
+  std::vector<ProjectionRun> runs;  // in the order the tables list them
+  std::vector<Comparison> comparisons;
+};
+
+// ---- Trace prediction (--trace) and validation (--validate) ----------------------------------
+
+struct TraceInput {
+  std::string path;
+  sim::Trace trace;
+};
+
+struct TraceResult {
+  const TraceInput* input;
+  sim::TracePrediction prediction;
+};
+
+// ---- The request ----------------------------------------------------------------------------
+
+enum class Mode { kPrintClusterConfig, kProjection, kTrace, kValidate };
+
+struct Request {
+  Mode mode = Mode::kProjection;
+  std::string command;  // as typed, for the report
+  bool json = false;
+  int prefetch = 1;
+  bool checkpointing = true;
+  ProjectionRequest projection;
+  std::vector<TraceInput> traces;  // --trace (with or without --model), or --validate's
+};
+
+// Checks every option and reads every input file (cluster config, rates, traces); throws
+// ConfigError naming the option or the file and field.
+Request parse(const Options& options, const std::string& command);
+
+ProjectionResult compute_projection(const ProjectionRequest& request);
+void render_projection(const Request& request, const ProjectionResult& result, std::ostream& out);
+
+std::vector<TraceResult> compute_traces(const Request& request);
+void render_trace(const Request& request, const TraceResult& result, std::ostream& out);
+void render_validation(const Request& request, const std::vector<TraceResult>& results,
+                       std::ostream& out);
+
+// ---- Shared by the renderers ----------------------------------------------------------------
+
+std::string seconds_text(double seconds);
+nlohmann::json breakdown_json(const sim::Breakdown& breakdown);
+std::vector<std::string> breakdown_cells(const sim::Breakdown& breakdown);
+extern const std::vector<std::string> kBreakdownHeader;
+
+}  // namespace ciera::tools::simulate

@@ -1,0 +1,278 @@
+// `ciera simulate --model`: CIERA against ZeRO-3 and ZeRO++ on the model zoo, computed for every
+// model x baseline x GPU count, then rendered as the speedup, bound and breakdown tables or as
+// one JSON object.
+#include <iostream>
+#include <map>
+#include <utility>
+
+#include "report.hpp"
+#include "simulate.hpp"
+
+namespace ciera::tools::simulate {
+namespace {
+
+using namespace ciera::sim;
+
+Comparison compare(const Baseline& baseline, const ModelInput& model, int gpus,
+                   const Projection& base, const Projection& ciera) {
+  Comparison c{&baseline, &model, gpus, 0, 0, 0, 0};
+  c.speedup = base.breakdown.total_s / ciera.breakdown.total_s;
+  c.byte_ratio = base.breakdown.allgather_bytes / ciera.breakdown.allgather_bytes;
+  // The allgathers' busy share, not their exposed share: shrinking work by x can shorten a
+  // schedule by at most x, so this bound holds even where prefetch hides part of the gathers.
+  c.allgather_share = base.breakdown.allgather_busy_s / base.breakdown.total_s;
+  c.bound = byte_reduction_bound(c.allgather_share, c.byte_ratio);
+  return c;
+}
+
+// ---- Rendering -------------------------------------------------------------------------------
+
+std::string describe_cluster(const Cluster& c) {
+  std::string s = "cluster " + c.name + (c.description.empty() ? "" : " (" + c.description + ")") +
+                  ":\n  " + std::to_string(c.gpus_per_node) + " GPU(s)/node";
+  if (c.gpus_per_node > 1) {
+    s += "; intra-node " + fixed(c.intra.GBps, 1) + " GB/s busbw, " +
+         fixed(c.intra.latency_s * 1e6, 1) + " us/step";
+  }
+  s += "; inter-node " + fixed(c.inter.GBps, 3) + " GB/s busbw per node, " +
+       fixed(c.inter.latency_s * 1e6, 1) + " us/step\n  GPU " + c.gpu + ": " +
+       fixed(c.peak_tflops, 1) + " TFLOPS x MFU " + fixed(c.mfu, 2) + ", memory " +
+       fixed(c.hbm_GBps, 0) + " GB/s; kernels GB/s of raw bytes: detect " +
+       fixed(c.detect_GBps, 1) + ", encode " + fixed(c.encode_GBps, 1) + ", decode " +
+       fixed(c.decode_GBps, 1) + ", quantize " + fixed(c.quantize_GBps, 1) + ", dequantize " +
+       fixed(c.dequantize_GBps, 1);
+  return s;
+}
+
+nlohmann::json cluster_json(const Cluster& c) {
+  return {{"name", c.name},
+          {"gpu", c.gpu},
+          {"gpus_per_node", c.gpus_per_node},
+          {"intra", {{"GBps", c.intra.GBps}, {"latency_s", c.intra.latency_s}}},
+          {"inter", {{"GBps", c.inter.GBps}, {"latency_s", c.inter.latency_s}}},
+          {"peak_tflops", c.peak_tflops},
+          {"mfu", c.mfu},
+          {"hbm_GBps", c.hbm_GBps},
+          {"kernels_GBps",
+           {{"detect", c.detect_GBps},
+            {"encode", c.encode_GBps},
+            {"decode", c.decode_GBps},
+            {"quantize", c.quantize_GBps},
+            {"dequantize", c.dequantize_GBps}}}};
+}
+
+std::string rates_text(const ChangeRates& rates) {
+  // Group the types by the source of their rate, so the line says where each number came from.
+  std::map<std::string, std::string> by_source;
+  for (ShardType type : kAllShardTypes) {
+    const TypeRate& r = rates.of(type);
+    std::string item = std::string(to_string(type)) + " " + fixed(rates.block_rate(type), 3);
+    if (r.block < 0 && r.element >= 0) {
+      item += " (from element rate " + fixed(r.element, 5) + ")";
+    } else if (r.element >= 0) {
+      item += " (element " + fixed(r.element, 4) + ")";
+    }
+    std::string& list = by_source[r.source.empty() ? "default" : r.source];
+    list += (list.empty() ? "" : ", ") + item;
+  }
+  std::string s;
+  for (const auto& [source, list] : by_source) s += "    [" + source + "] " + list + "\n";
+  return s;
+}
+
+nlohmann::json rates_json(const ChangeRates& rates) {
+  nlohmann::json j = {{"block_values", rates.block_values}};
+  for (ShardType type : kAllShardTypes) {
+    const TypeRate& r = rates.of(type);
+    j[std::string(to_string(type))] = {
+        {"block_rate", rates.block_rate(type)},
+        {"element_rate", r.element >= 0 ? nlohmann::json(r.element) : nlohmann::json()},
+        {"source", r.source}};
+  }
+  return j;
+}
+
+std::string selected_text(const Projection& p) {
+  std::string s;
+  for (ShardType type : kAllShardTypes) {
+    if (!p.selected[static_cast<size_t>(type)]) continue;
+    if (!s.empty()) s += ',';
+    s += to_string(type);
+  }
+  return s.empty() ? "none" : s;
+}
+
+std::string layers_text(const Workload& w) {
+  return w.layers ? std::to_string(w.layers) + " layers" : std::string("all layers");
+}
+
+nlohmann::json projection_json(const Request& request, const ProjectionResult& result) {
+  const ProjectionRequest& p = request.projection;
+  const Workload& w = p.workload;
+  nlohmann::json j;
+  j["command"] = request.command;
+  j["kind"] = "projection";
+  j["cluster"] = cluster_json(p.cluster);
+  j["workload"] = {{"seq_len", w.seq_len},
+                   {"micro_batch", w.micro_batch},
+                   {"layers", w.layers == 0 ? nlohmann::json("all") : nlohmann::json(w.layers)},
+                   {"prefetch_depth", w.prefetch_depth},
+                   {"activation_checkpointing", w.activation_checkpointing},
+                   {"algorithm", p.algorithm},
+                   {"optimizer_bytes_per_param", w.optimizer_bytes_per_param},
+                   {"zeropp_block_values", w.zeropp_block_values}};
+  j["models"] = nlohmann::json::array();
+  for (const ModelInput& m : p.models) {
+    j["models"].push_back({{"name", m.model->name},
+                           {"display", m.model->display},
+                           {"params", parameter_count(*m.model)},
+                           {"source", m.model->source},
+                           {"rates", rates_json(m.rates)}});
+  }
+  j["results"] = nlohmann::json::array();
+  for (const ProjectionRun& run : result.runs) {
+    nlohmann::json row = {{"model", run.model->model->name},
+                          {"gpus", run.gpus},
+                          {"dtype", dtype_name(run.dtype)},
+                          {"system", run.key},
+                          {"breakdown", breakdown_json(run.projection.breakdown)}};
+    if (run.system == System::kCiera) row["selected"] = selected_text(run.projection);
+    j["results"].push_back(row);
+  }
+  j["comparisons"] = nlohmann::json::array();
+  for (const Comparison& c : result.comparisons) {
+    j["comparisons"].push_back({{"baseline", c.baseline->key},
+                                {"dtype", dtype_name(c.baseline->dtype)},
+                                {"model", c.model->model->name},
+                                {"gpus", c.gpus},
+                                {"speedup", c.speedup},
+                                {"allgather_byte_ratio", c.byte_ratio},
+                                {"allgather_share", c.allgather_share},
+                                {"byte_reduction_bound", c.bound}});
+  }
+  return j;
+}
+
+void print_header(const Request& request, std::ostream& out) {
+  const ProjectionRequest& p = request.projection;
+  const Workload& w = p.workload;
+  out << "ciera simulate: projected from an alpha-beta model, not measured (docs/simulator.md)\n"
+      << "command: " << request.command << "\n"
+      << describe_cluster(p.cluster) << "\n"
+      << "workload per GPU: sequence " << w.seq_len << " x micro-batch " << w.micro_batch << ", "
+      << layers_text(w) << ", prefetch depth " << w.prefetch_depth << ", "
+      << (w.activation_checkpointing ? "activation checkpointing" : "no activation checkpointing")
+      << ", " << p.algorithm << " collectives, Adam step "
+      << fixed(w.optimizer_bytes_per_param, 0)
+      << " B/param at memory bandwidth; ZeRO++ int8/int4 blocks of " << w.zeropp_block_values
+      << " values\n"
+      << "change rates: block q (element c); CIERA payload = header + sign-mantissa + bitmap + the "
+         "smaller of q x exponents (paper §3.2) and fine mode (1.5 B per changed value + 1 B per "
+         "changed block), as the encoder:\n";
+  for (const ModelInput& m : p.models) {
+    out << "  " << m.model->display << " (" << fixed(parameter_count(*m.model) / 1e9, 2)
+        << "B params; " << m.model->source << "), block change rates at B="
+        << m.rates.block_values << ":\n"
+        << rates_text(m.rates);
+  }
+  out << "\n";
+}
+
+// Per baseline, a title and a table of one row per model and one column per GPU count, each
+// cell made by `cell` from that configuration's comparison.
+template <typename Title, typename Cell>
+void print_per_baseline(const Request& request, const ProjectionResult& result, Title title,
+                        Cell cell, std::ostream& out) {
+  const ProjectionRequest& p = request.projection;
+  std::vector<std::string> header = {"model"};
+  for (int w : p.gpus) header.push_back(std::to_string(w));
+  for (const Baseline& b : p.baselines) {
+    Table table(header);
+    for (const ModelInput& m : p.models) {
+      std::vector<std::string> row = {m.model->display};
+      for (const Comparison& c : result.comparisons) {
+        if (c.baseline == &b && c.model == &m) row.push_back(cell(c));
+      }
+      table.add(row);
+    }
+    out << title(b) << "\n" << table.render() << "\n";
+  }
+}
+
+void print_breakdown(const ProjectionResult& result, std::ostream& out) {
+  Table breakdown({"model", "GPUs", "dtype", "system", "total s", "compute", "exposed AG",
+                   "exposed RS", "codec", "optimizer", "AG GB/iter", "CIERA compresses"});
+  for (const ProjectionRun& run : result.runs) {
+    std::vector<std::string> row = {run.model->model->display, std::to_string(run.gpus),
+                                    std::string(dtype_name(run.dtype)),
+                                    std::string(system_name(run.system))};
+    for (auto& cell : breakdown_cells(run.projection.breakdown)) row.push_back(cell);
+    row.push_back(fixed(run.projection.breakdown.allgather_bytes / 1e9, 2));
+    row.push_back(run.system == System::kCiera ? selected_text(run.projection) : "");
+    breakdown.add(row);
+  }
+  out << "Breakdown per iteration (seconds; exposed = on the critical path)\n"
+      << breakdown.render();
+}
+
+}  // namespace
+
+ProjectionResult compute_projection(const ProjectionRequest& p) {
+  ProjectionResult result;
+  for (const ModelInput& m : p.models) {
+    // CIERA's projection depends on the GPU count and dtype only, not on the baseline.
+    std::map<std::pair<int, DType>, size_t> ciera_run;
+    for (const Baseline& b : p.baselines) {
+      for (int w : p.gpus) {
+        Workload work = p.workload;
+        work.world = w;
+        work.dtype = b.dtype;
+        Projection base = project(*m.model, p.cluster, work, m.rates, b.system);
+        auto cached = ciera_run.find({w, b.dtype});
+        if (cached == ciera_run.end()) {
+          result.runs.push_back({&m, w, b.dtype, System::kCiera, "ciera",
+                                 project(*m.model, p.cluster, work, m.rates, System::kCiera)});
+          cached = ciera_run.emplace(std::pair{w, b.dtype}, result.runs.size() - 1).first;
+        }
+        result.runs.push_back({&m, w, b.dtype, b.system, b.key, std::move(base)});
+        const ProjectionRun& ciera = result.runs[cached->second];
+        result.comparisons.push_back(
+            compare(b, m, w, result.runs.back().projection, ciera.projection));
+      }
+    }
+  }
+  return result;
+}
+
+void render_projection(const Request& request, const ProjectionResult& result,
+                       std::ostream& out) {
+  if (request.json) {
+    out << projection_json(request, result).dump() << std::endl;
+    return;
+  }
+  print_header(request, out);
+  const Workload& w = request.projection.workload;
+  print_per_baseline(
+      request, result,
+      [&](const Baseline& b) {
+        return "Speedup of CIERA over " + std::string(system_name(b.system)) + " (" +
+               std::string(dtype_name(b.dtype)) + ", S=" + std::to_string(w.seq_len) + ", " +
+               layers_text(w) + ")";
+      },
+      [](const Comparison& c) { return fixed(c.speedup, 2) + "x"; }, out);
+  print_per_baseline(
+      request, result,
+      [](const Baseline& b) {
+        return "vs " + std::string(system_name(b.system)) +
+               ": allgather byte ratio / allgather busy share of the baseline iteration / "
+               "speedup bound from byte reduction alone";
+      },
+      [](const Comparison& c) {
+        return fixed(c.byte_ratio, 2) + " / " + fixed(100 * c.allgather_share, 0) + "% / " +
+               fixed(c.bound, 2) + "x";
+      },
+      out);
+  print_breakdown(result, out);
+}
+
+}  // namespace ciera::tools::simulate

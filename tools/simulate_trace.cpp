@@ -1,0 +1,225 @@
+// `ciera simulate --trace FILE` and `--validate TRACE...`: baseline and CIERA iteration times
+// predicted from traces of our own runs, and their error against the traces' measurements.
+#include <cmath>
+#include <iostream>
+#include <array>
+#include <tuple>
+
+#include "report.hpp"
+#include "simulate.hpp"
+
+namespace ciera::tools::simulate {
+namespace {
+
+using namespace ciera::sim;
+
+double relative_error(double predicted, double measured) {
+  return measured > 0 ? (predicted - measured) / measured : 0.0;
+}
+
+std::string percent_text(double error) {
+  return (error >= 0 ? "+" : "") + fixed(100 * error, 1) + "%";
+}
+
+nlohmann::json fit_json(const std::optional<CostCurve>& c) {
+  if (!c) return nullptr;
+  return {{"alpha_s", c->alpha_s}, {"GBps", c->bytes_per_s / 1e9}};
+}
+
+nlohmann::json measured_json(const std::optional<MeasuredRun>& m, const Breakdown& b,
+                             double allgather) {
+  if (!m) return nullptr;
+  return {{"iteration_s", m->iteration_s},
+          {"allgather_s", m->allgather_s},
+          {"predicted_iteration_s", b.total_s},
+          {"predicted_allgather_s", allgather},
+          {"error", relative_error(b.total_s, m->iteration_s)},
+          {"allgather_error", relative_error(allgather, m->allgather_s)}};
+}
+
+nlohmann::json trace_json(const TraceResult& r) {
+  const Trace& t = r.input->trace;
+  const TracePrediction& p = r.prediction;
+  nlohmann::json j = {
+      {"trace", t.origin},
+      {"config", t.describe()},
+      {"schedule",
+       {{"baseline", p.baseline_overlap ? "overlap" : "sequential"},
+        {"ciera", p.ciera_overlap ? "overlap" : "sequential"},
+        {"block_values", t.block_values}}},
+      {"allgather_fit", fit_json(p.allgather)},
+      {"reduce_scatter_fit", fit_json(p.reduce_scatter)},
+      {"probe_allgather_fit", fit_json(p.probe_allgather)},
+      {"probe_reduce_scatter_fit", fit_json(p.probe_reduce_scatter)},
+      {"predicted", {{"baseline", breakdown_json(p.baseline)}, {"ciera", breakdown_json(p.ciera)}}},
+      {"ciera_gather_terms_s",
+       {{"comm", p.ciera_comm_s}, {"encode", p.ciera_encode_s}, {"decode", p.ciera_decode_s}}},
+      {"predicted_speedup", p.baseline.total_s / p.ciera.total_s}};
+  j["measured"] = {
+      {"baseline", measured_json(t.measured_baseline, p.baseline, p.baseline_allgather_s)},
+      {"ciera", measured_json(t.measured_ciera, p.ciera, p.ciera_allgather_s)}};
+  return j;
+}
+
+// A system's measured run beside its prediction, for the text reports.
+struct SystemCheck {
+  const char* label;
+  const std::optional<MeasuredRun>& measured;
+  const Breakdown& predicted;
+  double predicted_allgather_s;
+  bool overlap;
+};
+
+std::array<SystemCheck, 2> system_checks(const TraceResult& r) {
+  const Trace& t = r.input->trace;
+  const TracePrediction& p = r.prediction;
+  return {SystemCheck{"baseline", t.measured_baseline, p.baseline, p.baseline_allgather_s,
+                      p.baseline_overlap},
+          SystemCheck{"CIERA", t.measured_ciera, p.ciera, p.ciera_allgather_s, p.ciera_overlap}};
+}
+
+void print_trace_setup(const Request& request, const TraceResult& r, std::ostream& out) {
+  const Trace& t = r.input->trace;
+  const TracePrediction& p = r.prediction;
+  out << "ciera simulate: prediction from " << t.origin << " (" << t.describe() << ", "
+      << t.buckets.size() << " buckets)\ncommand: " << request.command << "\n"
+      << "allgather cost curve fitted to " << t.allgather_points.size()
+      << " measured points: " << fixed(p.allgather.alpha_s * 1e3, 3) << " ms + bytes / "
+      << fixed(p.allgather.bytes_per_s / 1e9, 4) << " GB/s\nreduce-scatter cost curve fitted to "
+      << t.reduce_scatter_points.size() << " points: " << fixed(p.reduce_scatter.alpha_s * 1e3, 3)
+      << " ms + bytes / " << fixed(p.reduce_scatter.bytes_per_s / 1e9, 4) << " GB/s\n"
+      << "codec (of raw shard bytes): encode " << fixed(t.encode_GBps, 2)
+      << " GB/s (detection included), decode " << fixed(t.decode_GBps, 2) << " GB/s\n"
+      << "schedule: baseline " << (p.baseline_overlap ? "overlapped" : "sequential") << ", CIERA "
+      << (p.ciera_overlap ? "overlapped" : "sequential") << " (overlapped: prefetch depth "
+      << request.prefetch << "); reduce-scatters block; B = " << t.block_values << "\n";
+  if (p.probe_allgather) {
+    out << "comm_probe (micro-benchmark, not used): allgather "
+        << fixed(p.probe_allgather->alpha_s * 1e3, 3) << " ms + bytes / "
+        << fixed(p.probe_allgather->bytes_per_s / 1e9, 4) << " GB/s\n";
+  }
+  out << "CIERA gather terms per step: Comm(wire) " << seconds_text(p.ciera_comm_s)
+      << " s, encode " << seconds_text(p.ciera_encode_s) << " s, decode "
+      << seconds_text(p.ciera_decode_s) << " s\n\n";
+}
+
+void print_trace_prediction(const TraceResult& r, std::ostream& out) {
+  const Trace& t = r.input->trace;
+  const TracePrediction& p = r.prediction;
+  double raw = 0, wire = 0;
+  for (const TraceBucket& b : t.buckets) {
+    raw += b.raw_bytes;
+    wire += std::min(b.wire_bytes, b.raw_bytes);
+  }
+  std::vector<std::string> header = {"predicted"};
+  for (const auto& h : kBreakdownHeader) header.push_back(h);
+  Table table(header);
+  std::vector<std::string> row = {"baseline (raw)"};
+  for (auto& cell : breakdown_cells(p.baseline)) row.push_back(cell);
+  table.add(row);
+  row = {"CIERA"};
+  for (auto& cell : breakdown_cells(p.ciera)) row.push_back(cell);
+  table.add(row);
+  const double byte_ratio = wire > 0 ? raw / wire : 1.0;
+  out << table.render() << "predicted speedup " << fixed(p.baseline.total_s / p.ciera.total_s, 3)
+      << "x; allgather byte ratio " << fixed(byte_ratio, 3) << "x";
+  if (p.baseline_overlap == p.ciera_overlap) {  // else the schedule, not bytes, differs too
+    out << "; bound from bytes alone "
+        << fixed(byte_reduction_bound(p.baseline.allgather_busy_s / p.baseline.total_s,
+                                      byte_ratio),
+                 3)
+        << "x";
+  }
+  out << "\n";
+  for (const SystemCheck& s : system_checks(r)) {
+    if (!s.measured) continue;
+    const MeasuredRun& m = *s.measured;
+    out << s.label << ": iteration measured " << seconds_text(m.iteration_s) << " s, predicted "
+        << seconds_text(s.predicted.total_s) << " s, error "
+        << percent_text(relative_error(s.predicted.total_s, m.iteration_s))
+        << "; allgather measured " << seconds_text(m.allgather_s) << " s, predicted "
+        << seconds_text(s.predicted_allgather_s) << " s, error "
+        << percent_text(relative_error(s.predicted_allgather_s, m.allgather_s)) << "\n";
+  }
+}
+
+// The largest |error| of predicted against measured iteration time over all traces.
+double worst_error(const std::vector<TraceResult>& results) {
+  double worst = 0;
+  for (const TraceResult& r : results) {
+    for (const SystemCheck& s : system_checks(r)) {
+      if (s.measured)
+        worst = std::max(worst, std::abs(relative_error(s.predicted.total_s,
+                                                        s.measured->iteration_s)));
+    }
+  }
+  return worst;
+}
+
+Table validation_table(const std::vector<TraceResult>& results) {
+  Table table({"trace", "config", "system", "schedule", "measured s", "predicted s", "error",
+               "AG measured s", "AG predicted s", "AG error"});
+  for (const TraceResult& r : results) {
+    const std::string& path = r.input->path;
+    const std::string file = path.substr(path.find_last_of('/') + 1);
+    const std::string config = r.input->trace.describe();
+    bool any = false;
+    for (const SystemCheck& s : system_checks(r)) {
+      if (!s.measured) continue;
+      any = true;
+      const MeasuredRun& m = *s.measured;
+      table.add({file, config, s.label, s.overlap ? "overlap" : "sequential",
+                 seconds_text(m.iteration_s), seconds_text(s.predicted.total_s),
+                 percent_text(relative_error(s.predicted.total_s, m.iteration_s)),
+                 seconds_text(m.allgather_s), seconds_text(s.predicted_allgather_s),
+                 percent_text(relative_error(s.predicted_allgather_s, m.allgather_s))});
+    }
+    if (!any) {
+      table.add({file, config, "-", "-", "not measured",
+                 seconds_text(r.prediction.baseline.total_s), "-", "-", "-", "-"});
+    }
+  }
+  return table;
+}
+
+}  // namespace
+
+std::vector<TraceResult> compute_traces(const Request& request) {
+  std::vector<TraceResult> results;
+  for (const TraceInput& input : request.traces)
+    results.push_back({&input, predict_trace(input.trace, request.prefetch)});
+  return results;
+}
+
+void render_trace(const Request& request, const TraceResult& result, std::ostream& out) {
+  if (request.json) {
+    nlohmann::json j = trace_json(result);
+    j["command"] = request.command;
+    j["kind"] = "trace";
+    out << j.dump() << std::endl;
+    return;
+  }
+  print_trace_setup(request, result, out);
+  print_trace_prediction(result, out);
+}
+
+void render_validation(const Request& request, const std::vector<TraceResult>& results,
+                       std::ostream& out) {
+  const double worst = worst_error(results);
+  if (request.json) {
+    nlohmann::json j;
+    j["command"] = request.command;
+    j["kind"] = "validation";
+    j["traces"] = nlohmann::json::array();
+    for (const TraceResult& r : results) j["traces"].push_back(trace_json(r));
+    j["worst_abs_error"] = worst;
+    out << j.dump() << std::endl;
+    return;
+  }
+  out << "ciera simulate --validate: predicted iteration time against the traces' measurements\n"
+      << "command: " << request.command << "\n\n"
+      << validation_table(results).render()
+      << "worst |error| of iteration time: " << fixed(100 * worst, 1) << "%\n";
+}
+
+}  // namespace ciera::tools::simulate
