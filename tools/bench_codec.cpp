@@ -1,8 +1,11 @@
 // `ciera bench codec`: the shard codec on a realistic training trajectory, verified every step,
 // against memcpy, the paper's block mode, stateless exponent coding and zstd, all in one run.
+// Parse (every option checked before any work) -> measure (a BenchResult) -> render (table or
+// JSON).
 #include <zstd.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -21,6 +24,7 @@
 namespace ciera::tools {
 namespace {
 
+// The command line as CLI11 binds it: raw values, not yet checked.
 struct Options {
   std::string dtype = "bf16";
   uint64_t values = 16ull << 20;
@@ -37,6 +41,44 @@ struct Options {
   bool json = false;
   bool quiet = false;
 };
+
+// What to run, checked: a valid codec configuration and a steady state to measure.
+struct Request {
+  Options options;  // as given, for the report
+  std::string command;
+  CodecConfig config;
+  uint64_t values = 0;
+  uint32_t value_bytes = 0;
+  uint64_t raw_bytes = 0;
+  bool compare_block = false;  // the paper's block mode beside an auto/fine primary
+};
+
+Request parse(const Options& o, const std::string& command) {
+  Request r;
+  r.options = o;
+  r.command = command;
+  r.config.dtype = parse_dtype(o.dtype);
+  r.config.block_values = o.block;
+  r.config.warmup_steps = o.warmup;
+  r.config.coding = parse_exponent_coding(o.mode);
+  r.config.detection = parse_change_detection(o.detect);
+  r.config.content_checksum = !o.no_checksum;
+  r.config.validate();
+  if (o.values < 1) throw ConfigError("--values must be at least 1");
+  if (o.steps <= o.warmup) throw ConfigError("--steps must exceed --warmup to measure a steady state");
+  if (o.sample_every < 1) throw ConfigError("--sample-every must be at least 1");
+  if (!(std::isfinite(o.learning_rate) && o.learning_rate > 0))
+    throw ConfigError("--lr must be a finite number > 0");
+  r.values = o.values;
+  r.value_bytes = dtype_info(r.config.dtype).value_bytes;
+  if (r.values > std::numeric_limits<uint64_t>::max() / 8 / r.value_bytes)
+    throw ConfigError("--values " + std::to_string(r.values) + " is too large");
+  r.raw_bytes = r.values * r.value_bytes;
+  r.compare_block = !o.no_compare && r.config.coding != ExponentCoding::kBlock;
+  return r;
+}
+
+// ---- Measuring -------------------------------------------------------------------------------
 
 // Timings and sizes of one codec variant over the steady-state steps.
 struct Variant {
@@ -56,7 +98,33 @@ struct Variant {
     ++frames;
     verified = verified && ok;
   }
+  void add_entropy(const FrameStats& sent) {
+    entropy_coded_bytes += static_cast<double>(sent.entropy_coded_bytes);
+    entropy_bound_bytes += sent.entropy_bound_bytes;
+  }
   double bits_per_value(uint64_t n) const { return frames ? 8 * wire_bytes / frames / n : 0; }
+  double entropy_coded_vs_bound() const {
+    return entropy_bound_bytes > 0 ? entropy_coded_bytes / entropy_bound_bytes : 0.0;
+  }
+};
+
+// Everything the run measured; the renderers derive rates and ratios from it.
+struct BenchResult {
+  Variant primary, block, stateless, zstd1, zstd3, keyframe;
+  std::vector<double> memcpy_s;
+  // Steady state: exponents that changed (ground truth), the encoder's block and symbol counts.
+  double changed_values = 0, changed_blocks = 0, blocks_total = 0, coded_symbols = 0,
+         coded_entropy_bits = 0;
+  uint64_t fine_frames = 0, steady_frames = 0;
+  size_t encoder_cache_bytes = 0, decoder_cache_bytes = 0;
+
+  explicit BenchResult(const Request& r)
+      : primary("ciera-" + r.options.mode, "exponent reuse, " + r.options.detect + " detection"),
+        block("ciera-block", "paper's block mode (Algorithm 1)"),
+        stateless("stateless", "all exponents rANS-coded every step (ZipCCL-style)"),
+        zstd1("zstd-1", "zstd level 1 on the raw shard"),
+        zstd3("zstd-3", "zstd level 3 on the raw shard"),
+        keyframe("warmup key frames", "") {}
 };
 
 // Every buffer the measured calls write (payloads, decoded shards, the memcpy reference's copy)
@@ -104,205 +172,246 @@ void exponents_of(DType dtype, std::span<const std::byte> values, std::vector<ui
   }
 }
 
-int run(const Options& o, const std::string& command) {
-  CodecConfig config;
-  config.dtype = parse_dtype(o.dtype);
-  config.block_values = o.block;
-  config.warmup_steps = o.warmup;
-  config.coding = parse_exponent_coding(o.mode);
-  config.detection = parse_change_detection(o.detect);
-  config.content_checksum = !o.no_checksum;
-  config.validate();
-  if (o.steps <= o.warmup) throw ConfigError("--steps must exceed --warmup to measure a steady state");
-  const uint64_t n = o.values;
-  const uint32_t value_bytes = dtype_info(config.dtype).value_bytes;
-  const uint64_t raw_bytes = n * value_bytes;
+// The codecs under test with their buffers, all allocated before the first step.
+class CodecBench {
+ public:
+  explicit CodecBench(const Request& r)
+      : request_(r), config_(r.config), primary_(config_, r.values),
+        copy_(r.raw_bytes),
+        stateless_payload_(max_payload_bytes(config_.dtype, r.values, config_.block_values)),
+        stateless_out_(r.raw_bytes), zstd_buf_(ZSTD_compressBound(r.raw_bytes)),
+        zstd_out_(r.raw_bytes), previous_exps_(r.values), current_exps_(r.values) {
+    if (r.compare_block) {
+      CodecConfig block_config = config_;
+      block_config.coding = ExponentCoding::kBlock;
+      block_pair_.emplace(block_config, r.values);
+    }
+  }
 
+  // One optimizer step's values through every codec; `steady` after the warmup.
+  void measure(uint32_t step, std::span<const std::byte> values, BenchResult& result) {
+    exponents_of(config_.dtype, values, current_exps_);
+    const bool steady = step >= request_.options.warmup;
+
+    Stopwatch copy_clock;
+    std::memcpy(copy_.data(), values.data(), request_.raw_bytes);
+    const double copy_s = copy_clock.seconds();
+
+    measure_primary(values, steady, copy_s, result);
+    if (block_pair_) {
+      const StepResult b = run_pair(*block_pair_, values);
+      if (steady) {
+        result.block.add(b.encode_s, b.decode_s, b.sent.payload_bytes, b.ok);
+        result.block.add_entropy(b.sent);
+      } else if (!b.ok) {
+        result.block.verified = false;
+      }
+    }
+    // Stateless coders need no history, so they are measured on a sample of steady steps.
+    const Options& o = request_.options;
+    if (steady && !o.no_compare && (step - o.warmup) % o.sample_every == 0) {
+      measure_stateless(values, result);
+    }
+    std::swap(previous_exps_, current_exps_);
+  }
+
+  void finish(BenchResult& result) const {
+    result.encoder_cache_bytes = primary_.encoder.cache_bytes();
+    result.decoder_cache_bytes = primary_.decoder.cache_bytes();
+  }
+
+ private:
+  void measure_primary(std::span<const std::byte> values, bool steady, double copy_s,
+                       BenchResult& result) {
+    const StepResult r = run_pair(primary_, values);
+    if (!r.ok) result.primary.verified = false;
+    if (!steady) {
+      result.keyframe.add(r.encode_s, r.decode_s, r.sent.payload_bytes, r.ok);
+      result.keyframe.add_entropy(r.sent);
+      return;
+    }
+    result.memcpy_s.push_back(copy_s);
+    result.primary.add(r.encode_s, r.decode_s, r.sent.payload_bytes, r.ok);
+    result.primary.add_entropy(r.sent);
+    uint64_t changed = 0;
+    for (uint64_t i = 0; i < request_.values; ++i) changed += previous_exps_[i] != current_exps_[i];
+    result.changed_values += static_cast<double>(changed);
+    result.changed_blocks += static_cast<double>(r.sent.changed_blocks);
+    result.blocks_total += static_cast<double>(r.sent.blocks);
+    result.coded_symbols += static_cast<double>(r.sent.coded_symbols);
+    result.coded_entropy_bits += r.sent.coded_symbols_entropy_bits;
+    result.fine_frames += r.sent.section == ExponentSection::kFine;
+    ++result.steady_frames;
+  }
+
+  void measure_stateless(std::span<const std::byte> values, BenchResult& result) {
+    const uint64_t raw_bytes = request_.raw_bytes;
+    Stopwatch enc;
+    const size_t len = encode_stateless(config_, values, stateless_payload_);
+    const double enc_s = enc.seconds();
+    Stopwatch dec;
+    decode_stateless(config_, {stateless_payload_.data(), len}, stateless_out_);
+    const double dec_s = dec.seconds();
+    result.stateless.add(enc_s, dec_s, len,
+                         std::memcmp(stateless_out_.data(), values.data(), raw_bytes) == 0);
+    for (auto [level, variant] : {std::pair{1, &result.zstd1}, std::pair{3, &result.zstd3}}) {
+      Stopwatch zc;
+      const size_t zlen =
+          ZSTD_compress(zstd_buf_.data(), zstd_buf_.size(), values.data(), raw_bytes, level);
+      const double zc_s = zc.seconds();
+      if (ZSTD_isError(zlen)) throw Error(std::string("zstd: ") + ZSTD_getErrorName(zlen));
+      Stopwatch zd;
+      const size_t dlen = ZSTD_decompress(zstd_out_.data(), zstd_out_.size(), zstd_buf_.data(), zlen);
+      const double zd_s = zd.seconds();
+      variant->add(zc_s, zd_s, zlen,
+                   !ZSTD_isError(dlen) && dlen == raw_bytes &&
+                       std::memcmp(zstd_out_.data(), values.data(), raw_bytes) == 0);
+    }
+  }
+
+  const Request& request_;
+  const CodecConfig config_;
+  CieraPair primary_;
+  std::optional<CieraPair> block_pair_;
+  Buffer copy_, stateless_payload_, stateless_out_, zstd_buf_, zstd_out_;
+  std::vector<uint8_t> previous_exps_, current_exps_;
+};
+
+BenchResult measure(const Request& r) {
+  const Options& o = r.options;
   TrajectoryOptions topt;
-  topt.num_values = n;
-  topt.dtype = config.dtype;
+  topt.num_values = r.values;
+  topt.dtype = r.config.dtype;
   topt.learning_rate = o.learning_rate;
   topt.seed = o.seed;
   AdamTrajectory trajectory(topt);
-
-  CieraPair primary(config, n);
-  std::optional<CieraPair> block_pair;
-  if (!o.no_compare && config.coding != ExponentCoding::kBlock) {
-    CodecConfig block_config = config;
-    block_config.coding = ExponentCoding::kBlock;
-    block_pair.emplace(block_config, n);
-  }
-  Variant primary_v{"ciera-" + o.mode, "exponent reuse, " + o.detect + " detection"};
-  Variant block_v{"ciera-block", "paper's block mode (Algorithm 1)"};
-  Variant stateless_v{"stateless", "all exponents rANS-coded every step (ZipCCL-style)"};
-  Variant zstd1_v{"zstd-1", "zstd level 1 on the raw shard"};
-  Variant zstd3_v{"zstd-3", "zstd level 3 on the raw shard"};
-  Variant keyframe_v{"warmup key frames", ""};
-
-  std::vector<double> memcpy_s;
-  Buffer copy(raw_bytes);
-  Buffer stateless_payload(max_payload_bytes(config.dtype, n, config.block_values));
-  Buffer stateless_out(raw_bytes);
-  Buffer zstd_buf(ZSTD_compressBound(raw_bytes));
-  Buffer zstd_out(raw_bytes);
-  std::vector<uint8_t> previous_exps(n), current_exps(n);
-  double changed_values = 0, changed_blocks = 0, blocks_total = 0, coded_symbols = 0,
-         coded_entropy_bits = 0;
-  uint64_t fine_frames = 0, steady_frames = 0;
+  CodecBench bench(r);
+  BenchResult result(r);
 
   Progress progress("bench codec", o.steps, !o.quiet);
   for (uint32_t step = 0; step < o.steps; ++step) {
     if (step > 0) trajectory.step();
-    const auto values = trajectory.values();
-    exponents_of(config.dtype, values, current_exps);
-    const bool steady = step >= o.warmup;
-
-    Stopwatch copy_clock;
-    std::memcpy(copy.data(), values.data(), raw_bytes);
-    const double copy_s = copy_clock.seconds();
-
-    const StepResult r = run_pair(primary, values);
-    if (!r.ok) primary_v.verified = false;
-    if (steady) {
-      memcpy_s.push_back(copy_s);
-      primary_v.add(r.encode_s, r.decode_s, r.sent.payload_bytes, r.ok);
-      primary_v.entropy_coded_bytes += static_cast<double>(r.sent.entropy_coded_bytes);
-      primary_v.entropy_bound_bytes += r.sent.entropy_bound_bytes;
-      uint64_t changed = 0;
-      for (uint64_t i = 0; i < n; ++i) changed += previous_exps[i] != current_exps[i];
-      changed_values += static_cast<double>(changed);
-      changed_blocks += static_cast<double>(r.sent.changed_blocks);
-      blocks_total += static_cast<double>(r.sent.blocks);
-      coded_symbols += static_cast<double>(r.sent.coded_symbols);
-      coded_entropy_bits += r.sent.coded_symbols_entropy_bits;
-      fine_frames += r.sent.section == ExponentSection::kFine;
-      ++steady_frames;
-    } else {
-      keyframe_v.add(r.encode_s, r.decode_s, r.sent.payload_bytes, r.ok);
-      keyframe_v.entropy_coded_bytes += static_cast<double>(r.sent.entropy_coded_bytes);
-      keyframe_v.entropy_bound_bytes += r.sent.entropy_bound_bytes;
-    }
-    if (block_pair) {
-      const StepResult b = run_pair(*block_pair, values);
-      if (steady) {
-        block_v.add(b.encode_s, b.decode_s, b.sent.payload_bytes, b.ok);
-        block_v.entropy_coded_bytes += static_cast<double>(b.sent.entropy_coded_bytes);
-        block_v.entropy_bound_bytes += b.sent.entropy_bound_bytes;
-      } else if (!b.ok) {
-        block_v.verified = false;
-      }
-    }
-    // Stateless coders need no history, so they are measured on a sample of steady steps.
-    if (steady && !o.no_compare && (step - o.warmup) % o.sample_every == 0) {
-      Stopwatch enc;
-      const size_t len = encode_stateless(config, values, stateless_payload);
-      const double enc_s = enc.seconds();
-      Stopwatch dec;
-      decode_stateless(config, {stateless_payload.data(), len}, stateless_out);
-      const double dec_s = dec.seconds();
-      stateless_v.add(enc_s, dec_s, len, std::memcmp(stateless_out.data(), values.data(), raw_bytes) == 0);
-      for (auto [level, variant] : {std::pair{1, &zstd1_v}, std::pair{3, &zstd3_v}}) {
-        Stopwatch zc;
-        const size_t zlen = ZSTD_compress(zstd_buf.data(), zstd_buf.size(), values.data(), raw_bytes, level);
-        const double zc_s = zc.seconds();
-        if (ZSTD_isError(zlen)) throw Error(std::string("zstd: ") + ZSTD_getErrorName(zlen));
-        Stopwatch zd;
-        const size_t dlen = ZSTD_decompress(zstd_out.data(), zstd_out.size(), zstd_buf.data(), zlen);
-        const double zd_s = zd.seconds();
-        variant->add(zc_s, zd_s, zlen,
-                     !ZSTD_isError(dlen) && dlen == raw_bytes &&
-                         std::memcmp(zstd_out.data(), values.data(), raw_bytes) == 0);
-      }
-    }
-    std::swap(previous_exps, current_exps);
-    progress.update(step + 1, steady ? fixed(primary_v.bits_per_value(n), 3) + " bits/value" : "warmup");
+    bench.measure(step, trajectory.values(), result);
+    progress.update(step + 1, step >= o.warmup
+                                  ? fixed(result.primary.bits_per_value(r.values), 3) + " bits/value"
+                                  : "warmup");
   }
   progress.finish();
+  bench.finish(result);
+  return result;
+}
 
-  const double memcpy_GBps = raw_bytes / median(memcpy_s) / 1e9;
-  auto gbps = [&](const std::vector<double>& s) { return s.empty() ? 0.0 : raw_bytes / median(s) / 1e9; };
-  std::vector<const Variant*> rows = {&primary_v};
-  if (block_pair) rows.push_back(&block_v);
-  if (!o.no_compare) {
-    rows.push_back(&stateless_v);
-    rows.push_back(&zstd1_v);
-    rows.push_back(&zstd3_v);
+// ---- Rendering -------------------------------------------------------------------------------
+
+// The rows of the comparison table, primary first.
+std::vector<const Variant*> table_rows(const Request& r, const BenchResult& result) {
+  std::vector<const Variant*> rows = {&result.primary};
+  if (r.compare_block) rows.push_back(&result.block);
+  if (!r.options.no_compare) {
+    rows.push_back(&result.stateless);
+    rows.push_back(&result.zstd1);
+    rows.push_back(&result.zstd3);
   }
-  bool verified = true;
-  for (const Variant* v : rows) verified = verified && v->verified;
-  verified = verified && keyframe_v.verified;
-  const double efficiency = primary_v.entropy_bound_bytes > 0
-                                ? primary_v.entropy_coded_bytes / primary_v.entropy_bound_bytes
-                                : 0.0;
+  return rows;
+}
 
+bool all_verified(const Request& r, const BenchResult& result) {
+  bool verified = result.keyframe.verified;
+  for (const Variant* v : table_rows(r, result)) verified = verified && v->verified;
+  return verified;
+}
+
+nlohmann::json bench_json(const Request& r, const BenchResult& result) {
+  const Options& o = r.options;
+  const uint64_t n = r.values;
+  const double raw_bytes = static_cast<double>(r.raw_bytes);
+  const double memcpy_GBps = raw_bytes / median(result.memcpy_s) / 1e9;
+  auto gbps = [&](const std::vector<double>& s) { return s.empty() ? 0.0 : raw_bytes / median(s) / 1e9; };
+  const Variant& primary = result.primary;
   nlohmann::json j;
-  j["command"] = command;
+  j["command"] = r.command;
   j["machine"] = machine_description();
   j["config"] = {{"dtype", o.dtype},   {"values", n},          {"block", o.block},
                  {"steps", o.steps},   {"warmup", o.warmup},   {"mode", o.mode},
                  {"detect", o.detect}, {"learning_rate", o.learning_rate},
                  {"checksum", !o.no_checksum}, {"seed", o.seed}, {"threads", 1}};
   j["memcpy_GBps"] = memcpy_GBps;
-  j["encode_GBps"] = gbps(primary_v.encode_s);
-  j["decode_GBps"] = gbps(primary_v.decode_s);
-  j["encode_vs_memcpy"] = gbps(primary_v.encode_s) / memcpy_GBps;
-  j["decode_vs_memcpy"] = gbps(primary_v.decode_s) / memcpy_GBps;
-  j["bits_per_value"] = primary_v.bits_per_value(n);
-  j["ratio_vs_raw"] = 8.0 * value_bytes / primary_v.bits_per_value(n);
-  j["exponent_change_rate"] = changed_values / (static_cast<double>(n) * steady_frames);
-  j["block_change_rate"] = blocks_total > 0 ? changed_blocks / blocks_total : 0.0;
-  j["exponent_entropy_bits"] = coded_symbols > 0 ? coded_entropy_bits / coded_symbols : 0.0;
-  j["entropy_coded_vs_bound"] = efficiency;
-  j["fine_frame_fraction"] = steady_frames ? static_cast<double>(fine_frames) / steady_frames : 0.0;
-  j["warmup_key_frame_bits_per_value"] = keyframe_v.bits_per_value(n);
-  j["warmup_key_frame_entropy_coded_vs_bound"] =
-      keyframe_v.entropy_bound_bytes > 0 ? keyframe_v.entropy_coded_bytes / keyframe_v.entropy_bound_bytes : 0.0;
-  j["encoder_cache_bytes"] = primary.encoder.cache_bytes();
-  j["decoder_cache_bytes"] = primary.decoder.cache_bytes();
-  j["verified"] = verified;
+  j["encode_GBps"] = gbps(primary.encode_s);
+  j["decode_GBps"] = gbps(primary.decode_s);
+  j["encode_vs_memcpy"] = gbps(primary.encode_s) / memcpy_GBps;
+  j["decode_vs_memcpy"] = gbps(primary.decode_s) / memcpy_GBps;
+  j["bits_per_value"] = primary.bits_per_value(n);
+  j["ratio_vs_raw"] = 8.0 * r.value_bytes / primary.bits_per_value(n);
+  j["exponent_change_rate"] = result.changed_values / (static_cast<double>(n) * result.steady_frames);
+  j["block_change_rate"] = result.blocks_total > 0 ? result.changed_blocks / result.blocks_total : 0.0;
+  j["exponent_entropy_bits"] =
+      result.coded_symbols > 0 ? result.coded_entropy_bits / result.coded_symbols : 0.0;
+  j["entropy_coded_vs_bound"] = primary.entropy_coded_vs_bound();
+  j["fine_frame_fraction"] = result.steady_frames ? static_cast<double>(result.fine_frames) / result.steady_frames : 0.0;
+  j["warmup_key_frame_bits_per_value"] = result.keyframe.bits_per_value(n);
+  j["warmup_key_frame_entropy_coded_vs_bound"] = result.keyframe.entropy_coded_vs_bound();
+  j["encoder_cache_bytes"] = result.encoder_cache_bytes;
+  j["decoder_cache_bytes"] = result.decoder_cache_bytes;
+  j["verified"] = all_verified(r, result);
   nlohmann::json comparisons = nlohmann::json::array();
-  for (const Variant* v : rows) {
+  for (const Variant* v : table_rows(r, result)) {
     nlohmann::json c = {{"name", v->name},
                         {"note", v->note},
                         {"bits_per_value", v->bits_per_value(n)},
-                        {"ratio_vs_raw", 8.0 * value_bytes / v->bits_per_value(n)},
+                        {"ratio_vs_raw", 8.0 * r.value_bytes / v->bits_per_value(n)},
                         {"encode_GBps", gbps(v->encode_s)},
                         {"decode_GBps", gbps(v->decode_s)},
                         {"samples", v->frames},
                         {"verified", v->verified}};
-    if (v->entropy_bound_bytes > 0) c["entropy_coded_vs_bound"] = v->entropy_coded_bytes / v->entropy_bound_bytes;
+    if (v->entropy_bound_bytes > 0) c["entropy_coded_vs_bound"] = v->entropy_coded_vs_bound();
     comparisons.push_back(c);
   }
   j["comparisons"] = comparisons;
+  return j;
+}
 
-  if (o.json) {
+// The table reads the same numbers as the JSON object, so the two never disagree.
+void print_report(const Request& r, const BenchResult& result, const nlohmann::json& j,
+                  std::ostream& out) {
+  const Options& o = r.options;
+  const uint64_t n = r.values;
+  const double memcpy_GBps = j["memcpy_GBps"].get<double>();
+  out << "ciera bench codec: " << n << " " << o.dtype << " values, B=" << o.block << ", "
+      << o.steps << " steps (" << o.warmup << " warmup), Adam lr " << o.learning_rate
+      << ", single thread\n"
+      << "machine: " << j["machine"].get<std::string>() << "\n\n";
+  Table t({"codec", "bits/value", "ratio", "encode GB/s", "decode GB/s", "enc/memcpy",
+           "dec/memcpy", "verified"});
+  for (const nlohmann::json& c : j["comparisons"]) {
+    const double encode = c["encode_GBps"].get<double>(), decode = c["decode_GBps"].get<double>();
+    t.add({c["name"].get<std::string>(), fixed(c["bits_per_value"].get<double>(), 3),
+           fixed(c["ratio_vs_raw"].get<double>(), 3) + "x", fixed(encode, 2), fixed(decode, 2),
+           fixed(encode / memcpy_GBps, 2), fixed(decode / memcpy_GBps, 2),
+           c["verified"].get<bool>() ? "yes" : "NO"});
+  }
+  const double efficiency = j["entropy_coded_vs_bound"].get<double>();
+  out << t.render() << "\n";
+  out << "memcpy of the same " << r.raw_bytes << " bytes: " << fixed(memcpy_GBps, 2) << " GB/s\n"
+      << "exponent change rate (steady state): " << fixed(100 * j["exponent_change_rate"].get<double>(), 3) << "% of values per step\n"
+      << "block change rate (B=" << o.block << "): " << fixed(100 * j["block_change_rate"].get<double>(), 1) << "% of blocks per step\n"
+      << "coded symbols: order-0 entropy " << fixed(j["exponent_entropy_bits"].get<double>(), 3)
+      << " bits; "
+      << (efficiency > 0 ? "rANS output " + fixed(100 * (efficiency - 1), 2) + "% above the entropy bound"
+                         : std::string("no stream was worth rANS-coding (packed or constant)"))
+      << "\n"
+      << "warmup key frames: " << fixed(result.keyframe.bits_per_value(n), 3) << " bits/value\n"
+      << "verified bit-exact every step: " << (j["verified"].get<bool>() ? "yes" : "NO") << "\n";
+}
+
+int run(const Request& r) {
+  const BenchResult result = measure(r);
+  const nlohmann::json j = bench_json(r, result);
+  if (r.options.json) {
     std::cout << j.dump(2) << std::endl;
   } else {
-    std::cout << "ciera bench codec: " << n << " " << o.dtype << " values, B=" << o.block << ", "
-              << o.steps << " steps (" << o.warmup << " warmup), Adam lr " << o.learning_rate
-              << ", single thread\n"
-              << "machine: " << machine_description() << "\n\n";
-    Table t({"codec", "bits/value", "ratio", "encode GB/s", "decode GB/s", "enc/memcpy",
-             "dec/memcpy", "verified"});
-    for (const Variant* v : rows) {
-      t.add({v->name, fixed(v->bits_per_value(n), 3), fixed(8.0 * value_bytes / v->bits_per_value(n), 3) + "x",
-             fixed(gbps(v->encode_s), 2), fixed(gbps(v->decode_s), 2),
-             fixed(gbps(v->encode_s) / memcpy_GBps, 2), fixed(gbps(v->decode_s) / memcpy_GBps, 2),
-             v->verified ? "yes" : "NO"});
-    }
-    std::cout << t.render() << "\n";
-    std::cout << "memcpy of the same " << raw_bytes << " bytes: " << fixed(memcpy_GBps, 2) << " GB/s\n"
-              << "exponent change rate (steady state): " << fixed(100 * j["exponent_change_rate"].get<double>(), 3) << "% of values per step\n"
-              << "block change rate (B=" << o.block << "): " << fixed(100 * j["block_change_rate"].get<double>(), 1) << "% of blocks per step\n"
-              << "coded symbols: order-0 entropy " << fixed(j["exponent_entropy_bits"].get<double>(), 3)
-              << " bits; "
-              << (efficiency > 0 ? "rANS output " + fixed(100 * (efficiency - 1), 2) + "% above the entropy bound"
-                                 : std::string("no stream was worth rANS-coding (packed or constant)"))
-              << "\n"
-              << "warmup key frames: " << fixed(keyframe_v.bits_per_value(n), 3) << " bits/value\n"
-              << "verified bit-exact every step: " << (verified ? "yes" : "NO") << "\n";
+    print_report(r, result, j, std::cout);
   }
-  return verified ? 0 : 1;
+  return j["verified"].get<bool>() ? 0 : 1;
 }
 
 }  // namespace
@@ -324,7 +433,10 @@ void register_bench_codec(CLI::App& bench, const std::string& command) {
   cmd->add_flag("--no-compare", opts->no_compare, "skip the block/stateless/zstd comparison rows");
   cmd->add_flag("--json", opts->json, "print one JSON object");
   cmd->add_flag("--quiet", opts->quiet, "no progress output");
-  cmd->callback([opts, command]() { throw CommandExit(run(*opts, command)); });
+  cmd->callback([opts, command]() {
+    const Request request = parse(*opts, command);
+    throw CommandExit(run(request));
+  });
 }
 
 }  // namespace ciera::tools
