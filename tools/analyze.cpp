@@ -1,9 +1,12 @@
 // `ciera analyze`: exponent-change characterisation of a training run from consecutive
 // safetensors checkpoints (paper §2.2-2.4, observations O2-O4; docs/analysis.md). Checkpoints are
 // memory-mapped and walked tensor by tensor, so memory stays at one mapping per checkpoint.
+// Parse (options checked, checkpoints opened and their headers checked) -> count (an
+// AnalyzeResult) -> render (tables or JSON).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -21,6 +24,7 @@
 namespace ciera::tools {
 namespace {
 
+// The command line as CLI11 binds it: raw values, not yet checked.
 struct Options {
   std::vector<std::string> checkpoints;
   uint32_t warmup = 0;
@@ -33,6 +37,144 @@ struct Options {
   std::string plot_dir;
   bool quiet = false;
 };
+
+// The tensors to compare (those of a dtype CIERA carries), with the shard type of each.
+struct TensorInput {
+  const SafetensorsTensor* tensor;  // in the first checkpoint
+  ShardType type;
+};
+
+// The checked options and the opened checkpoint series.
+struct Request {
+  Options options;
+  std::string command;
+  ChangeGrid grid;
+  std::vector<SafetensorsFile> files;  // in training order
+  uint32_t steps = 0;                  // transitions: files - 1
+  std::vector<TensorInput> tensors;
+  std::vector<std::string> skipped;  // tensors of an unsupported dtype
+  uint64_t work_bytes = 0;           // bytes of one checkpoint's tensors to compare
+};
+
+void check_options(const Options& o) {
+  if (!o.plot_dir.empty()) {
+    throw ConfigError(
+        "--plot is drawn by the Python entry point: install the package (scripts/python-env.sh) "
+        "and run `ciera analyze ... --plot DIR` from it");
+  }
+  ChangeGrid{o.worlds, o.blocks}.validate();
+  if (o.worlds.empty() || o.blocks.empty()) {
+    throw ConfigError("--worlds and --blocks need at least one value");
+  }
+  if (o.max_interval < 1) throw ConfigError("--max-interval must be at least 1");
+  if (!o.json_file.empty()) {
+    const std::filesystem::path dir =
+        std::filesystem::absolute(std::filesystem::path(o.json_file)).parent_path();
+    if (!std::filesystem::is_directory(dir))
+      throw ConfigError("--json-file: directory " + dir.string() + " does not exist");
+  }
+}
+
+// Opens the checkpoints and picks the tensors to compare; throws for too few transitions after
+// the warmup, or for a tensor of an unsupported dtype unless --skip-unsupported.
+Request parse(const Options& o, const std::string& command) {
+  check_options(o);
+  Request r;
+  r.options = o;
+  r.command = command;
+  r.grid = ChangeGrid{o.worlds, o.blocks};
+  r.files = open_checkpoint_series(list_checkpoints(o.checkpoints));
+  r.steps = static_cast<uint32_t>(r.files.size() - 1);
+  if (o.warmup >= r.steps) {
+    throw ConfigError("--warmup " + std::to_string(o.warmup) + " leaves none of the " +
+                      std::to_string(r.steps) + " step transitions to measure");
+  }
+  for (const SafetensorsTensor& t : r.files.front().tensors()) {
+    if (!t.ciera_dtype) {
+      if (!o.skip_unsupported) {
+        throw FormatError(
+            r.files.front().path().string() + ": tensor '" + t.name + "' has dtype " + t.dtype +
+            ", which ciera analyze does not handle (BF16, F16, F32); pass --skip-unsupported to "
+            "leave such tensors out");
+      }
+      r.skipped.push_back(t.name);
+      continue;
+    }
+    r.tensors.push_back({&t, classify_parameter(t.name)});
+    r.work_bytes += t.bytes.size();
+  }
+  if (r.tensors.empty()) {
+    throw FormatError(r.files.front().path().string() + ": no BF16, F16 or F32 tensor to analyse");
+  }
+  return r;
+}
+
+// ---- Counting --------------------------------------------------------------------------------
+
+struct TensorResult {
+  const TensorInput* input;
+  ChangeCounts total;  // after warmup
+};
+
+struct IntervalResult {
+  uint32_t interval;
+  ChangeCounts counts;  // element counts only
+};
+
+struct AnalyzeResult {
+  ChangeStatistics stats;
+  std::vector<TensorResult> tensors;
+  std::vector<IntervalResult> intervals;  // check interval k = 1, 2, ... --max-interval
+  double seconds = 0;
+};
+
+// Checks k steps apart (Figure 5b), k > 1: checkpoints i and i + k, both after warmup.
+void count_intervals(const Request& r, const SafetensorsTensor& tensor,
+                     std::vector<IntervalResult>& intervals) {
+  const ChangeGrid elements_only{{}, {}};
+  const DType dtype = *tensor.ciera_dtype;
+  for (size_t i = 1; i < intervals.size(); ++i) {
+    const uint32_t k = intervals[i].interval;
+    for (uint32_t first = r.options.warmup; first + k <= r.steps; ++first) {
+      intervals[i].counts +=
+          count_exponent_changes(dtype, r.files[first].find(tensor.name)->bytes,
+                                 r.files[first + k].find(tensor.name)->bytes, elements_only);
+    }
+  }
+}
+
+AnalyzeResult count(const Request& r) {
+  const Options& o = r.options;
+  Stopwatch clock;
+  AnalyzeResult result{ChangeStatistics(r.grid, o.warmup), {}, {}, 0};
+  for (uint32_t k = 1; k <= std::min(o.max_interval, r.steps - o.warmup); ++k) {
+    result.intervals.push_back({k, ChangeCounts{}});
+  }
+  Progress progress("analyze", r.work_bytes, !o.quiet);
+  uint64_t done_bytes = 0;
+  for (const TensorInput& input : r.tensors) {
+    const SafetensorsTensor& tensor = *input.tensor;
+    TensorResult& t = result.tensors.emplace_back(TensorResult{&input, ChangeCounts(r.grid)});
+    for (uint32_t s = 1; s <= r.steps; ++s) {
+      const ChangeCounts counts =
+          count_exponent_changes(*tensor.ciera_dtype, r.files[s - 1].find(tensor.name)->bytes,
+                                 r.files[s].find(tensor.name)->bytes, r.grid);
+      result.stats.add(s, input.type, counts);
+      if (s > o.warmup) {
+        t.total += counts;
+        result.intervals.front().counts += counts;
+      }
+    }
+    count_intervals(r, tensor, result.intervals);
+    done_bytes += tensor.bytes.size();
+    progress.update(done_bytes, tensor.name);
+  }
+  progress.finish();
+  result.seconds = clock.seconds();
+  return result;
+}
+
+// ---- Rendering -------------------------------------------------------------------------------
 
 // A (W x B) table as a list per W of values per B.
 template <typename F>
@@ -61,18 +203,19 @@ nlohmann::json counts_json(const ChangeCounts& c, const ChangeGrid& grid) {
           {"shard_change_rate", shard_rate}};
 }
 
+// {type: counts} for the shard types `counts_of` has seen at all.
+template <typename CountsOf>
+nlohmann::json by_type_json(const ChangeGrid& grid, CountsOf counts_of) {
+  nlohmann::json by_type = nlohmann::json::object();
+  for (size_t t = 0; t < kShardTypeCount; ++t) {
+    const ChangeCounts& c = counts_of(static_cast<ShardType>(t));
+    if (c.transitions > 0)
+      by_type[std::string(to_string(static_cast<ShardType>(t)))] = counts_json(c, grid);
+  }
+  return by_type;
+}
+
 std::string percent(double rate, int decimals) { return fixed(100.0 * rate, decimals); }
-
-struct TensorResult {
-  const SafetensorsTensor* tensor;
-  ShardType type;
-  ChangeCounts total;  // after warmup
-};
-
-struct IntervalResult {
-  uint32_t interval;
-  ChangeCounts counts;  // element counts only
-};
 
 // The (W, B) the per-type table and the box plots single out: the paper's W = 4, B = 512 when the
 // grid has them (Figure 4).
@@ -92,57 +235,109 @@ DetailCell detail_cell(const ChangeGrid& grid) {
   return d;
 }
 
-void print_report(std::ostream& out, const Options& o, const std::vector<SafetensorsFile>& files,
-                  const ChangeStatistics& stats, const std::vector<TensorResult>& tensors,
-                  const std::vector<IntervalResult>& intervals,
-                  const std::vector<std::string>& skipped, double seconds) {
-  const ChangeGrid& grid = stats.grid();
-  const uint32_t steps = stats.steps();
-  const DetailCell detail = detail_cell(grid);
-  const uint32_t detail_w = grid.worlds[detail.world_index];
-  const uint32_t detail_b = grid.block_values[detail.block_index];
-  const size_t detail_cell_index = grid.cell(detail.world_index, detail.block_index);
+nlohmann::json steps_json(const Request& r, const AnalyzeResult& result) {
+  nlohmann::json steps = nlohmann::json::array();
+  for (uint32_t s = 1; s <= r.steps; ++s) {
+    steps.push_back(
+        {{"step", s},
+         {"from", r.files[s - 1].path().string()},
+         {"to", r.files[s].path().string()},
+         {"warmup", s <= r.options.warmup},
+         {"counts", counts_json(result.stats.step(s), r.grid)},
+         {"by_type", by_type_json(r.grid, [&](ShardType t) -> const ChangeCounts& {
+            return result.stats.step(s, t);
+          })}});
+  }
+  return steps;
+}
 
+nlohmann::json analyze_json(const Request& r, const AnalyzeResult& result) {
+  const ChangeGrid& grid = r.grid;
+  nlohmann::json j;
+  j["command"] = r.command;
+  j["checkpoints"] = nlohmann::json::array();
+  for (const SafetensorsFile& f : r.files) j["checkpoints"].push_back(f.path().string());
+  j["warmup"] = r.options.warmup;
+  j["grid"] = {{"worlds", grid.worlds}, {"block_values", grid.block_values}};
+  const DetailCell detail = detail_cell(grid);
+  j["detail"] = {{"world", grid.worlds[detail.world_index]},
+                 {"block_values", grid.block_values[detail.block_index]}};
+  j["skipped_tensors"] = r.skipped;
+  j["steps"] = steps_json(r, result);
+  j["total"] = counts_json(result.stats.total(), grid);
+  j["by_type"] = by_type_json(
+      grid, [&](ShardType t) -> const ChangeCounts& { return result.stats.total(t); });
+  j["tensors"] = nlohmann::json::array();
+  for (const TensorResult& t : result.tensors) {
+    const SafetensorsTensor& tensor = *t.input->tensor;
+    j["tensors"].push_back({{"name", tensor.name},
+                            {"type", to_string(t.input->type)},
+                            {"dtype", tensor.dtype},
+                            {"shape", tensor.shape},
+                            {"counts", counts_json(t.total, grid)}});
+  }
+  j["intervals"] = nlohmann::json::array();
+  for (const IntervalResult& i : result.intervals) {
+    j["intervals"].push_back({{"interval", i.interval},
+                              {"values", i.counts.values},
+                              {"changed_values", i.counts.changed_values},
+                              {"element_change_rate", i.counts.element_change_rate()}});
+  }
+  j["seconds"] = result.seconds;
+  return j;
+}
+
+// What the text report needs beyond the result: the shard types present and their tensors.
+struct ReportContext {
+  const Request& request;
+  const AnalyzeResult& result;
+  std::vector<ShardType> present;
+  std::array<size_t, kShardTypeCount> tensors_by_type{};
+  uint64_t measured_steps;  // after warmup
+};
+
+void print_summary(const ReportContext& c, std::ostream& out) {
+  const Request& r = c.request;
   std::map<std::string, size_t> dtypes;
   uint64_t values = 0;
-  std::array<size_t, kShardTypeCount> tensors_by_type{};
-  for (const TensorResult& r : tensors) {
-    ++dtypes[r.tensor->dtype];
-    values += r.tensor->num_values;
-    ++tensors_by_type[static_cast<size_t>(r.type)];
+  for (const TensorInput& t : r.tensors) {
+    ++dtypes[t.tensor->dtype];
+    values += t.tensor->num_values;
   }
   std::string dtype_list;
   for (const auto& [name, count] : dtypes) {
     dtype_list += (dtype_list.empty() ? "" : ", ") + std::to_string(count) + " " + name;
   }
-  out << "ciera analyze: " << files.size() << " checkpoints, " << steps << " step transitions ("
-      << o.warmup << " warmup, left out of every mean)\n"
-      << "tensors: " << tensors.size() << " (" << dtype_list << "), " << values
+  out << "ciera analyze: " << r.files.size() << " checkpoints, " << r.steps
+      << " step transitions (" << r.options.warmup << " warmup, left out of every mean)\n"
+      << "tensors: " << r.tensors.size() << " (" << dtype_list << "), " << values
       << " values per checkpoint";
-  if (!skipped.empty()) out << "; " << skipped.size() << " skipped (unsupported dtype)";
+  if (!r.skipped.empty()) out << "; " << r.skipped.size() << " skipped (unsupported dtype)";
   out << "\nshards: FSDP-style, ceil(n/W) values of each tensor per rank; blocks cut inside each "
          "shard\n\n";
+}
 
-  // O2: element change rate per step, overall and per shard type present.
-  std::vector<ShardType> present;
-  for (size_t t = 0; t < kShardTypeCount; ++t) {
-    if (tensors_by_type[t] > 0) present.push_back(static_cast<ShardType>(t));
-  }
+// O2: element change rate per step, overall and per shard type present.
+void print_per_step(const ReportContext& c, std::ostream& out) {
+  const Request& r = c.request;
+  const ChangeStatistics& stats = c.result.stats;
   std::vector<std::string> header = {"step", "to checkpoint", "changed values", "change (%)"};
-  for (ShardType t : present) header.push_back(std::string(to_string(t)) + " (%)");
+  for (ShardType t : c.present) header.push_back(std::string(to_string(t)) + " (%)");
   Table per_step(header);
   constexpr uint32_t kShownSteps = 12;
+  const uint32_t steps = r.steps;
   for (uint32_t s = 1; s <= steps; ++s) {
     if (steps > 2 * kShownSteps && s == kShownSteps + 1) {
       per_step.add({"... " + std::to_string(steps - 2 * kShownSteps) + " more"});
       s = steps - kShownSteps;
       continue;
     }
-    const ChangeCounts& c = stats.step(s);
-    std::vector<std::string> row = {
-        std::to_string(s) + (s <= o.warmup ? " (warmup)" : ""), files[s].path().filename().string(),
-        std::to_string(c.changed_values), percent(c.element_change_rate(), 3)};
-    for (ShardType t : present) row.push_back(percent(stats.step(s, t).element_change_rate(), 3));
+    const ChangeCounts& counts = stats.step(s);
+    std::vector<std::string> row = {std::to_string(s) + (s <= r.options.warmup ? " (warmup)" : ""),
+                                    r.files[s].path().filename().string(),
+                                    std::to_string(counts.changed_values),
+                                    percent(counts.element_change_rate(), 3)};
+    for (ShardType t : c.present) row.push_back(percent(stats.step(s, t).element_change_rate(), 3));
     per_step.add(row);
   }
   out << "Exponent changes per step (O2: values whose exponent differs from the step before)\n"
@@ -150,25 +345,35 @@ void print_report(std::ostream& out, const Options& o, const std::vector<Safeten
   const ChangeCounts& total = stats.total();
   out << "mean after warmup: " << percent(total.element_change_rate(), 3)
       << "% of values per step (" << total.changed_values << " of " << total.values << ")\n\n";
+}
 
-  // O4: by shard type.
-  Table by_type(
-      {"shard type", "tensors", "values", "change (%)",
-       "blocks changed W=" + std::to_string(detail_w) + " B=" + std::to_string(detail_b) + " (%)",
-       "shards changed W=" + std::to_string(detail_w) + " (%)"});
-  const uint64_t measured_steps = steps - o.warmup;
-  auto type_row = [&](const std::string& name, size_t count, const ChangeCounts& c) {
-    by_type.add({name, std::to_string(count), std::to_string(c.values / measured_steps),
-                 percent(c.element_change_rate(), 3),
-                 percent(c.block_change_rate(detail_cell_index), 1),
-                 percent(c.shard_change_rate(detail.world_index), 1)});
+// O4: by shard type, at the detail cell.
+void print_by_type(const ReportContext& c, std::ostream& out) {
+  const ChangeGrid& grid = c.request.grid;
+  const DetailCell detail = detail_cell(grid);
+  const std::string w = std::to_string(grid.worlds[detail.world_index]);
+  const std::string b = std::to_string(grid.block_values[detail.block_index]);
+  const size_t cell = grid.cell(detail.world_index, detail.block_index);
+  Table by_type({"shard type", "tensors", "values", "change (%)",
+                 "blocks changed W=" + w + " B=" + b + " (%)", "shards changed W=" + w + " (%)"});
+  auto type_row = [&](const std::string& name, size_t count, const ChangeCounts& counts) {
+    by_type.add({name, std::to_string(count), std::to_string(counts.values / c.measured_steps),
+                 percent(counts.element_change_rate(), 3),
+                 percent(counts.block_change_rate(cell), 1),
+                 percent(counts.shard_change_rate(detail.world_index), 1)});
   };
-  for (ShardType t : present)
-    type_row(std::string(to_string(t)), tensors_by_type[static_cast<size_t>(t)], stats.total(t));
-  type_row("all", tensors.size(), total);
+  for (ShardType t : c.present) {
+    type_row(std::string(to_string(t)), c.tensors_by_type[static_cast<size_t>(t)],
+             c.result.stats.total(t));
+  }
+  type_row("all", c.result.tensors.size(), c.result.stats.total());
   out << "By shard type, after warmup (O4)\n" << by_type.render() << "\n";
+}
 
-  // O3: reusable blocks and shard change rate.
+// O3: reusable blocks and shard change rate; then the check intervals (Figure 5b).
+void print_reuse(const ReportContext& c, std::ostream& out) {
+  const ChangeGrid& grid = c.request.grid;
+  const ChangeCounts& total = c.result.stats.total();
   std::vector<std::string> block_header = {"W"};
   for (uint32_t b : grid.block_values) block_header.push_back("B=" + std::to_string(b));
   Table reusable(block_header);
@@ -184,161 +389,48 @@ void print_report(std::ostream& out, const Options& o, const std::vector<Safeten
 
   Table shards({"W", "shards per step", "changed (%)", "reusable (%)"});
   for (size_t w = 0; w < grid.worlds.size(); ++w) {
-    shards.add({std::to_string(grid.worlds[w]), std::to_string(total.shards[w] / measured_steps),
+    shards.add({std::to_string(grid.worlds[w]), std::to_string(total.shards[w] / c.measured_steps),
                 percent(total.shard_change_rate(w), 1),
                 percent(1.0 - total.shard_change_rate(w), 1)});
   }
   out << "Shard change rate after warmup (O3: shards with any changed exponent)\n"
       << shards.render();
-
-  if (intervals.size() > 1) {
-    Table by_interval({"check interval", "pairs", "change (%)"});
-    for (const IntervalResult& r : intervals) {
-      by_interval.add({std::to_string(r.interval),
-                       std::to_string(r.counts.transitions / std::max<size_t>(1, tensors.size())),
-                       percent(r.counts.element_change_rate(), 3)});
-    }
-    out << "\nExponents changed between checks k steps apart (Figure 5b)\n" << by_interval.render();
-  }
-  out << "\nanalysed in " << fixed(seconds, 2) << " s\n";
 }
 
-int run(const Options& o, const std::string& command) {
-  if (!o.plot_dir.empty()) {
-    throw ConfigError(
-        "--plot is drawn by the Python entry point: install the package (scripts/python-env.sh) "
-        "and run `ciera analyze ... --plot DIR` from it");
+void print_intervals(const ReportContext& c, std::ostream& out) {
+  if (c.result.intervals.size() <= 1) return;
+  Table by_interval({"check interval", "pairs", "change (%)"});
+  for (const IntervalResult& i : c.result.intervals) {
+    by_interval.add({std::to_string(i.interval),
+                     std::to_string(i.counts.transitions /
+                                    std::max<size_t>(1, c.result.tensors.size())),
+                     percent(i.counts.element_change_rate(), 3)});
   }
-  ChangeGrid grid{o.worlds, o.blocks};
-  grid.validate();
-  if (grid.worlds.empty() || grid.block_values.empty()) {
-    throw ConfigError("--worlds and --blocks need at least one value");
-  }
-  if (o.max_interval < 1) throw ConfigError("--max-interval must be at least 1");
-  Stopwatch clock;
+  out << "\nExponents changed between checks k steps apart (Figure 5b)\n" << by_interval.render();
+}
 
-  const std::vector<SafetensorsFile> files =
-      open_checkpoint_series(list_checkpoints(o.checkpoints));
-  const uint32_t steps = static_cast<uint32_t>(files.size() - 1);
-  if (o.warmup >= steps) {
-    throw ConfigError("--warmup " + std::to_string(o.warmup) + " leaves none of the " +
-                      std::to_string(steps) + " step transitions to measure");
-  }
-
-  std::vector<std::string> skipped;
-  std::vector<TensorResult> tensors;
-  uint64_t work_bytes = 0;
-  for (const SafetensorsTensor& t : files.front().tensors()) {
-    if (!t.ciera_dtype) {
-      if (!o.skip_unsupported) {
-        throw FormatError(
-            files.front().path().string() + ": tensor '" + t.name + "' has dtype " + t.dtype +
-            ", which ciera analyze does not handle (BF16, F16, F32); pass --skip-unsupported to "
-            "leave such tensors out");
-      }
-      skipped.push_back(t.name);
-      continue;
-    }
-    tensors.push_back({&t, classify_parameter(t.name), ChangeCounts(grid)});
-    work_bytes += t.bytes.size();
-  }
-  if (tensors.empty()) {
-    throw FormatError(files.front().path().string() + ": no BF16, F16 or F32 tensor to analyse");
-  }
-  if (!skipped.empty() && !o.quiet) {
-    std::cerr << "ciera analyze: skipping " << skipped.size()
-              << " tensor(s) of unsupported dtype, e.g. '" << skipped.front() << "'\n";
-  }
-
-  ChangeStatistics stats(grid, o.warmup);
-  std::vector<IntervalResult> intervals;
-  for (uint32_t k = 1; k <= std::min(o.max_interval, steps - o.warmup); ++k) {
-    intervals.push_back({k, ChangeCounts{}});
-  }
-  const ChangeGrid elements_only{{}, {}};
-
-  Progress progress("analyze", work_bytes, !o.quiet);
-  uint64_t done_bytes = 0;
-  for (TensorResult& r : tensors) {
-    const DType dtype = *r.tensor->ciera_dtype;
-    for (uint32_t s = 1; s <= steps; ++s) {
-      const ChangeCounts counts =
-          count_exponent_changes(dtype, files[s - 1].find(r.tensor->name)->bytes,
-                                 files[s].find(r.tensor->name)->bytes, grid);
-      stats.add(s, r.type, counts);
-      if (s > o.warmup) {
-        r.total += counts;
-        intervals.front().counts += counts;
-      }
-    }
-    // Check intervals k > 1 (Figure 5b): checkpoints i and i + k, both after warmup.
-    for (size_t i = 1; i < intervals.size(); ++i) {
-      const uint32_t k = intervals[i].interval;
-      for (uint32_t first = o.warmup; first + k <= steps; ++first) {
-        intervals[i].counts +=
-            count_exponent_changes(dtype, files[first].find(r.tensor->name)->bytes,
-                                   files[first + k].find(r.tensor->name)->bytes, elements_only);
-      }
-    }
-    done_bytes += r.tensor->bytes.size();
-    progress.update(done_bytes, r.tensor->name);
-  }
-  progress.finish();
-  const double seconds = clock.seconds();
-
-  nlohmann::json j;
-  j["command"] = command;
-  j["checkpoints"] = nlohmann::json::array();
-  for (const SafetensorsFile& f : files) j["checkpoints"].push_back(f.path().string());
-  j["warmup"] = o.warmup;
-  j["grid"] = {{"worlds", grid.worlds}, {"block_values", grid.block_values}};
-  const DetailCell detail = detail_cell(grid);
-  j["detail"] = {{"world", grid.worlds[detail.world_index]},
-                 {"block_values", grid.block_values[detail.block_index]}};
-  j["skipped_tensors"] = skipped;
-  nlohmann::json step_list = nlohmann::json::array();
-  for (uint32_t s = 1; s <= steps; ++s) {
-    nlohmann::json by_type = nlohmann::json::object();
-    for (size_t t = 0; t < kShardTypeCount; ++t) {
-      const ChangeCounts& c = stats.step(s, static_cast<ShardType>(t));
-      if (c.transitions > 0)
-        by_type[std::string(to_string(static_cast<ShardType>(t)))] = counts_json(c, grid);
-    }
-    step_list.push_back({{"step", s},
-                         {"from", files[s - 1].path().string()},
-                         {"to", files[s].path().string()},
-                         {"warmup", s <= o.warmup},
-                         {"counts", counts_json(stats.step(s), grid)},
-                         {"by_type", by_type}});
-  }
-  j["steps"] = step_list;
-  j["total"] = counts_json(stats.total(), grid);
-  nlohmann::json total_by_type = nlohmann::json::object();
+void print_report(const Request& r, const AnalyzeResult& result, std::ostream& out) {
+  ReportContext c{r, result, {}, {}, r.steps - r.options.warmup};
+  for (const TensorInput& t : r.tensors) ++c.tensors_by_type[static_cast<size_t>(t.type)];
   for (size_t t = 0; t < kShardTypeCount; ++t) {
-    const ChangeCounts& c = stats.total(static_cast<ShardType>(t));
-    if (c.transitions > 0)
-      total_by_type[std::string(to_string(static_cast<ShardType>(t)))] = counts_json(c, grid);
+    if (c.tensors_by_type[t] > 0) c.present.push_back(static_cast<ShardType>(t));
   }
-  j["by_type"] = total_by_type;
-  nlohmann::json tensor_list = nlohmann::json::array();
-  for (const TensorResult& r : tensors) {
-    tensor_list.push_back({{"name", r.tensor->name},
-                           {"type", to_string(r.type)},
-                           {"dtype", r.tensor->dtype},
-                           {"shape", r.tensor->shape},
-                           {"counts", counts_json(r.total, grid)}});
-  }
-  j["tensors"] = tensor_list;
-  nlohmann::json interval_list = nlohmann::json::array();
-  for (const IntervalResult& r : intervals) {
-    interval_list.push_back({{"interval", r.interval},
-                             {"values", r.counts.values},
-                             {"changed_values", r.counts.changed_values},
-                             {"element_change_rate", r.counts.element_change_rate()}});
-  }
-  j["intervals"] = interval_list;
-  j["seconds"] = seconds;
+  print_summary(c, out);
+  print_per_step(c, out);
+  print_by_type(c, out);
+  print_reuse(c, out);
+  print_intervals(c, out);
+  out << "\nanalysed in " << fixed(result.seconds, 2) << " s\n";
+}
 
+int run(const Request& r) {
+  const Options& o = r.options;
+  if (!r.skipped.empty() && !o.quiet) {
+    std::cerr << "ciera analyze: skipping " << r.skipped.size()
+              << " tensor(s) of unsupported dtype, e.g. '" << r.skipped.front() << "'\n";
+  }
+  const AnalyzeResult result = count(r);
+  const nlohmann::json j = analyze_json(r, result);
   if (!o.json_file.empty()) {
     std::ofstream out(o.json_file);
     out << j.dump() << "\n";
@@ -347,7 +439,7 @@ int run(const Options& o, const std::string& command) {
   if (o.json) {
     std::cout << j.dump() << std::endl;
   } else {
-    print_report(std::cout, o, files, stats, tensors, intervals, skipped, seconds);
+    print_report(r, result, std::cout);
   }
   return 0;
 }
@@ -378,7 +470,10 @@ void register_analyze(CLI::App& app, const std::string& command) {
   cmd->add_option("--json-file", o->json_file, "also write the JSON object to this file");
   cmd->add_option("--plot", o->plot_dir, "PNG figures (Python entry point only)");
   cmd->add_flag("--quiet", o->quiet, "no progress output");
-  cmd->callback([o, command]() { throw CommandExit(run(*o, command)); });
+  cmd->callback([o, command]() {
+    const Request request = parse(*o, command);
+    throw CommandExit(run(request));
+  });
 }
 
 }  // namespace ciera::tools
