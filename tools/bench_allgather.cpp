@@ -4,15 +4,19 @@
 // sums the wrong elements over ranks, as nccl-tests does.
 //
 // Run without MPI around it, the command launches itself: under mpirun, or under
-// scripts/linklab.sh when --link-gbit is given.
+// scripts/linklab.sh when --link-gbit is given. Parse (every option checked, before any rank is
+// launched) -> measure on every rank (an AllgatherResult on rank 0) -> render (table or JSON).
 #include <mpi.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -34,6 +38,7 @@
 namespace ciera::tools {
 namespace {
 
+// The command line as CLI11 binds it: raw values, not yet checked.
 struct Options {
   int ranks = 4;
   uint64_t params = 16ull << 20;
@@ -54,6 +59,50 @@ struct Options {
   bool quiet = false;
   bool child = false;
 };
+
+struct Request {
+  Options options;  // as given (the link lab's environment may override the links on a rank)
+  std::string command;
+  DType dtype = DType::kBF16;
+  uint32_t value_bytes = 2;
+};
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw ConfigError(message);
+}
+
+Request parse(const Options& o, const std::string& command) {
+  Request r;
+  r.options = o;
+  r.command = command;
+  r.dtype = parse_dtype(o.dtype);
+  r.value_bytes = dtype_info(r.dtype).value_bytes;
+  require(o.ranks >= 1, "--ranks must be at least 1");
+  require(o.params >= 1, "--params must be at least 1");
+  require(o.buckets >= 1, "--buckets must be at least 1");
+  require(o.buckets <= o.params, "--buckets must not exceed --params");
+  // MPI_Allgatherv counts and displacements are ints: the largest (last) bucket must fit.
+  const uint64_t per_bucket = o.params / o.buckets;
+  const uint64_t last_bucket = o.params - per_bucket * (o.buckets - 1);
+  require(last_bucket <= static_cast<uint64_t>(INT_MAX) / r.value_bytes,
+          "--params " + std::to_string(o.params) + " in " + std::to_string(o.buckets) +
+              " buckets makes a bucket of more than 2^31 bytes, too large for MPI_Allgatherv; "
+              "use more --buckets");
+  require(o.steps > o.warmup, "--steps must exceed --warmup to measure a steady state");
+  CodecConfig codec;
+  codec.dtype = r.dtype;
+  codec.block_values = o.block;
+  codec.validate();
+  require(o.codec == "raw" || o.codec == "ciera" || o.codec == "auto",
+          "--codec must be raw, ciera or auto");
+  require(std::isfinite(o.lr) && o.lr > 0, "--lr must be a finite number > 0");
+  require(std::isfinite(o.timeout_s) && o.timeout_s > 0, "--timeout must be a number of seconds > 0");
+  require(std::isfinite(o.link_gbit) && o.link_gbit >= 0, "--link-gbit must be >= 0");
+  require(std::isfinite(o.delay_ms) && o.delay_ms >= 0, "--delay-ms must be >= 0");
+  return r;
+}
+
+// ---- Launching the ranks -------------------------------------------------------------------
 
 bool under_mpi() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_RANK") != nullptr; }
 
@@ -97,189 +146,284 @@ std::string linklab_script() {
   throw Error("could not launch ranks (" + std::string(std::strerror(errno)) + "): " + shown);
 }
 
+// Inside the link lab the links are what the lab says, whatever this rank was told.
+void apply_link_lab_environment(Options& o) {
+  if (const char* g = std::getenv("CIERA_LINKLAB_GBIT")) {
+    o.link_lab = true;
+    o.link_gbit = std::atof(g);
+    if (const char* d = std::getenv("CIERA_LINKLAB_DELAY_MS")) o.delay_ms = std::atof(d);
+  }
+}
+
+// ---- Measuring (every rank) ----------------------------------------------------------------
+
 double max_over_ranks(double mine) {
   double all = 0;
   MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return all;
 }
 
-int run_child(const Options& o, const std::string& command) {
-  int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (world != o.ranks) {
-    throw ConfigError("launched with " + std::to_string(world) + " ranks but --ranks is " + std::to_string(o.ranks));
-  }
-  const DType dtype = parse_dtype(o.dtype);
-  const uint32_t vb = dtype_info(dtype).value_bytes;
-
-  // The model: `buckets` layers of equal size, each one flat parameter sharded FSDP-style.
+// The model: `buckets` layers of equal size, each one flat parameter sharded FSDP-style.
+std::vector<BucketLayout> make_layouts(const Request& r, int world) {
+  const Options& o = r.options;
   std::vector<BucketLayout> layouts;
   const uint64_t per_bucket = o.params / o.buckets;
   const ShardPolicy policy = o.codec == "raw" ? ShardPolicy::kRaw : ShardPolicy::kCiera;
-  if (o.codec != "raw" && o.codec != "ciera" && o.codec != "auto") {
-    throw ConfigError("--codec must be raw, ciera or auto");
-  }
   for (uint32_t b = 0; b < o.buckets; ++b) {
-    layouts.push_back(BucketLayout::fsdp_split("layer" + std::to_string(b), dtype,
+    layouts.push_back(BucketLayout::fsdp_split("layer" + std::to_string(b), r.dtype,
                                                {b + 1 == o.buckets ? o.params - per_bucket * b : per_bucket},
                                                world, policy));
   }
-  // Each rank simulates only its own shards of the global trajectory.
+  return layouts;
+}
+
+// Each rank simulates only its own shards of the global trajectory.
+std::vector<std::unique_ptr<AdamTrajectory>> make_shards(const Request& r,
+                                                         const std::vector<BucketLayout>& layouts,
+                                                         int rank) {
   std::vector<std::unique_ptr<AdamTrajectory>> shards;
   uint64_t global_first = 0;
   for (const BucketLayout& l : layouts) {
     TrajectoryOptions t;
     t.num_values = l.rank_values(rank);
-    t.first_index = global_first + l.rank_offset(rank) / vb;
-    t.dtype = dtype;
-    t.learning_rate = o.lr;
-    t.seed = o.seed;
+    t.first_index = global_first + l.rank_offset(rank) / r.value_bytes;
+    t.dtype = r.dtype;
+    t.learning_rate = r.options.lr;
+    t.seed = r.options.seed;
     shards.push_back(std::make_unique<AdamTrajectory>(t));
-    global_first += l.total_bytes() / vb;
+    global_first += l.total_bytes() / r.value_bytes;
   }
+  return shards;
+}
 
-  auto transport = make_mpi_transport(MPI_COMM_WORLD);
-  EngineConfig config;
-  config.codec.block_values = o.block;
-  config.warmup_steps = o.warmup;
-  config.worker_threads = o.threads;
-  config.adaptive = o.codec == "auto";
-  config.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
-  CompressedAllgather engine(*transport, config, layouts);
-
-  std::vector<std::vector<std::byte>> raw_out(layouts.size()), ciera_out(layouts.size());
-  std::vector<std::vector<int>> counts(layouts.size()), displs(layouts.size());
-  for (size_t b = 0; b < layouts.size(); ++b) {
-    raw_out[b].resize(layouts[b].total_bytes());
-    ciera_out[b].resize(layouts[b].total_bytes());
-    for (int r = 0; r < world; ++r) {
-      counts[b].push_back(static_cast<int>(layouts[b].rank_bytes(r)));
-      displs[b].push_back(static_cast<int>(layouts[b].rank_offset(r)));
-    }
-  }
-  uint64_t raw_bytes = 0;
-  for (const BucketLayout& l : layouts) raw_bytes += l.total_bytes();
-
+// Per-step medians' inputs (steady steps, slowest rank) and the totals, as rank 0 reports them.
+struct AllgatherResult {
+  int world = 0;
+  uint64_t raw_bytes = 0;  // one step's gathered output, all buckets
   std::vector<double> raw_s, ciera_s, wire_bytes, encode_s, decode_s, exchange_s;
   uint64_t wrong_total = 0;
-  Progress progress("bench allgather", o.steps, rank == 0 && !o.quiet);
-  for (uint32_t step = 0; step < o.steps; ++step) {
-    if (step > 0) {
-      for (auto& s : shards) s->step();
+  size_t cache_bytes_per_rank = 0;
+};
+
+// One step's times, each the slowest rank's.
+struct StepTimes {
+  double raw_s = 0, ciera_s = 0;
+  double wire_bytes = 0, encode_s = 0, decode_s = 0, exchange_s = 0;  // this rank's
+};
+
+// The gathers of one run: the shards, the engine, and both outputs of every bucket.
+class AllgatherBench {
+ public:
+  AllgatherBench(const Request& r, int rank, int world)
+      : request_(r), rank_(rank), world_(world), layouts_(make_layouts(r, world)),
+        shards_(make_shards(r, layouts_, rank)), transport_(make_mpi_transport(MPI_COMM_WORLD)),
+        raw_out_(layouts_.size()), ciera_out_(layouts_.size()), counts_(layouts_.size()),
+        displs_(layouts_.size()) {
+    EngineConfig config;
+    config.codec.block_values = r.options.block;
+    config.warmup_steps = r.options.warmup;
+    config.worker_threads = r.options.threads;
+    config.adaptive = r.options.codec == "auto";
+    config.timeout = std::chrono::milliseconds(static_cast<int64_t>(r.options.timeout_s * 1000));
+    engine_ = std::make_unique<CompressedAllgather>(*transport_, config, layouts_);
+    for (size_t b = 0; b < layouts_.size(); ++b) {
+      raw_out_[b].resize(layouts_[b].total_bytes());
+      ciera_out_[b].resize(layouts_[b].total_bytes());
+      for (int peer = 0; peer < world; ++peer) {
+        counts_[b].push_back(static_cast<int>(layouts_[b].rank_bytes(peer)));
+        displs_[b].push_back(static_cast<int>(layouts_[b].rank_offset(peer)));
+      }
     }
-    // Raw baseline: nonblocking MPI_Allgatherv of every bucket, then wait for all.
+  }
+
+  uint64_t raw_bytes() const {
+    uint64_t total = 0;
+    for (const BucketLayout& l : layouts_) total += l.total_bytes();
+    return total;
+  }
+  size_t cache_bytes() const { return engine_->cache_bytes(); }
+
+  void advance() {
+    for (auto& s : shards_) s->step();
+  }
+
+  // Raw baseline: nonblocking MPI_Allgatherv of every bucket, then wait for all.
+  double gather_raw() {
     MPI_Barrier(MPI_COMM_WORLD);
     Stopwatch raw_clock;
-    std::vector<MPI_Request> requests(layouts.size());
-    for (size_t b = 0; b < layouts.size(); ++b) {
-      MPI_Iallgatherv(shards[b]->values().data(), counts[b][rank], MPI_BYTE, raw_out[b].data(),
-                      counts[b].data(), displs[b].data(), MPI_BYTE, MPI_COMM_WORLD, &requests[b]);
+    std::vector<MPI_Request> requests(layouts_.size());
+    for (size_t b = 0; b < layouts_.size(); ++b) {
+      MPI_Iallgatherv(shards_[b]->values().data(), counts_[b][rank_], MPI_BYTE, raw_out_[b].data(),
+                      counts_[b].data(), displs_[b].data(), MPI_BYTE, MPI_COMM_WORLD, &requests[b]);
     }
     MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
-    const double raw_time = max_over_ranks(raw_clock.seconds());
+    return max_over_ranks(raw_clock.seconds());
+  }
 
-    // The engine: every bucket started at once (encoding overlaps the exchanges), then waited.
+  // The engine: every bucket started at once (encoding overlaps the exchanges), then waited.
+  void gather_engine(StepTimes& t) {
     MPI_Barrier(MPI_COMM_WORLD);
     Stopwatch ciera_clock;
     std::vector<CompressedAllgather::Ticket> tickets;
-    for (size_t b = 0; b < layouts.size(); ++b) tickets.push_back(engine.start(b, shards[b]->values(), ciera_out[b]));
-    double step_wire = 0, step_encode = 0, step_decode = 0, step_exchange = 0;
-    for (auto t : tickets) {
-      const GatherStats s = engine.wait(t);
-      step_wire += static_cast<double>(s.wire_bytes);
-      step_encode = std::max(step_encode, s.encode_s);
-      step_decode += s.decode_s;
+    for (size_t b = 0; b < layouts_.size(); ++b) tickets.push_back(engine_->start(b, shards_[b]->values(), ciera_out_[b]));
+    for (auto ticket : tickets) {
+      const GatherStats s = engine_->wait(ticket);
+      t.wire_bytes += static_cast<double>(s.wire_bytes);
+      t.encode_s = std::max(t.encode_s, s.encode_s);
+      t.decode_s += s.decode_s;
       // Gathers batched into one round share its exchange, and each reports all of it.
-      step_exchange = std::max(step_exchange, s.exchange_s);
+      t.exchange_s = std::max(t.exchange_s, s.exchange_s);
     }
-    const double ciera_time = max_over_ranks(ciera_clock.seconds());
+    t.ciera_s = max_over_ranks(ciera_clock.seconds());
+  }
 
+  // Elements where the engine's output differs from MPI's, summed over all ranks.
+  uint64_t wrong_elements() const {
+    const uint32_t vb = request_.value_bytes;
     uint64_t wrong = 0;
-    for (size_t b = 0; b < layouts.size(); ++b) {
-      for (size_t i = 0; i < raw_out[b].size(); i += vb) {
-        wrong += std::memcmp(raw_out[b].data() + i, ciera_out[b].data() + i, vb) != 0;
+    for (size_t b = 0; b < layouts_.size(); ++b) {
+      for (size_t i = 0; i < raw_out_[b].size(); i += vb) {
+        wrong += std::memcmp(raw_out_[b].data() + i, ciera_out_[b].data() + i, vb) != 0;
       }
     }
     uint64_t wrong_everywhere = 0;
     MPI_Allreduce(&wrong, &wrong_everywhere, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-    wrong_total += wrong_everywhere;
+    return wrong_everywhere;
+  }
+
+ private:
+  const Request& request_;
+  int rank_, world_;
+  std::vector<BucketLayout> layouts_;
+  std::vector<std::unique_ptr<AdamTrajectory>> shards_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<CompressedAllgather> engine_;
+  std::vector<std::vector<std::byte>> raw_out_, ciera_out_;
+  std::vector<std::vector<int>> counts_, displs_;
+};
+
+AllgatherResult measure(const Request& r, int rank, int world) {
+  const Options& o = r.options;
+  AllgatherBench bench(r, rank, world);
+  AllgatherResult result;
+  result.world = world;
+  result.raw_bytes = bench.raw_bytes();
+  Progress progress("bench allgather", o.steps, rank == 0 && !o.quiet);
+  for (uint32_t step = 0; step < o.steps; ++step) {
+    if (step > 0) bench.advance();
+    StepTimes t;
+    t.raw_s = bench.gather_raw();
+    bench.gather_engine(t);
+    result.wrong_total += bench.wrong_elements();
     if (step >= o.warmup) {
-      raw_s.push_back(raw_time);
-      ciera_s.push_back(ciera_time);
-      wire_bytes.push_back(step_wire);
-      encode_s.push_back(max_over_ranks(step_encode));
-      decode_s.push_back(max_over_ranks(step_decode));
-      exchange_s.push_back(max_over_ranks(step_exchange));
+      result.raw_s.push_back(t.raw_s);
+      result.ciera_s.push_back(t.ciera_s);
+      result.wire_bytes.push_back(t.wire_bytes);
+      result.encode_s.push_back(max_over_ranks(t.encode_s));
+      result.decode_s.push_back(max_over_ranks(t.decode_s));
+      result.exchange_s.push_back(max_over_ranks(t.exchange_s));
     }
-    progress.update(step + 1, "raw " + fixed(raw_time * 1e3, 1) + " ms, ciera " + fixed(ciera_time * 1e3, 1) +
-                                  " ms" + (wrong_total ? ", WRONG ELEMENTS" : ""));
+    progress.update(step + 1, "raw " + fixed(t.raw_s * 1e3, 1) + " ms, ciera " + fixed(t.ciera_s * 1e3, 1) +
+                                  " ms" + (result.wrong_total ? ", WRONG ELEMENTS" : ""));
   }
   progress.finish();
+  result.cache_bytes_per_rank = bench.cache_bytes();
+  return result;
+}
 
+// ---- Rendering (rank 0) --------------------------------------------------------------------
+
+nlohmann::json allgather_json(const Request& r, const AllgatherResult& result) {
+  const Options& o = r.options;
+  const double raw_ms = median(result.raw_s) * 1e3;
+  const double ciera_ms = median(result.ciera_s) * 1e3;
+  const double wire = median(result.wire_bytes);
+  const double raw_bytes = static_cast<double>(result.raw_bytes);
+  const double algbw = raw_bytes / (ciera_ms / 1e3) / 1e9;
+  const double raw_algbw = raw_bytes / (raw_ms / 1e3) / 1e9;
+  const double bus = static_cast<double>(result.world - 1) / result.world;
+  nlohmann::json j;
+  j["command"] = r.command;
+  j["machine"] = machine_description();
+  j["config"] = {{"ranks", result.world},   {"params", o.params},   {"dtype", o.dtype},
+                 {"steps", o.steps},        {"warmup", o.warmup},   {"buckets", o.buckets},
+                 {"block", o.block},        {"codec", o.codec},     {"link_gbit", o.link_gbit},
+                 {"delay_ms", o.delay_ms},  {"threads", o.threads}, {"transport", "mpi"}};
+  j["raw_ms"] = raw_ms;
+  j["ciera_ms"] = ciera_ms;
+  j["speedup"] = raw_ms / ciera_ms;
+  j["bytes_raw"] = result.raw_bytes;
+  j["bytes_wire"] = wire;
+  j["ratio"] = raw_bytes / wire;
+  j["algbw_GBps"] = algbw;
+  j["busbw_GBps"] = algbw * bus;
+  j["raw_algbw_GBps"] = raw_algbw;
+  j["raw_busbw_GBps"] = raw_algbw * bus;
+  j["encode_ms"] = median(result.encode_s) * 1e3;
+  j["decode_ms"] = median(result.decode_s) * 1e3;
+  j["exchange_ms"] = median(result.exchange_s) * 1e3;
+  j["wrong_elements"] = result.wrong_total;
+  j["verified"] = result.wrong_total == 0;
+  j["cache_bytes_per_rank"] = result.cache_bytes_per_rank;
+  return j;
+}
+
+// The table reads the same numbers as the JSON object, so the two never disagree.
+void print_report(const Request& r, const nlohmann::json& j, std::ostream& out) {
+  const Options& o = r.options;
+  const double raw_ms = j["raw_ms"].get<double>(), ciera_ms = j["ciera_ms"].get<double>();
+  const double raw_algbw = j["raw_algbw_GBps"].get<double>(), algbw = j["algbw_GBps"].get<double>();
+  const int world = j["config"]["ranks"].get<int>();
+  const double bus = static_cast<double>(world - 1) / world;
+  const uint64_t raw_bytes = j["bytes_raw"].get<uint64_t>();
+  const double wire = j["bytes_wire"].get<double>();
+  out << "ciera bench allgather: " << world << " ranks, " << o.params << " " << o.dtype << " params in "
+      << o.buckets << " buckets, " << o.steps << " steps (" << o.warmup << " warmup), links "
+      << (o.link_gbit > 0 ? fixed(o.link_gbit, 2) + " Gbit/s (link lab)" : std::string(o.link_lab ? "unshaped (link lab)" : "unshaped (mpirun on one host)"))
+      << "\nmachine: " << j["machine"].get<std::string>() << "\n\n";
+  Table t({"", "time/step (ms)", "wire bytes", "algbw GB/s", "busbw GB/s"});
+  t.add({"MPI_Allgatherv (raw)", fixed(raw_ms, 2), std::to_string(raw_bytes), fixed(raw_algbw, 3), fixed(raw_algbw * bus, 3)});
+  t.add({"CIERA engine (" + o.codec + ")", fixed(ciera_ms, 2), fixed(wire, 0), fixed(algbw, 3), fixed(algbw * bus, 3)});
+  out << t.render() << "\n"
+      << "speedup " << fixed(raw_ms / ciera_ms, 3) << "x, wire ratio " << fixed(raw_bytes / wire, 3)
+      << "x; engine time split (slowest rank, medians): encode " << fixed(j["encode_ms"].get<double>(), 2)
+      << " ms (overlapped), exchange " << fixed(j["exchange_ms"].get<double>(), 2) << " ms, decode "
+      << fixed(j["decode_ms"].get<double>(), 2) << " ms\n"
+      << "wrong elements (all ranks, all steps): " << j["wrong_elements"].get<uint64_t>() << "\n";
+}
+
+int run_child(const Request& r) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != r.options.ranks) {
+    throw ConfigError("launched with " + std::to_string(world) + " ranks but --ranks is " +
+                      std::to_string(r.options.ranks));
+  }
+  const AllgatherResult result = measure(r, rank, world);
   if (rank == 0) {
-    const double raw_ms = median(raw_s) * 1e3;
-    const double ciera_ms = median(ciera_s) * 1e3;
-    const double wire = median(wire_bytes);
-    const double algbw = raw_bytes / (ciera_ms / 1e3) / 1e9;
-    const double raw_algbw = raw_bytes / (raw_ms / 1e3) / 1e9;
-    const double bus = static_cast<double>(world - 1) / world;
-    nlohmann::json j;
-    j["command"] = command;
-    j["machine"] = machine_description();
-    j["config"] = {{"ranks", world},          {"params", o.params},   {"dtype", o.dtype},
-                   {"steps", o.steps},        {"warmup", o.warmup},   {"buckets", o.buckets},
-                   {"block", o.block},        {"codec", o.codec},     {"link_gbit", o.link_gbit},
-                   {"delay_ms", o.delay_ms},  {"threads", o.threads}, {"transport", "mpi"}};
-    j["raw_ms"] = raw_ms;
-    j["ciera_ms"] = ciera_ms;
-    j["speedup"] = raw_ms / ciera_ms;
-    j["bytes_raw"] = raw_bytes;
-    j["bytes_wire"] = wire;
-    j["ratio"] = raw_bytes / wire;
-    j["algbw_GBps"] = algbw;
-    j["busbw_GBps"] = algbw * bus;
-    j["raw_algbw_GBps"] = raw_algbw;
-    j["raw_busbw_GBps"] = raw_algbw * bus;
-    j["encode_ms"] = median(encode_s) * 1e3;
-    j["decode_ms"] = median(decode_s) * 1e3;
-    j["exchange_ms"] = median(exchange_s) * 1e3;
-    j["wrong_elements"] = wrong_total;
-    j["verified"] = wrong_total == 0;
-    j["cache_bytes_per_rank"] = engine.cache_bytes();
-    if (o.json) {
+    const nlohmann::json j = allgather_json(r, result);
+    if (r.options.json) {
       std::cout << j.dump(2) << std::endl;
     } else {
-      std::cout << "ciera bench allgather: " << world << " ranks, " << o.params << " " << o.dtype << " params in "
-                << o.buckets << " buckets, " << o.steps << " steps (" << o.warmup << " warmup), links "
-                << (o.link_gbit > 0 ? fixed(o.link_gbit, 2) + " Gbit/s (link lab)" : std::string(o.link_lab ? "unshaped (link lab)" : "unshaped (mpirun on one host)"))
-                << "\nmachine: " << machine_description() << "\n\n";
-      Table t({"", "time/step (ms)", "wire bytes", "algbw GB/s", "busbw GB/s"});
-      t.add({"MPI_Allgatherv (raw)", fixed(raw_ms, 2), std::to_string(raw_bytes), fixed(raw_algbw, 3), fixed(raw_algbw * bus, 3)});
-      t.add({"CIERA engine (" + o.codec + ")", fixed(ciera_ms, 2), fixed(wire, 0), fixed(algbw, 3), fixed(algbw * bus, 3)});
-      std::cout << t.render() << "\n"
-                << "speedup " << fixed(raw_ms / ciera_ms, 3) << "x, wire ratio " << fixed(raw_bytes / wire, 3)
-                << "x; engine time split (slowest rank, medians): encode " << fixed(median(encode_s) * 1e3, 2)
-                << " ms (overlapped), exchange " << fixed(median(exchange_s) * 1e3, 2) << " ms, decode "
-                << fixed(median(decode_s) * 1e3, 2) << " ms\n"
-                << "wrong elements (all ranks, all steps): " << wrong_total << "\n";
+      print_report(r, j, std::cout);
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  return wrong_total == 0 ? 0 : 1;
+  return result.wrong_total == 0 ? 0 : 1;
 }
 
 // One rank's life: MPI up, the benchmark (engine and transport gone before MPI is), MPI down.
 // An error is reported by the rank that sees it; the engine raises collective errors on every
 // rank, so each prints the same text.
-int run_rank(const Options& o, const std::string& command) {
+int run_rank(const Request& r) {
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
     if (provided < MPI_THREAD_MULTIPLE) throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
-    const int status = run_child(o, command);
+    const int status = run_child(r);
     MPI_Finalize();
     return status;
   } catch (const std::exception& e) {
@@ -315,14 +459,10 @@ void register_bench_allgather(CLI::App& bench, const std::string& command, int a
   cmd->add_flag("--quiet", o->quiet, "no progress output");
   cmd->add_flag("--child", o->child, "internal: this process is one launched rank")->group("");
   cmd->callback([o, command, argc, argv]() {
+    Request request = parse(*o, command);
     if (!o->child && !under_mpi()) launch(*o, argc, argv);
-    // Inside the link lab the links are what the lab says, whatever this rank was told.
-    if (const char* g = std::getenv("CIERA_LINKLAB_GBIT")) {
-      o->link_lab = true;
-      o->link_gbit = std::atof(g);
-      if (const char* d = std::getenv("CIERA_LINKLAB_DELAY_MS")) o->delay_ms = std::atof(d);
-    }
-    throw CommandExit(run_rank(*o, command));
+    apply_link_lab_environment(request.options);
+    throw CommandExit(run_rank(request));
   });
 }
 
