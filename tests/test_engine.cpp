@@ -1,12 +1,15 @@
 // The compressed allgather engine over the loopback transport (ranks as threads): output
-// bitwise equal to an uncompressed allgather on every rank, every step; configuration
-// mismatches, cold ranks, corrupted payloads and dead peers handled the same way on every rank.
+// bitwise equal to an uncompressed allgather on every rank, every step, and steady-state gathers
+// really compressed; configuration mismatches, cold ranks, corrupted payloads and dead peers
+// handled the same way on every rank; misuse of the API rejected with std::invalid_argument.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -70,6 +73,52 @@ struct BucketData {
   Trajectory trajectory;
 };
 
+// The most the wire may carry for a steady-state (delta-frame) gather of `l` when exponents
+// rarely change (Pattern::kSparse: one value in 300 per step, each by +-1), from docs/format.md.
+// Per rank: the envelope header (24 + 8 bytes per parameter); a raw parameter's bytes; per CIERA
+// parameter the 80-byte payload header, the bitmap, the padding (only before planes of 64 KiB or
+// more), the sign-mantissa plane (BF16 1 byte per value, FP16 11 bits, FP32 24 bits) and an
+// exponent section of at most 4 stream headers and the extra-bit length (48 bytes) plus one bit
+// per value. A fine-coded change costs at most 24 bits (a 6-bit change symbol, 7 gap bits, and a
+// count symbol with its extra bits for its block), so one bit per value holds up to one change
+// in 24 values, eight times the rate of this data; a single-value shard codes in 10 bytes.
+// An engine that sends raw bytes puts at least the raw bytes on the wire, so callers also check
+// that this bound is below them.
+uint64_t sparse_delta_wire_bound(const BucketLayout& l, uint32_t block_values) {
+  uint64_t bytes = 0;
+  for (int r = 0; r < l.ranks(); ++r) {
+    bytes += 24 + 8 * l.params();
+    for (size_t k = 0; k < l.params(); ++k) {
+      const uint64_t n = l.shard_values[r][k];
+      if (l.policy[k] == ShardPolicy::kRaw) {
+        bytes += n * dtype_info(l.dtype).value_bytes;
+        continue;
+      }
+      const uint64_t sign_mantissa = l.dtype == DType::kBF16   ? n
+                                     : l.dtype == DType::kFP16 ? n + (3 * n + 7) / 8
+                                                               : 3 * n;
+      const uint64_t bitmap = ((n + block_values - 1) / block_values + 7) / 8;
+      const uint64_t padding = sign_mantissa >= 65536 ? 63 : 0;
+      bytes += 80 + bitmap + padding + sign_mantissa + 48 + (n + 7) / 8;
+    }
+  }
+  return bytes;
+}
+
+// After warmup every gather of a bucket with CIERA parameters is compressed and, after the
+// first key frame, within the bound above (checked only where that bound is below the raw size,
+// which `compressible` asserts: tiny shards cannot beat their 80-byte payload headers).
+void expect_steady_state_compressed(const GatherStats& stats, const BucketLayout& l, const EngineConfig& config,
+                                    bool compressible, const std::string& where) {
+  if (stats.step < config.warmup_steps) return;
+  EXPECT_FALSE(stats.warmup) << where;
+  EXPECT_TRUE(stats.compressed) << where;
+  if (!compressible || stats.step == config.warmup_steps) return;  // that one is a key frame
+  const uint64_t bound = sparse_delta_wire_bound(l, config.codec.block_values);
+  ASSERT_LT(bound, stats.raw_bytes) << where << ": the bound must exclude an engine that sends raw";
+  EXPECT_LT(stats.wire_bytes, bound) << where << " (raw " << stats.raw_bytes << ")";
+}
+
 struct Case {
   int world;
   DType dtype;
@@ -129,6 +178,10 @@ TEST_P(EngineRoundTrip, HundredsOfStepsAreBitwiseExactOnEveryRank) {
         EXPECT_FALSE(stats.resynchronised);
         ASSERT_TRUE(std::equal(out[b].begin(), out[b].end(), mine[b]->trajectory.values().begin()))
             << "rank " << rank << " bucket " << b << " step " << step;
+        // Buckets 0 and 1 hold sparse data; bucket 2 special values, whose exponents change often.
+        expect_steady_state_compressed(stats, layouts[b], config, b != 2,
+                                       "rank " + std::to_string(rank) + " bucket " + std::to_string(b) +
+                                           " step " + std::to_string(step));
       }
     }
     EXPECT_GT(engine.cache_bytes(), 0u);
@@ -341,6 +394,118 @@ TEST(Engine, SetPolicyMustMatchAcrossRanks) {
     engine.run(0, data.input(rank), out);
   });
   for (int r = 0; r < world; ++r) EXPECT_NE(message_of(errors[r]).find("policies"), std::string::npos);
+}
+
+// Misuse of the API that a rank can see alone is std::invalid_argument, thrown at once, and
+// changes nothing (include/ciera/engine.hpp).
+class EngineMisuse : public ::testing::Test {
+ protected:
+  static constexpr int kWorld = 2;
+  // Two buckets of two parameters each.
+  std::vector<BucketLayout> layouts = {BucketLayout::fsdp_split("a", DType::kBF16, {4000, 4000}, kWorld),
+                                       BucketLayout::fsdp_split("b", DType::kBF16, {2000, 1000}, kWorld)};
+
+  // Runs `on_rank0(engine)` on rank 0 while rank 0's gather of bucket `busy` is in flight: rank 1
+  // starts its own only afterwards, so the gather cannot finish earlier. Both ranks then finish
+  // that gather and one more of each bucket, which must be exact and, for `busy` with warmup 0,
+  // not resynchronised (the failed call changed nothing).
+  void while_in_flight(size_t busy, const std::function<void(CompressedAllgather&)>& on_rank0) {
+    std::promise<void> checked;
+    std::shared_future<void> checked_future = checked.get_future().share();
+    EngineConfig config;
+    config.warmup_steps = 0;
+    const auto errors = run_ranks(kWorld, [&](int rank, Transport& t) {
+      std::vector<std::unique_ptr<BucketData>> data;
+      for (size_t b = 0; b < layouts.size(); ++b) {
+        data.push_back(std::make_unique<BucketData>(layouts[b], Pattern::kSparse, 20 + b));
+      }
+      CompressedAllgather engine(t, config, layouts);
+      std::vector<std::vector<std::byte>> out(layouts.size());
+      for (size_t b = 0; b < layouts.size(); ++b) out[b].resize(layouts[b].total_bytes());
+      for (size_t b = 0; b < layouts.size(); ++b) engine.run(b, data[b]->input(rank), out[b]);
+      if (rank == 1) checked_future.wait();
+      const auto ticket = engine.start(busy, data[busy]->input(rank), out[busy]);
+      if (rank == 0) {
+        on_rank0(engine);
+        checked.set_value();
+      }
+      EXPECT_FALSE(engine.wait(ticket).resynchronised);
+      for (size_t b = 0; b < layouts.size(); ++b) {
+        data[b]->trajectory.step();
+        const GatherStats stats = engine.run(b, data[b]->input(rank), out[b]);
+        EXPECT_FALSE(stats.resynchronised) << "rank " << rank << " bucket " << b;
+        EXPECT_TRUE(stats.compressed) << "rank " << rank << " bucket " << b;
+        EXPECT_TRUE(std::equal(out[b].begin(), out[b].end(), data[b]->trajectory.values().begin()));
+      }
+    });
+    expect_all_ok(errors);
+  }
+
+  // Runs `body(engine)` on a one-rank engine.
+  void alone(const std::function<void(CompressedAllgather&)>& body) {
+    expect_all_ok(run_ranks(1, [&](int, Transport& t) {
+      CompressedAllgather engine(t, EngineConfig{}, {BucketLayout::fsdp_split("a", DType::kBF16, {100, 50}, 1)});
+      body(engine);
+    }));
+  }
+};
+
+TEST_F(EngineMisuse, StartOfAMissingBucket) {
+  alone([](CompressedAllgather& e) {
+    std::vector<std::byte> in(300), out(300);
+    EXPECT_THROW(e.start(1, in, out), std::invalid_argument);
+  });
+}
+
+TEST_F(EngineMisuse, StartOfABucketAlreadyInFlight) {
+  while_in_flight(0, [&](CompressedAllgather& e) {
+    std::vector<std::byte> in(layouts[0].rank_bytes(0)), out(layouts[0].total_bytes());
+    EXPECT_THROW(e.start(0, in, out), std::invalid_argument);
+  });
+}
+
+TEST_F(EngineMisuse, WaitForAnUnknownOrAlreadyWaitedTicket) {
+  alone([](CompressedAllgather& e) {
+    std::vector<std::byte> in(300), out(300);
+    const auto ticket = e.start(0, in, out);
+    EXPECT_THROW(e.wait(ticket + 1), std::invalid_argument);
+    e.wait(ticket);
+    EXPECT_THROW(e.wait(ticket), std::invalid_argument);
+  });
+}
+
+TEST_F(EngineMisuse, SetPolicyOfAMissingBucket) {
+  alone([](CompressedAllgather& e) { EXPECT_THROW(e.set_policy(1, 0, ShardPolicy::kRaw), std::invalid_argument); });
+}
+
+TEST_F(EngineMisuse, SetPolicyOfAMissingParameter) {
+  alone([](CompressedAllgather& e) { EXPECT_THROW(e.set_policy(0, 2, ShardPolicy::kRaw), std::invalid_argument); });
+}
+
+TEST_F(EngineMisuse, SetPolicyToAnUnknownPolicy) {
+  alone([](CompressedAllgather& e) {
+    EXPECT_THROW(e.set_policy(0, 0, static_cast<ShardPolicy>(7)), std::invalid_argument);
+    EXPECT_EQ(e.bucket(0).policy[0], ShardPolicy::kCiera);
+  });
+}
+
+TEST_F(EngineMisuse, SetPolicyWhileTheBucketIsInFlight) {
+  while_in_flight(0, [](CompressedAllgather& e) {
+    EXPECT_THROW(e.set_policy(0, 0, ShardPolicy::kRaw), std::invalid_argument);
+    EXPECT_EQ(e.bucket(0).policy[0], ShardPolicy::kCiera);
+  });
+}
+
+// No bucket is reset, not even those before the one in flight.
+TEST_F(EngineMisuse, ResetCachesWhileAGatherIsInFlight) {
+  while_in_flight(1, [](CompressedAllgather& e) { EXPECT_THROW(e.reset_caches(), std::invalid_argument); });
+}
+
+TEST_F(EngineMisuse, BucketOutOfRange) {
+  alone([](CompressedAllgather& e) {
+    EXPECT_THROW(e.bucket(1), std::invalid_argument);
+    EXPECT_EQ(e.bucket(0).name, "a");
+  });
 }
 
 TEST(AdaptiveSwitch, ProbesBothWaysThenKeepsTheFasterAndReprobes) {

@@ -1,7 +1,8 @@
 // The engine over Open MPI, run by ctest as `mpirun -np W` for W = 2, 3, 4 (reliability tests 1,
 // 5, 6): hundreds of steps of every dtype with uneven and empty shards and several buckets in
-// flight, bitwise equal to MPI_Allgatherv of the same inputs on every rank; configuration
-// mismatches and cold ranks handled the same way everywhere.
+// flight, bitwise equal to MPI_Allgatherv of the same inputs on every rank, and steady-state
+// gathers really compressed; configuration mismatches and cold ranks handled the same way
+// everywhere.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -56,6 +57,30 @@ uint64_t wrong_elements_everywhere(const std::vector<std::byte>& got, const std:
   return total;
 }
 
+// The most the wire may carry for a steady-state (delta-frame) gather of `l` when exponents
+// rarely change (Pattern::kSparse), from docs/format.md; the derivation is next to the same
+// function in tests/test_engine.cpp. An engine that sends raw bytes cannot get below it.
+uint64_t sparse_delta_wire_bound(const BucketLayout& l, uint32_t block_values) {
+  uint64_t bytes = 0;
+  for (int r = 0; r < l.ranks(); ++r) {
+    bytes += 24 + 8 * l.params();
+    for (size_t k = 0; k < l.params(); ++k) {
+      const uint64_t n = l.shard_values[r][k];
+      if (l.policy[k] == ShardPolicy::kRaw) {
+        bytes += n * dtype_info(l.dtype).value_bytes;
+        continue;
+      }
+      const uint64_t sign_mantissa = l.dtype == DType::kBF16   ? n
+                                     : l.dtype == DType::kFP16 ? n + (3 * n + 7) / 8
+                                                               : 3 * n;
+      const uint64_t bitmap = ((n + block_values - 1) / block_values + 7) / 8;
+      const uint64_t padding = sign_mantissa >= 65536 ? 63 : 0;
+      bytes += 80 + bitmap + padding + sign_mantissa + 48 + (n + 7) / 8;
+    }
+  }
+  return bytes;
+}
+
 class MpiEngine : public ::testing::TestWithParam<DType> {};
 
 TEST_P(MpiEngine, HundredsOfStepsMatchMpiAllgathervOnEveryRank) {
@@ -93,7 +118,21 @@ TEST_P(MpiEngine, HundredsOfStepsMatchMpiAllgathervOnEveryRank) {
       tickets.push_back(engine.start(b, input, out[b]));
     }
     for (size_t b = 0; b < layouts.size(); ++b) {
-      engine.wait(tickets[b]);
+      const GatherStats stats = engine.wait(tickets[b]);
+      if (step >= static_cast<int>(config.warmup_steps)) {
+        EXPECT_FALSE(stats.warmup) << "bucket " << b << " step " << step;
+        ASSERT_TRUE(stats.compressed) << "bucket " << b << " step " << step;
+      }
+      // The experts bucket holds sparse data in shards large enough to compress (the norms'
+      // shards are smaller than a payload header; the uneven bucket holds special values).
+      // Its first compressed gather is a key frame; every later one is a delta.
+      if (b == 0 && step > static_cast<int>(config.warmup_steps)) {
+        const uint64_t bound = sparse_delta_wire_bound(layouts[b], config.codec.block_values);
+        ASSERT_LT(bound, stats.raw_bytes) << "the bound must exclude an engine that sends raw";
+        // BF16 keeps one byte of two: well below raw, not just below it.
+        if (dtype == DType::kBF16) ASSERT_LT(bound, stats.raw_bytes * 6 / 10);
+        EXPECT_LT(stats.wire_bytes, bound) << "step " << step << " (raw " << stats.raw_bytes << ")";
+      }
       const auto input = std::span<const std::byte>(data[b]->values())
                              .subspan(layouts[b].rank_offset(rank), layouts[b].rank_bytes(rank));
       wrong += wrong_elements_everywhere(out[b], reference_allgather(layouts[b], input),
