@@ -376,6 +376,11 @@ TEST(SimModels, UnitsFollowExecutionOrderAndLayerLimit) {
   EXPECT_TRUE(dense);
   EXPECT_FALSE(router);
   expect_error([&] { model_units(m, 29, 1024); }, {"--layers 29", "1..28"});
+  // The tool checks --layers against every model before projecting any.
+  check_layers(m, 0);
+  check_layers(m, 28);
+  expect_error([&] { check_layers(m, 29); }, {"--layers 29", "1..28", "DeepSeek-MoE-16B"});
+  expect_error([&] { check_layers(m, -1); }, {"--layers -1", "1..28"});
 }
 
 TEST(SimModels, UnknownModelNamesTheKnownOnes) {
@@ -399,6 +404,25 @@ TEST(SimModels, ChangeRatesFromPaperAndFromAJsonFile) {
                {"rates r.json", "\"experts\"", "unknown shard type"});
   expect_error([&] { apply_rates_json(rates, R"({"norm": 1.5})", "rates r.json"); },
                {"\"norm\"", "[0, 1]"});
+}
+
+TEST(SimModels, RatesFileBlockSizeIsOneTheCodecAccepts) {
+  // The rates' B is CIERA's B in the payload model, so it takes the codec's range, as --block
+  // and a trace's schedule.block_values do (B = 0 divided by zero before).
+  ChangeRates rates = paper_rates(find_model("olmoe-1b-7b"));
+  for (const char* bad : {"0", "63", "4097", "5000"}) {
+    expect_error(
+        [&] {
+          apply_rates_json(rates, std::string(R"({"block_values": )") + bad + "}", "rates r.json");
+        },
+        {"rates r.json", "\"block_values\"", "64..4096", std::string("got ") + bad});
+  }
+  expect_error([&] { apply_rates_json(rates, R"({"block_values": -512})", "rates r.json"); },
+               {"\"block_values\"", "non-negative integer"});
+  apply_rates_json(rates, R"({"block_values": 4096})", "rates r.json");
+  EXPECT_EQ(rates.block_values, 4096u);
+  apply_rates_json(rates, R"({"block_values": 64})", "rates r.json");
+  EXPECT_EQ(rates.block_values, 64u);
 }
 
 // ---- Cluster presets ------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "sim/sim.hpp"
 #include "sim/json_fields.hpp"
+#include "sim/sim.hpp"
 
 namespace ciera::sim {
 namespace {

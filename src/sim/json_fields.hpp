@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "ciera/config.hpp"
 #include "ciera/error.hpp"
 
 namespace ciera::sim::detail {
@@ -79,6 +80,16 @@ class Fields {
            "must be a non-negative integer (got " + describe_json(value) + ")");
     }
     return value.get<uint64_t>();
+  }
+  // A block size B in values, in the range the codec accepts.
+  uint32_t block_values(const char* key) const {
+    const uint64_t block = count(key);
+    if (block < CodecConfig::kMinBlockValues || block > CodecConfig::kMaxBlockValues) {
+      fail(quoted(path_of(key)), "must be in " + std::to_string(CodecConfig::kMinBlockValues) +
+                                     ".." + std::to_string(CodecConfig::kMaxBlockValues) +
+                                     " (got " + std::to_string(block) + ")");
+    }
+    return static_cast<uint32_t>(block);
   }
   bool boolean(const char* key) const {
     const Json& value = required(key);

@@ -2,8 +2,8 @@
 // and shard type, FLOPs per token, and the paper's per-type change rates.
 #include <cmath>
 
-#include "sim/sim.hpp"
 #include "sim/json_fields.hpp"
+#include "sim/sim.hpp"
 
 namespace ciera::sim {
 namespace {
@@ -274,11 +274,7 @@ void apply_rates_json(ChangeRates& rates, const std::string& json_text, const st
   using detail::Fields;
   const detail::Json json = detail::parse_json(json_text, origin);
   const Fields top(json, "", origin);
-  if (top.has("block_values")) {
-    const uint64_t block = top.count("block_values");
-    if (block == 0) top.fail("field \"block_values\"", "must be > 0");
-    rates.block_values = static_cast<uint32_t>(block);
-  }
+  if (top.has("block_values")) rates.block_values = top.block_values("block_values");
   for (const auto& [key, value] : json.items()) {
     if (key == "block" || key == "block_values" || key == "format" || key == "version" ||
         key == "source")

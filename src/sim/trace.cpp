@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
-#include "ciera/config.hpp"
-#include "sim/sim.hpp"
 #include "sim/json_fields.hpp"
+#include "sim/sim.hpp"
 
 namespace ciera::sim {
 namespace {
@@ -39,6 +38,42 @@ std::vector<CostPoint> read_optional_points(const Fields& comm, const char* key)
 
 MeasuredRun read_measured(const Fields& run) {
   return {run.non_negative("iteration_s"), run.non_negative("allgather_s")};
+}
+
+void read_schedule(const Fields& schedule, Trace& trace) {
+  if (schedule.has("overlap")) trace.overlap = schedule.boolean("overlap");
+  trace.ciera_overlap =
+      schedule.has("ciera_overlap") ? schedule.boolean("ciera_overlap") : trace.overlap;
+  if (schedule.has("block_values")) trace.block_values = schedule.block_values("block_values");
+}
+
+TraceShard read_shard(const Fields& s) {
+  TraceShard shard;
+  shard.name = s.string("name");
+  try {
+    shard.type = parse_shard_type(s.string("type"));
+  } catch (const ConfigError& e) {
+    s.fail("field \"" + s.path_of("type") + "\"", std::string("is invalid: ") + e.what());
+  }
+  shard.values = s.count("values");
+  shard.change_rate = s.fraction("change_rate");
+  if (s.has("block_change_rate")) shard.block_change_rate = s.fraction("block_change_rate");
+  return shard;
+}
+
+TraceBucket read_bucket(const Fields& b) {
+  TraceBucket bucket;
+  bucket.name = b.string("name");
+  bucket.forward_s = b.non_negative("forward_s");
+  bucket.backward_s = b.non_negative("backward_s");
+  bucket.raw_bytes = b.non_negative("raw_bytes");
+  bucket.wire_bytes = b.non_negative("wire_bytes");
+  bucket.grad_bytes = b.non_negative("grad_bytes");
+  if (b.has("gathers_per_step")) bucket.gathers_per_step = b.non_negative("gathers_per_step");
+  const Json& shards = b.array("shards");
+  for (size_t k = 0; k < shards.size(); ++k)
+    bucket.shards.push_back(read_shard(b.element(shards, "shards", k)));
+  return bucket;
 }
 
 }  // namespace
@@ -88,52 +123,12 @@ Trace parse_trace(const std::string& json_text, const std::string& origin) {
   trace.optimizer_s = top.non_negative("optimizer_s");
 
   // Optional (absent in the first v1 traces): sequential schedule, B = 512.
-  if (top.has("schedule")) {
-    const Fields schedule = top.object("schedule");
-    if (schedule.has("overlap")) trace.overlap = schedule.boolean("overlap");
-    trace.ciera_overlap =
-        schedule.has("ciera_overlap") ? schedule.boolean("ciera_overlap") : trace.overlap;
-    if (schedule.has("block_values")) {
-      const uint64_t block = schedule.count("block_values");
-      if (block < CodecConfig::kMinBlockValues || block > CodecConfig::kMaxBlockValues) {
-        schedule.fail("field \"" + schedule.path_of("block_values") + "\"",
-                      "must be in " + std::to_string(CodecConfig::kMinBlockValues) + ".." +
-                          std::to_string(CodecConfig::kMaxBlockValues) + " (got " +
-                          std::to_string(block) + ")");
-      }
-      trace.block_values = static_cast<uint32_t>(block);
-    }
-  }
+  if (top.has("schedule")) read_schedule(top.object("schedule"), trace);
 
   const Json& buckets = top.array("buckets");
   if (buckets.empty()) top.fail("field \"buckets\"", "must hold at least one bucket");
-  for (size_t i = 0; i < buckets.size(); ++i) {
-    const Fields b = top.element(buckets, "buckets", i);
-    TraceBucket bucket;
-    bucket.name = b.string("name");
-    bucket.forward_s = b.non_negative("forward_s");
-    bucket.backward_s = b.non_negative("backward_s");
-    bucket.raw_bytes = b.non_negative("raw_bytes");
-    bucket.wire_bytes = b.non_negative("wire_bytes");
-    bucket.grad_bytes = b.non_negative("grad_bytes");
-    if (b.has("gathers_per_step")) bucket.gathers_per_step = b.non_negative("gathers_per_step");
-    const Json& shards = b.array("shards");
-    for (size_t k = 0; k < shards.size(); ++k) {
-      const Fields s = b.element(shards, "shards", k);
-      TraceShard shard;
-      shard.name = s.string("name");
-      try {
-        shard.type = parse_shard_type(s.string("type"));
-      } catch (const ConfigError& e) {
-        s.fail("field \"" + s.path_of("type") + "\"", std::string("is invalid: ") + e.what());
-      }
-      shard.values = s.count("values");
-      shard.change_rate = s.fraction("change_rate");
-      if (s.has("block_change_rate")) shard.block_change_rate = s.fraction("block_change_rate");
-      bucket.shards.push_back(shard);
-    }
-    trace.buckets.push_back(std::move(bucket));
-  }
+  for (size_t i = 0; i < buckets.size(); ++i)
+    trace.buckets.push_back(read_bucket(top.element(buckets, "buckets", i)));
 
   if (top.has("measured")) {
     const Fields measured = top.object("measured");
