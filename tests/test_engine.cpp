@@ -108,8 +108,9 @@ uint64_t sparse_delta_wire_bound(const BucketLayout& l, uint32_t block_values) {
 // After warmup every gather of a bucket with CIERA parameters is compressed and, after the
 // first key frame, within the bound above (checked only where that bound is below the raw size,
 // which `compressible` asserts: tiny shards cannot beat their 80-byte payload headers).
-void expect_steady_state_compressed(const GatherStats& stats, const BucketLayout& l, const EngineConfig& config,
-                                    bool compressible, const std::string& where) {
+void expect_steady_state_compressed(const GatherStats& stats, const BucketLayout& l,
+                                    const EngineConfig& config, bool compressible,
+                                    const std::string& where) {
   if (stats.step < config.warmup_steps) return;
   EXPECT_FALSE(stats.warmup) << where;
   EXPECT_TRUE(stats.compressed) << where;
@@ -180,8 +181,8 @@ TEST_P(EngineRoundTrip, HundredsOfStepsAreBitwiseExactOnEveryRank) {
             << "rank " << rank << " bucket " << b << " step " << step;
         // Buckets 0 and 1 hold sparse data; bucket 2 special values, whose exponents change often.
         expect_steady_state_compressed(stats, layouts[b], config, b != 2,
-                                       "rank " + std::to_string(rank) + " bucket " + std::to_string(b) +
-                                           " step " + std::to_string(step));
+                                       "rank " + std::to_string(rank) + " bucket " +
+                                           std::to_string(b) + " step " + std::to_string(step));
       }
     }
     EXPECT_GT(engine.cache_bytes(), 0u);
@@ -402,8 +403,9 @@ class EngineMisuse : public ::testing::Test {
  protected:
   static constexpr int kWorld = 2;
   // Two buckets of two parameters each.
-  std::vector<BucketLayout> layouts = {BucketLayout::fsdp_split("a", DType::kBF16, {4000, 4000}, kWorld),
-                                       BucketLayout::fsdp_split("b", DType::kBF16, {2000, 1000}, kWorld)};
+  std::vector<BucketLayout> layouts = {
+      BucketLayout::fsdp_split("a", DType::kBF16, {4000, 4000}, kWorld),
+      BucketLayout::fsdp_split("b", DType::kBF16, {2000, 1000}, kWorld)};
 
   // Runs `on_rank0(engine)` on rank 0 while rank 0's gather of bucket `busy` is in flight: rank 1
   // starts its own only afterwards, so the gather cannot finish earlier. Both ranks then finish
@@ -444,7 +446,8 @@ class EngineMisuse : public ::testing::Test {
   // Runs `body(engine)` on a one-rank engine.
   void alone(const std::function<void(CompressedAllgather&)>& body) {
     expect_all_ok(run_ranks(1, [&](int, Transport& t) {
-      CompressedAllgather engine(t, EngineConfig{}, {BucketLayout::fsdp_split("a", DType::kBF16, {100, 50}, 1)});
+      CompressedAllgather engine(t, EngineConfig{},
+                                 {BucketLayout::fsdp_split("a", DType::kBF16, {100, 50}, 1)});
       body(engine);
     }));
   }
@@ -475,11 +478,15 @@ TEST_F(EngineMisuse, WaitForAnUnknownOrAlreadyWaitedTicket) {
 }
 
 TEST_F(EngineMisuse, SetPolicyOfAMissingBucket) {
-  alone([](CompressedAllgather& e) { EXPECT_THROW(e.set_policy(1, 0, ShardPolicy::kRaw), std::invalid_argument); });
+  alone([](CompressedAllgather& e) {
+    EXPECT_THROW(e.set_policy(1, 0, ShardPolicy::kRaw), std::invalid_argument);
+  });
 }
 
 TEST_F(EngineMisuse, SetPolicyOfAMissingParameter) {
-  alone([](CompressedAllgather& e) { EXPECT_THROW(e.set_policy(0, 2, ShardPolicy::kRaw), std::invalid_argument); });
+  alone([](CompressedAllgather& e) {
+    EXPECT_THROW(e.set_policy(0, 2, ShardPolicy::kRaw), std::invalid_argument);
+  });
 }
 
 TEST_F(EngineMisuse, SetPolicyToAnUnknownPolicy) {
@@ -498,7 +505,8 @@ TEST_F(EngineMisuse, SetPolicyWhileTheBucketIsInFlight) {
 
 // No bucket is reset, not even those before the one in flight.
 TEST_F(EngineMisuse, ResetCachesWhileAGatherIsInFlight) {
-  while_in_flight(1, [](CompressedAllgather& e) { EXPECT_THROW(e.reset_caches(), std::invalid_argument); });
+  while_in_flight(
+      1, [](CompressedAllgather& e) { EXPECT_THROW(e.reset_caches(), std::invalid_argument); });
 }
 
 TEST_F(EngineMisuse, BucketOutOfRange) {

@@ -75,11 +75,17 @@ struct GatherStats {
   double encode_s = 0, exchange_s = 0, decode_s = 0, total_s = 0;  // wall time on this rank
 };
 
+// Errors. Misuse this rank can see alone (a bucket, parameter, ticket or policy that does not
+// exist; a call that conflicts with a gather in flight) throws std::invalid_argument at once and
+// changes nothing. Problems the peers must learn of too, because they are about to gather with
+// this rank (configuration or layout mismatches, wrong buffer sizes, bad payloads, dead peers),
+// throw ConfigError or CommError with the same text on every rank.
 class CompressedAllgather {
  public:
   // Checks with one collective that every rank has the same configuration and bucket layouts,
-  // and throws ConfigError on every rank, naming the difference, if not. `transport` must
-  // outlive the engine and must not be used by anyone else while the engine exists.
+  // and throws ConfigError on every rank, naming the difference, if not (or if any rank's
+  // configuration or layouts are invalid). `transport` must outlive the engine and must not be
+  // used by anyone else while the engine exists.
   CompressedAllgather(Transport& transport, EngineConfig config, std::vector<BucketLayout> buckets);
   ~CompressedAllgather();
   CompressedAllgather(const CompressedAllgather&) = delete;
@@ -92,21 +98,30 @@ class CompressedAllgather {
   // `output`. Both must stay valid until wait(). Encoding starts at once on worker threads;
   // gathers complete in start order, which must be the same on every rank. One gather per
   // bucket may be in flight.
+  // Throws std::invalid_argument if `bucket` does not exist or already has a gather in flight.
+  // A wrong input or output size is not thrown here: wait() throws ConfigError for it on every
+  // rank.
   Ticket start(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output);
   // Blocks until the gather is done. Throws CommError / ConfigError (the same on every rank)
   // if it failed; output is then unspecified.
+  // Throws std::invalid_argument if `ticket` was not returned by start() or was waited for.
   GatherStats wait(Ticket ticket);
-  // start() then wait().
+  // start() then wait(); throws what they throw.
   GatherStats run(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output);
 
   // Forgets all codec state, as after a restart. The next gather of each bucket is detected as
   // cold by every rank and runs a key-frame round.
+  // Throws std::invalid_argument if any bucket has a gather in flight.
   void reset_caches();
 
   // Changes a parameter's policy on this rank's view; all ranks must make the same change before
-  // the bucket's next gather (checked). Codec state of the parameter is dropped and restarted.
+  // the bucket's next gather (checked there: ConfigError on every rank). Codec state of the
+  // parameter is dropped and restarted.
+  // Throws std::invalid_argument if `bucket` or `param` does not exist, `policy` is not a
+  // ShardPolicy value, or the bucket has a gather in flight.
   void set_policy(size_t bucket, size_t param, ShardPolicy policy);
 
+  // Throws std::invalid_argument if `index` does not exist.
   const BucketLayout& bucket(size_t index) const;
   size_t bucket_count() const;
   int rank() const;

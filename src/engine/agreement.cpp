@@ -1,6 +1,6 @@
-// The description is "key=value" lines in a fixed order, so that the first differing fact can be
-// reported by name; it is exchanged as text because ranks of different builds must still be able
-// to read each other's (format_version and protocol_version are facts too).
+// The description is "key=value" text in a fixed order, not a struct, so that the first
+// differing fact can be reported by name and value, including a fact one rank's build does not
+// know (it shows as <absent>); format_version and protocol_version are facts like the others.
 #include "engine/agreement.hpp"
 
 #include <map>
@@ -135,7 +135,8 @@ void throw_first_difference(const std::string& rank0_text,
 }  // namespace
 
 void agree_on_configuration(Transport& transport, const EngineConfig& config,
-                            const std::vector<BucketLayout>& buckets, const std::string& local_error) {
+                            const std::vector<BucketLayout>& buckets,
+                            const std::string& local_error) {
   Facts mine = describe(config, buckets, transport.size());
   if (!local_error.empty()) mine.insert(mine.begin(), {"error", local_error});
   const std::vector<std::string> texts = exchange_descriptions(transport, serialise(mine));

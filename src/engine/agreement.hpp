@@ -16,6 +16,7 @@ namespace ciera {
 // (naming that rank) or any fact differs between ranks (naming the fact and which ranks hold
 // which value).
 void agree_on_configuration(Transport& transport, const EngineConfig& config,
-                            const std::vector<BucketLayout>& buckets, const std::string& local_error);
+                            const std::vector<BucketLayout>& buckets,
+                            const std::string& local_error);
 
 }  // namespace ciera

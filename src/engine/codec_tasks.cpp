@@ -32,7 +32,8 @@ void CompressedAllgather::Impl::encode(Gather& g, BucketState& s, bool raw) {
           s.payload_bytes[k] = shard_bytes;
         } else {
           const uint64_t capacity = s.encoders[k]->max_payload_bytes();
-          s.payload_bytes[k] = s.encoders[k]->encode({src, shard_bytes}, {slot, capacity}).payload_bytes;
+          s.payload_bytes[k] =
+              s.encoders[k]->encode({src, shard_bytes}, {slot, capacity}).payload_bytes;
         }
       }
     });
@@ -102,8 +103,8 @@ void CompressedAllgather::Impl::decode_envelope(Gather& g, int peer, uint64_t en
     }
     if (raw || !s.decoders[peer][k]) {
       if (payload.size() != bytes) {
-        fail(static_cast<int>(k), "raw shard of " + std::to_string(payload.size()) + " bytes, expected " +
-                                      std::to_string(bytes));
+        fail(static_cast<int>(k), "raw shard of " + std::to_string(payload.size()) +
+                                      " bytes, expected " + std::to_string(bytes));
         return;
       }
       memory.copy(dest, payload.data(), bytes);

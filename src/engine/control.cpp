@@ -41,8 +41,9 @@ size_t gathers_ready(std::span<const RoundControl> all) {
   return ready;
 }
 
-void check_records(std::span<const ControlRecord> records, size_t bucket, const BucketLayout& layout,
-                   int my_rank, std::span<const uint64_t> max_envelope_bytes) {
+void check_records(std::span<const ControlRecord> records, size_t bucket,
+                   const BucketLayout& layout, int my_rank,
+                   std::span<const uint64_t> max_envelope_bytes) {
   const int world = static_cast<int>(records.size());
   for (int r = 0; r < world; ++r) {
     const ControlRecord& c = records[r];
@@ -58,14 +59,16 @@ void check_records(std::span<const ControlRecord> records, size_t bucket, const 
   }
   for (int r = 0; r < world; ++r) {
     if (records[r].flags & kLocalError) {
-      throw ConfigError("rank " + std::to_string(r) + " rejected its gather of bucket '" + layout.name +
-                        "': " + std::string(records[r].error_text, strnlen(records[r].error_text, kErrorTextBytes)));
+      throw ConfigError(
+          "rank " + std::to_string(r) + " rejected its gather of bucket '" + layout.name + "': " +
+          std::string(records[r].error_text, strnlen(records[r].error_text, kErrorTextBytes)));
     }
   }
   for (int r = 0; r < world; ++r) {
     if (records[r].policy_digest != records[0].policy_digest) {
-      throw ConfigError("shard policies of bucket '" + layout.name + "' differ between rank 0 and rank " +
-                        std::to_string(r) + " (set_policy must be called the same way on every rank)");
+      throw ConfigError("shard policies of bucket '" + layout.name +
+                        "' differ between rank 0 and rank " + std::to_string(r) +
+                        " (set_policy must be called the same way on every rank)");
     }
     if (records[r].envelope_bytes > max_envelope_bytes[r]) {
       throw CommError("rank " + std::to_string(r) + " announced an envelope of " +
@@ -81,13 +84,17 @@ uint64_t agreed_step(std::span<const ControlRecord> records) {
   return step;
 }
 
-std::string failure_text(std::span<const RoundVerdicts> all, size_t gather, const std::string& bucket_name) {
+std::string failure_text(std::span<const RoundVerdicts> all, size_t gather,
+                         const std::string& bucket_name) {
   for (size_t r = 0; r < all.size(); ++r) {
     const Verdict& v = all[r].verdicts[gather];
     if (!v.failed) continue;
-    return "rank " + std::to_string(r) + " could not reconstruct rank " + std::to_string(v.peer) + "'s " +
-           (v.param >= 0 ? "shard of parameter " + std::to_string(v.param) : std::string("envelope")) +
-           " in bucket '" + bucket_name + "': " + std::string(v.reason, strnlen(v.reason, sizeof v.reason));
+    return "rank " + std::to_string(r) + " could not reconstruct rank " + std::to_string(v.peer) +
+           "'s " +
+           (v.param >= 0 ? "shard of parameter " + std::to_string(v.param)
+                         : std::string("envelope")) +
+           " in bucket '" + bucket_name +
+           "': " + std::string(v.reason, strnlen(v.reason, sizeof v.reason));
   }
   return "";
 }

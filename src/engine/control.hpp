@@ -43,10 +43,10 @@ struct RoundControl {
 };
 static_assert(sizeof(RoundControl) == 1040);
 
-struct Verdict {  // 128 bytes
+struct Verdict {   // 128 bytes
   int32_t failed;  // 0: every shard decoded exactly
   int32_t peer;
-  int32_t param;   // -1: the envelope itself
+  int32_t param;  // -1: the envelope itself
   int32_t reserved;
   char reason[112];
 };
@@ -73,14 +73,16 @@ size_t gathers_ready(std::span<const RoundControl> all);
 // Checks every rank's record for this rank's gather of `bucket` (`my_rank` started it):
 // protocol, start order and envelope sizes (CommError), local errors and policies
 // (ConfigError, which fails this gather alone).
-void check_records(std::span<const ControlRecord> records, size_t bucket, const BucketLayout& layout,
-                   int my_rank, std::span<const uint64_t> max_envelope_bytes);
+void check_records(std::span<const ControlRecord> records, size_t bucket,
+                   const BucketLayout& layout, int my_rank,
+                   std::span<const uint64_t> max_envelope_bytes);
 
 // The largest step any rank reports: the step a gather runs at (a restarted rank catches up).
 uint64_t agreed_step(std::span<const ControlRecord> records);
 
 // "" if every rank reconstructed gather `gather` of the round exactly, else the first failure in
 // rank order, worded the same on every rank.
-std::string failure_text(std::span<const RoundVerdicts> all, size_t gather, const std::string& bucket_name);
+std::string failure_text(std::span<const RoundVerdicts> all, size_t gather,
+                         const std::string& bucket_name);
 
 }  // namespace ciera

@@ -13,7 +13,11 @@
 namespace ciera {
 
 CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts)
-    : transport(t), memory(host_memory_ops()), config(std::move(c)), rank(t.rank()), world(t.size()),
+    : transport(t),
+      memory(host_memory_ops()),
+      config(std::move(c)),
+      rank(t.rank()),
+      world(t.size()),
       pool(config.worker_threads) {
   transport.set_timeout(config.timeout);
   // Local problems are not thrown yet: every rank first learns of them in the agreement, so
@@ -69,7 +73,8 @@ void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k) {
   CodecConfig codec = config.codec;
   codec.dtype = s.layout.dtype;
   const bool ciera = s.layout.policy[k] == ShardPolicy::kCiera;
-  s.encoders[k] = ciera ? std::make_unique<ShardEncoder>(codec, s.layout.shard_values[rank][k]) : nullptr;
+  s.encoders[k] =
+      ciera ? std::make_unique<ShardEncoder>(codec, s.layout.shard_values[rank][k]) : nullptr;
   for (int p = 0; p < world; ++p) {
     s.decoders[p][k] = ciera && p != rank
                            ? std::make_unique<ShardDecoder>(codec, s.layout.shard_values[p][k])
@@ -102,7 +107,8 @@ bool CompressedAllgather::Impl::send_raw(const BucketState& s, uint64_t step) co
                    [](ShardPolicy p) { return p == ShardPolicy::kCiera; })) {
     return true;
   }
-  return config.adaptive && step >= config.warmup_steps && !adaptive.compress(step - config.warmup_steps);
+  return config.adaptive && step >= config.warmup_steps &&
+         !adaptive.compress(step - config.warmup_steps);
 }
 
 // ---- Public API ---------------------------------------------------------------------------------
@@ -125,7 +131,8 @@ CompressedAllgather::CompressedAllgather(Transport& transport, EngineConfig conf
 
 CompressedAllgather::~CompressedAllgather() = default;
 
-CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket, std::span<const std::byte> input,
+CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket,
+                                                       std::span<const std::byte> input,
                                                        std::span<std::byte> output) {
   Impl& m = *impl_;
   check_bucket("start", bucket, m.buckets.size());
@@ -138,7 +145,8 @@ CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket, std::span<
   // Wrong sizes are not thrown here: the peers are about to gather with this rank, so every
   // rank learns of the problem in the control exchange and fails alike.
   if (input.size() != s.layout.rank_bytes(m.rank)) {
-    g->local_error = "input is " + std::to_string(input.size()) + " bytes, the layout gives this rank " +
+    g->local_error = "input is " + std::to_string(input.size()) +
+                     " bytes, the layout gives this rank " +
                      std::to_string(s.layout.rank_bytes(m.rank));
   } else if (output.size() != s.layout.total_bytes()) {
     g->local_error = "output is " + std::to_string(output.size()) + " bytes, the bucket gathers " +
@@ -147,7 +155,8 @@ CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket, std::span<
   {
     std::lock_guard lock(m.mutex);
     if (s.busy) {
-      throw std::invalid_argument("start: bucket " + std::to_string(bucket) + " already has a gather in flight");
+      throw std::invalid_argument("start: bucket " + std::to_string(bucket) +
+                                  " already has a gather in flight");
     }
     s.busy = true;
     g->ticket = m.next_ticket++;
@@ -169,7 +178,8 @@ GatherStats CompressedAllgather::wait(Ticket ticket) {
     std::lock_guard lock(impl_->mutex);
     auto it = impl_->pending.find(ticket);
     if (it == impl_->pending.end()) {
-      throw std::invalid_argument("wait: ticket " + std::to_string(ticket) + " is unknown or already waited for");
+      throw std::invalid_argument("wait: ticket " + std::to_string(ticket) +
+                                  " is unknown or already waited for");
     }
     g = it->second;
     impl_->pending.erase(it);
@@ -186,7 +196,8 @@ void CompressedAllgather::reset_caches() {
   std::lock_guard lock(impl_->mutex);
   for (size_t b = 0; b < impl_->buckets.size(); ++b) {
     if (impl_->buckets[b].busy) {
-      throw std::invalid_argument("reset_caches: bucket " + std::to_string(b) + " has a gather in flight");
+      throw std::invalid_argument("reset_caches: bucket " + std::to_string(b) +
+                                  " has a gather in flight");
     }
   }
   for (BucketState& s : impl_->buckets) {
@@ -201,15 +212,17 @@ void CompressedAllgather::set_policy(size_t bucket, size_t param, ShardPolicy po
   check_bucket("set_policy", bucket, impl_->buckets.size());
   BucketState& s = impl_->buckets[bucket];
   if (param >= s.layout.params()) {
-    throw std::invalid_argument("set_policy: bucket " + std::to_string(bucket) + " has no parameter " +
-                                std::to_string(param) + " (" + std::to_string(s.layout.params()) +
-                                " parameters)");
+    throw std::invalid_argument("set_policy: bucket " + std::to_string(bucket) +
+                                " has no parameter " + std::to_string(param) + " (" +
+                                std::to_string(s.layout.params()) + " parameters)");
   }
   if (policy != ShardPolicy::kRaw && policy != ShardPolicy::kCiera) {
-    throw std::invalid_argument("set_policy: unknown policy " + std::to_string(static_cast<int>(policy)));
+    throw std::invalid_argument("set_policy: unknown policy " +
+                                std::to_string(static_cast<int>(policy)));
   }
   if (s.busy) {
-    throw std::invalid_argument("set_policy: bucket " + std::to_string(bucket) + " has a gather in flight");
+    throw std::invalid_argument("set_policy: bucket " + std::to_string(bucket) +
+                                " has a gather in flight");
   }
   if (s.layout.policy[param] == policy) return;
   s.layout.policy[param] = policy;

@@ -30,36 +30,36 @@ struct BucketState {
 
   BucketLayout layout;
   uint32_t value_bytes = 0;
-  uint64_t step = 0;   // gathers completed (agreed by all ranks)
-  bool cold = false;   // set by reset_caches(): peers must resynchronise with this rank
+  uint64_t step = 0;  // gathers completed (agreed by all ranks)
+  bool cold = false;  // set by reset_caches(): peers must resynchronise with this rank
   bool busy = false;
-  double last_gather_s = 0;      // this rank's time for the previous gather (0: none yet)
+  double last_gather_s = 0;  // this rank's time for the previous gather (0: none yet)
   bool last_compressed = false;
-  std::vector<uint64_t> my_param_offset;          // byte offset of each param in this rank's input
-  SendLayout send_layout;                         // this rank's envelope and slots in `send`
-  std::vector<uint64_t> payload_bytes;            // encoded length per param (this step)
-  std::vector<std::unique_ptr<ShardEncoder>> encoders;                 // [param]
-  std::vector<std::vector<std::unique_ptr<ShardDecoder>>> decoders;    // [peer][param]
-  PayloadBuffer send;                             // this rank's slots, then its envelope
-  PayloadBuffer recv;                             // every rank's envelope, back to back
-  std::vector<uint64_t> max_envelope_bytes;       // per rank
+  std::vector<uint64_t> my_param_offset;  // byte offset of each param in this rank's input
+  SendLayout send_layout;                 // this rank's envelope and slots in `send`
+  std::vector<uint64_t> payload_bytes;    // encoded length per param (this step)
+  std::vector<std::unique_ptr<ShardEncoder>> encoders;               // [param]
+  std::vector<std::vector<std::unique_ptr<ShardDecoder>>> decoders;  // [peer][param]
+  PayloadBuffer send;                        // this rank's slots, then its envelope
+  PayloadBuffer recv;                        // every rank's envelope, back to back
+  std::vector<uint64_t> max_envelope_bytes;  // per rank
 };
 
 // One gather of one bucket, from start() to its promise.
 struct Gather {
   CompressedAllgather::Ticket ticket = 0;
   size_t bucket = 0;
-  const std::byte* in = nullptr;   // payload memory
-  std::byte* out = nullptr;        // payload memory
-  std::string local_error;  // misuse found at start(); every rank learns of it
+  const std::byte* in = nullptr;  // payload memory
+  std::byte* out = nullptr;       // payload memory
+  std::string local_error;        // misuse found at start(); every rank learns of it
   TaskGroup encoding;
-  bool sends_raw = false;   // this rank sends this gather raw (warmup or adaptive)
-  bool packed = false;      // the envelope has been packed in the bucket's `send`
-  bool direct = false;      // every rank sends raw: gathered straight from input to output
+  bool sends_raw = false;  // this rank sends this gather raw (warmup or adaptive)
+  bool packed = false;     // the envelope has been packed in the bucket's `send`
+  bool direct = false;     // every rank sends raw: gathered straight from input to output
   uint64_t envelope_bytes = 0;
-  uint64_t step = 0;          // agreed by all ranks in the control exchange
+  uint64_t step = 0;                   // agreed by all ranks in the control exchange
   std::vector<ControlRecord> control;  // every rank's record for this gather
-  Verdict verdict{};          // this rank's decode outcome
+  Verdict verdict{};                   // this rank's decode outcome
   std::mutex verdict_mutex;
   TaskGroup decoding;
   std::chrono::steady_clock::time_point decode_started;

@@ -14,9 +14,10 @@ uint64_t envelope_bound(const BucketLayout& layout, int rank, uint32_t block_val
   uint64_t bytes = envelope_header_bytes(layout.params());
   for (size_t k = 0; k < layout.params(); ++k) {
     const uint64_t n = layout.shard_values[rank][k];
-    bytes += std::max<uint64_t>(n * value_bytes, layout.policy[k] == ShardPolicy::kCiera
-                                                     ? max_payload_bytes(layout.dtype, n, block_values)
-                                                     : 0);
+    bytes +=
+        std::max<uint64_t>(n * value_bytes, layout.policy[k] == ShardPolicy::kCiera
+                                                ? max_payload_bytes(layout.dtype, n, block_values)
+                                                : 0);
   }
   return bytes;
 }
@@ -48,7 +49,8 @@ uint64_t pack_envelope(std::byte* send, const SendLayout& layout,
   uint64_t at = envelope_header_bytes(params);
   for (size_t k = 0; k < params; ++k) {
     const uint64_t slot = layout.slot_offset[k] - layout.envelope_offset;
-    if (slot != at && payload_bytes[k] != 0) memory.move(envelope + at, envelope + slot, payload_bytes[k]);
+    if (slot != at && payload_bytes[k] != 0)
+      memory.move(envelope + at, envelope + slot, payload_bytes[k]);
     store_le64(head + kEnvelopeFixedBytes + 8 * k, payload_bytes[k]);
     at += payload_bytes[k];
   }

@@ -43,7 +43,7 @@ uint64_t raw_envelope_bytes(const BucketLayout& layout, int rank);
 // plane past the caches (docs/format.md, "Padding"); the envelope starts where its first slot is
 // exactly where pack_envelope puts the first payload, so that one never moves.
 struct SendLayout {
-  uint64_t envelope_offset = 0;      // bytes into the send buffer
+  uint64_t envelope_offset = 0;       // bytes into the send buffer
   std::vector<uint64_t> slot_offset;  // [param], bytes into the send buffer
   uint64_t buffer_bytes = 0;          // send buffer size these offsets need
 };

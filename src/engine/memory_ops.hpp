@@ -25,11 +25,13 @@ class MemoryOps {
   // Releases what allocate(bytes) returned; null is ignored.
   virtual void free(std::byte* data, size_t bytes) const noexcept = 0;
 
-  // Copies `bytes` from `src` to `dst`, both payload memory; the ranges must not overlap.
+  // Copies `bytes` from `src` to `dst`; the ranges must not overlap. Each side is payload memory
+  // or host memory (a device implementation tells them apart, as cudaMemcpyDefault does).
   // Complete when the call returns (a device implementation synchronises its stream). Either
   // pointer may be null when bytes is 0.
   virtual void copy(std::byte* dst, const std::byte* src, size_t bytes) const = 0;
-  // As copy, but the ranges may overlap (packing an envelope slides payloads towards its start).
+  // As copy, within payload memory, but the ranges may overlap (packing an envelope slides
+  // payloads towards its start; a gather's own shards may overlap their slot of the output).
   virtual void move(std::byte* dst, const std::byte* src, size_t bytes) const = 0;
   // Sets `bytes` of payload memory at `dst` to `value`.
   virtual void fill(std::byte* dst, std::byte value, size_t bytes) const = 0;

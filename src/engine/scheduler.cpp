@@ -25,7 +25,8 @@ template <typename F>
 void CompressedAllgather::Impl::timed(std::span<Gather* const> gathers, F&& collective) {
   const auto t = std::chrono::steady_clock::now();
   collective();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   // A batched exchange serves every gather in it; each is charged the whole wait.
   for (Gather* g : gathers) g->stats.exchange_s += seconds;
 }
@@ -61,7 +62,8 @@ void CompressedAllgather::Impl::settle_mode(Gather& g) {
   encode(g, s, true);
   g.encoding.wait();
   const uint64_t envelope = pack(s, g.control[rank].step, true);
-  if (envelope != g.envelope_bytes) throw std::logic_error("raw envelope size differs from the announced size");
+  if (envelope != g.envelope_bytes)
+    throw std::logic_error("raw envelope size differs from the announced size");
   g.packed = true;
 }
 
@@ -71,7 +73,8 @@ ControlRecord CompressedAllgather::Impl::make_record(const Gather& g, uint32_t f
   r.magic = kControlMagic;
   r.version = kEngineProtocolVersion;
   r.bucket = static_cast<uint32_t>(g.bucket);
-  r.flags = flags | (s.cold ? uint32_t{kCold} : 0u) | (g.local_error.empty() ? 0u : uint32_t{kLocalError}) |
+  r.flags = flags | (s.cold ? uint32_t{kCold} : 0u) |
+            (g.local_error.empty() ? 0u : uint32_t{kLocalError}) |
             (g.sends_raw ? uint32_t{kRaw} : 0u);
   r.step = s.step;
   r.envelope_bytes = g.local_error.empty() ? g.envelope_bytes : 0;
@@ -85,7 +88,8 @@ ControlRecord CompressedAllgather::Impl::make_record(const Gather& g, uint32_t f
 // One allgather of every rank's records for `gathers`. Returns how many leading gathers all
 // ranks have ready (each one's `control` is filled for those); throws if ranks disagree on what
 // they gather.
-size_t CompressedAllgather::Impl::exchange_controls(std::span<Gather* const> gathers, uint32_t flags) {
+size_t CompressedAllgather::Impl::exchange_controls(std::span<Gather* const> gathers,
+                                                    uint32_t flags) {
   RoundControl mine{};
   mine.magic = kControlMagic;
   mine.count = static_cast<uint32_t>(gathers.size());
@@ -175,7 +179,8 @@ void CompressedAllgather::Impl::exchange_and_decode(std::span<Gather* const> gat
     }
     g.stats.wire_bytes = total;
     g.stats.local_payload_bytes = g.control[rank].envelope_bytes;
-    calls.push_back({s.send.data() + s.send_layout.envelope_offset, s.recv.data(), counts[i], displs[i]});
+    calls.push_back(
+        {s.send.data() + s.send_layout.envelope_offset, s.recv.data(), counts[i], displs[i]});
   }
   timed(gathers, [&] {
     transport.allgatherv_many(calls, [&](size_t i) {
@@ -191,7 +196,8 @@ void CompressedAllgather::Impl::exchange_and_decode(std::span<Gather* const> gat
 
 // Returns, per gather, "" if every rank reconstructed it exactly, else the first failure in
 // rank order, worded the same on every rank.
-std::vector<std::string> CompressedAllgather::Impl::exchange_verdicts(std::span<Gather* const> gathers) {
+std::vector<std::string> CompressedAllgather::Impl::exchange_verdicts(
+    std::span<Gather* const> gathers) {
   RoundVerdicts mine{};
   for (size_t i = 0; i < gathers.size(); ++i) mine.verdicts[i] = gathers[i]->verdict;
   std::vector<RoundVerdicts> all(static_cast<size_t>(world));
@@ -224,7 +230,8 @@ void CompressedAllgather::Impl::finish(Gather& g) {
   g.stats.warmup = warmup_raw(g.step);
   g.stats.compressed = !g.sends_raw;
   g.stats.raw_bytes = s.layout.total_bytes();
-  g.stats.total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - g.started).count();
+  g.stats.total_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - g.started).count();
   s.last_gather_s = g.stats.total_s;
   s.last_compressed = g.stats.compressed;
   {
