@@ -103,3 +103,18 @@ def test_analyze_plot_end_to_end(tmp_path, monkeypatch):
     names = sorted(p.name for p in figures.glob("*.png"))
     assert names == ["fig2_exponent_change_rate.png", "fig3a_shard_change_rate.png",
                      "fig3b_reusable_blocks.png", "fig4_block_change_by_type.png", "fig5_check_interval.png"]
+
+
+def test_counter_summary_has_the_shape_of_ciera_analyze():
+    from ciera import analysis
+
+    counter = _ext.ExponentChangeCounter(_ext.DType.bf16, 256, worlds=[4, 8], blocks=[64])
+    x = np.full(256, 0x3F80, dtype=np.uint16)
+    counter.observe(x)
+    x[3] = 0x4000
+    counter.observe(x)
+    s = analysis.summary(counter)
+    assert s["dtype"] == "bf16" and s["worlds"] == [4, 8] and s["changed_values_per_step"] == [1]
+    total = s["total"]
+    assert total["blocks"] == [[4], [8]] and total["changed_blocks"] == [[1], [1]]
+    assert total["block_change_rate"] == [[1 / 4], [1 / 8]] and total["shard_change_rate"] == [1 / 4, 1 / 8]

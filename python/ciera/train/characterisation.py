@@ -1,49 +1,14 @@
 """``ciera train --stats``: exponent-change characterisation during training (paper §2, O2-O4),
 counted in C++ (ExponentChangeCounter per parameter, ChangeStatistics for the sums over
-parameters, types and ranks). Python only renders the counts as JSON, in the shape of
-``ciera analyze --json``."""
+parameters, types and ranks). Python only renders the counts as JSON (ciera.analysis), in the
+shape of ``ciera analyze --json``."""
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
 from ciera import _ext, fsdp
-
-
-def _per_cell(grid, value) -> list[list]:
-    return [[value(grid.cell(w, b)) for b in range(len(grid.block_values))] for w in range(len(grid.worlds))]
-
-
-def counts_json(counts, grid) -> dict:
-    """One parameter's counts, as one "counts" object of `ciera analyze --json`."""
-    return {
-        "transitions": counts.transitions,
-        "values": counts.values,
-        "changed_values": counts.changed_values,
-        "element_change_rate": counts.element_change_rate(),
-        "blocks": _per_cell(grid, lambda i: counts.blocks[i]),
-        "changed_blocks": _per_cell(grid, lambda i: counts.changed_blocks[i]),
-        "block_change_rate": _per_cell(grid, counts.block_change_rate),
-        "shards": list(counts.shards),
-        "changed_shards": list(counts.changed_shards),
-        "shard_change_rate": [counts.shard_change_rate(w) for w in range(len(grid.worlds))],
-    }
-
-
-def totals_json(counts, grid, transitions: int) -> dict:
-    """Counts summed over parameters; `transitions` is per parameter (every one saw as many)."""
-    return {
-        "values": counts.values,
-        "changed_values": counts.changed_values,
-        "transitions": transitions,
-        "blocks": _per_cell(grid, lambda i: counts.blocks[i]),
-        "changed_blocks": _per_cell(grid, lambda i: counts.changed_blocks[i]),
-        "shards": list(counts.shards),
-        "changed_shards": list(counts.changed_shards),
-        "element_change_rate": counts.element_change_rate(),
-        "reusable_blocks": _per_cell(grid, lambda i: 1 - counts.block_change_rate(i)),
-        "shard_change_rate": [counts.shard_change_rate(w) for w in range(len(grid.worlds))],
-    }
+from ciera import analysis
 
 
 class TrainingStats:
@@ -88,11 +53,7 @@ class TrainingStats:
         parameters, kinds = [], set()
         for name, kind, counter in self.counters.values():
             kinds.add(kind)
-            parameters.append({"name": name, "type": kind, "dtype": counter.dtype.name, "values": counter.values,
-                               "worlds": list(self.grid.worlds), "block_values": list(self.grid.block_values),
-                               "warmup_steps": counter.warmup_steps, "transitions": counter.transitions,
-                               "changed_values_per_step": counter.changed_values_per_step,
-                               "total": counts_json(counter.total, self.grid)})
+            parameters.append({"name": name, "type": kind, **analysis.summary(counter)})
         steps = [(step, kind, self.statistics.step(step, _ext.ShardType.__members__[kind]))
                  for step in range(1, self.statistics.steps + 1) for kind in sorted(kinds)]
         return {"parameters": parameters, "steps": steps}
@@ -111,11 +72,11 @@ class TrainingStats:
                 merged.add(step, _ext.ShardType.__members__[kind], counts)
         first, grid = params[0], self.grid
         worlds, blocks = first["worlds"], first["block_values"]
-        overall = totals_json(merged.total(), grid, first["total"]["transitions"])
+        overall = analysis.totals_json(merged.total(), grid, first["total"]["transitions"])
         by_type = {}
         for kind in sorted({p["type"] for p in params}):
             first_of_kind = next(p for p in params if p["type"] == kind)
-            by_type[kind] = totals_json(merged.total(_ext.ShardType.__members__[kind]), grid,
+            by_type[kind] = analysis.totals_json(merged.total(_ext.ShardType.__members__[kind]), grid,
                                         first_of_kind["total"]["transitions"])
         w4 = worlds.index(4) if 4 in worlds else 0
         b512 = blocks.index(512) if 512 in blocks else 0
