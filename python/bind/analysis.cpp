@@ -13,7 +13,9 @@
 namespace ciera::python {
 namespace {
 
-std::vector<uint64_t> list_of(std::span<const uint64_t> values) { return {values.begin(), values.end()}; }
+std::vector<uint64_t> list_of(std::span<const uint64_t> values) {
+  return {values.begin(), values.end()};
+}
 
 // ChangeCounts of different grids cannot be added (the C++ API asserts it); from Python that is
 // a ConfigError, never an access past the end of a list.
@@ -21,12 +23,13 @@ void check_same_grid(const ChangeCounts& a, const ChangeCounts& b) {
   const bool a_empty = a.blocks.empty() && a.shards.empty();
   if (!a_empty && !(b.blocks.empty() && b.shards.empty()) &&
       (a.blocks.size() != b.blocks.size() || a.shards.size() != b.shards.size())) {
-    throw ConfigError("ChangeCounts of different grids (" + std::to_string(a.blocks.size()) + " and " +
-                      std::to_string(b.blocks.size()) + " cells) cannot be added");
+    throw ConfigError("ChangeCounts of different grids (" + std::to_string(a.blocks.size()) +
+                      " and " + std::to_string(b.blocks.size()) + " cells) cannot be added");
   }
 }
 
-const ChangeCounts& observe_bytes(ExponentChangeCounter& counter, std::span<const std::byte> bytes) {
+const ChangeCounts& observe_bytes(ExponentChangeCounter& counter,
+                                  std::span<const std::byte> bytes) {
   py::gil_scoped_release release;
   return counter.observe(bytes);
 }
@@ -40,11 +43,14 @@ void bind_analysis(py::module_& m) {
     shard_type.value(std::string(to_string(type)).c_str(), type);
   }
   m.def(
-      "classify_parameter", [](const std::string& name) { return std::string(to_string(classify_parameter(name))); },
+      "classify_parameter",
+      [](const std::string& name) { return std::string(to_string(classify_parameter(name))); },
       py::arg("name"),
-      "Shard type of a parameter name: expert_ffn, attention, router, norm, embedding, dense_ffn or other.");
+      "Shard type of a parameter name: expert_ffn, attention, router, norm, embedding, dense_ffn "
+      "or other.");
 
-  py::class_<ChangeGrid>(m, "ChangeGrid", "The world sizes W and block sizes B statistics are computed for.")
+  py::class_<ChangeGrid>(m, "ChangeGrid",
+                         "The world sizes W and block sizes B statistics are computed for.")
       .def(py::init<>())
       .def(py::init([](std::vector<uint32_t> worlds, std::vector<uint32_t> blocks) {
              return ChangeGrid{std::move(worlds), std::move(blocks)};
@@ -83,8 +89,8 @@ void bind_analysis(py::module_& m) {
            })
       .def(py::pickle(
           [](const ChangeCounts& c) {
-            return py::make_tuple(c.transitions, c.values, c.changed_values, c.blocks, c.changed_blocks, c.shards,
-                                  c.changed_shards);
+            return py::make_tuple(c.transitions, c.values, c.changed_values, c.blocks,
+                                  c.changed_blocks, c.shards, c.changed_shards);
           },
           [](const py::tuple& t) {
             if (t.size() != 7) throw ConfigError("ChangeCounts: a pickled state has 7 fields");
@@ -101,10 +107,10 @@ void bind_analysis(py::module_& m) {
 
   // One counter per parameter inside a training loop: observe() after each optimizer step.
   py::class_<ExponentChangeCounter>(m, "ExponentChangeCounter")
-      .def(py::init([](DType dtype, uint64_t values, std::vector<uint32_t> worlds, std::vector<uint32_t> blocks,
-                       uint32_t warmup_steps) {
-             return std::make_unique<ExponentChangeCounter>(dtype, values, ChangeGrid{std::move(worlds), std::move(blocks)},
-                                                            warmup_steps);
+      .def(py::init([](DType dtype, uint64_t values, std::vector<uint32_t> worlds,
+                       std::vector<uint32_t> blocks, uint32_t warmup_steps) {
+             return std::make_unique<ExponentChangeCounter>(
+                 dtype, values, ChangeGrid{std::move(worlds), std::move(blocks)}, warmup_steps);
            }),
            py::arg("dtype"), py::arg("values"), py::arg("worlds") = ChangeGrid{}.worlds,
            py::arg("blocks") = ChangeGrid{}.block_values, py::arg("warmup_steps") = 0)
@@ -128,7 +134,8 @@ void bind_analysis(py::module_& m) {
       .def_property_readonly("grid", &ExponentChangeCounter::grid)
       .def_property_readonly("warmup_steps", &ExponentChangeCounter::warmup_steps)
       .def_property_readonly("transitions", &ExponentChangeCounter::transitions)
-      .def_property_readonly("total", &ExponentChangeCounter::total, "Counts summed over the transitions after warmup.")
+      .def_property_readonly("total", &ExponentChangeCounter::total,
+                             "Counts summed over the transitions after warmup.")
       .def_property_readonly(
           "changed_values_per_step",
           [](const ExponentChangeCounter& c) { return list_of(c.changed_values_per_step()); },
@@ -145,15 +152,17 @@ void bind_analysis(py::module_& m) {
             s.add(step, type, counts);
           },
           py::arg("step"), py::arg("type"), py::arg("counts"),
-           "Adds one tensor's counts of transition `step` (>= 1).")
+          "Adds one tensor's counts of transition `step` (>= 1).")
       .def_property_readonly("grid", &ChangeStatistics::grid)
       .def_property_readonly("warmup_steps", &ChangeStatistics::warmup_steps)
       .def_property_readonly("steps", &ChangeStatistics::steps)
-      .def("step", py::overload_cast<uint32_t>(&ChangeStatistics::step, py::const_), py::arg("step"))
-      .def("step", py::overload_cast<uint32_t, ShardType>(&ChangeStatistics::step, py::const_), py::arg("step"),
-           py::arg("type"))
+      .def("step", py::overload_cast<uint32_t>(&ChangeStatistics::step, py::const_),
+           py::arg("step"))
+      .def("step", py::overload_cast<uint32_t, ShardType>(&ChangeStatistics::step, py::const_),
+           py::arg("step"), py::arg("type"))
       .def("total", py::overload_cast<>(&ChangeStatistics::total, py::const_))
-      .def("total", py::overload_cast<ShardType>(&ChangeStatistics::total, py::const_), py::arg("type"));
+      .def("total", py::overload_cast<ShardType>(&ChangeStatistics::total, py::const_),
+           py::arg("type"));
 }
 
 }  // namespace ciera::python

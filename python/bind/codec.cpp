@@ -19,7 +19,8 @@ namespace {
 class Exclusive {
  public:
   Exclusive(std::atomic<bool>& busy, const char* what) : busy_(busy) {
-    if (busy_.exchange(true)) throw std::runtime_error(std::string(what) + " is in use by another thread");
+    if (busy_.exchange(true))
+      throw std::runtime_error(std::string(what) + " is in use by another thread");
   }
   ~Exclusive() { busy_ = false; }
 
@@ -27,11 +28,13 @@ class Exclusive {
   std::atomic<bool>& busy_;
 };
 
-void check_shard(const HostBuffer& buffer, const CodecConfig& config, uint64_t values, const char* what) {
+void check_shard(const HostBuffer& buffer, const CodecConfig& config, uint64_t values,
+                 const char* what) {
   const uint64_t want = values * dtype_info(config.dtype).value_bytes;
   if (buffer.size() != want) {
-    throw py::value_error(std::string(what) + " holds " + std::to_string(buffer.size()) + " bytes, but the codec is for " +
-                          std::to_string(values) + " " + std::string(dtype_name(config.dtype)) + " values (" +
+    throw py::value_error(std::string(what) + " holds " + std::to_string(buffer.size()) +
+                          " bytes, but the codec is for " + std::to_string(values) + " " +
+                          std::string(dtype_name(config.dtype)) + " values (" +
                           std::to_string(want) + " bytes)");
   }
 }
@@ -50,7 +53,8 @@ class PyShardEncoder {
   FrameStats encode_into_buffer(py::handle shard, py::handle payload) {
     HostBuffer out(payload, true, "payload");
     if (out.size() < encoder_.max_payload_bytes()) {
-      throw py::value_error("payload buffer holds " + std::to_string(out.size()) + " bytes; max_payload_bytes is " +
+      throw py::value_error("payload buffer holds " + std::to_string(out.size()) +
+                            " bytes; max_payload_bytes is " +
                             std::to_string(encoder_.max_payload_bytes()));
     }
     return encode_into(shard, out.writable_bytes());
@@ -96,14 +100,17 @@ class PyShardDecoder {
 }  // namespace
 
 void bind_codec(py::module_& m) {
-  py::enum_<FrameKind>(m, "FrameKind").value("key", FrameKind::kKey).value("delta", FrameKind::kDelta);
+  py::enum_<FrameKind>(m, "FrameKind")
+      .value("key", FrameKind::kKey)
+      .value("delta", FrameKind::kDelta);
   py::enum_<ExponentSection>(m, "ExponentSection")
       .value("full", ExponentSection::kFull)
       .value("unchanged", ExponentSection::kUnchanged)
       .value("block", ExponentSection::kBlock)
       .value("fine", ExponentSection::kFine);
 
-  py::class_<FrameStats>(m, "FrameStats", "What one frame contained; sizes in bytes unless named otherwise.")
+  py::class_<FrameStats>(m, "FrameStats",
+                         "What one frame contained; sizes in bytes unless named otherwise.")
       .def_readonly("kind", &FrameStats::kind)
       .def_readonly("section", &FrameStats::section)
       .def_readonly("epoch", &FrameStats::epoch)
@@ -123,48 +130,61 @@ void bind_codec(py::module_& m) {
       .def_readonly("coded_symbols_entropy_bits", &FrameStats::coded_symbols_entropy_bits)
       .def("__repr__", [](const FrameStats& s) {
         return "FrameStats(kind=" + std::string(frame_kind_name(s.kind)) +
-               ", section=" + std::string(exponent_section_name(s.section)) + ", epoch=" + std::to_string(s.epoch) +
-               ", sequence=" + std::to_string(s.sequence) + ", payload_bytes=" + std::to_string(s.payload_bytes) + ")";
+               ", section=" + std::string(exponent_section_name(s.section)) +
+               ", epoch=" + std::to_string(s.epoch) + ", sequence=" + std::to_string(s.sequence) +
+               ", payload_bytes=" + std::to_string(s.payload_bytes) + ")";
       });
 
-  py::class_<PyShardEncoder>(m, "ShardEncoder",
-                             "Sender side of one shard (paper §3.1): encode() each step's values into a payload.")
+  py::class_<PyShardEncoder>(
+      m, "ShardEncoder",
+      "Sender side of one shard (paper §3.1): encode() each step's values into a payload.")
       .def(py::init<const CodecConfig&, uint64_t, uint32_t>(), py::arg("config"), py::arg("values"),
            py::arg("epoch") = 1)
       .def("encode", &PyShardEncoder::encode, py::arg("shard"),
-           "(payload: bytes, FrameStats) for `shard`, `values` values of config.dtype (a buffer or a CPU tensor).")
+           "(payload: bytes, FrameStats) for `shard`, `values` values of config.dtype (a buffer or "
+           "a CPU tensor).")
       .def("encode_into", &PyShardEncoder::encode_into_buffer, py::arg("shard"), py::arg("payload"),
            "Encodes into a writable buffer of at least max_payload_bytes; the payload is its first "
            "FrameStats.payload_bytes bytes.")
-      .def("request_key_frame", [](PyShardEncoder& e) { e.encoder().request_key_frame(); },
-           "Makes the next frame a key frame of a new epoch (resynchronises a receiver).")
+      .def(
+          "request_key_frame", [](PyShardEncoder& e) { e.encoder().request_key_frame(); },
+          "Makes the next frame a key frame of a new epoch (resynchronises a receiver).")
       .def_property_readonly("values", [](PyShardEncoder& e) { return e.encoder().num_values(); })
-      .def_property_readonly("max_payload_bytes", [](PyShardEncoder& e) { return e.encoder().max_payload_bytes(); })
+      .def_property_readonly("max_payload_bytes",
+                             [](PyShardEncoder& e) { return e.encoder().max_payload_bytes(); })
       .def_property_readonly("config", [](PyShardEncoder& e) { return e.encoder().config(); })
       .def_property_readonly("epoch", [](PyShardEncoder& e) { return e.encoder().epoch(); })
-      .def_property_readonly("next_sequence", [](PyShardEncoder& e) { return e.encoder().next_sequence(); })
-      .def_property_readonly("cache_bytes", [](PyShardEncoder& e) { return e.encoder().cache_bytes(); },
-                             "Bytes of persistent sender state.");
+      .def_property_readonly("next_sequence",
+                             [](PyShardEncoder& e) { return e.encoder().next_sequence(); })
+      .def_property_readonly(
+          "cache_bytes", [](PyShardEncoder& e) { return e.encoder().cache_bytes(); },
+          "Bytes of persistent sender state.");
 
   py::class_<PyShardDecoder>(m, "ShardDecoder",
                              "Receiver side of one peer shard; owns its exponent cache.")
       .def(py::init<const CodecConfig&, uint64_t>(), py::arg("config"), py::arg("values"))
       .def("decode", &PyShardDecoder::decode, py::arg("payload"), py::arg("out"),
-           "Reconstructs the shard bit for bit into `out`, or raises FormatError naming the problem; "
+           "Reconstructs the shard bit for bit into `out`, or raises FormatError naming the "
+           "problem; "
            "after an error the decoder is unchanged and usable.")
-      .def("reset", [](PyShardDecoder& d) { d.decoder().reset(); }, "Forgets the cache: the next frame must be a key frame.")
+      .def(
+          "reset", [](PyShardDecoder& d) { d.decoder().reset(); },
+          "Forgets the cache: the next frame must be a key frame.")
       .def_property_readonly("values", [](PyShardDecoder& d) { return d.decoder().num_values(); })
       .def_property_readonly("config", [](PyShardDecoder& d) { return d.decoder().config(); })
       .def_property_readonly("has_cache", [](PyShardDecoder& d) { return d.decoder().has_cache(); })
       .def_property_readonly("epoch", [](PyShardDecoder& d) { return d.decoder().epoch(); })
-      .def_property_readonly("last_sequence", [](PyShardDecoder& d) { return d.decoder().last_sequence(); })
-      .def_property_readonly("cache_bytes", [](PyShardDecoder& d) { return d.decoder().cache_bytes(); },
-                             "Bytes of the exponent cache.");
+      .def_property_readonly("last_sequence",
+                             [](PyShardDecoder& d) { return d.decoder().last_sequence(); })
+      .def_property_readonly(
+          "cache_bytes", [](PyShardDecoder& d) { return d.decoder().cache_bytes(); },
+          "Bytes of the exponent cache.");
 
   // One-shot key frames over any buffer (bytes, NumPy arrays, CPU tensors).
   m.def(
-      "max_payload_bytes", [](DType d, uint64_t n, uint32_t b) { return max_payload_bytes(d, n, b); },
-      py::arg("dtype"), py::arg("values"), py::arg("block_values") = 512);
+      "max_payload_bytes",
+      [](DType d, uint64_t n, uint32_t b) { return max_payload_bytes(d, n, b); }, py::arg("dtype"),
+      py::arg("values"), py::arg("block_values") = 512);
   m.def(
       "encode_stateless",
       [](const CodecConfig& c, py::handle shard) {
@@ -174,7 +194,8 @@ void bind_codec(py::module_& m) {
         size_t length;
         {
           py::gil_scoped_release release;
-          length = encode_stateless(c, in.bytes(), {reinterpret_cast<std::byte*>(payload.data()), payload.size()});
+          length = encode_stateless(c, in.bytes(),
+                                    {reinterpret_cast<std::byte*>(payload.data()), payload.size()});
         }
         return py::bytes(payload.data(), length);
       },

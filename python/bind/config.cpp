@@ -8,7 +8,10 @@
 namespace ciera::python {
 
 void bind_config(py::module_& m) {
-  py::enum_<DType>(m, "DType").value("bf16", DType::kBF16).value("fp16", DType::kFP16).value("fp32", DType::kFP32);
+  py::enum_<DType>(m, "DType")
+      .value("bf16", DType::kBF16)
+      .value("fp16", DType::kFP16)
+      .value("fp32", DType::kFP32);
   py::enum_<ChangeDetection>(m, "ChangeDetection")
       .value("exact", ChangeDetection::kExact)
       .value("hash", ChangeDetection::kHash);
@@ -16,9 +19,12 @@ void bind_config(py::module_& m) {
       .value("auto", ExponentCoding::kAuto)
       .value("block", ExponentCoding::kBlock)
       .value("fine", ExponentCoding::kFine);
-  py::enum_<ShardPolicy>(m, "ShardPolicy").value("raw", ShardPolicy::kRaw).value("ciera", ShardPolicy::kCiera);
-  py::enum_<WarmupMode>(m, "WarmupMode").value("raw", WarmupMode::kRaw).value("key_frames", WarmupMode::kKeyFrames);
-
+  py::enum_<ShardPolicy>(m, "ShardPolicy")
+      .value("raw", ShardPolicy::kRaw)
+      .value("ciera", ShardPolicy::kCiera);
+  py::enum_<WarmupMode>(m, "WarmupMode")
+      .value("raw", WarmupMode::kRaw)
+      .value("key_frames", WarmupMode::kKeyFrames);
 
   py::class_<CodecConfig>(m, "CodecConfig")
       .def(py::init<>())
@@ -39,7 +45,9 @@ void bind_config(py::module_& m) {
       .def_readwrite("worker_threads", &EngineConfig::worker_threads)
       .def_property(
           "timeout_s", [](const EngineConfig& c) { return c.timeout.count() / 1000.0; },
-          [](EngineConfig& c, double s) { c.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); });
+          [](EngineConfig& c, double s) {
+            c.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+          });
 }
 
 }  // namespace ciera::python

@@ -16,14 +16,17 @@ namespace {
 // ValueError, as for a closed file, never a use of the engine that is gone.
 class PyEngine {
  public:
-  PyEngine(std::shared_ptr<Transport> transport, EngineConfig config, std::vector<BucketLayout> buckets)
+  PyEngine(std::shared_ptr<Transport> transport, EngineConfig config,
+           std::vector<BucketLayout> buckets)
       : transport_(std::move(transport)) {
     py::gil_scoped_release release;  // the agreement is collective
-    engine_ = std::make_unique<CompressedAllgather>(*transport_, std::move(config), std::move(buckets));
+    engine_ =
+        std::make_unique<CompressedAllgather>(*transport_, std::move(config), std::move(buckets));
   }
 
   CompressedAllgather& live() {
-    if (!engine_) throw py::value_error("the CIERA engine is closed (Engine.close(), or Handle.disable())");
+    if (!engine_)
+      throw py::value_error("the CIERA engine is closed (Engine.close(), or Handle.disable())");
     return *engine_;
   }
 
@@ -49,7 +52,8 @@ void bind_engine(py::module_& m) {
       .def_readwrite("shard_values", &BucketLayout::shard_values)
       .def_readwrite("policy", &BucketLayout::policy)
       .def_static("fsdp_split", &BucketLayout::fsdp_split, py::arg("name"), py::arg("dtype"),
-                  py::arg("param_values"), py::arg("ranks"), py::arg("policy") = ShardPolicy::kCiera)
+                  py::arg("param_values"), py::arg("ranks"),
+                  py::arg("policy") = ShardPolicy::kCiera)
       .def("rank_bytes", &BucketLayout::rank_bytes)
       .def("rank_offset", &BucketLayout::rank_offset)
       .def("total_bytes", &BucketLayout::total_bytes)
@@ -69,17 +73,19 @@ void bind_engine(py::module_& m) {
       .def_readonly("total_s", &GatherStats::total_s);
 
   py::class_<PyEngine>(m, "Engine")
-      .def(py::init<std::shared_ptr<Transport>, EngineConfig, std::vector<BucketLayout>>(), py::arg("transport"),
-           py::arg("config"), py::arg("buckets"))
+      .def(py::init<std::shared_ptr<Transport>, EngineConfig, std::vector<BucketLayout>>(),
+           py::arg("transport"), py::arg("config"), py::arg("buckets"))
       .def(
           "start",
-          [](PyEngine& e, size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output, uint64_t output_bytes) {
+          [](PyEngine& e, size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output,
+             uint64_t output_bytes) {
             CompressedAllgather& engine = e.live();
             py::gil_scoped_release release;
             return engine.start(bucket, bytes_at<const std::byte>(input, input_bytes),
                                 bytes_at<std::byte>(output, output_bytes));
           },
-          py::arg("bucket"), py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"), py::arg("output_bytes"))
+          py::arg("bucket"), py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
+          py::arg("output_bytes"))
       .def(
           "wait",
           [](PyEngine& e, CompressedAllgather::Ticket ticket) {
@@ -90,23 +96,31 @@ void bind_engine(py::module_& m) {
           py::arg("ticket"))
       .def(
           "run",
-          [](PyEngine& e, size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output, uint64_t output_bytes) {
+          [](PyEngine& e, size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output,
+             uint64_t output_bytes) {
             CompressedAllgather& engine = e.live();
             py::gil_scoped_release release;
             return engine.run(bucket, bytes_at<const std::byte>(input, input_bytes),
                               bytes_at<std::byte>(output, output_bytes));
           },
-          py::arg("bucket"), py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"), py::arg("output_bytes"))
+          py::arg("bucket"), py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
+          py::arg("output_bytes"))
       .def("reset_caches", [](PyEngine& e) { e.live().reset_caches(); })
-      .def("set_policy", [](PyEngine& e, size_t bucket, size_t param, ShardPolicy p) { e.live().set_policy(bucket, param, p); },
-           py::arg("bucket"), py::arg("param"), py::arg("policy"))
-      .def("bucket", [](PyEngine& e, size_t b) { return e.live().bucket(b); }, py::arg("index"))
+      .def(
+          "set_policy",
+          [](PyEngine& e, size_t bucket, size_t param, ShardPolicy p) {
+            e.live().set_policy(bucket, param, p);
+          },
+          py::arg("bucket"), py::arg("param"), py::arg("policy"))
+      .def(
+          "bucket", [](PyEngine& e, size_t b) { return e.live().bucket(b); }, py::arg("index"))
       .def_property_readonly("bucket_count", [](PyEngine& e) { return e.live().bucket_count(); })
       .def_property_readonly("cache_bytes", [](PyEngine& e) { return e.live().cache_bytes(); })
       .def_property_readonly("rank", [](PyEngine& e) { return e.live().rank(); })
       .def_property_readonly("world_size", [](PyEngine& e) { return e.live().world_size(); })
       .def_property_readonly("closed", &PyEngine::closed)
-      .def("close", &PyEngine::close, "Ends the engine (joins its threads); closing twice is harmless.");
+      .def("close", &PyEngine::close,
+           "Ends the engine (joins its threads); closing twice is harmless.");
 }
 
 }  // namespace ciera::python

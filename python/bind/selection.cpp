@@ -37,9 +37,13 @@ void bind_selection(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("world_size", &CostModel::world_size)
       .def_readwrite("allgather", &CostModel::allgather)
-      .def("throughput", [](const CostModel& c, DType d) { return c.throughput(d); }, py::arg("dtype"))
-      .def("set_throughput", [](CostModel& c, DType d, const CodecThroughput& t) { c.throughput(d) = t; },
-           py::arg("dtype"), py::arg("throughput"));
+      .def(
+          "throughput", [](const CostModel& c, DType d) { return c.throughput(d); },
+          py::arg("dtype"))
+      .def(
+          "set_throughput",
+          [](CostModel& c, DType d, const CodecThroughput& t) { c.throughput(d) = t; },
+          py::arg("dtype"), py::arg("throughput"));
   m.def(
       "measure_cost_model",
       [](std::shared_ptr<Transport> transport, uint64_t largest_bytes, std::vector<DType> dtypes,
@@ -47,8 +51,10 @@ void bind_selection(py::module_& m) {
         py::gil_scoped_release release;  // collective; a Python transport re-takes the GIL per call
         return measure_cost_model(*transport, largest_bytes, dtypes, codec, repeats);
       },
-      py::arg("transport"), py::arg("largest_bytes"), py::arg("dtypes"), py::arg("codec"), py::arg("repeats") = 5,
-      "Comm(bytes) of this transport and the codec's speed per dtype, the same on every rank (collective).");
+      py::arg("transport"), py::arg("largest_bytes"), py::arg("dtypes"), py::arg("codec"),
+      py::arg("repeats") = 5,
+      "Comm(bytes) of this transport and the codec's speed per dtype, the same on every rank "
+      "(collective).");
   m.def(
       "measure_codec",
       [](const CodecConfig& codec, uint64_t values) {
@@ -56,7 +62,8 @@ void bind_selection(py::module_& m) {
         return measure_codec(codec, values);
       },
       py::arg("codec"), py::arg("values") = uint64_t{1} << 20,
-      "Detection, encoding and decoding throughput of this machine (bytes of raw shard per second).");
+      "Detection, encoding and decoding throughput of this machine (bytes of raw shard per "
+      "second).");
   m.def("compressed_round_overhead_s", &compressed_round_overhead_s, py::arg("model"),
         "Extra latency a bucket pays once any of its shards is compressed.");
 
@@ -74,16 +81,18 @@ void bind_selection(py::module_& m) {
            "Adds another rank's counts of the same shard (the observation count is shared).")
       .def(py::pickle(
           [](const ShardChangeCounts& c) {
-            return py::make_tuple(c.observations, c.values, c.blocks, c.changed_values, c.changed_blocks);
+            return py::make_tuple(c.observations, c.values, c.blocks, c.changed_values,
+                                  c.changed_blocks);
           },
           [](const py::tuple& t) {
             if (t.size() != 5) throw ConfigError("ShardChangeCounts: a pickled state has 5 counts");
-            return ShardChangeCounts{t[0].cast<uint64_t>(), t[1].cast<uint64_t>(), t[2].cast<uint64_t>(),
-                                     t[3].cast<uint64_t>(), t[4].cast<uint64_t>()};
+            return ShardChangeCounts{t[0].cast<uint64_t>(), t[1].cast<uint64_t>(),
+                                     t[2].cast<uint64_t>(), t[3].cast<uint64_t>(),
+                                     t[4].cast<uint64_t>()};
           }));
   py::class_<ChangeMonitor>(m, "ChangeMonitor")
-      .def(py::init<DType, std::vector<uint64_t>, uint32_t>(), py::arg("dtype"), py::arg("shard_values"),
-           py::arg("block_values"))
+      .def(py::init<DType, std::vector<uint64_t>, uint32_t>(), py::arg("dtype"),
+           py::arg("shard_values"), py::arg("block_values"))
       .def(
           "observe",
           [](ChangeMonitor& monitor, uintptr_t data, uint64_t bytes) {
@@ -118,8 +127,10 @@ void bind_selection(py::module_& m) {
       .def_property_readonly("param", [](const ShardChoice& c) { return c.shard.param; })
       .def_property_readonly("name", [](const ShardChoice& c) { return c.shard.name; })
       .def_property_readonly("type", [](const ShardChoice& c) { return c.shard.type; })
-      .def_property_readonly("block_change_rate", [](const ShardChoice& c) { return c.shard.block_change_rate; })
-      .def_property_readonly("value_change_rate", [](const ShardChoice& c) { return c.shard.value_change_rate; })
+      .def_property_readonly("block_change_rate",
+                             [](const ShardChoice& c) { return c.shard.block_change_rate; })
+      .def_property_readonly("value_change_rate",
+                             [](const ShardChoice& c) { return c.shard.value_change_rate; })
       .def_readonly("raw_bytes", &ShardChoice::raw_bytes)
       .def_readonly("expected_wire_bytes", &ShardChoice::expected_wire_bytes)
       .def_readonly("comm_saved_s", &ShardChoice::comm_saved_s)
@@ -139,9 +150,8 @@ void bind_selection(py::module_& m) {
       .def("policy", &Selection::policy, py::arg("bucket"), py::arg("param"));
   m.def(
       "select_shards",
-      [](const std::vector<ShardCandidate>& candidates, const CostModel& model, const SelectorOptions& options) {
-        return select_shards(candidates, model, options);
-      },
+      [](const std::vector<ShardCandidate>& candidates, const CostModel& model,
+         const SelectorOptions& options) { return select_shards(candidates, model, options); },
       py::arg("candidates"), py::arg("model"), py::arg("options"),
       "Benefit-driven selection (paper §3.2): per-shard gains and choices.");
 }

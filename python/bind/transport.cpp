@@ -23,10 +23,14 @@ namespace {
 // buffers.
 class PythonTransport final : public Transport {
  public:
-  PythonTransport(int rank, int size, py::object allgather, py::object allgatherv, py::object barrier,
-                  std::string name)
-      : rank_(rank), size_(size), allgather_(std::move(allgather)), allgatherv_(std::move(allgatherv)),
-        barrier_(std::move(barrier)), name_(std::move(name)) {}
+  PythonTransport(int rank, int size, py::object allgather, py::object allgatherv,
+                  py::object barrier, std::string name)
+      : rank_(rank),
+        size_(size),
+        allgather_(std::move(allgather)),
+        allgatherv_(std::move(allgatherv)),
+        barrier_(std::move(barrier)),
+        name_(std::move(name)) {}
   ~PythonTransport() override {
     py::gil_scoped_acquire gil;
     allgather_ = py::object();
@@ -62,7 +66,8 @@ class PythonTransport final : public Transport {
 
  private:
   static py::memoryview view(const void* data, uint64_t bytes, bool readonly) {
-    return py::memoryview::from_memory(const_cast<void*>(data), static_cast<ssize_t>(bytes), readonly);
+    return py::memoryview::from_memory(const_cast<void*>(data), static_cast<ssize_t>(bytes),
+                                       readonly);
   }
 
   template <typename F>
@@ -71,7 +76,8 @@ class PythonTransport final : public Transport {
     try {
       body();
     } catch (py::error_already_set& e) {
-      throw CommError(name_ + " " + what + " failed on rank " + std::to_string(rank_) + ": " + e.what());
+      throw CommError(name_ + " " + what + " failed on rank " + std::to_string(rank_) + ": " +
+                      e.what());
     }
   }
 
@@ -96,7 +102,9 @@ void bind_transport(py::module_& m) {
       .def_property_readonly("name", [](const Transport& t) { return std::string(t.name()); });
 
   py::class_<PyLoopbackWorld>(m, "LoopbackWorld");
-  m.def("loopback_world", [](int size) { return PyLoopbackWorld{make_loopback_world(size)}; }, py::arg("size"));
+  m.def(
+      "loopback_world", [](int size) { return PyLoopbackWorld{make_loopback_world(size)}; },
+      py::arg("size"));
   m.def(
       "loopback_transport",
       [](const PyLoopbackWorld& world, int rank) -> std::shared_ptr<Transport> {
@@ -105,13 +113,14 @@ void bind_transport(py::module_& m) {
       py::arg("world"), py::arg("rank"));
   m.def(
       "python_transport",
-      [](int rank, int size, py::object allgather, py::object allgatherv, py::object barrier, std::string name)
-          -> std::shared_ptr<Transport> {
-        return std::make_shared<PythonTransport>(rank, size, std::move(allgather), std::move(allgatherv),
-                                                 std::move(barrier), std::move(name));
+      [](int rank, int size, py::object allgather, py::object allgatherv, py::object barrier,
+         std::string name) -> std::shared_ptr<Transport> {
+        return std::make_shared<PythonTransport>(rank, size, std::move(allgather),
+                                                 std::move(allgatherv), std::move(barrier),
+                                                 std::move(name));
       },
-      py::arg("rank"), py::arg("size"), py::arg("allgather"), py::arg("allgatherv"), py::arg("barrier"),
-      py::arg("name") = "python");
+      py::arg("rank"), py::arg("size"), py::arg("allgather"), py::arg("allgatherv"),
+      py::arg("barrier"), py::arg("name") = "python");
 #if defined(CIERA_WITH_MPI)
   m.def("mpi_init", [] {
     int initialized = 0;
@@ -119,7 +128,8 @@ void bind_transport(py::module_& m) {
     if (!initialized) {
       int provided = 0;
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      if (provided < MPI_THREAD_MULTIPLE) throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
+      if (provided < MPI_THREAD_MULTIPLE)
+        throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
     }
   });
   m.def("mpi_finalize", [] {
@@ -127,7 +137,8 @@ void bind_transport(py::module_& m) {
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
   });
-  m.def("mpi_transport", []() -> std::shared_ptr<Transport> { return make_mpi_transport(MPI_COMM_WORLD); });
+  m.def("mpi_transport",
+        []() -> std::shared_ptr<Transport> { return make_mpi_transport(MPI_COMM_WORLD); });
 #endif
 }
 
