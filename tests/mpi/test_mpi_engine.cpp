@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../engine_wire_bound.hpp"
 #include "../test_util.hpp"
 #include "ciera/engine.hpp"
 #include "ciera/error.hpp"
@@ -20,6 +21,7 @@ namespace {
 
 using testing::Pattern;
 using testing::Trajectory;
+using testing::sparse_delta_wire_bound;
 
 int world_rank() {
   int r;
@@ -55,30 +57,6 @@ uint64_t wrong_elements_everywhere(const std::vector<std::byte>& got, const std:
   uint64_t total = 0;
   MPI_Allreduce(&wrong, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
   return total;
-}
-
-// The most the wire may carry for a steady-state (delta-frame) gather of `l` when exponents
-// rarely change (Pattern::kSparse), from docs/format.md; the derivation is next to the same
-// function in tests/test_engine.cpp. An engine that sends raw bytes cannot get below it.
-uint64_t sparse_delta_wire_bound(const BucketLayout& l, uint32_t block_values) {
-  uint64_t bytes = 0;
-  for (int r = 0; r < l.ranks(); ++r) {
-    bytes += 24 + 8 * l.params();
-    for (size_t k = 0; k < l.params(); ++k) {
-      const uint64_t n = l.shard_values[r][k];
-      if (l.policy[k] == ShardPolicy::kRaw) {
-        bytes += n * dtype_info(l.dtype).value_bytes;
-        continue;
-      }
-      const uint64_t sign_mantissa = l.dtype == DType::kBF16   ? n
-                                     : l.dtype == DType::kFP16 ? n + (3 * n + 7) / 8
-                                                               : 3 * n;
-      const uint64_t bitmap = ((n + block_values - 1) / block_values + 7) / 8;
-      const uint64_t padding = sign_mantissa >= 65536 ? 63 : 0;
-      bytes += 80 + bitmap + padding + sign_mantissa + 48 + (n + 7) / 8;
-    }
-  }
-  return bytes;
 }
 
 class MpiEngine : public ::testing::TestWithParam<DType> {};
