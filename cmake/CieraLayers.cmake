@@ -84,27 +84,37 @@ function(_ciera_layer_root layer visible)
   endforeach()
 endfunction()
 
-# ciera_layer_kernels(<target> <layer>): compiles src/<layer>/kernels_impl.inc once per SIMD
-# target (scalar, and on x86 SSE2, AVX2, AVX-512), as Highway does. Each copy defines the
-# layer's table `k<Target>Kernels` through the .inc's make_kernels(); the layer picks one at run
-# time through common/simd_targets.hpp. src/<layer>/kernels_prelude.hpp holds what must be
-# included outside the anonymous namespace the .inc is compiled in.
+# ciera_layer_kernels(<target> <layer> TABLE <type> HEADER <header> ACCESSOR <name>): compiles
+# src/<layer>/kernels_impl.inc once per SIMD target (scalar, and on x86 SSE2, AVX2, AVX-512), as
+# Highway does. Each copy defines the table `k<Target>Kernels` of type <type> through the .inc's
+# make_kernels(); a generated registry defines <name>() (the table of the process's target,
+# common::chosen_simd_target()) and <name>_for(target), both declared in <header>.
+# src/<layer>/kernels_prelude.hpp holds what must be included outside the anonymous namespace
+# the .inc is compiled in, and names the table type `Kernels`.
 function(ciera_layer_kernels target layer)
+  cmake_parse_arguments(K "" "TABLE;HEADER;ACCESSOR" "" ${ARGN})
   set(simd_targets scalar)
   if(CIERA_X86)
-    list(APPEND simd_targets sse2 avx2 avx512)
+    list(APPEND simd_targets sse2 avx2 avx512)  # the order of common::SimdTarget
   endif()
   set(flags_scalar "-fno-tree-vectorize")
   set(flags_sse2 "")
   set(flags_avx2 "-mavx2;-mbmi;-mbmi2")
   set(flags_avx512 "-mavx512f;-mavx512bw;-mavx512cd;-mavx512vl;-mavx512vbmi;-mavx512vbmi2;-mavx2;-mbmi;-mbmi2;-mprefer-vector-width=512")
+  set(CIERA_KERNEL_LAYER ${layer})
+  set(CIERA_KERNEL_TYPE ${K_TABLE})
+  set(CIERA_KERNEL_HEADER ${K_HEADER})
+  set(CIERA_KERNEL_ACCESSOR ${K_ACCESSOR})
+  set(CIERA_KERNEL_EXTERNS "")
+  set(pointers "")
   foreach(simd IN LISTS simd_targets)
-    set(CIERA_KERNEL_LAYER ${layer})
     set(CIERA_KERNEL_SIMD ${simd})
     string(SUBSTRING ${simd} 0 1 first)
     string(TOUPPER ${first} first)
     string(SUBSTRING ${simd} 1 -1 rest)
     set(CIERA_KERNEL_TABLE "k${first}${rest}Kernels")
+    string(APPEND CIERA_KERNEL_EXTERNS "extern const ${K_TABLE} ${CIERA_KERNEL_TABLE};\n")
+    list(APPEND pointers "&${CIERA_KERNEL_TABLE}")
     set(CIERA_KERNEL_TARGET_DEFINE "// Compiled with this target's flags (ciera_layer_kernels).")
     if(simd STREQUAL "scalar")
       set(CIERA_KERNEL_TARGET_DEFINE
@@ -115,6 +125,11 @@ function(ciera_layer_kernels target layer)
     target_sources(${target} PRIVATE ${out})
     set_source_files_properties(${out} PROPERTIES COMPILE_OPTIONS "${flags_${simd}}")
   endforeach()
+  string(REPLACE "\\n" "\n" CIERA_KERNEL_EXTERNS "${CIERA_KERNEL_EXTERNS}")
+  list(JOIN pointers ", " CIERA_KERNEL_POINTERS)
+  set(registry ${CMAKE_BINARY_DIR}/generated/${layer}/kernels_registry.cpp)
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/kernels_registry.cpp.in ${registry} @ONLY)
+  target_sources(${target} PRIVATE ${registry})
 endfunction()
 
 # An include that climbs out of its folder ("../codec/wire.hpp") would find a file the include

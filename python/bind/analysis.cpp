@@ -34,9 +34,9 @@ const ChangeCounts& observe_bytes(ExponentChangeCounter& counter,
   return counter.observe(bytes);
 }
 
-}  // namespace
 
-void bind_analysis(py::module_& m) {
+// Parameter types and the grid of world and block sizes counts are kept for.
+void bind_shard_types(py::module_& m) {
   auto shard_type = py::enum_<ShardType>(m, "ShardType");
   for (size_t i = 0; i < kShardTypeCount; ++i) {
     const auto type = static_cast<ShardType>(i);
@@ -60,7 +60,10 @@ void bind_analysis(py::module_& m) {
       .def_readonly("block_values", &ChangeGrid::block_values)
       .def("cells", &ChangeGrid::cells)
       .def("cell", &ChangeGrid::cell, py::arg("world_index"), py::arg("block_index"));
+}
 
+// Counts of changed exponents, values, blocks and shards.
+void bind_change_counts(py::module_& m) {
   // Sums over transitions and tensors; per-cell lists are indexed by ChangeGrid.cell(w, b).
   // Pickled as its fields, so that ranks can exchange them (torch's all_gather_object).
   py::class_<ChangeCounts>(m, "ChangeCounts")
@@ -104,7 +107,10 @@ void bind_analysis(py::module_& m) {
             c.changed_shards = t[6].cast<std::vector<uint64_t>>();
             return c;
           }));
+}
 
+// Counting in a training loop, and statistics over many tensors.
+void bind_change_counters(py::module_& m) {
   // One counter per parameter inside a training loop: observe() after each optimizer step.
   py::class_<ExponentChangeCounter>(m, "ExponentChangeCounter")
       .def(py::init([](DType dtype, uint64_t values, std::vector<uint32_t> worlds,
@@ -163,6 +169,14 @@ void bind_analysis(py::module_& m) {
       .def("total", py::overload_cast<>(&ChangeStatistics::total, py::const_))
       .def("total", py::overload_cast<ShardType>(&ChangeStatistics::total, py::const_),
            py::arg("type"));
+}
+
+}  // namespace
+
+void bind_analysis(py::module_& m) {
+  bind_shard_types(m);
+  bind_change_counts(m);
+  bind_change_counters(m);
 }
 
 }  // namespace ciera::python

@@ -32,6 +32,17 @@ class PyEngine {
 
   bool closed() const { return !engine_; }
 
+  // start() or run() with the GIL released: `input`/`output` are data pointers with their sizes
+  // in bytes (Tensor.data_ptr()).
+  template <auto Method>
+  auto gather(size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output,
+              uint64_t output_bytes) {
+    CompressedAllgather& engine = live();
+    py::gil_scoped_release release;
+    return (engine.*Method)(bucket, bytes_at<const std::byte>(input, input_bytes),
+                            bytes_at<std::byte>(output, output_bytes));
+  }
+
   void close() {
     py::gil_scoped_release release;  // joining the communication thread may need the GIL
     engine_.reset();
@@ -75,17 +86,9 @@ void bind_engine(py::module_& m) {
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<std::shared_ptr<Transport>, EngineConfig, std::vector<BucketLayout>>(),
            py::arg("transport"), py::arg("config"), py::arg("buckets"))
-      .def(
-          "start",
-          [](PyEngine& e, size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output,
-             uint64_t output_bytes) {
-            CompressedAllgather& engine = e.live();
-            py::gil_scoped_release release;
-            return engine.start(bucket, bytes_at<const std::byte>(input, input_bytes),
-                                bytes_at<std::byte>(output, output_bytes));
-          },
-          py::arg("bucket"), py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
-          py::arg("output_bytes"))
+      .def("start", &PyEngine::gather<&CompressedAllgather::start>, py::arg("bucket"),
+           py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
+           py::arg("output_bytes"))
       .def(
           "wait",
           [](PyEngine& e, CompressedAllgather::Ticket ticket) {
@@ -94,17 +97,9 @@ void bind_engine(py::module_& m) {
             return engine.wait(ticket);
           },
           py::arg("ticket"))
-      .def(
-          "run",
-          [](PyEngine& e, size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output,
-             uint64_t output_bytes) {
-            CompressedAllgather& engine = e.live();
-            py::gil_scoped_release release;
-            return engine.run(bucket, bytes_at<const std::byte>(input, input_bytes),
-                              bytes_at<std::byte>(output, output_bytes));
-          },
-          py::arg("bucket"), py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
-          py::arg("output_bytes"))
+      .def("run", &PyEngine::gather<&CompressedAllgather::run>, py::arg("bucket"),
+           py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
+           py::arg("output_bytes"))
       .def("reset_caches", [](PyEngine& e) { e.live().reset_caches(); })
       .def(
           "set_policy",

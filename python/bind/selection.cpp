@@ -10,7 +10,10 @@
 
 namespace ciera::python {
 
-void bind_selection(py::module_& m) {
+namespace {
+
+// The cost model: collective and codec times measured on the transport.
+void bind_cost_model(py::module_& m) {
   py::class_<CommCurve>(m, "CommCurve")
       .def_static(
           "fit",
@@ -66,7 +69,10 @@ void bind_selection(py::module_& m) {
       "second).");
   m.def("compressed_round_overhead_s", &compressed_round_overhead_s, py::arg("model"),
         "Extra latency a bucket pays once any of its shards is compressed.");
+}
 
+// Warmup change statistics per shard (q_i, measured).
+void bind_change_monitor(py::module_& m) {
   // Pickled as its five counts, so that ranks can exchange them (torch's all_gather_object).
   py::class_<ShardChangeCounts>(m, "ShardChangeCounts")
       .def(py::init<>())
@@ -103,7 +109,10 @@ void bind_selection(py::module_& m) {
       .def_property_readonly("counts", &ChangeMonitor::counts)
       .def("clear_counts", &ChangeMonitor::clear_counts)
       .def_property_readonly("memory_bytes", &ChangeMonitor::memory_bytes);
+}
 
+// The budgeted selector and its result.
+void bind_selector(py::module_& m) {
   py::class_<ShardCandidate>(m, "ShardCandidate")
       .def(py::init<>())
       .def_readwrite("bucket", &ShardCandidate::bucket)
@@ -154,6 +163,14 @@ void bind_selection(py::module_& m) {
          const SelectorOptions& options) { return select_shards(candidates, model, options); },
       py::arg("candidates"), py::arg("model"), py::arg("options"),
       "Benefit-driven selection (paper §3.2): per-shard gains and choices.");
+}
+
+}  // namespace
+
+void bind_selection(py::module_& m) {
+  bind_cost_model(m);
+  bind_change_monitor(m);
+  bind_selector(m);
 }
 
 }  // namespace ciera::python

@@ -66,6 +66,12 @@ void unpack3(const uint8_t* plane, uint64_t first, size_t count, uint8_t* hi3) {
 
 }  // namespace
 
+void stream_fence() {
+#if defined(CIERA_HAVE_X86_TARGETS)
+  __builtin_ia32_sfence();
+#endif
+}
+
 SignMantissaLayout::SignMantissaLayout(DType d, uint64_t n) : dtype(d), num_values(n) {
   switch (d) {
     case DType::kBF16:
