@@ -165,8 +165,7 @@ void bind_codec(py::module_& m) {
       .def(py::init<const CodecConfig&, uint64_t>(), py::arg("config"), py::arg("values"))
       .def("decode", &PyShardDecoder::decode, py::arg("payload"), py::arg("out"),
            "Reconstructs the shard bit for bit into `out`, or raises FormatError naming the "
-           "problem; "
-           "after an error the decoder is unchanged and usable.")
+           "problem; after an error the decoder is unchanged and usable.")
       .def(
           "reset", [](PyShardDecoder& d) { d.decoder().reset(); },
           "Forgets the cache: the next frame must be a key frame.")
