@@ -7,6 +7,11 @@
 #include <immintrin.h>
 #endif
 
+// GCC 12 reports its own AVX-512 intrinsics as maybe-uninitialized (a known false positive).
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 #include "common/bytes.hpp"
 #include "entropy/rans_kernels.hpp"
 
