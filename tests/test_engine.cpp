@@ -258,7 +258,7 @@ class CorruptingTransport final : public Transport {
                   std::span<const uint64_t> displs) override {
     inner_->allgatherv(in, out, counts, displs);
     if (corrupt_call_(calls_++)) {
-      // Flip a bit in the middle of rank 0's frame (its sign-mantissa plane).
+      // Flip a bit in the middle of rank 0's envelope (its payload's sign-mantissa plane).
       static_cast<uint8_t*>(out)[displs[0] + counts[0] / 2] ^= 0x10;
     }
   }

@@ -215,7 +215,7 @@ struct StepTimes {
 class AllgatherBench {
  public:
   AllgatherBench(const Request& r, int rank, int world)
-      : request_(r), rank_(rank), world_(world), layouts_(make_layouts(r, world)),
+      : request_(r), rank_(rank), layouts_(make_layouts(r, world)),
         shards_(make_shards(r, layouts_, rank)), transport_(make_mpi_transport(MPI_COMM_WORLD)),
         raw_out_(layouts_.size()), ciera_out_(layouts_.size()), counts_(layouts_.size()),
         displs_(layouts_.size()) {
@@ -293,7 +293,7 @@ class AllgatherBench {
 
  private:
   const Request& request_;
-  int rank_, world_;
+  int rank_;
   std::vector<BucketLayout> layouts_;
   std::vector<std::unique_ptr<AdamTrajectory>> shards_;
   std::unique_ptr<Transport> transport_;

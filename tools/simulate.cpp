@@ -169,7 +169,6 @@ Request parse(const Options& o, const std::string& command) {
   r.command = command;
   r.json = o.json;
   r.prefetch = o.prefetch;
-  r.checkpointing = !o.no_checkpointing;
   if (o.print_cluster_config) {
     r.mode = Mode::kPrintClusterConfig;
   } else if (!o.validate.empty()) {

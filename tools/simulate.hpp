@@ -107,7 +107,6 @@ struct Request {
   std::string command;  // as typed, for the report
   bool json = false;
   int prefetch = 1;
-  bool checkpointing = true;
   ProjectionRequest projection;
   std::vector<TraceInput> traces;  // --trace (with or without --model), or --validate's
 };

@@ -25,9 +25,6 @@ class HostMemoryOps final : public MemoryOps {
   void move(std::byte* dst, const std::byte* src, size_t bytes) const override {
     if (bytes != 0) std::memmove(dst, src, bytes);
   }
-  void fill(std::byte* dst, std::byte value, size_t bytes) const override {
-    if (bytes != 0) std::memset(dst, static_cast<int>(value), bytes);
-  }
 };
 
 }  // namespace

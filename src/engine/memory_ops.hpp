@@ -33,8 +33,6 @@ class MemoryOps {
   // As copy, within payload memory, but the ranges may overlap (packing an envelope slides
   // payloads towards its start; a gather's own shards may overlap their slot of the output).
   virtual void move(std::byte* dst, const std::byte* src, size_t bytes) const = 0;
-  // Sets `bytes` of payload memory at `dst` to `value`.
-  virtual void fill(std::byte* dst, std::byte value, size_t bytes) const = 0;
 };
 
 // Host memory: cache-line aligned, huge-page advised above 2 MiB (common/huge_pages.hpp),
