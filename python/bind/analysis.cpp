@@ -2,6 +2,8 @@
 // types, ChangeCounts and their sums. Python renders them (JSON, plots); it never re-counts.
 #include <pybind11/stl.h>
 
+#include <algorithm>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,14 +19,32 @@ std::vector<uint64_t> list_of(std::span<const uint64_t> values) {
   return {values.begin(), values.end()};
 }
 
-// ChangeCounts of different grids cannot be added (the C++ API asserts it); from Python that is
-// a ConfigError, never an access past the end of a list.
+// The C++ API asserts what Python callers can get wrong (counts of one grid, indices inside it);
+// from Python each is an error naming the problem, never an access past the end of a list.
+void check_shape(const ChangeCounts& c) {
+  if (c.blocks.size() != c.changed_blocks.size() || c.shards.size() != c.changed_shards.size()) {
+    throw ConfigError("ChangeCounts: " + std::to_string(c.blocks.size()) + " block cells but " +
+                      std::to_string(c.changed_blocks.size()) + " changed-block cells, " +
+                      std::to_string(c.shards.size()) + " shard cells but " +
+                      std::to_string(c.changed_shards.size()) + " changed-shard cells");
+  }
+}
+
 void check_same_grid(const ChangeCounts& a, const ChangeCounts& b) {
+  check_shape(a);
+  check_shape(b);
   const bool a_empty = a.blocks.empty() && a.shards.empty();
   if (!a_empty && !(b.blocks.empty() && b.shards.empty()) &&
       (a.blocks.size() != b.blocks.size() || a.shards.size() != b.shards.size())) {
     throw ConfigError("ChangeCounts of different grids (" + std::to_string(a.blocks.size()) +
                       " and " + std::to_string(b.blocks.size()) + " cells) cannot be added");
+  }
+}
+
+void check_index(size_t index, size_t size, const char* what) {
+  if (index >= size) {
+    throw py::index_error(std::string(what) + " " + std::to_string(index) + " is out of range (" +
+                          std::to_string(size) + ")");
   }
 }
 
@@ -59,7 +79,14 @@ void bind_shard_types(py::module_& m) {
       .def_readonly("worlds", &ChangeGrid::worlds)
       .def_readonly("block_values", &ChangeGrid::block_values)
       .def("cells", &ChangeGrid::cells)
-      .def("cell", &ChangeGrid::cell, py::arg("world_index"), py::arg("block_index"));
+      .def(
+          "cell",
+          [](const ChangeGrid& g, size_t world_index, size_t block_index) {
+            check_index(world_index, g.worlds.size(), "world index");
+            check_index(block_index, g.block_values.size(), "block index");
+            return g.cell(world_index, block_index);
+          },
+          py::arg("world_index"), py::arg("block_index"));
 }
 
 // Counts of changed exponents, values, blocks and shards.
@@ -77,8 +104,21 @@ void bind_change_counts(py::module_& m) {
       .def_readonly("shards", &ChangeCounts::shards)
       .def_readonly("changed_shards", &ChangeCounts::changed_shards)
       .def("element_change_rate", &ChangeCounts::element_change_rate)
-      .def("block_change_rate", &ChangeCounts::block_change_rate, py::arg("cell"))
-      .def("shard_change_rate", &ChangeCounts::shard_change_rate, py::arg("world_index"))
+      .def(
+          "block_change_rate",
+          [](const ChangeCounts& c, size_t cell) {
+            check_index(cell, std::min(c.blocks.size(), c.changed_blocks.size()), "cell");
+            return c.block_change_rate(cell);
+          },
+          py::arg("cell"))
+      .def(
+          "shard_change_rate",
+          [](const ChangeCounts& c, size_t world_index) {
+            check_index(world_index, std::min(c.shards.size(), c.changed_shards.size()),
+                        "world index");
+            return c.shard_change_rate(world_index);
+          },
+          py::arg("world_index"))
       .def("__iadd__",
            [](ChangeCounts& a, const ChangeCounts& b) -> ChangeCounts& {
              check_same_grid(a, b);
@@ -105,6 +145,7 @@ void bind_change_counts(py::module_& m) {
             c.changed_blocks = t[4].cast<std::vector<uint64_t>>();
             c.shards = t[5].cast<std::vector<uint64_t>>();
             c.changed_shards = t[6].cast<std::vector<uint64_t>>();
+            check_shape(c);
             return c;
           }));
 }

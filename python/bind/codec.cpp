@@ -15,7 +15,8 @@ namespace ciera::python {
 namespace {
 
 // A codec object is driven by one thread at a time; the GIL is released while it codes, so a
-// second thread is refused instead of racing on the exponent cache.
+// second thread that codes, requests a key frame or resets is refused instead of racing on the
+// codec's state (property reads are not guarded: read them from the thread that codes).
 class Exclusive {
  public:
   Exclusive(std::atomic<bool>& busy, const char* what) : busy_(busy) {
@@ -61,7 +62,11 @@ class PyShardEncoder {
   }
 
   ShardEncoder& encoder() { return encoder_; }
-  std::atomic<bool>& busy() { return busy_; }
+  // Starts a new epoch; refused while another thread encodes.
+  void request_key_frame() {
+    Exclusive only(busy_, "ShardEncoder");
+    encoder_.request_key_frame();
+  }
 
  private:
   FrameStats encode_into(py::handle shard, std::span<std::byte> payload) {
@@ -91,6 +96,11 @@ class PyShardDecoder {
   }
 
   ShardDecoder& decoder() { return decoder_; }
+  // Forgets the cache; refused while another thread decodes.
+  void reset() {
+    Exclusive only(busy_, "ShardDecoder");
+    decoder_.reset();
+  }
 
  private:
   ShardDecoder decoder_;
@@ -147,7 +157,7 @@ void bind_codec(py::module_& m) {
            "Encodes into a writable buffer of at least max_payload_bytes; the payload is its first "
            "FrameStats.payload_bytes bytes.")
       .def(
-          "request_key_frame", [](PyShardEncoder& e) { e.encoder().request_key_frame(); },
+          "request_key_frame", &PyShardEncoder::request_key_frame,
           "Makes the next frame a key frame of a new epoch (resynchronises a receiver).")
       .def_property_readonly("values", [](PyShardEncoder& e) { return e.encoder().num_values(); })
       .def_property_readonly("max_payload_bytes",
@@ -167,7 +177,7 @@ void bind_codec(py::module_& m) {
            "Reconstructs the shard bit for bit into `out`, or raises FormatError naming the "
            "problem; after an error the decoder is unchanged and usable.")
       .def(
-          "reset", [](PyShardDecoder& d) { d.decoder().reset(); },
+          "reset", &PyShardDecoder::reset,
           "Forgets the cache: the next frame must be a key frame.")
       .def_property_readonly("values", [](PyShardDecoder& d) { return d.decoder().num_values(); })
       .def_property_readonly("config", [](PyShardDecoder& d) { return d.decoder().config(); })

@@ -13,44 +13,70 @@ namespace ciera::python {
 namespace {
 
 // An engine that close() can end before Python drops the object: every later call is a
-// ValueError, as for a closed file, never a use of the engine that is gone.
+// ValueError, as for a closed file. Each call holds its own reference to the engine, so a
+// close() from another thread, or the garbage collector, never destroys an engine a call is
+// still inside; the engine goes when the last of them lets go. It is always destroyed with the
+// GIL released: joining its communication thread may need the GIL (a PythonTransport).
 class PyEngine {
  public:
+  using Engine = std::shared_ptr<CompressedAllgather>;
+
   PyEngine(std::shared_ptr<Transport> transport, EngineConfig config,
            std::vector<BucketLayout> buckets)
       : transport_(std::move(transport)) {
     py::gil_scoped_release release;  // the agreement is collective
     engine_ =
-        std::make_unique<CompressedAllgather>(*transport_, std::move(config), std::move(buckets));
+        std::make_shared<CompressedAllgather>(*transport_, std::move(config), std::move(buckets));
   }
+  ~PyEngine() { release(engine_); }
+  PyEngine(const PyEngine&) = delete;
+  PyEngine& operator=(const PyEngine&) = delete;
 
-  CompressedAllgather& live() {
-    if (!engine_)
+  Engine live() const {
+    Engine engine = engine_;
+    if (!engine)
       throw py::value_error("the CIERA engine is closed (Engine.close(), or Handle.disable())");
-    return *engine_;
+    return engine;
   }
 
   bool closed() const { return !engine_; }
 
-  // start() or run() with the GIL released: `input`/`output` are data pointers with their sizes
-  // in bytes (Tensor.data_ptr()).
+  // `call(engine)` with the GIL released, for calls that block or code.
+  template <typename Call>
+  auto unlocked(Call&& call) const {
+    Engine engine = live();
+    py::gil_scoped_release unlocked;
+    Releaser last_reference{engine};
+    return call(*engine);
+  }
+
+  // start() or run(): `input`/`output` are data pointers with their sizes in bytes
+  // (Tensor.data_ptr()).
   template <auto Method>
   auto gather(size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output,
               uint64_t output_bytes) {
-    CompressedAllgather& engine = live();
-    py::gil_scoped_release release;
-    return (engine.*Method)(bucket, bytes_at<const std::byte>(input, input_bytes),
-                            bytes_at<std::byte>(output, output_bytes));
+    return unlocked([&](CompressedAllgather& engine) {
+      return (engine.*Method)(bucket, bytes_at<const std::byte>(input, input_bytes),
+                              bytes_at<std::byte>(output, output_bytes));
+    });
   }
 
-  void close() {
-    py::gil_scoped_release release;  // joining the communication thread may need the GIL
-    engine_.reset();
-  }
+  void close() { release(engine_); }
 
  private:
+  // Drops `engine` while the GIL is released by the caller's scope.
+  struct Releaser {
+    Engine& engine;
+    ~Releaser() { engine.reset(); }
+  };
+  static void release(Engine& engine) {
+    if (!engine) return;
+    py::gil_scoped_release unlocked;
+    engine.reset();
+  }
+
   std::shared_ptr<Transport> transport_;
-  std::unique_ptr<CompressedAllgather> engine_;
+  Engine engine_;
 };
 
 }  // namespace
@@ -85,34 +111,55 @@ void bind_engine(py::module_& m) {
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<std::shared_ptr<Transport>, EngineConfig, std::vector<BucketLayout>>(),
-           py::arg("transport"), py::arg("config"), py::arg("buckets"))
+           py::arg("transport").none(false), py::arg("config"), py::arg("buckets"))
       .def("start", &PyEngine::gather<&CompressedAllgather::start>, py::arg("bucket"),
            py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
            py::arg("output_bytes"))
       .def(
           "wait",
           [](PyEngine& e, CompressedAllgather::Ticket ticket) {
-            CompressedAllgather& engine = e.live();
-            py::gil_scoped_release release;
-            return engine.wait(ticket);
+            return e.unlocked([&](CompressedAllgather& engine) { return engine.wait(ticket); });
           },
           py::arg("ticket"))
       .def("run", &PyEngine::gather<&CompressedAllgather::run>, py::arg("bucket"),
            py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
            py::arg("output_bytes"))
-      .def("reset_caches", [](PyEngine& e) { e.live().reset_caches(); })
+      .def("reset_caches",
+           [](PyEngine& e) { e.unlocked([](CompressedAllgather& engine) { engine.reset_caches(); }); })
       .def(
           "set_policy",
           [](PyEngine& e, size_t bucket, size_t param, ShardPolicy p) {
-            e.live().set_policy(bucket, param, p);
+            e.unlocked([&](CompressedAllgather& engine) { engine.set_policy(bucket, param, p); });
           },
           py::arg("bucket"), py::arg("param"), py::arg("policy"))
       .def(
-          "bucket", [](PyEngine& e, size_t b) { return e.live().bucket(b); }, py::arg("index"))
-      .def_property_readonly("bucket_count", [](PyEngine& e) { return e.live().bucket_count(); })
-      .def_property_readonly("cache_bytes", [](PyEngine& e) { return e.live().cache_bytes(); })
-      .def_property_readonly("rank", [](PyEngine& e) { return e.live().rank(); })
-      .def_property_readonly("world_size", [](PyEngine& e) { return e.live().world_size(); })
+          "bucket",
+          [](PyEngine& e, size_t b) {
+            return e.unlocked([&](CompressedAllgather& engine) { return engine.bucket(b); });
+          },
+          py::arg("index"))
+      .def_property_readonly("bucket_count",
+                             [](PyEngine& e) {
+                               return e.unlocked([](CompressedAllgather& engine) {
+                                 return engine.bucket_count();
+                               });
+                             })
+      .def_property_readonly("cache_bytes",
+                             [](PyEngine& e) {
+                               return e.unlocked([](CompressedAllgather& engine) {
+                                 return engine.cache_bytes();
+                               });
+                             })
+      .def_property_readonly(
+          "rank",
+          [](PyEngine& e) {
+            return e.unlocked([](CompressedAllgather& engine) { return engine.rank(); });
+          })
+      .def_property_readonly(
+          "world_size",
+          [](PyEngine& e) {
+            return e.unlocked([](CompressedAllgather& engine) { return engine.world_size(); });
+          })
       .def_property_readonly("closed", &PyEngine::closed)
       .def("close", &PyEngine::close,
            "Ends the engine (joins its threads); closing twice is harmless.");

@@ -54,7 +54,7 @@ void bind_cost_model(py::module_& m) {
         py::gil_scoped_release release;  // collective; a Python transport re-takes the GIL per call
         return measure_cost_model(*transport, largest_bytes, dtypes, codec, repeats);
       },
-      py::arg("transport"), py::arg("largest_bytes"), py::arg("dtypes"), py::arg("codec"),
+      py::arg("transport").none(false), py::arg("largest_bytes"), py::arg("dtypes"), py::arg("codec"),
       py::arg("repeats") = 5,
       "Comm(bytes) of this transport and the codec's speed per dtype, the same on every rank "
       "(collective).");

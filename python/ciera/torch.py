@@ -7,7 +7,7 @@ through the CIERA engine, and the training stays bitwise identical.
     handle.disable()                         # back to FSDP2's own all-gather
 
 The implementation lives in :mod:`ciera.fsdp`, one module per concern; this module is its public
-face (and keeps the names earlier code imported from here).
+face: the names of ``ciera.fsdp.__all__``.
 """
 
 from ciera.fsdp import *  # noqa: F401,F403

@@ -118,3 +118,24 @@ def test_counter_summary_has_the_shape_of_ciera_analyze():
     total = s["total"]
     assert total["blocks"] == [[4], [8]] and total["changed_blocks"] == [[1], [1]]
     assert total["block_change_rate"] == [[1 / 4], [1 / 8]] and total["shard_change_rate"] == [1 / 4, 1 / 8]
+
+
+def test_indices_and_pickled_shapes_are_checked_not_read_past_the_end():
+    # Each of these read past the end of a C++ vector (a segfault) before the binding checked it.
+    import pickle
+
+    grid = _ext.ChangeGrid([4], [64])
+    counts = _ext.ChangeCounts(grid)
+    with pytest.raises(IndexError, match="cell 1000000 is out of range"):
+        counts.block_change_rate(10**6)
+    with pytest.raises(IndexError, match="world index 1 is out of range"):
+        counts.shard_change_rate(1)
+    with pytest.raises(IndexError, match="world index 5"):
+        grid.cell(5, 0)
+    with pytest.raises(IndexError, match="block index 5"):
+        grid.cell(0, 5)
+    assert grid.cell(0, 0) == 0 and counts.block_change_rate(0) == 0
+    assert pickle.loads(pickle.dumps(counts)).blocks == counts.blocks  # a genuine state loads...
+    malformed = _ext.ChangeCounts.__new__(_ext.ChangeCounts)
+    with pytest.raises(ciera.ConfigError, match="block cells"):
+        malformed.__setstate__((1, 1, 1, [1], [], [1], [1]))  # ...a state with ragged cells does not

@@ -83,3 +83,11 @@ def test_engine_after_close_raises_instead_of_crashing():
     with pytest.raises(ValueError, match="engine is closed"):
         engine.set_policy(0, 0, ciera.ShardPolicy.raw)
     engine.close()  # closing twice is harmless
+
+
+def test_a_missing_transport_is_a_type_error_not_a_crash():
+    layout = ciera.BucketLayout.fsdp_split("b", ciera.DType.bf16, [100], 1)
+    with pytest.raises(TypeError):
+        ciera.Engine(None, ciera.EngineConfig(), [layout])
+    with pytest.raises(TypeError):
+        ciera.measure_cost_model(None, 1 << 20, [ciera.DType.bf16], ciera.CodecConfig())

@@ -41,7 +41,7 @@ def collect_trace(program, runs: dict, handles: dict, params: int) -> dict:
     wire = torch.tensor([statistics.fmean(runs["ciera"].bucket_wire.get(b.index, [0])) for b in buckets],
                         dtype=torch.float64)
     dist.all_reduce(wire, op=dist.ReduceOp.MAX)  # the same on every rank (all ranks' payloads)
-    element = {b.index: torch.tensor([], dtype=b.dtype).element_size() for b in buckets}
+    element = {b.index: fsdp.layout.element_bytes(b.dtype) for b in buckets}
     largest = max(b.numel * world * element[b.index] for b in buckets)
     # Comm() inside the training, and a probe of the same collectives outside it, for reference.
     in_situ = _in_situ_curves(tracer)
