@@ -2,16 +2,7 @@
 // SIMD target's copy is compiled in (cmake/kernels_target.cpp.in).
 #pragma once
 
-#include <cstring>
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
-
-// GCC 12 reports its own AVX-512 intrinsics as maybe-uninitialized (a known false positive).
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
+#include "common/kernel_prelude.hpp"
 #include "codec/fine_kernels.hpp"
 
 namespace ciera::codec {

@@ -2,17 +2,9 @@
 // target's copy is compiled in (cmake/kernels_target.cpp.in).
 #pragma once
 
-#include <cstring>
-#include <new>
-#if defined(__SSE2__)
-#include <immintrin.h>
-#endif
+#include <new>  // placement new of xxHash's state (checksum_reset)
 
-// GCC 12 reports its own AVX-512 intrinsics (_mm512_cvtepi16_epi8, those xxHash uses) as
-// maybe-uninitialized (a known false positive).
-#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "common/kernel_prelude.hpp"
 
 // xxHash's implementation inlined and compiled for this target (the content checksum kernels).
 #define XXH_INLINE_ALL
