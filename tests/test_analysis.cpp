@@ -556,6 +556,26 @@ TEST(Checkpoints, DirectoriesAreOrderedByStepNumber) {
                ConfigError);  // only one
 }
 
+TEST(Checkpoints, OneCheckpointGivenTwiceIsRefused) {
+  TempDir dir;
+  for (const char* name : {"step_1.safetensors", "step_2.safetensors"}) {
+    write_safetensors(dir.path() / name, {{"w", "BF16", {4}, bytes_of(8)}});
+  }
+  const std::string d = dir.path().string(), first = (dir.path() / "step_1.safetensors").string();
+  const std::string other_spelling = (dir.path() / "." / "step_1.safetensors").string();
+  for (const std::vector<std::string>& arguments :
+       std::vector<std::vector<std::string>>{{d, d}, {d, first}, {first, other_spelling}}) {
+    try {
+      list_checkpoints(arguments);
+      FAIL() << "took " << arguments[0] << " and " << arguments[1];
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("step_1.safetensors is given twice"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Checkpoints, SeriesMustAgreeOnTensors) {
   TempDir dir;
   const fs::path a = dir.path() / "a.safetensors", b = dir.path() / "b.safetensors";

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
+#include <system_error>
 #include <utility>
 
 #include "ciera/error.hpp"
@@ -74,6 +76,20 @@ std::vector<fs::path> list_checkpoints(const std::vector<std::string>& arguments
       for (fs::path& file : checkpoints_in_directory(path)) files.push_back(std::move(file));
     } else {
       files.push_back(path);  // SafetensorsFile reports a missing or unreadable file
+    }
+  }
+  // One checkpoint twice (a directory and a file in it, or two spellings of one path) would
+  // count its transitions twice, or add a step without changes.
+  std::map<fs::path, const fs::path*> seen;
+  for (const fs::path& file : files) {
+    std::error_code error;
+    const fs::path absolute = fs::absolute(file).lexically_normal();
+    fs::path key = fs::weakly_canonical(absolute, error);
+    if (error) key = absolute;
+    const auto [at, inserted] = seen.emplace(key, &file);
+    if (!inserted) {
+      throw ConfigError("checkpoint " + key.string() + " is given twice (as " +
+                        at->second->string() + " and " + file.string() + ")");
     }
   }
   if (files.size() < 2) {

@@ -17,8 +17,8 @@ std::optional<uint64_t> checkpoint_step_number(const std::filesystem::path& file
 
 // Checkpoint files in training order: files as given, each directory replaced by its
 // *.safetensors files ordered by step number. Throws ConfigError for a directory that cannot be
-// ordered (a name without a step number, two files of one step, a sharded checkpoint's parts) and
-// for fewer than two checkpoints in all.
+// ordered (a name without a step number, two files of one step, a sharded checkpoint's parts),
+// for a checkpoint given twice, and for fewer than two checkpoints in all.
 std::vector<std::filesystem::path> list_checkpoints(const std::vector<std::string>& arguments);
 
 // Opens (memory-maps) every checkpoint and checks that each holds exactly the tensors of the
