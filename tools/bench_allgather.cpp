@@ -67,6 +67,8 @@ struct Request {
   uint32_t value_bytes = 2;
 };
 
+constexpr int kLinkLabMaxRanks = 253;
+
 void require(bool ok, const std::string& message) {
   if (!ok) throw ConfigError(message);
 }
@@ -99,6 +101,10 @@ Request parse(const Options& o, const std::string& command) {
   require(std::isfinite(o.timeout_s) && o.timeout_s > 0, "--timeout must be a number of seconds > 0");
   require(std::isfinite(o.link_gbit) && o.link_gbit >= 0, "--link-gbit must be >= 0");
   require(std::isfinite(o.delay_ms) && o.delay_ms >= 0, "--delay-ms must be >= 0");
+  // The link lab puts the ranks on one /24 beside its hub (scripts/linklab.sh).
+  require(!(o.link_gbit > 0 || o.link_lab) || o.ranks <= kLinkLabMaxRanks,
+          "--ranks " + std::to_string(o.ranks) + ": the link lab has room for at most " +
+              std::to_string(kLinkLabMaxRanks) + " ranks");
   return r;
 }
 

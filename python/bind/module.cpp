@@ -1,5 +1,6 @@
 // The module ciera._ext: its version attributes, then each area's bindings (bind.hpp).
 #include "bind.hpp"
+#include "build_info.hpp"
 #include "ciera/ciera.hpp"
 
 PYBIND11_MODULE(_ext, m) {
@@ -7,6 +8,7 @@ PYBIND11_MODULE(_ext, m) {
   m.doc() = "CIERA: lossless compressed allgather for sharded MoE training (C++ core)";
   m.attr("__version__") = ciera::kLibraryVersion;
   m.attr("format_version") = ciera::kFormatVersion;
+  m.attr("git_commit") = ciera::kGitCommit;  // the commit built from, or "unknown"
   m.attr("with_mpi") =
 #if defined(CIERA_WITH_MPI)
       true;
