@@ -255,3 +255,48 @@ def selection_vs_plain(rank, world, budget_bytes, reselect_every=0, overlap=True
                    for s in shards],
         "round_overhead_s": ciera._ext.compressed_round_overhead_s(selector.cost_model),
     }
+
+
+def selector_resume(rank, world):
+    """A selector's state taken after 6 steps (through JSON, as a checkpoint keeps it) and loaded
+    into a fresh engine: the same step count, selection and schedule as the selector it came from."""
+    import json
+
+    corpus = data.load_corpus(1 << 20)
+    spec = tiny_spec("olmoe")
+
+    def enable(model):
+        config = ciera.EngineConfig()
+        config.warmup_steps = 0
+        return ct.enable(model, config, verify=True, overlap=False, cache_budget_bytes=20_000, select_after_steps=3,
+                         reselect_every=4, cost_model=slow_link_model(world))
+
+    def chosen(selector):
+        return sorted(s.name for s in selector.selection.shards if s.chosen)
+
+    first, saved = build(spec, world), {}
+    handle = enable(first)
+
+    def take(step):
+        if step == 6:
+            s = handle.selector
+            saved.update(state=json.loads(json.dumps(s.state_dict())), chosen=chosen(s),
+                         policies={k: str(v) for k, v in s.policies.items()})
+    train(first, rank, 10, corpus, before_step=take)
+    history = [h["step"] for h in handle.selector.history]
+    handle.disable()
+
+    second = build(spec, world)
+    resumed = enable(second)
+    s = resumed.selector
+    s.load_state_dict(saved["state"])
+    out = {"step": s.step, "chosen": chosen(s), "chosen_before": saved["chosen"],
+           "policies_equal": {k: str(v) for k, v in s.policies.items()} == saved["policies"],
+           "selection_step": s.selection_step, "carried": s.carried is not None}
+    train(second, rank, 4, corpus)   # its steps 7..10: a re-selection at step 7, as the first had
+    records = resumed.take_records()
+    out |= {"history": history, "resumed_history": [h["step"] for h in s.history],
+            "compressed_gathers": sum(r.compressed for r in records), "wrong_bytes": resumed.wrong_bytes,
+            "verified_bytes": resumed.verified_bytes}
+    resumed.disable()
+    return out

@@ -38,6 +38,8 @@ class Selector:
         self.selection: _ext.Selection | None = None   # the latest
         self.selection_step: int | None = None         # the training step it was made at
         self.history: list[dict] = []   # one entry per selection: step, chosen count, cache bytes
+        self.selected_from: list[list] | None = None   # merged counts the latest selection was made from
+        self.carried: list[list] | None = None   # counts a resumed training brought from its checkpoint
 
     @property
     def monitor_bytes(self) -> int:
@@ -70,9 +72,28 @@ class Selector:
                 out.append(c)
         return out
 
+    def counts_since_selection(self) -> list[list]:
+        """Per bucket, per parameter: the statistics since the latest selection, merged over ranks,
+        plus those a resumed training carried over. Collective."""
+        merged = self.tracker.merged_counts(self.runtime.buckets, self.group)
+        if self.carried is not None:
+            # Counts of successive steps add up, observations included (merge() is for ranks).
+            merged = [[_counts(tuple(x + y for x, y in zip(now.__getstate__(), before.__getstate__())))
+                       for now, before in zip(row, carried)] for row, carried in zip(merged, self.carried)]
+        return merged
+
     def select(self) -> _ext.Selection:
         """Runs the selector on the statistics since the last selection and applies it. Collective."""
-        merged = self.tracker.merged_counts(self.runtime.buckets, self.group)
+        selection = self.choose(self.counts_since_selection())
+        self.tracker.clear_counts()
+        self.carried = None
+        self.selection_step = self.step - 1
+        self.history.append({"step": self.selection_step, "chosen": selection.chosen_count(),
+                             "cache_bytes": selection.cache_bytes})
+        return selection
+
+    def choose(self, merged: list[list]) -> _ext.Selection:
+        """Selects from `merged` statistics (the same on every rank) and applies the choice."""
         options = _ext.SelectorOptions()
         options.cache_budget_bytes = self.budget_bytes
         options.overlap = self.overlap
@@ -84,11 +105,48 @@ class Selector:
             if self.policies[key] != wanted:
                 self.runtime.engine.set_policy(key[0], key[1], wanted)
                 self.policies[key] = wanted
-        self.tracker.clear_counts()
-        self.selection, self.selection_step = selection, self.step - 1
-        self.history.append({"step": self.selection_step, "chosen": selection.chosen_count(),
-                             "cache_bytes": selection.cache_bytes})
+        self.selection, self.selected_from = selection, merged
         return selection
+
+    def state_dict(self) -> dict:
+        """What a resumed training needs to go on selecting as this one would (plain data, for
+        JSON). Collective: the statistics are merged over ranks."""
+        def plain(rows):
+            return None if rows is None else [[list(c.__getstate__()) for c in row] for row in rows]
+
+        return {"step": self.step, "selection_step": self.selection_step, "history": list(self.history),
+                "counts": plain(self.counts_since_selection()), "selected_from": plain(self.selected_from)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continues a checkpointed selector in a fresh engine, the same on every rank: the same step
+        count (warmup ends and re-selections come at the same steps), the latest selection made
+        again from the statistics it was made from (with this run's cost model, so the same shards
+        unless the machine measures differently), and the statistics counted since carried into the
+        next selection. The monitors' last exponents are not kept, so that selection misses the one
+        change across the checkpoint. Selected shards start with key frames: the codec is lossless,
+        so training results do not depend on any of this."""
+        shape = [len(b.params) for b in self.runtime.buckets]
+
+        def counts(rows):
+            if rows is None:
+                return None
+            if [len(row) for row in rows] != shape:
+                raise _ext.ConfigError("Selector.load_state_dict: the state is for other parameter groups")
+            return [[_counts(tuple(c)) for c in row] for row in rows]
+
+        self.step = state["step"]
+        self.history = list(state["history"])
+        self.carried = counts(state["counts"])
+        if state["selected_from"] is not None:
+            self.choose(counts(state["selected_from"]))
+            self.selection_step = state["selection_step"]
+
+
+def _counts(fields: tuple) -> _ext.ShardChangeCounts:
+    """ShardChangeCounts from its five counts (its pickled form)."""
+    counts = _ext.ShardChangeCounts.__new__(_ext.ShardChangeCounts)
+    counts.__setstate__(fields)
+    return counts
 
 
 def selection_table(selection: _ext.Selection) -> str:
