@@ -1,0 +1,574 @@
+// Writes the seed corpus of every fuzz target, fuzz/corpus/<target>/, from the library itself:
+// a change of the wire format or of the engine protocol is one command away from a matching
+// corpus (scripts/fuzz-corpus.sh, or `cmake --build build/fuzz --target fuzz_corpus`).
+//
+//   make_corpus <corpus dir>
+//
+// Replaces each target's folder. Deterministic: the same library writes the same bytes.
+//
+//   fuzz_payload    payload streams (payload_stream.hpp): key frames, warmup and resynchronising
+//                   key frames, delta frames with unchanged, block and fine exponent sections
+//                   (escapes included), for BF16, FP16 and FP32, block sizes 64..4096, 0, 1 and
+//                   block-straddling value counts, with and without content checksum, exact
+//                   and hash change detection, NaN/Inf/subnormal/-0 values, a padded
+//                   sign-mantissa plane, and stateless payloads;
+//   fuzz_envelope   rounds of rank 1's control record and envelope (fuzz_envelope.cpp);
+//   fuzz_control    one round's control and verdict exchange results (fuzz_control.cpp);
+//   fuzz_decode     one seed per configuration and frame its first two bytes select;
+//   fuzz_roundtrip  a configuration and realistic shards of every dtype.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "ciera/engine.hpp"
+#include "engine/memory_ops.hpp"
+#include "engine_fixture.hpp"
+#include "envelope_receiver.hpp"
+#include "payload_stream.hpp"
+
+namespace {
+
+using namespace ciera;
+namespace fs = std::filesystem;
+using Bytes = std::vector<std::byte>;
+
+void write_file(const fs::path& path, const Bytes& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+void append(Bytes& to, const void* data, size_t bytes) {
+  const auto* p = static_cast<const std::byte*>(data);
+  to.insert(to.end(), p, p + bytes);
+}
+
+// splitmix64: a fixed sequence per seed, on every platform.
+class Random {
+ public:
+  explicit Random(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  uint64_t below(uint64_t n) { return n == 0 ? 0 : next() % n; }
+
+ private:
+  uint64_t state_;
+};
+
+// A shard of trained-weight-like values, edited through its bit fields (docs/format.md,
+// "Exponent and sign-mantissa split"): exponents cluster a few steps below the bias, as those
+// of weights of magnitude about 1e-2 do; signs and mantissas are random.
+class Shard {
+ public:
+  Shard(DType dtype, uint64_t values, uint64_t seed) : random_(seed) {
+    const DTypeInfo info = dtype_info(dtype);
+    value_bytes_ = info.value_bytes;
+    exponent_bits_ = info.exponent_bits;
+    mantissa_bits_ = info.sign_mantissa_bits - 1;
+    bytes_.resize(values * value_bytes_);
+    for (uint64_t i = 0; i < values; ++i) {
+      set(i, random_.below(2), typical_exponent(), random_.next() & mantissa_mask());
+    }
+  }
+
+  const Bytes& bytes() const { return bytes_; }
+  uint64_t values() const { return bytes_.size() / value_bytes_; }
+
+  // Every exponent equal: the encoder codes a constant stream.
+  void flatten_exponents() {
+    for (uint64_t i = 0; i < values(); ++i) set_exponent(i, bias() - 4);
+  }
+  // `changes` values move their exponent by one; every `escape_every`-th (if any) by more.
+  void change_sparse(uint64_t changes, uint64_t escape_every = 0) {
+    for (uint64_t c = 0; c < changes && values() > 0; ++c) {
+      const uint64_t i = random_.below(values());
+      const uint32_t e = exponent(i);
+      const bool escape = escape_every != 0 && c % escape_every == 0;
+      const uint32_t step = escape ? 5 : 1;
+      set_exponent(
+          i, e > step + 1 && random_.below(2) ? e - step : std::min(e + step, max_exponent() - 1));
+    }
+  }
+  // Every exponent of `blocks` random blocks of `block_values` drawn anew.
+  void change_dense(uint64_t blocks, uint32_t block_values) {
+    const uint64_t count = (values() + block_values - 1) / block_values;
+    for (uint64_t b = 0; b < blocks && count > 0; ++b) {
+      const uint64_t first = random_.below(count) * block_values;
+      for (uint64_t i = first; i < std::min(values(), first + block_values); ++i) {
+        set_exponent(i, typical_exponent());
+      }
+    }
+  }
+  // NaN, +-Inf, subnormals and -0 at a few places.
+  void add_specials() {
+    const uint32_t all_ones = max_exponent();
+    for (uint64_t i = 0; i < values(); i += 37) {
+      switch ((i / 37) % 5) {
+        case 0:
+          set(i, 0, all_ones, 1 | (random_.next() & mantissa_mask()));
+          break;  // NaN
+        case 1:
+          set(i, random_.below(2), all_ones, 0);
+          break;  // Inf
+        case 2:
+          set(i, random_.below(2), 0, 1 + random_.below(mantissa_mask()));
+          break;
+        case 3:
+          set(i, 1, 0, 0);
+          break;  // -0
+        default:
+          set(i, 0, 1, 0);
+          break;  // smallest normal
+      }
+    }
+  }
+
+ private:
+  uint32_t bias() const { return (1u << (exponent_bits_ - 1)) - 1; }
+  uint32_t max_exponent() const { return (1u << exponent_bits_) - 1; }
+  uint64_t mantissa_mask() const { return (uint64_t{1} << mantissa_bits_) - 1; }
+  uint32_t typical_exponent() {
+    uint32_t below = 5;
+    while (below < bias() - 1 && random_.below(2)) ++below;  // geometric tail of small values
+    return bias() - below + static_cast<uint32_t>(random_.below(2));
+  }
+  uint64_t load(uint64_t i) const {
+    uint64_t v = 0;
+    for (uint32_t b = 0; b < value_bytes_; ++b) {
+      v |= static_cast<uint64_t>(bytes_[i * value_bytes_ + b]) << (8 * b);
+    }
+    return v;
+  }
+  void store(uint64_t i, uint64_t v) {
+    for (uint32_t b = 0; b < value_bytes_; ++b) {
+      bytes_[i * value_bytes_ + b] = static_cast<std::byte>(v >> (8 * b));
+    }
+  }
+  uint32_t exponent(uint64_t i) const {
+    return static_cast<uint32_t>(load(i) >> mantissa_bits_) & max_exponent();
+  }
+  void set(uint64_t i, uint64_t sign, uint32_t exponent, uint64_t mantissa) {
+    store(i, (sign << (exponent_bits_ + mantissa_bits_)) | (uint64_t{exponent} << mantissa_bits_) |
+                 (mantissa & mantissa_mask()));
+  }
+  void set_exponent(uint64_t i, uint32_t e) {
+    const uint64_t v = load(i);
+    const uint64_t field = uint64_t{max_exponent()} << mantissa_bits_;
+    store(i, (v & ~field) | (uint64_t{e} << mantissa_bits_));
+  }
+
+  Random random_;
+  uint32_t value_bytes_ = 0, exponent_bits_ = 0, mantissa_bits_ = 0;
+  Bytes bytes_;
+};
+
+// ---- fuzz_payload ---------------------------------------------------------------------------
+
+enum class Step { kSame, kSparse, kEscapes, kDense, kSpecials, kResync };
+
+// One sender's payloads for the steps after its first frame (always a key frame), back to back.
+Bytes payload_stream(const CodecConfig& config, uint64_t values, const std::vector<Step>& steps,
+                     uint64_t seed, bool flat = false) {
+  Shard shard(config.dtype, values, seed);
+  if (flat) shard.flatten_exponents();
+  ShardEncoder encoder(config, values);
+  Bytes stream, payload(encoder.max_payload_bytes());
+  auto send = [&] {
+    const uint64_t bytes = encoder.encode(shard.bytes(), payload).payload_bytes;
+    append(stream, payload.data(), bytes);
+  };
+  send();
+  for (Step step : steps) {
+    switch (step) {
+      case Step::kSame:
+        break;
+      case Step::kSparse:
+        shard.change_sparse(1 + values / 100);
+        break;
+      case Step::kEscapes:
+        shard.change_sparse(1 + values / 50, 3);
+        break;
+      case Step::kDense:
+        shard.change_dense(2, config.block_values);
+        break;
+      case Step::kSpecials:
+        shard.add_specials();
+        break;
+      case Step::kResync:
+        encoder.request_key_frame();
+        break;
+    }
+    send();
+  }
+  return stream;
+}
+
+CodecConfig codec(DType dtype, uint32_t block_values,
+                  ExponentCoding coding = ExponentCoding::kAuto) {
+  CodecConfig c;
+  c.dtype = dtype;
+  c.block_values = block_values;
+  c.warmup_steps = 0;
+  c.coding = coding;
+  return c;
+}
+
+// Writes a payload stream after checking that fuzz_payload's receiver decodes every payload of
+// it, so that a corpus written by a library whose format moved on cannot silently seed nothing
+// but rejections. Notes the (dtype, exponent section) of every payload in `seen`.
+void write_stream(const fs::path& path, const Bytes& stream,
+                  std::set<std::pair<DType, ExponentSection>>& seen) {
+  const auto* data = reinterpret_cast<const uint8_t*>(stream.data());
+  fuzz::StreamReceiver receiver(data, stream.size());
+  for (const fuzz::Part& part : fuzz::split_payloads(data, stream.size())) {
+    const std::span<const std::byte> payload(stream.data() + part.offset, part.bytes);
+    if (!receiver.receive(payload)) {
+      throw std::runtime_error(path.filename().string() +
+                               ": fuzz_payload rejects payload at byte " +
+                               std::to_string(part.offset));
+    }
+    const PayloadInfo info = inspect_payload(payload);
+    seen.insert({info.dtype, info.section});
+  }
+  write_file(path, stream);
+}
+
+void payload_corpus(const fs::path& dir) {
+  std::set<std::pair<DType, ExponentSection>> seen;
+  using enum Step;
+  uint64_t seed = 1;
+  auto stream = [&](const std::string& name, const CodecConfig& config, uint64_t values,
+                    const std::vector<Step>& steps, bool flat = false) {
+    write_stream(dir / (name + ".bin"), payload_stream(config, values, steps, seed++, flat), seen);
+  };
+  const std::pair<DType, const char*> dtypes[] = {
+      {DType::kBF16, "bf16"}, {DType::kFP16, "fp16"}, {DType::kFP32, "fp32"}};
+  for (const auto& [dtype, name] : dtypes) {
+    const std::string d = name;
+    stream(d + "-b64-n1000-auto", codec(dtype, 64), 1000, {kSame, kSparse, kDense, kEscapes});
+    stream(d + "-b512-n700-fine", codec(dtype, 512, ExponentCoding::kFine), 700,
+           {kSparse, kEscapes, kSame});
+    stream(d + "-b4096-n5000-block", codec(dtype, 4096, ExponentCoding::kBlock), 5000,
+           {kDense, kSparse});
+    stream(d + "-b100-n1", codec(dtype, 100), 1, {kSame, kSparse});
+    stream(d + "-b100-n0", codec(dtype, 100), 0, {kSame});
+
+    CodecConfig stateless = codec(dtype, 512);
+    Shard shard(dtype, 1000, seed++);
+    Bytes payload(max_payload_bytes(dtype, 1000, 512));
+    payload.resize(encode_stateless(stateless, shard.bytes(), payload));
+    write_stream(dir / (d + "-b512-n1000-stateless.bin"), payload, seen);
+  }
+  CodecConfig unchecked = codec(DType::kBF16, 256);
+  unchecked.content_checksum = false;
+  stream("bf16-b256-n3000-no-checksum", unchecked, 3000, {kSparse, kDense, kSame});
+  CodecConfig hashed = codec(DType::kFP16, 128, ExponentCoding::kBlock);
+  hashed.detection = ChangeDetection::kHash;
+  stream("fp16-b128-n777-hash", hashed, 777, {kDense, kSame, kSparse});
+  CodecConfig warm = codec(DType::kBF16, 64);
+  warm.warmup_steps = 2;
+  stream("bf16-b64-n400-warmup", warm, 400, {kSparse, kSparse, kSparse});
+  stream("fp32-b128-n500-resync", codec(DType::kFP32, 128), 500, {kSparse, kResync, kSparse});
+  stream("bf16-b512-n200-constant", codec(DType::kBF16, 512), 200, {kSame, kSparse}, true);
+  stream("fp16-b64-n640-specials", codec(DType::kFP16, 64), 640, {kSpecials, kSparse});
+  stream("fp32-b4096-n4097-block", codec(DType::kFP32, 4096, ExponentCoding::kBlock), 4097,
+         {kDense});
+  // A sign-mantissa plane of 64 KiB starts after zero padding (docs/format.md, "Padding").
+  stream("bf16-b512-n65536-padded", codec(DType::kBF16, 512), 65536, {kSparse});
+  if (seen.size() != 3 * 4)
+    throw std::runtime_error("fuzz_payload: a dtype lacks an exponent section");
+}
+
+// ---- fuzz_envelope --------------------------------------------------------------------------
+
+// Rank 1 of fuzz_envelope's two-rank engine: its codecs and shards per bucket, and the rounds it
+// sends, each its control record and then its envelope.
+class Sender {
+ public:
+  enum class Round { kCompressed, kRaw, kCold };
+  enum class Change { kSame, kSparse, kDense };
+
+  Sender() : layouts_(fuzz::envelope_buckets()) {
+    uint64_t seed = 100;
+    for (const BucketLayout& layout : layouts_) {
+      State& s = states_.emplace_back();
+      for (size_t k = 0; k < layout.params(); ++k) {
+        s.encoders.push_back(fuzz::make_encoder(layout, k, fuzz::kSender));
+        s.shards.emplace_back(layout.dtype, layout.shard_values[fuzz::kSender][k], seed++);
+      }
+    }
+  }
+
+  // Starts at `step` instead of the bucket's next step (a peer ahead of the receiver).
+  void jump(uint32_t bucket, uint64_t step) { states_[bucket].step = step; }
+
+  void round(Bytes& out, uint32_t bucket, Round kind, Change change = Change::kSame) {
+    const BucketLayout& layout = layouts_[bucket];
+    State& s = states_[bucket];
+    for (Shard& shard : s.shards) {
+      if (change == Change::kSparse) shard.change_sparse(1 + shard.values() / 100);
+      if (change == Change::kDense)
+        shard.change_dense(1, fuzz::engine_codec(layout.dtype).block_values);
+    }
+    const bool raw = kind == Round::kRaw;
+    if (kind == Round::kCold) {
+      for (auto& e : s.encoders) {
+        if (e) e->request_key_frame();
+      }
+    }
+    std::vector<uint64_t> capacity(layout.params()), payload_bytes(layout.params());
+    for (size_t k = 0; k < layout.params(); ++k) {
+      capacity[k] = std::max<uint64_t>(s.shards[k].bytes().size(),
+                                       s.encoders[k] ? s.encoders[k]->max_payload_bytes() : 0);
+    }
+    SendLayout send_layout;
+    lay_out_send_buffer(capacity, send_layout);
+    PayloadBuffer send(host_memory_ops());
+    send.reserve(send_layout.buffer_bytes);
+    for (size_t k = 0; k < layout.params(); ++k) {
+      std::byte* slot = send.data() + send_layout.slot_offset[k];
+      const Bytes& shard = s.shards[k].bytes();
+      if (raw || !s.encoders[k]) {
+        if (!shard.empty()) std::memcpy(slot, shard.data(), shard.size());
+        payload_bytes[k] = shard.size();
+      } else {
+        payload_bytes[k] = s.encoders[k]->encode(shard, {slot, capacity[k]}).payload_bytes;
+      }
+    }
+    EnvelopeHeader header;
+    header.bucket = bucket;
+    header.params = static_cast<uint32_t>(layout.params());
+    header.step = s.step;
+    header.all_raw = raw;
+    const uint64_t bytes =
+        pack_envelope(send.data(), send_layout, payload_bytes, header, host_memory_ops());
+    const uint32_t flags =
+        (raw ? uint32_t{kRaw} : 0u) | (kind == Round::kCold ? uint32_t{kCold} : 0u);
+    const ControlRecord record = fuzz::control_record(bucket, layout, s.step, flags, bytes);
+    append(out, &record, sizeof record);
+    append(out, send.data() + send_layout.envelope_offset, bytes);
+    ++s.step;
+  }
+
+ private:
+  struct State {
+    std::vector<std::unique_ptr<ShardEncoder>> encoders;
+    std::vector<Shard> shards;
+    uint64_t step = 0;
+  };
+  std::vector<BucketLayout> layouts_;
+  std::vector<State> states_;
+};
+
+// Writes rounds after checking that fuzz_envelope's receiver gathers every one of them exactly.
+void write_rounds(const fs::path& path, const Bytes& rounds, size_t expected) {
+  const std::vector<std::string> outcomes =
+      fuzz::receive_rounds(reinterpret_cast<const uint8_t*>(rounds.data()), rounds.size());
+  for (const std::string& outcome : outcomes) {
+    if (!outcome.empty()) throw std::runtime_error(path.filename().string() + ": " + outcome);
+  }
+  if (outcomes.size() != expected) {
+    throw std::runtime_error(path.filename().string() + ": " + std::to_string(outcomes.size()) +
+                             " rounds received of " + std::to_string(expected));
+  }
+  write_file(path, rounds);
+}
+
+void envelope_corpus(const fs::path& dir) {
+  using R = Sender::Round;
+  using C = Sender::Change;
+  const char* names[] = {"bf16", "fp32", "fp16"};
+  for (uint32_t bucket = 0; bucket < 3; ++bucket) {
+    Sender sender;
+    Bytes rounds;
+    sender.round(rounds, bucket, R::kCompressed);
+    sender.round(rounds, bucket, R::kCompressed, C::kSame);
+    sender.round(rounds, bucket, R::kCompressed, C::kSparse);
+    sender.round(rounds, bucket, R::kCompressed, C::kDense);
+    sender.round(rounds, bucket, R::kRaw, C::kSparse);
+    sender.round(rounds, bucket, R::kCompressed, C::kSparse);
+    write_rounds(dir / (std::string(names[bucket]) + "-rounds.bin"), rounds, 6);
+  }
+  {
+    Sender sender;
+    Bytes rounds;
+    for (uint32_t bucket = 0; bucket < 3; ++bucket) sender.round(rounds, bucket, R::kCompressed);
+    sender.round(rounds, 0, R::kCompressed, C::kSparse);
+    sender.round(rounds, 1, R::kCompressed, C::kDense);
+    sender.round(rounds, 2, R::kCompressed, C::kSame);
+    write_rounds(dir / "mixed-buckets.bin", rounds, 6);
+  }
+  {
+    Sender sender;
+    Bytes rounds;
+    sender.round(rounds, 0, R::kCompressed);
+    sender.round(rounds, 0, R::kCompressed, C::kSparse);
+    sender.round(rounds, 0, R::kCold, C::kSparse);
+    sender.round(rounds, 0, R::kCompressed, C::kSparse);
+    write_rounds(dir / "bf16-cold-restart.bin", rounds, 4);
+  }
+  {
+    Sender sender;
+    Bytes rounds;
+    sender.jump(1, 3);
+    sender.round(rounds, 1, R::kCompressed);
+    sender.round(rounds, 1, R::kCompressed, C::kSparse);
+    write_rounds(dir / "fp32-peer-ahead.bin", rounds, 2);
+  }
+  {
+    Sender sender;
+    Bytes rounds;
+    sender.round(rounds, 0, R::kRaw);
+    sender.round(rounds, 0, R::kRaw, C::kSparse);
+    write_rounds(dir / "bf16-raw.bin", rounds, 2);
+  }
+}
+
+// ---- fuzz_control ---------------------------------------------------------------------------
+
+struct Gather {
+  Gather(uint32_t b, uint64_t s, uint32_t f = 0, std::string e = "")
+      : bucket(b), step(s), flags(f), error(std::move(e)) {}
+  uint32_t bucket;
+  uint64_t step;
+  uint32_t flags;
+  std::string error;
+};
+
+// Every rank's RoundControl, then every rank's RoundVerdicts, for `world` ranks that all have
+// `gathers` ready (rank r has `extra[r]` more); `edit` adjusts rank r's records.
+Bytes control_round(int world, const std::vector<Gather>& gathers, std::vector<uint32_t> extra,
+                    const std::vector<Verdict>& failed = {},
+                    const std::function<void(int, ControlRecord&)>& edit = {}) {
+  const std::vector<BucketLayout> buckets = fuzz::control_buckets(world);
+  extra.resize(world, 0);
+  Bytes out;
+  for (int r = 0; r < world; ++r) {
+    RoundControl control{};
+    control.magic = kControlMagic;
+    control.count =
+        static_cast<uint32_t>(std::min<size_t>(gathers.size() + extra[r], kMaxRoundGathers));
+    for (size_t i = 0; i < control.count; ++i) {
+      const Gather& g = gathers[std::min(i, gathers.size() - 1)];
+      const BucketLayout& layout = buckets[g.bucket];
+      ControlRecord& c = control.records[i];
+      c = fuzz::control_record(g.bucket, layout, g.step, g.flags,
+                               (g.flags & kRaw) ? raw_envelope_bytes(layout, r)
+                                                : fuzz::max_envelope_bytes(layout)[r] / 2);
+      c.previous_us = 1000 + 10 * static_cast<uint32_t>(r);
+      c.previous_compressed = 1;
+      if (!g.error.empty()) write_text(c.error_text, kErrorTextBytes, g.error);
+      if (edit) edit(r, c);
+    }
+    append(out, &control, sizeof control);
+  }
+  for (int r = 0; r < world; ++r) {
+    RoundVerdicts verdicts{};
+    if (static_cast<size_t>(r) < failed.size()) verdicts.verdicts[0] = failed[r];
+    append(out, &verdicts, sizeof verdicts);
+  }
+  return out;
+}
+
+void control_corpus(const fs::path& dir) {
+  write_file(dir / "world2-one-gather.bin", control_round(2, {{0, 5}}, {}));
+  write_file(dir / "world3-two-gathers-uneven.bin", control_round(3, {{0, 9}, {1, 9}}, {0, 1, 2}));
+  write_file(dir / "world4-cold-and-steps.bin",
+             control_round(4, {{0, 12}}, {}, {}, [](int r, ControlRecord& c) {
+               if (r == 2) c.flags |= kCold;
+               if (r == 3) c.step = 11;
+             }));
+  write_file(dir / "world2-local-error.bin",
+             control_round(2, {{1, 3, kLocalError, "input of 12 bytes, expected 128"}}, {}));
+  write_file(dir / "world8-raw.bin", control_round(8, {{0, 40, kRaw}, {1, 40, kRaw}}, {}));
+  Verdict failed{};
+  record_failure(failed, 1, 2, "content checksum mismatch");
+  Verdict envelope{};
+  record_failure(envelope, 0, -1, "rank 0's envelope has trailing bytes");
+  write_file(dir / "world3-failed-verdicts.bin",
+             control_round(3, {{0, 7}}, {}, {Verdict{}, envelope, failed}));
+}
+
+// ---- fuzz_decode and fuzz_roundtrip -----------------------------------------------------------
+
+void decode_corpus(const fs::path& dir) {
+  // fuzz_decode's first byte picks one of its 12 configurations, the second its frame (0: the
+  // rest of the input is the payload; 1: key; 2, 3: the deltas after it).
+  for (uint8_t config = 0; config < 12; ++config) {
+    for (uint8_t frame = 1; frame < 4; ++frame) {
+      const Bytes seed = {std::byte{config}, std::byte{frame}};
+      write_file(dir / ("config" + std::to_string(config) + "-frame" + std::to_string(frame)),
+                 seed);
+    }
+  }
+}
+
+void roundtrip_corpus(const fs::path& dir) {
+  // fuzz_roundtrip's header: dtype, block size, detection/coding/warmup, steps.
+  const std::pair<DType, const char*> dtypes[] = {
+      {DType::kBF16, "bf16"}, {DType::kFP16, "fp16"}, {DType::kFP32, "fp32"}};
+  uint64_t seed = 1000;
+  for (const auto& [dtype, name] : dtypes) {
+    for (uint64_t values : {0, 1, 333}) {
+      for (uint8_t mode : {0x00, 0x04, 0x01}) {  // exact/auto, exact/fine, hash/block
+        Bytes input = {std::byte{static_cast<uint8_t>(static_cast<uint8_t>(dtype) - 1)},
+                       std::byte{1}, std::byte{mode}, std::byte{3}};
+        const Shard shard(dtype, values, seed++);
+        append(input, shard.bytes().data(), shard.bytes().size());
+        write_file(dir / (std::string(name) + "-n" + std::to_string(values) + "-mode" +
+                          std::to_string(mode) + ".bin"),
+                   input);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: make_corpus <corpus dir>\n";
+    return 2;
+  }
+  const fs::path root = argv[1];
+  const std::pair<const char*, void (*)(const fs::path&)> targets[] = {
+      {"fuzz_payload", payload_corpus},
+      {"fuzz_envelope", envelope_corpus},
+      {"fuzz_control", control_corpus},
+      {"fuzz_decode", decode_corpus},
+      {"fuzz_roundtrip", roundtrip_corpus}};
+  try {
+    for (const auto& [name, make] : targets) {
+      const fs::path dir = root / name;
+      fs::remove_all(dir);
+      fs::create_directories(dir);
+      make(dir);
+      uint64_t files = 0, bytes = 0;
+      for (const auto& entry : fs::directory_iterator(dir)) {
+        ++files;
+        bytes += entry.file_size();
+      }
+      std::cout << name << ": " << files << " files, " << bytes << " bytes\n";
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "make_corpus: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
