@@ -4,7 +4,8 @@
 #   2. AddressSanitizer + UBSan build: the unit and MPI tests again;
 #   3. ThreadSanitizer build: the engine tests;
 #   4. the Python package, installed with pip into .venv, and its pytest suite;
-#   5. libFuzzer targets (clang): each fuzzer for CIERA_FUZZ_SECONDS (default 30).
+#   5. libFuzzer targets (clang): each fuzzer for CIERA_FUZZ_SECONDS (default 30) from its
+#      committed seed corpus (scripts/fuzz.sh).
 # Tests assert correctness only; no test asserts a timing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,12 +29,6 @@ echo "== Python package (pip install .) and its tests: FSDP2 on 2-4 ranks, ciera
 python=$("$root/scripts/python-env.sh")
 (cd "$root" && "$python" -m pytest -q tests/python)
 
-echo "== fuzzers"
-dir=$("$root/scripts/build.sh" fuzz)
-for fuzzer in fuzz_decode fuzz_roundtrip; do
-  corpus="$dir/corpus/$fuzzer"
-  mkdir -p "$corpus"
-  "$dir/fuzz/$fuzzer" -max_total_time="${CIERA_FUZZ_SECONDS:-30}" -max_len=20000 \
-    -artifact_prefix="$dir/$fuzzer-" "$corpus" 2>&1 | tail -n 2
-done
+echo "== fuzzers, each from a copy of its committed corpus (fuzz/corpus/)"
+"$root/scripts/fuzz.sh" --seconds "${CIERA_FUZZ_SECONDS:-30}"
 echo "== all tests passed"

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer target (fuzz/) from a scratch copy of its committed seed corpus
+# (fuzz/corpus/<target>/; a run never changes it) and prints, per target, the executions, the
+# executions per second and the result. Exits non-zero if any target failed; its log and the
+# reproducer (crash-*, timeout-*, oom-*) are kept in build/fuzz/fuzz-runs/.
+#
+#   fuzz.sh (--seconds S | --runs N) [--parallel] [target...]
+#
+# --seconds: each target for S seconds (scripts/test.sh); --runs: each for N executions
+# (scripts/fuzz-long.sh). --parallel runs the targets side by side, one core each.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+all_targets=(fuzz_payload fuzz_envelope fuzz_control fuzz_decode fuzz_roundtrip)
+limit=() parallel=0 targets=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --seconds) limit=(-max_total_time="$2"); shift 2 ;;
+    --runs) limit=(-runs="$2"); shift 2 ;;
+    --parallel) parallel=1; shift ;;
+    -*) echo "usage: fuzz.sh (--seconds S | --runs N) [--parallel] [target...]" >&2; exit 2 ;;
+    *) targets+=("$1"); shift ;;
+  esac
+done
+if [[ ${#limit[@]} -eq 0 ]]; then
+  echo "fuzz.sh: give --seconds S or --runs N" >&2
+  exit 2
+fi
+[[ ${#targets[@]} -gt 0 ]] || targets=("${all_targets[@]}")
+
+dir=$("$root/scripts/build.sh" fuzz)
+runs="$dir/fuzz-runs"
+rm -rf "$runs"
+mkdir -p "$runs"
+
+# A unit slower than 10 s is a hang (reliability test 2).
+run_one() {
+  local target=$1
+  cp -r "$root/fuzz/corpus/$target" "$runs/$target-corpus"
+  "$dir/fuzz/$target" "${limit[@]}" -timeout=10 -print_final_stats=1 \
+    -artifact_prefix="$runs/$target-" "$runs/$target-corpus" >"$runs/$target.log" 2>&1
+}
+
+declare -A status
+if [[ $parallel -eq 1 ]]; then
+  declare -A pids
+  for target in "${targets[@]}"; do
+    run_one "$target" &
+    pids[$target]=$!
+  done
+  for target in "${targets[@]}"; do
+    if wait "${pids[$target]}"; then status[$target]=0; else status[$target]=$?; fi
+  done
+else
+  for target in "${targets[@]}"; do
+    if run_one "$target"; then status[$target]=0; else status[$target]=$?; fi
+  done
+fi
+
+final_stat() { sed -n "s/^stat::$2: *//p" "$runs/$1.log" | tail -n 1; }
+failed=0
+printf '%-16s %14s %10s  %s\n' target executions exec/s result
+for target in "${targets[@]}"; do
+  result=ok
+  if [[ ${status[$target]} -ne 0 ]]; then
+    result="FAILED (exit ${status[$target]}; $runs/$target.log)"
+    failed=1
+  fi
+  printf '%-16s %14s %10s  %s\n' "$target" "$(final_stat "$target" number_of_executed_units)" \
+    "$(final_stat "$target" average_exec_per_sec)" "$result"
+done
+if [[ $failed -ne 0 ]]; then
+  for target in "${targets[@]}"; do
+    if [[ ${status[$target]} -ne 0 ]]; then
+      echo "== $target: end of its log"
+      tail -n 40 "$runs/$target.log"
+    fi
+  done
+  exit 1
+fi
