@@ -14,6 +14,7 @@ draws the progress; the ranks write per-step metrics to <run>/metrics.jsonl and 
     rank.py              one rank: builds the models, trains them side by side, step by step
     metrics.py           typed per-step and per-run records, reduced over ranks as tensors
     summary.py           summary.json from the runs (rank 0)
+    checkpoint.py        --checkpoint-every / --resume: torch.distributed.checkpoint folders, checked
     characterisation.py  --stats: exponent-change statistics of the gathered parameters
     tracing.py           --trace: the trace for `ciera simulate`
 """

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ciera.train import options
+from ciera.train import checkpoint, options
 from ciera.train.options import budget_text
 
 ROOT = Path(__file__).resolve().parents[1]   # the ciera package
@@ -78,7 +78,8 @@ def launch(args, argv: list[str]) -> int:
 def follow(proc: subprocess.Popen, metrics: Path, args) -> int:
     """Draws a progress bar from the metrics rank 0 appends, until the ranks exit."""
     tty = sys.stderr.isatty()
-    total = args.steps * ((0 if args.no_baseline else 1) + (3 if args.ablation else 1))
+    runs = (0 if args.no_baseline else 1) + (3 if args.ablation else 1)
+    total = (args.steps - checkpoint.resumed_steps(args)) * runs
     seen, last_line, offset, started = 0, "", 0, time.time()
     while True:
         status = proc.poll()
@@ -116,7 +117,9 @@ def render_summary(s: dict, run_dir: Path) -> str:
     rows = [
         ("model", f"{s['model']} ({s['params']:,} parameters, {s['buckets']} FSDP groups), {s['ranks']} ranks"),
         ("links", s["links"]),
-        ("steps", f"{s['steps']} per run, {s['warmup']} warmup; steady state = steps {s['warmup'] + 1}..{s['steps']}"),
+        ("steps", f"{s['steps']} per run, {s['warmup']} warmup; steady state = steps "
+                  f"{max(s['warmup'], s.get('steps_before', 0)) + 1}..{s['steps']}"
+                  + (f"; resumed after step {s['steps_before']} from {s['resumed_from']}" if s.get("resumed_from") else "")),
         ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
         ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  "
                                  f"ratio {s['ratio']:.3f}x ({s['bits_per_value']:.3f} bits/value)"),

@@ -3,6 +3,8 @@ reduces over ranks, so a field is named once instead of being a position in a te
 
 from __future__ import annotations
 
+import os
+import resource
 from dataclasses import astuple, dataclass, fields
 
 import torch
@@ -42,6 +44,14 @@ class StepMetrics:
         return StepMetrics.from_tensor(tensor)
 
 
+def resident_bytes() -> tuple[int, int]:
+    """This process's resident memory now and its peak so far, in bytes (Linux)."""
+    with open("/proc/self/statm") as f:
+        resident_pages = int(f.read().split()[1])
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return resident_pages * os.sysconf("SC_PAGE_SIZE"), peak_kib * 1024
+
+
 @dataclass
 class RunCheck:
     """How one CIERA training compares with the baseline on this rank: counts that are summed
@@ -78,6 +88,7 @@ class Run:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         self.take_records = take_records
         self.final = None
+        self.digest = None   # sha256 of the final parameters (rank 0)
         self.budget_mb = None
         self.peak_cache_bytes = 0
         self.rs_records: list = []

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ciera.train import checkpoint
+
 
 def parser() -> argparse.ArgumentParser:
     description = sys.modules[__package__].__doc__.split("\n\n")[0]
@@ -43,6 +45,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--save-checkpoints", metavar="DIR",
                    help="write the BF16 parameters of the CIERA run as safetensors at the start of every "
                         "step (for `ciera analyze`)")
+    p.add_argument("--checkpoint-every", type=int, metavar="K",
+                   help="every K steps, checkpoint every training (model, optimizer, RNG; "
+                        "torch.distributed.checkpoint) to <run>/checkpoints/step-NNNNNN for --resume")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue from the checkpoint folder DIR (<run>/checkpoints/step-NNNNNN) up to --steps; "
+                        "same model, data and --ranks as the run that wrote it")
+    p.add_argument("--rss-every", type=int, default=100, metavar="N",
+                   help="sample every rank's resident memory every N steps (and after the first and last)")
     p.add_argument("--trace", metavar="FILE",
                    help="write a trace for `ciera simulate` (per-group compute, comm curves, change rates)")
     p.add_argument("--verify", action="store_true", help="compare every gather with torch.distributed's")
@@ -64,6 +74,11 @@ def check(args) -> None:
         raise SystemExit(f"ciera train: --budget-mb must be >= 0 MiB, got {args.budget_mb}")
     if args.reselect_every < 0:
         raise SystemExit(f"ciera train: --reselect-every must be >= 0, got {args.reselect_every}")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise SystemExit(f"ciera train: --checkpoint-every must be >= 1, got {args.checkpoint_every}")
+    if args.rss_every < 1:
+        raise SystemExit(f"ciera train: --rss-every must be >= 1, got {args.rss_every}")
+    checkpoint.check_resume(args)
 
 
 def budget_bytes(budget_mb: float) -> int:

@@ -5,6 +5,7 @@ per-step metrics (rank 0) and, at the end, the summary."""
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import time
@@ -15,7 +16,8 @@ import torch.distributed as dist
 
 import ciera
 from ciera import fsdp
-from ciera.train.metrics import Run, StepMetrics
+from ciera.train import checkpoint
+from ciera.train.metrics import Run, StepMetrics, resident_bytes
 from ciera.train.options import budget_bytes
 
 
@@ -29,6 +31,9 @@ class RankProgram:
         self.stats = None
         self.trackers: dict = {}
         self.grad_bytes: dict[int, int] = {}
+        self.first_step = 0   # steps done before this run (--resume)
+        self.memory: list[dict] = []   # resident memory samples (rank 0)
+        self.checkpoints: list[str] = []
 
     def run(self) -> int:
         torch.set_num_threads(1)
@@ -144,10 +149,18 @@ class RankProgram:
             self.add_baseline(runs)
         for name, budget_mb, overlap in self.variants():
             model, spec = self.add_ciera(runs, handles, name, budget_mb, overlap)
-        for step in range(a.steps):
+        if a.resume:
+            self.first_step = checkpoint.load(self, runs, handles, Path(a.resume))
+        for step in range(self.first_step, a.steps):
             self.train_step(runs, handles, step, data.batch(corpus, step, self.rank, a.batch, a.seq_len, a.seed))
+            done = step + 1
+            if done == self.first_step + 1 or done % a.rss_every == 0 or done == a.steps:
+                self.sample_memory(done, handles)
+            if a.checkpoint_every and done % a.checkpoint_every == 0:
+                self.checkpoints.append(str(checkpoint.save(self, runs, handles, done)))
         for run in runs.values():
             run.final = self.local_params(run.model)
+            run.digest = self.param_digest(run.model)
         finish(self, runs, handles, spec, sum(p.numel() for p in model.parameters()))
         for handle in handles.values():
             handle.disable()
@@ -155,9 +168,9 @@ class RankProgram:
     def train_step(self, runs: dict, handles: dict, step: int, tokens) -> None:
         """Step `step` of every training, in an order that rotates from step to step."""
         a = self.args
-        if step == a.warmup:
-            # Warmup over: without a selector every parameter now goes through exponent reuse
-            # (all ranks at once).
+        if step == max(a.warmup, self.first_step):
+            # Warmup over (or a run resumed after it starts): without a selector every parameter
+            # now goes through exponent reuse (all ranks at once).
             for handle in handles.values():
                 if handle.selector is None:
                     for bucket in handle.buckets:
@@ -228,6 +241,33 @@ class RankProgram:
     def local_params(self, model) -> list:
         return [p.to_local().detach().clone() if hasattr(p, "to_local") else p.detach().clone()
                 for p in model.parameters()]
+
+    def param_digest(self, model) -> str | None:
+        """sha256 of the full parameters (FP32 masters: names, shapes and bytes in order), on rank 0;
+        independent of the rank count, so runs can be compared across files. Collective."""
+        digest = hashlib.sha256()
+        for name, p in model.named_parameters():
+            full = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().contiguous()
+            digest.update(f"{name} {tuple(full.shape)} {full.dtype}\n".encode())
+            digest.update(full.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest() if self.rank == 0 else None
+
+    def sample_memory(self, steps_done: int, handles: dict) -> None:
+        """Every rank's resident memory (now and its peak) and codec state after `steps_done` steps;
+        rank 0 keeps them and appends them to memory.jsonl. The trainings share each rank's
+        process, so the resident numbers are all of them together. Collective."""
+        rss, peak = resident_bytes()
+        codec_bytes = sum(h.cache_bytes for h in handles.values())
+        mine = torch.tensor([rss, peak, codec_bytes], dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(everyone, mine)
+        if self.rank == 0:
+            rows = torch.stack(everyone).tolist()
+            sample = {"step": steps_done, "rss_bytes": [r[0] for r in rows], "peak_rss_bytes": [r[1] for r in rows],
+                      "codec_state_bytes": [r[2] for r in rows]}
+            self.memory.append(sample)
+            with open(self.run_dir / "memory.jsonl", "a") as f:
+                f.write(json.dumps(sample) + "\n")
 
     def save_checkpoint(self, model, step: int) -> None:
         """The parameters as FSDP gathers them (BF16 casts of the FP32 masters). Collective."""

@@ -18,24 +18,31 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def check_runs(runs: dict, handles: dict, names: list[str]) -> tuple[list[RunCheck], list[int]]:
-    """Per CIERA run: its RunCheck against the baseline summed over ranks, and the peak codec state
-    of any rank. Collective."""
+def check_runs(runs: dict, handles: dict, names: list[str]) -> tuple[list[RunCheck], list[int], list[int]]:
+    """Per CIERA run: its RunCheck against the baseline summed over ranks, the peak codec state of
+    any rank, and the number of steps whose loss is bitwise the baseline's on every rank (0 without
+    a baseline). Collective."""
     base = runs.get("fsdp2")
     checks, peaks = [], torch.zeros(len(names), dtype=torch.int64)
+    steps = len(runs[names[0]].results["loss_bits"])
+    differing = torch.ones(len(names), steps, dtype=torch.int64)   # per run and step: any rank's loss differs
     for i, name in enumerate(names):
         run, check = runs[name], RunCheck()
         if base:
-            check.loss_mismatches = sum(x != y for x, y in zip(base.results["loss_bits"], run.results["loss_bits"]))
+            differs = [int(x != y) for x, y in zip(base.results["loss_bits"], run.results["loss_bits"])]
+            check.loss_mismatches = sum(differs)
             check.param_bytes_mismatched = sum(int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
                                                for x, y in zip(base.final, run.final))
+            differing[i] = torch.tensor(differs, dtype=torch.int64)
         check.wrong_bytes = handles[name].wrong_bytes
         check.verified_bytes = handles[name].verified_bytes
         checks.append(check)
         peaks[i] = run.peak_cache_bytes
     checks = RunCheck.sum_over_ranks(checks)
     dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
-    return checks, [int(p) for p in peaks]
+    dist.all_reduce(differing, op=dist.ReduceOp.MAX)
+    identical_steps = [int((row == 0).sum()) for row in differing]
+    return checks, [int(p) for p in peaks], identical_steps
 
 
 def _selection_fields(handle) -> dict:
@@ -57,7 +64,8 @@ def _selection_fields(handle) -> dict:
     }
 
 
-def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None, steady: slice) -> dict:
+def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None, steady: slice,
+                 identical_steps: int) -> dict:
     """One CIERA training's part of the summary: bytes, times and speedups, exactness, selection."""
     r = run.results
     raw, wire = sum(r["raw"][steady]), sum(r["wire"][steady])
@@ -76,6 +84,7 @@ def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None,
         "losses_identical": bool(base) and check.loss_mismatches == 0,
         "params_identical": bool(base) and check.param_bytes_mismatched == 0,
         "loss_mismatches": check.loss_mismatches, "param_bytes_mismatched": check.param_bytes_mismatched,
+        "steps_compared": len(r["loss_bits"]) if base else 0, "steps_identical": identical_steps,
         "wrong_bytes": check.wrong_bytes, "verified_bytes": check.verified_bytes,
         "overlap": handle.overlap,
         "cache_bytes": peak,
@@ -100,10 +109,11 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     """Compares the trainings, collects the trace and statistics (collective), and on rank 0
     writes summary.json (and characterisation.json, the trace)."""
     a = program.args
-    steady = slice(a.warmup, a.steps)
+    first = program.first_step   # results hold steps first+1..steps (1-based)
+    steady = slice(max(0, a.warmup - first), a.steps - first)
     base = runs.get("fsdp2")
     names = [n for n in runs if n != "fsdp2"]
-    checks, peaks = check_runs(runs, handles, names)
+    checks, peaks, identical_steps = check_runs(runs, handles, names)
     trace_doc = None
     if a.trace:
         from ciera.train.tracing import collect_trace
@@ -112,7 +122,7 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     characterisation = program.stats.gather() if program.stats is not None else None
     if program.rank != 0:
         return
-    described = {name: describe_run(runs[name], handles[name], checks[i], peaks[i], base, steady)
+    described = {name: describe_run(runs[name], handles[name], checks[i], peaks[i], base, steady, identical_steps[i])
                  for i, name in enumerate(names)}
     main = described["ciera"]
     records = [json.loads(line) for line in open(program.run_dir / "metrics.jsonl")]
@@ -136,6 +146,13 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
         "losses_identical": all(d["losses_identical"] for d in described.values()),
         "params_identical": all(d["params_identical"] for d in described.values()),
         "wrong_bytes": sum(d["wrong_bytes"] for d in described.values()),
+        # For comparing runs with each other (an uninterrupted run and a resumed one): each
+        # training's mean loss of every step this run made, and a digest of its final parameters.
+        "resumed_from": a.resume, "steps_before": first,
+        "losses": {name: run.results["loss"] for name, run in runs.items()},
+        "param_sha256": {name: run.digest for name, run in runs.items()},
+        "memory": program.memory,
+        "checkpoints": program.checkpoints,
     }
     # O5: change detection + encoding per step, and how much of the gathers' duration the
     # training did not wait for (0 with synchronous gathers; with --overlap, what CCP hid).

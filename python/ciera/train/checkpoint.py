@@ -1,0 +1,140 @@
+"""Resume checkpoints of ``ciera train`` (--checkpoint-every, --resume), with PyTorch's own
+distributed checkpointing. One checkpoint is the folder <run>/checkpoints/step-NNNNNN/, written
+after NNNNNN steps:
+
+    .metadata, *.distcp    torch.distributed.checkpoint: per training (fsdp2, ciera, ...) the FSDP2
+                           model and its Adam state, sharded as the ranks hold them
+    rng-rank<R>.pt         each rank's torch RNG state (no model here draws from it during training
+                           today; kept so that one that does, with dropout say, resumes exactly)
+    ciera-checkpoint.json  the configuration the next steps depend on and the selectors' state;
+                           written last, so a folder without it is no checkpoint
+
+The data needs no state: ``data.batch`` is a pure function of (seed, step, rank).
+
+CIERA's codec state is not saved: a resumed run starts a fresh engine, so every stream starts
+again with a key frame on both sides (reliability item 7: reset on both sides, never one). Shards
+that were compressed at the checkpoint are compressed from the first resumed step on: without a
+selector, every shard after warmup; with one, see ``Selector.load_state_dict`` (its step count,
+latest selection and statistics are restored). The codec is lossless, so none of this changes a
+training result: steps N+1.. of a resumed run are bitwise identical to an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+VERSION = 1
+METADATA = "ciera-checkpoint.json"
+
+# What the next steps' numbers depend on: a resumed run must use the same values.
+_SAME = {"model": "--model", "layers": "--layers", "hidden": "--hidden", "experts": "--experts",
+         "expert_intermediate": "--expert-intermediate", "seq_len": "--seq-len", "batch": "--batch",
+         "lr": "--lr", "seed": "--seed"}
+
+
+def folder_for(run_dir: Path, steps_done: int) -> Path:
+    return run_dir / "checkpoints" / f"step-{steps_done:06d}"
+
+
+def trainings(args) -> list[str]:
+    """The trainings a run holds, by name (RankProgram.variants names the CIERA ones)."""
+    return ([] if args.no_baseline else ["fsdp2"]) + (["er", "bsc", "ciera"] if args.ablation else ["ciera"])
+
+
+def read_metadata(folder: Path) -> dict:
+    return json.loads((folder / METADATA).read_text())
+
+
+def resumed_steps(args) -> int:
+    """The steps done before this run: those of its --resume checkpoint (checked), else 0."""
+    return int(read_metadata(Path(args.resume))["steps_done"]) if args.resume else 0
+
+
+def check_resume(args) -> int:
+    """Checks --resume DIR against this run's options (SystemExit with the reason); returns the
+    steps the checkpoint has done, 0 without --resume."""
+    if not args.resume:
+        return 0
+    folder = Path(args.resume)
+    where = f"ciera train: --resume {folder}"
+    if not folder.is_dir():
+        raise SystemExit(f"{where}: no such folder")
+    if not (folder / METADATA).is_file() or not (folder / ".metadata").is_file():
+        found = sorted(p.name for p in (folder / "checkpoints").glob("step-*")) if (folder / "checkpoints").is_dir() else []
+        hint = f" (its checkpoints/ holds {', '.join(found)})" if found else ""
+        raise SystemExit(f"{where}: not a checkpoint folder; give one <run>/checkpoints/step-NNNNNN{hint}")
+    try:
+        meta = read_metadata(folder)
+        done, saved, config = int(meta["steps_done"]), meta["trainings"], meta["config"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"{where}: unreadable {METADATA} ({type(e).__name__}: {e})")
+    if meta.get("version") != VERSION:
+        raise SystemExit(f"{where}: checkpoint version {meta.get('version')}, this ciera reads {VERSION}")
+    if meta["ranks"] != args.ranks:
+        raise SystemExit(f"{where}: written by {meta['ranks']} ranks, this run has --ranks {args.ranks} "
+                         "(each rank's data and RNG state are its own: the rank count must match)")
+    for key, flag in _SAME.items():
+        if config.get(key) != getattr(args, key):
+            raise SystemExit(f"{where}: written with {flag} {config.get(key)}, this run has {flag} "
+                             f"{getattr(args, key)} (a resumed run trains the same model on the same data)")
+    missing = [name for name in trainings(args) if name not in saved]
+    if missing:
+        raise SystemExit(f"{where}: holds the trainings {', '.join(saved)}, not {', '.join(missing)} "
+                         "(resume with the same --no-baseline / --ablation)")
+    if args.steps <= done:
+        raise SystemExit(f"{where}: --steps {args.steps} must exceed the {done} steps the checkpoint has done")
+    return done
+
+
+def _training_state(run) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optimizer = get_state_dict(run.model, run.optimizer)
+    return {"model": model, "optimizer": optimizer}
+
+
+def save(program, runs: dict, handles: dict, steps_done: int) -> Path:
+    """Writes the checkpoint after `steps_done` steps of every training. Collective."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    a = program.args
+    folder = folder_for(program.run_dir, steps_done)
+    dcp.save({name: _training_state(run) for name, run in runs.items()}, checkpoint_id=str(folder))
+    torch.save(torch.get_rng_state(), folder / f"rng-rank{program.rank}.pt")
+    selectors = {name: h.selector.state_dict() for name, h in handles.items() if h.selector is not None}
+    dist.barrier()  # every rank's files are complete before the metadata says so
+    if program.rank == 0:
+        meta = {"version": VERSION, "steps_done": steps_done, "ranks": program.world,
+                "trainings": list(runs), "config": {key: getattr(a, key) for key in _SAME},
+                "selectors": selectors, "resumed_from": a.resume}
+        tmp = folder / (METADATA + ".tmp")
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, folder / METADATA)
+    return folder
+
+
+def load(program, runs: dict, handles: dict, folder: Path) -> int:
+    """Loads every training of this run from `folder` (models and optimizers as built, the RNG
+    state after building them); returns the steps done. Collective."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    meta = read_metadata(folder)
+    state = {name: _training_state(run) for name, run in runs.items()}
+    dcp.load(state, checkpoint_id=str(folder))
+    for name, run in runs.items():
+        set_state_dict(run.model, run.optimizer, model_state_dict=state[name]["model"],
+                       optim_state_dict=state[name]["optimizer"])
+    torch.set_rng_state(torch.load(folder / f"rng-rank{program.rank}.pt"))
+    for name, handle in handles.items():
+        if handle.selector is not None:
+            # A checkpoint of a run without a selector (no --budget-mb) gives only the step count.
+            handle.selector.load_state_dict(meta["selectors"].get(name) or {
+                "step": meta["steps_done"], "selection_step": None, "history": [], "counts": None,
+                "selected_from": None})
+    return int(meta["steps_done"])

@@ -1,0 +1,88 @@
+"""Checkpoint and resume (reliability item 7): `ciera train --checkpoint-every K` then `--resume`
+gives the steps after the checkpoint, and the final parameters, bitwise as the uninterrupted run
+had them; a checkpoint that does not fit the run is refused in one line before any rank starts."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import all_ok, spawn
+
+import fsdp_workers as w
+
+# Small enough for 2 shared cores: 2 ranks, 12 steps of a one-layer OLMoE, a checkpoint at step 6.
+TINY = ["--ranks", "2", "--warmup", "3", "--layers", "1", "--hidden", "32", "--experts", "4",
+        "--expert-intermediate", "32", "--seq-len", "16", "--batch", "2", "--rss-every", "5"]
+
+
+def _train(*args, timeout=600):
+    import ciera
+
+    # Wherever the tests import ciera from (installed, or this checkout), the job does too.
+    env = dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
+    return subprocess.run([sys.executable, "-m", "ciera.train", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def _summary(done) -> dict:
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    summary = _summary(_train(*TINY, "--steps", 12, "--checkpoint-every", 6, "--json", "--out", out))
+    return summary, next(out.iterdir())
+
+
+def test_a_resumed_run_is_bitwise_identical_to_the_uninterrupted_one(uninterrupted, tmp_path):
+    whole, run_dir = uninterrupted
+    assert [Path(c).name for c in whole["checkpoints"]] == ["step-000006", "step-000012"]
+    resumed = _summary(_train(*TINY, "--steps", 12, "--resume", run_dir / "checkpoints" / "step-000006",
+                              "--json", "--out", tmp_path))
+    assert resumed["steps_before"] == 6 and resumed["resumed_from"].endswith("step-000006")
+    for name in ("fsdp2", "ciera"):
+        assert len(resumed["losses"][name]) == 6
+        assert resumed["losses"][name] == whole["losses"][name][6:], name   # steps 7..12, bit for bit
+        assert resumed["param_sha256"][name] == whole["param_sha256"][name], name
+    # Both runs compared with FSDP2 every step, and compressed: the resumed one from key frames.
+    assert whole["steps_identical"] == whole["steps_compared"] == 12
+    assert resumed["steps_identical"] == resumed["steps_compared"] == 6
+    assert resumed["losses_identical"] and resumed["params_identical"]
+    assert 0 < resumed["bits_per_value"] < 16
+    assert [m["step"] for m in resumed["memory"]] == [7, 10, 12]
+    assert all(len(m["rss_bytes"]) == 2 and min(m["rss_bytes"]) > 0 for m in resumed["memory"])
+    records = [json.loads(line) for line in open(next(tmp_path.iterdir()) / "metrics.jsonl")]
+    assert sorted({r["step"] for r in records}) == list(range(6, 12))
+
+
+def test_a_checkpoint_that_does_not_fit_the_run_is_refused_in_one_line(uninterrupted, tmp_path):
+    _, run_dir = uninterrupted
+    step6 = run_dir / "checkpoints" / "step-000006"
+    cases = [
+        ([*TINY, "--steps", 12, "--resume", tmp_path / "none"], "no such folder"),
+        ([*TINY, "--steps", 12, "--resume", run_dir], "not a checkpoint folder"),
+        ([*TINY[2:], "--ranks", 3, "--steps", 12, "--resume", step6], "written by 2 ranks, this run has --ranks 3"),
+        ([*TINY, "--hidden", 64, "--steps", 12, "--resume", step6], "written with --hidden 32, this run has --hidden 64"),
+        ([*TINY, "--steps", 6, "--resume", step6], "--steps 6 must exceed the 6 steps"),
+        ([*TINY, "--steps", 12, "--ablation", "--resume", step6], "not er, bsc"),
+        ([*TINY, "--steps", 12, "--checkpoint-every", 0], "--checkpoint-every must be >= 1"),
+        ([*TINY, "--steps", 12, "--rss-every", 0], "--rss-every must be >= 1"),
+    ]
+    for args, reason in cases:
+        done = _train(*args, "--out", tmp_path / "runs", timeout=120)
+        assert done.returncode != 0 and reason in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr   # one line, no traceback
+    assert not (tmp_path / "runs").exists()   # refused before a run folder was made
+
+
+def test_a_selector_state_continues_in_a_fresh_engine():
+    for r in all_ok(spawn(w.selector_resume, 2)):
+        assert r["step"] == 6 and r["selection_step"] == 3 and r["carried"], r
+        assert r["chosen"] == r["chosen_before"] and r["chosen"] and r["policies_equal"], r
+        assert r["history"] == r["resumed_history"] == [3, 7], r
+        assert r["compressed_gathers"] > 0 and r["wrong_bytes"] == 0 and r["verified_bytes"] > 0, r
