@@ -28,10 +28,12 @@ struct DecoderSnapshot {
   bool operator==(const DecoderSnapshot&) const = default;
 };
 
+constexpr StreamIdentity kStream{.stream = 4, .epoch = 3};
+
 // A sender/receiver pair advanced past warmup, with the next frame encoded but not yet decoded.
 struct Fixture {
   Fixture(CodecConfig c, size_t values, Pattern pattern, int steps)
-      : config(c), n(values), encoder(c, values, 3), decoder(c, values),
+      : config(c), n(values), encoder(c, values, kStream), decoder(c, values, kStream),
         trajectory(c.dtype, values, pattern, 77), payload(encoder.max_payload_bytes()),
         out(values * dtype_info(c.dtype).value_bytes) {
     for (int i = 0; i < steps; ++i) {
@@ -154,8 +156,8 @@ TEST(DecoderSafety, SkippedRepeatedAndForeignFramesAreRejected) {
   f.decoder.decode(frame5, f.out);
   EXPECT_EQ(f.out, f.trajectory.values());
 
-  // A delta from another sender stream (another epoch) with the right sequence number.
-  ShardEncoder other(f.config, f.n, 99);
+  // A delta from another incarnation of the stream (another epoch) with the right sequence number.
+  ShardEncoder other(f.config, f.n, {.stream = kStream.stream, .epoch = 99});
   std::vector<std::byte> p;
   for (int i = 0; i < 6; ++i) {
     p.resize(other.max_payload_bytes());
@@ -164,6 +166,157 @@ TEST(DecoderSafety, SkippedRepeatedAndForeignFramesAreRejected) {
   ASSERT_EQ(inspect_payload(p).kind, FrameKind::kDelta);
   ASSERT_EQ(inspect_payload(p).sequence, f.decoder.last_sequence() + 1);
   f.expect_rejected(p, "foreign epoch");
+}
+
+// Reliability test 13: a payload belongs to one stream (sender and shard, restart epoch); a
+// misrouted, replayed or stale frame is an error, key frames included, unless the receiver asked
+// for a resynchronisation.
+struct StreamFrames {
+  // Frames 0..count-1 of `identity`'s stream, the first `warmup` of them key frames.
+  StreamFrames(StreamIdentity identity, int count, int warmup = 1) {
+    CodecConfig c = config_for(ExponentCoding::kAuto);
+    c.warmup_steps = static_cast<uint32_t>(warmup);
+    ShardEncoder encoder(c, kValues, identity);
+    Trajectory t(c.dtype, kValues, Pattern::kSparse, 21);
+    for (int i = 0; i < count; ++i) {
+      t.step();
+      frames.push_back(encode(encoder, t));
+      values.push_back(t.values());
+    }
+  }
+  static std::vector<std::byte> encode(ShardEncoder& encoder, const Trajectory& t) {
+    std::vector<std::byte> p(encoder.max_payload_bytes());
+    p.resize(encoder.encode(t.span(), p).payload_bytes);
+    return p;
+  }
+  static constexpr size_t kValues = 3000;
+  std::vector<std::vector<std::byte>> frames;
+  std::vector<std::vector<std::byte>> values;
+};
+
+// Decoding must throw FormatError and leave `decoder` exactly as it was.
+void expect_refused(ShardDecoder& decoder, const std::vector<std::byte>& frame,
+                    const std::string& what, const std::string& reason) {
+  const DecoderSnapshot before(decoder);
+  std::vector<std::byte> out(StreamFrames::kValues * 2);
+  try {
+    decoder.decode(frame, out);
+    ADD_FAILURE() << what << ": decoded";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << what << ": " << e.what();
+  }
+  EXPECT_TRUE(DecoderSnapshot(decoder) == before) << "decoder state changed: " << what;
+}
+
+void expect_decoded(ShardDecoder& decoder, const StreamFrames& s, size_t frame) {
+  std::vector<std::byte> out(StreamFrames::kValues * 2);
+  decoder.decode(s.frames[frame], out);
+  EXPECT_EQ(out, s.values[frame]);
+}
+
+ShardDecoder decoder_for(StreamIdentity identity) {
+  return ShardDecoder(config_for(ExponentCoding::kAuto), StreamFrames::kValues, identity);
+}
+
+TEST(StreamIdentity, AnotherStreamsPayloadIsMisrouted) {
+  const StreamFrames mine({.stream = 7, .epoch = 40}, 3);
+  const StreamFrames other_peer({.stream = 8, .epoch = 40}, 3);
+  ShardDecoder decoder = decoder_for({.stream = 7, .epoch = 40});
+  expect_refused(decoder, other_peer.frames[0], "another stream's key frame", "misrouted");
+  expect_decoded(decoder, mine, 0);
+  expect_refused(decoder, other_peer.frames[1], "another stream's delta frame", "misrouted");
+  expect_decoded(decoder, mine, 1);
+}
+
+TEST(StreamIdentity, ReplayedAndSkippedKeyFramesAreRefused) {
+  const StreamFrames s({.stream = 1, .epoch = 9}, 5, /*warmup=*/3);  // frames 0-2 are key frames
+  ShardDecoder decoder = decoder_for({.stream = 1, .epoch = 9});
+  expect_decoded(decoder, s, 0);
+  expect_refused(decoder, s.frames[2], "a key frame that skips one", "out-of-sequence");
+  expect_decoded(decoder, s, 1);
+  expect_decoded(decoder, s, 2);
+  expect_decoded(decoder, s, 3);
+  for (size_t old = 0; old < 3; ++old) {
+    expect_refused(decoder, s.frames[old], "replayed key frame " + std::to_string(old),
+                   "stale or out-of-sequence");
+  }
+  expect_decoded(decoder, s, 4);
+}
+
+TEST(StreamIdentity, AFreshDecoderTakesOnlyItsOwnEpoch) {
+  // A receiver set up for epoch 12 of a stream: the key frame of an earlier incarnation (a
+  // restarted job replaying old traffic) is stale, a later one was never asked for.
+  const StreamFrames earlier({.stream = 2, .epoch = 11}, 1);
+  const StreamFrames later({.stream = 2, .epoch = 13}, 1);
+  ShardDecoder decoder = decoder_for({.stream = 2, .epoch = 12});
+  expect_refused(decoder, earlier.frames[0], "an earlier epoch's key frame", "stale");
+  expect_refused(decoder, later.frames[0], "an unrequested later epoch", "no resynchronisation");
+  // Joining a stream late is allowed: the first key frame of the epoch may have any sequence.
+  const StreamFrames warm({.stream = 2, .epoch = 12}, 4, /*warmup=*/4);
+  expect_decoded(decoder, warm, 2);
+  expect_decoded(decoder, warm, 3);
+}
+
+TEST(StreamIdentity, ResynchronisationIsAcceptedOnlyWhenRequested) {
+  CodecConfig c = config_for(ExponentCoding::kAuto);
+  c.warmup_steps = 1;
+  const StreamIdentity id{.stream = 3, .epoch = 0xFFFFFFFEu};  // the epoch wraps on the way
+  ShardEncoder encoder(c, StreamFrames::kValues, id);
+  ShardDecoder decoder = decoder_for(id);
+  Trajectory t(c.dtype, StreamFrames::kValues, Pattern::kSparse, 5);
+  std::vector<std::byte> out(StreamFrames::kValues * 2);
+  std::vector<std::vector<std::byte>> sent;
+  const auto send = [&] {
+    t.step();
+    sent.push_back(StreamFrames::encode(encoder, t));
+    return sent.back();
+  };
+  for (int i = 0; i < 3; ++i) {
+    decoder.decode(send(), out);
+    EXPECT_EQ(out, t.values());
+  }
+  // The sender resynchronises twice (epochs 0xFFFFFFFF, then 0): the receiver did not ask.
+  encoder.request_key_frame();
+  encoder.request_key_frame();
+  const std::vector<std::byte> resync = send();
+  ASSERT_EQ(inspect_payload(resync).epoch, 0u);
+  expect_refused(decoder, resync, "an unrequested resynchronisation", "no resynchronisation");
+  decoder.request_resync();
+  decoder.decode(resync, out);
+  EXPECT_EQ(out, t.values());
+  EXPECT_EQ(decoder.epoch(), 0u);
+  // The old epoch's frames, key or delta, are stale now, even with another resync requested.
+  decoder.request_resync();
+  expect_refused(decoder, sent[0], "the old epoch's key frame", "stale");
+  expect_refused(decoder, sent[2], "the old epoch's delta frame", "stale");
+  decoder.decode(send(), out);  // the new epoch's first delta
+  EXPECT_EQ(out, t.values());
+}
+
+TEST(StreamIdentity, AnUnrelatedIncarnationIsNoResynchronisation) {
+  // A restarted sender draws a random epoch; a receiver of the old incarnation that asked for a
+  // resync still refuses it unless it is within kMaxResyncEpochs ahead.
+  const StreamFrames old_sender({.stream = 6, .epoch = 100}, 2);
+  const StreamFrames restarted({.stream = 6, .epoch = 100 + kMaxResyncEpochs + 1}, 1);
+  ShardDecoder decoder = decoder_for({.stream = 6, .epoch = 100});
+  expect_decoded(decoder, old_sender, 0);
+  decoder.request_resync();
+  expect_refused(decoder, restarted.frames[0], "another incarnation", "not a resynchronisation");
+  EXPECT_NE(new_stream_epoch(), new_stream_epoch());  // 2^-32 chance of a false alarm
+}
+
+TEST(StreamIdentity, AResetDecoderWaitsForAKeyFrameOfItsStream) {
+  const StreamFrames s({.stream = 0, .epoch = 5}, 4);
+  const StreamFrames resynced({.stream = 0, .epoch = 6}, 1);
+  ShardDecoder decoder = decoder_for({.stream = 0, .epoch = 5});
+  expect_decoded(decoder, s, 0);
+  expect_decoded(decoder, s, 1);
+  decoder.reset();  // a cold receiver: the next frame must be a key frame
+  expect_refused(decoder, s.frames[2], "a delta frame after reset", "no exponent cache");
+  expect_refused(decoder, s.frames[0], "a replayed key frame after reset", "stale");
+  expect_decoded(decoder, resynced, 0);  // reset() asked for the resynchronisation
+  EXPECT_EQ(decoder.stream(), 0u);
+  EXPECT_EQ(inspect_payload(resynced.frames[0]).stream, 0u);
 }
 
 TEST(DecoderSafety, PayloadsForAnotherConfigurationAreRejected) {
@@ -239,7 +392,8 @@ TEST(DecoderSafety, HashCollisionsAreCaughtByTheChecksumAndRepairedByAKeyFrame) 
       ++caught;
       EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
       EXPECT_TRUE(DecoderSnapshot(decoder) == before);
-      encoder.request_key_frame();
+      encoder.request_key_frame();  // the receiver asks for a resynchronisation
+      decoder.request_resync();
       t.step();
       const auto key = encoder.encode(t.span(), payload);
       ASSERT_EQ(key.kind, FrameKind::kKey);

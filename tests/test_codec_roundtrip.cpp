@@ -63,8 +63,9 @@ TEST_P(RoundTrip, EveryStepIsBitwiseExact) {
   config.warmup_steps = 2;
   const int steps = n >= 1000000 ? 4 : 7;
 
-  ShardEncoder encoder(config, n, 11);
-  ShardDecoder decoder(config, n);
+  const StreamIdentity stream{.stream = 5, .epoch = 11};
+  ShardEncoder encoder(config, n, stream);
+  ShardDecoder decoder(config, n, stream);
   const size_t bound = max_payload_bytes(dtype, n, block);
   ASSERT_EQ(encoder.max_payload_bytes(), bound);
   std::vector<std::byte> payload(bound);
@@ -261,8 +262,9 @@ TEST(Codec, ResyncStartsANewEpochAndRecoversAColdDecoder) {
   CodecConfig config;
   config.warmup_steps = 1;
   const size_t n = 5000;
-  ShardEncoder encoder(config, n, 7);
-  ShardDecoder decoder(config, n);
+  const StreamIdentity stream{.stream = 0, .epoch = 7};
+  ShardEncoder encoder(config, n, stream);
+  ShardDecoder decoder(config, n, stream);
   std::vector<std::byte> payload(encoder.max_payload_bytes());
   std::vector<std::byte> out(2 * n);
   Trajectory t(DType::kBF16, n, Pattern::kSparse, 3);

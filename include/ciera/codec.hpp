@@ -32,10 +32,32 @@ enum class ExponentSection : uint8_t {
 std::string_view frame_kind_name(FrameKind kind);
 std::string_view exponent_section_name(ExponentSection section);
 
+// The stream a payload belongs to (docs/format.md, "Streams"): one per sender and shard. Both
+// sides are told it at setup; every payload carries it, and a decoder refuses a payload of
+// another stream (misrouted: another peer's or another tensor's) and a frame its stream has
+// already moved past (stale or replayed), key frames included.
+struct StreamIdentity {
+  // Agreed at setup, distinct for every (sender, shard) a receiver decodes.
+  uint32_t stream = 0;
+  // The sender's incarnation: draw it with new_stream_epoch() each time a sender starts, so that
+  // nothing sent before a restart can pass for the new stream. A resynchronisation (the sender's
+  // request_key_frame()) moves it on by one.
+  uint32_t epoch = 1;
+};
+
+// A fresh random epoch for a sender that starts (or restarts) a stream.
+uint32_t new_stream_epoch();
+
+// How far ahead of the decoder's epoch a resynchronising key frame may be (serial-number
+// arithmetic mod 2^32): the sender's epoch moves on by one per resynchronisation, so a few steps
+// are normal, and a frame of an unrelated incarnation (a random epoch) almost never fits.
+inline constexpr uint32_t kMaxResyncEpochs = 1u << 16;
+
 // What one frame contained. Sizes are bytes unless named otherwise.
 struct FrameStats {
   FrameKind kind = FrameKind::kKey;
   ExponentSection section = ExponentSection::kFull;
+  uint32_t stream = 0;
   uint32_t epoch = 0;
   uint64_t sequence = 0;
   uint64_t payload_bytes = 0;
@@ -80,8 +102,8 @@ uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sende
 // Sender side of one shard.
 class ShardEncoder {
  public:
-  // `epoch` identifies this encoder's stream; it is incremented by each request_key_frame().
-  ShardEncoder(const CodecConfig& config, uint64_t num_values, uint32_t epoch = 1);
+  // Every payload carries `identity`; its epoch is incremented by each request_key_frame().
+  ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity = {});
   ~ShardEncoder();
   ShardEncoder(ShardEncoder&&) noexcept;
   ShardEncoder& operator=(ShardEncoder&&) noexcept;
@@ -92,12 +114,14 @@ class ShardEncoder {
   // are key frames.
   FrameStats encode(std::span<const std::byte> shard, std::span<std::byte> payload);
 
-  // Makes the next frame a key frame that starts a new epoch (used to resynchronise a peer).
+  // Makes the next frame a key frame that starts a new epoch (used to resynchronise a peer, whose
+  // decoder must expect it: ShardDecoder::request_resync()).
   void request_key_frame();
 
   uint64_t num_values() const;
   size_t max_payload_bytes() const;
   const CodecConfig& config() const;
+  uint32_t stream() const;
   uint32_t epoch() const;
   uint64_t next_sequence() const;
   // Bytes of persistent sender state (exact: one byte per value; hash: 16 bytes per block).
@@ -111,21 +135,30 @@ class ShardEncoder {
 // Receiver side of one peer shard; owns that shard's exponent cache.
 class ShardDecoder {
  public:
-  ShardDecoder(const CodecConfig& config, uint64_t num_values);
+  // Receives the stream `expected` names: its first frame must be a key frame of exactly that
+  // epoch (any sequence number), unless request_resync() lets it be a later one.
+  ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected = {});
   ~ShardDecoder();
   ShardDecoder(ShardDecoder&&) noexcept;
   ShardDecoder& operator=(ShardDecoder&&) noexcept;
 
   // Reconstructs the shard bit for bit into `shard` (num_values values, any alignment). Throws
-  // FormatError for any payload that is malformed, truncated, out of sequence, from another
-  // epoch, for another configuration, or whose content checksum does not match. On error the
-  // cache, epoch and sequence are unchanged and the contents of `shard` are unspecified.
+  // FormatError for any payload that is malformed, truncated, of another stream, for another
+  // configuration, or whose content checksum does not match, and for any frame out of sequence:
+  // a delta frame must be the next of the current epoch; a key frame must be the next of the
+  // current epoch (or the first one decoded), or of a later epoch after request_resync(). On
+  // error the cache, epoch and sequence are unchanged and the contents of `shard` unspecified.
   FrameStats decode(std::span<const std::byte> payload, std::span<std::byte> shard);
 
-  // Forgets the cache: the next frame must be a key frame.
+  // This receiver asked the sender to resynchronise (the sender's request_key_frame()): until a
+  // key frame is decoded, one from a later epoch of the stream (at most kMaxResyncEpochs ahead)
+  // is accepted too. Never needed for key frames within an epoch (the sender's warmup).
+  void request_resync();
+  // Forgets the cache and requests a resynchronisation: the next frame must be a key frame.
   void reset();
 
   bool has_cache() const;
+  uint32_t stream() const;
   uint32_t epoch() const;
   uint64_t last_sequence() const;
   uint64_t num_values() const;
@@ -148,6 +181,7 @@ struct PayloadInfo {
   ExponentSection section;
   uint32_t block_values;
   uint64_t num_values;
+  uint32_t stream;
   uint32_t epoch;
   uint64_t sequence;
   bool has_content_checksum;

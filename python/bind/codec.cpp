@@ -43,8 +43,9 @@ void check_shard(const HostBuffer& buffer, const CodecConfig& config, uint64_t v
 // The encoder and a payload buffer of max_payload_bytes(), allocated once.
 class PyShardEncoder {
  public:
-  PyShardEncoder(const CodecConfig& config, uint64_t values, uint32_t epoch)
-      : encoder_(config, values, epoch), payload_(encoder_.max_payload_bytes()) {}
+  PyShardEncoder(const CodecConfig& config, uint64_t values, uint32_t stream, uint32_t epoch)
+      : encoder_(config, values, {.stream = stream, .epoch = epoch}),
+        payload_(encoder_.max_payload_bytes()) {}
 
   std::pair<py::bytes, FrameStats> encode(py::handle shard) {
     const FrameStats stats = encode_into(shard, payload_);
@@ -84,7 +85,8 @@ class PyShardEncoder {
 
 class PyShardDecoder {
  public:
-  PyShardDecoder(const CodecConfig& config, uint64_t values) : decoder_(config, values) {}
+  PyShardDecoder(const CodecConfig& config, uint64_t values, uint32_t stream, uint32_t epoch)
+      : decoder_(config, values, {.stream = stream, .epoch = epoch}) {}
 
   FrameStats decode(py::handle payload, py::handle out) {
     HostBuffer in(payload, false, "payload");
@@ -100,6 +102,10 @@ class PyShardDecoder {
   void reset() {
     Exclusive only(busy_, "ShardDecoder");
     decoder_.reset();
+  }
+  void request_resync() {
+    Exclusive only(busy_, "ShardDecoder");
+    decoder_.request_resync();
   }
 
  private:
@@ -123,6 +129,7 @@ void bind_codec(py::module_& m) {
                          "What one frame contained; sizes in bytes unless named otherwise.")
       .def_readonly("kind", &FrameStats::kind)
       .def_readonly("section", &FrameStats::section)
+      .def_readonly("stream", &FrameStats::stream)
       .def_readonly("epoch", &FrameStats::epoch)
       .def_readonly("sequence", &FrameStats::sequence)
       .def_readonly("payload_bytes", &FrameStats::payload_bytes)
@@ -141,15 +148,18 @@ void bind_codec(py::module_& m) {
       .def("__repr__", [](const FrameStats& s) {
         return "FrameStats(kind=" + std::string(frame_kind_name(s.kind)) +
                ", section=" + std::string(exponent_section_name(s.section)) +
-               ", epoch=" + std::to_string(s.epoch) + ", sequence=" + std::to_string(s.sequence) +
+               ", stream=" + std::to_string(s.stream) + ", epoch=" + std::to_string(s.epoch) +
+               ", sequence=" + std::to_string(s.sequence) +
                ", payload_bytes=" + std::to_string(s.payload_bytes) + ")";
       });
 
   py::class_<PyShardEncoder>(
       m, "ShardEncoder",
-      "Sender side of one shard (paper §3.1): encode() each step's values into a payload.")
-      .def(py::init<const CodecConfig&, uint64_t, uint32_t>(), py::arg("config"), py::arg("values"),
-           py::arg("epoch") = 1)
+      "Sender side of one shard (paper §3.1): encode() each step's values into a payload. Every "
+      "payload names its stream: `stream` (distinct per sender and shard) and `epoch` (draw a "
+      "fresh one with new_stream_epoch() each time the sender starts).")
+      .def(py::init<const CodecConfig&, uint64_t, uint32_t, uint32_t>(), py::arg("config"),
+           py::arg("values"), py::kw_only(), py::arg("stream") = 0, py::arg("epoch") = 1)
       .def("encode", &PyShardEncoder::encode, py::arg("shard"),
            "(payload: bytes, FrameStats) for `shard`, `values` values of config.dtype (a buffer or "
            "a CPU tensor).")
@@ -163,6 +173,7 @@ void bind_codec(py::module_& m) {
       .def_property_readonly("max_payload_bytes",
                              [](PyShardEncoder& e) { return e.encoder().max_payload_bytes(); })
       .def_property_readonly("config", [](PyShardEncoder& e) { return e.encoder().config(); })
+      .def_property_readonly("stream", [](PyShardEncoder& e) { return e.encoder().stream(); })
       .def_property_readonly("epoch", [](PyShardEncoder& e) { return e.encoder().epoch(); })
       .def_property_readonly("next_sequence",
                              [](PyShardEncoder& e) { return e.encoder().next_sequence(); })
@@ -171,17 +182,23 @@ void bind_codec(py::module_& m) {
           "Bytes of persistent sender state.");
 
   py::class_<PyShardDecoder>(m, "ShardDecoder",
-                             "Receiver side of one peer shard; owns its exponent cache.")
-      .def(py::init<const CodecConfig&, uint64_t>(), py::arg("config"), py::arg("values"))
+                             "Receiver side of one peer shard; owns its exponent cache. Accepts "
+                             "only the stream (`stream`, `epoch`) it was made for, in sequence.")
+      .def(py::init<const CodecConfig&, uint64_t, uint32_t, uint32_t>(), py::arg("config"),
+           py::arg("values"), py::kw_only(), py::arg("stream") = 0, py::arg("epoch") = 1)
       .def("decode", &PyShardDecoder::decode, py::arg("payload"), py::arg("out"),
            "Reconstructs the shard bit for bit into `out`, or raises FormatError naming the "
            "problem; after an error the decoder is unchanged and usable.")
       .def(
           "reset", &PyShardDecoder::reset,
-          "Forgets the cache: the next frame must be a key frame.")
+          "Forgets the cache and asks for a resynchronisation: the next frame must be a key frame.")
+      .def("request_resync", &PyShardDecoder::request_resync,
+           "This receiver asked the sender for a key frame (ShardEncoder.request_key_frame): the "
+           "next key frame may come from a later epoch of the stream.")
       .def_property_readonly("values", [](PyShardDecoder& d) { return d.decoder().num_values(); })
       .def_property_readonly("config", [](PyShardDecoder& d) { return d.decoder().config(); })
       .def_property_readonly("has_cache", [](PyShardDecoder& d) { return d.decoder().has_cache(); })
+      .def_property_readonly("stream", [](PyShardDecoder& d) { return d.decoder().stream(); })
       .def_property_readonly("epoch", [](PyShardDecoder& d) { return d.decoder().epoch(); })
       .def_property_readonly("last_sequence",
                              [](PyShardDecoder& d) { return d.decoder().last_sequence(); })
@@ -190,6 +207,8 @@ void bind_codec(py::module_& m) {
           "Bytes of the exponent cache.");
 
   // One-shot key frames over any buffer (bytes, NumPy arrays, CPU tensors).
+  m.def("new_stream_epoch", &new_stream_epoch,
+        "A fresh random epoch for a sender that starts (or restarts) a stream.");
   m.def(
       "max_payload_bytes",
       [](DType d, uint64_t n, uint32_t b) { return max_payload_bytes(d, n, b); }, py::arg("dtype"),

@@ -54,6 +54,7 @@ from ciera._ext import (  # noqa: F401
     loopback_transport,
     loopback_world,
     max_payload_bytes,
+    new_stream_epoch,
     measure_codec,
     measure_cost_model,
     python_transport,

@@ -191,9 +191,10 @@ void decode_fine(const codec::FineKernels& fine, const uint8_t* section, uint64_
 }  // namespace
 
 struct ShardDecoder::Impl {
-  Impl(const CodecConfig& c, uint64_t n)
+  Impl(const CodecConfig& c, uint64_t n, StreamIdentity id)
       : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
-        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)) {
+        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), stream(id.stream),
+        epoch(id.epoch) {
     config.validate();
     cache.resize(n);
     chunk_exponents.resize(grid.chunk_values);
@@ -204,6 +205,7 @@ struct ShardDecoder::Impl {
 
   FrameStats decode(const uint8_t* payload, size_t size, uint8_t* out);
   wire::Header check_header(const uint8_t* payload, size_t size) const;
+  void check_stream(const wire::Header& h) const;
   void read_bitmap(const uint8_t* bitmap, const wire::Header& header);
   // Where apply_fine_changes has got to: changed blocks and changes applied so far.
   struct FineCursor {
@@ -226,8 +228,14 @@ struct ShardDecoder::Impl {
 
   std::vector<uint8_t, HugePageAllocator<uint8_t>> cache;  // ExpCache of Algorithm 1
   bool has_cache = false;
-  uint32_t epoch = 0;
+  // Where the stream stands (docs/format.md, "Streams"): its id, the epoch expected (or last
+  // decoded), the last sequence number decoded in it (once `decoded_any`), and whether this
+  // receiver asked for a resynchronisation that a later epoch's key frame may answer.
+  uint32_t stream;
+  uint32_t epoch;
   uint64_t last_sequence = 0;
+  bool decoded_any = false;
+  bool resync_requested = false;
 
   // Scratch sized at construction from this decoder's own configuration, never from a payload.
   // Chunk scratch on cache lines: a chunk is merged into chunk_output and streamed out of it
@@ -268,25 +276,46 @@ wire::Header ShardDecoder::Impl::check_header(const uint8_t* payload, size_t siz
   if (config.content_checksum && !h.has_content_checksum()) {
     throw FormatError("payload carries no content checksum but this decoder requires one");
   }
+  check_stream(h);
+  return h;
+}
+
+// Accepts a frame only as the next one of this decoder's stream (docs/format.md, "Streams").
+void ShardDecoder::Impl::check_stream(const wire::Header& h) const {
+  const std::string frame = std::string(frame_kind_name(h.kind)) + " frame (stream " +
+                            std::to_string(h.stream) + ", epoch " + std::to_string(h.epoch) +
+                            ", sequence " + std::to_string(h.sequence) + ")";
+  if (h.stream != stream) {
+    throw FormatError("misrouted payload: " + frame + " but this decoder receives stream " +
+                      std::to_string(stream));
+  }
+  const std::string position = "stream " + std::to_string(stream) + " is at epoch " +
+                               std::to_string(epoch) +
+                               (decoded_any ? ", sequence " + std::to_string(last_sequence)
+                                            : std::string(", nothing decoded yet"));
+  const bool next_in_epoch =
+      h.epoch == epoch && (!decoded_any || h.sequence == last_sequence + 1);
   if (h.kind == FrameKind::kDelta) {
     if (!has_cache) {
-      throw FormatError("delta frame (epoch " + std::to_string(h.epoch) + ", sequence " +
-                        std::to_string(h.sequence) +
-                        ") cannot be decoded: this decoder holds no exponent cache and needs a "
-                        "key frame");
+      throw FormatError(frame + " cannot be decoded: this decoder holds no exponent cache and "
+                        "needs a key frame");
     }
-    if (h.epoch != epoch) {
-      throw FormatError("delta frame from epoch " + std::to_string(h.epoch) +
-                        " but the exponent cache belongs to epoch " + std::to_string(epoch) +
-                        " (sender was reset; a key frame is needed)");
-    }
-    if (h.sequence != last_sequence + 1) {
-      throw FormatError("out-of-sequence delta frame: sequence " + std::to_string(h.sequence) +
-                        " after " + std::to_string(last_sequence) + " (expected " +
-                        std::to_string(last_sequence + 1) + ")");
-    }
+    if (!next_in_epoch) throw FormatError("stale or out-of-sequence " + frame + ": " + position);
+    return;
   }
-  return h;
+  if (next_in_epoch) return;
+  const uint32_t ahead = h.epoch - epoch;  // serial-number arithmetic: wraps mod 2^32
+  if (h.epoch == epoch || ahead > uint32_t{1} << 31) {
+    throw FormatError("stale or out-of-sequence " + frame + ": " + position);
+  }
+  if (!resync_requested) {
+    throw FormatError(frame + " starts a new epoch, but this receiver asked for no "
+                      "resynchronisation (" + position + ")");
+  }
+  if (ahead > kMaxResyncEpochs) {
+    throw FormatError(frame + " is " + std::to_string(ahead) +
+                      " epochs ahead: not a resynchronisation of this stream (" + position + ")");
+  }
 }
 
 void ShardDecoder::Impl::read_bitmap(const uint8_t* bitmap, const wire::Header& h) {
@@ -357,6 +386,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   FrameStats stats;
   stats.kind = h.kind;
   stats.section = h.section;
+  stats.stream = h.stream;
   stats.epoch = h.epoch;
   stats.sequence = h.sequence;
   stats.payload_bytes = size;
@@ -461,11 +491,14 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   has_cache = true;
   epoch = h.epoch;
   last_sequence = h.sequence;
+  decoded_any = true;
+  resync_requested = false;
   return stats;
 }
 
-ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values)
-    : impl_(std::make_unique<Impl>(config, num_values)) {}
+ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values,
+                           StreamIdentity expected)
+    : impl_(std::make_unique<Impl>(config, num_values, expected)) {}
 ShardDecoder::~ShardDecoder() = default;
 ShardDecoder::ShardDecoder(ShardDecoder&&) noexcept = default;
 ShardDecoder& ShardDecoder::operator=(ShardDecoder&&) noexcept = default;
@@ -480,13 +513,15 @@ FrameStats ShardDecoder::decode(std::span<const std::byte> payload, std::span<st
                        reinterpret_cast<uint8_t*>(shard.data()));
 }
 
+void ShardDecoder::request_resync() { impl_->resync_requested = true; }
+
 void ShardDecoder::reset() {
   impl_->has_cache = false;
-  impl_->epoch = 0;
-  impl_->last_sequence = 0;
+  impl_->resync_requested = true;
 }
 
 bool ShardDecoder::has_cache() const { return impl_->has_cache; }
+uint32_t ShardDecoder::stream() const { return impl_->stream; }
 uint32_t ShardDecoder::epoch() const { return impl_->epoch; }
 uint64_t ShardDecoder::last_sequence() const { return impl_->last_sequence; }
 uint64_t ShardDecoder::num_values() const { return impl_->grid.num_values; }

@@ -123,9 +123,10 @@ size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values
 }
 
 struct ShardEncoder::Impl {
-  Impl(const CodecConfig& c, uint64_t n, uint32_t e)
+  Impl(const CodecConfig& c, uint64_t n, StreamIdentity id)
       : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
-        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), epoch(e) {
+        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), stream(id.stream),
+        epoch(id.epoch) {
     config.validate();
     if (config.detection == ChangeDetection::kExact) {
       sent_exponents.resize(n);
@@ -150,6 +151,7 @@ struct ShardEncoder::Impl {
   const format::PlaneKernels& kernels;
   const codec::FineKernels& fine_coding;
   DTypeInfo info;
+  uint32_t stream;
   uint32_t epoch;
   uint64_t next_sequence = 0;
   uint64_t frames_encoded = 0;
@@ -364,6 +366,7 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   const bool key = frames_encoded == 0 || key_requested || frames_encoded < config.warmup_steps;
   FrameStats stats;
   stats.kind = key ? FrameKind::kKey : FrameKind::kDelta;
+  stats.stream = stream;
   stats.epoch = epoch;
   stats.sequence = next_sequence;
   stats.blocks = grid.blocks;
@@ -450,6 +453,7 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   header.flags = config.content_checksum ? wire::kFlagContentChecksum : 0;
   header.block_values = grid.block_values;
   header.num_values = grid.num_values;
+  header.stream = stream;
   header.epoch = epoch;
   header.sequence = next_sequence;
   header.bitmap_bytes = stats.bitmap_bytes;
@@ -465,8 +469,9 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   return stats;
 }
 
-ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values, uint32_t epoch)
-    : impl_(std::make_unique<Impl>(config, num_values, epoch)) {}
+ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values,
+                           StreamIdentity identity)
+    : impl_(std::make_unique<Impl>(config, num_values, identity)) {}
 ShardEncoder::~ShardEncoder() = default;
 ShardEncoder::ShardEncoder(ShardEncoder&&) noexcept = default;
 ShardEncoder& ShardEncoder::operator=(ShardEncoder&&) noexcept = default;
@@ -497,6 +502,7 @@ size_t ShardEncoder::max_payload_bytes() const {
                                   impl_->grid.block_values);
 }
 const CodecConfig& ShardEncoder::config() const { return impl_->config; }
+uint32_t ShardEncoder::stream() const { return impl_->stream; }
 uint32_t ShardEncoder::epoch() const { return impl_->epoch; }
 uint64_t ShardEncoder::next_sequence() const { return impl_->next_sequence; }
 size_t ShardEncoder::cache_bytes() const {

@@ -1,4 +1,5 @@
 // Codec entry points shared by both directions: names, payload inspection, one-shot coding.
+#include <random>
 #include <string>
 #include <vector>
 
@@ -26,11 +27,16 @@ std::string_view exponent_section_name(ExponentSection section) {
   return "unknown";
 }
 
+uint32_t new_stream_epoch() {
+  std::random_device entropy;  // the kernel's random source: differs across processes and restarts
+  return entropy();
+}
+
 PayloadInfo inspect_payload(std::span<const std::byte> payload) {
   const wire::Header h =
       wire::read_header(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
-  return {h.dtype,     h.kind,     h.section,  h.block_values,           h.num_values,
-          h.epoch,     h.sequence, h.has_content_checksum(), h.payload_bytes()};
+  return {h.dtype,  h.kind,     h.section,  h.block_values,           h.num_values,
+          h.stream, h.epoch,    h.sequence, h.has_content_checksum(), h.payload_bytes()};
 }
 
 namespace {
@@ -43,17 +49,22 @@ uint64_t values_in(const CodecConfig& config, size_t bytes, const char* who) {
   }
   return bytes / value_bytes;
 }
+
+// A stateless payload is the one frame of a stream that exists for it alone: stream 0, epoch 0.
+constexpr StreamIdentity kStatelessStream{.stream = 0, .epoch = 0};
 }  // namespace
 
 size_t encode_stateless(const CodecConfig& config, std::span<const std::byte> shard,
                         std::span<std::byte> payload) {
-  ShardEncoder encoder(config, values_in(config, shard.size(), "encode_stateless"), 0);
+  ShardEncoder encoder(config, values_in(config, shard.size(), "encode_stateless"),
+                       kStatelessStream);
   return encoder.encode(shard, payload).payload_bytes;
 }
 
 void decode_stateless(const CodecConfig& config, std::span<const std::byte> payload,
                       std::span<std::byte> shard) {
-  ShardDecoder decoder(config, values_in(config, shard.size(), "decode_stateless"));
+  ShardDecoder decoder(config, values_in(config, shard.size(), "decode_stateless"),
+                       kStatelessStream);
   decoder.decode(payload, shard);
 }
 

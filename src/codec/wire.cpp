@@ -29,7 +29,7 @@ void write_header(const Header& h, uint8_t* out) {
   store_le32(out + 12, h.block_values);
   store_le64(out + 16, h.num_values);
   store_le32(out + 24, h.epoch);
-  store_le32(out + 28, 0);
+  store_le32(out + 28, h.stream);
   store_le64(out + 32, h.sequence);
   store_le64(out + 40, h.bitmap_bytes);
   store_le64(out + 48, h.sign_mantissa_bytes);
@@ -53,7 +53,7 @@ Header read_header(const uint8_t* p, size_t size) {
   if (load_le32(p + kHeaderChecksumOffset) != header_checksum(p)) {
     throw FormatError("payload header is corrupt (header checksum mismatch)");
   }
-  if (load_le16(p + 10) != 0 || load_le32(p + 28) != 0 || load_le32(p + 76) != 0) {
+  if (load_le16(p + 10) != 0 || load_le32(p + 76) != 0) {
     throw FormatError("payload header has non-zero reserved fields");
   }
   Header h;
@@ -84,6 +84,7 @@ Header read_header(const uint8_t* p, size_t size) {
   }
   h.num_values = load_le64(p + 16);
   h.epoch = load_le32(p + 24);
+  h.stream = load_le32(p + 28);
   h.sequence = load_le64(p + 32);
   h.bitmap_bytes = load_le64(p + 40);
   h.sign_mantissa_bytes = load_le64(p + 48);

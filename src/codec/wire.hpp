@@ -13,7 +13,7 @@
 namespace ciera::wire {
 
 inline constexpr uint32_t kMagic = 0x52454943;  // "CIER" read as a little-endian u32
-inline constexpr uint8_t kVersion = 3;
+inline constexpr uint8_t kVersion = 4;
 inline constexpr size_t kHeaderBytes = 80;
 inline constexpr uint16_t kFlagContentChecksum = 1;
 // A sign-mantissa plane of at least kAlignedPlaneBytes starts at a multiple of kPlaneAlignment
@@ -38,6 +38,7 @@ struct Header {
   uint16_t flags = 0;
   uint32_t block_values = 0;
   uint64_t num_values = 0;
+  uint32_t stream = 0;
   uint32_t epoch = 0;
   uint64_t sequence = 0;
   uint64_t bitmap_bytes = 0;

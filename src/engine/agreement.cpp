@@ -150,4 +150,10 @@ void agree_on_configuration(Transport& transport, const EngineConfig& config,
   throw_first_difference(texts[0], facts);
 }
 
+std::vector<uint32_t> exchange_stream_epochs(Transport& transport, uint32_t mine) {
+  std::vector<uint32_t> epochs(static_cast<size_t>(transport.size()));
+  transport.allgather(&mine, sizeof mine, epochs.data());
+  return epochs;
+}
+
 }  // namespace ciera

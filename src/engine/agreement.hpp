@@ -3,6 +3,7 @@
 // mismatch is one clear error on every rank instead of garbled payloads or a hang later.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -18,5 +19,10 @@ namespace ciera {
 void agree_on_configuration(Transport& transport, const EngineConfig& config,
                             const std::vector<BucketLayout>& buckets,
                             const std::string& local_error);
+
+// Every rank's stream epoch for this engine (one collective): each rank draws its own
+// (new_stream_epoch()), so that no payload of an earlier engine — a restarted job — can pass for
+// one of this engine's streams (docs/format.md, "Streams"). Returns them in rank order.
+std::vector<uint32_t> exchange_stream_epochs(Transport& transport, uint32_t mine);
 
 }  // namespace ciera

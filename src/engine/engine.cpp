@@ -37,8 +37,10 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
     local_error = e.what();
   }
   agree_on_configuration(transport, config, layouts, local_error);
+  const std::vector<uint32_t> epochs = exchange_stream_epochs(transport, new_stream_epoch());
 
   buckets.reserve(layouts.size());
+  uint32_t stream_params = 0;  // parameters of the buckets before this one
   for (BucketLayout& layout : layouts) {
     BucketState& s = buckets.emplace_back(memory);
     s.layout = std::move(layout);
@@ -47,6 +49,10 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
     s.encoders.resize(params);
     s.decoders.resize(static_cast<size_t>(world));
     for (auto& peer : s.decoders) peer.resize(params);
+    s.first_stream_param = stream_params;
+    stream_params += static_cast<uint32_t>(params);
+    s.encoder_epoch.assign(params, epochs[rank]);
+    for (int p = 0; p < world; ++p) s.decoder_epoch.emplace_back(params, epochs[p]);
     s.payload_bytes.assign(params, 0);
     s.my_param_offset.resize(params);
     uint64_t offset = 0;
@@ -69,16 +75,32 @@ CompressedAllgather::Impl::~Impl() {
   comm.join();
 }
 
+StreamIdentity CompressedAllgather::Impl::stream_of(const BucketState& s, int sender,
+                                                    size_t param, uint32_t epoch) const {
+  // Wraps only past 2^32 streams, far beyond any model; a stream id need only differ among the
+  // streams one decoder could be handed by mistake.
+  const uint64_t id = (uint64_t{s.first_stream_param} + param) * static_cast<uint64_t>(world) +
+                      static_cast<uint64_t>(sender);
+  return {.stream = static_cast<uint32_t>(id), .epoch = epoch};
+}
+
+// Replaces parameter k's codecs (setup, set_policy, reset_caches); every rank does the same for a
+// policy change, so both sides of each stream move to the same next epoch.
 void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k) {
   CodecConfig codec = config.codec;
   codec.dtype = s.layout.dtype;
   const bool ciera = s.layout.policy[k] == ShardPolicy::kCiera;
-  s.encoders[k] =
-      ciera ? std::make_unique<ShardEncoder>(codec, s.layout.shard_values[rank][k]) : nullptr;
+  if (s.encoders[k]) s.encoder_epoch[k] = s.encoders[k]->epoch() + 1;
+  s.encoders[k] = ciera ? std::make_unique<ShardEncoder>(codec, s.layout.shard_values[rank][k],
+                                                         stream_of(s, rank, k, s.encoder_epoch[k]))
+                        : nullptr;
   for (int p = 0; p < world; ++p) {
-    s.decoders[p][k] = ciera && p != rank
-                           ? std::make_unique<ShardDecoder>(codec, s.layout.shard_values[p][k])
-                           : nullptr;
+    auto& decoder = s.decoders[p][k];
+    if (decoder) s.decoder_epoch[p][k] = decoder->epoch() + 1;
+    decoder = ciera && p != rank
+                  ? std::make_unique<ShardDecoder>(codec, s.layout.shard_values[p][k],
+                                                   stream_of(s, p, k, s.decoder_epoch[p][k]))
+                  : nullptr;
   }
 }
 

@@ -40,6 +40,14 @@ struct BucketState {
   std::vector<uint64_t> payload_bytes;    // encoded length per param (this step)
   std::vector<std::unique_ptr<ShardEncoder>> encoders;               // [param]
   std::vector<std::vector<std::unique_ptr<ShardDecoder>>> decoders;  // [peer][param]
+  // Streams (docs/format.md, "Streams"): parameter k of rank r sends stream
+  // (first_stream_param + k) * world + r. The epoch the next encoder of each parameter starts
+  // at, and the epoch the next decoder of each peer's parameter expects: a replacement codec
+  // (set_policy, reset_caches) starts one epoch past the one it replaces, so nothing its
+  // predecessor sent can pass for it.
+  uint32_t first_stream_param = 0;
+  std::vector<uint32_t> encoder_epoch;               // [param]
+  std::vector<std::vector<uint32_t>> decoder_epoch;  // [peer][param]
   PayloadBuffer send;                        // this rank's slots, then its envelope
   PayloadBuffer recv;                        // every rank's envelope, back to back
   std::vector<uint64_t> max_envelope_bytes;  // per rank
@@ -74,6 +82,7 @@ struct CompressedAllgather::Impl {
 
   // Setup (engine.cpp).
   void make_codecs(BucketState& s, size_t param);
+  StreamIdentity stream_of(const BucketState& s, int sender, size_t param, uint32_t epoch) const;
   void size_buffers(BucketState& s);
   bool warmup_raw(uint64_t step) const {
     return config.warmup == WarmupMode::kRaw && step < config.warmup_steps;

@@ -125,8 +125,9 @@ bool CompressedAllgather::Impl::needs_resync(const Gather& g) const {
   return warmup_raw(step) && !g.sends_raw;
 }
 
-// Every rank re-sends key frames (or raw bytes in warmup) for the agreed step, then the ranks
-// exchange fresh control records for this gather alone.
+// Every rank re-sends key frames (or raw bytes in warmup) for the agreed step, from its streams'
+// next epochs, which every rank's decoders are told to expect; then the ranks exchange fresh
+// control records for this gather alone.
 void CompressedAllgather::Impl::resynchronise(Gather& g) {
   BucketState& s = buckets[g.bucket];
   const uint64_t step = agreed_step(g.control);
@@ -134,6 +135,11 @@ void CompressedAllgather::Impl::resynchronise(Gather& g) {
   s.step = step;
   for (auto& e : s.encoders) {
     if (e) e->request_key_frame();
+  }
+  for (auto& peer : s.decoders) {
+    for (auto& d : peer) {
+      if (d) d->request_resync();
+    }
   }
   g.packed = false;
   g.sends_raw = send_raw(s, step);

@@ -97,15 +97,38 @@ def test_request_key_frame_resynchronises_a_fresh_receiver():
     out = np.empty(values, dtype=np.uint16)
     for shard in steps[:3]:
         decoder.decode(encoder.encode(shard)[0], out)
-    restarted = ciera.ShardDecoder(encoder.config, values)
-    with pytest.raises(ciera.FormatError):
+    # A restarted receiver knows its stream (agreed at setup) but holds no cache.
+    restarted = ciera.ShardDecoder(encoder.config, values, stream=encoder.stream, epoch=encoder.epoch)
+    with pytest.raises(ciera.FormatError, match="no exponent cache"):
         restarted.decode(encoder.encode(steps[3])[0], out)  # a delta frame without a cache
     epoch = encoder.epoch
     encoder.request_key_frame()
     payload, sent = encoder.encode(steps[4])
     assert sent.kind == ciera.FrameKind.key and sent.epoch == epoch + 1
+    with pytest.raises(ciera.FormatError, match="no resynchronisation"):
+        restarted.decode(payload, out)  # a new epoch the receiver did not ask for
+    restarted.request_resync()
     restarted.decode(payload, out)
     assert np.array_equal(out, steps[4])
+
+
+def test_payloads_are_bound_to_their_stream():
+    config = ciera.CodecConfig()
+    values = 1000
+    epoch = ciera.new_stream_epoch()
+    mine = ciera.ShardEncoder(config, values, stream=3, epoch=epoch)
+    other = ciera.ShardEncoder(config, values, stream=4, epoch=epoch)
+    decoder = ciera.ShardDecoder(config, values, stream=3, epoch=epoch)
+    shard = bf16_steps(values, 1, 5)[0]
+    out = np.empty(values, dtype=np.uint16)
+    with pytest.raises(ciera.FormatError, match="misrouted"):
+        decoder.decode(other.encode(shard)[0], out)
+    key, stats = mine.encode(shard)
+    assert (stats.stream, stats.epoch) == (3, epoch)
+    decoder.decode(key, out)
+    with pytest.raises(ciera.FormatError, match="stale"):
+        decoder.decode(key, out)  # replayed
+    assert np.array_equal(out, shard)
 
 
 def test_misuse_is_refused_with_a_message():
