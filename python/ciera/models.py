@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-
 FAMILIES = ("olmoe", "mixtral", "qwen2_moe", "deepseek")
 
 
@@ -28,6 +26,7 @@ class ModelSpec:
 
 def build(spec: ModelSpec, seed: int) -> torch.nn.Module:
     """The model with deterministic initialisation (FP32 master weights)."""
+    import torch  # here, so that `ciera train` checks its options (ModelSpec) without loading torch
     import transformers as tf
 
     common = dict(vocab_size=spec.vocab, hidden_size=spec.hidden, num_hidden_layers=spec.layers,

@@ -4,6 +4,7 @@ draws their progress from the metrics rank 0 appends, and renders the summary th
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import os
 import shutil
@@ -32,22 +33,44 @@ def linklab_script() -> str:
     raise SystemExit("ciera train: scripts/linklab.sh not found")
 
 
-def launch(args, argv: list[str]) -> int:
+def rank_launcher(args) -> list[str]:
+    """The command that starts the ranks, up to the rank program: the link lab, or mpirun."""
+    if args.link_gbit > 0:
+        return [linklab_script(), "--ranks", str(args.ranks), "--gbit", str(args.link_gbit), "--"]
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise SystemExit("ciera train: mpirun not found (apt-get install openmpi-bin)")
+    return [mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(args.ranks),
+            "-x", "CIERA_MASTER_PORT", "-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED", "-x", "OMP_NUM_THREADS"]
+
+
+def new_run_dir(args) -> Path:
+    """A run folder of its own under --out, <time>-<model>-w<ranks>, with -2, -3, ... appended
+    when runs started in the same second: mkdir is atomic, so two launchers never share one."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(args.out) / f"{stamp}-{args.model}-w{args.ranks}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    base = f"{stamp}-{args.model}-w{args.ranks}"
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for n in itertools.count(1):
+            run_dir = out / (base if n == 1 else f"{base}-{n}")
+            try:
+                run_dir.mkdir()
+                return run_dir
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise SystemExit(f"ciera train: --out {args.out}: cannot create a run folder ({e.strerror or e})")
+
+
+def launch(args, argv: list[str]) -> int:
+    launcher = rank_launcher(args)
+    run_dir = new_run_dir(args)
     child = [sys.executable, "-m", "ciera.train", *argv, "--child", "--run-dir", str(run_dir.resolve())]
     env = dict(os.environ, CIERA_MASTER_PORT=str(free_port()), OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT.parent), env.get("PYTHONPATH")]))
-    if args.link_gbit > 0:
-        cmd = [linklab_script(), "--ranks", str(args.ranks), "--gbit", str(args.link_gbit), "--", *child]
-    else:
-        mpirun = shutil.which("mpirun")
-        if mpirun is None:
-            raise SystemExit("ciera train: mpirun not found (apt-get install openmpi-bin)")
-        cmd = [mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(args.ranks),
-               "-x", "CIERA_MASTER_PORT", "-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED", "-x", "OMP_NUM_THREADS", *child]
+    cmd = [*launcher, *child]
     log_path = run_dir / "log.txt"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

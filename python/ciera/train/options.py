@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import shutil
 import sys
+from pathlib import Path
+from typing import NoReturn
 
+from ciera import _ext
+from ciera.models import ModelSpec
 from ciera.train import checkpoint
+
+LINK_LAB_MAX_RANKS = 253  # scripts/linklab.sh puts the ranks on one /24 beside its hub
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, its errors one line (no usage block) as every other check's."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
 def parser() -> argparse.ArgumentParser:
     description = sys.modules[__package__].__doc__.split("\n\n")[0]
-    p = argparse.ArgumentParser(prog="ciera train", description=description,
+    p = _Parser(prog="ciera train", description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="olmoe", choices=["olmoe", "mixtral", "qwen2_moe", "deepseek"])
     p.add_argument("--ranks", type=int, default=4, help="data-parallel ranks (processes)")
@@ -66,19 +82,119 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _fail(message: str) -> NoReturn:
+    raise SystemExit(f"ciera train: {message}")
+
+
+def _at_least(flag: str, value: int, low: int, why: str = "") -> None:
+    if value < low:
+        _fail(f"{flag} must be >= {low}{why}, got {value}")
+
+
+def _finite_above(flag: str, value: float, low: float, inclusive: bool = False, unit: str = "") -> None:
+    if not (math.isfinite(value) and (value >= low if inclusive else value > low)):
+        _fail(f"{flag} must be a finite number {'>=' if inclusive else '>'} {low:g}{unit}, got {value}")
+
+
+def _writable_folder(flag: str, path: str) -> None:
+    """Refuses a folder that could not be made or written: checked on its nearest existing
+    ancestor, so nothing is created here."""
+    folder = Path(path).absolute()
+    if folder.exists() and not folder.is_dir():
+        _fail(f"{flag} {path}: not a folder")
+    ancestor = folder
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        _fail(f"{flag} {path}: {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        _fail(f"{flag} {path}: {ancestor} is not writable")
+
+
+def _check_model(args) -> None:
+    """The shapes the models can train in BF16: `heads` attention heads of an even size (rotary
+    embeddings turn pairs), BF16 rows of whole 16-byte units for the grouped expert matmuls,
+    and at least the experts each token is routed to."""
+    spec = ModelSpec()
+    unit = math.lcm(2 * spec.heads, 8)
+    rows = "BF16 rows of whole 16-byte units"
+    for flag, value, why in (("--hidden", args.hidden, f"{rows}, {spec.heads} heads of an even size"),
+                             ("--expert-intermediate", args.expert_intermediate, rows)):
+        if value < unit or value % unit:
+            _fail(f"{flag} must be a positive multiple of {unit} ({why}), got {value}")
+    _at_least("--layers", args.layers, 1)
+    _at_least("--experts", args.experts, spec.experts_per_token,
+              f" (each token is routed to {spec.experts_per_token} experts)")
+    _at_least("--seq-len", args.seq_len, 2, " (the loss predicts each next token)")
+    _at_least("--batch", args.batch, 1)
+
+
+def _check_values(args) -> None:
+    """Every option on its own, and the pairs that only make sense together."""
+    _at_least("--ranks", args.ranks, 2, " (one rank has nobody to gather from)")
+    _at_least("--steps", args.steps, 1)
+    _at_least("--warmup", args.warmup, 0)
+    _check_model(args)
+    _finite_above("--lr", args.lr, 0)
+    if not 1 <= args.block < 2**32:
+        _fail(f"--block must be a positive number of values, got {args.block}")
+    codec = _ext.CodecConfig()
+    codec.block_values = args.block
+    try:
+        codec.validate()
+    except _ext.ConfigError as e:
+        _fail(f"--block {args.block}: {e}")
+    _at_least("--threads", args.threads, 0, " (0: encode and decode on the gathering thread)")
+    _finite_above("--timeout", args.timeout, 0, unit=" seconds")
+    _finite_above("--link-gbit", args.link_gbit, 0, inclusive=True, unit=" (0: no link lab)")
+    if not 0 <= args.seed < 2**32:
+        _fail(f"--seed must be in 0..{2**32 - 1}, got {args.seed}")
+    _at_least("--reselect-every", args.reselect_every, 0)
+    if args.reselect_every and args.budget_mb is None and not args.ablation:
+        _fail("--reselect-every re-runs the selection of --budget-mb (or --ablation); give one of them")
+    if args.no_baseline and args.ablation:
+        _fail("--ablation compares with plain FSDP2; it cannot run with --no-baseline")
+    if args.no_baseline and args.trace:
+        _fail("--trace takes its compute times from the plain FSDP2 run; it cannot run with --no-baseline")
+    if args.link_gbit > 0 and args.ranks > LINK_LAB_MAX_RANKS:
+        _fail(f"--ranks {args.ranks}: the link lab has room for at most {LINK_LAB_MAX_RANKS} ranks")
+    _writable_folder("--out", args.out)
+    if args.save_checkpoints:
+        _writable_folder("--save-checkpoints", args.save_checkpoints)
+    if args.trace:
+        trace = Path(args.trace)
+        if trace.is_dir():
+            _fail(f"--trace {args.trace}: a folder, not a file")
+        if not trace.absolute().parent.is_dir():
+            _fail(f"--trace {args.trace}: folder {trace.absolute().parent} does not exist")
+        _writable_folder("--trace", str(trace.absolute().parent))
+
+
+def _check_machine(args) -> None:
+    """What this machine must provide for the run; checked after the values."""
+    if args.transport == "mpi" and not _ext.with_mpi:
+        _fail("--transport mpi: this build of CIERA has no MPI transport (use --transport torch)")
+    if args.link_gbit > 0:
+        if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
+            _fail("--link-gbit runs the ranks in the link lab, which needs root and iproute2 (ip, tc)")
+    elif shutil.which("mpirun") is None:
+        _fail("mpirun not found (apt-get install openmpi-bin)")
+
+
 def check(args) -> None:
-    """Refuses option values no run could use (SystemExit with the reason)."""
+    """Refuses option values no run could use (SystemExit with the reason), before anything is
+    created or started."""
+    _check_values(args)
     if args.warmup >= args.steps:
         raise SystemExit("ciera train: --steps must exceed --warmup to measure a steady state")
     if args.budget_mb is not None and not args.budget_mb >= 0:
         raise SystemExit(f"ciera train: --budget-mb must be >= 0 MiB, got {args.budget_mb}")
-    if args.reselect_every < 0:
-        raise SystemExit(f"ciera train: --reselect-every must be >= 0, got {args.reselect_every}")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise SystemExit(f"ciera train: --checkpoint-every must be >= 1, got {args.checkpoint_every}")
     if args.rss_every < 1:
         raise SystemExit(f"ciera train: --rss-every must be >= 1, got {args.rss_every}")
     checkpoint.check_resume(args)
+    _check_machine(args)
 
 
 def budget_bytes(budget_mb: float) -> int:
