@@ -1,5 +1,8 @@
 #include <pybind11/stl.h>
 
+#include <cmath>
+#include <string>
+
 #include "bind.hpp"
 #include "ciera/config.hpp"
 #include "ciera/dtype.hpp"
@@ -46,6 +49,12 @@ void bind_config(py::module_& m) {
       .def_property(
           "timeout_s", [](const EngineConfig& c) { return c.timeout.count() / 1000.0; },
           [](EngineConfig& c, double s) {
+            // Checked before the conversion, which a NaN or a huge value would make undefined.
+            if (!(std::isfinite(s) && s > 0 && s < 1e15)) {
+              throw py::value_error(
+                  "EngineConfig.timeout_s must be a finite number of seconds > 0, got " +
+                  py::str(py::float_(s)).cast<std::string>());
+            }
             c.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
           });
 }

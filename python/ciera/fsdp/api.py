@@ -3,13 +3,16 @@ and the Handle it returns gives statistics and disable()."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
 from ciera import _ext
 from ciera.fsdp import lifecycle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
-from ciera.fsdp.layout import DTYPES, Bucket, DefaultAllGather, describe_buckets, element_bytes, prefetch_forward
+from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, element_bytes,
+                               prefetch_forward)
 from ciera.fsdp.selection import Selector
 from ciera.fsdp.transport import make_transport
 
@@ -88,6 +91,40 @@ def _layouts(described: list, world: int, selecting: bool, policy) -> list:
     return layouts
 
 
+def _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps,
+                     reselect_every, cost_model) -> None:
+    """enable()'s arguments, each on its own and together: TypeError or ValueError naming the
+    argument and its value, before anything is set up."""
+    def count(name, value, allow_none=False):
+        if value is None and allow_none:
+            return
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"enable(): {name} must be an int, got {type(value).__name__} {value!r}")
+        if value < 0:
+            raise ValueError(f"enable(): {name} must be >= 0, got {value}")
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"enable(): model must be a torch.nn.Module, got {type(model).__name__}")
+    if config is not None and not isinstance(config, _ext.EngineConfig):
+        raise TypeError(f"enable(): config must be a ciera.EngineConfig, got {type(config).__name__}")
+    if config is not None and not (math.isfinite(config.timeout_s) and config.timeout_s > 0):
+        raise ValueError(f"enable(): config.timeout_s must be a finite number of seconds > 0, got {config.timeout_s}")
+    if transport not in ("torch", "mpi"):
+        raise ValueError(f"enable(): transport must be 'torch' or 'mpi', got {transport!r}")
+    if policy is not None and not callable(policy):
+        raise TypeError(f"enable(): policy must be callable(bucket, param) -> ShardPolicy, got {policy!r}")
+    count("cache_budget_bytes", cache_budget_bytes, allow_none=True)
+    count("select_after_steps", select_after_steps, allow_none=True)
+    count("reselect_every", reselect_every)
+    if cache_budget_bytes is None:
+        for name, value in (("select_after_steps", select_after_steps), ("cost_model", cost_model),
+                            ("reselect_every", reselect_every or None)):
+            if value is not None:
+                raise ValueError(f"enable(): {name}={value!r} is for the selector; it needs cache_budget_bytes")
+    elif policy is not None:
+        raise ValueError("enable(): give either policy= or cache_budget_bytes=, not both")
+
+
 def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, process_group=None,
            transport: str = "torch", verify: bool = False, policy=None,
            cache_budget_bytes: int | None = None, select_after_steps: int | None = None,
@@ -114,16 +151,20 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     (FSDP's backward prefetch, and forward prefetch which enable() turns on). `overlap=False`
     finishes each gather before returning, and makes the selector charge detection and encoding
     to the critical path. `cost_model` (an _ext.CostModel, the same on every rank) replaces the
-    start-up measurement, for tests and for reusing one measured earlier."""
+    start-up measurement, for tests and for reusing one measured earlier.
+
+    A bad argument raises TypeError or ValueError before anything is set up, and so does a model
+    whose all-gathers already go through CIERA (enabled and not disabled)."""
+    _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps, reselect_every,
+                     cost_model)
     selecting = cache_budget_bytes is not None
-    if selecting and policy is not None:
-        raise _ext.ConfigError("enable(): give either policy= or cache_budget_bytes=, not both")
-    if selecting and cache_budget_bytes < 0:
-        raise _ext.ConfigError(f"enable(): cache_budget_bytes must be >= 0, got {cache_budget_bytes}")
     config = config or _ext.EngineConfig()
     described = describe_buckets(model)
     if not described:
         raise _ext.ConfigError("enable(): the model has no FSDP2 (fully_shard) parameter groups")
+    if any(isinstance(all_gather_comm(module), CieraAllGather) for module, _ in described):
+        raise ValueError("enable(): the model's all-gathers already go through CIERA; call disable() on the "
+                         "Handle of that enable() first")
     world = dist.get_world_size(process_group)
     layouts = _layouts(described, world, selecting, policy)
     native = make_transport(transport, process_group)
