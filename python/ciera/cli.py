@@ -1,7 +1,8 @@
 """The ``ciera`` command. ``ciera train`` is the Python training job; every other subcommand
 (``bench codec``, ``bench allgather``, ``analyze``, ...) is the native tool shipped inside this
-package. ``ciera analyze ... --plot DIR`` runs the native tool, then draws its report's figures
-(plotting is Python's job)."""
+package, whose ``--help`` lists ``train`` too. ``ciera analyze ... --plot DIR`` runs the native
+tool, then draws its report's figures (plotting is Python's job). ``ciera --version`` is
+answered here, from the extension this package imports."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 
 def native_tool() -> Path:
@@ -16,35 +18,77 @@ def native_tool() -> Path:
     here = Path(__file__).resolve().parent
     override = os.environ.get("CIERA_NATIVE_TOOL")  # e.g. a development build directory's tool
     if override:
+        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
+            raise SystemExit(f"ciera: error: CIERA_NATIVE_TOOL={override} is not an executable file")
         return Path(override)
     for candidate in (here / "bin" / "ciera", here.parents[1] / "build" / "release" / "tools" / "ciera"):
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
-    raise SystemExit("ciera: the native tool is missing; reinstall with `pip install .`")
+    raise SystemExit("ciera: error: the native tool is missing; reinstall with `pip install .`")
 
 
-def _split_plot_option(args: list[str]) -> tuple[str | None, list[str]]:
-    """(DIR of ``--plot DIR`` or ``--plot=DIR``, the other arguments)."""
-    plot_dir, rest, i = None, [], 0
+def _fail(message: str) -> NoReturn:
+    """A bad `ciera analyze` command line, as the native tool reports one: a line, status 2."""
+    print(f"ciera analyze: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def version_text() -> str:
+    """What ``ciera --version`` prints, as the native tool does: the library version, the git
+    commit it was built from and the wire-format version it writes and reads."""
+    from ciera import _ext
+
+    commit = getattr(_ext, "git_commit", "unknown")  # an extension built before it had one
+    return f"ciera {_ext.__version__} (commit {commit}), wire format {_ext.format_version}"
+
+
+def _option_value(args: list[str], name: str) -> tuple[str | None, list[str]]:
+    """(the value of ``name VALUE`` or ``name=VALUE`` in args, or None; the other arguments).
+    Given twice, or without a value, is one line on stderr and status 2."""
+    value, rest, i = None, [], 0
     while i < len(args):
-        if args[i] == "--plot":
-            if i + 1 >= len(args):
-                raise SystemExit("ciera analyze: --plot needs a directory")
-            plot_dir, i = args[i + 1], i + 2
-        elif args[i].startswith("--plot="):
-            plot_dir, i = args[i].split("=", 1)[1], i + 1
+        if args[i] == name or args[i].startswith(name + "="):
+            if value is not None:
+                _fail(f"{name} given twice")
+            if args[i] == name:
+                if i + 1 >= len(args):
+                    _fail(f"{name} needs a value")
+                value, i = args[i + 1], i + 2
+            else:
+                value, i = args[i].split("=", 1)[1], i + 1
+            if not value:
+                _fail(f"{name} needs a value")
         else:
             rest.append(args[i])
             i += 1
-    return plot_dir, rest
+    return value, rest
+
+
+def _check_plot_dir(plot_dir: str) -> None:
+    """Before the analysis runs: the figures can be drawn, and written to plot_dir."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        _fail("--plot needs matplotlib (pip install 'ciera[train]')")
+    folder = Path(plot_dir).absolute()
+    if folder.exists() and not folder.is_dir():
+        _fail(f"--plot {plot_dir}: not a folder")
+    ancestor = folder
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        _fail(f"--plot {plot_dir}: cannot create or write to {ancestor}")
 
 
 def analyze_with_plots(tool: Path, args: list[str], plot_dir: str) -> int:
-    """The native ``ciera analyze`` with its output unchanged, its JSON report also written to a
-    temporary file, and the figures of that report written to ``plot_dir``."""
+    """The native ``ciera analyze`` with its output unchanged, its JSON report also written (to
+    the user's --json-file, else a temporary file), and the figures of that report written to
+    ``plot_dir``."""
+    _check_plot_dir(plot_dir)
+    json_file, rest = _option_value(args, "--json-file")
     with tempfile.TemporaryDirectory(prefix="ciera-analyze-") as tmp:
-        report_path = Path(tmp) / "report.json"
-        status = subprocess.call([str(tool), "analyze", *args, "--json-file", str(report_path)])
+        report_path = Path(json_file) if json_file else Path(tmp) / "report.json"
+        status = subprocess.call([str(tool), "analyze", *rest, "--json-file", str(report_path)])
         if status != 0:
             return status
         report = json.loads(report_path.read_text())
@@ -62,9 +106,12 @@ def main(argv=None) -> int:
         from ciera import train
 
         return train.main(argv[1:])
+    if argv[:1] == ["--version"]:
+        print(version_text())
+        return 0
     tool = native_tool()
     if argv[:1] == ["analyze"]:
-        plot_dir, rest = _split_plot_option(argv[1:])
+        plot_dir, rest = _option_value(argv[1:], "--plot")
         if plot_dir is not None:
             return analyze_with_plots(tool, rest, plot_dir)
     share = Path(__file__).resolve().parent / "share" / "linklab.sh"
