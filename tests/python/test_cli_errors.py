@@ -1,0 +1,312 @@
+"""Every bad input is one line naming the problem, a non-zero status and no traceback, before any
+work starts: `ciera train` (no rank started, no run folder made), the native subcommands through
+the Python entry point, and the arguments of ciera.torch.enable(). Also `ciera --help` (every
+command, train included) and `ciera --version` (version, commit, wire format)."""
+
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import all_ok, spawn
+
+import ciera
+from ciera import _ext
+
+
+def _env():
+    # Wherever the tests import ciera from (installed, or this checkout), the commands do too.
+    return dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
+
+
+def _ciera(args, cwd=None):
+    """`ciera ARGS` through the Python entry point, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "ciera.cli", *args], capture_output=True, text=True,
+                          env=_env(), cwd=cwd, timeout=120)
+
+
+def _native_tool_or_skip():
+    from ciera import cli
+
+    try:
+        return cli.native_tool()
+    except SystemExit:
+        pytest.skip("the native ciera tool is not built")
+
+
+def _assert_refused(done, message):
+    """A non-zero status (not a signal), and stderr one line that names the problem."""
+    assert done.returncode > 0, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert message in lines[0], lines[0]
+    assert done.stdout.strip() == "", done.stdout
+
+
+def _fill(args, tmp_path):
+    return [a.replace("{tmp}", str(tmp_path)) for a in args]
+
+
+# --- ciera train --------------------------------------------------------------------------------
+
+TRAIN = [
+    (["--ranks", "0"], "--ranks must be >= 2"),
+    (["--ranks", "1"], "--ranks must be >= 2 (one rank has nobody to gather from), got 1"),
+    (["--ranks", "x"], "argument --ranks: invalid int value: 'x'"),
+    (["--steps", "0"], "--steps must be >= 1, got 0"),
+    (["--steps", "5", "--warmup", "5"], "--steps must exceed --warmup"),
+    (["--warmup", "-5"], "--warmup must be >= 0, got -5"),
+    (["--layers", "0"], "--layers must be >= 1, got 0"),
+    (["--hidden", "0"], "--hidden must be a positive multiple of 8"),
+    (["--hidden", "12"], "--hidden must be a positive multiple of 8"),
+    (["--experts", "1"], "--experts must be >= 2"),
+    (["--expert-intermediate", "4"], "--expert-intermediate must be a positive multiple of 8"),
+    (["--seq-len", "1"], "--seq-len must be >= 2"),
+    (["--batch", "0"], "--batch must be >= 1, got 0"),
+    (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+    (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    (["--lr=-1e-4"], "--lr must be a finite number > 0"),
+    (["--block", "0"], "--block must be a positive number of values, got 0"),
+    (["--block", "63"], "--block 63:"),
+    (["--block", "8192"], "--block 8192:"),
+    (["--threads", "-1"], "--threads must be >= 0 (0: encode and decode on the gathering thread), got -1"),
+    (["--timeout", "0"], "--timeout must be a finite number > 0 seconds, got 0.0"),
+    (["--timeout", "nan"], "--timeout must be a finite number > 0 seconds, got nan"),
+    (["--link-gbit", "-1"], "--link-gbit must be a finite number >= 0"),
+    (["--link-gbit", "nan"], "--link-gbit must be a finite number >= 0"),
+    (["--link-gbit", "1", "--ranks", "300"], "--ranks 300: the link lab has room for at most 253 ranks"),
+    (["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+    (["--budget-mb", "-1"], "--budget-mb must be >= 0 MiB, got -1.0"),
+    (["--budget-mb", "nan"], "--budget-mb must be >= 0 MiB, got nan"),
+    (["--reselect-every", "-1"], "--reselect-every must be >= 0, got -1"),
+    (["--reselect-every", "5"], "--reselect-every re-runs the selection of --budget-mb"),
+    (["--ablation", "--no-baseline"], "--ablation compares with plain FSDP2"),
+    (["--trace", "{tmp}/t.json", "--no-baseline"], "--trace takes its compute times from the plain FSDP2 run"),
+    (["--trace", "{tmp}"], "a folder, not a file"),
+    (["--trace", "{tmp}/absent/t.json"], "/absent does not exist"),
+    (["--save-checkpoints", "/dev/null/ckpt"], "--save-checkpoints /dev/null/ckpt: /dev/null is not a folder"),
+    (["--model", "gpt"], "argument --model: invalid choice: 'gpt'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+@pytest.mark.parametrize("args,message", TRAIN, ids=[" ".join(a) for a, _ in TRAIN])
+def test_train_refuses_before_any_rank_starts(tmp_path, args, message):
+    out = tmp_path / "runs"
+    done = _ciera(["train", *_fill(args, tmp_path), "--out", str(out)])
+    _assert_refused(done, message)
+    assert done.stderr.startswith("ciera train: ")
+    assert not out.exists()  # no run folder: the launcher never got to start ranks
+
+
+@pytest.mark.parametrize("out,message", [("/dev/null", "--out /dev/null: not a folder"),
+                                         ("/dev/null/runs", "--out /dev/null/runs: /dev/null is not a folder")])
+def test_train_refuses_an_output_folder_it_cannot_make(out, message):
+    _assert_refused(_ciera(["train", "--out", out]), message)
+
+
+def test_train_run_folders_are_unique_within_one_second(tmp_path, monkeypatch):
+    import datetime
+    from types import SimpleNamespace
+
+    from ciera.train import launcher
+
+    class Frozen:  # every run starts in the same second
+        class datetime:
+            @staticmethod
+            def now():
+                return datetime.datetime(2030, 1, 2, 3, 4, 5)
+
+    monkeypatch.setattr(launcher, "_dt", Frozen)
+    args = SimpleNamespace(out=str(tmp_path / "runs"), model="olmoe", ranks=2)
+    names = [launcher.new_run_dir(args).name for _ in range(3)]
+    assert names == ["20300102-030405-olmoe-w2", "20300102-030405-olmoe-w2-2", "20300102-030405-olmoe-w2-3"]
+
+
+# --- native subcommands, through the Python entry point -------------------------------------------
+
+NATIVE = [
+    ([], "`ciera` needs a command: one of bench, analyze, simulate, train"),
+    (["bogus"], "unknown command 'bogus' for `ciera`"),
+    (["bench"], "`ciera bench` needs a command"),
+    (["bench", "codec", "--values", "0"], "--values must be at least 1"),
+    (["bench", "codec", "--values", "-1"], "--values"),
+    (["bench", "codec", "--values", "5", "--values", "6"], "--values: At Most 1 required but received 2"),
+    (["bench", "codec", "--warmup", "-1"], "Could not convert: --warmup = -1"),
+    (["bench", "codec", "--sample-every", "0", "--values", "1000", "--steps", "40"], "--sample-every must be at least 1"),
+    (["bench", "codec", "--lr", "nan"], "--lr must be a finite number > 0"),
+    (["bench", "codec", "--block", "0"], "block_values 0 is outside"),
+    (["bench", "codec", "--dtype", "int8"], "unknown dtype 'int8'"),
+    (["bench", "codec", "--nope"], "The following argument was not expected: --nope"),
+    (["analyze"], "checkpoints is required"),
+    (["analyze", "/nonexistent/a.safetensors", "/nonexistent/b.safetensors"], "cannot open"),
+    (["analyze", "{tmp}/a.safetensors", "{tmp}/./a.safetensors"], "a.safetensors is given twice"),
+    (["analyze", "{tmp}", "{tmp}/step_1.safetensors"], "step_1.safetensors is given twice"),
+    (["analyze", "a", "b", "--max-interval", "0"], "--max-interval must be at least 1"),
+    (["analyze", "a", "b", "--worlds", "0"], "world size W must be at least 1"),
+    (["analyze", "a", "b", "--json-file", "/nonexistent/r.json"], "--json-file: directory /nonexistent does not exist"),
+    (["analyze", "a", "b", "--plot", "/dev/null/figures"], "--plot /dev/null/figures: cannot create or write"),
+    (["analyze", "a", "b", "--plot", "x", "--plot", "y"], "--plot given twice"),
+    (["analyze", "a", "b", "--plot"], "--plot needs a value"),
+    (["simulate", "--block", "0"], "--block must be in 64..4096"),
+    (["simulate", "--gbit", "-1"], "--gbit must be > 0"),
+    (["simulate", "--mfu", "nan"], "--mfu must be in (0, 1]"),
+    (["simulate", "--gpus", "8,0"], "--gpus: 0 is not a GPU count"),
+    (["simulate", "--trace", "/nonexistent.json"], "cannot read trace /nonexistent.json"),
+    (["simulate", "--model", "gpt"], "unknown model \"gpt\""),
+]
+if _ext.with_mpi:
+    NATIVE += [
+        (["bench", "allgather", "--ranks", "0"], "--ranks must be at least 1"),
+        (["bench", "allgather", "--buckets", "0"], "--buckets must be at least 1"),
+        (["bench", "allgather", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
+        (["bench", "allgather", "--link-gbit", "-1"], "--link-gbit must be >= 0"),
+        (["bench", "allgather", "--ranks", "300", "--link-gbit", "1"], "the link lab has room for at most 253"),
+    ]
+
+
+def _safetensors(path: Path, values: list[int]) -> None:
+    """A checkpoint of one BF16 tensor (the format: header length, JSON header, data)."""
+    header = ('{"w":{"dtype":"BF16","shape":[%d],"data_offsets":[0,%d]}}' % (len(values), 2 * len(values))).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack(f"<{len(values)}H", *values))
+
+
+@pytest.mark.parametrize("args,message", NATIVE, ids=[" ".join(a) or "(none)" for a, _ in NATIVE])
+def test_native_commands_refuse_in_one_line(tmp_path, args, message):
+    _native_tool_or_skip()
+    _safetensors(tmp_path / "a.safetensors", [0x3F80] * 64)
+    if "{tmp}" in args:  # the folder as a series: only step-numbered files in it
+        (tmp_path / "a.safetensors").rename(tmp_path / "step_1.safetensors")
+        _safetensors(tmp_path / "step_2.safetensors", [0x3F80] * 64)
+    done = _ciera(_fill(args, tmp_path), cwd=tmp_path)
+    _assert_refused(done, message)
+    assert re.match(r"ciera( analyze)?: error: ", done.stderr), done.stderr
+
+
+def test_analyze_plot_writes_the_users_json_file_too(tmp_path):
+    pytest.importorskip("matplotlib")
+    _native_tool_or_skip()
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    for step in range(4):
+        _safetensors(ckpts / f"step_{step}.safetensors", [0x3F80 + ((i * 7 + step * 13) % 5) for i in range(4096)])
+    report = tmp_path / "report.json"
+    done = _ciera(["analyze", str(ckpts), "--quiet", "--max-interval", "2", "--plot", str(tmp_path / "figures"),
+                   "--json-file", str(report)])
+    assert done.returncode == 0, done.stderr
+    import json
+
+    assert json.loads(report.read_text())["total"]["transitions"] == 3
+    assert len(list((tmp_path / "figures").glob("*.png"))) == 5
+
+
+# --- ciera.torch.enable() -------------------------------------------------------------------------
+
+def _config(timeout_s):
+    config = ciera.EngineConfig()
+    config.timeout_s = timeout_s  # the binding may refuse it here already
+    return config
+
+
+ENABLE = [
+    (lambda e, m: e("model"), TypeError, "model must be a torch.nn.Module, got str"),
+    (lambda e, m: e(m, "config"), TypeError, "config must be a ciera.EngineConfig, got str"),
+    (lambda e, m: e(m, _config(0.0)), ValueError, "timeout_s must be a finite number of seconds > 0"),
+    (lambda e, m: e(m, _config(-5.0)), ValueError, "timeout_s must be a finite number of seconds > 0"),
+    (lambda e, m: e(m, _config(float("nan"))), ValueError, "timeout_s must be a finite number of seconds > 0"),
+    (lambda e, m: e(m, transport="nccl"), ValueError, "transport must be 'torch' or 'mpi', got 'nccl'"),
+    (lambda e, m: e(m, policy=3), TypeError, "policy must be callable"),
+    (lambda e, m: e(m, cache_budget_bytes=-1), ValueError, "cache_budget_bytes must be >= 0, got -1"),
+    (lambda e, m: e(m, cache_budget_bytes=1.5), TypeError, "cache_budget_bytes must be an int, got float 1.5"),
+    (lambda e, m: e(m, cache_budget_bytes=True), TypeError, "cache_budget_bytes must be an int, got bool"),
+    (lambda e, m: e(m, cache_budget_bytes=0, select_after_steps=-1), ValueError,
+     "select_after_steps must be >= 0, got -1"),
+    (lambda e, m: e(m, cache_budget_bytes=0, reselect_every=-2), ValueError, "reselect_every must be >= 0, got -2"),
+    (lambda e, m: e(m, reselect_every=-2), ValueError, "reselect_every must be >= 0, got -2"),
+    (lambda e, m: e(m, reselect_every=5), ValueError, "reselect_every=5 is for the selector; it needs cache_budget_bytes"),
+    (lambda e, m: e(m, select_after_steps=3), ValueError, "select_after_steps=3 is for the selector"),
+    (lambda e, m: e(m, cache_budget_bytes=0, policy=lambda b, p: None), ValueError, "not both"),
+]
+
+
+@pytest.mark.parametrize("call,error,message", ENABLE, ids=[m for _, _, m in ENABLE])
+def test_enable_refuses_bad_arguments_before_setting_anything_up(call, error, message):
+    import torch
+
+    import ciera.torch as ct
+
+    model = torch.nn.Linear(4, 4)  # no process group, no FSDP: the checks come before either is needed
+    with pytest.raises(error) as raised:
+        call(ct.enable, model)
+    text = str(raised.value)
+    assert message in text and "\n" not in text, text
+
+
+def test_enable_with_good_arguments_gets_past_the_checks():
+    import torch
+
+    import ciera.torch as ct
+
+    with pytest.raises(ciera.ConfigError, match="no FSDP2"):
+        ct.enable(torch.nn.Linear(4, 4), _config(30.0), transport="torch", cache_budget_bytes=0,
+                  select_after_steps=0, reselect_every=2)
+
+
+def enable_twice(rank, world):
+    """enable() on a model whose gathers already go through CIERA, then again after disable()."""
+    import fsdp_workers as w
+
+    import ciera.torch as ct
+
+    model = w.build(w.tiny_spec("olmoe"), world)
+    handle = ct.enable(model, ciera.EngineConfig())
+    try:
+        ct.enable(model, ciera.EngineConfig())
+        second = "no error"
+    except ValueError as e:
+        second = str(e)
+    handle.disable()
+    ct.enable(model, ciera.EngineConfig()).disable()
+    return second
+
+
+def test_enable_twice_on_one_model_is_refused():
+    for message in all_ok(spawn(enable_twice, 2)):
+        assert "already go through CIERA" in message and "disable()" in message, message
+
+
+# --- ciera --help, ciera --version ------------------------------------------------------------------
+
+def test_help_lists_every_command_train_included():
+    _native_tool_or_skip()
+    done = _ciera(["--help"])
+    assert done.returncode == 0, done.stderr
+    commands = re.findall(r"^  (\w+) ", done.stdout.split("Subcommands:")[1], re.MULTILINE)
+    assert commands == ["bench", "analyze", "simulate", "train"], done.stdout
+
+
+VERSION = re.compile(r"^ciera (\d+\.\d+\.\d+) \(commit ([0-9a-f]{4,}|unknown)\), wire format (\d+)$")
+
+
+def test_version_names_the_library_commit_and_wire_format():
+    done = _ciera(["--version"])
+    assert done.returncode == 0, done.stderr
+    m = VERSION.match(done.stdout.strip())
+    assert m, done.stdout
+    assert m.group(1) == _ext.__version__
+    assert m.group(2) == getattr(_ext, "git_commit", "unknown")
+    assert int(m.group(3)) == _ext.format_version
+
+
+def test_native_version_has_the_same_form():
+    tool = _native_tool_or_skip()
+    done = subprocess.run([str(tool), "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    m = VERSION.match(done.stdout.strip())
+    assert m, done.stdout
+    assert m.group(1) == _ext.__version__
