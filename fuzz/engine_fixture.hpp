@@ -21,6 +21,9 @@ namespace ciera::fuzz {
 inline constexpr int kReceiver = 0;  // the rank the fuzzers play
 inline constexpr int kSender = 1;    // fuzz_envelope's peer
 inline constexpr int kMaxWorld = 8;
+// Every rank's stream epoch (the engine's ranks each draw one at random and exchange them at
+// setup; fixed here, so that the corpus is reproducible).
+inline constexpr uint32_t kStreamEpoch = 0x5EED;
 
 // The engine's codec settings for a bucket of `dtype`: EngineConfig's codec with small blocks
 // (more blocks per small shard) and WarmupMode::kRaw, under which the engine's encoders have no
@@ -68,19 +71,34 @@ inline std::vector<uint64_t> max_envelope_bytes(const BucketLayout& layout) {
   return bytes;
 }
 
+// The stream rank `sender` sends parameter `param` of bucket `bucket` on, numbered as the
+// engine's stream_of numbers it (docs/format.md, "Streams").
+inline StreamIdentity stream_of(const std::vector<BucketLayout>& buckets, size_t bucket,
+                                size_t param, int sender) {
+  uint64_t params_before = 0;
+  for (size_t b = 0; b < bucket; ++b) params_before += buckets[b].params();
+  const uint64_t world = static_cast<uint64_t>(buckets[bucket].ranks());
+  return {.stream = static_cast<uint32_t>((params_before + param) * world + sender),
+          .epoch = kStreamEpoch};
+}
+
 // A rank's codecs for parameter `param` of `bucket`, as make_codecs makes them; null for a
 // raw-policy parameter.
-inline std::unique_ptr<ShardEncoder> make_encoder(const BucketLayout& layout, size_t param,
-                                                  int rank) {
+inline std::unique_ptr<ShardEncoder> make_encoder(const std::vector<BucketLayout>& buckets,
+                                                  size_t bucket, size_t param, int rank) {
+  const BucketLayout& layout = buckets[bucket];
   if (layout.policy[param] != ShardPolicy::kCiera) return nullptr;
   return std::make_unique<ShardEncoder>(engine_codec(layout.dtype),
-                                        layout.shard_values[rank][param]);
+                                        layout.shard_values[rank][param],
+                                        stream_of(buckets, bucket, param, rank));
 }
-inline std::unique_ptr<ShardDecoder> make_decoder(const BucketLayout& layout, size_t param,
-                                                  int sender) {
+inline std::unique_ptr<ShardDecoder> make_decoder(const std::vector<BucketLayout>& buckets,
+                                                  size_t bucket, size_t param, int sender) {
+  const BucketLayout& layout = buckets[bucket];
   if (layout.policy[param] != ShardPolicy::kCiera) return nullptr;
   return std::make_unique<ShardDecoder>(engine_codec(layout.dtype),
-                                        layout.shard_values[sender][param]);
+                                        layout.shard_values[sender][param],
+                                        stream_of(buckets, bucket, param, sender));
 }
 
 // A control record as the engine's make_record writes it.

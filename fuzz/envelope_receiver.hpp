@@ -1,8 +1,9 @@
 // Rank 0 of the engine in engine_fixture.hpp receiving what rank 1 sends, round after round:
 // rank 1's control record (128 bytes, docs/format.md, "Engine protocol", step 1), then the
 // envelope it announced (step 2), decoded into the output by the receiver's ShardDecoders, which
-// it keeps from round to round as the engine keeps them. The checks run through the engine's own
-// functions: check_records and agreed_step on the records, EnvelopeReader and ShardDecoder on
+// it keeps from round to round as the engine keeps them. A round that fails is retried once in
+// the next, with key frames, as the engine's run_round does. The checks run through the engine's
+// own functions: check_records and agreed_step on the records, EnvelopeReader and ShardDecoder on
 // the envelope, in the order the engine's decode_envelope calls them. fuzz_envelope feeds it
 // arbitrary bytes; make_corpus checks that every round it writes is received exactly.
 #pragma once
@@ -29,7 +30,15 @@ struct Bucket {
   std::vector<uint64_t> max_envelope_bytes;
   std::vector<std::unique_ptr<ShardDecoder>> decoders;  // [param], for the sender's shards
   uint64_t step = 0;
+  bool retrying = false;  // the last round failed: this one is its key-frame retry
 };
+
+// The engine's resynchronise(): a key-frame round follows, from the streams' next epochs.
+inline void expect_key_frames(Bucket& s) {
+  for (auto& decoder : s.decoders) {
+    if (decoder) decoder->request_resync();
+  }
+}
 
 // A copy of CompressedAllgather::Impl::decode_envelope (src/engine/codec_tasks.cpp), which is a
 // private member: the same calls in the same order, a failure recorded in `verdict`.
@@ -79,14 +88,15 @@ inline void decode_envelope(Bucket& s, uint64_t step, uint32_t bucket, const std
 }
 
 inline std::vector<Bucket> receiver_buckets() {
-  std::vector<Bucket> buckets;
-  for (BucketLayout& layout : envelope_buckets()) {
-    Bucket& s = buckets.emplace_back();
-    s.layout = std::move(layout);
+  const std::vector<BucketLayout> layouts = envelope_buckets();
+  std::vector<Bucket> buckets(layouts.size());
+  for (size_t b = 0; b < layouts.size(); ++b) {
+    Bucket& s = buckets[b];
+    s.layout = layouts[b];
     s.value_bytes = dtype_info(s.layout.dtype).value_bytes;
     s.max_envelope_bytes = max_envelope_bytes(s.layout);
     for (size_t k = 0; k < s.layout.params(); ++k) {
-      s.decoders.push_back(make_decoder(s.layout, k, kSender));
+      s.decoders.push_back(make_decoder(layouts, b, k, kSender));
     }
   }
   return buckets;
@@ -131,6 +141,7 @@ inline std::vector<std::string> receive_rounds(const uint8_t* data, size_t size)
     const uint64_t step = agreed_step(records);
     // A cold peer or one at another step makes a key-frame round (scheduler.cpp's
     // needs_resync), whose envelope this round's is taken to be.
+    if (peer.step != s.step || (peer.flags & kCold)) expect_key_frames(s);
     s.step = step;
     // The transport delivers exactly the announced bytes (bounded by check_records); an input
     // that ends early leaves the rest zero.
@@ -147,6 +158,15 @@ inline std::vector<std::string> receive_rounds(const uint8_t* data, size_t size)
     check_output(out, s.layout);
     outcomes.push_back(failure_text(verdicts, 0, s.layout.name));
     if (outcomes.back().empty() != !mine.failed) std::abort();
+    if (mine.failed) {
+      // The engine's run_round: every rank re-sends the gather as key frames once (the next
+      // round of the input); a second failure is a CommError, and every later gather fails.
+      if (s.retrying) break;
+      s.retrying = true;
+      expect_key_frames(s);
+      continue;
+    }
+    s.retrying = false;
     s.step = step + 1;
   }
   return outcomes;

@@ -11,8 +11,11 @@
 //                   (escapes included), for BF16, FP16 and FP32, block sizes 64..4096, 0, 1 and
 //                   block-straddling value counts, with and without content checksum, exact
 //                   and hash change detection, NaN/Inf/subnormal/-0 values, a padded
-//                   sign-mantissa plane, and stateless payloads;
-//   fuzz_envelope   rounds of rank 1's control record and envelope (fuzz_envelope.cpp);
+//                   sign-mantissa plane, a damaged frame and the sender's resynchronising key
+//                   frame, and stateless payloads;
+//   fuzz_envelope   rounds of rank 1's control record and envelope (envelope_receiver.hpp): raw
+//                   and compressed envelopes of three buckets, a cold restart, a peer ahead, a
+//                   damaged payload and its key-frame retry;
 //   fuzz_control    one round's control and verdict exchange results (fuzz_control.cpp);
 //   fuzz_decode     one seed per configuration and frame its first two bytes select;
 //   fuzz_roundtrip  a configuration and realistic shards of every dtype.
@@ -180,20 +183,33 @@ class Shard {
 
 // ---- fuzz_payload ---------------------------------------------------------------------------
 
-enum class Step { kSame, kSparse, kEscapes, kDense, kSpecials, kResync };
+// kCorrupt: a frame damaged in transit (its last byte flipped), which the receiver rejects;
+// kResync: the sender's answer, a key frame that starts a new epoch.
+enum class Step { kSame, kSparse, kEscapes, kDense, kSpecials, kCorrupt, kResync };
 
-// One sender's payloads for the steps after its first frame (always a key frame), back to back.
-Bytes payload_stream(const CodecConfig& config, uint64_t values, const std::vector<Step>& steps,
-                     uint64_t seed, bool flat = false) {
+struct Stream {
+  Bytes bytes;                // the payloads back to back
+  std::vector<bool> corrupt;  // per payload
+};
+
+// One sender's payloads: its first frame (always a key frame), then one per step.
+Stream payload_stream(const CodecConfig& config, uint64_t values, const std::vector<Step>& steps,
+                      uint64_t seed, bool flat = false) {
   Shard shard(config.dtype, values, seed);
   if (flat) shard.flatten_exponents();
-  ShardEncoder encoder(config, values);
-  Bytes stream, payload(encoder.max_payload_bytes());
-  auto send = [&] {
+  // Each stream its own id and epoch; fuzz_payload's receiver takes them from the first header.
+  const StreamIdentity identity{.stream = static_cast<uint32_t>(seed * 7919),
+                                .epoch = static_cast<uint32_t>(seed * 104729 + 1)};
+  ShardEncoder encoder(config, values, identity);
+  Stream stream;
+  Bytes payload(encoder.max_payload_bytes());
+  auto send = [&](bool corrupt) {
     const uint64_t bytes = encoder.encode(shard.bytes(), payload).payload_bytes;
-    append(stream, payload.data(), bytes);
+    if (corrupt) payload[bytes - 1] ^= std::byte{0x5A};
+    append(stream.bytes, payload.data(), bytes);
+    stream.corrupt.push_back(corrupt);
   };
-  send();
+  send(false);
   for (Step step : steps) {
     switch (step) {
       case Step::kSame:
@@ -210,11 +226,14 @@ Bytes payload_stream(const CodecConfig& config, uint64_t values, const std::vect
       case Step::kSpecials:
         shard.add_specials();
         break;
+      case Step::kCorrupt:
+        shard.change_sparse(1 + values / 100);
+        break;
       case Step::kResync:
         encoder.request_key_frame();
         break;
     }
-    send();
+    send(step == Step::kCorrupt);
   }
   return stream;
 }
@@ -230,23 +249,32 @@ CodecConfig codec(DType dtype, uint32_t block_values,
 }
 
 // Writes a payload stream after checking that fuzz_payload's receiver decodes every payload of
-// it, so that a corpus written by a library whose format moved on cannot silently seed nothing
-// but rejections. Notes the (dtype, exponent section) of every payload in `seen`.
-void write_stream(const fs::path& path, const Bytes& stream,
+// it but the corrupt ones, so that a corpus written by a library whose format moved on cannot
+// silently seed nothing but rejections. Notes the (dtype, exponent section) of every payload
+// decoded in `seen`.
+void write_stream(const fs::path& path, const Stream& stream,
                   std::set<std::pair<DType, ExponentSection>>& seen) {
-  const auto* data = reinterpret_cast<const uint8_t*>(stream.data());
-  fuzz::StreamReceiver receiver(data, stream.size());
-  for (const fuzz::Part& part : fuzz::split_payloads(data, stream.size())) {
-    const std::span<const std::byte> payload(stream.data() + part.offset, part.bytes);
-    if (!receiver.receive(payload)) {
-      throw std::runtime_error(path.filename().string() +
-                               ": fuzz_payload rejects payload at byte " +
-                               std::to_string(part.offset));
-    }
-    const PayloadInfo info = inspect_payload(payload);
-    seen.insert({info.dtype, info.section});
+  const auto* data = reinterpret_cast<const uint8_t*>(stream.bytes.data());
+  fuzz::StreamReceiver receiver(data, stream.bytes.size());
+  const std::vector<fuzz::Part> parts = fuzz::split_payloads(data, stream.bytes.size());
+  if (parts.size() != stream.corrupt.size()) {
+    throw std::runtime_error(path.filename().string() + ": fuzz_payload splits it into " +
+                             std::to_string(parts.size()) + " payloads, not " +
+                             std::to_string(stream.corrupt.size()));
   }
-  write_file(path, stream);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::span<const std::byte> payload(stream.bytes.data() + parts[i].offset, parts[i].bytes);
+    if (receiver.receive(payload) == stream.corrupt[i]) {
+      throw std::runtime_error(path.filename().string() + ": fuzz_payload " +
+                               (stream.corrupt[i] ? "accepts" : "rejects") + " payload " +
+                               std::to_string(i));
+    }
+    if (!stream.corrupt[i]) {
+      const PayloadInfo info = inspect_payload(payload);
+      seen.insert({info.dtype, info.section});
+    }
+  }
+  write_file(path, stream.bytes);
 }
 
 void payload_corpus(const fs::path& dir) {
@@ -273,7 +301,7 @@ void payload_corpus(const fs::path& dir) {
     Shard shard(dtype, 1000, seed++);
     Bytes payload(max_payload_bytes(dtype, 1000, 512));
     payload.resize(encode_stateless(stateless, shard.bytes(), payload));
-    write_stream(dir / (d + "-b512-n1000-stateless.bin"), payload, seen);
+    write_stream(dir / (d + "-b512-n1000-stateless.bin"), {payload, {false}}, seen);
   }
   CodecConfig unchecked = codec(DType::kBF16, 256);
   unchecked.content_checksum = false;
@@ -284,7 +312,8 @@ void payload_corpus(const fs::path& dir) {
   CodecConfig warm = codec(DType::kBF16, 64);
   warm.warmup_steps = 2;
   stream("bf16-b64-n400-warmup", warm, 400, {kSparse, kSparse, kSparse});
-  stream("fp32-b128-n500-resync", codec(DType::kFP32, 128), 500, {kSparse, kResync, kSparse});
+  stream("fp32-b128-n500-resync", codec(DType::kFP32, 128), 500,
+         {kSparse, kCorrupt, kResync, kSparse});
   stream("bf16-b512-n200-constant", codec(DType::kBF16, 512), 200, {kSame, kSparse}, true);
   stream("fp16-b64-n640-specials", codec(DType::kFP16, 64), 640, {kSpecials, kSparse});
   stream("fp32-b4096-n4097-block", codec(DType::kFP32, 4096, ExponentCoding::kBlock), 4097,
@@ -301,15 +330,18 @@ void payload_corpus(const fs::path& dir) {
 // sends, each its control record and then its envelope.
 class Sender {
  public:
-  enum class Round { kCompressed, kRaw, kCold };
+  // kCorrupt: a compressed round with one payload damaged in transit (its last byte flipped);
+  // kRetry: the key-frame round that follows a failed one, at the same step.
+  enum class Round { kCompressed, kRaw, kCold, kCorrupt, kRetry };
   enum class Change { kSame, kSparse, kDense };
 
   Sender() : layouts_(fuzz::envelope_buckets()) {
     uint64_t seed = 100;
-    for (const BucketLayout& layout : layouts_) {
+    for (size_t b = 0; b < layouts_.size(); ++b) {
+      const BucketLayout& layout = layouts_[b];
       State& s = states_.emplace_back();
       for (size_t k = 0; k < layout.params(); ++k) {
-        s.encoders.push_back(fuzz::make_encoder(layout, k, fuzz::kSender));
+        s.encoders.push_back(fuzz::make_encoder(layouts_, b, k, fuzz::kSender));
         s.shards.emplace_back(layout.dtype, layout.shard_values[fuzz::kSender][k], seed++);
       }
     }
@@ -327,7 +359,7 @@ class Sender {
         shard.change_dense(1, fuzz::engine_codec(layout.dtype).block_values);
     }
     const bool raw = kind == Round::kRaw;
-    if (kind == Round::kCold) {
+    if (kind == Round::kCold || kind == Round::kRetry) {
       for (auto& e : s.encoders) {
         if (e) e->request_key_frame();
       }
@@ -358,12 +390,24 @@ class Sender {
     header.all_raw = raw;
     const uint64_t bytes =
         pack_envelope(send.data(), send_layout, payload_bytes, header, host_memory_ops());
-    const uint32_t flags =
-        (raw ? uint32_t{kRaw} : 0u) | (kind == Round::kCold ? uint32_t{kCold} : 0u);
+    std::byte* envelope = send.data() + send_layout.envelope_offset;
+    if (kind == Round::kCorrupt) {
+      uint64_t end = envelope_header_bytes(layout.params());
+      for (size_t k = 0; k < layout.params(); ++k) {
+        end += payload_bytes[k];
+        if (s.encoders[k] && payload_bytes[k] > 0) {
+          envelope[end - 1] ^= std::byte{0x5A};
+          break;
+        }
+      }
+    }
+    const uint32_t flags = (raw ? uint32_t{kRaw} : 0u) |
+                           (kind == Round::kCold ? uint32_t{kCold} : 0u) |
+                           (kind == Round::kRetry ? uint32_t{kKeyRound} : 0u);
     const ControlRecord record = fuzz::control_record(bucket, layout, s.step, flags, bytes);
     append(out, &record, sizeof record);
-    append(out, send.data() + send_layout.envelope_offset, bytes);
-    ++s.step;
+    append(out, envelope, bytes);
+    if (kind != Round::kCorrupt) ++s.step;
   }
 
  private:
@@ -376,16 +420,20 @@ class Sender {
   std::vector<State> states_;
 };
 
-// Writes rounds after checking that fuzz_envelope's receiver gathers every one of them exactly.
-void write_rounds(const fs::path& path, const Bytes& rounds, size_t expected) {
+// Writes rounds after checking that fuzz_envelope's receiver gathers every one of them exactly,
+// but those `failing` (one flag per round) names, which it must reject.
+void write_rounds(const fs::path& path, const Bytes& rounds, const std::vector<bool>& failing) {
   const std::vector<std::string> outcomes =
       fuzz::receive_rounds(reinterpret_cast<const uint8_t*>(rounds.data()), rounds.size());
-  for (const std::string& outcome : outcomes) {
-    if (!outcome.empty()) throw std::runtime_error(path.filename().string() + ": " + outcome);
-  }
-  if (outcomes.size() != expected) {
+  if (outcomes.size() != failing.size()) {
     throw std::runtime_error(path.filename().string() + ": " + std::to_string(outcomes.size()) +
-                             " rounds received of " + std::to_string(expected));
+                             " rounds received of " + std::to_string(failing.size()));
+  }
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    if (outcomes[i].empty() == failing[i]) {
+      throw std::runtime_error(path.filename().string() + ", round " + std::to_string(i) + ": " +
+                               (failing[i] ? "accepted" : outcomes[i]));
+    }
   }
   write_file(path, rounds);
 }
@@ -403,7 +451,7 @@ void envelope_corpus(const fs::path& dir) {
     sender.round(rounds, bucket, R::kCompressed, C::kDense);
     sender.round(rounds, bucket, R::kRaw, C::kSparse);
     sender.round(rounds, bucket, R::kCompressed, C::kSparse);
-    write_rounds(dir / (std::string(names[bucket]) + "-rounds.bin"), rounds, 6);
+    write_rounds(dir / (std::string(names[bucket]) + "-rounds.bin"), rounds, std::vector(6, false));
   }
   {
     Sender sender;
@@ -412,7 +460,7 @@ void envelope_corpus(const fs::path& dir) {
     sender.round(rounds, 0, R::kCompressed, C::kSparse);
     sender.round(rounds, 1, R::kCompressed, C::kDense);
     sender.round(rounds, 2, R::kCompressed, C::kSame);
-    write_rounds(dir / "mixed-buckets.bin", rounds, 6);
+    write_rounds(dir / "mixed-buckets.bin", rounds, std::vector(6, false));
   }
   {
     Sender sender;
@@ -421,7 +469,17 @@ void envelope_corpus(const fs::path& dir) {
     sender.round(rounds, 0, R::kCompressed, C::kSparse);
     sender.round(rounds, 0, R::kCold, C::kSparse);
     sender.round(rounds, 0, R::kCompressed, C::kSparse);
-    write_rounds(dir / "bf16-cold-restart.bin", rounds, 4);
+    write_rounds(dir / "bf16-cold-restart.bin", rounds, std::vector(4, false));
+  }
+  for (uint32_t bucket = 0; bucket < 3; ++bucket) {
+    Sender sender;
+    Bytes rounds;
+    sender.round(rounds, bucket, R::kCompressed);
+    sender.round(rounds, bucket, R::kCorrupt, C::kSparse);
+    sender.round(rounds, bucket, R::kRetry);
+    sender.round(rounds, bucket, R::kCompressed, C::kSparse);
+    write_rounds(dir / (std::string(names[bucket]) + "-corrupt-retry.bin"), rounds,
+                 {false, true, false, false});
   }
   {
     Sender sender;
@@ -429,14 +487,14 @@ void envelope_corpus(const fs::path& dir) {
     sender.jump(1, 3);
     sender.round(rounds, 1, R::kCompressed);
     sender.round(rounds, 1, R::kCompressed, C::kSparse);
-    write_rounds(dir / "fp32-peer-ahead.bin", rounds, 2);
+    write_rounds(dir / "fp32-peer-ahead.bin", rounds, std::vector(2, false));
   }
   {
     Sender sender;
     Bytes rounds;
     sender.round(rounds, 0, R::kRaw);
     sender.round(rounds, 0, R::kRaw, C::kSparse);
-    write_rounds(dir / "bf16-raw.bin", rounds, 2);
+    write_rounds(dir / "bf16-raw.bin", rounds, std::vector(2, false));
   }
 }
 

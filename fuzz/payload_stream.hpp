@@ -24,6 +24,8 @@ inline constexpr size_t kDTypeAt = 5;
 inline constexpr size_t kFlagsAt = 8;
 inline constexpr size_t kBlockValuesAt = 12;
 inline constexpr size_t kNumValuesAt = 16;
+inline constexpr size_t kEpochAt = 24;
+inline constexpr size_t kStreamAt = 28;
 inline constexpr size_t kBitmapBytesAt = 40;
 inline constexpr size_t kSignMantissaBytesAt = 48;
 inline constexpr size_t kExponentBytesAt = 56;
@@ -72,13 +74,14 @@ inline void reseal_header(uint8_t* payload) {
 }
 
 // The receiver a stream's first header asks for: its dtype, block size and value count (each
-// clamped to what a decoder can be configured with), and a checksum requirement exactly when
-// that header carries one. A value count larger than the whole input cannot belong to a valid
-// payload (every value has at least one sign-mantissa byte), so the decoder then gets none and
-// rejects the count.
+// clamped to what a decoder can be configured with), a checksum requirement exactly when that
+// header carries one, and its stream id and epoch (docs/format.md, "Streams"). A value count
+// larger than the whole input cannot belong to a valid payload (every value has at least one
+// sign-mantissa byte), so the decoder then gets none and rejects the count.
 struct Receiver {
   CodecConfig config;
   uint64_t num_values = 0;
+  StreamIdentity identity;
 };
 
 inline Receiver receiver_for(const uint8_t* input, size_t size) {
@@ -93,17 +96,20 @@ inline Receiver receiver_for(const uint8_t* input, size_t size) {
   r.config.content_checksum = (load_le16(input + kFlagsAt) & wire::kFlagContentChecksum) != 0;
   const uint64_t n = load_le64(input + kNumValuesAt);
   r.num_values = n <= size ? n : 0;
+  r.identity = {.stream = load_le32(input + kStreamAt), .epoch = load_le32(input + kEpochAt)};
   return r;
 }
 
 // One ShardDecoder receiving a whole input, checking on every payload what reliability test 2
 // asks: FormatError or a decode, never a write outside the output; and, as test 3 asks of
-// truncations, a rejected payload leaves the decoder's state exactly as it was.
+// truncations, a rejected payload leaves the decoder's state exactly as it was. After a
+// rejection it requests a resynchronisation, as the engine does when a gather fails, so that
+// the sender's key frame of its next epoch is accepted.
 class StreamReceiver {
  public:
   StreamReceiver(const uint8_t* input, size_t size)
       : receiver_(receiver_for(input, size)),
-        decoder_(receiver_.config, receiver_.num_values),
+        decoder_(receiver_.config, receiver_.num_values, receiver_.identity),
         shard_bytes_(receiver_.num_values * dtype_info(receiver_.config.dtype).value_bytes),
         output_(shard_bytes_ + 2 * kGuardBytes, kGuard) {}
 
@@ -112,6 +118,7 @@ class StreamReceiver {
     const std::vector<uint8_t> cache(decoder_.cached_exponents().begin(),
                                      decoder_.cached_exponents().end());
     const bool had_cache = decoder_.has_cache();
+    const uint32_t stream = decoder_.stream();
     const uint32_t epoch = decoder_.epoch();
     const uint64_t sequence = decoder_.last_sequence();
     bool decoded = true;
@@ -119,11 +126,12 @@ class StreamReceiver {
       decoder_.decode(payload, shard());
     } catch (const FormatError&) {
       decoded = false;
-      if (decoder_.has_cache() != had_cache || decoder_.epoch() != epoch ||
-          decoder_.last_sequence() != sequence ||
+      if (decoder_.has_cache() != had_cache || decoder_.stream() != stream ||
+          decoder_.epoch() != epoch || decoder_.last_sequence() != sequence ||
           !std::equal(cache.begin(), cache.end(), decoder_.cached_exponents().begin())) {
         std::abort();  // a rejected payload changed the decoder's state
       }
+      decoder_.request_resync();
     }
     for (size_t i = 0; i < kGuardBytes; ++i) {
       if (output_[i] != kGuard || output_[kGuardBytes + shard_bytes_ + i] != kGuard) {
