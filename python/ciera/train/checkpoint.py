@@ -62,18 +62,19 @@ def check_resume(args) -> int:
     if not folder.is_dir():
         raise SystemExit(f"{where}: no such folder")
     if not (folder / METADATA).is_file() or not (folder / ".metadata").is_file():
-        found = sorted(p.name for p in (folder / "checkpoints").glob("step-*")) if (folder / "checkpoints").is_dir() else []
+        found = sorted(p.name for p in (folder / "checkpoints").glob("step-*"))
         hint = f" (its checkpoints/ holds {', '.join(found)})" if found else ""
         raise SystemExit(f"{where}: not a checkpoint folder; give one <run>/checkpoints/step-NNNNNN{hint}")
     try:
         meta = read_metadata(folder)
-        done, saved, config = int(meta["steps_done"]), meta["trainings"], meta["config"]
-    except (ValueError, KeyError, TypeError) as e:
+        done, ranks = int(meta["steps_done"]), int(meta["ranks"])
+        saved, config = list(meta["trainings"]), dict(meta["config"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"{where}: unreadable {METADATA} ({type(e).__name__}: {e})")
     if meta.get("version") != VERSION:
         raise SystemExit(f"{where}: checkpoint version {meta.get('version')}, this ciera reads {VERSION}")
-    if meta["ranks"] != args.ranks:
-        raise SystemExit(f"{where}: written by {meta['ranks']} ranks, this run has --ranks {args.ranks} "
+    if ranks != args.ranks:
+        raise SystemExit(f"{where}: written by {ranks} ranks, this run has --ranks {args.ranks} "
                          "(each rank's data and RNG state are its own: the rank count must match)")
     for key, flag in _SAME.items():
         if config.get(key) != getattr(args, key):
