@@ -4,20 +4,25 @@
 # executions per second and the result. Exits non-zero if any target failed; its log and the
 # reproducer (crash-*, timeout-*, oom-*) are kept in build/fuzz/fuzz-runs/.
 #
-#   fuzz.sh (--seconds S | --runs N) [--parallel] [target...]
+#   fuzz.sh (--seconds S | --runs N) [--parallel] [--check-corpus] [target...]
 #
 # --seconds: each target for S seconds (scripts/test.sh); --runs: each for N executions
 # (scripts/fuzz-long.sh). --parallel runs the targets side by side, one core each.
+# --check-corpus first fails if fuzz/corpus/ is not what make_corpus writes from the library as
+# it now is (a format change without scripts/fuzz-corpus.sh would leave seeds that the decoders
+# reject at the first check).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 all_targets=(fuzz_payload fuzz_envelope fuzz_control fuzz_decode fuzz_roundtrip)
-limit=() parallel=0 targets=()
+limit=() parallel=0 check_corpus=0 targets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --seconds) limit=(-max_total_time="$2"); shift 2 ;;
     --runs) limit=(-runs="$2"); shift 2 ;;
     --parallel) parallel=1; shift ;;
-    -*) echo "usage: fuzz.sh (--seconds S | --runs N) [--parallel] [target...]" >&2; exit 2 ;;
+    --check-corpus) check_corpus=1; shift ;;
+    -*) echo "usage: fuzz.sh (--seconds S | --runs N) [--parallel] [--check-corpus] [target...]" >&2
+        exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -31,6 +36,13 @@ dir=$("$root/scripts/build.sh" fuzz)
 runs="$dir/fuzz-runs"
 rm -rf "$runs"
 mkdir -p "$runs"
+if [[ $check_corpus -eq 1 ]]; then
+  "$dir/fuzz/make_corpus" "$runs/expected-corpus" >/dev/null
+  if ! diff -rq "$runs/expected-corpus" "$root/fuzz/corpus" >&2; then
+    echo "fuzz.sh: fuzz/corpus/ is stale: run scripts/fuzz-corpus.sh and commit what it writes" >&2
+    exit 1
+  fi
+fi
 
 # A unit slower than 10 s is a hang (reliability test 2).
 run_one() {

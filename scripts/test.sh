@@ -30,5 +30,5 @@ python=$("$root/scripts/python-env.sh")
 (cd "$root" && "$python" -m pytest -q tests/python)
 
 echo "== fuzzers, each from a copy of its committed corpus (fuzz/corpus/)"
-"$root/scripts/fuzz.sh" --seconds "${CIERA_FUZZ_SECONDS:-30}"
+"$root/scripts/fuzz.sh" --check-corpus --seconds "${CIERA_FUZZ_SECONDS:-30}"
 echo "== all tests passed"
