@@ -430,12 +430,12 @@ int run_rank(const Request& r) {
   try {
     if (provided < MPI_THREAD_MULTIPLE) throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
     const int status = run_child(r);
-    MPI_Finalize();
+    mpi_shutdown(2);
     return status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ciera (rank %d): error: %s\n", rank, e.what());
-    std::fflush(stderr);
-    _exit(2);  // peers may be gone: MPI_Finalize could wait for them forever
+    // Peers may be gone or stopped: MPI_Finalize could wait for them forever. Abort the job.
+    mpi_abort(2);
   }
 }
 

@@ -132,11 +132,13 @@ void bind_transport(py::module_& m) {
         throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
     }
   });
-  m.def("mpi_finalize", [] {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  });
+  m.def("mpi_shutdown", [](int abort_code) { mpi_shutdown(abort_code); }, py::arg("abort_code") = 1,
+        "MPI_Finalize, or after a failed collective of this process MPI_Abort (which ends the job "
+        "and this process with `abort_code`): never waits for a dead or stopped peer.");
+  m.def("mpi_abort", [](int code) { mpi_abort(code); }, py::arg("code"),
+        "Ends this process and the whole MPI job at once with exit status `code`.");
+  m.def("mpi_communication_failed", &mpi_communication_failed,
+        "Whether a collective of an MPI transport of this process failed or timed out.");
   m.def("mpi_transport",
         []() -> std::shared_ptr<Transport> { return make_mpi_transport(MPI_COMM_WORLD); });
 #endif

@@ -128,6 +128,9 @@ struct CompressedAllgather::Impl {
   Ticket next_ticket = 1;
   bool stopping = false;
   std::string broken;  // after a CommError the engine fails every later gather with this
+  // Which exchange the communication thread is in, for a CommError's text: what a rank was
+  // waiting for when a peer failed it.
+  const char* phase = "";
   std::thread comm;
 };
 

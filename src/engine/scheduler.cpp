@@ -90,6 +90,7 @@ ControlRecord CompressedAllgather::Impl::make_record(const Gather& g, uint32_t f
 // they gather.
 size_t CompressedAllgather::Impl::exchange_controls(std::span<Gather* const> gathers,
                                                     uint32_t flags) {
+  phase = flags & kKeyRound ? "control exchange of a key-frame round" : "control exchange";
   RoundControl mine{};
   mine.magic = kControlMagic;
   mine.count = static_cast<uint32_t>(gathers.size());
@@ -188,6 +189,7 @@ void CompressedAllgather::Impl::exchange_and_decode(std::span<Gather* const> gat
     calls.push_back(
         {s.send.data() + s.send_layout.envelope_offset, s.recv.data(), counts[i], displs[i]});
   }
+  phase = "payload exchange";
   timed(gathers, [&] {
     transport.allgatherv_many(calls, [&](size_t i) {
       if (!gathers[i]->direct) start_decode(*gathers[i]);
@@ -204,6 +206,7 @@ void CompressedAllgather::Impl::exchange_and_decode(std::span<Gather* const> gat
 // rank order, worded the same on every rank.
 std::vector<std::string> CompressedAllgather::Impl::exchange_verdicts(
     std::span<Gather* const> gathers) {
+  phase = "verdict exchange";
   RoundVerdicts mine{};
   for (size_t i = 0; i < gathers.size(); ++i) mine.verdicts[i] = gathers[i]->verdict;
   std::vector<RoundVerdicts> all(static_cast<size_t>(world));
@@ -350,6 +353,15 @@ void CompressedAllgather::Impl::comm_loop() {
     try {
       if (!broken.empty()) throw CommError(broken);
       run_round(round);
+    } catch (const CommError& e) {
+      // Name what this rank was waiting for: the first gather of the round and the exchange.
+      const Gather& first = *round.front();
+      const BucketState& s = buckets[first.bucket];
+      const std::string text = broken.empty() ? "gather of bucket '" + s.layout.name + "' at step " +
+                                                    std::to_string(s.step) + " (" + phase +
+                                                    "): " + e.what()
+                                              : std::string(e.what());
+      fail_round(round, std::make_exception_ptr(CommError(text)));
     } catch (...) {
       fail_round(round, std::current_exception());
     }

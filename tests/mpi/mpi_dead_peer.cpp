@@ -1,19 +1,26 @@
-// Reliability test 10 over Open MPI: the last rank exits in the middle of training; every other
-// rank must fail with a CommError within the timeout instead of hanging. Run by ctest as
-//   mpirun -np 3 --mca orte_abort_on_non_zero_status 0 mpi_dead_peer
+// Reliability tests 10 and 14 over Open MPI: the last rank exits, is killed (SIGKILL) or stops
+// (SIGSTOP) in the middle of training; every other rank must fail with a CommError within the
+// timeout and then end the job through ciera::mpi_shutdown() (which aborts: MPI_Finalize would
+// wait for the stopped peer forever). Run by ctest as
+//   mpirun -np 3 --mca orte_abort_on_non_zero_status 0 mpi_dead_peer exit|kill|stop
 // (so that mpirun leaves the survivors to notice by themselves); passes when each survivor
-// prints "survivor <rank> failed cleanly".
+// prints "survivor <rank> failed cleanly" and mpirun exits non-zero within the test's TIMEOUT,
+// with nothing killing leftovers before that.
 #include <mpi.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "ciera/engine.hpp"
 #include "ciera/mpi.hpp"
 
 int main(int argc, char** argv) {
+  const std::string fault = argc > 1 ? argv[1] : "exit";
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, world = 1;
@@ -29,7 +36,10 @@ int main(int argc, char** argv) {
   try {
     for (int step = 0; step < 100; ++step) {
       if (rank == world - 1 && step == 5) {
-        std::fprintf(stderr, "rank %d exits without warning\n", rank);
+        std::fprintf(stderr, "rank %d: %s\n", rank, fault.c_str());
+        std::fflush(stderr);
+        if (fault == "stop") raise(SIGSTOP);
+        if (fault == "kill") raise(SIGKILL);
         _exit(3);
       }
       in[0] = static_cast<std::byte>(step);
@@ -41,6 +51,10 @@ int main(int argc, char** argv) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     std::printf("survivor %d failed cleanly after %.1f s: %s\n", rank, s, e.what());
     std::fflush(stdout);
-    _exit(0);  // MPI is unusable now; MPI_Finalize would wait for the dead peer
+    // Test only: let the other survivor print its line before the first abort ends the job.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    ciera::mpi_shutdown(4);  // aborts the job: a communication failed
+    std::printf("survivor %d: mpi_shutdown returned after a failure\n", rank);
+    return 1;
   }
 }

@@ -108,7 +108,9 @@ TEST_P(MpiEngine, HundredsOfStepsMatchMpiAllgathervOnEveryRank) {
         const uint64_t bound = sparse_delta_wire_bound(layouts[b], config.codec.block_values);
         ASSERT_LT(bound, stats.raw_bytes) << "the bound must exclude an engine that sends raw";
         // BF16 keeps one byte of two: well below raw, not just below it.
-        if (dtype == DType::kBF16) ASSERT_LT(bound, stats.raw_bytes * 6 / 10);
+        if (dtype == DType::kBF16) {
+          ASSERT_LT(bound, stats.raw_bytes * 6 / 10);
+        }
         EXPECT_LT(stats.wire_bytes, bound) << "step " << step << " (raw " << stats.raw_bytes << ")";
       }
       const auto input = std::span<const std::byte>(data[b]->values())

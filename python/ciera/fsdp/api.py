@@ -167,7 +167,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
                          "Handle of that enable() first")
     world = dist.get_world_size(process_group)
     layouts = _layouts(described, world, selecting, policy)
-    native = make_transport(transport, process_group)
+    native = make_transport(transport, process_group, config.timeout_s)
     if selecting and cost_model is None:
         # Measured before the engine takes the transport over: Comm() up to the largest bucket.
         largest = max(b.numel * world * element_bytes(b.dtype) for _, b in described)

@@ -1,6 +1,10 @@
 """The MPI lifecycle of a process that uses CIERA's Open MPI transport: MPI is initialised once,
 and at exit every engine still open is closed before MPI is finalised (an MPI rank that exits
-without MPI_Finalize makes mpirun fail the whole job).
+without MPI_Finalize makes mpirun fail the whole job) — unless something failed. After a failed
+collective (CIERA's, counted by the transport) or an uncaught exception (which may come from any
+other collective, e.g. a gloo timeout), MPI_Finalize could wait forever for a peer that is dead
+or stopped, so the job is aborted instead: MPI_Abort, on which mpirun ends every rank, stopped
+ones included, and the process exits non-zero.
 
 Engines are held weakly and forgotten when closed, so enabling and disabling CIERA many times in
 one process keeps nothing alive."""
@@ -8,12 +12,15 @@ one process keeps nothing alive."""
 from __future__ import annotations
 
 import atexit
+import os
+import sys
 import weakref
 
 from ciera import _ext
 
 _open_engines: "weakref.WeakSet" = weakref.WeakSet()
 _mpi_started = False
+_uncaught = False  # an exception reached the top of the program (sys.excepthook ran)
 
 
 def register_engine(engine) -> None:
@@ -37,10 +44,34 @@ def init_mpi_once() -> None:
         _ext.mpi_init()
         _mpi_started = True
         atexit.register(_shutdown_mpi)
+        _note_uncaught_exceptions()
+
+
+def abort(code: int = 1):
+    """Ends this process at once with exit status `code`, and under MPI the whole job: for a rank
+    that failed and must not wait for its peers in any finalizer or exit handler."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _mpi_started:
+        _ext.mpi_abort(code)
+    os._exit(code)
+
+
+def _note_uncaught_exceptions() -> None:
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        global _uncaught
+        _uncaught = True
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def _shutdown_mpi() -> None:
+    if _uncaught or _ext.mpi_communication_failed():
+        abort(1)  # engines are not closed: a closing engine may wait out a gather in flight
     for engine in list(_open_engines):
         engine.close()
     _open_engines.clear()
-    _ext.mpi_finalize()
+    _ext.mpi_shutdown()

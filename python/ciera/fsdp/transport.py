@@ -3,6 +3,7 @@ CPU, through Python callables) or CIERA's Open MPI transport (the job runs under
 
 from __future__ import annotations
 
+import datetime
 import warnings
 
 import torch
@@ -54,12 +55,14 @@ class TorchTransport:
         return _ext.python_transport(self.rank, self.size, self.allgather, self.allgatherv, self.barrier, "torch-gloo")
 
 
-def make_transport(kind: str, process_group=None):
+def make_transport(kind: str, process_group=None, timeout_s: float = 120.0):
     """The native transport for enable(transport=kind). "torch": a dedicated gloo group beside
-    `process_group` (default the world); "mpi": Open MPI, initialised once per process."""
+    `process_group` (default the world) whose collectives fail after `timeout_s` (the engine's
+    timeout: a new group would otherwise wait torch's default 30 minutes for a stopped peer);
+    "mpi": Open MPI, initialised once per process (the engine sets its timeout)."""
     if kind == "torch":
         ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
-        group = dist.new_group(ranks=ranks, backend="gloo")
+        group = dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         return TorchTransport(group).make()
     if kind == "mpi":
         if not _ext.with_mpi:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ciera.train import checkpoint, options
 from ciera.train.options import budget_text
+from ciera.train.watch import Stall, Watch
 
 ROOT = Path(__file__).resolve().parents[1]   # the ciera package
 
@@ -72,13 +73,15 @@ def launch(args, argv: list[str]) -> int:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT.parent), env.get("PYTHONPATH")]))
     cmd = [*launcher, *child]
     log_path = run_dir / "log.txt"
+    watch = Watch(run_dir, args.ranks)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        status = follow(proc, run_dir / "metrics.jsonl", args)
+        status = follow(proc, run_dir / "metrics.jsonl", args, watch)
     summary_path = run_dir / "summary.json"
     if status != 0 or not summary_path.is_file():
-        sys.stderr.write(f"\nciera train: the ranks failed (exit {status}); last lines of {log_path}:\n")
-        sys.stderr.write("".join(open(log_path).readlines()[-25:]))
+        watch.read_statuses()  # the processes are gone now; what was seen of them stands
+        sys.stderr.write(f"{watch.failure_line(status, log_path.read_text(errors='replace'))} "
+                         f"(the ranks' output: {log_path})\n")
         return status or 1
     summary = json.loads(summary_path.read_text())
     try:
@@ -98,9 +101,16 @@ def launch(args, argv: list[str]) -> int:
     return 0 if identical and summary["wrong_bytes"] == 0 else 3
 
 
-def follow(proc: subprocess.Popen, metrics: Path, args) -> int:
-    """Draws a progress bar from the metrics rank 0 appends, until the ranks exit."""
+def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
+    """Draws a progress bar from the metrics rank 0 appends, until the ranks exit; while no
+    step completes, says every 10 s which rank the others are waiting for."""
     tty = sys.stderr.isatty()
+
+    def say(line: str) -> None:
+        sys.stderr.write(("\r" if tty else "") + line + ("\033[K" if tty else "") + "\n")
+        sys.stderr.flush()
+
+    stall = Stall(watch, say)
     runs = (0 if args.no_baseline else 1) + (3 if args.ablation else 1)
     total = (args.steps - checkpoint.resumed_steps(args)) * runs
     seen, last_line, offset, started = 0, "", 0, time.time()
@@ -115,6 +125,7 @@ def follow(proc: subprocess.Popen, metrics: Path, args) -> int:
                     offset += len(line)
                     rec = json.loads(line)
                     seen += 1
+                    stall.progressed()
                     frac = seen / total
                     bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
                     extra = (f" ratio {rec['ratio']:.2f}x" if rec.get("ratio") else "")
@@ -130,6 +141,8 @@ def follow(proc: subprocess.Popen, metrics: Path, args) -> int:
             if tty and last_line:
                 sys.stderr.write("\n")
             return status
+        watch.poll()
+        stall.check()
         time.sleep(0.2)
 
 

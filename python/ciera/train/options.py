@@ -76,7 +76,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs", help="folder for run folders")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait for peers")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a collective may wait for peers before every rank fails (a stopped or dead rank)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--run-dir", help=argparse.SUPPRESS)
     return p

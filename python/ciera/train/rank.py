@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -16,7 +17,9 @@ import torch.distributed as dist
 
 import ciera
 from ciera import fsdp
+from ciera.fsdp import lifecycle
 from ciera.train import checkpoint
+from ciera.train.watch import RankStatus
 from ciera.train.metrics import Run, StepMetrics, resident_bytes
 from ciera.train.options import budget_bytes
 
@@ -41,13 +44,21 @@ class RankProgram:
         master = "10.231.0.1" if in_lab else "127.0.0.1"
         if in_lab:
             os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
-        dist.init_process_group("gloo", init_method=f"tcp://{master}:{os.environ['CIERA_MASTER_PORT']}",
-                                rank=self.rank, world_size=self.world,
-                                timeout=_dt.timedelta(seconds=self.args.timeout))
+        self.status = RankStatus(self.run_dir, self.rank)
         try:
+            dist.init_process_group("gloo", init_method=f"tcp://{master}:{os.environ['CIERA_MASTER_PORT']}",
+                                    rank=self.rank, world_size=self.world,
+                                    timeout=_dt.timedelta(seconds=self.args.timeout))
             self.train_all()
-        finally:
-            dist.destroy_process_group()
+        except BaseException as e:
+            # This rank ends the job now: a peer may be dead or stopped, and anything that waits
+            # for it (destroy_process_group, MPI_Finalize) would wait forever. The launcher
+            # tells the user which rank failed from the status files (ciera.train.watch).
+            self.status.failed(e)
+            traceback.print_exc()
+            lifecycle.abort(1)
+        self.status.update("done")
+        dist.destroy_process_group()
         return 0
 
     def emit(self, record: dict) -> None:
@@ -189,6 +200,7 @@ class RankProgram:
         if a.save_checkpoints:
             self.save_checkpoint(runs["ciera"].model, step)
         for run in order:
+            self.status.update("training", run.name, step)
             self.trackers[run.name].new_step()
             self.emit(self.step(run, step, tokens, self.trackers[run.name]))
             if run.name in handles:
@@ -196,11 +208,14 @@ class RankProgram:
 
     def step(self, run: Run, step: int, tokens, tracker) -> dict:
         """One optimizer step of `run`; returns its line of metrics.jsonl."""
+        self.status.phase("forward pass")
         start = time.perf_counter()
         loss = run.model(input_ids=tokens, labels=tokens).loss
         loss_done = time.perf_counter()
+        self.status.phase("backward pass")
         loss.backward()
         backward_done = time.perf_counter()
+        self.status.phase("optimizer step")
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
         end = time.perf_counter()
@@ -225,6 +240,7 @@ class RankProgram:
             changed_values=tracker.changed, compared_values=tracker.total,
             encode_s=sum(r.encode_s for r in records), gather_duration_s=sum(r.seconds for r in records))
         # Two small all-reduces per step: the mean loss, and each time's slowest rank.
+        self.status.phase("metrics all-reduce")
         summed = mine.all_reduce(dist.ReduceOp.SUM)
         peak = mine.all_reduce(dist.ReduceOp.MAX)
         run.record(int(local.view(torch.int32).item()), summed, peak, mine, self.world)

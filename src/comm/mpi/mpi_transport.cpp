@@ -3,9 +3,12 @@
 // (Open MPI reports nothing by itself when a peer vanishes mid-collective). Polling backs off
 // from yielding to short sleeps, so oversubscribed ranks do not steal each other's cores.
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <cstdlib>
 #include <string>
@@ -16,6 +19,10 @@
 
 namespace ciera {
 namespace {
+
+// Set when any MPI transport of this process fails: from then on MPI_Finalize, which waits for
+// every peer, could block forever on the one that is gone or stopped (mpi_shutdown()).
+std::atomic<bool> g_communication_failed{false};
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -305,14 +312,19 @@ class MpiTransport final : public Transport {
   void check(int code, const char* what) {
     if (broken_) throw CommError(std::string("MPI transport is unusable after an earlier failure"));
     if (code != MPI_SUCCESS) {
-      broken_ = true;
+      mark_broken();
       throw CommError(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " +
                       mpi_error_text(code));
     }
   }
 
-  [[noreturn]] void fail(int code, const char* what) {
+  void mark_broken() {
     broken_ = true;
+    g_communication_failed = true;
+  }
+
+  [[noreturn]] void fail(int code, const char* what) {
+    mark_broken();
     throw CommError(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " +
                     mpi_error_text(code));
   }
@@ -340,7 +352,7 @@ class MpiTransport final : public Transport {
         pause = std::chrono::microseconds(0);
       }
       if (timeout_.count() > 0 && std::chrono::steady_clock::now() - start > timeout_) {
-        broken_ = true;
+        mark_broken();
         throw CommError(std::string(what) + " on rank " + std::to_string(rank_) +
                         " did not complete within " + std::to_string(timeout_.count()) +
                         " ms: a peer is dead or stalled");
@@ -375,6 +387,29 @@ class MpiTransport final : public Transport {
 
 std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm) {
   return std::make_unique<MpiTransport>(comm);
+}
+
+bool mpi_communication_failed() { return g_communication_failed; }
+
+void mpi_shutdown(int abort_code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  if (g_communication_failed) mpi_abort(abort_code);
+  MPI_Finalize();
+}
+
+void mpi_abort(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  // MPI_Abort asks the launcher (mpirun) to end every rank of the job, the stopped ones too; it
+  // does not wait for any peer.
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  _exit(code);
 }
 
 }  // namespace ciera

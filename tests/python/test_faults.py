@@ -1,0 +1,96 @@
+"""Reliability tests 10 and 14 through the main job: a rank of `ciera train` is stopped (SIGSTOP)
+or killed (SIGKILL) in the middle of training, compression on, on both transports. Every
+surviving rank must fail within the timeout and the job must end with a non-zero status, one
+line naming the rank and what the others were waiting for, and no process left behind. Nothing
+here kills leftovers early: the job has to end by itself within timeout + margin (the cleanup at
+the end only runs after the test has failed)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT  # noqa: F401  (makes ciera importable)
+
+TIMEOUT_S = 10
+MARGIN_S = 40  # start-up of the job's end: mpirun ending the ranks, the launcher's last poll
+
+
+def _env():
+    import ciera
+
+    return dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
+
+
+def _statuses(out: Path) -> dict:
+    statuses = {}
+    for path in out.glob("*/ranks/*.json"):
+        try:
+            status = json.loads(path.read_text())
+        except ValueError:
+            continue  # being replaced
+        statuses[status["rank"]] = status
+    return statuses
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.parametrize("transport", ["mpi", "torch"])
+@pytest.mark.parametrize("fault", ["stop", "kill"])
+def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport, fault):
+    victim = 1
+    cmd = [sys.executable, "-m", "ciera.train", "--ranks", "3", "--steps", "500", "--warmup", "2",
+           "--layers", "1", "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32",
+           "--transport", transport, "--no-baseline", "--timeout", str(TIMEOUT_S), "--out", str(tmp_path)]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    pids = []
+    try:
+        # Wait until every rank trains with compression on (past warmup), then hit one.
+        deadline = time.time() + 300
+        while True:
+            statuses = _statuses(tmp_path)
+            if len(statuses) == 3 and all((s.get("step") or 0) >= 4 for s in statuses.values()):
+                break
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            assert time.time() < deadline, "the job did not reach step 5"
+            time.sleep(0.2)
+        pids = [s["pid"] for s in statuses.values()]
+        os.kill(statuses[victim]["pid"], signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
+        hit = time.time()
+        try:
+            _, stderr = job.communicate(timeout=TIMEOUT_S + MARGIN_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the job still runs {TIMEOUT_S + MARGIN_S} s after rank {victim} was hit ({fault})")
+        elapsed = time.time() - hit
+        assert job.returncode != 0
+        last = stderr.strip().splitlines()[-1]
+        print(f"\n{fault}/{transport} after {elapsed:.1f} s: {last}")
+        assert "Traceback" not in stderr, stderr[-3000:]
+        what = "stopped (SIGSTOP)" if fault == "stop" else "was killed by signal 9"
+        assert f"rank {victim} {what}" in last, stderr[-3000:]
+        assert "of the ciera run" in last and "log.txt" in last, last
+        if fault == "stop":
+            # The others waited out the timeout for it, and say so.
+            assert "gave up" in last and "dead or stalled" in last or "imed out" in last, last
+            assert elapsed >= TIMEOUT_S - 1, elapsed
+        # No rank is left, the stopped one included.
+        time.sleep(1)
+        assert not [p for p in pids if _alive(p)], "ranks left running"
+    finally:
+        if job.poll() is None:
+            job.kill()
+        for pid in pids:  # only reached with processes left when the test has failed
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
