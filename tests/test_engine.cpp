@@ -217,6 +217,52 @@ TEST(Engine, WrongBufferSizeOnOneRankFailsEveryRank) {
   }
 }
 
+// Gathers started together share a round; one that a rank rejects fails alone on every rank,
+// and the gathers started with it (before and after it) complete exactly.
+TEST(Engine, ARejectedGatherFailsAloneInItsRound) {
+  const int world = 2;
+  std::vector<BucketLayout> layouts;
+  for (const char* name : {"A", "B", "C"}) {
+    layouts.push_back(BucketLayout::fsdp_split(name, DType::kBF16, {1000}, world));
+  }
+  std::vector<std::vector<std::string>> outcome(world);  // per rank: "ok" or the error, per gather
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    EngineConfig config;
+    config.warmup_steps = 0;
+    CompressedAllgather engine(t, config, layouts);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<std::vector<std::byte>> in(3), out(3);
+      std::vector<CompressedAllgather::Ticket> tickets;
+      for (size_t b = 0; b < 3; ++b) {
+        const bool wrong = rank == 0 && b == 1 && step == 1;  // B's input is short on rank 0
+        in[b].assign(layouts[b].rank_bytes(rank) - (wrong ? 2 : 0), std::byte{static_cast<uint8_t>(step + rank)});
+        out[b].assign(layouts[b].total_bytes(), std::byte{0});
+        tickets.push_back(engine.start(b, in[b], out[b]));
+      }
+      for (size_t b = 0; b < 3; ++b) {
+        try {
+          engine.wait(tickets[b]);
+          outcome[rank].push_back("ok");
+          EXPECT_EQ(out[b][layouts[b].rank_offset(1 - rank)], std::byte{static_cast<uint8_t>(step + 1 - rank)});
+        } catch (const ConfigError& e) {
+          outcome[rank].push_back(e.what());
+        }
+      }
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(message_of(errors[r]), "");
+    ASSERT_EQ(outcome[r].size(), 9u);
+    for (size_t i = 0; i < 9; ++i) {
+      if (i == 4) {  // step 1, bucket B
+        EXPECT_NE(outcome[r][i].find("rank 0 rejected"), std::string::npos) << outcome[r][i];
+      } else {
+        EXPECT_EQ(outcome[r][i], "ok") << "rank " << r << " gather " << i;
+      }
+    }
+  }
+}
+
 // A rank that loses its caches mid-run (a restart) is detected and recovered by a key-frame
 // round all ranks enter together; the output stays exact throughout.
 TEST(Engine, ColdRankIsResynchronisedAndStaysExact) {

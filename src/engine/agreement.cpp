@@ -81,6 +81,8 @@ std::string join_ranks(const std::vector<int>& ranks) {
   return s;
 }
 
+constexpr uint64_t kMaxDescriptionBytes = uint64_t{1} << 30;
+
 // Every rank's description, as sent.
 std::vector<std::string> exchange_descriptions(Transport& t, const std::string& mine) {
   const int world = t.size();
@@ -90,6 +92,13 @@ std::vector<std::string> exchange_descriptions(Transport& t, const std::string& 
   std::vector<uint64_t> displs(static_cast<size_t>(world));
   uint64_t total = 0;
   for (int r = 0; r < world; ++r) {
+    // A description is a few KiB per bucket; a length past this is a broken or foreign peer,
+    // refused before anything is sized from it (and before the sum could wrap).
+    if (lengths[r] > kMaxDescriptionBytes) {
+      throw ConfigError("configuration agreement: rank " + std::to_string(r) + " announced a " +
+                        std::to_string(lengths[r]) + "-byte description (at most " +
+                        std::to_string(kMaxDescriptionBytes) + ")");
+    }
     displs[r] = total;
     total += lengths[r];
   }

@@ -72,6 +72,8 @@ bool EnvelopeReader::open(const EnvelopeHeader& expected) {
       load_le64(head + 16) != expected.step) {
     return false;
   }
+  // Unknown flags and non-zero reserved bytes are malformed, as in a payload header.
+  if ((head[5] & ~kEnvelopeAllRaw) != 0 || load_le16(head + 6) != 0) return false;
   params_ = expected.params;
   next_param_ = 0;
   offset_ = header;

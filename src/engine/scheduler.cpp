@@ -258,7 +258,17 @@ void CompressedAllgather::Impl::run_round(std::vector<std::shared_ptr<Gather>>& 
     prepare(*g);
     gathers.push_back(g.get());
   }
-  size_t ready = exchange_controls(gathers, 0);
+  size_t ready = 0;
+  try {
+    ready = exchange_controls(gathers, 0);
+  } catch (const ConfigError&) {
+    // The round's first gather was rejected (every rank sees the same records, so every rank
+    // rejects it): it fails alone, and the gathers after it wait for the next round.
+    std::lock_guard lock(mutex);
+    for (size_t i = round.size(); i-- > 1;) queue.push_front(round[i]);
+    round.resize(1);
+    throw;
+  }
   // The round ends before the first gather that must resynchronise (unless that is the first,
   // which then goes alone) or that failed locally (check_records threw already in that case).
   for (size_t i = 0; i < ready; ++i) {
