@@ -7,9 +7,12 @@
 // scripts/linklab.sh when --link-gbit is given. Parse (every option checked, before any rank is
 // launched) -> measure on every rank (an AllgatherResult on rank 0) -> render (table or JSON).
 #include <mpi.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -18,7 +21,9 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ciera/ciera.hpp"
@@ -54,7 +59,7 @@ struct Options {
   unsigned threads = 1;
   double lr = 1e-4;
   uint64_t seed = 1;
-  double timeout_s = 300;
+  double timeout_s = 60;
   bool json = false;
   bool quiet = false;
   bool child = false;
@@ -163,11 +168,50 @@ void apply_link_lab_environment(Options& o) {
 
 // ---- Measuring (every rank) ----------------------------------------------------------------
 
-double max_over_ranks(double mine) {
-  double all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+// The benchmark's own MPI collectives (the plain-MPI baseline, barriers, reductions) wait no
+// longer than --timeout either, as the engine's do: each is nonblocking and polled against a
+// deadline, so a dead or stopped peer is a CommError on every other rank, never a hang. Polled
+// like the engine's MPI transport (a yield, then pauses up to 200 us), so both sides of the
+// comparison wait the same way.
+double g_mpi_timeout_s = 60;
+
+void wait_all(std::span<MPI_Request> requests, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(0);
+  for (;;) {
+    int done = 0;
+    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) return;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > g_mpi_timeout_s) {
+      throw CommError(std::string(what) + " did not complete within " + std::to_string(g_mpi_timeout_s) +
+                      " s: a peer is dead or stalled");
+    }
+    if (pause.count() == 0) {
+      sched_yield();
+      pause = std::chrono::microseconds(1);
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(200));
+    }
+  }
+}
+
+void barrier() {
+  MPI_Request request;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  wait_all({&request, 1}, "MPI_Ibarrier");
+}
+
+template <typename T>
+T reduce_over_ranks(T mine, MPI_Datatype type, MPI_Op op) {
+  T all{};
+  MPI_Request request;
+  MPI_Iallreduce(&mine, &all, 1, type, op, MPI_COMM_WORLD, &request);
+  wait_all({&request, 1}, "MPI_Iallreduce");
   return all;
 }
+
+double max_over_ranks(double mine) { return reduce_over_ranks(mine, MPI_DOUBLE, MPI_MAX); }
 
 // The model: `buckets` layers of equal size, each one flat parameter sharded FSDP-style.
 std::vector<BucketLayout> make_layouts(const Request& r, int world) {
@@ -255,20 +299,20 @@ class AllgatherBench {
 
   // Raw baseline: nonblocking MPI_Allgatherv of every bucket, then wait for all.
   double gather_raw() {
-    MPI_Barrier(MPI_COMM_WORLD);
+    barrier();
     Stopwatch raw_clock;
     std::vector<MPI_Request> requests(layouts_.size());
     for (size_t b = 0; b < layouts_.size(); ++b) {
       MPI_Iallgatherv(shards_[b]->values().data(), counts_[b][rank_], MPI_BYTE, raw_out_[b].data(),
                       counts_[b].data(), displs_[b].data(), MPI_BYTE, MPI_COMM_WORLD, &requests[b]);
     }
-    MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    wait_all(requests, "MPI_Iallgatherv (the plain MPI baseline)");
     return max_over_ranks(raw_clock.seconds());
   }
 
   // The engine: every bucket started at once (encoding overlaps the exchanges), then waited.
   void gather_engine(StepTimes& t) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    barrier();
     Stopwatch ciera_clock;
     std::vector<CompressedAllgather::Ticket> tickets;
     for (size_t b = 0; b < layouts_.size(); ++b) tickets.push_back(engine_->start(b, shards_[b]->values(), ciera_out_[b]));
@@ -292,9 +336,7 @@ class AllgatherBench {
         wrong += std::memcmp(raw_out_[b].data() + i, ciera_out_[b].data() + i, vb) != 0;
       }
     }
-    uint64_t wrong_everywhere = 0;
-    MPI_Allreduce(&wrong, &wrong_everywhere, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
-    return wrong_everywhere;
+    return reduce_over_ranks(wrong, MPI_UINT64_T, MPI_SUM);
   }
 
  private:
@@ -406,6 +448,7 @@ int run_child(const Request& r) {
     throw ConfigError("launched with " + std::to_string(world) + " ranks but --ranks is " +
                       std::to_string(r.options.ranks));
   }
+  g_mpi_timeout_s = r.options.timeout_s;
   const AllgatherResult result = measure(r, rank, world);
   if (rank == 0) {
     const nlohmann::json j = allgather_json(r, result);
@@ -415,7 +458,7 @@ int run_child(const Request& r) {
       print_report(r, j, std::cout);
     }
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  barrier();
   return result.wrong_total == 0 ? 0 : 1;
 }
 

@@ -94,3 +94,54 @@ def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _ranks_of(marker: str) -> list[int]:
+    """Pids of the bench's rank processes (their command line holds --child and `marker`)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--child" in args and marker.encode() in args and args[0].endswith(b"ciera"):
+            pids.append(int(cmdline.parent.name))
+    return sorted(pids)
+
+
+def test_a_stopped_rank_ends_bench_allgather(tmp_path):
+    """The native tool's ranks: a stopped rank makes the others time out and abort the job."""
+    from ciera.cli import native_tool
+
+    marker = "48611"  # a seed no other test uses, to find this job's ranks
+    cmd = [str(native_tool()), "bench", "allgather", "--ranks", "3", "--params", "300000", "--steps", "100000",
+           "--warmup", "2", "--buckets", "2", "--timeout", str(TIMEOUT_S), "--seed", marker, "--quiet"]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    pids = []
+    try:
+        deadline = time.time() + 120
+        while len(pids) < 3:
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            assert time.time() < deadline, "the ranks did not start"
+            time.sleep(0.5)
+            pids = _ranks_of(marker)
+        time.sleep(3)  # well into the steps, past warmup
+        os.kill(pids[-1], signal.SIGSTOP)
+        hit = time.time()
+        try:
+            _, stderr = job.communicate(timeout=TIMEOUT_S + MARGIN_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"bench allgather still runs {TIMEOUT_S + MARGIN_S} s after a rank was stopped")
+        assert job.returncode != 0
+        assert "did not complete within" in stderr, stderr[-3000:]
+        assert time.time() - hit >= TIMEOUT_S - 1
+        time.sleep(1)
+        assert not [p for p in pids if _alive(p)], "ranks left running"
+    finally:
+        if job.poll() is None:
+            job.kill()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
