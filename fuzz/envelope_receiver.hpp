@@ -40,51 +40,18 @@ inline void expect_key_frames(Bucket& s) {
   }
 }
 
-// A copy of CompressedAllgather::Impl::decode_envelope (src/engine/codec_tasks.cpp), which is a
-// private member: the same calls in the same order, a failure recorded in `verdict`.
+// What CompressedAllgather::Impl::decode_envelope does for a peer's envelope: the engine's own
+// decode_envelope (src/engine/envelope.hpp), a failure recorded in `verdict`.
 inline void decode_envelope(Bucket& s, uint64_t step, uint32_t bucket, const std::byte* envelope,
                             uint64_t envelope_bytes, std::byte* out, Verdict& verdict) {
-  constexpr int peer = kSender;
-  const MemoryOps& memory = host_memory_ops();
-  auto fail = [&verdict](int param, const std::string& reason) {
-    record_failure(verdict, peer, param, reason);
-  };
-  auto who = [] { return "rank " + std::to_string(peer) + "'s envelope"; };
-  EnvelopeReader reader(envelope, envelope_bytes);
   EnvelopeHeader expected;
   expected.bucket = bucket;
   expected.params = static_cast<uint32_t>(s.layout.params());
   expected.step = step;
-  if (!reader.open(expected)) {
-    fail(-1, who() + " header is malformed or for another gather");
-    return;
-  }
-  const bool raw = reader.all_raw();
-  std::byte* dest = out + s.layout.rank_offset(peer);
-  for (size_t k = 0; k < s.layout.params(); ++k) {
-    const uint64_t bytes = s.layout.shard_values[peer][k] * s.value_bytes;
-    std::span<const std::byte> payload;
-    if (!reader.next(payload)) {
-      fail(static_cast<int>(k), who() + " is shorter than its shard lengths");
-      return;
-    }
-    if (raw || !s.decoders[k]) {
-      if (payload.size() != bytes) {
-        fail(static_cast<int>(k), "raw shard of " + std::to_string(payload.size()) +
-                                      " bytes, expected " + std::to_string(bytes));
-        return;
-      }
-      memory.copy(dest, payload.data(), bytes);
-    } else {
-      try {
-        s.decoders[k]->decode(payload, {dest, bytes});
-      } catch (const FormatError& e) {
-        fail(static_cast<int>(k), e.what());
-      }
-    }
-    dest += bytes;
-  }
-  if (!reader.at_end()) fail(-1, who() + " has trailing bytes");
+  ciera::decode_envelope(envelope, envelope_bytes, expected, s.layout, kSender, s.decoders, out,
+                         host_memory_ops(), [&verdict](int param, const std::string& reason) {
+                           record_failure(verdict, kSender, param, reason);
+                         });
 }
 
 inline std::vector<Bucket> receiver_buckets() {

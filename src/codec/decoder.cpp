@@ -193,7 +193,7 @@ void decode_fine(const codec::FineKernels& fine, const uint8_t* section, uint64_
 struct ShardDecoder::Impl {
   Impl(const CodecConfig& c, uint64_t n, StreamIdentity id)
       : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
-        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), stream(id.stream),
+        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), stream_id(id.stream),
         epoch(id.epoch) {
     config.validate();
     cache.resize(n);
@@ -231,7 +231,7 @@ struct ShardDecoder::Impl {
   // Where the stream stands (docs/format.md, "Streams"): its id, the epoch expected (or last
   // decoded), the last sequence number decoded in it (once `decoded_any`), and whether this
   // receiver asked for a resynchronisation that a later epoch's key frame may answer.
-  uint32_t stream;
+  uint32_t stream_id;
   uint32_t epoch;
   uint64_t last_sequence = 0;
   bool decoded_any = false;
@@ -285,11 +285,11 @@ void ShardDecoder::Impl::check_stream(const wire::Header& h) const {
   const std::string frame = std::string(frame_kind_name(h.kind)) + " frame (stream " +
                             std::to_string(h.stream) + ", epoch " + std::to_string(h.epoch) +
                             ", sequence " + std::to_string(h.sequence) + ")";
-  if (h.stream != stream) {
+  if (h.stream != stream_id) {
     throw FormatError("misrouted payload: " + frame + " but this decoder receives stream " +
-                      std::to_string(stream));
+                      std::to_string(stream_id));
   }
-  const std::string position = "stream " + std::to_string(stream) + " is at epoch " +
+  const std::string position = "stream " + std::to_string(stream_id) + " is at epoch " +
                                std::to_string(epoch) +
                                (decoded_any ? ", sequence " + std::to_string(last_sequence)
                                             : std::string(", nothing decoded yet"));
@@ -521,7 +521,7 @@ void ShardDecoder::reset() {
 }
 
 bool ShardDecoder::has_cache() const { return impl_->has_cache; }
-uint32_t ShardDecoder::stream() const { return impl_->stream; }
+uint32_t ShardDecoder::stream() const { return impl_->stream_id; }
 uint32_t ShardDecoder::epoch() const { return impl_->epoch; }
 uint64_t ShardDecoder::last_sequence() const { return impl_->last_sequence; }
 uint64_t ShardDecoder::num_values() const { return impl_->grid.num_values; }

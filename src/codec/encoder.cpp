@@ -125,7 +125,7 @@ size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values
 struct ShardEncoder::Impl {
   Impl(const CodecConfig& c, uint64_t n, StreamIdentity id)
       : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
-        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), stream(id.stream),
+        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), stream_id(id.stream),
         epoch(id.epoch) {
     config.validate();
     if (config.detection == ChangeDetection::kExact) {
@@ -151,7 +151,7 @@ struct ShardEncoder::Impl {
   const format::PlaneKernels& kernels;
   const codec::FineKernels& fine_coding;
   DTypeInfo info;
-  uint32_t stream;
+  uint32_t stream_id;
   uint32_t epoch;
   uint64_t next_sequence = 0;
   uint64_t frames_encoded = 0;
@@ -366,7 +366,7 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   const bool key = frames_encoded == 0 || key_requested || frames_encoded < config.warmup_steps;
   FrameStats stats;
   stats.kind = key ? FrameKind::kKey : FrameKind::kDelta;
-  stats.stream = stream;
+  stats.stream = stream_id;
   stats.epoch = epoch;
   stats.sequence = next_sequence;
   stats.blocks = grid.blocks;
@@ -453,7 +453,7 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   header.flags = config.content_checksum ? wire::kFlagContentChecksum : 0;
   header.block_values = grid.block_values;
   header.num_values = grid.num_values;
-  header.stream = stream;
+  header.stream = stream_id;
   header.epoch = epoch;
   header.sequence = next_sequence;
   header.bitmap_bytes = stats.bitmap_bytes;
@@ -502,7 +502,7 @@ size_t ShardEncoder::max_payload_bytes() const {
                                   impl_->grid.block_values);
 }
 const CodecConfig& ShardEncoder::config() const { return impl_->config; }
-uint32_t ShardEncoder::stream() const { return impl_->stream; }
+uint32_t ShardEncoder::stream() const { return impl_->stream_id; }
 uint32_t ShardEncoder::epoch() const { return impl_->epoch; }
 uint64_t ShardEncoder::next_sequence() const { return impl_->next_sequence; }
 size_t ShardEncoder::cache_bytes() const {

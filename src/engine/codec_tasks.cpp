@@ -77,47 +77,15 @@ void CompressedAllgather::Impl::start_decode(Gather& g) {
 void CompressedAllgather::Impl::decode_envelope(Gather& g, int peer, uint64_t envelope_offset,
                                                 uint64_t envelope_bytes) {
   BucketState& s = buckets[g.bucket];
-  auto fail = [&g, peer](int param, const std::string& reason) {
-    std::lock_guard lock(g.verdict_mutex);
-    record_failure(g.verdict, peer, param, reason);
-  };
-  // Worded only on failure: a steady-state gather builds no strings.
-  auto who = [peer] { return "rank " + std::to_string(peer) + "'s envelope"; };
-  EnvelopeReader reader(s.recv.data() + envelope_offset, envelope_bytes);
   EnvelopeHeader expected;
   expected.bucket = static_cast<uint32_t>(g.bucket);
   expected.params = static_cast<uint32_t>(s.layout.params());
   expected.step = g.step;
-  if (!reader.open(expected)) {
-    fail(-1, who() + " header is malformed or for another gather");
-    return;
-  }
-  const bool raw = reader.all_raw();
-  std::byte* dest = g.out + s.layout.rank_offset(peer);
-  for (size_t k = 0; k < s.layout.params(); ++k) {
-    const uint64_t bytes = s.layout.shard_values[peer][k] * s.value_bytes;
-    std::span<const std::byte> payload;
-    if (!reader.next(payload)) {
-      fail(static_cast<int>(k), who() + " is shorter than its shard lengths");
-      return;
-    }
-    if (raw || !s.decoders[peer][k]) {
-      if (payload.size() != bytes) {
-        fail(static_cast<int>(k), "raw shard of " + std::to_string(payload.size()) +
-                                      " bytes, expected " + std::to_string(bytes));
-        return;
-      }
-      memory.copy(dest, payload.data(), bytes);
-    } else {
-      try {
-        s.decoders[peer][k]->decode(payload, {dest, bytes});
-      } catch (const FormatError& e) {
-        fail(static_cast<int>(k), e.what());
-      }
-    }
-    dest += bytes;
-  }
-  if (!reader.at_end()) fail(-1, who() + " has trailing bytes");
+  ciera::decode_envelope(s.recv.data() + envelope_offset, envelope_bytes, expected, s.layout, peer,
+                         s.decoders[peer], g.out, memory, [&g, peer](int param, const std::string& reason) {
+                           std::lock_guard lock(g.verdict_mutex);
+                           record_failure(g.verdict, peer, param, reason);
+                         });
 }
 
 }  // namespace ciera

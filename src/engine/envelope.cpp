@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "ciera/codec.hpp"
+#include "ciera/error.hpp"
 #include "common/bytes.hpp"
 #include "engine/protocol.hpp"
 
@@ -93,6 +94,46 @@ bool EnvelopeReader::next(std::span<const std::byte>& payload) {
   offset_ += length;
   ++next_param_;
   return true;
+}
+
+void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
+                     const EnvelopeHeader& expected, const BucketLayout& layout, int peer,
+                     std::span<const std::unique_ptr<ShardDecoder>> decoders, std::byte* out,
+                     const MemoryOps& memory, const EnvelopeFailure& fail) {
+  // Worded only on failure: a steady-state gather builds no strings.
+  auto who = [peer] { return "rank " + std::to_string(peer) + "'s envelope"; };
+  EnvelopeReader reader(envelope, envelope_bytes);
+  if (!reader.open(expected)) {
+    fail(-1, who() + " header is malformed or for another gather");
+    return;
+  }
+  const bool raw = reader.all_raw();
+  const uint32_t value_bytes = dtype_info(layout.dtype).value_bytes;
+  std::byte* dest = out + layout.rank_offset(peer);
+  for (size_t k = 0; k < layout.params(); ++k) {
+    const uint64_t bytes = layout.shard_values[peer][k] * value_bytes;
+    std::span<const std::byte> payload;
+    if (!reader.next(payload)) {
+      fail(static_cast<int>(k), who() + " is shorter than its shard lengths");
+      return;
+    }
+    if (raw || !decoders[k]) {
+      if (payload.size() != bytes) {
+        fail(static_cast<int>(k), "raw shard of " + std::to_string(payload.size()) +
+                                      " bytes, expected " + std::to_string(bytes));
+        return;
+      }
+      memory.copy(dest, payload.data(), bytes);
+    } else {
+      try {
+        decoders[k]->decode(payload, {dest, bytes});
+      } catch (const FormatError& e) {
+        fail(static_cast<int>(k), e.what());
+      }
+    }
+    dest += bytes;
+  }
+  if (!reader.at_end()) fail(-1, who() + " has trailing bytes");
 }
 
 }  // namespace ciera

@@ -9,10 +9,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "ciera/codec.hpp"
 #include "ciera/engine.hpp"
 #include "engine/memory_ops.hpp"
 
@@ -80,5 +83,17 @@ class EnvelopeReader {
   size_t next_param_ = 0;
   uint64_t offset_ = 0;  // of the next payload; set by open()
 };
+
+// Decodes `peer`'s envelope (`envelope_bytes` at `envelope`, payload memory) for the gather
+// `expected` of `layout` into the peer's part of `out`: parameter k through decoders[k], or as
+// raw bytes where that is null or the envelope is all raw. A problem is reported through
+// `fail(param, reason)` (param -1: the envelope as a whole), never thrown, so that every rank
+// can agree on it in the verdict exchange; decoding stops at a malformed envelope but goes on
+// past a parameter that fails to decode.
+using EnvelopeFailure = std::function<void(int param, const std::string& reason)>;
+void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
+                     const EnvelopeHeader& expected, const BucketLayout& layout, int peer,
+                     std::span<const std::unique_ptr<ShardDecoder>> decoders, std::byte* out,
+                     const MemoryOps& memory, const EnvelopeFailure& fail);
 
 }  // namespace ciera
