@@ -145,3 +145,30 @@ def test_a_stopped_rank_ends_bench_allgather(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_the_python_api_ends_the_mpi_job_after_a_stalled_peer():
+    """No torch, no ciera train: an uncaught CommError at the top of a Python program that uses
+    the MPI transport must end the job at exit (MPI_Abort), not hang in MPI_Finalize."""
+    import shutil
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun not installed")
+    worker = Path(__file__).with_name("mpi_stall_worker.py")
+    env = dict(_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", "3", "-x", "PYTHONPATH",
+           sys.executable, str(worker), str(TIMEOUT_S / 2)]
+    started = time.time()
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        output, _ = job.communicate(timeout=TIMEOUT_S / 2 + MARGIN_S + 30)  # + start-up
+    except subprocess.TimeoutExpired:
+        job.kill()
+        output = job.communicate()[0]
+        for line in subprocess.run(["pgrep", "-f", str(worker)], capture_output=True, text=True).stdout.split():
+            os.kill(int(line), signal.SIGKILL)  # cleanup after the failure only
+        pytest.fail(f"the job still runs {time.time() - started:.0f} s after it started:\n{output[-3000:]}")
+    assert job.returncode != 0, output[-3000:]
+    assert "rank 2 stops" in output and "CommError" in output and "MPI_ABORT" in output, output[-3000:]
+    assert "no error although" not in output
