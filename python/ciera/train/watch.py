@@ -97,8 +97,9 @@ class Watch:
                 continue  # replaced while read; next poll
             self.statuses[status["rank"]] = status
 
-    def waiting_line(self, seconds: float) -> str:
-        """Who the job has been waiting for, `seconds` without progress."""
+    def waiting_line(self, seconds: float, started: bool = True) -> str:
+        """Who the job has been waiting for, `seconds` without progress (since the launch, when
+        no step has completed yet: `started` False)."""
         parts = [f"{self._rank_text(r)}" for r in sorted(self.stopped | set(self.vanished))]
         places: dict[str, list[int]] = {}
         for rank, status in sorted(self.statuses.items()):
@@ -108,7 +109,8 @@ class Watch:
         missing = [r for r in range(self.ranks) if r not in self.statuses]
         if missing:
             parts.append(f"{_ranks(missing)} not started")
-        return f"ciera train: no progress for {seconds:.0f} s: " + "; ".join(parts)
+        lead = f"no progress for {seconds:.0f} s" if started else f"starting ({seconds:.0f} s)"
+        return f"ciera train: {lead}: " + "; ".join(parts)
 
     def failure_line(self, status: int, log_text: str) -> str:
         """One line: the rank that failed first and what the others were waiting for."""
@@ -141,7 +143,7 @@ class Watch:
     @staticmethod
     def _place(status: dict) -> str:
         if status.get("run") is None:
-            return f"({status['state']})"
+            return {"starting": "setting up", "done": "done"}.get(status["state"], f"({status['state']})")
         phase = f"in the {status['phase']} of " if status.get("phase") else "in "
         return f"{phase}step {status['step'] + 1} of the {status['run']} run"
 
@@ -160,12 +162,14 @@ class Stall:
     def __init__(self, watch: Watch, write, every_s: float = 10.0):
         self.watch, self.write, self.every_s = watch, write, every_s
         self.last_progress = self.last_said = time.time()
+        self.started = False  # a step has completed
 
     def progressed(self) -> None:
         self.last_progress = self.last_said = time.time()
+        self.started = True
 
     def check(self) -> None:
         now = time.time()
         if now - self.last_said >= self.every_s:
             self.last_said = now
-            self.write(self.watch.waiting_line(now - self.last_progress))
+            self.write(self.watch.waiting_line(now - self.last_progress, self.started))

@@ -1,0 +1,67 @@
+"""The launcher's account of a failed job (ciera.train.watch), from rank status files, process
+states and mpirun's log: which rank failed and where the others gave up, in one line."""
+
+from conftest import ROOT  # noqa: F401  (makes ciera importable)
+from ciera.train.watch import RankStatus, Watch, error_text
+
+
+def _status(tmp_path, rank, run="ciera", step=4, phase="backward pass", error=None):
+    s = RankStatus(tmp_path, rank)
+    s.update("training", run, step, phase)
+    if error is not None:
+        s.failed(error)
+    return s
+
+
+def test_a_stopped_rank_and_the_ranks_that_gave_up_are_one_line(tmp_path):
+    timeout = RuntimeError("[/x/gloo/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation "
+                           "to complete on rank 0")
+    _status(tmp_path, 0, error=timeout)
+    _status(tmp_path, 1)
+    _status(tmp_path, 2, error=RuntimeError(str(timeout).replace("rank 0", "rank 2")))
+    watch = Watch(tmp_path, 3)
+    watch.read_statuses()
+    watch.stopped.add(1)
+    line = watch.failure_line(1, "")
+    assert line == ("ciera train: rank 1 stopped (SIGSTOP) in the backward pass of step 5 of the ciera run; "
+                    "ranks 0, 2 gave up in the backward pass of step 5 of the ciera run: "
+                    "RuntimeError: Timed out waiting 10000ms for recv operation to complete")
+    assert "\n" not in line
+
+
+def test_a_killed_rank_is_named_from_mpiruns_log(tmp_path):
+    _status(tmp_path, 0, error=ConnectionError("Connection reset by peer. This is typically caused by a "
+                                               "remote worker hanging"))
+    _status(tmp_path, 1, step=6)
+    log = ("mpirun noticed that process rank 1 with PID 4242 on node vm exited on signal 9 (Killed).\n")
+    watch = Watch(tmp_path, 2)
+    watch.read_statuses()
+    assert watch.failure_line(137, log) == (
+        "ciera train: rank 1 was killed by signal 9 (Killed) in the backward pass of step 7 of the ciera run; "
+        "rank 0 gave up in the backward pass of step 5 of the ciera run: ConnectionError: Connection reset by peer")
+
+
+def test_without_a_culprit_the_failing_ranks_and_their_errors_are_named(tmp_path):
+    _status(tmp_path, 0, error=ValueError("bad thing"))
+    _status(tmp_path, 1, step=2, phase=None, error=KeyError("other"))
+    watch = Watch(tmp_path, 2)
+    watch.read_statuses()
+    line = watch.failure_line(1, "")
+    assert line.startswith("ciera train: rank 0 failed in the backward pass of step 5 of the ciera run: ValueError: bad thing")
+    assert "rank 1 failed in step 3 of the ciera run: KeyError: 'other'" in line
+    assert Watch(tmp_path / "none", 2).failure_line(3, "") == "ciera train: the ranks failed (exit 3)"
+
+
+def test_waiting_line_says_who_is_behind_and_a_live_process_is_not_vanished(tmp_path):
+    _status(tmp_path, 0)
+    watch = Watch(tmp_path, 2)
+    watch.poll()  # this process is rank 0's pid: alive, not stopped
+    assert not watch.stopped and not watch.vanished
+    assert watch.waiting_line(20) == ("ciera train: no progress for 20 s: rank 0 in the backward pass of step 5 "
+                                      "of the ciera run; rank 1 not started")
+    assert watch.waiting_line(12, started=False).startswith("ciera train: starting (12 s): ")
+
+
+def test_error_text_is_one_short_line():
+    assert error_text(RuntimeError("first\nsecond")) == "RuntimeError: first"
+    assert error_text(RuntimeError("")) == "RuntimeError"
