@@ -290,6 +290,37 @@ TEST(Engine, ColdRankIsResynchronisedAndStaysExact) {
   expect_all_ok(errors);
 }
 
+// A key-frame round in raw warmup moves every encoder's epoch on while no decoder sees a frame;
+// a codec replaced after that (a policy change on every rank) must still take the sender's next
+// key frame at once, without a failed verdict and a second key-frame round.
+TEST(Engine, CodecsReplacedAfterAResyncInRawWarmupTakeTheNextKeyFrame) {
+  const int world = 2;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {20000, 3333}, world);
+  EngineConfig config;
+  config.warmup = WarmupMode::kRaw;
+  config.warmup_steps = 3;
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    BucketData data(layout, Pattern::kSparse, 7);
+    CompressedAllgather engine(t, config, {layout});
+    std::vector<std::byte> out(layout.total_bytes());
+    int resyncs = 0;
+    for (int step = 0; step < 10; ++step) {
+      data.trajectory.step();
+      if (rank == 1 && step == 1) engine.reset_caches();  // a key-frame round at step 1, raw
+      if (step == 2) {
+        engine.set_policy(0, 0, ShardPolicy::kRaw);
+        engine.set_policy(0, 0, ShardPolicy::kCiera);
+      }
+      const GatherStats stats = engine.run(0, data.input(rank), out);
+      resyncs += stats.resynchronised;
+      EXPECT_EQ(stats.compressed, step >= 3) << step;
+      ASSERT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin())) << step;
+    }
+    EXPECT_EQ(resyncs, 1) << "rank " << rank << ": only the cold rank's round";
+  });
+  expect_all_ok(errors);
+}
+
 // Corrupts the gathered payload of one rank at chosen calls: the decoder rejects it, every rank
 // agrees on a key-frame round, and the result is exact. Persistent corruption fails everywhere.
 class CorruptingTransport final : public Transport {

@@ -282,39 +282,42 @@ wire::Header ShardDecoder::Impl::check_header(const uint8_t* payload, size_t siz
 
 // Accepts a frame only as the next one of this decoder's stream (docs/format.md, "Streams").
 void ShardDecoder::Impl::check_stream(const wire::Header& h) const {
-  const std::string frame = std::string(frame_kind_name(h.kind)) + " frame (stream " +
-                            std::to_string(h.stream) + ", epoch " + std::to_string(h.epoch) +
-                            ", sequence " + std::to_string(h.sequence) + ")";
+  // Worded only on failure: a steady-state decode builds no strings.
+  const auto frame = [&h] {
+    return std::string(frame_kind_name(h.kind)) + " frame (stream " + std::to_string(h.stream) +
+           ", epoch " + std::to_string(h.epoch) + ", sequence " + std::to_string(h.sequence) + ")";
+  };
+  const auto position = [this] {
+    return "stream " + std::to_string(stream_id) + " is at epoch " + std::to_string(epoch) +
+           (decoded_any ? ", sequence " + std::to_string(last_sequence)
+                        : std::string(", nothing decoded yet"));
+  };
   if (h.stream != stream_id) {
-    throw FormatError("misrouted payload: " + frame + " but this decoder receives stream " +
+    throw FormatError("misrouted payload: " + frame() + " but this decoder receives stream " +
                       std::to_string(stream_id));
   }
-  const std::string position = "stream " + std::to_string(stream_id) + " is at epoch " +
-                               std::to_string(epoch) +
-                               (decoded_any ? ", sequence " + std::to_string(last_sequence)
-                                            : std::string(", nothing decoded yet"));
   const bool next_in_epoch =
       h.epoch == epoch && (!decoded_any || h.sequence == last_sequence + 1);
   if (h.kind == FrameKind::kDelta) {
     if (!has_cache) {
-      throw FormatError(frame + " cannot be decoded: this decoder holds no exponent cache and "
+      throw FormatError(frame() + " cannot be decoded: this decoder holds no exponent cache and "
                         "needs a key frame");
     }
-    if (!next_in_epoch) throw FormatError("stale or out-of-sequence " + frame + ": " + position);
+    if (!next_in_epoch) throw FormatError("stale or out-of-sequence " + frame() + ": " + position());
     return;
   }
   if (next_in_epoch) return;
   const uint32_t ahead = h.epoch - epoch;  // serial-number arithmetic: wraps mod 2^32
   if (h.epoch == epoch || ahead > uint32_t{1} << 31) {
-    throw FormatError("stale or out-of-sequence " + frame + ": " + position);
+    throw FormatError("stale or out-of-sequence " + frame() + ": " + position());
   }
   if (!resync_requested) {
-    throw FormatError(frame + " starts a new epoch, but this receiver asked for no "
-                      "resynchronisation (" + position + ")");
+    throw FormatError(frame() + " starts a new epoch, but this receiver asked for no "
+                      "resynchronisation (" + position() + ")");
   }
   if (ahead > kMaxResyncEpochs) {
-    throw FormatError(frame + " is " + std::to_string(ahead) +
-                      " epochs ahead: not a resynchronisation of this stream (" + position + ")");
+    throw FormatError(frame() + " is " + std::to_string(ahead) +
+                      " epochs ahead: not a resynchronisation of this stream (" + position() + ")");
   }
 }
 

@@ -59,7 +59,7 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
     for (size_t k = 0; k < params; ++k) {
       s.my_param_offset[k] = offset;
       offset += s.layout.shard_values[rank][k] * s.value_bytes;
-      make_codecs(s, k);
+      make_codecs(s, k, /*at_setup=*/true);
     }
     size_buffers(s);
   }
@@ -84,9 +84,11 @@ StreamIdentity CompressedAllgather::Impl::stream_of(const BucketState& s, int se
   return {.stream = static_cast<uint32_t>(id), .epoch = epoch};
 }
 
-// Replaces parameter k's codecs (setup, set_policy, reset_caches); every rank does the same for a
-// policy change, so both sides of each stream move to the same next epoch.
-void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k) {
+// Makes parameter k's codecs (setup), or replaces them (set_policy, reset_caches). A replacement
+// starts one epoch past the one it replaces; its decoders also accept a later one, as after a
+// requested resynchronisation: the sender's encoder may have moved on in key-frame rounds whose
+// frames this side never decoded (raw warmup, adaptive raw steps).
+void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k, bool at_setup) {
   CodecConfig codec = config.codec;
   codec.dtype = s.layout.dtype;
   const bool ciera = s.layout.policy[k] == ShardPolicy::kCiera;
@@ -101,6 +103,7 @@ void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k) {
                   ? std::make_unique<ShardDecoder>(codec, s.layout.shard_values[p][k],
                                                    stream_of(s, p, k, s.decoder_epoch[p][k]))
                   : nullptr;
+    if (decoder && !at_setup) decoder->request_resync();
   }
 }
 

@@ -81,7 +81,7 @@ struct CompressedAllgather::Impl {
   ~Impl();
 
   // Setup (engine.cpp).
-  void make_codecs(BucketState& s, size_t param);
+  void make_codecs(BucketState& s, size_t param, bool at_setup = false);
   StreamIdentity stream_of(const BucketState& s, int sender, size_t param, uint32_t epoch) const;
   void size_buffers(BucketState& s);
   bool warmup_raw(uint64_t step) const {
