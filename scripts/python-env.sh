@@ -9,7 +9,7 @@
 # hash, and it always installs. Runs that start together take turns (flock): the second finds
 # the first's install done.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd -P)  # physical, as git rev-parse --show-toplevel
 venv="$root/.venv"
 stamp="$venv/.ciera-install-stamp"
 extras="train,test"

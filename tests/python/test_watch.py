@@ -65,3 +65,13 @@ def test_waiting_line_says_who_is_behind_and_a_live_process_is_not_vanished(tmp_
 def test_error_text_is_one_short_line():
     assert error_text(RuntimeError("first\nsecond")) == "RuntimeError: first"
     assert error_text(RuntimeError("")) == "RuntimeError"
+
+
+def test_a_rank_seen_gone_that_wrote_its_failure_is_no_culprit(tmp_path):
+    _status(tmp_path, 0, error=RuntimeError("gave up"))
+    _status(tmp_path, 1, error=RuntimeError("gave up"))
+    watch = Watch(tmp_path, 2)
+    watch.vanished = [0]  # seen gone before its failure was read
+    watch.read_statuses()
+    assert watch.failure_line(1, "") == ("ciera train: ranks 0, 1 failed in the backward pass of step 5 of the "
+                                         "ciera run: RuntimeError: gave up")

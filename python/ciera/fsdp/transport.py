@@ -55,7 +55,7 @@ class TorchTransport:
         return _ext.python_transport(self.rank, self.size, self.allgather, self.allgatherv, self.barrier, "torch-gloo")
 
 
-def make_transport(kind: str, process_group=None, timeout_s: float = 120.0):
+def make_transport(kind: str, process_group, timeout_s: float):
     """The native transport for enable(transport=kind). "torch": a dedicated gloo group beside
     `process_group` (default the world) whose collectives fail after `timeout_s` (the engine's
     timeout: a new group would otherwise wait torch's default 30 minutes for a stopped peer);

@@ -67,12 +67,14 @@ def check_resume(args) -> int:
         raise SystemExit(f"{where}: not a checkpoint folder; give one <run>/checkpoints/step-NNNNNN{hint}")
     try:
         meta = read_metadata(folder)
+        # The version first: another version may name its fields differently.
+        if not isinstance(meta, dict) or meta.get("version") != VERSION:
+            version = meta.get("version") if isinstance(meta, dict) else None
+            raise SystemExit(f"{where}: checkpoint version {version}, this ciera reads {VERSION}")
         done, ranks = int(meta["steps_done"]), int(meta["ranks"])
         saved, config = list(meta["trainings"]), dict(meta["config"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"{where}: unreadable {METADATA} ({type(e).__name__}: {e})")
-    if meta.get("version") != VERSION:
-        raise SystemExit(f"{where}: checkpoint version {meta.get('version')}, this ciera reads {VERSION}")
     if ranks != args.ranks:
         raise SystemExit(f"{where}: written by {ranks} ranks, this run has --ranks {args.ranks} "
                          "(each rank's data and RNG state are its own: the rank count must match)")

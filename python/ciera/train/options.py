@@ -190,6 +190,9 @@ def check(args) -> None:
         raise SystemExit("ciera train: --steps must exceed --warmup to measure a steady state")
     if args.budget_mb is not None and not args.budget_mb >= 0:
         raise SystemExit(f"ciera train: --budget-mb must be >= 0 MiB, got {args.budget_mb}")
+    if args.budget_mb is not None and args.budget_mb != float("inf") and args.budget_mb * 2**20 >= 2**64:
+        raise SystemExit(f"ciera train: --budget-mb {args.budget_mb} is more bytes than a 64-bit count holds; "
+                         "give inf for an unlimited budget")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise SystemExit(f"ciera train: --checkpoint-every must be >= 1, got {args.checkpoint_every}")
     if args.rss_every < 1:

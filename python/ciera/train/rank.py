@@ -263,9 +263,10 @@ class RankProgram:
         independent of the rank count, so runs can be compared across files. Collective."""
         digest = hashlib.sha256()
         for name, p in model.named_parameters():
-            full = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().contiguous()
-            digest.update(f"{name} {tuple(full.shape)} {full.dtype}\n".encode())
-            digest.update(full.reshape(-1).view(torch.uint8).numpy().tobytes())
+            full = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().contiguous()  # collective
+            if self.rank == 0:
+                digest.update(f"{name} {tuple(full.shape)} {full.dtype}\n".encode())
+                digest.update(full.reshape(-1).view(torch.uint8).numpy().tobytes())
         return digest.hexdigest() if self.rank == 0 else None
 
     def sample_memory(self, steps_done: int, handles: dict) -> None:

@@ -36,9 +36,9 @@ class RankStatus:
         self._write()
 
     def phase(self, phase: str) -> None:
-        """Where in the current step (forward, backward, ...): what a failure was waiting in."""
+        """Where in the current step (forward, backward, ...): what a failure was waiting in. Kept
+        in memory and written with the failure, so that no file is written inside a timed step."""
         self.state["phase"] = phase
-        self._write()
 
     def failed(self, error: BaseException) -> None:
         self.state.update(state="failed", error=error_text(error))
@@ -118,8 +118,10 @@ class Watch:
                   for m in re.finditer(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+) \(([^)]*)\)",
                                        log_text)}
         # A rank stopped or killed is the cause; failing that, the first to end unannounced (the
-        # launcher ends the others right after it).
-        culprits = sorted(self.stopped | set(killed)) or self.vanished[:1]
+        # launcher ends the others right after it). A rank whose failure was written after it
+        # was seen gone (between two reads of a poll) has announced itself after all.
+        vanished = [r for r in self.vanished if self.statuses.get(r, {}).get("state") not in ("failed", "done")]
+        culprits = sorted(self.stopped | set(killed)) or vanished[:1]
         failed = sorted(r for r, s in self.statuses.items() if s["state"] == "failed" and r not in culprits)
         parts = []
         for r in culprits:
