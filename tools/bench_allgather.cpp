@@ -169,31 +169,13 @@ void apply_link_lab_environment(Options& o) {
 // ---- Measuring (every rank) ----------------------------------------------------------------
 
 // The benchmark's own MPI collectives (the plain-MPI baseline, barriers, reductions) wait no
-// longer than --timeout either, as the engine's do: each is nonblocking and polled against a
-// deadline, so a dead or stopped peer is a CommError on every other rank, never a hang. Polled
-// like the engine's MPI transport (a yield, then pauses up to 200 us), so both sides of the
-// comparison wait the same way.
+// longer than --timeout either, and the way the engine's transport waits (mpi_wait_all), so a
+// dead or stopped peer is a CommError on every other rank, never a hang, and both sides of the
+// comparison wait alike.
 double g_mpi_timeout_s = 60;
 
 void wait_all(std::span<MPI_Request> requests, const char* what) {
-  const auto start = std::chrono::steady_clock::now();
-  auto pause = std::chrono::microseconds(0);
-  for (;;) {
-    int done = 0;
-    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
-    if (done) return;
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > g_mpi_timeout_s) {
-      throw CommError(std::string(what) + " did not complete within " + std::to_string(g_mpi_timeout_s) +
-                      " s: a peer is dead or stalled");
-    }
-    if (pause.count() == 0) {
-      sched_yield();
-      pause = std::chrono::microseconds(1);
-    } else {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(200));
-    }
-  }
+  mpi_wait_all(requests, std::chrono::milliseconds(static_cast<int64_t>(g_mpi_timeout_s * 1000)), what);
 }
 
 void barrier() {

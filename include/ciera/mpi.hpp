@@ -4,7 +4,9 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <memory>
+#include <span>
 
 #include "ciera/transport.hpp"
 
@@ -15,8 +17,15 @@ namespace ciera {
 // MPI_THREAD_MULTIPLE.
 std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm);
 
-// Whether a collective of any MPI transport of this process failed or timed out (CommError).
+// Whether a collective of any MPI transport of this process (or mpi_wait_all) failed or timed
+// out (CommError).
 bool mpi_communication_failed();
+
+// Waits for `requests` (the caller's own nonblocking MPI operations) as the transport waits for
+// its own: polled, never longer than `timeout` (0: no deadline); a timeout or an MPI error is a
+// CommError naming `what`, and counts as a communication failure for mpi_shutdown().
+void mpi_wait_all(std::span<MPI_Request> requests, std::chrono::milliseconds timeout,
+                  const char* what);
 
 // Ends MPI for this process, never blocking on a peer: MPI_Finalize when every collective
 // succeeded; after a communication failure mpi_abort(abort_code) instead, since MPI_Finalize

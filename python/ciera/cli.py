@@ -70,14 +70,11 @@ def _check_plot_dir(plot_dir: str) -> None:
 
     if importlib.util.find_spec("matplotlib") is None:
         _fail("--plot needs matplotlib (pip install 'ciera[train]')")
-    folder = Path(plot_dir).absolute()
-    if folder.exists() and not folder.is_dir():
-        _fail(f"--plot {plot_dir}: not a folder")
-    ancestor = folder
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        _fail(f"--plot {plot_dir}: cannot create or write to {ancestor}")
+    from ciera.paths import folder_problem
+
+    problem = folder_problem(plot_dir)
+    if problem:
+        _fail(f"--plot {plot_dir}: {problem}")
 
 
 def analyze_with_plots(tool: Path, args: list[str], plot_dir: str) -> int:

@@ -149,7 +149,7 @@ NATIVE = [
     (["analyze", "a", "b", "--max-interval", "0"], "--max-interval must be at least 1"),
     (["analyze", "a", "b", "--worlds", "0"], "world size W must be at least 1"),
     (["analyze", "a", "b", "--json-file", "/nonexistent/r.json"], "--json-file: directory /nonexistent does not exist"),
-    (["analyze", "a", "b", "--plot", "/dev/null/figures"], "--plot /dev/null/figures: cannot create or write"),
+    (["analyze", "a", "b", "--plot", "/dev/null/figures"], "--plot /dev/null/figures: /dev/null is not a folder"),
     (["analyze", "a", "b", "--plot", "x", "--plot", "y"], "--plot given twice"),
     (["analyze", "a", "b", "--plot"], "--plot needs a value"),
     (["simulate", "--block", "0"], "--block must be in 64..4096"),

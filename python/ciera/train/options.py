@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from ciera import _ext
 from ciera.models import ModelSpec
+from ciera.paths import folder_problem
 from ciera.train import checkpoint
 
 LINK_LAB_MAX_RANKS = 253  # scripts/linklab.sh puts the ranks on one /24 beside its hub
@@ -98,18 +99,9 @@ def _finite_above(flag: str, value: float, low: float, inclusive: bool = False, 
 
 
 def _writable_folder(flag: str, path: str) -> None:
-    """Refuses a folder that could not be made or written: checked on its nearest existing
-    ancestor, so nothing is created here."""
-    folder = Path(path).absolute()
-    if folder.exists() and not folder.is_dir():
-        _fail(f"{flag} {path}: not a folder")
-    ancestor = folder
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        _fail(f"{flag} {path}: {ancestor} is not a folder")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        _fail(f"{flag} {path}: {ancestor} is not writable")
+    problem = folder_problem(path)
+    if problem:
+        _fail(f"{flag} {path}: {problem}")
 
 
 def _check_model(args) -> None:

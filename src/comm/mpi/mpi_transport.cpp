@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +24,32 @@ namespace {
 // Set when any MPI transport of this process fails: from then on MPI_Finalize, which waits for
 // every peer, could block forever on the one that is gone or stopped (mpi_shutdown()).
 std::atomic<bool> g_communication_failed{false};
+
+// Calls `test` until it returns true (then true) or `timeout` passes (then false; 0: no
+// deadline). Between calls it yields, then sleeps with growing pauses up to 200 us, so that
+// oversubscribed ranks do not steal each other's cores, unless `*progress` changed (something
+// moved: look again soon).
+template <typename Test>
+bool poll_until(Test&& test, std::chrono::milliseconds timeout, const uint64_t* progress) {
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(0);
+  uint64_t seen = progress ? *progress : 0;
+  for (;;) {
+    if (test()) return true;
+    if (progress && *progress != seen) {
+      seen = *progress;
+      pause = std::chrono::microseconds(0);
+    }
+    if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout) return false;
+    if (pause.count() == 0) {
+      sched_yield();
+      pause = std::chrono::microseconds(1);
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(200));
+    }
+  }
+}
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -338,32 +365,14 @@ class MpiTransport final : public Transport {
     }, what);
   }
 
-  // Calls `test` until it returns true or the deadline passes (CommError). Between calls it
-  // yields, then sleeps with growing pauses, unless `test` reported progress (progress_).
+  // Calls `test` until it returns true or the deadline passes (CommError).
   template <typename Test>
   void poll(Test&& test, const char* what) {
-    const auto start = std::chrono::steady_clock::now();
-    auto pause = std::chrono::microseconds(0);
-    uint64_t seen = progress_;
-    for (;;) {
-      if (test()) return;
-      if (progress_ != seen) {  // something moved: look again soon, do not back off
-        seen = progress_;
-        pause = std::chrono::microseconds(0);
-      }
-      if (timeout_.count() > 0 && std::chrono::steady_clock::now() - start > timeout_) {
-        mark_broken();
-        throw CommError(std::string(what) + " on rank " + std::to_string(rank_) +
-                        " did not complete within " + std::to_string(timeout_.count()) +
-                        " ms: a peer is dead or stalled");
-      }
-      if (pause.count() == 0) {
-        sched_yield();
-        pause = std::chrono::microseconds(1);
-      } else {
-        std::this_thread::sleep_for(pause);
-        pause = std::min(pause * 2, std::chrono::microseconds(200));
-      }
+    if (!poll_until(test, timeout_, &progress_)) {
+      mark_broken();
+      throw CommError(std::string(what) + " on rank " + std::to_string(rank_) +
+                      " did not complete within " + std::to_string(timeout_.count()) +
+                      " ms: a peer is dead or stalled");
     }
   }
 
@@ -390,6 +399,27 @@ std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm) {
 }
 
 bool mpi_communication_failed() { return g_communication_failed; }
+
+void mpi_wait_all(std::span<MPI_Request> requests, std::chrono::milliseconds timeout,
+                  const char* what) {
+  const bool done = poll_until(
+      [&] {
+        int all = 0;
+        const int code = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &all,
+                                     MPI_STATUSES_IGNORE);
+        if (code != MPI_SUCCESS) {
+          g_communication_failed = true;
+          throw CommError(std::string(what) + " failed: " + mpi_error_text(code));
+        }
+        return all != 0;
+      },
+      timeout, nullptr);
+  if (!done) {
+    g_communication_failed = true;
+    throw CommError(std::string(what) + " did not complete within " +
+                    std::to_string(timeout.count()) + " ms: a peer is dead or stalled");
+  }
+}
 
 void mpi_shutdown(int abort_code) {
   int initialized = 0, finalized = 0;
