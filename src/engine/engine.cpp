@@ -209,7 +209,16 @@ GatherStats CompressedAllgather::wait(Ticket ticket) {
     g = it->second;
     impl_->pending.erase(it);
   }
-  return g->promise.get_future().get();
+  GatherStats stats = g->promise.get_future().get();
+  switch (g->failure) {
+    case Gather::Failure::kNone: return stats;
+    case Gather::Failure::kComm: throw CommError(g->failure_text);
+    case Gather::Failure::kConfig: throw ConfigError(g->failure_text);
+    case Gather::Failure::kFormat: throw FormatError(g->failure_text);
+    case Gather::Failure::kInvalidArgument: throw std::invalid_argument(g->failure_text);
+    case Gather::Failure::kOther: break;
+  }
+  throw Error(g->failure_text);
 }
 
 GatherStats CompressedAllgather::run(size_t bucket, std::span<const std::byte> input,

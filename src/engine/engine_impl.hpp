@@ -72,6 +72,13 @@ struct Gather {
   TaskGroup decoding;
   std::chrono::steady_clock::time_point decode_started;
   std::promise<GatherStats> promise;
+  // A failed gather reaches its waiter as data, and the waiter throws a fresh exception of the
+  // same kind on its own thread: an exception object handed across threads is destroyed by
+  // whichever thread lets go of it last, through reference counts in libstdc++ that
+  // ThreadSanitizer cannot see (it reports the destructor as racing with the waiter's what()).
+  enum class Failure { kNone, kComm, kConfig, kFormat, kInvalidArgument, kOther };
+  Failure failure = Failure::kNone;
+  std::string failure_text;
   GatherStats stats;
   std::chrono::steady_clock::time_point started;
 };

@@ -315,11 +315,27 @@ void CompressedAllgather::Impl::run_round(std::vector<std::shared_ptr<Gather>>& 
 // unusable, so every later gather fails with it too.
 void CompressedAllgather::Impl::fail_round(std::vector<std::shared_ptr<Gather>>& round,
                                            std::exception_ptr error) {
+  using Failure = Gather::Failure;
+  Failure failure = Failure::kOther;
+  std::string text = "unknown error";
   try {
     std::rethrow_exception(error);
   } catch (const CommError& e) {
     std::lock_guard lock(mutex);
     broken = e.what();
+    failure = Failure::kComm;
+    text = e.what();
+  } catch (const ConfigError& e) {
+    failure = Failure::kConfig;
+    text = e.what();
+  } catch (const FormatError& e) {
+    failure = Failure::kFormat;
+    text = e.what();
+  } catch (const std::invalid_argument& e) {
+    failure = Failure::kInvalidArgument;
+    text = e.what();
+  } catch (const std::exception& e) {
+    text = e.what();
   } catch (...) {
   }
   for (auto& g : round) {
@@ -335,7 +351,9 @@ void CompressedAllgather::Impl::fail_round(std::vector<std::shared_ptr<Gather>>&
       // out through a failed decode.
       s.cold = true;
     }
-    g->promise.set_exception(error);
+    g->failure = failure;
+    g->failure_text = text;
+    g->promise.set_value(g->stats);
   }
 }
 
