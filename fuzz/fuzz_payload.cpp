@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                              part.bytes);
     if (receiver.receive(payload) || !sealed_with_content_checksum(payload)) continue;
     const auto shard = receiver.shard();
-    const uint64_t reconstructed = ciera::checksum64(shard.data(), shard.size());
+    const uint64_t reconstructed = ciera::content_checksum64(shard.data(), shard.size());
     auto* p = reinterpret_cast<const uint8_t*>(payload.data());
     if (ciera::load_le64(p + ciera::fuzz::kContentChecksumAt) == reconstructed) continue;
     resealed.assign(payload.begin(), payload.end());

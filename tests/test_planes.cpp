@@ -217,16 +217,31 @@ TEST(Planes, StreamCopyCopiesExactlyAtEveryAlignment) {
   }
 }
 
-// Each target's streaming content checksum equals the shared library's one-shot XXH3-64, whatever
-// the sizes of the updates (xxHash buffers partial stripes between them) and the input length
-// (XXH3 has separate paths up to 16, 128, 240 bytes and beyond).
+// Each target's streaming content checksum equals the definition computed with the shared
+// library (content_checksum64: XXH3-64 of the XXH3-64 digests of 16 KiB chunks), whatever the
+// sizes of the updates (xxHash buffers partial stripes between them; updates straddle chunks)
+// and the input length (XXH3 has separate paths up to 16, 128, 240 bytes and beyond; lengths
+// around a chunk boundary).
+// The definition written out independently of content_checksum64.
+uint64_t checksum64_of_digests(const uint8_t* data, size_t n) {
+  std::vector<uint8_t> digests;
+  for (size_t at = 0; at < n; at += kChecksumChunkBytes) {
+    const uint64_t d = checksum64(data + at, std::min<size_t>(kChecksumChunkBytes, n - at));
+    for (int i = 0; i < 8; ++i) digests.push_back(static_cast<uint8_t>(d >> (8 * i)));
+  }
+  return checksum64(digests.data(), digests.size());
+}
+
 TEST(Planes, ContentChecksumEqualsLibraryXxh3OnEveryTarget) {
   const auto data = random_bytes(70000, 12);
+  EXPECT_EQ(checksum64_of_digests(data.data(), 0), checksum64(nullptr, 0));
   std::mt19937_64 rng(13);
   for (const PlaneKernels* k : kernels_of_every_target(kernels_for)) {
     for (const size_t n : {size_t{0}, size_t{1}, size_t{16}, size_t{17}, size_t{128}, size_t{129},
-                           size_t{240}, size_t{241}, size_t{1024}, size_t{4099}, data.size()}) {
-      const uint64_t expected = checksum64(data.data(), n);
+                           size_t{240}, size_t{241}, size_t{1024}, size_t{4099}, size_t{16383},
+                           size_t{16384}, size_t{16385}, size_t{32768 + 17}, data.size()}) {
+      const uint64_t expected = content_checksum64(data.data(), n);
+      EXPECT_EQ(expected, checksum64_of_digests(data.data(), n)) << "n " << n;
       ContentChecksum whole(*k);
       whole.update(data.data(), n);
       EXPECT_EQ(whole.digest(), expected) << k->target << " n " << n;

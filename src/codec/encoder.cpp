@@ -143,7 +143,9 @@ struct ShardEncoder::Impl {
   void reserve_changes(size_t more);
   void record_changed_block(uint64_t block, size_t changes, uint8_t* bitmap);
   uint64_t write_fine(uint8_t* out, uint64_t capacity, FrameStats& stats);
-  double estimate_block_bits(const uint8_t* values, const uint8_t* bitmap) const;
+  // Block coding's exponent bits, in Q16, estimated from a sample (integers only: the GPU
+  // encoder must make the same choice, docs/architecture.md, "Deterministic encoding").
+  uint64_t estimate_block_bits_q16(const uint8_t* values, const uint8_t* bitmap) const;
 
   CodecConfig config;
   BlockGrid grid;
@@ -342,7 +344,8 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
 // Estimated bits of block coding for this frame, from an order-0 model of a sample of the
 // changed blocks' exponents. Only used to skip the exact block-coding cost when fine coding is
 // clearly smaller (auto mode); close calls are decided on exact sizes.
-double ShardEncoder::Impl::estimate_block_bits(const uint8_t* values, const uint8_t* bitmap) const {
+uint64_t ShardEncoder::Impl::estimate_block_bits_q16(const uint8_t* values,
+                                                     const uint8_t* bitmap) const {
   // About 4096 samples: plenty for an order-0 estimate over a few dozen exponent values, and
   // few enough that their cache misses cost microseconds. An odd stride avoids aliasing with
   // power-of-two block sizes.
@@ -359,7 +362,10 @@ double ShardEncoder::Impl::estimate_block_bits(const uint8_t* values, const uint
   }
   uint64_t symbols = 0;
   for (uint32_t block : changed_blocks) symbols += grid.block_length(block);
-  return sample.entropy_bits() * static_cast<double>(symbols);
+  if (sample.total == 0) return 0;
+  // The sample's cost under its own rANS model, per symbol, times the symbols to code.
+  const uint64_t per_symbol_q16 = entropy::RansModel::from_histogram(sample).cost_q16(sample) / sample.total;
+  return per_symbol_q16 * symbols;
 }
 
 FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, uint64_t capacity) {
@@ -428,8 +434,10 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
       FrameStats fine_stats = stats;
       const uint64_t fine_bytes = write_fine(exponent_section, exponent_capacity, fine_stats);
       bool use_fine = fine_bytes != 0;
+      // Fine wins outright below 80% of the estimate: 5 * fine bits > 4 * block bits, in Q16.
+      const auto fine_bits_q16 = static_cast<unsigned __int128>(fine_bytes) * (8 << 16);
       if (use_fine && config.coding == ExponentCoding::kAuto &&
-          static_cast<double>(fine_bytes) * 8 > 0.8 * estimate_block_bits(values, bitmap)) {
+          5 * fine_bits_q16 > 4 * static_cast<unsigned __int128>(estimate_block_bits_q16(values, bitmap))) {
         // Too close to call from the sample: compare with block coding's size on the full data.
         const ChangedBlocksSource source(grid, changed_blocks, plane, config.dtype, kernels, values);
         const Histogram hist = entropy::histogram_of(source, stream_scratch);

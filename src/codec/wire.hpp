@@ -13,7 +13,7 @@
 namespace ciera::wire {
 
 inline constexpr uint32_t kMagic = 0x52454943;  // "CIER" read as a little-endian u32
-inline constexpr uint8_t kVersion = 4;
+inline constexpr uint8_t kVersion = 5;
 inline constexpr size_t kHeaderBytes = 80;
 inline constexpr uint16_t kFlagContentChecksum = 1;
 // A sign-mantissa plane of at least kAlignedPlaneBytes starts at a multiple of kPlaneAlignment

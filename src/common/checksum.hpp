@@ -18,6 +18,24 @@ namespace ciera {
 
 inline uint64_t checksum64(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
 
+// The payload's content checksum (docs/format.md, "Integrity") in one call, straight from the
+// definition: XXH3-64 of every 16 KiB chunk, then XXH3-64 of those digests (little-endian u64s).
+// The codec computes it in streaming passes (format/content_checksum.hpp); this is the reference
+// that tests and fuzzers hold them to.
+inline uint64_t content_checksum64(const void* data, size_t bytes) {
+  constexpr size_t kChunk = 16384;  // format::kChecksumChunkBytes
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t at = 0; at < bytes; at += kChunk) {
+    const uint64_t digest = XXH3_64bits(p + at, bytes - at < kChunk ? bytes - at : kChunk);
+    unsigned char le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(digest >> (8 * i));
+    XXH3_64bits_update(&state, le, sizeof le);
+  }
+  return XXH3_64bits_digest(&state);
+}
+
 struct BlockHash {
   uint64_t low = 0;
   uint64_t high = 0;

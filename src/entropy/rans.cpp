@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ciera/error.hpp"
+#include "entropy/model_math.hpp"
 #include "entropy/rans_kernels.hpp"
 
 namespace ciera::entropy {
@@ -14,46 +15,22 @@ namespace ciera::entropy {
 RansModel RansModel::from_histogram(const Histogram& hist) {
   assert(hist.total > 0);
   RansModel m;
-  const double scale = static_cast<double>(kRansTotal) / static_cast<double>(hist.total);
-  int64_t sum = 0;
-  bool any = false;
-  for (unsigned s = 0; s < 256; ++s) {
-    if (hist.count[s] == 0) continue;
-    if (!any) m.first = static_cast<uint8_t>(s);
-    any = true;
-    m.last = static_cast<uint8_t>(s);
-    const double ideal = static_cast<double>(hist.count[s]) * scale;
-    m.freq[s] = static_cast<uint16_t>(std::max<double>(1.0, std::floor(ideal + 0.5)));
-    sum += m.freq[s];
-  }
-  // Rounding leaves the sum off by at most one per symbol. Move one unit at a time where it
-  // costs the fewest coded bits (or saves the most), so the table stays close to optimal.
-  while (sum != static_cast<int64_t>(kRansTotal)) {
-    const bool grow = sum < static_cast<int64_t>(kRansTotal);
-    int best = -1;
-    double best_delta = 0;
-    for (unsigned s = m.first; s <= m.last; ++s) {
-      const uint64_t c = hist.count[s];
-      if (c == 0) continue;
-      const double f = m.freq[s];
-      if (!grow && f <= 1) continue;
-      // Change in coded bits: c * log2(f_old / f_new).
-      const double delta = static_cast<double>(c) * (grow ? std::log2(f / (f + 1)) : std::log2(f / (f - 1)));
-      if (best < 0 || delta < best_delta) {
-        best = static_cast<int>(s);
-        best_delta = delta;
-      }
-    }
-    assert(best >= 0);
-    m.freq[best] = static_cast<uint16_t>(m.freq[best] + (grow ? 1 : -1));
-    sum += grow ? 1 : -1;
-  }
+  normalise_frequencies(hist.count.data(), hist.total, kLog2Table.q16.data(), m.freq.data(),
+                        &m.first, &m.last);
   uint32_t cumulative = 0;
   for (unsigned s = 0; s < 256; ++s) {
     m.start[s] = static_cast<uint16_t>(cumulative);
     cumulative += m.freq[s];
   }
   return m;
+}
+
+uint64_t RansModel::cost_q16(const Histogram& hist) const {
+  uint64_t cost = 0;
+  for (unsigned s = 0; s < 256; ++s) {
+    if (hist.count[s] != 0) cost += rans_cost_q16(hist.count[s], freq[s], kLog2Table.q16.data());
+  }
+  return cost;
 }
 
 RansModel RansModel::read_table(ByteReader& in, unsigned max_symbol, const char* what) {
@@ -147,25 +124,47 @@ RansEncoder::RansEncoder(const RansModel& model) {
   }
 }
 
-void RansEncoder::begin(uint8_t* out_end, uint8_t* out_limit, uint64_t total_symbols) {
+void RansEncoder::begin(uint8_t* out_end, uint8_t* out_limit, uint64_t total_symbols,
+                        uint8_t* lengths) {
   for (uint32_t& x : state_) x = kRansLowerBound;
   next_index_ = total_symbols;
   out_ = out_end;
   limit_ = out_limit;
+  segment_end_ = out_end;
+  lengths_ = lengths;
+  segments_ = rans_segment_count(total_symbols);
 }
 
 bool RansEncoder::put_reverse(const uint8_t* symbols, size_t n) {
   assert(n <= next_index_);
   // One symbol emits at most one 16-bit word, so checking the room once per batch keeps the
-  // inner loop free of bounds checks.
+  // inner loop free of bounds checks. A batch stays within one segment and leaves room for the
+  // segment's states, stored below its words once its first symbol is coded.
   constexpr size_t kBatch = 256;
   for (size_t end = n; end > 0;) {
-    const size_t begin = end > kBatch ? end - kBatch : 0;
-    if (static_cast<size_t>(out_ - limit_) < 2 * (end - begin)) return false;
-    encode_batch(symbols + begin, end - begin);
+    const uint64_t segment_first = (next_index_ - 1) / kRansSegmentSymbols * kRansSegmentSymbols;
+    const size_t in_segment = static_cast<size_t>(next_index_ - segment_first);
+    const size_t batch = std::min({kBatch, end, in_segment});
+    const size_t begin = end - batch;
+    if (static_cast<size_t>(out_ - limit_) < 2 * batch + kRansStateBytes) return false;
+    encode_batch(symbols + begin, batch);
+    if (next_index_ == segment_first) close_segment();
     end = begin;
   }
   return true;
+}
+
+void RansEncoder::close_segment() {
+  out_ -= kRansStateBytes;
+  for (unsigned j = 0; j < kRansStates; ++j) {
+    store_le32(out_ + 4 * j, state_[j]);
+    state_[j] = kRansLowerBound;
+  }
+  const uint64_t segment = next_index_ / kRansSegmentSymbols;
+  if (segment + 1 < segments_) {
+    store_le32(lengths_ + 4 * segment, static_cast<uint32_t>(segment_end_ - out_));
+  }
+  segment_end_ = out_;
 }
 
 void RansEncoder::encode_batch(const uint8_t* symbols, size_t n) {
@@ -207,12 +206,8 @@ void RansEncoder::encode_batch(const uint8_t* symbols, size_t n) {
   next_index_ = index;
 }
 
-void RansEncoder::final_states(uint32_t states[kRansStates]) const {
-  for (unsigned j = 0; j < kRansStates; ++j) states[j] = state_[j];
-}
-
-void RansDecoder::begin(const RansModel& model, const uint32_t states[kRansStates],
-                        const uint8_t* bytes, uint64_t size, const char* what) {
+void RansDecoder::begin(const RansModel& model, const uint8_t* body, uint64_t size,
+                        uint64_t symbols, const char* what) {
   what_ = what;
   for (unsigned s = 0; s < 256; ++s) {
     const uint32_t f = model.freq[s];
@@ -220,19 +215,63 @@ void RansDecoder::begin(const RansModel& model, const uint32_t states[kRansState
     const uint32_t entry = rans_slot_entry(s, f, model.start[s]);
     for (uint32_t slot = model.start[s]; slot < model.start[s] + f; ++slot) slots_[slot] = entry;
   }
-  for (unsigned j = 0; j < kRansStates; ++j) {
-    if (states[j] < kRansLowerBound || states[j] >= (uint32_t{1} << 31)) {
-      throw FormatError(std::string(what) + ": rANS state " + std::to_string(j) +
-                        " is out of range");
-    }
-    state_[j] = states[j];
+  // Segment lengths: every segment holds at least its states, and they fit the body.
+  segments_ = rans_segment_count(symbols);
+  const uint64_t length_bytes = 4 * (segments_ - 1);
+  if (segments_ == 0 || size < length_bytes) {
+    throw FormatError(std::string(what) + ": rANS body too short for its segment lengths");
   }
+  lengths_ = body;
+  uint64_t left = size - length_bytes;
+  for (uint64_t j = 0; j + 1 < segments_; ++j) {
+    const uint32_t length = load_le32(body + 4 * j);
+    if (length < kRansStateBytes || length > left - kRansStateBytes || left < kRansStateBytes) {
+      throw FormatError(std::string(what) + ": rANS segment " + std::to_string(j) + " of " +
+                        std::to_string(segments_) + " has an invalid length");
+    }
+    left -= length;
+  }
+  if (left < kRansStateBytes) {
+    throw FormatError(std::string(what) + ": rANS body too short for its last segment's states");
+  }
+  symbols_ = symbols;
+  segment_ = 0;
+  in_ = body + length_bytes;
+  stream_end_ = body + size;
+  open_segment();
+}
+
+void RansDecoder::open_segment() {
+  end_ = segment_ + 1 < segments_ ? in_ + load_le32(lengths_ + 4 * segment_) : stream_end_;
+  for (unsigned j = 0; j < kRansStates; ++j) {
+    const uint32_t x = load_le32(in_ + 4 * j);
+    if (x < kRansLowerBound || x >= (uint32_t{1} << 31)) {
+      throw FormatError(std::string(what_) + ": rANS state " + std::to_string(j) +
+                        " of segment " + std::to_string(segment_) + " is out of range");
+    }
+    state_[j] = x;
+  }
+  in_ += kRansStateBytes;
   index_ = 0;
-  in_ = bytes;
-  end_ = bytes + size;
+  segment_symbols_ = std::min<uint64_t>(kRansSegmentSymbols,
+                                        symbols_ - segment_ * kRansSegmentSymbols);
 }
 
 void RansDecoder::get(uint8_t* out, size_t n) {
+  size_t k = 0;
+  while (k < n) {
+    if (index_ == segment_symbols_) {
+      finish_segment();
+      ++segment_;
+      open_segment();
+    }
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n - k, segment_symbols_ - index_));
+    get_in_segment(out + k, take);
+    k += take;
+  }
+}
+
+void RansDecoder::get_in_segment(uint8_t* out, size_t n) {
   size_t k = 0;
   // One symbol reads at most one 16-bit word (freq >= 1 leaves state >= 2^3 and one word lifts
   // it to 2^19 >= L), so while twice the symbols left in a batch fit in the input, the inner loop
@@ -265,16 +304,24 @@ uint8_t RansDecoder::take_checked() {
   return symbol;
 }
 
-void RansDecoder::finish() const {
+void RansDecoder::finish_segment() const {
   if (in_ != end_) {
-    throw FormatError(std::string(what_) + ": rANS stream has " + std::to_string(end_ - in_) +
-                      " unread bytes");
+    throw FormatError(std::string(what_) + ": rANS segment " + std::to_string(segment_) +
+                      " has " + std::to_string(end_ - in_) + " unread bytes");
   }
   for (uint32_t x : state_) {
     if (x != kRansLowerBound) {
-      throw FormatError(std::string(what_) + ": rANS stream is corrupt (final state mismatch)");
+      throw FormatError(std::string(what_) + ": rANS segment " + std::to_string(segment_) +
+                        " is corrupt (final state mismatch)");
     }
   }
+}
+
+void RansDecoder::finish() const {
+  if (segment_ + 1 != segments_ || index_ != segment_symbols_) {
+    throw FormatError(std::string(what_) + ": rANS stream finished before its last symbol");
+  }
+  finish_segment();
 }
 
 }  // namespace ciera::entropy

@@ -28,6 +28,9 @@ struct RansModel {
 
   // Bits the coded symbols of `hist` take under this model (excluding table and states).
   double cost_bits(const Histogram& hist) const;
+  // The same in fixed point (16 fraction bits), computed with integers only: what encoding
+  // decisions use, so that every encoder (CPU or GPU) decides alike.
+  uint64_t cost_q16(const Histogram& hist) const;
   size_t table_bytes() const;
   uint8_t* write_table(uint8_t* out) const;
 };
@@ -40,17 +43,20 @@ class RansEncoder {
   explicit RansEncoder(const RansModel& model);
 
   // Starts a stream of `total_symbols`; bytes are written downwards from `out_end`, never below
-  // `out_limit`.
-  void begin(uint8_t* out_end, uint8_t* out_limit, uint64_t total_symbols);
+  // `out_limit`. The byte length of every segment but the last goes to `lengths` (u32 each,
+  // 4 * (rans_segment_count(total_symbols) - 1) bytes outside [out_limit, out_end)).
+  void begin(uint8_t* out_end, uint8_t* out_limit, uint64_t total_symbols, uint8_t* lengths);
   // Encodes the chunk that ends where the previously encoded one began (chunks go last to first).
   // Returns false when the output would pass `out_limit` (the stream is then unusable).
   bool put_reverse(const uint8_t* symbols, size_t n);
-  // After all symbols: the states to store and where the bytes begin (they end at `out_end`).
-  void final_states(uint32_t states[kRansStates]) const;
+  // After all symbols: the segments, first to last, each its sixteen final states (u32, state 0
+  // first) then its words, begin here and end at `out_end`.
   uint8_t* bytes_begin() const { return out_; }
 
  private:
   void encode_batch(const uint8_t* symbols, size_t n);
+  // Stores the states below the words of the segment just finished and restarts them.
+  void close_segment();
 
   std::array<RansEncSymbol, 256> symbols_{};
   RansGroupTables group_{};
@@ -59,18 +65,26 @@ class RansEncoder {
   uint64_t next_index_ = 0;
   uint8_t* out_ = nullptr;
   uint8_t* limit_ = nullptr;
+  uint8_t* segment_end_ = nullptr;
+  uint8_t* lengths_ = nullptr;
+  uint64_t segments_ = 0;
 };
 
 class RansDecoder {
  public:
-  // `states` are the stored final states; `bytes` the renormalisation bytes. Throws FormatError.
-  void begin(const RansModel& model, const uint32_t states[kRansStates], const uint8_t* bytes,
-             uint64_t size, const char* what);
+  // `body` (`size` bytes) holds what follows the table: the segment lengths, then the segments
+  // of a stream of `symbols` (> 0) symbols. Throws FormatError.
+  void begin(const RansModel& model, const uint8_t* body, uint64_t size, uint64_t symbols,
+             const char* what);
+  // The next `n` symbols (in any number of calls; the caller never asks past the stream's end).
   void get(uint8_t* out, size_t n);
-  // Throws FormatError unless the stream ended exactly where the encoder began.
+  // Throws FormatError unless every segment ended exactly where the encoder began it.
   void finish() const;
 
  private:
+  void open_segment();
+  void finish_segment() const;
+  void get_in_segment(uint8_t* out, size_t n);
   // `n` symbols, a multiple of kRansStates starting at state 0, whose bytes are known to be there.
   void get_unchecked(uint8_t* out, size_t n);
   // One symbol, checking every byte it reads.
@@ -78,9 +92,15 @@ class RansDecoder {
 
   std::array<uint32_t, kRansTotal> slots_{};  // symbol | (freq - 1) << 8 | start << 20
   uint32_t state_[kRansStates] = {};
-  uint64_t index_ = 0;
+  uint64_t index_ = 0;  // within the segment
+  uint64_t symbols_ = 0;
+  uint64_t segments_ = 0;
+  uint64_t segment_ = 0;
+  uint64_t segment_symbols_ = 0;
+  const uint8_t* lengths_ = nullptr;
   const uint8_t* in_ = nullptr;
-  const uint8_t* end_ = nullptr;
+  const uint8_t* end_ = nullptr;  // of the segment
+  const uint8_t* stream_end_ = nullptr;
   const char* what_ = "rANS stream";
 };
 

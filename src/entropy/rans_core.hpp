@@ -17,6 +17,21 @@ inline constexpr uint32_t kRansTotal = 1u << kRansScaleBits;
 inline constexpr unsigned kRansStates = 16;
 inline constexpr uint32_t kRansLowerBound = 1u << 15;
 inline constexpr size_t kRansStateBytes = 4 * kRansStates;
+// A stream is cut into segments of this many symbols (the last may be shorter), each coded with
+// its own sixteen states, so that segments decode independently: a GPU decodes them in parallel
+// (docs/format.md, "Symbol stream", rANS). A multiple of kRansStates, so symbol i of a stream and
+// of its segment use the same state.
+inline constexpr uint64_t kRansSegmentSymbols = 16384;
+static_assert(kRansSegmentSymbols % kRansStates == 0);
+inline constexpr uint64_t rans_segment_count(uint64_t symbols) {
+  return (symbols + kRansSegmentSymbols - 1) / kRansSegmentSymbols;
+}
+// Bytes a rANS body of `symbols` symbols spends beside its table and words: the byte length of
+// every segment but the last (u32 each) and every segment's states.
+inline constexpr uint64_t rans_framing_bytes(uint64_t symbols) {
+  const uint64_t segments = rans_segment_count(symbols);
+  return segments == 0 ? 0 : 4 * (segments - 1) + kRansStateBytes * segments;
+}
 // Group kernels look symbols up in register-held tables of this many entries.
 inline constexpr unsigned kRansGroupSymbols = 64;
 

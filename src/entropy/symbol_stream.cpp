@@ -53,23 +53,28 @@ StreamStats write_packed(const SymbolSource& source, const Histogram& hist, uint
 // Returns 0 when the rANS stream would not fit below `capacity` bytes.
 uint64_t write_rans(const SymbolSource& source, const Histogram& hist, const RansModel& model,
                     uint8_t* out, uint64_t capacity, std::vector<uint8_t>& scratch) {
-  uint8_t* table_end = model.write_table(out + kStreamHeaderBytes);
-  uint8_t* bytes_at = table_end + kRansStateBytes;
-  if (bytes_at > out + capacity) return 0;
+  const uint64_t segments = rans_segment_count(hist.total);
+  uint8_t* lengths_at = model.write_table(out + kStreamHeaderBytes);
+  uint8_t* bytes_at = lengths_at + 4 * (segments - 1);
+  if (bytes_at + kRansStateBytes * segments > out + capacity) return 0;
   RansEncoder encoder(model);
-  encoder.begin(out + capacity, bytes_at, hist.total);
+  encoder.begin(out + capacity, bytes_at, hist.total, lengths_at);
   for (size_t c = source.chunk_count(); c-- > 0;) {
     const auto symbols = ensure_chunk(source, c, scratch);
     if (!encoder.put_reverse(symbols.data(), symbols.size())) return 0;
   }
-  uint32_t states[kRansStates];
-  encoder.final_states(states);
-  for (unsigned j = 0; j < kRansStates; ++j) store_le32(table_end + 4 * j, states[j]);
   const uint64_t coded = static_cast<uint64_t>(out + capacity - encoder.bytes_begin());
   std::memmove(bytes_at, encoder.bytes_begin(), coded);
   const uint64_t body = static_cast<uint64_t>(bytes_at - (out + kStreamHeaderBytes)) + coded;
   write_header(out, StreamMethod::kRans, 0, body);
   return kStreamHeaderBytes + body;
+}
+
+// The size of a rANS stream of `hist` under `model`, to within the rounding of its last words.
+uint64_t rans_stream_estimate(const Histogram& hist, const RansModel& model) {
+  constexpr uint64_t kByteQ16 = uint64_t{8} << 16;
+  return kStreamHeaderBytes + model.table_bytes() + rans_framing_bytes(hist.total) +
+         (model.cost_q16(hist) + kByteQ16 - 1) / kByteQ16;
 }
 
 }  // namespace
@@ -91,10 +96,7 @@ uint64_t estimate_stream_bytes(const Histogram& hist, unsigned symbol_bits) {
   (void)symbol_bits;
   if (hist.total == 0 || hist.distinct() == 1) return kStreamHeaderBytes;
   const uint64_t packed = kStreamHeaderBytes + packed_body_bytes(hist.total, packed_width(hist));
-  const RansModel model = RansModel::from_histogram(hist);
-  const uint64_t rans = kStreamHeaderBytes + model.table_bytes() + kRansStateBytes +
-                        static_cast<uint64_t>(std::ceil(model.cost_bits(hist) / 8));
-  return std::min(packed, rans);
+  return std::min(packed, rans_stream_estimate(hist, RansModel::from_histogram(hist)));
 }
 
 StreamStats write_symbol_stream(const SymbolSource& source, const Histogram& hist,
@@ -112,11 +114,10 @@ StreamStats write_symbol_stream(const SymbolSource& source, const Histogram& his
   const unsigned width = packed_width(hist);
   const uint64_t packed_bytes = kStreamHeaderBytes + packed_body_bytes(hist.total, width);
   if (hist.total > 0) {
+    // The choice is made on integers only (docs/architecture.md, "Deterministic encoding"):
+    // rANS is tried when its estimate is below the packed size, and kept when it fits in it.
     const RansModel model = RansModel::from_histogram(hist);
-    const double estimate = kStreamHeaderBytes + model.table_bytes() + kRansStateBytes +
-                            model.cost_bits(hist) / 8;
-    if (estimate < static_cast<double>(packed_bytes)) {
-      // Encode only within the packed size: a rANS stream that would be larger is abandoned.
+    if (rans_stream_estimate(hist, model) < packed_bytes) {
       const uint64_t written = write_rans(source, hist, model, out, packed_bytes, scratch);
       if (written != 0) return {StreamMethod::kRans, hist.total, written, entropy_bits};
     }
@@ -172,9 +173,7 @@ void SymbolStreamReader::open(ByteReader& in, uint64_t symbols, unsigned max_sym
       method_ = StreamMethod::kRans;
       if (arg != 0) throw FormatError(std::string(what) + ": rANS stream argument must be 0");
       const RansModel model = RansModel::read_table(body_reader, max_symbol, what);
-      uint32_t states[kRansStates];
-      for (uint32_t& x : states) x = body_reader.u32();
-      rans_.begin(model, states, body_reader.cursor(), body_reader.remaining(), what);
+      rans_.begin(model, body_reader.cursor(), body_reader.remaining(), symbols, what);
       return;
     }
     default:
