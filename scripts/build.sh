@@ -5,10 +5,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 flavour=${1:-release}
 dir="$root/build/$flavour"
 case "$flavour" in
-  release) args=(-DCMAKE_BUILD_TYPE=Release -DCIERA_BUILD_BENCHMARKS=ON) ;;
-  asan)    args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCIERA_SANITIZE=address,undefined -DCIERA_BUILD_TOOLS=OFF) ;;
-  tsan)    args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCIERA_SANITIZE=thread -DCIERA_BUILD_TOOLS=OFF -DCIERA_WITH_MPI=OFF) ;;
-  fuzz)    args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCIERA_SANITIZE=address,undefined -DCIERA_BUILD_FUZZERS=ON
+  # The release flavour builds the CUDA codec whenever nvcc is there (CIERA_CUDA=AUTO); the
+  # sanitizer flavours are host-only (the CUDA code is checked by compute-sanitizer on a device).
+  release) args=(-DCMAKE_BUILD_TYPE=Release -DCIERA_BUILD_BENCHMARKS=ON -DCIERA_CUDA=AUTO) ;;
+  asan)    args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCIERA_SANITIZE=address,undefined -DCIERA_BUILD_TOOLS=OFF -DCIERA_CUDA=OFF) ;;
+  tsan)    args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCIERA_SANITIZE=thread -DCIERA_BUILD_TOOLS=OFF -DCIERA_WITH_MPI=OFF -DCIERA_CUDA=OFF) ;;
+  fuzz)    args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCIERA_SANITIZE=address,undefined -DCIERA_BUILD_FUZZERS=ON -DCIERA_CUDA=OFF
                  -DCIERA_BUILD_TESTS=OFF -DCIERA_BUILD_TOOLS=OFF -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link
                  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14) ;;
   *) echo "usage: build.sh release|asan|tsan|fuzz" >&2; exit 2 ;;

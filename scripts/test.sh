@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: installs what it needs, then
-#   1. release build: all GoogleTest suites through ctest;
+#   1. release build: all GoogleTest suites through ctest; with nvcc on the machine the CUDA
+#      codec is compiled too (for sm_80/sm_90), and its GPU tests report "Skipped" without a GPU;
 #   2. AddressSanitizer + UBSan build: the unit and MPI tests again;
 #   3. ThreadSanitizer build: the engine tests;
 #   4. the Python package, installed with pip into .venv, and its pytest suite;
@@ -15,6 +16,11 @@ jobs=$(nproc)
 echo "== release build + tests (unit, MPI under mpirun -np 2/3/4, link lab)"
 dir=$("$root/scripts/build.sh" release)
 ctest --test-dir "$dir" --output-on-failure -j "$jobs"
+if command -v nvcc >/dev/null; then
+  echo "== CUDA compile check: ciera::cuda and its tests were built by nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+  test -f "$dir/src/cuda/libciera_cuda.a" && test -x "$dir/tests/ciera_cuda_tests"
+  "$dir/tests/ciera_cuda_tests" --gtest_brief=1 | tail -n 3
+fi
 
 echo "== AddressSanitizer + UBSan"
 dir=$("$root/scripts/build.sh" asan)

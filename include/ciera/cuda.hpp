@@ -1,0 +1,54 @@
+// The GPU side of the codec (ciera::cuda; built when CMake finds nvcc, option CIERA_CUDA).
+//
+// Status (issue 15): these are the device building blocks of the GPU shard codec, each computing
+// exactly the bytes the CPU codec computes (docs/format.md) from the same functions
+// (CIERA_HD: format/value_bits.hpp, format/xxh3.hpp, entropy/rans_segment.hpp), on caller-owned
+// device buffers and the caller's stream, with no allocation and no host synchronisation. The
+// device ShardEncoder/ShardDecoder built from them is not written yet; see docs/gpu.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ciera/dtype.hpp"
+
+struct CUstream_st;  // cudaStream_t, without the CUDA headers
+
+namespace ciera::cuda {
+
+using Stream = CUstream_st*;
+
+// Whether a CUDA device can run this build's kernels; if not, `why` says why (no driver, no
+// device, an architecture the build has no code for).
+bool device_available(std::string* why = nullptr);
+
+// Splits `n` values (little-endian, at `values`) into their exponents (`exponents`, n bytes) and
+// the sign-mantissa plane of docs/format.md (`sign_mantissa`, SignMantissaLayout bytes).
+void split(DType dtype, const void* values, uint64_t n, uint8_t* exponents,
+           uint8_t* sign_mantissa, Stream stream);
+// The inverse of split().
+void merge(DType dtype, const uint8_t* exponents, const uint8_t* sign_mantissa, uint64_t n,
+           void* values, Stream stream);
+
+// Sets bit k of `bitmap` (ceil(ceil(n/B)/8) bytes, written whole) when some exponent of block k
+// differs between `now` and `before` (exact change detection).
+void changed_blocks(const uint8_t* now, const uint8_t* before, uint64_t n, uint32_t block_values,
+                    uint8_t* bitmap, Stream stream);
+
+// Chunks the content checksum of `bytes` bytes uses (docs/format.md, "Integrity").
+uint64_t checksum_chunks(uint64_t bytes);
+// The content checksum of `bytes` bytes at `data`, written to `*result` (device memory).
+// `digests` holds checksum_chunks(bytes) u64s and `scratch` 8 * checksum_chunks(bytes) bytes.
+void content_checksum(const void* data, uint64_t bytes, uint64_t* digests, uint8_t* scratch,
+                      uint64_t* result, Stream stream);
+
+// Decodes the rANS segments of one stream (docs/format.md, "Symbol stream", rANS): `segments`
+// points at the first segment, `offsets` holds each segment's byte offset from it and one more
+// entry, the end (so segment j is [offsets[j], offsets[j+1])); `slots` is the decoder table
+// (4096 entries, entropy::rans_slot_entry). Writes the `symbols` symbols to `out` and, for each
+// malformed segment, sets `*failed` (device memory) to 1.
+void rans_decode(const uint32_t* slots, const uint8_t* segments, const uint64_t* offsets,
+                 uint64_t symbols, uint8_t* out, uint32_t* failed, Stream stream);
+
+}  // namespace ciera::cuda

@@ -1,0 +1,188 @@
+// The per-value split/merge and the rANS segment decoder that the CUDA kernels run
+// (format/value_bits.hpp, entropy/rans_segment.hpp) compute exactly what the CPU codec computes:
+// checked here on the host, so the kernels' logic is tested on every machine, GPU or not.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "common/bytes.hpp"
+#include "entropy/rans.hpp"
+#include "entropy/rans_segment.hpp"
+#include "entropy/symbol_stream.hpp"
+#include "format/planes.hpp"
+#include "format/value_bits.hpp"
+
+namespace ciera {
+namespace {
+
+std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+// The device split, written per value as the kernels do, against the CPU planes.
+std::vector<uint8_t> split_like_the_kernels(DType dtype, const std::vector<uint8_t>& values,
+                                            uint64_t n, std::vector<uint8_t>& exps) {
+  const format::SignMantissaLayout layout(dtype, n);
+  std::vector<uint8_t> sm(layout.total_bytes());
+  exps.assign(n, 0);
+  for (uint64_t group = 0; 8 * group < n; ++group) {
+    const uint64_t first = 8 * group;
+    const unsigned count = static_cast<unsigned>(std::min<uint64_t>(8, n - first));
+    uint8_t high3[8];
+    for (unsigned k = 0; k < count; ++k) {
+      const uint64_t i = first + k;
+      switch (dtype) {
+        case DType::kBF16: {
+          const uint16_t x = load_le16(values.data() + 2 * i);
+          exps[i] = format::bits::bf16_exponent(x);
+          sm[i] = format::bits::bf16_sign_mantissa(x);
+          break;
+        }
+        case DType::kFP16: {
+          const uint16_t x = load_le16(values.data() + 2 * i);
+          exps[i] = format::bits::fp16_exponent(x);
+          sm[i] = format::bits::fp16_low8(x);
+          high3[k] = format::bits::fp16_high3(x);
+          break;
+        }
+        case DType::kFP32: {
+          const uint32_t x = load_le32(values.data() + 4 * i);
+          exps[i] = format::bits::fp32_exponent(x);
+          sm[i] = format::bits::fp32_high(x);
+          store_le16(sm.data() + n + 2 * i, format::bits::fp32_low16(x));
+          break;
+        }
+      }
+    }
+    if (dtype == DType::kFP16) {
+      const uint32_t word = format::bits::fp16_pack_high3(high3, count);
+      for (unsigned b = 0; b < (3 * count + 7) / 8; ++b) {
+        sm[n + 3 * group + b] = static_cast<uint8_t>(word >> (8 * b));
+      }
+    }
+  }
+  return sm;
+}
+
+TEST(ValueBits, SplitAndMergeEqualTheCpuPlanes) {
+  for (const DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    const size_t vb = dtype == DType::kFP32 ? 4 : 2;
+    for (const uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{7}, uint64_t{8}, uint64_t{9},
+                             uint64_t{1001}, uint64_t{16384}}) {
+      const auto values = random_bytes(n * vb, n + static_cast<uint64_t>(dtype));
+      std::vector<uint8_t> exps;
+      const auto sm = split_like_the_kernels(dtype, values, n, exps);
+      const format::SignMantissaLayout layout(dtype, n);
+      std::vector<uint8_t> cpu_exps(n), cpu_sm(layout.total_bytes());
+      for (uint64_t first = 0; first < n; first += format::kMaxChunkValues) {
+        const size_t count = static_cast<size_t>(std::min<uint64_t>(format::kMaxChunkValues, n - first));
+        format::split_values(layout, format::kernels(), values.data() + first * vb, first, count,
+                             cpu_exps.data() + first, cpu_sm.data());
+      }
+      EXPECT_EQ(exps, cpu_exps) << dtype_name(dtype) << " n " << n;
+      EXPECT_EQ(sm, cpu_sm) << dtype_name(dtype) << " n " << n;
+      // Merge, per value as the kernels do.
+      std::vector<uint8_t> back(n * vb);
+      for (uint64_t i = 0; i < n; ++i) {
+        switch (dtype) {
+          case DType::kBF16:
+            store_le16(back.data() + 2 * i, format::bits::bf16_merge(exps[i], sm[i]));
+            break;
+          case DType::kFP16: {
+            const uint64_t g = i / 8;
+            uint32_t word = 0;
+            for (unsigned b = 0; b < 3 && n + 3 * g + b < sm.size(); ++b) {
+              word |= uint32_t{sm[n + 3 * g + b]} << (8 * b);
+            }
+            store_le16(back.data() + 2 * i,
+                       format::bits::fp16_merge(exps[i], sm[i],
+                                                format::bits::fp16_unpack_high3(word, i % 8)));
+            break;
+          }
+          case DType::kFP32:
+            store_le32(back.data() + 4 * i,
+                       format::bits::fp32_merge(exps[i], sm[i], load_le16(sm.data() + n + 2 * i)));
+            break;
+        }
+      }
+      EXPECT_EQ(back, values) << dtype_name(dtype) << " n " << n;
+    }
+  }
+}
+
+// Segment offsets of a rANS symbol stream, as the GPU decoder needs them.
+struct Segments {
+  entropy::RansModel model;
+  const uint8_t* first = nullptr;
+  std::vector<uint64_t> offsets;  // one per segment, then the end
+};
+
+Segments parse(const std::vector<uint8_t>& stream, uint64_t symbols) {
+  ByteReader in(stream.data(), stream.size(), "test");
+  EXPECT_EQ(in.u8(), static_cast<uint8_t>(entropy::StreamMethod::kRans));
+  in.u8();
+  const uint64_t body = in.u64();
+  ByteReader b(in.cursor(), body, "test");
+  Segments s;
+  s.model = entropy::RansModel::read_table(b, 255, "test");
+  const uint64_t count = entropy::rans_segment_count(symbols);
+  const uint8_t* lengths = b.cursor();
+  s.first = lengths + 4 * (count - 1);
+  const uint64_t total = static_cast<uint64_t>(stream.data() + stream.size() - s.first);
+  s.offsets.push_back(0);
+  for (uint64_t j = 0; j + 1 < count; ++j) s.offsets.push_back(s.offsets.back() + load_le32(lengths + 4 * j));
+  s.offsets.push_back(total);
+  return s;
+}
+
+TEST(ValueBits, RansSegmentsDecodeOneByOneAsTheCpuDecoderDoes) {
+  std::mt19937_64 rng(3);
+  const uint64_t n = 3 * entropy::kRansSegmentSymbols + 1234;
+  std::vector<uint8_t> symbols(n);
+  for (auto& s : symbols) s = static_cast<uint8_t>(120 + std::min<int>(10, static_cast<int>(rng() % 64 == 0 ? rng() % 11 : rng() % 3)));
+  entropy::ArraySource source(symbols);
+  std::vector<uint8_t> scratch;
+  const entropy::Histogram hist = entropy::histogram_of(source, scratch);
+  std::vector<uint8_t> stream(entropy::symbol_stream_bound(n, 8));
+  const auto stats = entropy::write_symbol_stream(source, hist, 8, stream.data(), stream.size(), scratch);
+  ASSERT_EQ(stats.method, entropy::StreamMethod::kRans);
+  stream.resize(stats.bytes);
+  const Segments s = parse(stream, n);
+  std::vector<uint32_t> slots(entropy::kRansTotal);
+  for (unsigned sym = 0; sym < 256; ++sym) {
+    for (uint32_t slot = s.model.start[sym]; slot < s.model.start[sym] + s.model.freq[sym]; ++slot) {
+      slots[slot] = entropy::rans_slot_entry(sym, s.model.freq[sym], s.model.start[sym]);
+    }
+  }
+  std::vector<uint8_t> out(n);
+  for (uint64_t j = 0; j + 1 < s.offsets.size(); ++j) {
+    const uint64_t first = j * entropy::kRansSegmentSymbols;
+    const uint64_t count = std::min<uint64_t>(entropy::kRansSegmentSymbols, n - first);
+    ASSERT_TRUE(entropy::rans_decode_segment(slots.data(), s.first + s.offsets[j],
+                                             s.offsets[j + 1] - s.offsets[j], count, out.data() + first))
+        << "segment " << j;
+  }
+  EXPECT_EQ(out, symbols);
+  // A flipped word or state, a segment cut short or with a byte too many: malformed.
+  for (const uint64_t at : {uint64_t{3}, uint64_t{70}, s.offsets[1] - 1}) {
+    std::vector<uint8_t> bad(s.first, s.first + s.offsets[1]);
+    bad[at] ^= 0x40;
+    EXPECT_FALSE(entropy::rans_decode_segment(slots.data(), bad.data(), bad.size(),
+                                              entropy::kRansSegmentSymbols, out.data()))
+        << "byte " << at;
+  }
+  EXPECT_FALSE(entropy::rans_decode_segment(slots.data(), s.first, s.offsets[1] - 2,
+                                            entropy::kRansSegmentSymbols, out.data()));
+  std::vector<uint8_t> longer(s.first, s.first + s.offsets[1]);
+  longer.push_back(0);
+  longer.push_back(0);
+  EXPECT_FALSE(entropy::rans_decode_segment(slots.data(), longer.data(), longer.size(),
+                                            entropy::kRansSegmentSymbols, out.data()));
+}
+
+}  // namespace
+}  // namespace ciera
