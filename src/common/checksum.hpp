@@ -8,7 +8,7 @@
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(CIERA_XXHASH_NO_DISPATCH)
 // Debian's libxxhash carries runtime-dispatched AVX2/AVX-512 variants; this header routes the
 // XXH3 entry points to them (about twice the SSE2 speed for the content checksum).
 #include <xxh_x86dispatch.h>

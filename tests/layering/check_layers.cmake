@@ -20,6 +20,12 @@ set(forbidden
   "comm:codec/wire.hpp" "comm:ciera/engine.hpp"
   "analysis:codec/wire.hpp" "analysis:entropy/rans.hpp" "analysis:ciera/selection.hpp"
   "sim:ciera/engine.hpp")
+# The CUDA layer (src/cuda) sits on codec, beside engine and selection; its root exists when the
+# build found nvcc.
+if(EXISTS ${ROOTS}/cuda)
+  list(APPEND allowed "cuda:ciera/cuda.hpp" "cuda:codec/wire.hpp" "cuda:entropy/rans_segment.hpp")
+  list(APPEND forbidden "cuda:ciera/engine.hpp" "cuda:engine/scheduler.hpp" "cuda:ciera/transport.hpp")
+endif()
 
 file(MAKE_DIRECTORY ${WORK})
 set(failures 0)

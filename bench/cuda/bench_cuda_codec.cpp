@@ -1,0 +1,332 @@
+// The GPU codec's benchmark (scripts/device-check.sh codec; docs/benchmarks.md): each of the
+// CUDA codec's kernels on BF16 shards of a training-like trajectory, and nvCOMP's ANS (a
+// stateless exponent coder, as the paper uses) on the same shards, each against cudaMemcpy
+// device-to-device of the same bytes in the same run. Throughput = shard bytes / time (median of
+// --reps timed repetitions after a warm-up, CUDA events on one stream).
+//
+//   ciera_cuda_bench [--values N[,N...]] [--reps R] [--json FILE]
+//
+// It measures the device building blocks that exist (include/ciera/cuda.hpp); the device
+// ShardEncoder/ShardDecoder, and so the encode/decode targets, are not built yet.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ciera/cuda.hpp"
+#include "common/bytes.hpp"
+#include "common/checksum.hpp"
+#include "entropy/rans.hpp"
+#include "entropy/symbol_stream.hpp"
+#include "format/planes.hpp"
+
+#if defined(CIERA_WITH_NVCOMP)
+#include <nvcomp/ans.h>
+#endif
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) : size(bytes) {
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc");
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p); }
+  void* p = nullptr;
+  size_t size;
+};
+
+// BF16 weights of one step and the next: N(0, 0.02) moved by about 1e-3 of their size, as an
+// optimiser step does after warm-up (few exponents change).
+void trajectory(uint64_t n, std::vector<uint16_t>& a, std::vector<uint16_t>& b) {
+  std::mt19937_64 rng(42);
+  std::normal_distribution<float> weight(0.0f, 0.02f), step(0.0f, 1e-3f);
+  a.resize(n);
+  b.resize(n);
+  auto bf16 = [](float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    return static_cast<uint16_t>((x + 0x7FFF + ((x >> 16) & 1)) >> 16);
+  };
+  for (uint64_t i = 0; i < n; ++i) {
+    const float w = weight(rng);
+    a[i] = bf16(w);
+    b[i] = bf16(w * (1.0f + step(rng)));
+  }
+}
+
+// Median seconds of `reps` runs of `op` on `stream`, after one warm-up run.
+double time_op(const std::function<void()>& op, cudaStream_t stream, int reps) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  op();
+  check(cudaStreamSynchronize(stream), "warm-up");
+  std::vector<double> seconds;
+  for (int r = 0; r < reps; ++r) {
+    check(cudaEventRecord(start, stream), "record");
+    op();
+    check(cudaEventRecord(stop, stream), "record");
+    check(cudaEventSynchronize(stop), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    seconds.push_back(ms / 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+struct Row {
+  std::string op;
+  double seconds = 0;
+  double ratio = 0;  // compressed / original, where it applies
+};
+
+std::string json_rows(const std::vector<Row>& rows, uint64_t bytes, double memcpy_seconds) {
+  std::string s = "[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "%s\n      {\"op\": \"%s\", \"seconds\": %.9f, \"gb_per_s\": %.3f, "
+                  "\"vs_memcpy_d2d\": %.4f%s}",
+                  i ? "," : "", rows[i].op.c_str(), rows[i].seconds, bytes / rows[i].seconds / 1e9,
+                  memcpy_seconds / rows[i].seconds,
+                  rows[i].ratio > 0 ? (", \"ratio\": " + std::to_string(rows[i].ratio)).c_str() : "");
+    s += line;
+  }
+  return s + "\n    ]";
+}
+
+#if defined(CIERA_WITH_NVCOMP)
+// nvCOMP's batched ANS on `bytes` bytes at `data` in 64 KiB chunks: compress and decompress
+// timed, the ratio measured, the round trip checked.
+void nvcomp_ans(const char* name, nvcompType_t type, const void* data, size_t bytes,
+                cudaStream_t stream, int reps, std::vector<Row>& rows) {
+  constexpr size_t kChunk = 64 * 1024;
+  const size_t chunks = (bytes + kChunk - 1) / kChunk;
+  nvcompBatchedANSCompressOpts_t copts = nvcompBatchedANSCompressDefaultOpts;
+  copts.data_type = type;
+  size_t max_out = 0, ctemp = 0, dtemp = 0;
+  if (nvcompBatchedANSCompressGetMaxOutputChunkSize(kChunk, copts, &max_out) != nvcompSuccess ||
+      nvcompBatchedANSCompressGetTempSize(chunks, kChunk, copts, &ctemp, bytes, stream) != nvcompSuccess ||
+      nvcompBatchedANSDecompressGetTempSize(chunks, kChunk, nvcompBatchedANSDecompressDefaultOpts,
+                                            &dtemp, bytes, stream) != nvcompSuccess) {
+    throw std::runtime_error("nvCOMP ANS: size queries failed");
+  }
+  std::vector<void*> in_ptrs(chunks), out_ptrs(chunks), back_ptrs(chunks);
+  std::vector<size_t> in_sizes(chunks);
+  DeviceBuffer out(chunks * max_out), back(bytes), ctmp(ctemp), dtmp(dtemp);
+  for (size_t c = 0; c < chunks; ++c) {
+    in_ptrs[c] = static_cast<uint8_t*>(const_cast<void*>(data)) + c * kChunk;
+    in_sizes[c] = std::min(kChunk, bytes - c * kChunk);
+    out_ptrs[c] = out.as<uint8_t>() + c * max_out;
+    back_ptrs[c] = back.as<uint8_t>() + c * kChunk;
+  }
+  DeviceBuffer d_in(chunks * sizeof(void*)), d_out(chunks * sizeof(void*)), d_back(chunks * sizeof(void*));
+  DeviceBuffer d_in_sizes(chunks * 8), d_out_sizes(chunks * 8), d_back_sizes(chunks * 8),
+      d_status(chunks * sizeof(nvcompStatus_t));
+  check(cudaMemcpy(d_in.p, in_ptrs.data(), chunks * sizeof(void*), cudaMemcpyHostToDevice), "H2D");
+  check(cudaMemcpy(d_out.p, out_ptrs.data(), chunks * sizeof(void*), cudaMemcpyHostToDevice), "H2D");
+  check(cudaMemcpy(d_back.p, back_ptrs.data(), chunks * sizeof(void*), cudaMemcpyHostToDevice), "H2D");
+  check(cudaMemcpy(d_in_sizes.p, in_sizes.data(), chunks * 8, cudaMemcpyHostToDevice), "H2D");
+  const auto compress = [&] {
+    if (nvcompBatchedANSCompressAsync(d_in.as<const void* const>(), d_in_sizes.as<const size_t>(),
+                                      kChunk, chunks, ctmp.p, ctemp, d_out.as<void* const>(),
+                                      d_out_sizes.as<size_t>(), copts,
+                                      d_status.as<nvcompStatus_t>(), stream) != nvcompSuccess) {
+      throw std::runtime_error("nvCOMP ANS compression failed to launch");
+    }
+  };
+  const auto decompress = [&] {
+    if (nvcompBatchedANSDecompressAsync(d_out.as<const void* const>(), d_out_sizes.as<const size_t>(),
+                                        d_in_sizes.as<const size_t>(), d_back_sizes.as<size_t>(),
+                                        chunks, dtmp.p, dtemp, d_back.as<void* const>(),
+                                        nvcompBatchedANSDecompressDefaultOpts,
+                                        d_status.as<nvcompStatus_t>(), stream) != nvcompSuccess) {
+      throw std::runtime_error("nvCOMP ANS decompression failed to launch");
+    }
+  };
+  const double c_s = time_op(compress, stream, reps);
+  std::vector<size_t> out_sizes(chunks);
+  check(cudaMemcpy(out_sizes.data(), d_out_sizes.p, chunks * 8, cudaMemcpyDeviceToHost), "D2H");
+  size_t compressed = 0;
+  for (size_t s : out_sizes) compressed += s;
+  const double d_s = time_op(decompress, stream, reps);
+  std::vector<uint8_t> original(bytes), roundtrip(bytes);
+  check(cudaMemcpy(original.data(), data, bytes, cudaMemcpyDeviceToHost), "D2H");
+  check(cudaMemcpy(roundtrip.data(), back.p, bytes, cudaMemcpyDeviceToHost), "D2H");
+  if (original != roundtrip) throw std::runtime_error(std::string(name) + ": nvCOMP round trip differs");
+  const double ratio = static_cast<double>(compressed) / static_cast<double>(bytes);
+  rows.push_back({std::string(name) + " compress", c_s, ratio});
+  rows.push_back({std::string(name) + " decompress", d_s, ratio});
+}
+#endif
+
+std::string bench_size(uint64_t n, int reps) {
+  std::vector<uint16_t> a, b;
+  trajectory(n, a, b);
+  const uint64_t bytes = 2 * n;
+  cudaStream_t stream;
+  check(cudaStreamCreate(&stream), "stream");
+  DeviceBuffer d_a(bytes), d_b(bytes), d_copy(bytes), d_out(bytes), d_exps(n), d_exps_b(n), d_sm(n);
+  check(cudaMemcpy(d_a.p, a.data(), bytes, cudaMemcpyHostToDevice), "H2D");
+  check(cudaMemcpy(d_b.p, b.data(), bytes, cudaMemcpyHostToDevice), "H2D");
+  constexpr uint32_t kBlock = 512;
+  const uint64_t blocks = (n + kBlock - 1) / kBlock;
+  DeviceBuffer d_bitmap((blocks + 7) / 8);
+  const uint64_t chunks = ciera::cuda::checksum_chunks(bytes);
+  DeviceBuffer d_digests(8 * (chunks + 1)), d_scratch(8 * chunks + 1), d_sum(8);
+
+  std::vector<Row> rows;
+  const double memcpy_s = time_op([&] {
+    check(cudaMemcpyAsync(d_copy.p, d_a.p, bytes, cudaMemcpyDeviceToDevice, stream), "memcpy");
+  }, stream, reps);
+  rows.push_back({"cudaMemcpy D2D", memcpy_s, 0});
+  rows.push_back({"split", time_op([&] {
+    ciera::cuda::split(ciera::DType::kBF16, d_a.p, n, d_exps.as<uint8_t>(), d_sm.as<uint8_t>(), stream);
+  }, stream, reps), 0});
+  ciera::cuda::split(ciera::DType::kBF16, d_b.p, n, d_exps_b.as<uint8_t>(), d_out.as<uint8_t>(), stream);
+  rows.push_back({"merge", time_op([&] {
+    ciera::cuda::merge(ciera::DType::kBF16, d_exps.as<uint8_t>(), d_sm.as<uint8_t>(), n, d_out.p, stream);
+  }, stream, reps), 0});
+  rows.push_back({"changed_blocks (B=512)", time_op([&] {
+    ciera::cuda::changed_blocks(d_exps_b.as<uint8_t>(), d_exps.as<uint8_t>(), n, kBlock,
+                                d_bitmap.as<uint8_t>(), stream);
+  }, stream, reps), 0});
+  rows.push_back({"content_checksum", time_op([&] {
+    ciera::cuda::content_checksum(d_a.p, bytes, d_digests.as<uint64_t>(), d_scratch.as<uint8_t>(),
+                                  d_sum.as<uint64_t>(), stream);
+  }, stream, reps), 0});
+  uint64_t sum = 0;
+  check(cudaMemcpy(&sum, d_sum.p, 8, cudaMemcpyDeviceToHost), "D2H");
+  if (sum != ciera::content_checksum64(a.data(), bytes)) throw std::runtime_error("GPU checksum differs from the CPU's");
+
+  // A key frame's exponent stream, coded by the CPU codec, decoded on the GPU.
+  std::vector<uint8_t> exps(n), sm(n);
+  ciera::format::kernels().split_bf16(reinterpret_cast<const uint8_t*>(a.data()), n, exps.data(), sm.data());
+  ciera::entropy::ArraySource source(exps);
+  std::vector<uint8_t> scratch;
+  const auto hist = ciera::entropy::histogram_of(source, scratch);
+  std::vector<uint8_t> stream_bytes(ciera::entropy::symbol_stream_bound(n, 8));
+  const auto stats = ciera::entropy::write_symbol_stream(source, hist, 8, stream_bytes.data(),
+                                                        stream_bytes.size(), scratch);
+  if (stats.method == ciera::entropy::StreamMethod::kRans) {
+    ciera::ByteReader in(stream_bytes.data(), stats.bytes, "bench");
+    in.u8();
+    in.u8();
+    const uint64_t body = in.u64();
+    ciera::ByteReader br(in.cursor(), body, "bench");
+    const auto model = ciera::entropy::RansModel::read_table(br, 255, "bench");
+    const uint64_t count = ciera::entropy::rans_segment_count(n);
+    const uint8_t* lengths = br.cursor();
+    const uint8_t* first = lengths + 4 * (count - 1);
+    std::vector<uint64_t> offsets{0};
+    for (uint64_t j = 0; j + 1 < count; ++j) offsets.push_back(offsets.back() + ciera::load_le32(lengths + 4 * j));
+    offsets.push_back(static_cast<uint64_t>(stream_bytes.data() + stats.bytes - first));
+    std::vector<uint32_t> slots(ciera::entropy::kRansTotal);
+    for (unsigned s = 0; s < 256; ++s) {
+      for (uint32_t slot = model.start[s]; slot < model.start[s] + model.freq[s]; ++slot) {
+        slots[slot] = ciera::entropy::rans_slot_entry(s, model.freq[s], model.start[s]);
+      }
+    }
+    DeviceBuffer d_slots(4 * slots.size()), d_offsets(8 * offsets.size()), d_segments(offsets.back()),
+        d_decoded(n), d_failed(4);
+    check(cudaMemcpy(d_slots.p, slots.data(), d_slots.size, cudaMemcpyHostToDevice), "H2D");
+    check(cudaMemcpy(d_offsets.p, offsets.data(), d_offsets.size, cudaMemcpyHostToDevice), "H2D");
+    check(cudaMemcpy(d_segments.p, first, offsets.back(), cudaMemcpyHostToDevice), "H2D");
+    check(cudaMemset(d_failed.p, 0, 4), "memset");
+    Row row{"rans_decode (key-frame exponents)", 0,
+            static_cast<double>(stats.bytes) / static_cast<double>(n)};
+    row.seconds = time_op([&] {
+      ciera::cuda::rans_decode(d_slots.as<uint32_t>(), d_segments.as<uint8_t>(), d_offsets.as<uint64_t>(),
+                               n, d_decoded.as<uint8_t>(), d_failed.as<uint32_t>(), stream);
+    }, stream, reps);
+    std::vector<uint8_t> decoded(n);
+    check(cudaMemcpy(decoded.data(), d_decoded.p, n, cudaMemcpyDeviceToHost), "D2H");
+    if (decoded != exps) throw std::runtime_error("GPU rANS decode differs from the CPU's symbols");
+    rows.push_back(row);
+  }
+#if defined(CIERA_WITH_NVCOMP)
+  nvcomp_ans("nvCOMP ANS, exponent plane (uchar)", NVCOMP_TYPE_UCHAR, d_exps.p, n, stream, reps, rows);
+  nvcomp_ans("nvCOMP ANS, whole shard (float16)", NVCOMP_TYPE_FLOAT16, d_a.p, bytes, stream, reps, rows);
+#endif
+  cudaStreamDestroy(stream);
+  return "{\n    \"values\": " + std::to_string(n) + ", \"dtype\": \"bf16\", \"shard_bytes\": " +
+         std::to_string(bytes) + ",\n    \"ops\": " + json_rows(rows, bytes, memcpy_s) + "\n  }";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<uint64_t> sizes{uint64_t{1} << 24, uint64_t{1} << 28};
+  int reps = 20;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--values" && i + 1 < argc) {
+      sizes.clear();
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        sizes.push_back(std::stoull(list.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    } else if (arg == "--reps" && i + 1 < argc) {
+      reps = std::stoi(argv[++i]);
+    } else if (arg == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: ciera_cuda_bench [--values N[,N...]] [--reps R] [--json FILE]\n");
+      return 2;
+    }
+  }
+  std::string why;
+  if (!ciera::cuda::device_available(&why)) {
+    std::fprintf(stderr, "ciera_cuda_bench: %s\n", why.c_str());
+    return 3;
+  }
+  try {
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "properties");
+    std::string json = "{\n  \"gpu\": \"" + std::string(prop.name) + "\",\n  \"reps\": " +
+                       std::to_string(reps) + ",\n  \"nvcomp\": " +
+#if defined(CIERA_WITH_NVCOMP)
+                       "true"
+#else
+                       "false"
+#endif
+                       + ",\n  \"sizes\": [";
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::fprintf(stderr, "ciera_cuda_bench: %llu values...\n", static_cast<unsigned long long>(sizes[i]));
+      json += (i ? ", " : "") + bench_size(sizes[i], reps);
+    }
+    json += "]\n}\n";
+    std::fputs(json.c_str(), stdout);
+    if (!json_path.empty()) {
+      FILE* f = std::fopen(json_path.c_str(), "w");
+      if (!f) throw std::runtime_error("cannot write " + json_path);
+      std::fputs(json.c_str(), f);
+      std::fclose(f);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ciera_cuda_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
