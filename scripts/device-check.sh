@@ -70,13 +70,14 @@ else
 fi
 
 # 2. compute-sanitizer on a short decode test.
-if ! command -v compute-sanitizer >/dev/null; then
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [[ -z $sanitizer ]]; then
   step compute-sanitizer "not installed here"
 elif [[ ${#arch_args[@]} -eq 0 ]]; then
   step compute-sanitizer "no GPU here"
 else
-  compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/ciera_cuda_tests" \
-    --gtest_filter='*Rans*:*Checksum*' > "$out/sanitizer.log" 2>&1
+  timeout 300 "$sanitizer" --tool memcheck --error-exitcode 9 "$build/tests/ciera_cuda_tests" \
+    --gtest_filter='*Rans*:*Checksum*:CudaDecoder.DecodesCpu*' > "$out/sanitizer.log" 2>&1
   rc=$?
   if grep -qi 'not supported\|unable to\|error 999' "$out/sanitizer.log" && [[ $rc -ne 0 && $rc -ne 9 ]]; then
     step compute-sanitizer "refused the device here: $(grep -m1 -i 'not supported\|unable to' "$out/sanitizer.log" | head -c 100)"

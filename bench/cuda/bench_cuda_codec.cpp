@@ -6,8 +6,10 @@
 //
 //   ciera_cuda_bench [--values N[,N...]] [--reps R] [--json FILE]
 //
-// It measures the device building blocks that exist (include/ciera/cuda.hpp); the device
-// ShardEncoder/ShardDecoder, and so the encode/decode targets, are not built yet.
+// It measures the device ShardDecoder (a key frame, then steady-state delta frames of the
+// trajectory, each a frame the CPU encoder wrote: decode = validation, exponent merge, content
+// checksum and cache commit) and the kernels that exist; the device ShardEncoder, and so the
+// issue's encode target, is not built yet.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,11 +17,13 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "ciera/codec.hpp"
 #include "ciera/cuda.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
@@ -261,6 +265,61 @@ std::string bench_size(uint64_t n, int reps) {
     check(cudaMemcpy(decoded.data(), d_decoded.p, n, cudaMemcpyDeviceToHost), "D2H");
     if (decoded != exps) throw std::runtime_error("GPU rANS decode differs from the CPU's symbols");
     rows.push_back(row);
+  }
+  // The device ShardDecoder on frames the CPU encoder wrote: the key frame of `a`, then delta
+  // frames alternating b, a, b, ... (each the next of its stream, so every decode is accepted).
+  {
+    ciera::CodecConfig config;
+    config.warmup_steps = 1;
+    ciera::ShardEncoder encoder(config, n, {1, 1});
+    const int frames = reps + 1;
+    std::vector<std::vector<std::byte>> payloads;
+    std::vector<ciera::FrameStats> frame_stats;
+    for (int f = 0; f <= frames; ++f) {
+      const auto& values = f % 2 == 0 ? a : b;
+      std::vector<std::byte> payload(encoder.max_payload_bytes());
+      const auto st = encoder.encode({reinterpret_cast<const std::byte*>(values.data()), bytes}, payload);
+      payload.resize(st.payload_bytes);
+      payloads.push_back(std::move(payload));
+      frame_stats.push_back(st);
+    }
+    std::vector<std::unique_ptr<DeviceBuffer>> device_payloads;
+    for (const auto& p : payloads) {
+      device_payloads.push_back(std::make_unique<DeviceBuffer>(p.size()));
+      check(cudaMemcpy(device_payloads.back()->p, p.data(), p.size(), cudaMemcpyHostToDevice), "H2D");
+    }
+    ciera::cuda::ShardDecoder decoder(config, n, {1, 1});
+    cudaEvent_t start, stop;
+    check(cudaEventCreate(&start), "event");
+    check(cudaEventCreate(&stop), "event");
+    std::vector<double> delta_seconds;
+    double key_seconds = 0;
+    uint64_t delta_bytes = 0;
+    for (int f = 0; f <= frames; ++f) {
+      check(cudaEventRecord(start, stream), "record");
+      decoder.decode(device_payloads[f]->p, payloads[f].size(), d_out.p, stream);
+      check(cudaEventRecord(stop, stream), "record");
+      decoder.check();
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+      if (f == 0) key_seconds = ms / 1e3;
+      if (f >= 2) {  // frame 1 is the first delta: a warm-up
+        delta_seconds.push_back(ms / 1e3);
+        delta_bytes = payloads[f].size();
+      }
+    }
+    std::vector<uint16_t> back(n);
+    check(cudaMemcpy(back.data(), d_out.p, bytes, cudaMemcpyDeviceToHost), "D2H");
+    if (back != (frames % 2 == 0 ? a : b)) throw std::runtime_error("device decoder output differs from the shard");
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    std::sort(delta_seconds.begin(), delta_seconds.end());
+    rows.push_back({"ShardDecoder, key frame (first, cold)", key_seconds,
+                    static_cast<double>(payloads[0].size()) / static_cast<double>(bytes)});
+    if (!delta_seconds.empty()) {
+      rows.push_back({"ShardDecoder, delta frame (steady state)", delta_seconds[delta_seconds.size() / 2],
+                      static_cast<double>(delta_bytes) / static_cast<double>(bytes)});
+    }
   }
 #if defined(CIERA_WITH_NVCOMP)
   nvcomp_ans("nvCOMP ANS, exponent plane (uchar)", NVCOMP_TYPE_UCHAR, d_exps.p, n, stream, reps, rows);

@@ -1,16 +1,19 @@
 // The GPU side of the codec (ciera::cuda; built when CMake finds nvcc, option CIERA_CUDA).
 //
-// Status (issue 15): these are the device building blocks of the GPU shard codec, each computing
-// exactly the bytes the CPU codec computes (docs/format.md) from the same functions
-// (CIERA_HD: format/value_bits.hpp, format/xxh3.hpp, entropy/rans_segment.hpp), on caller-owned
-// device buffers and the caller's stream, with no allocation and no host synchronisation. The
-// device ShardEncoder/ShardDecoder built from them is not written yet; see docs/gpu.md.
+// Status (issue 15, docs/gpu.md): the device ShardDecoder and the building blocks below compute
+// exactly the bytes the CPU codec computes (docs/format.md) from the same functions (CIERA_HD),
+// on caller-owned device buffers and the caller's stream, with no allocation and no host
+// synchronisation per call. The device ShardEncoder is not written yet.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "ciera/codec.hpp"
+#include "ciera/config.hpp"
 #include "ciera/dtype.hpp"
 
 struct CUstream_st;  // cudaStream_t, without the CUDA headers
@@ -50,5 +53,39 @@ void content_checksum(const void* data, uint64_t bytes, uint64_t* digests, uint8
 // malformed segment, sets `*failed` (device memory) to 1.
 void rans_decode(const uint32_t* slots, const uint8_t* segments, const uint64_t* offsets,
                  uint64_t symbols, uint8_t* out, uint32_t* failed, Stream stream);
+
+// Receiver side of one peer shard on the GPU; owns that shard's exponent cache in device memory.
+// Accepts exactly what the CPU ShardDecoder accepts (the same payloads, the same stream rules)
+// and reconstructs the same bytes. Memory is allocated once, at construction.
+class ShardDecoder {
+ public:
+  ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected = {});
+  ~ShardDecoder();
+  ShardDecoder(ShardDecoder&&) noexcept;
+  ShardDecoder& operator=(ShardDecoder&&) noexcept;
+
+  // Enqueues the decoding of `payload` (`payload_bytes` bytes of device memory) into `shard`
+  // (num_values values of device memory) on `stream`; neither allocates nor waits. Call check()
+  // before using `shard`: the verdict is known once the stream reaches this point. A refused
+  // frame leaves the cache and the stream position as they were (the contents of `shard` are
+  // then unspecified). Decodes on one decoder must be checked in order; a decode() while
+  // another is unchecked checks that one first.
+  void decode(const void* payload, uint64_t payload_bytes, void* shard, Stream stream);
+  // Waits for the last decode() and throws FormatError naming why it was refused, if it was.
+  void check();
+
+  // As ShardDecoder::request_resync() and reset() on the CPU, ordered on `stream`.
+  void request_resync(Stream stream);
+  void reset(Stream stream);
+
+  uint64_t num_values() const;
+  size_t cache_bytes() const;
+  // The cached exponents, copied to the host (waits for the device); for tests and diagnostics.
+  std::vector<uint8_t> cached_exponents() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace ciera::cuda

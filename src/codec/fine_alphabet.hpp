@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/host_device.hpp"
 #include "format/changes.hpp"
 
 namespace ciera::wire {
@@ -16,8 +17,8 @@ inline constexpr unsigned kMaxBucket = 12;  // values < 4096 = kMaxBlockValues
 inline unsigned bucket_of(uint32_t v) {  // == std::bit_width(v) for v < 2^31
   return 63u - static_cast<unsigned>(__builtin_clzll(2 * uint64_t{v} + 1));
 }
-inline unsigned bucket_extra_bits(unsigned bucket) { return bucket - (bucket != 0); }
-inline uint32_t bucket_base(unsigned bucket) { return (1u << bucket) >> 1; }
+CIERA_HD inline unsigned bucket_extra_bits(unsigned bucket) { return bucket - (bucket != 0); }
+CIERA_HD inline uint32_t bucket_base(unsigned bucket) { return (1u << bucket) >> 1; }
 
 // Fine coding's change symbols: 3 * bucket(gap) + step class (format::StepClass: +1, -1 or
 // escaped).

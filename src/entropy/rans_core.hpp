@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/bytes.hpp"
+#include "common/host_device.hpp"
 
 namespace ciera::entropy {
 
@@ -66,7 +67,7 @@ inline void rans_put(uint32_t& x, const RansEncSymbol& e, uint8_t*& out) {
 
 // The decoder's table entry for each slot of [start, start + freq): the symbol, freq - 1 and
 // start, packed so that one load serves a decoding step.
-inline uint32_t rans_slot_entry(unsigned symbol, uint32_t freq, uint32_t start) {
+CIERA_HD inline uint32_t rans_slot_entry(unsigned symbol, uint32_t freq, uint32_t start) {
   return symbol | (freq - 1) << 8 | start << 20;
 }
 

@@ -1,0 +1,160 @@
+// The device ShardDecoder (include/ciera/cuda.hpp): codec/device_decode.hpp's steps, each a kernel
+// on the caller's stream. The steps are the functions the host emulation runs in the tests
+// (tests/test_device_decoder.cpp holds them to the CPU decoder); this file only places them in
+// device memory and launches them.
+#include <cuda_runtime.h>
+
+#include <string>
+#include <utility>
+
+#include "ciera/cuda.hpp"
+#include "ciera/error.hpp"
+#include "codec/device_decode.hpp"
+#include "format/xxh3.hpp"
+
+namespace ciera::cuda {
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+template <typename F>
+__global__ void each_index(uint64_t n, F f) {
+  const uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n) f(i);
+}
+
+struct Launch {
+  cudaStream_t stream;
+  template <typename F>
+  void operator()(uint64_t n, F f) const {
+    if (n == 0) return;
+    constexpr unsigned kThreads = 256;
+    const unsigned threads = n < kThreads ? static_cast<unsigned>(n) : kThreads;
+    const uint64_t blocks = (n + threads - 1) / threads;
+    each_index<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(n, f);
+    check_cuda(cudaGetLastError(), "decoder step launch");
+  }
+};
+
+// One device allocation, freed with its owner.
+struct DeviceMemory {
+  void* p = nullptr;
+  explicit DeviceMemory(size_t bytes) { check_cuda(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc"); }
+  ~DeviceMemory() { cudaFree(p); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+}  // namespace
+
+struct ShardDecoder::Impl {
+  Impl(const CodecConfig& config, uint64_t n, StreamIdentity id)
+      : c(codec::device::make_decode_config(config, n)),
+        cache(n),
+        decoded(n),
+        block_offset(8 * (c.blocks + 1)),
+        segment_offsets(8 * (entropy::rans_segment_count(n) + 2)),
+        slots(4 * entropy::kRansTotal),
+        fine_slots(4 * 3 * entropy::kRansTotal),
+        digests(8 * (codec::device::checksum_chunks(n * c.value_bytes) + 1)),
+        digest_bytes(8 * (codec::device::checksum_chunks(n * c.value_bytes) + 1)),
+        plan(sizeof(codec::device::DecodePlan)),
+        state(sizeof(codec::device::DecodeState)),
+        secret(format::xxh3::kSecretBytes) {
+    codec::device::DecodeState initial;
+    initial.stream = id.stream;
+    initial.epoch = id.epoch;
+    check_cuda(cudaMemcpy(state.p, &initial, sizeof initial, cudaMemcpyHostToDevice), "state");
+    check_cuda(cudaMemcpy(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
+                          cudaMemcpyHostToDevice), "secret");
+    check_cuda(cudaMemset(cache.p, 0, n == 0 ? 1 : n), "cache");
+    check_cuda(cudaMallocHost(&verdict, sizeof *verdict), "cudaMallocHost");
+    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
+  }
+  ~Impl() {
+    cudaFreeHost(verdict);
+    cudaEventDestroy(done);
+  }
+
+  codec::device::DecodeConfig c;
+  DeviceMemory cache, decoded, block_offset, segment_offsets, slots, fine_slots, digests,
+      digest_bytes, plan, state, secret;
+  codec::device::DecodePlan* verdict = nullptr;  // pinned: the last plan, copied back
+  cudaEvent_t done = nullptr;
+  bool pending = false;
+};
+
+ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected)
+    : impl_(std::make_unique<Impl>(config, num_values, expected)) {}
+ShardDecoder::~ShardDecoder() = default;
+ShardDecoder::ShardDecoder(ShardDecoder&&) noexcept = default;
+ShardDecoder& ShardDecoder::operator=(ShardDecoder&&) noexcept = default;
+
+void ShardDecoder::decode(const void* payload, uint64_t payload_bytes, void* shard, Stream stream) {
+  if (impl_->pending) check();
+  Impl& m = *impl_;
+  codec::device::Buffers b;
+  b.payload = static_cast<const uint8_t*>(payload);
+  b.payload_bytes = payload_bytes;
+  b.out = static_cast<uint8_t*>(shard);
+  b.cache = m.cache.as<uint8_t>();
+  b.decoded = m.decoded.as<uint8_t>();
+  b.block_offset = m.block_offset.as<uint64_t>();
+  b.segment_offsets = m.segment_offsets.as<uint64_t>();
+  b.slots = m.slots.as<uint32_t>();
+  b.fine_slots = m.fine_slots.as<uint32_t>();
+  b.digests = m.digests.as<uint64_t>();
+  b.digest_bytes = m.digest_bytes.as<uint8_t>();
+  b.plan = m.plan.as<codec::device::DecodePlan>();
+  b.state = m.state.as<codec::device::DecodeState>();
+  b.secret = m.secret.as<uint8_t>();
+  codec::device::decode_frame(Launch{stream}, b, m.c);
+  check_cuda(cudaMemcpyAsync(m.verdict, m.plan.p, sizeof *m.verdict, cudaMemcpyDeviceToHost, stream),
+             "verdict copy");
+  check_cuda(cudaEventRecord(m.done, stream), "event record");
+  m.pending = true;
+}
+
+void ShardDecoder::check() {
+  Impl& m = *impl_;
+  if (!m.pending) return;
+  check_cuda(cudaEventSynchronize(m.done), "decode");
+  m.pending = false;
+  if (m.verdict->status != codec::device::kOk) {
+    throw FormatError(codec::device::describe_status(m.verdict->status, m.verdict->detail[0],
+                                                     m.verdict->detail[1]));
+  }
+}
+
+void ShardDecoder::request_resync(Stream stream) {
+  static const uint32_t one = 1;
+  check_cuda(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(impl_->state.p) +
+                                 offsetof(codec::device::DecodeState, resync_requested),
+                             &one, sizeof one, cudaMemcpyHostToDevice, stream), "request_resync");
+}
+
+void ShardDecoder::reset(Stream stream) {
+  static const uint32_t zero = 0;
+  check_cuda(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(impl_->state.p) +
+                                 offsetof(codec::device::DecodeState, has_cache),
+                             &zero, sizeof zero, cudaMemcpyHostToDevice, stream), "reset");
+  request_resync(stream);
+}
+
+uint64_t ShardDecoder::num_values() const { return impl_->c.num_values; }
+size_t ShardDecoder::cache_bytes() const { return impl_->c.num_values; }
+
+std::vector<uint8_t> ShardDecoder::cached_exponents() const {
+  std::vector<uint8_t> host(impl_->c.num_values);
+  check_cuda(cudaDeviceSynchronize(), "cached_exponents");
+  if (!host.empty()) {
+    check_cuda(cudaMemcpy(host.data(), impl_->cache.p, host.size(), cudaMemcpyDeviceToHost), "cache copy");
+  }
+  return host;
+}
+
+}  // namespace ciera::cuda

@@ -1,0 +1,114 @@
+// The device ShardDecoder against the CPU decoder, on a device: CPU-encoded trajectories of every
+// dtype, block sizes 64/512/4096 and sizes 0, 1, odd and 16M decode to the same bytes and the same
+// cache; corrupted and out-of-sequence payloads are refused with FormatError and leave the cache
+// as it was. Skipped without a usable device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "ciera/cuda.hpp"
+#include "ciera/error.hpp"
+#include "test_util.hpp"
+
+namespace ciera::cuda {
+namespace {
+
+using ciera::testing::Pattern;
+using ciera::testing::Trajectory;
+
+#define SKIP_WITHOUT_DEVICE()                          \
+  do {                                                 \
+    std::string why;                                   \
+    if (!device_available(&why)) GTEST_SKIP() << why;  \
+  } while (0)
+
+struct Device {
+  explicit Device(size_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes == 0 ? 1 : bytes), cudaSuccess); }
+  ~Device() { cudaFree(p); }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  void put(const void* host, size_t bytes) {
+    if (bytes) {
+      EXPECT_EQ(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  std::vector<std::byte> get(size_t bytes) const {
+    std::vector<std::byte> v(bytes);
+    if (bytes) {
+      EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return v;
+  }
+  void* p = nullptr;
+};
+
+void run(DType dtype, uint32_t block, size_t n, ExponentCoding coding, int steps) {
+  SCOPED_TRACE(std::string(dtype_name(dtype)) + " B " + std::to_string(block) + " n " +
+               std::to_string(n) + " " + std::string(exponent_coding_name(coding)));
+  CodecConfig config;
+  config.dtype = dtype;
+  config.block_values = block;
+  config.coding = coding;
+  config.warmup_steps = 2;
+  ShardEncoder encoder(config, n, {5, 77});
+  ciera::ShardDecoder cpu(config, n, {5, 77});
+  ShardDecoder gpu(config, n, {5, 77});
+  Trajectory trajectory(dtype, n, Pattern::kSparse, n + block);
+  const size_t bytes = n * dtype_info(dtype).value_bytes;
+  std::vector<std::byte> payload(encoder.max_payload_bytes()), cpu_out(bytes);
+  Device d_payload(payload.size()), d_out(bytes);
+  std::mt19937_64 rng(n);
+  size_t size = 0;
+  for (int step = 0; step < steps; ++step) {
+    if (step > 0) trajectory.step();
+    size = encoder.encode(trajectory.span(), payload).payload_bytes;
+    cpu.decode(std::span(payload.data(), size), cpu_out);
+    if (size > 0 && step % 2 == 1) {  // a corrupted copy first: refused, cache unchanged
+      const auto cache_before = gpu.cached_exponents();
+      std::vector<std::byte> bad(payload.begin(), payload.begin() + static_cast<std::ptrdiff_t>(size));
+      bad[rng() % size] ^= std::byte{0x10};
+      d_payload.put(bad.data(), size);
+      gpu.decode(d_payload.p, size, d_out.p, nullptr);
+      EXPECT_THROW(gpu.check(), FormatError) << "step " << step;
+      EXPECT_EQ(gpu.cached_exponents(), cache_before) << "step " << step;
+    }
+    d_payload.put(payload.data(), size);
+    gpu.decode(d_payload.p, size, d_out.p, nullptr);
+    ASSERT_NO_THROW(gpu.check()) << "step " << step;
+    ASSERT_EQ(d_out.get(bytes), cpu_out) << "step " << step;
+    const auto cache = gpu.cached_exponents();
+    ASSERT_TRUE(std::equal(cache.begin(), cache.end(), cpu.cached_exponents().begin())) << "step " << step;
+  }
+  // A replay of the last frame is out of sequence; a truncated one is refused too.
+  const auto cache = gpu.cached_exponents();
+  gpu.decode(d_payload.p, size, d_out.p, nullptr);
+  EXPECT_THROW(gpu.check(), FormatError);
+  gpu.decode(d_payload.p, size / 2, d_out.p, nullptr);
+  EXPECT_THROW(gpu.check(), FormatError);
+  EXPECT_EQ(gpu.cached_exponents(), cache);
+}
+
+TEST(CudaDecoder, DecodesCpuPayloadsBitForBitForEveryDtypeBlockAndSize) {
+  SKIP_WITHOUT_DEVICE();
+  for (const DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    for (const uint32_t block : {64u, 512u, 4096u}) {
+      for (const size_t n : {size_t{0}, size_t{1}, size_t{12345}}) {
+        for (const ExponentCoding coding : {ExponentCoding::kAuto, ExponentCoding::kBlock, ExponentCoding::kFine}) {
+          run(dtype, block, n, coding, 6);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaDecoder, DecodesA16MValueShard) {
+  SKIP_WITHOUT_DEVICE();
+  run(DType::kBF16, 512, size_t{1} << 24, ExponentCoding::kAuto, 4);
+}
+
+}  // namespace
+}  // namespace ciera::cuda
