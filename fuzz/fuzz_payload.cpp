@@ -18,6 +18,12 @@
 #include <vector>
 
 #include "payload_stream.hpp"
+#if defined(CIERA_FUZZ_DEVICE_DECODER)
+#include "device_stream.hpp"  // fuzz_device_decode: the same inputs, the GPU decoder's steps beside
+using StreamUnderTest = ciera::fuzz::DeviceCheckingReceiver;
+#else
+using StreamUnderTest = ciera::fuzz::StreamReceiver;
+#endif
 
 namespace {
 
@@ -48,7 +54,7 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  ciera::fuzz::StreamReceiver receiver(data, size);
+  StreamUnderTest receiver(data, size);
   std::vector<std::byte> resealed;
   for (const Part& part : ciera::fuzz::split_payloads(data, size)) {
     const std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(data) + part.offset,

@@ -606,7 +606,7 @@ int main(int argc, char** argv) {
   }
   const fs::path root = argv[1];
   const std::pair<const char*, void (*)(const fs::path&)> targets[] = {
-      {"fuzz_payload", payload_corpus},
+      {"fuzz_payload", payload_corpus},  // fuzz_device_decode's corpus too (scripts/fuzz.sh)
       {"fuzz_envelope", envelope_corpus},
       {"fuzz_control", control_corpus},
       {"fuzz_decode", decode_corpus},

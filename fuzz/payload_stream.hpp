@@ -143,6 +143,7 @@ class StreamReceiver {
 
   std::span<std::byte> shard() { return {output_.data() + kGuardBytes, shard_bytes_}; }
   const Receiver& receiver() const { return receiver_; }
+  const ShardDecoder& decoder() const { return decoder_; }
 
  private:
   Receiver receiver_;

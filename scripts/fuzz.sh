@@ -13,7 +13,7 @@
 # reject at the first check).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-all_targets=(fuzz_payload fuzz_envelope fuzz_control fuzz_decode fuzz_roundtrip)
+all_targets=(fuzz_payload fuzz_device_decode fuzz_envelope fuzz_control fuzz_decode fuzz_roundtrip)
 limit=() parallel=0 check_corpus=0 targets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -45,9 +45,11 @@ if [[ $check_corpus -eq 1 ]]; then
 fi
 
 # A unit slower than 10 s is a hang (reliability test 2).
+# fuzz_device_decode reads fuzz_payload's inputs (the same payload streams).
+corpus_of() { if [[ $1 == fuzz_device_decode ]]; then echo fuzz_payload; else echo "$1"; fi; }
 run_one() {
   local target=$1
-  cp -r "$root/fuzz/corpus/$target" "$runs/$target-corpus"
+  cp -r "$root/fuzz/corpus/$(corpus_of "$target")" "$runs/$target-corpus"
   "$dir/fuzz/$target" "${limit[@]}" -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$runs/$target-" "$runs/$target-corpus" >"$runs/$target.log" 2>&1
 }

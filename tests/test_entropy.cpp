@@ -1,6 +1,7 @@
 // rANS and symbol streams: exact round trips, size close to the entropy bound, strict parsing.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -152,6 +153,55 @@ TEST(SymbolStream, MultiSegmentRansRoundTrips) {
     bad[at] ^= 0x10;
     EXPECT_THROW(decode_all(bad, v.size(), 255, 4096), FormatError) << "byte " << at;
   }
+}
+
+// Whether a stream is coded with rANS depends only on its symbols (docs/architecture.md,
+// "Deterministic encoding"): rANS exactly when its integer estimate is below the packed size and
+// the whole rANS stream fits in the packed size, however the source is cut into chunks. Streams
+// near the boundary are the point: small alphabets of mild skew, many lengths.
+TEST(SymbolStream, RansOrPackedIsDecidedByTheSymbolsAloneNotByChunking) {
+  std::mt19937_64 rng(21);
+  int near_boundary = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t n = 50 + rng() % 3000;
+    const unsigned alphabet = 2 + static_cast<unsigned>(rng() % 30);
+    const double skew = 0.2 + 0.1 * static_cast<double>(rng() % 10);
+    std::vector<uint8_t> v(n);
+    std::vector<double> weights(alphabet);
+    for (unsigned s = 0; s < alphabet; ++s) weights[s] = std::pow(skew, s);
+    std::discrete_distribution<unsigned> pick(weights.begin(), weights.end());
+    for (auto& s : v) s = static_cast<uint8_t>(pick(rng));
+    const unsigned bits = std::max(1u, static_cast<unsigned>(std::bit_width(alphabet - 1)));
+    // The reference: rANS written with unlimited room.
+    ArraySource whole(v);
+    std::vector<uint8_t> scratch;
+    const Histogram hist = histogram_of(whole, scratch);
+    bool expect_rans = false;
+    if (hist.distinct() > 1) {
+      const uint64_t packed = kStreamHeaderBytes + (n * std::max(1u, static_cast<unsigned>(std::bit_width(hist.max_symbol()))) + 7) / 8;
+      const RansModel model = RansModel::from_histogram(hist);
+      std::vector<uint8_t> big(4 * n + 4096);
+      std::vector<uint8_t> lengths(4 * rans_segment_count(n));
+      RansEncoder encoder(model);
+      encoder.begin(big.data() + big.size(), big.data(), n, lengths.data());
+      ASSERT_TRUE(encoder.put_reverse(v.data(), n));
+      const uint64_t rans_bytes = kStreamHeaderBytes + model.table_bytes() + 4 * (rans_segment_count(n) - 1) +
+                                  static_cast<uint64_t>(big.data() + big.size() - encoder.bytes_begin());
+      const uint64_t estimate = kStreamHeaderBytes + model.table_bytes() + rans_framing_bytes(n) +
+                                (model.cost_q16(hist) + (uint64_t{8} << 16) - 1) / (uint64_t{8} << 16);
+      expect_rans = estimate < packed && rans_bytes <= packed;
+      near_boundary += rans_bytes + 8 > packed && rans_bytes <= packed + 8;
+    }
+    for (const size_t chunk : {size_t{1}, size_t{7}, size_t{256}, n}) {
+      StreamStats stats;
+      const auto stream = encode(v, bits, chunk, &stats);
+      if (hist.distinct() > 1) {
+        EXPECT_EQ(stats.method == StreamMethod::kRans, expect_rans) << "trial " << trial << " chunk " << chunk;
+      }
+      EXPECT_EQ(decode_all(stream, n, (1u << bits) - 1, 97), v);
+    }
+  }
+  EXPECT_GT(near_boundary, 5) << "too few streams near the rANS/packed boundary to test it";
 }
 
 TEST(SymbolStream, NarrowSymbolsPackBelowEightBits) {

@@ -146,10 +146,36 @@ bool RansEncoder::put_reverse(const uint8_t* symbols, size_t n) {
     const size_t in_segment = static_cast<size_t>(next_index_ - segment_first);
     const size_t batch = std::min({kBatch, end, in_segment});
     const size_t begin = end - batch;
-    if (static_cast<size_t>(out_ - limit_) < 2 * batch + kRansStateBytes) return false;
-    encode_batch(symbols + begin, batch);
-    if (next_index_ == segment_first) close_segment();
+    if (static_cast<size_t>(out_ - limit_) >= 2 * batch + kRansStateBytes) {
+      encode_batch(symbols + begin, batch);
+    } else if (!encode_checked(symbols + begin, batch)) {
+      return false;
+    }
+    if (next_index_ == segment_first) {
+      if (static_cast<size_t>(out_ - limit_) < kRansStateBytes) return false;
+      close_segment();
+    }
     end = begin;
+  }
+  return true;
+}
+
+// Near the limit, one symbol at a time with an exact check, so that a stream is refused only when
+// it really does not fit: whether a stream is coded with rANS must not depend on how its symbols
+// were batched (docs/architecture.md, "Deterministic encoding").
+bool RansEncoder::encode_checked(const uint8_t* symbols, size_t n) {
+  for (size_t k = n; k-- > 0;) {
+    --next_index_;
+    uint32_t& x = state_[next_index_ & (kRansStates - 1)];
+    const RansEncSymbol& e = symbols_[symbols[k]];
+    if (x >= e.x_max) {
+      if (out_ - limit_ < 2) return false;
+      out_ -= 2;
+      store_le16(out_, static_cast<uint16_t>(x));
+      x >>= 16;
+    }
+    const uint32_t q = static_cast<uint32_t>((uint64_t{x} * e.rcp_freq) >> 32) >> (e.cmpl_shift >> 16);
+    x = x + e.bias + q * (e.cmpl_shift & 0xFFFF);
   }
   return true;
 }

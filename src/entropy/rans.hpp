@@ -47,7 +47,7 @@ class RansEncoder {
   // 4 * (rans_segment_count(total_symbols) - 1) bytes outside [out_limit, out_end)).
   void begin(uint8_t* out_end, uint8_t* out_limit, uint64_t total_symbols, uint8_t* lengths);
   // Encodes the chunk that ends where the previously encoded one began (chunks go last to first).
-  // Returns false when the output would pass `out_limit` (the stream is then unusable).
+  // Returns false exactly when the stream does not fit above `out_limit` (then unusable).
   bool put_reverse(const uint8_t* symbols, size_t n);
   // After all symbols: the segments, first to last, each its sixteen final states (u32, state 0
   // first) then its words, begin here and end at `out_end`.
@@ -55,6 +55,7 @@ class RansEncoder {
 
  private:
   void encode_batch(const uint8_t* symbols, size_t n);
+  bool encode_checked(const uint8_t* symbols, size_t n);
   // Stores the states below the words of the segment just finished and restarts them.
   void close_segment();
 
