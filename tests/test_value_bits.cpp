@@ -3,12 +3,15 @@
 // checked here on the host, so the kernels' logic is tested on every machine, GPU or not.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "common/bytes.hpp"
 #include "entropy/rans.hpp"
 #include "entropy/rans_segment.hpp"
+#include "entropy/stream_writer_hd.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/planes.hpp"
 #include "format/value_bits.hpp"
@@ -182,6 +185,70 @@ TEST(ValueBits, RansSegmentsDecodeOneByOneAsTheCpuDecoderDoes) {
   longer.push_back(0);
   EXPECT_FALSE(entropy::rans_decode_segment(slots.data(), longer.data(), longer.size(),
                                             entropy::kRansSegmentSymbols, out.data()));
+}
+
+}  // namespace
+}  // namespace ciera
+
+namespace ciera {
+namespace {
+
+// The GPU's symbol stream writer (entropy/stream_writer_hd.hpp), its steps run in loops, writes
+// exactly the CPU's write_symbol_stream bytes: empty, constant, packed, rANS of one and of many
+// segments, and streams near the rANS/packed boundary.
+std::vector<uint8_t> write_like_the_gpu(const std::vector<uint8_t>& v) {
+  namespace dev = entropy::device;
+  auto w = std::make_unique<dev::WriterPlan>();
+  for (uint8_t s : v) ++w->count[s];
+  w->total = v.size();
+  dev::plan_writer(w.get());
+  const uint64_t segments = entropy::rans_segment_count(v.size());
+  std::vector<uint8_t> scratch(segments * dev::kSegmentScratch);
+  std::vector<uint64_t> seg_bytes(segments + 1), seg_offsets(segments + 1);
+  for (uint64_t j = 0; j < segments; ++j) dev::encode_segment(w.get(), v.data(), scratch.data(), seg_bytes.data(), j);
+  std::vector<uint8_t> out(dev::kStreamHeader + 2 * v.size() + 4096);
+  dev::finish_writer(w.get(), seg_bytes.data(), seg_offsets.data(), out.data());
+  for (uint64_t j = 0; j < segments; ++j) {
+    dev::copy_segment(w.get(), scratch.data(), seg_bytes.data(), seg_offsets.data(), out.data(), j);
+  }
+  for (uint64_t k = 0; k < w->bytes - dev::kStreamHeader; ++k) dev::packed_byte(w.get(), v.data(), out.data(), k);
+  out.resize(w->bytes);
+  return out;
+}
+
+std::vector<uint8_t> write_like_the_cpu(const std::vector<uint8_t>& v, unsigned bits) {
+  entropy::ArraySource source(v);
+  std::vector<uint8_t> scratch;
+  const auto hist = entropy::histogram_of(source, scratch);
+  std::vector<uint8_t> out(entropy::symbol_stream_bound(v.size(), bits));
+  const auto stats = entropy::write_symbol_stream(source, hist, bits, out.data(), out.size(), scratch);
+  out.resize(stats.bytes);
+  return out;
+}
+
+TEST(ValueBits, GpuStreamWriterWritesTheCpuBytes) {
+  std::mt19937_64 rng(31);
+  std::vector<std::vector<uint8_t>> inputs{{}, {5}, std::vector<uint8_t>(999, 7)};
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t n = trial < 280 ? 1 + rng() % 3000 : entropy::kRansSegmentSymbols * (1 + rng() % 3) + rng() % 5000;
+    const unsigned alphabet = 2 + static_cast<unsigned>(rng() % 40);
+    const double skew = 0.2 + 0.08 * static_cast<double>(rng() % 10);
+    std::vector<double> weights(alphabet);
+    for (unsigned s = 0; s < alphabet; ++s) weights[s] = std::pow(skew, s);
+    std::discrete_distribution<unsigned> pick(weights.begin(), weights.end());
+    std::vector<uint8_t> v(n);
+    for (auto& s : v) s = static_cast<uint8_t>(100 + pick(rng));
+    inputs.push_back(std::move(v));
+  }
+  int rans = 0, packed = 0;
+  for (const auto& v : inputs) {
+    const auto cpu = write_like_the_cpu(v, 8);
+    ASSERT_EQ(write_like_the_gpu(v), cpu) << "n " << v.size();
+    rans += cpu[0] == 2;
+    packed += cpu[0] == 0;
+  }
+  EXPECT_GT(rans, 50);
+  EXPECT_GT(packed, 10);
 }
 
 }  // namespace

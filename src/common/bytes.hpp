@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ciera/error.hpp"
+#include "common/host_device.hpp"
 
 static_assert(std::endian::native == std::endian::little,
               "CIERA supports little-endian hosts only (the wire format is little-endian)");
@@ -90,7 +91,7 @@ class ByteReader {
   const char* what_;
 };
 
-inline uint8_t* put_varint(uint8_t* out, uint64_t v) {
+CIERA_HD inline uint8_t* put_varint(uint8_t* out, uint64_t v) {
   while (v >= 0x80) {
     *out++ = static_cast<uint8_t>(v | 0x80);
     v >>= 7;

@@ -88,27 +88,8 @@ uint8_t* RansModel::write_table(uint8_t* out) const {
 }
 
 RansEncSymbol rans_enc_symbol(const RansModel& model, unsigned s) {
-  const uint32_t freq = model.freq[s];
-  assert(freq != 0);
-  RansEncSymbol e;
-  // x must stay below 2^31 after encoding; renormalise while x >= x_max.
-  e.x_max = ((kRansLowerBound >> kRansScaleBits) << 16) * freq;
-  uint32_t rcp_shift = 0;
-  // Division by freq as a multiply-high and shift (exact for x < 2^31), so that the encoder's
-  // inner loop has no divide. For freq = 1 the reciprocal overflows; the bias absorbs it:
-  // x + (start + M - 1) + (x - 1) * (M - 1) == x * M + start.
-  if (freq < 2) {
-    e.rcp_freq = ~0u;
-    e.bias = model.start[s] + kRansTotal - 1;
-  } else {
-    uint32_t shift = 0;
-    while (freq > (1u << shift)) ++shift;
-    e.rcp_freq = static_cast<uint32_t>(((uint64_t{1} << (shift + 31)) + freq - 1) / freq);
-    rcp_shift = shift - 1;
-    e.bias = model.start[s];
-  }
-  e.cmpl_shift = (kRansTotal - freq) | rcp_shift << 16;
-  return e;
+  assert(model.freq[s] != 0);
+  return rans_enc_symbol_of(model.freq[s], model.start[s]);
 }
 
 RansEncoder::RansEncoder(const RansModel& model) {

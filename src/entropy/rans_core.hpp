@@ -53,12 +53,40 @@ struct RansGroupTables {
   uint32_t cmpl_shift[kRansGroupSymbols];
 };
 
+// The encoding constants of a symbol of frequency `freq` (>= 1) and cumulative start `start`.
+CIERA_HD inline RansEncSymbol rans_enc_symbol_of(uint32_t freq, uint32_t start) {
+  RansEncSymbol e;
+  // x must stay below 2^31 after encoding; renormalise while x >= x_max.
+  e.x_max = ((kRansLowerBound >> kRansScaleBits) << 16) * freq;
+  uint32_t rcp_shift = 0;
+  // Division by freq as a multiply-high and shift (exact for x < 2^31), so that the encoder's
+  // inner loop has no divide. For freq = 1 the reciprocal overflows; the bias absorbs it:
+  // x + (start + M - 1) + (x - 1) * (M - 1) == x * M + start.
+  if (freq < 2) {
+    e.rcp_freq = ~0u;
+    e.bias = start + kRansTotal - 1;
+  } else {
+    uint32_t shift = 0;
+    while (freq > (1u << shift)) ++shift;
+    e.rcp_freq = static_cast<uint32_t>(((uint64_t{1} << (shift + 31)) + freq - 1) / freq);
+    rcp_shift = shift - 1;
+    e.bias = start;
+  }
+  e.cmpl_shift = (kRansTotal - freq) | rcp_shift << 16;
+  return e;
+}
+
 // Encodes one symbol into state `x`, writing its renormalisation word (if any) just below `out`.
 // Branch-free: the word is always stored and kept only when the state sheds it; the caller
 // guarantees two bytes of room below `out`.
-inline void rans_put(uint32_t& x, const RansEncSymbol& e, uint8_t*& out) {
+CIERA_HD inline void rans_put(uint32_t& x, const RansEncSymbol& e, uint8_t*& out) {
   const uint32_t shed = x >= e.x_max;
+#if defined(__CUDA_ARCH__)
+  out[-2] = static_cast<uint8_t>(x);
+  out[-1] = static_cast<uint8_t>(x >> 8);
+#else
   store_le16(out - 2, static_cast<uint16_t>(x));
+#endif
   out -= 2 * shed;
   x >>= 16 * shed;
   const uint32_t q = static_cast<uint32_t>((uint64_t{x} * e.rcp_freq) >> 32) >> (e.cmpl_shift >> 16);

@@ -51,4 +51,22 @@ CIERA_HD inline bool rans_decode_segment(const uint32_t* slots, const uint8_t* b
   return true;
 }
 
+// Encodes the `count` symbols of one segment with `syms` (each symbol's constants,
+// rans_enc_symbol_of), downward so that its bytes end at `out_end`: the words, and below them the
+// sixteen final states, state 0 first. Returns where the segment begins. The caller leaves
+// 2 * count + kRansStateBytes bytes below `out_end`. The CPU encoder writes the same bytes for
+// the same segment (RansEncoder: segments are coded independently).
+CIERA_HD inline uint8_t* rans_encode_segment(const RansEncSymbol* syms, const uint8_t* symbols,
+                                             uint64_t count, uint8_t* out_end) {
+  uint32_t x[kRansStates];
+  for (unsigned j = 0; j < kRansStates; ++j) x[j] = kRansLowerBound;
+  uint8_t* out = out_end;
+  for (uint64_t i = count; i-- > 0;) rans_put(x[i % kRansStates], syms[symbols[i]], out);
+  out -= kRansStateBytes;
+  for (unsigned j = 0; j < kRansStates; ++j) {
+    for (unsigned b = 0; b < 4; ++b) out[4 * j + b] = static_cast<uint8_t>(x[j] >> (8 * b));
+  }
+  return out;
+}
+
 }  // namespace ciera::entropy
