@@ -1,9 +1,10 @@
 // The GPU side of the codec (ciera::cuda; built when CMake finds nvcc, option CIERA_CUDA).
 //
-// Status (issue 15, docs/gpu.md): the device ShardDecoder and the building blocks below compute
-// exactly the bytes the CPU codec computes (docs/format.md) from the same functions (CIERA_HD),
-// on caller-owned device buffers and the caller's stream, with no allocation and no host
-// synchronisation per call. The device ShardEncoder is not written yet.
+// Status (issue 15, docs/gpu.md): the device ShardEncoder and ShardDecoder and the building
+// blocks below compute exactly the bytes the CPU codec computes (docs/format.md) from the same
+// functions (CIERA_HD), on caller-owned device buffers and the caller's stream, with no
+// allocation and no host synchronisation inside a call. The encoder supports exact change
+// detection (the default); hash detection stays on the CPU.
 #pragma once
 
 #include <cstddef>
@@ -53,6 +54,36 @@ void content_checksum(const void* data, uint64_t bytes, uint64_t* digests, uint8
 // malformed segment, sets `*failed` (device memory) to 1.
 void rans_decode(const uint32_t* slots, const uint8_t* segments, const uint64_t* offsets,
                  uint64_t symbols, uint8_t* out, uint32_t* failed, Stream stream);
+
+// Sender side of one shard on the GPU: writes the payload the CPU ShardEncoder writes for the same
+// configuration, identity and shard sequence, byte for byte. Memory is allocated once.
+class ShardEncoder {
+ public:
+  // Throws ConfigError for hash change detection (not on the GPU yet).
+  ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity = {});
+  ~ShardEncoder();
+  ShardEncoder(ShardEncoder&&) noexcept;
+  ShardEncoder& operator=(ShardEncoder&&) noexcept;
+
+  // Enqueues the encoding of `shard` (num_values values of device memory) into `payload`
+  // (max_payload_bytes() bytes of device memory) on `stream`; neither allocates nor waits. The
+  // payload's length is written to `*payload_bytes` (device memory) when the stream gets there,
+  // and payload_bytes() returns it on the host (waiting for it).
+  void encode(const void* shard, void* payload, uint64_t* payload_bytes, Stream stream);
+  // The length of the last payload encoded (waits for the device).
+  uint64_t payload_bytes();
+  // Makes the next frame a key frame of a new epoch (as on the CPU).
+  void request_key_frame();
+
+  uint64_t num_values() const;
+  size_t max_payload_bytes() const;
+  uint32_t epoch() const;
+  uint64_t next_sequence() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Receiver side of one peer shard on the GPU; owns that shard's exponent cache in device memory.
 // Accepts exactly what the CPU ShardDecoder accepts (the same payloads, the same stream rules)

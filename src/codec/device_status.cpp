@@ -3,7 +3,9 @@
 #include <string>
 
 #include "ciera/dtype.hpp"
+#include "ciera/error.hpp"
 #include "codec/device_decode.hpp"
+#include "codec/device_encode.hpp"
 #include "codec/wire.hpp"
 #include "format/planes.hpp"
 
@@ -25,6 +27,36 @@ DecodeConfig make_decode_config(const CodecConfig& config, uint64_t num_values) 
   c.sign_mantissa_bytes = layout.total_bytes();
   c.low_plane_bytes = layout.first_plane_bytes;
   return c;
+}
+
+EncodeConfig make_encode_config(const CodecConfig& config, uint64_t num_values) {
+  config.validate();
+  if (config.detection != ChangeDetection::kExact) {
+    throw ConfigError("the GPU encoder supports exact change detection only (detection=exact); "
+                      "hash detection runs on the CPU encoder");
+  }
+  const DTypeInfo info = dtype_info(config.dtype);
+  EncodeConfig c;
+  c.dtype = static_cast<uint8_t>(config.dtype);
+  c.exponent_bits = static_cast<uint8_t>(info.exponent_bits);
+  c.value_bytes = static_cast<uint8_t>(info.value_bytes);
+  c.checksum = config.content_checksum ? 1 : 0;
+  c.coding = static_cast<uint8_t>(config.coding);
+  c.block_values = config.block_values;
+  c.num_values = num_values;
+  c.blocks = wire::block_count(num_values, config.block_values);
+  c.sign_mantissa_bytes = format::SignMantissaLayout(config.dtype, num_values).total_bytes();
+  c.capacity = max_payload_bytes(config.dtype, num_values, config.block_values);
+  return c;
+}
+
+void set_frame(EncodeConfig& c, bool key, uint32_t stream, uint32_t epoch, uint64_t sequence) {
+  c.key = key ? 1 : 0;
+  c.stream = stream;
+  c.epoch = epoch;
+  c.sequence = sequence;
+  c.bitmap_bytes = key ? 0 : (c.blocks + 7) / 8;
+  c.sign_mantissa_at = wire::sign_mantissa_offset(c.bitmap_bytes, c.sign_mantissa_bytes);
 }
 
 std::string describe_status(uint32_t status, uint64_t d0, uint64_t d1) {

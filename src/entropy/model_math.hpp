@@ -38,17 +38,26 @@ struct Log2Table {
 };
 inline constexpr Log2Table kLog2Table{};
 
+// log2_q16(f) for 1 <= f <= kRansTotal + 1: from the table on the host, computed on a GPU (whose
+// code cannot read a host table); the same function either way.
+CIERA_HD inline uint32_t log2_q16_of(uint32_t f) {
+#if defined(__CUDA_ARCH__)
+  return log2_q16(f);
+#else
+  return kLog2Table.q16[f];
+#endif
+}
+
 // Bits (in Q16) that `count` occurrences of a symbol of frequency `freq` cost under the model.
-CIERA_HD constexpr uint64_t rans_cost_q16(uint64_t count, uint32_t freq, const uint32_t* log2q16) {
-  return count * ((uint64_t{kRansScaleBits} << 16) - log2q16[freq]);
+CIERA_HD inline uint64_t rans_cost_q16(uint64_t count, uint32_t freq) {
+  return count * ((uint64_t{kRansScaleBits} << 16) - log2_q16_of(freq));
 }
 
 // Normalises `count` (total `total` > 0) to frequencies summing to kRansTotal, every present
 // symbol at least 1: round each count * kRansTotal / total to the nearest integer (halves up),
 // then move one unit at a time where it costs the fewest coded bits (in Q16; ties go to the
 // lowest symbol). Returns the first and last present symbols through `first` / `last`.
-CIERA_HD inline void normalise_frequencies(const uint64_t* count, uint64_t total,
-                                           const uint32_t* log2q16, uint16_t* freq,
+CIERA_HD inline void normalise_frequencies(const uint64_t* count, uint64_t total, uint16_t* freq,
                                            uint8_t* first, uint8_t* last) {
   int64_t sum = 0;
   bool any = false;
@@ -72,8 +81,8 @@ CIERA_HD inline void normalise_frequencies(const uint64_t* count, uint64_t total
       const uint32_t f = freq[s];
       if (!grow && f <= 1) continue;
       // Change in coded bits (Q16): c * (log2 f_old - log2 f_new).
-      const int64_t delta = grow ? -static_cast<int64_t>(c * (log2q16[f + 1] - log2q16[f]))
-                                 : static_cast<int64_t>(c * (log2q16[f] - log2q16[f - 1]));
+      const int64_t delta = grow ? -static_cast<int64_t>(c * (log2_q16_of(f + 1) - log2_q16_of(f)))
+                                 : static_cast<int64_t>(c * (log2_q16_of(f) - log2_q16_of(f - 1)));
       if (best < 0 || delta < best_delta) {
         best = static_cast<int>(s);
         best_delta = delta;

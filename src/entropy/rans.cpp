@@ -15,7 +15,7 @@ namespace ciera::entropy {
 RansModel RansModel::from_histogram(const Histogram& hist) {
   assert(hist.total > 0);
   RansModel m;
-  normalise_frequencies(hist.count.data(), hist.total, kLog2Table.q16.data(), m.freq.data(),
+  normalise_frequencies(hist.count.data(), hist.total, m.freq.data(),
                         &m.first, &m.last);
   uint32_t cumulative = 0;
   for (unsigned s = 0; s < 256; ++s) {
@@ -28,7 +28,7 @@ RansModel RansModel::from_histogram(const Histogram& hist) {
 uint64_t RansModel::cost_q16(const Histogram& hist) const {
   uint64_t cost = 0;
   for (unsigned s = 0; s < 256; ++s) {
-    if (hist.count[s] != 0) cost += rans_cost_q16(hist.count[s], freq[s], kLog2Table.q16.data());
+    if (hist.count[s] != 0) cost += rans_cost_q16(hist.count[s], freq[s]);
   }
   return cost;
 }

@@ -64,7 +64,7 @@ CIERA_HD inline void plan_writer(WriterPlan* w) {
     return;
   }
   if (w->total == 0) return;
-  normalise_frequencies(w->count, w->total, kLog2Table.q16.data(), w->freq, &w->first, &w->last);
+  normalise_frequencies(w->count, w->total, w->freq, &w->first, &w->last);
   uint32_t cumulative = 0;
   uint64_t cost = 0;
   w->table_bytes = 2;
@@ -72,7 +72,7 @@ CIERA_HD inline void plan_writer(WriterPlan* w) {
     w->start[s] = static_cast<uint16_t>(cumulative);
     cumulative += w->freq[s];
     if (w->freq[s] != 0) w->syms[s] = rans_enc_symbol_of(w->freq[s], w->start[s]);
-    if (w->count[s] != 0) cost += rans_cost_q16(w->count[s], w->freq[s], kLog2Table.q16.data());
+    if (w->count[s] != 0) cost += rans_cost_q16(w->count[s], w->freq[s]);
   }
   for (unsigned s = w->first; s <= w->last; ++s) w->table_bytes += w->freq[s] >= 128 ? 2 : 1;
   w->segments = rans_segment_count(w->total);

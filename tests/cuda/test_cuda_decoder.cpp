@@ -54,7 +54,7 @@ void run(DType dtype, uint32_t block, size_t n, ExponentCoding coding, int steps
   config.block_values = block;
   config.coding = coding;
   config.warmup_steps = 2;
-  ShardEncoder encoder(config, n, {5, 77});
+  ciera::ShardEncoder encoder(config, n, {5, 77});
   ciera::ShardDecoder cpu(config, n, {5, 77});
   ShardDecoder gpu(config, n, {5, 77});
   Trajectory trajectory(dtype, n, Pattern::kSparse, n + block);

@@ -1,0 +1,97 @@
+// The GPU encoder's steps (codec/device_encode.hpp) run on the host, one index at a time: the same
+// functions the CUDA kernels run, so tests hold the device encoder's payloads to the CPU
+// encoder's byte for byte on any machine. Not a production encoder (sequential and slow).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "codec/device_encode.hpp"
+#include "format/xxh3.hpp"
+
+namespace ciera::codec::device {
+
+class EmulatedEncoder {
+ public:
+  EmulatedEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity = {})
+      : config_(make_encode_config(config, num_values)),
+        warmup_(config.warmup_steps),
+        stream_(identity.stream),
+        epoch_(identity.epoch),
+        sent_(num_values), exps_(num_values), block_symbols_(num_values),
+        changes_in_block_(config_.blocks + 1), change_base_(config_.blocks + 1),
+        block_rank_(config_.blocks + 1), block_at_(config_.blocks + 1),
+        positions_(num_values + 1), steps_(num_values + 1), count_symbols_(config_.blocks + 1),
+        change_symbols_(num_values + 1), escape_symbols_(num_values + 1),
+        extra_((11 * (config_.blocks + num_values) + 7) / 8 + 8),
+        scratch_((entropy::rans_segment_count(num_values) + 1) * entropy::device::kSegmentScratch),
+        seg_bytes_(entropy::rans_segment_count(num_values) + 2),
+        seg_offsets_(entropy::rans_segment_count(num_values) + 2),
+        digests_(num_values * config_.value_bytes / format::kChecksumChunkBytes + 2),
+        digest_bytes_(8 * digests_.size()),
+        plan_(std::make_unique<EncodePlan>()) {}
+
+  // Encodes `shard` into `payload` (max_payload_bytes); returns the payload's length.
+  uint64_t encode(std::span<const uint8_t> shard, std::span<uint8_t> payload) {
+    const bool key = frames_ == 0 || key_requested_ || frames_ < warmup_;
+    set_frame(config_, key, stream_, epoch_, sequence_);
+    EncodeBuffers b;
+    b.values = shard.data();
+    b.payload = payload.data();
+    b.sent = sent_.data();
+    b.exps = exps_.data();
+    b.block_symbols = block_symbols_.data();
+    b.changes_in_block = changes_in_block_.data();
+    b.change_base = change_base_.data();
+    b.block_rank = block_rank_.data();
+    b.block_at = block_at_.data();
+    b.positions = positions_.data();
+    b.steps = steps_.data();
+    b.count_symbols = count_symbols_.data();
+    b.change_symbols = change_symbols_.data();
+    b.escape_symbols = escape_symbols_.data();
+    b.extra = extra_.data();
+    b.scratch = scratch_.data();
+    b.seg_bytes = seg_bytes_.data();
+    b.seg_offsets = seg_offsets_.data();
+    b.digests = digests_.data();
+    b.digest_bytes = digest_bytes_.data();
+    b.plan = plan_.get();
+    b.secret = format::xxh3::default_secret();
+    encode_frame([](uint64_t n, auto f) {
+      for (uint64_t i = 0; i < n; ++i) f(i);
+    }, b, config_);
+    ++sequence_;
+    ++frames_;
+    key_requested_ = false;
+    return plan_->payload_bytes;
+  }
+
+  void request_key_frame() {
+    ++epoch_;
+    key_requested_ = true;
+  }
+  const EncodePlan& plan() const { return *plan_; }
+
+ private:
+  EncodeConfig config_;
+  uint32_t warmup_;
+  uint32_t stream_;
+  uint32_t epoch_;
+  uint64_t sequence_ = 0;
+  uint64_t frames_ = 0;
+  bool key_requested_ = false;
+  std::vector<uint8_t> sent_, exps_, block_symbols_;
+  std::vector<uint32_t> changes_in_block_;
+  std::vector<uint64_t> change_base_, block_rank_, block_at_;
+  std::vector<uint16_t> positions_;
+  std::vector<uint8_t> steps_, count_symbols_, change_symbols_, escape_symbols_, extra_, scratch_;
+  std::vector<uint64_t> seg_bytes_, seg_offsets_, digests_;
+  std::vector<uint8_t> digest_bytes_;
+  std::unique_ptr<EncodePlan> plan_;
+};
+
+}  // namespace ciera::codec::device

@@ -1,0 +1,123 @@
+// The device ShardEncoder (include/ciera/cuda.hpp): codec/device_encode.hpp's steps, each a kernel
+// on the caller's stream. The steps are the functions the host emulation runs in the tests
+// (tests/test_device_encoder.cpp holds its payloads to the CPU encoder's byte for byte); this file
+// only places them in device memory and launches them.
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "ciera/cuda.hpp"
+#include "codec/device_encode.hpp"
+#include "entropy/stream_writer_hd.hpp"
+#include "format/xxh3.hpp"
+#include "launch.cuh"
+
+namespace ciera::cuda {
+using detail::check_cuda;
+using detail::DeviceMemory;
+using detail::Launch;
+
+struct ShardEncoder::Impl {
+  Impl(const CodecConfig& config, uint64_t n, StreamIdentity id)
+      : c(codec::device::make_encode_config(config, n)),
+        warmup(config.warmup_steps),
+        stream(id.stream),
+        epoch(id.epoch),
+        sent(n), exps(n), block_symbols(n),
+        changes_in_block(4 * (c.blocks + 1)), change_base(8 * (c.blocks + 1)),
+        block_rank(8 * (c.blocks + 1)), block_at(8 * (c.blocks + 1)),
+        positions(2 * (n + 1)), steps(n + 1), count_symbols(c.blocks + 1), change_symbols(n + 1),
+        escape_symbols(n + 1), extra((11 * (c.blocks + n) + 7) / 8 + 8),
+        scratch((entropy::rans_segment_count(n) + 1) * entropy::device::kSegmentScratch),
+        seg_bytes(8 * (entropy::rans_segment_count(n) + 2)),
+        seg_offsets(8 * (entropy::rans_segment_count(n) + 2)),
+        digests(8 * (n * c.value_bytes / format::kChecksumChunkBytes + 2)),
+        digest_bytes(8 * (n * c.value_bytes / format::kChecksumChunkBytes + 2)),
+        plan(sizeof(codec::device::EncodePlan)),
+        secret(format::xxh3::kSecretBytes) {
+    check_cuda(cudaMemcpy(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
+                          cudaMemcpyHostToDevice), "secret");
+    check_cuda(cudaMallocHost(&length, sizeof *length), "cudaMallocHost");
+    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
+  }
+  ~Impl() {
+    cudaFreeHost(length);
+    cudaEventDestroy(done);
+  }
+
+  codec::device::EncodeConfig c;
+  uint32_t warmup;
+  uint32_t stream;
+  uint32_t epoch;
+  uint64_t sequence = 0;
+  uint64_t frames = 0;
+  bool key_requested = false;
+  DeviceMemory sent, exps, block_symbols, changes_in_block, change_base, block_rank, block_at,
+      positions, steps, count_symbols, change_symbols, escape_symbols, extra, scratch, seg_bytes,
+      seg_offsets, digests, digest_bytes, plan, secret;
+  uint64_t* length = nullptr;  // pinned: the last payload's length
+  cudaEvent_t done = nullptr;
+};
+
+ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity)
+    : impl_(std::make_unique<Impl>(config, num_values, identity)) {}
+ShardEncoder::~ShardEncoder() = default;
+ShardEncoder::ShardEncoder(ShardEncoder&&) noexcept = default;
+ShardEncoder& ShardEncoder::operator=(ShardEncoder&&) noexcept = default;
+
+void ShardEncoder::encode(const void* shard, void* payload, uint64_t* payload_bytes, Stream s) {
+  Impl& m = *impl_;
+  const bool key = m.frames == 0 || m.key_requested || m.frames < m.warmup;
+  codec::device::set_frame(m.c, key, m.stream, m.epoch, m.sequence);
+  codec::device::EncodeBuffers b;
+  b.values = static_cast<const uint8_t*>(shard);
+  b.payload = static_cast<uint8_t*>(payload);
+  b.sent = m.sent.as<uint8_t>();
+  b.exps = m.exps.as<uint8_t>();
+  b.block_symbols = m.block_symbols.as<uint8_t>();
+  b.changes_in_block = m.changes_in_block.as<uint32_t>();
+  b.change_base = m.change_base.as<uint64_t>();
+  b.block_rank = m.block_rank.as<uint64_t>();
+  b.block_at = m.block_at.as<uint64_t>();
+  b.positions = m.positions.as<uint16_t>();
+  b.steps = m.steps.as<uint8_t>();
+  b.count_symbols = m.count_symbols.as<uint8_t>();
+  b.change_symbols = m.change_symbols.as<uint8_t>();
+  b.escape_symbols = m.escape_symbols.as<uint8_t>();
+  b.extra = m.extra.as<uint8_t>();
+  b.scratch = m.scratch.as<uint8_t>();
+  b.seg_bytes = m.seg_bytes.as<uint64_t>();
+  b.seg_offsets = m.seg_offsets.as<uint64_t>();
+  b.digests = m.digests.as<uint64_t>();
+  b.digest_bytes = m.digest_bytes.as<uint8_t>();
+  b.plan = m.plan.as<codec::device::EncodePlan>();
+  b.secret = m.secret.as<uint8_t>();
+  codec::device::encode_frame(Launch{s}, b, m.c);
+  const auto* length_on_device = reinterpret_cast<const uint8_t*>(m.plan.p) +
+                                 offsetof(codec::device::EncodePlan, payload_bytes);
+  check_cuda(cudaMemcpyAsync(payload_bytes, length_on_device, sizeof(uint64_t), cudaMemcpyDeviceToDevice, s),
+             "payload length");
+  check_cuda(cudaMemcpyAsync(m.length, length_on_device, sizeof(uint64_t), cudaMemcpyDeviceToHost, s),
+             "payload length");
+  check_cuda(cudaEventRecord(m.done, s), "event record");
+  ++m.sequence;
+  ++m.frames;
+  m.key_requested = false;
+}
+
+uint64_t ShardEncoder::payload_bytes() {
+  check_cuda(cudaEventSynchronize(impl_->done), "encode");
+  return *impl_->length;
+}
+
+void ShardEncoder::request_key_frame() {
+  ++impl_->epoch;
+  impl_->key_requested = true;
+}
+
+uint64_t ShardEncoder::num_values() const { return impl_->c.num_values; }
+size_t ShardEncoder::max_payload_bytes() const { return impl_->c.capacity; }
+uint32_t ShardEncoder::epoch() const { return impl_->epoch; }
+uint64_t ShardEncoder::next_sequence() const { return impl_->sequence; }
+
+}  // namespace ciera::cuda

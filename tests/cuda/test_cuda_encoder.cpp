@@ -1,0 +1,114 @@
+// The device ShardEncoder against the CPU encoder, on a device: for every dtype, block sizes
+// 64/512/4096, sizes 0, 1, odd and 16M and every coding mode, each payload is the CPU encoder's
+// byte for byte, and it decodes on the CPU decoder and on the device decoder (GPU -> CPU and
+// GPU -> GPU interop; CPU -> GPU is test_cuda_decoder.cpp). Skipped without a usable device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "ciera/codec.hpp"
+#include "ciera/cuda.hpp"
+#include "ciera/error.hpp"
+#include "test_util.hpp"
+
+namespace ciera::cuda {
+namespace {
+
+using ciera::testing::Pattern;
+using ciera::testing::Trajectory;
+
+#define SKIP_WITHOUT_DEVICE()                          \
+  do {                                                 \
+    std::string why;                                   \
+    if (!device_available(&why)) GTEST_SKIP() << why;  \
+  } while (0)
+
+struct Device {
+  explicit Device(size_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes == 0 ? 1 : bytes), cudaSuccess); }
+  ~Device() { cudaFree(p); }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  void put(const void* host, size_t bytes) {
+    if (bytes) {
+      EXPECT_EQ(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  std::vector<std::byte> get(size_t bytes) const {
+    std::vector<std::byte> v(bytes);
+    if (bytes) {
+      EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return v;
+  }
+  void* p = nullptr;
+};
+
+void run(DType dtype, uint32_t block, size_t n, ExponentCoding coding, int steps) {
+  SCOPED_TRACE(std::string(dtype_name(dtype)) + " B " + std::to_string(block) + " n " +
+               std::to_string(n) + " " + std::string(exponent_coding_name(coding)));
+  CodecConfig config;
+  config.dtype = dtype;
+  config.block_values = block;
+  config.coding = coding;
+  config.warmup_steps = 2;
+  ciera::ShardEncoder cpu(config, n, {9, 3});
+  ShardEncoder gpu(config, n, {9, 3});
+  ciera::ShardDecoder cpu_decoder(config, n, {9, 3});
+  ShardDecoder gpu_decoder(config, n, {9, 3});
+  Trajectory trajectory(dtype, n, Pattern::kSparse, n + block);
+  const size_t bytes = n * dtype_info(dtype).value_bytes;
+  std::vector<std::byte> expected(cpu.max_payload_bytes()), decoded(bytes);
+  ASSERT_EQ(gpu.max_payload_bytes(), cpu.max_payload_bytes());
+  Device d_shard(bytes), d_payload(gpu.max_payload_bytes()), d_length(8), d_out(bytes);
+  for (int step = 0; step < steps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    if (step > 0) trajectory.step();
+    if (step == steps - 2) {
+      cpu.request_key_frame();
+      gpu.request_key_frame();
+      cpu_decoder.request_resync();
+      gpu_decoder.request_resync(nullptr);
+    }
+    const size_t size = cpu.encode(trajectory.span(), expected).payload_bytes;
+    d_shard.put(trajectory.values().data(), bytes);
+    gpu.encode(d_shard.p, d_payload.p, static_cast<uint64_t*>(d_length.p), nullptr);
+    ASSERT_EQ(gpu.payload_bytes(), size);
+    const auto payload = d_payload.get(size);
+    ASSERT_TRUE(std::equal(payload.begin(), payload.end(), expected.begin())) << "payloads differ";
+    cpu_decoder.decode(payload, decoded);
+    ASSERT_EQ(decoded, trajectory.values());
+    gpu_decoder.decode(d_payload.p, size, d_out.p, nullptr);
+    ASSERT_NO_THROW(gpu_decoder.check());
+    ASSERT_EQ(d_out.get(bytes), trajectory.values());
+  }
+}
+
+TEST(CudaEncoder, WritesTheCpuPayloadsForEveryDtypeBlockSizeAndCoding) {
+  SKIP_WITHOUT_DEVICE();
+  for (const DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    for (const uint32_t block : {64u, 512u, 4096u}) {
+      for (const size_t n : {size_t{0}, size_t{1}, size_t{12345}}) {
+        for (const ExponentCoding coding : {ExponentCoding::kAuto, ExponentCoding::kBlock, ExponentCoding::kFine}) {
+          run(dtype, block, n, coding, 7);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaEncoder, A16MValueShard) {
+  SKIP_WITHOUT_DEVICE();
+  run(DType::kBF16, 512, size_t{1} << 24, ExponentCoding::kAuto, 5);
+}
+
+TEST(CudaEncoder, HashDetectionIsRefusedByName) {
+  SKIP_WITHOUT_DEVICE();
+  CodecConfig config;
+  config.detection = ChangeDetection::kHash;
+  EXPECT_THROW(ShardEncoder(config, 100), ConfigError);
+}
+
+}  // namespace
+}  // namespace ciera::cuda
