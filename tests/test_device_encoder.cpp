@@ -23,7 +23,8 @@ using testing::Trajectory;
 // Frames of each exponent section kind the runs compared (full, unchanged, block, fine).
 int g_sections[4] = {};
 
-void run(DType dtype, uint32_t block, size_t n, Pattern pattern, ExponentCoding coding, uint64_t seed) {
+void run(DType dtype, uint32_t block, size_t n, Pattern pattern, ExponentCoding coding, uint64_t seed,
+         ChangeDetection detection = ChangeDetection::kExact, uint32_t hash_bits = 128) {
   SCOPED_TRACE(std::string(dtype_name(dtype)) + " B " + std::to_string(block) + " n " + std::to_string(n) +
                " pattern " + std::to_string(static_cast<int>(pattern)) + " " +
                std::string(exponent_coding_name(coding)));
@@ -31,6 +32,8 @@ void run(DType dtype, uint32_t block, size_t n, Pattern pattern, ExponentCoding 
   config.dtype = dtype;
   config.block_values = block;
   config.coding = coding;
+  config.detection = detection;
+  config.hash_bits = hash_bits;
   config.warmup_steps = 2;
   const StreamIdentity id{11, 500};
   ShardEncoder cpu(config, n, id);
@@ -67,6 +70,7 @@ TEST(DeviceEncoder, EmulatedStepsWriteTheCpuPayloadsByteForByte) {
           for (const ExponentCoding coding : {ExponentCoding::kAuto, ExponentCoding::kBlock, ExponentCoding::kFine}) {
             run(dtype, block, n, pattern, coding, seed++);
           }
+          run(dtype, block, n, pattern, ExponentCoding::kAuto, seed++, ChangeDetection::kHash);
         }
       }
     }
@@ -82,10 +86,11 @@ TEST(DeviceEncoder, LargeShardsWithSeveralRansSegments) {
   run(DType::kFP16, 64, 70000, Pattern::kRandom, ExponentCoding::kAuto, 8);
 }
 
-TEST(DeviceEncoder, HashDetectionIsRefusedByName) {
-  CodecConfig config;
-  config.detection = ChangeDetection::kHash;
-  EXPECT_THROW(EmulatedEncoder(config, 100), ConfigError);
+// With few hash bits, blocks collide and changed blocks are sent as unchanged (the reliability
+// suite's hook): the GPU must make the very same mistake, byte for byte.
+TEST(DeviceEncoder, HashCollisionsAreTheCpuEncodersToo) {
+  run(DType::kBF16, 64, 20000, Pattern::kRandom, ExponentCoding::kAuto, 9, ChangeDetection::kHash, 3);
+  run(DType::kFP16, 512, 20000, Pattern::kSparse, ExponentCoding::kAuto, 10, ChangeDetection::kHash, 70);
 }
 
 }  // namespace

@@ -35,6 +35,19 @@ TEST(Xxh3, EqualsLibxxhashOnEveryLengthPath) {
   }
 }
 
+TEST(Xxh3, Hash128EqualsLibxxhashOnEveryLengthPath) {
+  const auto data = random_bytes(9000, 2);
+  const uint8_t* secret = xxh3::default_secret();
+  for (size_t n = 0; n <= 4200; n += n < 300 ? 1 : 7) {
+    const xxh3::Hash128 h = xxh3::hash128(data.data(), n, secret);
+    const XXH128_hash_t expected = XXH3_128bits(data.data(), n);
+    ASSERT_EQ(h.low, expected.low64) << "length " << n;
+    ASSERT_EQ(h.high, expected.high64) << "length " << n;
+  }
+  const XXH128_hash_t whole = XXH3_128bits(data.data(), data.size());
+  EXPECT_EQ(xxh3::hash128(data.data(), data.size(), secret).high, whole.high64);
+}
+
 TEST(Xxh3, ChunkDigestsCombineToTheContentChecksum) {
   const uint8_t* secret = xxh3::default_secret();
   for (const size_t n : {size_t{0}, size_t{1}, size_t{16384}, size_t{16385}, size_t{100000}}) {

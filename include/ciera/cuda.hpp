@@ -3,8 +3,7 @@
 // Status (issue 15, docs/gpu.md): the device ShardEncoder and ShardDecoder and the building
 // blocks below compute exactly the bytes the CPU codec computes (docs/format.md) from the same
 // functions (CIERA_HD), on caller-owned device buffers and the caller's stream, with no
-// allocation and no host synchronisation inside a call. The encoder supports exact change
-// detection (the default); hash detection stays on the CPU.
+// allocation and no host synchronisation inside a call.
 #pragma once
 
 #include <cstddef>
@@ -59,7 +58,6 @@ void rans_decode(const uint32_t* slots, const uint8_t* segments, const uint64_t*
 // configuration, identity and shard sequence, byte for byte. Memory is allocated once.
 class ShardEncoder {
  public:
-  // Throws ConfigError for hash change detection (not on the GPU yet).
   ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity = {});
   ~ShardEncoder();
   ShardEncoder(ShardEncoder&&) noexcept;

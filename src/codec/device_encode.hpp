@@ -1,8 +1,8 @@
 // The GPU encoder's steps (docs/gpu.md, "The device encoder"), as CIERA_HD functions: the CUDA
 // encoder (src/cuda/encoder.cu) runs each as a kernel, one thread per index, and the host
 // emulation (codec/device_encode_emulation.hpp) runs the same functions in loops, so that tests
-// hold every payload to the CPU encoder's, byte for byte (exact change detection; every dtype,
-// frame kind and exponent coding).
+// hold every payload to the CPU encoder's, byte for byte (every dtype, frame kind, exponent
+// coding and change detection).
 //
 // The host decides what it knows without the device (key or delta frame, epoch, sequence, the
 // plane's offset); every choice that depends on the data is made on the device by the CPU
@@ -31,7 +31,9 @@ struct EncodeConfig {
   uint8_t exponent_bits = 8;
   uint8_t value_bytes = 2;
   uint8_t checksum = 1;
-  uint8_t coding = 0;  // ExponentCoding
+  uint8_t coding = 0;  // ExponentCoding (block whenever detection is by hash, as on the CPU)
+  uint8_t hash = 0;    // hash change detection (XXH3-128 per block) instead of exact
+  uint32_t hash_bits = 128;
   uint32_t block_values = 512;
   uint64_t num_values = 0;
   uint64_t blocks = 0;
@@ -69,6 +71,7 @@ struct EncodeBuffers {
   const uint8_t* values = nullptr;  // the shard
   uint8_t* payload = nullptr;
   uint8_t* sent = nullptr;             // N: the exponents the receivers hold (exact detection)
+  uint64_t* sent_hashes = nullptr;     // 2 per block: their blocks' hashes (hash detection)
   uint8_t* exps = nullptr;             // N: this frame's exponents
   uint8_t* block_symbols = nullptr;    // N: the changed blocks' exponents, in block order
   uint32_t* changes_in_block = nullptr;  // per block
@@ -173,11 +176,34 @@ CIERA_HD inline void combine_step(const EncodeBuffers& b, const EncodeConfig& c)
       c.checksum ? format::xxh3::combine_digests(b.digests, chunks, b.digest_bytes, b.secret) : 0;
 }
 
-// Delta frames: the changed values of each block (one thread per block).
+// A block's XXH3-128, keeping `bits` of it (common/checksum.hpp, block_hash).
+CIERA_HD inline format::xxh3::Hash128 block_hash_of(const uint8_t* exps, uint64_t length, uint32_t bits,
+                                                     const uint8_t* secret) {
+  format::xxh3::Hash128 h = format::xxh3::hash128(exps, length, secret);
+  if (bits < 128) {
+    if (bits <= 64) {
+      h.high = 0;
+      h.low &= bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+    } else {
+      h.high &= (uint64_t{1} << (bits - 64)) - 1;
+    }
+  }
+  return h;
+}
+
+// The changed values of each block (exact), or whether its hash changed (hash; then also every
+// block of a key frame, whose hashes the next frames compare with). One thread per block.
 CIERA_HD inline void count_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t block) {
-  if (c.key || block >= c.blocks) return;
+  if (block >= c.blocks || (c.key && !c.hash)) return;
   const uint64_t first = block * c.block_values;
   const uint64_t length = block_length(c, block);
+  if (c.hash) {
+    const format::xxh3::Hash128 h = block_hash_of(b.exps + first, length, c.hash_bits, b.secret);
+    b.changes_in_block[block] = h.low != b.sent_hashes[2 * block] || h.high != b.sent_hashes[2 * block + 1];
+    b.sent_hashes[2 * block] = h.low;
+    b.sent_hashes[2 * block + 1] = h.high;
+    return;
+  }
   uint32_t m = 0;
   for (uint64_t j = 0; j < length; ++j) m += b.exps[first + j] != b.sent[first + j];
   b.changes_in_block[block] = m;
@@ -474,7 +500,7 @@ CIERA_HD inline void section_step(const EncodeBuffers& b, const EncodeConfig& c)
 
 // The receivers' exponents after this frame (exact detection): one thread per value.
 CIERA_HD inline void remember_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t i) {
-  if (i < c.num_values) b.sent[i] = b.exps[i];
+  if (!c.hash && i < c.num_values) b.sent[i] = b.exps[i];
 }
 
 // 1 thread: the header (docs/format.md, "Header"), with its checksum; the payload's length.
@@ -531,6 +557,7 @@ void encode_frame(Launch&& launch, const EncodeBuffers& b, const EncodeConfig& c
   launch(chunks, [=] CIERA_HD(uint64_t k) { digest_step(b, c, k); });
   launch(1, [=] CIERA_HD(uint64_t) { combine_step(b, c); });
   if (c.key) {
+    launch(c.blocks, [=] CIERA_HD(uint64_t k) { count_step(b, c, k); });  // hash detection only
     write_stream(launch, b, c, kFullStream, n);
   } else {
     launch(c.blocks, [=] CIERA_HD(uint64_t k) { count_step(b, c, k); });
@@ -562,8 +589,7 @@ void encode_frame(Launch&& launch, const EncodeBuffers& b, const EncodeConfig& c
   launch(1, [=] CIERA_HD(uint64_t) { header_step(b, c); });
 }
 
-// The configuration as the steps see it; throws ConfigError for what the GPU encoder does not
-// support yet (hash change detection).
+// The configuration as the steps see it.
 EncodeConfig make_encode_config(const CodecConfig& config, uint64_t num_values);
 // This frame's fields of `c`: kind, stream position and the plane's offset.
 void set_frame(EncodeConfig& c, bool key, uint32_t stream, uint32_t epoch, uint64_t sequence);

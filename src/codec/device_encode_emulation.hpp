@@ -22,6 +22,7 @@ class EmulatedEncoder {
         stream_(identity.stream),
         epoch_(identity.epoch),
         sent_(num_values), exps_(num_values), block_symbols_(num_values),
+        sent_hashes_(2 * (config_.blocks + 1)),
         changes_in_block_(config_.blocks + 1), change_base_(config_.blocks + 1),
         block_rank_(config_.blocks + 1), block_at_(config_.blocks + 1),
         positions_(num_values + 1), steps_(num_values + 1), count_symbols_(config_.blocks + 1),
@@ -42,6 +43,7 @@ class EmulatedEncoder {
     b.values = shard.data();
     b.payload = payload.data();
     b.sent = sent_.data();
+    b.sent_hashes = sent_hashes_.data();
     b.exps = exps_.data();
     b.block_symbols = block_symbols_.data();
     b.changes_in_block = changes_in_block_.data();
@@ -85,6 +87,7 @@ class EmulatedEncoder {
   uint64_t frames_ = 0;
   bool key_requested_ = false;
   std::vector<uint8_t> sent_, exps_, block_symbols_;
+  std::vector<uint64_t> sent_hashes_;
   std::vector<uint32_t> changes_in_block_;
   std::vector<uint64_t> change_base_, block_rank_, block_at_;
   std::vector<uint16_t> positions_;

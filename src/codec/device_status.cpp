@@ -31,17 +31,16 @@ DecodeConfig make_decode_config(const CodecConfig& config, uint64_t num_values) 
 
 EncodeConfig make_encode_config(const CodecConfig& config, uint64_t num_values) {
   config.validate();
-  if (config.detection != ChangeDetection::kExact) {
-    throw ConfigError("the GPU encoder supports exact change detection only (detection=exact); "
-                      "hash detection runs on the CPU encoder");
-  }
   const DTypeInfo info = dtype_info(config.dtype);
   EncodeConfig c;
   c.dtype = static_cast<uint8_t>(config.dtype);
   c.exponent_bits = static_cast<uint8_t>(info.exponent_bits);
   c.value_bytes = static_cast<uint8_t>(info.value_bytes);
   c.checksum = config.content_checksum ? 1 : 0;
-  c.coding = static_cast<uint8_t>(config.coding);
+  c.hash = config.detection == ChangeDetection::kHash ? 1 : 0;
+  c.hash_bits = config.hash_bits;
+  // Hash detection knows changed blocks, not changed values: block coding (as encoder.cpp).
+  c.coding = static_cast<uint8_t>(c.hash ? ExponentCoding::kBlock : config.coding);
   c.block_values = config.block_values;
   c.num_values = num_values;
   c.blocks = wire::block_count(num_values, config.block_values);

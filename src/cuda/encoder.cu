@@ -23,7 +23,7 @@ struct ShardEncoder::Impl {
         warmup(config.warmup_steps),
         stream(id.stream),
         epoch(id.epoch),
-        sent(n), exps(n), block_symbols(n),
+        sent(n), exps(n), block_symbols(n), sent_hashes(16 * (c.blocks + 1)),
         changes_in_block(4 * (c.blocks + 1)), change_base(8 * (c.blocks + 1)),
         block_rank(8 * (c.blocks + 1)), block_at(8 * (c.blocks + 1)),
         positions(2 * (n + 1)), steps(n + 1), count_symbols(c.blocks + 1), change_symbols(n + 1),
@@ -52,7 +52,7 @@ struct ShardEncoder::Impl {
   uint64_t sequence = 0;
   uint64_t frames = 0;
   bool key_requested = false;
-  DeviceMemory sent, exps, block_symbols, changes_in_block, change_base, block_rank, block_at,
+  DeviceMemory sent, exps, block_symbols, sent_hashes, changes_in_block, change_base, block_rank, block_at,
       positions, steps, count_symbols, change_symbols, escape_symbols, extra, scratch, seg_bytes,
       seg_offsets, digests, digest_bytes, plan, secret;
   uint64_t* length = nullptr;  // pinned: the last payload's length
@@ -73,6 +73,7 @@ void ShardEncoder::encode(const void* shard, void* payload, uint64_t* payload_by
   b.values = static_cast<const uint8_t*>(shard);
   b.payload = static_cast<uint8_t*>(payload);
   b.sent = m.sent.as<uint8_t>();
+  b.sent_hashes = m.sent_hashes.as<uint64_t>();
   b.exps = m.exps.as<uint8_t>();
   b.block_symbols = m.block_symbols.as<uint8_t>();
   b.changes_in_block = m.changes_in_block.as<uint32_t>();

@@ -174,6 +174,128 @@ CIERA_HD inline uint64_t hash64(const uint8_t* in, size_t len, const uint8_t* se
   return hash_long(in, len, secret);
 }
 
+// XXH3_128bits(in, len) with the default secret: the block hashes of hash change detection
+// (common/checksum.hpp's block_hash on the CPU). Low and high halves.
+struct Hash128 {
+  uint64_t low = 0;
+  uint64_t high = 0;
+};
+
+CIERA_HD inline uint32_t swap32(uint32_t x) {
+  return (x >> 24) | ((x >> 8) & 0xFF00u) | ((x << 8) & 0xFF0000u) | (x << 24);
+}
+CIERA_HD inline Hash128 mul128(uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH__)
+  return {a * b, __umul64hi(a, b)};
+#else
+  const unsigned __int128 p = static_cast<unsigned __int128>(a) * b;
+  return {static_cast<uint64_t>(p), static_cast<uint64_t>(p >> 64)};
+#endif
+}
+CIERA_HD inline Hash128 mix32(Hash128 acc, const uint8_t* in1, const uint8_t* in2, const uint8_t* secret) {
+  acc.low += mix16(in1, secret);
+  acc.low ^= read64(in2) + read64(in2 + 8);
+  acc.high += mix16(in2, secret + 16);
+  acc.high ^= read64(in1) + read64(in1 + 8);
+  return acc;
+}
+CIERA_HD inline Hash128 finish128(Hash128 acc, uint64_t len) {
+  Hash128 h;
+  h.low = avalanche(acc.low + acc.high);
+  h.high = 0 - avalanche(acc.low * kPrime64_1 + acc.high * kPrime64_4 + len * kPrime64_2);
+  return h;
+}
+
+CIERA_HD inline Hash128 hash128(const uint8_t* in, size_t len, const uint8_t* secret) {
+  if (len == 0) {
+    return {xxh64_avalanche(read64(secret + 64) ^ read64(secret + 72)),
+            xxh64_avalanche(read64(secret + 80) ^ read64(secret + 88))};
+  }
+  if (len <= 3) {
+    const uint32_t combined_low = uint32_t{in[0]} << 16 | uint32_t{in[len >> 1]} << 24 |
+                                  uint32_t{in[len - 1]} | static_cast<uint32_t>(len) << 8;
+    const uint32_t swapped = swap32(combined_low);
+    const uint32_t combined_high = swapped << 13 | swapped >> 19;
+    const uint64_t flip_low = read32(secret) ^ read32(secret + 4);
+    const uint64_t flip_high = read32(secret + 8) ^ read32(secret + 12);
+    return {xxh64_avalanche(uint64_t{combined_low} ^ flip_low),
+            xxh64_avalanche(uint64_t{combined_high} ^ flip_high)};
+  }
+  if (len <= 8) {
+    const uint64_t value = read32(in) + (uint64_t{read32(in + len - 4)} << 32);
+    const uint64_t keyed = value ^ (read64(secret + 16) ^ read64(secret + 24));
+    Hash128 m = mul128(keyed, kPrime64_1 + (uint64_t{len} << 2));
+    m.high += m.low << 1;
+    m.low ^= m.high >> 3;
+    m.low ^= m.low >> 35;
+    m.low *= kPrimeMx2;
+    m.low ^= m.low >> 28;
+    m.high = avalanche(m.high);
+    return m;
+  }
+  if (len <= 16) {
+    const uint64_t flip_low = read64(secret + 32) ^ read64(secret + 40);
+    const uint64_t flip_high = read64(secret + 48) ^ read64(secret + 56);
+    const uint64_t in_low = read64(in);
+    uint64_t in_high = read64(in + len - 8);
+    Hash128 m = mul128(in_low ^ in_high ^ flip_low, kPrime64_1);
+    m.low += uint64_t{len - 1} << 54;
+    in_high ^= flip_high;
+    m.high += in_high + (in_high & 0xFFFFFFFFu) * (kPrime32_2 - 1);
+    m.low ^= swap64(m.high);
+    Hash128 h = mul128(m.low, kPrime64_2);
+    h.high += m.high * kPrime64_2;
+    return {avalanche(h.low), avalanche(h.high)};
+  }
+  if (len <= 128) {
+    Hash128 acc{len * kPrime64_1, 0};
+    if (len > 32) {
+      if (len > 64) {
+        if (len > 96) acc = mix32(acc, in + 48, in + len - 64, secret + 96);
+        acc = mix32(acc, in + 32, in + len - 48, secret + 64);
+      }
+      acc = mix32(acc, in + 16, in + len - 32, secret + 32);
+    }
+    acc = mix32(acc, in, in + len - 16, secret);
+    return finish128(acc, len);
+  }
+  if (len <= 240) {
+    Hash128 acc{len * kPrime64_1, 0};
+    for (size_t i = 0; i < 4; ++i) acc = mix32(acc, in + 32 * i, in + 32 * i + 16, secret + 32 * i);
+    acc.low = avalanche(acc.low);
+    acc.high = avalanche(acc.high);
+    for (size_t i = 4; i < len / 32; ++i) {
+      acc = mix32(acc, in + 32 * i, in + 32 * i + 16, secret + 3 + 32 * (i - 4));
+    }
+    acc = mix32(acc, in + len - 16, in + len - 32, secret + 136 - 17 - 16);
+    return finish128(acc, len);
+  }
+  Accumulators a;
+  const size_t blocks = (len - 1) / kBlockBytes;
+  for (size_t b = 0; b < blocks; ++b) {
+    for (size_t s = 0; s < kStripesPerBlock; ++s) {
+      accumulate_stripe(a.acc, in + b * kBlockBytes + s * kStripeBytes, secret + 8 * s);
+    }
+    scramble(a.acc, secret);
+  }
+  const size_t stripes = ((len - 1) - kBlockBytes * blocks) / kStripeBytes;
+  for (size_t s = 0; s < stripes; ++s) {
+    accumulate_stripe(a.acc, in + blocks * kBlockBytes + s * kStripeBytes, secret + 8 * s);
+  }
+  accumulate_stripe(a.acc, in + len - kStripeBytes, secret + kSecretBytes - kStripeBytes - 7);
+  Hash128 h;
+  h.low = merge(a.acc, secret, len);
+  // merge() adds len * kPrime64_1 at secret + 11; the high half starts from ~(len * kPrime64_2)
+  // at secret + kSecretBytes - 64 - 11.
+  uint64_t result = ~(len * kPrime64_2);
+  const uint8_t* key = secret + kSecretBytes - kStripeBytes - 11;
+  for (int i = 0; i < 4; ++i) {
+    result += mul128_fold64(a.acc[2 * i] ^ read64(key + 16 * i), a.acc[2 * i + 1] ^ read64(key + 16 * i + 8));
+  }
+  h.high = avalanche(result);
+  return h;
+}
+
 // The content checksum (docs/format.md, "Integrity") of the chunk digests `digests` (one per
 // 16 KiB chunk, in order): XXH3-64 of them as little-endian u64s. `scratch` holds 8 * count bytes.
 CIERA_HD inline uint64_t combine_digests(const uint64_t* digests, size_t count, uint8_t* scratch,

@@ -45,13 +45,15 @@ struct Device {
   void* p = nullptr;
 };
 
-void run(DType dtype, uint32_t block, size_t n, ExponentCoding coding, int steps) {
+void run(DType dtype, uint32_t block, size_t n, ExponentCoding coding, int steps,
+         ChangeDetection detection = ChangeDetection::kExact) {
   SCOPED_TRACE(std::string(dtype_name(dtype)) + " B " + std::to_string(block) + " n " +
                std::to_string(n) + " " + std::string(exponent_coding_name(coding)));
   CodecConfig config;
   config.dtype = dtype;
   config.block_values = block;
   config.coding = coding;
+  config.detection = detection;
   config.warmup_steps = 2;
   ciera::ShardEncoder cpu(config, n, {9, 3});
   ShardEncoder gpu(config, n, {9, 3});
@@ -103,11 +105,11 @@ TEST(CudaEncoder, A16MValueShard) {
   run(DType::kBF16, 512, size_t{1} << 24, ExponentCoding::kAuto, 5);
 }
 
-TEST(CudaEncoder, HashDetectionIsRefusedByName) {
+TEST(CudaEncoder, HashDetectionWritesTheCpuPayloads) {
   SKIP_WITHOUT_DEVICE();
-  CodecConfig config;
-  config.detection = ChangeDetection::kHash;
-  EXPECT_THROW(ShardEncoder(config, 100), ConfigError);
+  for (const DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    run(dtype, 512, 12345, ExponentCoding::kAuto, 6, ChangeDetection::kHash);
+  }
 }
 
 }  // namespace
