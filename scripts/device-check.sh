@@ -5,7 +5,9 @@
 #   1. runs the GPU tests (every kernel against the CPU codec's bytes);
 #   2. runs compute-sanitizer (memcheck) on the rANS-decode and checksum tests, where the machine
 #      lets it (on gVisor it refuses the device: the output then says so);
-#   3. runs the benchmark (16M and 256M BF16 values; nvCOMP ANS beside it),
+#   3. runs the benchmark: the device codec on the benchmark trajectory at 16M and 256M BF16 values,
+#      every payload checked equal to the CPU encoder's, beside cudaMemcpy D2D and nvCOMP ANS, and
+#      each kernel on its own,
 # writing logs and JSON to the output folder: its second argument, else $OUT, else
 # build/device-check-out. Prints a short summary last. Meant to finish in under 8 minutes.
 #
@@ -90,7 +92,7 @@ else
 fi
 
 # 3. The benchmark.
-"$build/bench/cuda/ciera_cuda_bench" --json "$out/bench.json" > "$out/bench.log" 2>&1
+"$build/bench/cuda/ciera_cuda_bench" --reps 10 --json "$out/bench.json" > "$out/bench.log" 2>&1
 rc=$?
 if [[ $rc -eq 0 ]]; then
   step benchmark "bench.json"
@@ -106,11 +108,16 @@ if [[ -f $out/bench.json ]]; then
   python3 - "$out/bench.json" <<'PY' || true
 import json, sys
 report = json.load(open(sys.argv[1]))
-print(f"{report['gpu']}: GB/s (x cudaMemcpy D2D of the same bytes)")
+print(f"{report['gpu']}: GB/s of shard bytes (x cudaMemcpy D2D of the same bytes)")
 for size in report["sizes"]:
-    for op in size["ops"]:
-        ratio = f"  ratio {op['ratio']:.3f}" if "ratio" in op else ""
-        print(f"  {size['values']:>10} {op['op']:<42} {op['gb_per_s']:9.1f}  x{op['vs_memcpy_d2d']:.2f}{ratio}")
+    codec = size["codec"]
+    print(f"  {size['values']} values: memcpy D2D {codec['memcpy_d2d_gb_per_s']:.0f} GB/s, "
+          f"key frames {codec['key_frame_bits_per_value']:.3f} bits/value, verified {codec['verified']}")
+    for c in codec["coders"]:
+        print(f"    {c['name']:<42} {c['bits_per_value']:7.3f} b/v  encode {c['encode_gb_per_s']:8.1f}"
+              f" (x{c['encode_vs_memcpy_d2d']:.2f})  decode {c['decode_gb_per_s']:8.1f} (x{c['decode_vs_memcpy_d2d']:.2f})")
+    for k in size["kernels"]:
+        print(f"    kernel {k['op']:<35} {k['gb_per_s']:9.1f}  x{k['vs_memcpy_d2d']:.2f}")
 PY
 fi
 echo "device-check: $((SECONDS - start)) s, output in $out"

@@ -20,6 +20,9 @@
 #include "common/huge_pages.hpp"
 #include "report.hpp"
 #include "trajectory.hpp"
+#if defined(CIERA_WITH_CUDA)
+#include "bench_codec_cuda.hpp"
+#endif
 
 namespace ciera::tools {
 namespace {
@@ -40,6 +43,7 @@ struct Options {
   bool no_compare = false;
   bool json = false;
   bool quiet = false;
+  std::string device = "cpu";
 };
 
 // What to run, checked: a valid codec configuration and a steady state to measure.
@@ -433,8 +437,28 @@ void register_bench_codec(CLI::App& bench, const std::string& command) {
   cmd->add_flag("--no-compare", opts->no_compare, "skip the block/stateless/zstd comparison rows");
   cmd->add_flag("--json", opts->json, "print one JSON object");
   cmd->add_flag("--quiet", opts->quiet, "no progress output");
+  cmd->add_option("--device", opts->device, "cpu | cuda (the GPU codec beside cudaMemcpy and nvCOMP)")
+      ->capture_default_str();
   cmd->callback([opts, command]() {
     const Request request = parse(*opts, command);
+    if (opts->device == "cuda") {
+#if defined(CIERA_WITH_CUDA)
+      DeviceBenchOptions device;
+      device.config = request.config;
+      device.values = request.values;
+      device.steps = opts->steps;
+      device.learning_rate = opts->learning_rate;
+      device.seed = opts->seed;
+      device.sample_every = opts->sample_every;
+      device.json = opts->json;
+      device.quiet = opts->quiet;
+      throw CommandExit(run_bench_codec_cuda(device));
+#else
+      throw ConfigError("--device cuda: this build of ciera has no CUDA codec (build where nvcc is on "
+                        "the PATH, CIERA_CUDA=AUTO or ON)");
+#endif
+    }
+    if (opts->device != "cpu") throw ConfigError("--device must be cpu or cuda, not '" + opts->device + "'");
     throw CommandExit(run(request));
   });
 }

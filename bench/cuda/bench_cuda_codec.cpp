@@ -1,15 +1,14 @@
-// The GPU codec's benchmark (scripts/device-check.sh codec; docs/benchmarks.md): each of the
-// CUDA codec's kernels on BF16 shards of a training-like trajectory, and nvCOMP's ANS (a
-// stateless exponent coder, as the paper uses) on the same shards, each against cudaMemcpy
-// device-to-device of the same bytes in the same run. Throughput = shard bytes / time (median of
-// --reps timed repetitions after a warm-up, CUDA events on one stream).
+// The GPU codec's benchmark (scripts/device-check.sh codec; docs/benchmarks.md), without the
+// command-line tool's dependencies: for BF16 shards of 16M and 256M values, the device codec on
+// the benchmark trajectory (device_codec_bench.hpp: every step checked against the CPU codec;
+// nvCOMP's ANS beside it when built in) and each kernel on its own, each against cudaMemcpy
+// device-to-device of the same bytes in the same run. Throughput = shard bytes / time (median,
+// CUDA events on one stream).
 //
 //   ciera_cuda_bench [--values N[,N...]] [--reps R] [--json FILE]
 //
-// It measures the device ShardDecoder (a key frame, then steady-state delta frames of the
-// trajectory, each a frame the CPU encoder wrote: decode = validation, exponent merge, content
-// checksum and cache commit), the device ShardEncoder on the same shards (each payload checked
-// equal to the CPU encoder's), and the kernels on their own.
+// --reps is the number of steady-state steps of the codec run and of timed repetitions of each
+// kernel (after 3 warmup key frames / one warm-up run).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,15 +24,13 @@
 
 #include "ciera/codec.hpp"
 #include "ciera/cuda.hpp"
+#include "device_codec_bench.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
 #include "entropy/rans.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/planes.hpp"
 
-#if defined(CIERA_WITH_NVCOMP)
-#include <nvcomp/ans.h>
-#endif
 
 namespace {
 
@@ -116,71 +113,6 @@ std::string json_rows(const std::vector<Row>& rows, uint64_t bytes, double memcp
   }
   return s + "\n    ]";
 }
-
-#if defined(CIERA_WITH_NVCOMP)
-// nvCOMP's batched ANS on `bytes` bytes at `data` in 64 KiB chunks: compress and decompress
-// timed, the ratio measured, the round trip checked.
-void nvcomp_ans(const char* name, nvcompType_t type, const void* data, size_t bytes,
-                cudaStream_t stream, int reps, std::vector<Row>& rows) {
-  constexpr size_t kChunk = 64 * 1024;
-  const size_t chunks = (bytes + kChunk - 1) / kChunk;
-  nvcompBatchedANSCompressOpts_t copts = nvcompBatchedANSCompressDefaultOpts;
-  copts.data_type = type;
-  size_t max_out = 0, ctemp = 0, dtemp = 0;
-  if (nvcompBatchedANSCompressGetMaxOutputChunkSize(kChunk, copts, &max_out) != nvcompSuccess ||
-      nvcompBatchedANSCompressGetTempSize(chunks, kChunk, copts, &ctemp, bytes, stream) != nvcompSuccess ||
-      nvcompBatchedANSDecompressGetTempSize(chunks, kChunk, nvcompBatchedANSDecompressDefaultOpts,
-                                            &dtemp, bytes, stream) != nvcompSuccess) {
-    throw std::runtime_error("nvCOMP ANS: size queries failed");
-  }
-  std::vector<void*> in_ptrs(chunks), out_ptrs(chunks), back_ptrs(chunks);
-  std::vector<size_t> in_sizes(chunks);
-  DeviceBuffer out(chunks * max_out), back(bytes), ctmp(ctemp), dtmp(dtemp);
-  for (size_t c = 0; c < chunks; ++c) {
-    in_ptrs[c] = static_cast<uint8_t*>(const_cast<void*>(data)) + c * kChunk;
-    in_sizes[c] = std::min(kChunk, bytes - c * kChunk);
-    out_ptrs[c] = out.as<uint8_t>() + c * max_out;
-    back_ptrs[c] = back.as<uint8_t>() + c * kChunk;
-  }
-  DeviceBuffer d_in(chunks * sizeof(void*)), d_out(chunks * sizeof(void*)), d_back(chunks * sizeof(void*));
-  DeviceBuffer d_in_sizes(chunks * 8), d_out_sizes(chunks * 8), d_back_sizes(chunks * 8),
-      d_status(chunks * sizeof(nvcompStatus_t));
-  check(cudaMemcpy(d_in.p, in_ptrs.data(), chunks * sizeof(void*), cudaMemcpyHostToDevice), "H2D");
-  check(cudaMemcpy(d_out.p, out_ptrs.data(), chunks * sizeof(void*), cudaMemcpyHostToDevice), "H2D");
-  check(cudaMemcpy(d_back.p, back_ptrs.data(), chunks * sizeof(void*), cudaMemcpyHostToDevice), "H2D");
-  check(cudaMemcpy(d_in_sizes.p, in_sizes.data(), chunks * 8, cudaMemcpyHostToDevice), "H2D");
-  const auto compress = [&] {
-    if (nvcompBatchedANSCompressAsync(d_in.as<const void* const>(), d_in_sizes.as<const size_t>(),
-                                      kChunk, chunks, ctmp.p, ctemp, d_out.as<void* const>(),
-                                      d_out_sizes.as<size_t>(), copts,
-                                      d_status.as<nvcompStatus_t>(), stream) != nvcompSuccess) {
-      throw std::runtime_error("nvCOMP ANS compression failed to launch");
-    }
-  };
-  const auto decompress = [&] {
-    if (nvcompBatchedANSDecompressAsync(d_out.as<const void* const>(), d_out_sizes.as<const size_t>(),
-                                        d_in_sizes.as<const size_t>(), d_back_sizes.as<size_t>(),
-                                        chunks, dtmp.p, dtemp, d_back.as<void* const>(),
-                                        nvcompBatchedANSDecompressDefaultOpts,
-                                        d_status.as<nvcompStatus_t>(), stream) != nvcompSuccess) {
-      throw std::runtime_error("nvCOMP ANS decompression failed to launch");
-    }
-  };
-  const double c_s = time_op(compress, stream, reps);
-  std::vector<size_t> out_sizes(chunks);
-  check(cudaMemcpy(out_sizes.data(), d_out_sizes.p, chunks * 8, cudaMemcpyDeviceToHost), "D2H");
-  size_t compressed = 0;
-  for (size_t s : out_sizes) compressed += s;
-  const double d_s = time_op(decompress, stream, reps);
-  std::vector<uint8_t> original(bytes), roundtrip(bytes);
-  check(cudaMemcpy(original.data(), data, bytes, cudaMemcpyDeviceToHost), "D2H");
-  check(cudaMemcpy(roundtrip.data(), back.p, bytes, cudaMemcpyDeviceToHost), "D2H");
-  if (original != roundtrip) throw std::runtime_error(std::string(name) + ": nvCOMP round trip differs");
-  const double ratio = static_cast<double>(compressed) / static_cast<double>(bytes);
-  rows.push_back({std::string(name) + " compress", c_s, ratio});
-  rows.push_back({std::string(name) + " decompress", d_s, ratio});
-}
-#endif
 
 std::string bench_size(uint64_t n, int reps) {
   std::vector<uint16_t> a, b;
@@ -266,96 +198,41 @@ std::string bench_size(uint64_t n, int reps) {
     if (decoded != exps) throw std::runtime_error("GPU rANS decode differs from the CPU's symbols");
     rows.push_back(row);
   }
-  // The device ShardDecoder on frames the CPU encoder wrote: the key frame of `a`, then delta
-  // frames alternating b, a, b, ... (each the next of its stream, so every decode is accepted).
-  {
-    ciera::CodecConfig config;
-    config.warmup_steps = 1;
-    ciera::ShardEncoder encoder(config, n, {1, 1});
-    const int frames = reps + 1;
-    std::vector<std::vector<std::byte>> payloads;
-    std::vector<ciera::FrameStats> frame_stats;
-    for (int f = 0; f <= frames; ++f) {
-      const auto& values = f % 2 == 0 ? a : b;
-      std::vector<std::byte> payload(encoder.max_payload_bytes());
-      const auto st = encoder.encode({reinterpret_cast<const std::byte*>(values.data()), bytes}, payload);
-      payload.resize(st.payload_bytes);
-      payloads.push_back(std::move(payload));
-      frame_stats.push_back(st);
-    }
-    std::vector<std::unique_ptr<DeviceBuffer>> device_payloads;
-    for (const auto& p : payloads) {
-      device_payloads.push_back(std::make_unique<DeviceBuffer>(p.size()));
-      check(cudaMemcpy(device_payloads.back()->p, p.data(), p.size(), cudaMemcpyHostToDevice), "H2D");
-    }
-    ciera::cuda::ShardDecoder decoder(config, n, {1, 1});
-    cudaEvent_t start, stop;
-    check(cudaEventCreate(&start), "event");
-    check(cudaEventCreate(&stop), "event");
-    std::vector<double> delta_seconds;
-    double key_seconds = 0;
-    uint64_t delta_bytes = 0;
-    for (int f = 0; f <= frames; ++f) {
-      check(cudaEventRecord(start, stream), "record");
-      decoder.decode(device_payloads[f]->p, payloads[f].size(), d_out.p, stream);
-      check(cudaEventRecord(stop, stream), "record");
-      decoder.check();
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-      if (f == 0) key_seconds = ms / 1e3;
-      if (f >= 2) {  // frame 1 is the first delta: a warm-up
-        delta_seconds.push_back(ms / 1e3);
-        delta_bytes = payloads[f].size();
-      }
-    }
-    std::vector<uint16_t> back(n);
-    check(cudaMemcpy(back.data(), d_out.p, bytes, cudaMemcpyDeviceToHost), "D2H");
-    if (back != (frames % 2 == 0 ? a : b)) throw std::runtime_error("device decoder output differs from the shard");
-    // The device ShardEncoder on the same shards: each payload must be the CPU encoder's.
-    ciera::cuda::ShardEncoder gpu_encoder(config, n, {1, 1});
-    DeviceBuffer d_payload(gpu_encoder.max_payload_bytes()), d_length(8);
-    std::vector<double> encode_seconds;
-    double key_encode_seconds = 0;
-    std::vector<std::byte> check_payload;
-    for (int f = 0; f <= frames; ++f) {
-      check(cudaEventRecord(start, stream), "record");
-      gpu_encoder.encode(f % 2 == 0 ? d_a.p : d_b.p, d_payload.p, d_length.as<uint64_t>(), stream);
-      check(cudaEventRecord(stop, stream), "record");
-      const uint64_t length = gpu_encoder.payload_bytes();
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-      if (f == 0) key_encode_seconds = ms / 1e3;
-      if (f >= 2) encode_seconds.push_back(ms / 1e3);
-      check_payload.resize(length);
-      check(cudaMemcpy(check_payload.data(), d_payload.p, length, cudaMemcpyDeviceToHost), "D2H");
-      if (check_payload != payloads[f]) throw std::runtime_error("GPU payload differs from the CPU encoder's");
-    }
-    std::sort(encode_seconds.begin(), encode_seconds.end());
-    rows.push_back({"ShardEncoder, key frame (first, cold)", key_encode_seconds,
-                    static_cast<double>(payloads[0].size()) / static_cast<double>(bytes)});
-    if (!encode_seconds.empty()) {
-      rows.push_back({"ShardEncoder, delta frame (steady state)", encode_seconds[encode_seconds.size() / 2],
-                      static_cast<double>(payloads.back().size()) / static_cast<double>(bytes)});
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    std::sort(delta_seconds.begin(), delta_seconds.end());
-    rows.push_back({"ShardDecoder, key frame (first, cold)", key_seconds,
-                    static_cast<double>(payloads[0].size()) / static_cast<double>(bytes)});
-    if (!delta_seconds.empty()) {
-      rows.push_back({"ShardDecoder, delta frame (steady state)", delta_seconds[delta_seconds.size() / 2],
-                      static_cast<double>(delta_bytes) / static_cast<double>(bytes)});
-    }
-  }
-#if defined(CIERA_WITH_NVCOMP)
-  nvcomp_ans("nvCOMP ANS, exponent plane (uchar)", NVCOMP_TYPE_UCHAR, d_exps.p, n, stream, reps, rows);
-  nvcomp_ans("nvCOMP ANS, whole shard (float16)", NVCOMP_TYPE_FLOAT16, d_a.p, bytes, stream, reps, rows);
-#endif
   cudaStreamDestroy(stream);
-  return "{\n    \"values\": " + std::to_string(n) + ", \"dtype\": \"bf16\", \"shard_bytes\": " +
-         std::to_string(bytes) + ",\n    \"ops\": " + json_rows(rows, bytes, memcpy_s) + "\n  }";
-}
 
+  // The device codec on the benchmark trajectory, checked against the CPU codec every step.
+  ciera::bench::DeviceCodecRequest request;
+  request.config.warmup_steps = 3;
+  request.values = n;
+  request.steps = 3 + static_cast<uint32_t>(reps);
+  const auto codec = ciera::bench::measure_device_codec(request);
+  const double memcpy_median = ciera::bench::median(codec.memcpy_s);
+  std::string coders = "[";
+  auto coder_json = [&](const ciera::bench::DeviceCoder& c) {
+    char line[512];
+    const double enc = ciera::bench::median(c.encode_s), dec = ciera::bench::median(c.decode_s);
+    std::snprintf(line, sizeof line,
+                  "{\"name\": \"%s\", \"bits_per_value\": %.4f, \"encode_gb_per_s\": %.3f, "
+                  "\"decode_gb_per_s\": %.3f, \"encode_vs_memcpy_d2d\": %.4f, \"decode_vs_memcpy_d2d\": %.4f}",
+                  c.name.c_str(), c.bits_per_value(n), bytes / enc / 1e9, bytes / dec / 1e9,
+                  memcpy_median / enc, memcpy_median / dec);
+    return std::string(line);
+  };
+  coders += coder_json(codec.ciera);
+  for (const auto& peer : codec.peers) coders += ", " + coder_json(peer);
+  coders += "]";
+  char head[256];
+  std::snprintf(head, sizeof head,
+                "\"codec\": {\"steady_steps\": %zu, \"memcpy_d2d_gb_per_s\": %.3f, \"key_frame_bits_per_value\": %.4f, "
+                "\"verified\": %s, \"nvcomp_built\": %s, ",
+                codec.ciera.frames ? static_cast<size_t>(codec.ciera.frames) : size_t{0}, bytes / memcpy_median / 1e9,
+                codec.key_frames.bits_per_value(n), codec.verified ? "true" : "false",
+                codec.nvcomp_built ? "true" : "false");
+  const std::string codec_json = std::string(head) + "\"failure\": \"" + codec.failure + "\", \"coders\": " + coders + "}";
+  if (!codec.verified) throw std::runtime_error("device codec not verified: " + codec.failure);
+  return "{\n    \"values\": " + std::to_string(n) + ", \"dtype\": \"bf16\", \"shard_bytes\": " +
+         std::to_string(bytes) + ",\n    " + codec_json + ",\n    \"kernels\": " + json_rows(rows, bytes, memcpy_s) + "\n  }";
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -390,13 +267,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "properties");
     std::string json = "{\n  \"gpu\": \"" + std::string(prop.name) + "\",\n  \"reps\": " +
-                       std::to_string(reps) + ",\n  \"nvcomp\": " +
-#if defined(CIERA_WITH_NVCOMP)
-                       "true"
-#else
-                       "false"
-#endif
-                       + ",\n  \"sizes\": [";
+                       std::to_string(reps) + ",\n  \"sizes\": [";
     for (size_t i = 0; i < sizes.size(); ++i) {
       std::fprintf(stderr, "ciera_cuda_bench: %llu values...\n", static_cast<unsigned long long>(sizes[i]));
       json += (i ? ", " : "") + bench_size(sizes[i], reps);
