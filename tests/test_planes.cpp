@@ -19,12 +19,7 @@ using ciera::testing::kernels_of_every_target;
 
 const DType kDTypes[] = {DType::kBF16, DType::kFP16, DType::kFP32};
 
-std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
-}
+using ciera::testing::random_bytes;
 
 TEST(Planes, EveryBf16AndFp16BitPatternRoundTrips) {
   for (DType dtype : {DType::kBF16, DType::kFP16}) {

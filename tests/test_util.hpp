@@ -14,6 +14,14 @@
 
 namespace ciera::testing {
 
+// `n` bytes from a seeded generator (never zeros: they hide unwritten outputs).
+inline std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
 // One layer's kernel tables for every SIMD target this CPU runs (kernels_for: the layer's
 // format::kernels_for, entropy::rans_kernels_for or codec::fine_kernels_for): tests run every
 // kernel of every target, as Highway's do.

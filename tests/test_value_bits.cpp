@@ -15,16 +15,12 @@
 #include "entropy/symbol_stream.hpp"
 #include "format/planes.hpp"
 #include "format/value_bits.hpp"
+#include "test_util.hpp"
 
 namespace ciera {
 namespace {
 
-std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
-}
+using ciera::testing::random_bytes;
 
 // The device split, written per value as the kernels do, against the CPU planes.
 std::vector<uint8_t> split_like_the_kernels(DType dtype, const std::vector<uint8_t>& values,

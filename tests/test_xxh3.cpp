@@ -8,16 +8,12 @@
 #include "common/checksum.hpp"
 #include "format/content_checksum.hpp"
 #include "format/xxh3.hpp"
+#include "test_util.hpp"
 
 namespace ciera::format {
 namespace {
 
-std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
-}
+using ciera::testing::random_bytes;
 
 TEST(Xxh3, EqualsLibxxhashOnEveryLengthPath) {
   const auto data = random_bytes(70000, 1);

@@ -38,18 +38,7 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t bytes) : size(bytes) {
-    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc");
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p); }
-  void* p = nullptr;
-  size_t size;
-};
+using ciera::bench::DeviceBuffer;
 
 // BF16 weights of one step and the next: N(0, 0.02) moved by about 1e-3 of their size, as an
 // optimiser step does after warm-up (few exponents change).

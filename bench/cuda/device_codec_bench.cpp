@@ -25,17 +25,6 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
 }
 
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t bytes) : size(bytes) { check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc"); }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p); }
-  void* p = nullptr;
-  size_t size;
-};
-
 // Seconds between two events recorded around work on one stream.
 struct Timer {
   explicit Timer(cudaStream_t s) : stream(s) {
@@ -137,6 +126,10 @@ class NvcompAns {
 #endif
 
 }  // namespace
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : size(bytes) {
+  check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;

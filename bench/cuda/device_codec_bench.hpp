@@ -6,6 +6,9 @@
 // (when built in: CIERA_NVCOMP_DIR) codes the same shards, statelessly, as the paper's peer.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -14,6 +17,18 @@
 #include "ciera/config.hpp"
 
 namespace ciera::bench {
+
+// One device allocation (cudaMalloc), freed with its owner; throws ciera::Error if it fails.
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p); }
+  void* p = nullptr;
+  size_t size;
+};
 
 struct DeviceCodecRequest {
   CodecConfig config;  // warmup_steps key frames first

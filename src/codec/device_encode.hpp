@@ -14,6 +14,7 @@
 
 #include "ciera/config.hpp"
 #include "codec/fine_alphabet.hpp"
+#include "common/hash_bits.hpp"
 #include "common/host_device.hpp"
 #include "entropy/model_math.hpp"
 #include "entropy/stream_writer_hd.hpp"
@@ -180,14 +181,7 @@ CIERA_HD inline void combine_step(const EncodeBuffers& b, const EncodeConfig& c)
 CIERA_HD inline format::xxh3::Hash128 block_hash_of(const uint8_t* exps, uint64_t length, uint32_t bits,
                                                      const uint8_t* secret) {
   format::xxh3::Hash128 h = format::xxh3::hash128(exps, length, secret);
-  if (bits < 128) {
-    if (bits <= 64) {
-      h.high = 0;
-      h.low &= bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
-    } else {
-      h.high &= (uint64_t{1} << (bits - 64)) - 1;
-    }
-  }
+  keep_hash_bits(h.low, h.high, bits);
   return h;
 }
 

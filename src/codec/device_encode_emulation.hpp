@@ -10,6 +10,7 @@
 
 #include "ciera/codec.hpp"
 #include "codec/device_encode.hpp"
+#include "codec/frame_schedule.hpp"
 #include "format/xxh3.hpp"
 
 namespace ciera::codec::device {
@@ -18,9 +19,8 @@ class EmulatedEncoder {
  public:
   EmulatedEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity = {})
       : config_(make_encode_config(config, num_values)),
-        warmup_(config.warmup_steps),
         stream_(identity.stream),
-        epoch_(identity.epoch),
+        schedule_{.warmup = config.warmup_steps, .epoch = identity.epoch},
         sent_(num_values), exps_(num_values), block_symbols_(num_values),
         sent_hashes_(2 * (config_.blocks + 1)),
         changes_in_block_(config_.blocks + 1), change_base_(config_.blocks + 1),
@@ -37,8 +37,7 @@ class EmulatedEncoder {
 
   // Encodes `shard` into `payload` (max_payload_bytes); returns the payload's length.
   uint64_t encode(std::span<const uint8_t> shard, std::span<uint8_t> payload) {
-    const bool key = frames_ == 0 || key_requested_ || frames_ < warmup_;
-    set_frame(config_, key, stream_, epoch_, sequence_);
+    set_frame(config_, schedule_.next_is_key(), stream_, schedule_.epoch, schedule_.sequence);
     EncodeBuffers b;
     b.values = shard.data();
     b.payload = payload.data();
@@ -66,26 +65,17 @@ class EmulatedEncoder {
     encode_frame([](uint64_t n, auto f) {
       for (uint64_t i = 0; i < n; ++i) f(i);
     }, b, config_);
-    ++sequence_;
-    ++frames_;
-    key_requested_ = false;
+    schedule_.advance();
     return plan_->payload_bytes;
   }
 
-  void request_key_frame() {
-    ++epoch_;
-    key_requested_ = true;
-  }
+  void request_key_frame() { schedule_.request_key_frame(); }
   const EncodePlan& plan() const { return *plan_; }
 
  private:
   EncodeConfig config_;
-  uint32_t warmup_;
   uint32_t stream_;
-  uint32_t epoch_;
-  uint64_t sequence_ = 0;
-  uint64_t frames_ = 0;
-  bool key_requested_ = false;
+  FrameSchedule schedule_;
   std::vector<uint8_t> sent_, exps_, block_symbols_;
   std::vector<uint64_t> sent_hashes_;
   std::vector<uint32_t> changes_in_block_;

@@ -11,6 +11,7 @@
 #include "ciera/error.hpp"
 #include "codec/chunking.hpp"
 #include "codec/fine_kernels.hpp"
+#include "codec/frame_schedule.hpp"
 #include "codec/wire.hpp"
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
@@ -126,7 +127,7 @@ struct ShardEncoder::Impl {
   Impl(const CodecConfig& c, uint64_t n, StreamIdentity id)
       : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
         fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), stream_id(id.stream),
-        epoch(id.epoch) {
+        schedule{.warmup = c.warmup_steps, .epoch = id.epoch} {
     config.validate();
     if (config.detection == ChangeDetection::kExact) {
       sent_exponents.resize(n);
@@ -154,10 +155,7 @@ struct ShardEncoder::Impl {
   const codec::FineKernels& fine_coding;
   DTypeInfo info;
   uint32_t stream_id;
-  uint32_t epoch;
-  uint64_t next_sequence = 0;
-  uint64_t frames_encoded = 0;
-  bool key_requested = false;
+  codec::FrameSchedule schedule;
 
   // Persistent state: what the receivers hold (exact) or its block hashes (hash).
   std::vector<uint8_t, HugePageAllocator<uint8_t>> sent_exponents;
@@ -369,12 +367,12 @@ uint64_t ShardEncoder::Impl::estimate_block_bits_q16(const uint8_t* values,
 }
 
 FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, uint64_t capacity) {
-  const bool key = frames_encoded == 0 || key_requested || frames_encoded < config.warmup_steps;
+  const bool key = schedule.next_is_key();
   FrameStats stats;
   stats.kind = key ? FrameKind::kKey : FrameKind::kDelta;
   stats.stream = stream_id;
-  stats.epoch = epoch;
-  stats.sequence = next_sequence;
+  stats.epoch = schedule.epoch;
+  stats.sequence = schedule.sequence;
   stats.blocks = grid.blocks;
   stats.bitmap_bytes = key ? 0 : wire::bitmap_bytes_for(grid.num_values, grid.block_values);
   stats.sign_mantissa_bytes = layout.total_bytes();
@@ -462,8 +460,8 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   header.block_values = grid.block_values;
   header.num_values = grid.num_values;
   header.stream = stream_id;
-  header.epoch = epoch;
-  header.sequence = next_sequence;
+  header.epoch = schedule.epoch;
+  header.sequence = schedule.sequence;
   header.bitmap_bytes = stats.bitmap_bytes;
   header.sign_mantissa_bytes = stats.sign_mantissa_bytes;
   header.exponent_bytes = stats.exponent_bytes;
@@ -471,9 +469,7 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   wire::write_header(header, payload);
   stats.payload_bytes = header.payload_bytes();
 
-  ++next_sequence;
-  ++frames_encoded;
-  key_requested = false;
+  schedule.advance();
   return stats;
 }
 
@@ -500,8 +496,7 @@ FrameStats ShardEncoder::encode(std::span<const std::byte> shard, std::span<std:
 }
 
 void ShardEncoder::request_key_frame() {
-  ++impl_->epoch;
-  impl_->key_requested = true;
+  impl_->schedule.request_key_frame();
 }
 
 uint64_t ShardEncoder::num_values() const { return impl_->grid.num_values; }
@@ -511,8 +506,8 @@ size_t ShardEncoder::max_payload_bytes() const {
 }
 const CodecConfig& ShardEncoder::config() const { return impl_->config; }
 uint32_t ShardEncoder::stream() const { return impl_->stream_id; }
-uint32_t ShardEncoder::epoch() const { return impl_->epoch; }
-uint64_t ShardEncoder::next_sequence() const { return impl_->next_sequence; }
+uint32_t ShardEncoder::epoch() const { return impl_->schedule.epoch; }
+uint64_t ShardEncoder::next_sequence() const { return impl_->schedule.sequence; }
 size_t ShardEncoder::cache_bytes() const {
   return impl_->sent_exponents.size() + impl_->sent_hashes.size() * sizeof(BlockHash);
 }

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/hash_bits.hpp"
+
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 #if defined(__x86_64__) && !defined(CIERA_XXHASH_NO_DISPATCH)
@@ -47,14 +49,7 @@ struct BlockHash {
 inline BlockHash block_hash(const uint8_t* exps, size_t n, unsigned bits) {
   const XXH128_hash_t h = XXH3_128bits(exps, n);
   BlockHash out{h.low64, h.high64};
-  if (bits < 128) {
-    if (bits <= 64) {
-      out.high = 0;
-      out.low &= bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
-    } else {
-      out.high &= (uint64_t{1} << (bits - 64)) - 1;
-    }
-  }
+  keep_hash_bits(out.low, out.high, bits);
   return out;
 }
 

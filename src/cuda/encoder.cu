@@ -8,6 +8,7 @@
 
 #include "ciera/cuda.hpp"
 #include "codec/device_encode.hpp"
+#include "codec/frame_schedule.hpp"
 #include "entropy/stream_writer_hd.hpp"
 #include "format/xxh3.hpp"
 #include "launch.cuh"
@@ -20,9 +21,8 @@ using detail::Launch;
 struct ShardEncoder::Impl {
   Impl(const CodecConfig& config, uint64_t n, StreamIdentity id)
       : c(codec::device::make_encode_config(config, n)),
-        warmup(config.warmup_steps),
         stream(id.stream),
-        epoch(id.epoch),
+        schedule{.warmup = config.warmup_steps, .epoch = id.epoch},
         sent(n), exps(n), block_symbols(n), sent_hashes(16 * (c.blocks + 1)),
         changes_in_block(4 * (c.blocks + 1)), change_base(8 * (c.blocks + 1)),
         block_rank(8 * (c.blocks + 1)), block_at(8 * (c.blocks + 1)),
@@ -46,12 +46,8 @@ struct ShardEncoder::Impl {
   }
 
   codec::device::EncodeConfig c;
-  uint32_t warmup;
   uint32_t stream;
-  uint32_t epoch;
-  uint64_t sequence = 0;
-  uint64_t frames = 0;
-  bool key_requested = false;
+  codec::FrameSchedule schedule;
   DeviceMemory sent, exps, block_symbols, sent_hashes, changes_in_block, change_base, block_rank, block_at,
       positions, steps, count_symbols, change_symbols, escape_symbols, extra, scratch, seg_bytes,
       seg_offsets, digests, digest_bytes, plan, secret;
@@ -67,8 +63,7 @@ ShardEncoder& ShardEncoder::operator=(ShardEncoder&&) noexcept = default;
 
 void ShardEncoder::encode(const void* shard, void* payload, uint64_t* payload_bytes, Stream s) {
   Impl& m = *impl_;
-  const bool key = m.frames == 0 || m.key_requested || m.frames < m.warmup;
-  codec::device::set_frame(m.c, key, m.stream, m.epoch, m.sequence);
+  codec::device::set_frame(m.c, m.schedule.next_is_key(), m.stream, m.schedule.epoch, m.schedule.sequence);
   codec::device::EncodeBuffers b;
   b.values = static_cast<const uint8_t*>(shard);
   b.payload = static_cast<uint8_t*>(payload);
@@ -101,9 +96,7 @@ void ShardEncoder::encode(const void* shard, void* payload, uint64_t* payload_by
   check_cuda(cudaMemcpyAsync(m.length, length_on_device, sizeof(uint64_t), cudaMemcpyDeviceToHost, s),
              "payload length");
   check_cuda(cudaEventRecord(m.done, s), "event record");
-  ++m.sequence;
-  ++m.frames;
-  m.key_requested = false;
+  m.schedule.advance();
 }
 
 uint64_t ShardEncoder::payload_bytes() {
@@ -111,14 +104,11 @@ uint64_t ShardEncoder::payload_bytes() {
   return *impl_->length;
 }
 
-void ShardEncoder::request_key_frame() {
-  ++impl_->epoch;
-  impl_->key_requested = true;
-}
+void ShardEncoder::request_key_frame() { impl_->schedule.request_key_frame(); }
 
 uint64_t ShardEncoder::num_values() const { return impl_->c.num_values; }
 size_t ShardEncoder::max_payload_bytes() const { return impl_->c.capacity; }
-uint32_t ShardEncoder::epoch() const { return impl_->epoch; }
-uint64_t ShardEncoder::next_sequence() const { return impl_->sequence; }
+uint32_t ShardEncoder::epoch() const { return impl_->schedule.epoch; }
+uint64_t ShardEncoder::next_sequence() const { return impl_->schedule.sequence; }
 
 }  // namespace ciera::cuda

@@ -109,7 +109,8 @@ CIERA_HD inline uint64_t merge(const uint64_t* acc, const uint8_t* secret, uint6
   return avalanche(result);
 }
 
-CIERA_HD inline uint64_t hash_long(const uint8_t* in, size_t len, const uint8_t* secret) {
+// The striped accumulation of the long hash (len > 240), shared by the 64- and 128-bit hashes.
+CIERA_HD inline Accumulators accumulate_long(const uint8_t* in, size_t len, const uint8_t* secret) {
   Accumulators a;
   const size_t blocks = (len - 1) / kBlockBytes;
   for (size_t b = 0; b < blocks; ++b) {
@@ -123,7 +124,11 @@ CIERA_HD inline uint64_t hash_long(const uint8_t* in, size_t len, const uint8_t*
     accumulate_stripe(a.acc, in + blocks * kBlockBytes + s * kStripeBytes, secret + 8 * s);
   }
   accumulate_stripe(a.acc, in + len - kStripeBytes, secret + kSecretBytes - kStripeBytes - 7);
-  return merge(a.acc, secret, len);
+  return a;
+}
+
+CIERA_HD inline uint64_t hash_long(const uint8_t* in, size_t len, const uint8_t* secret) {
+  return merge(accumulate_long(in, len, secret).acc, secret, len);
 }
 
 // XXH3_64bits(in, len) with the default secret `secret` (kSecretBytes bytes).
@@ -270,19 +275,7 @@ CIERA_HD inline Hash128 hash128(const uint8_t* in, size_t len, const uint8_t* se
     acc = mix32(acc, in + len - 16, in + len - 32, secret + 136 - 17 - 16);
     return finish128(acc, len);
   }
-  Accumulators a;
-  const size_t blocks = (len - 1) / kBlockBytes;
-  for (size_t b = 0; b < blocks; ++b) {
-    for (size_t s = 0; s < kStripesPerBlock; ++s) {
-      accumulate_stripe(a.acc, in + b * kBlockBytes + s * kStripeBytes, secret + 8 * s);
-    }
-    scramble(a.acc, secret);
-  }
-  const size_t stripes = ((len - 1) - kBlockBytes * blocks) / kStripeBytes;
-  for (size_t s = 0; s < stripes; ++s) {
-    accumulate_stripe(a.acc, in + blocks * kBlockBytes + s * kStripeBytes, secret + 8 * s);
-  }
-  accumulate_stripe(a.acc, in + len - kStripeBytes, secret + kSecretBytes - kStripeBytes - 7);
+  const Accumulators a = accumulate_long(in, len, secret);
   Hash128 h;
   h.low = merge(a.acc, secret, len);
   // merge() adds len * kPrime64_1 at secret + 11; the high half starts from ~(len * kPrime64_2)

@@ -11,6 +11,7 @@
 
 #include "ciera/codec.hpp"
 #include "ciera/cuda.hpp"
+#include "cuda/cuda_test_util.hpp"
 #include "ciera/error.hpp"
 #include "test_util.hpp"
 
@@ -20,31 +21,8 @@ namespace {
 using ciera::testing::Pattern;
 using ciera::testing::Trajectory;
 
-#define SKIP_WITHOUT_DEVICE()                          \
-  do {                                                 \
-    std::string why;                                   \
-    if (!device_available(&why)) GTEST_SKIP() << why;  \
-  } while (0)
-
-struct Device {
-  explicit Device(size_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes == 0 ? 1 : bytes), cudaSuccess); }
-  ~Device() { cudaFree(p); }
-  Device(const Device&) = delete;
-  Device& operator=(const Device&) = delete;
-  void put(const void* host, size_t bytes) {
-    if (bytes) {
-      EXPECT_EQ(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  std::vector<std::byte> get(size_t bytes) const {
-    std::vector<std::byte> v(bytes);
-    if (bytes) {
-      EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-    return v;
-  }
-  void* p = nullptr;
-};
+// Device bytes.
+using Device = testing::DeviceVector<std::byte>;
 
 void run(DType dtype, uint32_t block, size_t n, ExponentCoding coding, int steps) {
   SCOPED_TRACE(std::string(dtype_name(dtype)) + " B " + std::to_string(block) + " n " +
@@ -72,22 +50,22 @@ void run(DType dtype, uint32_t block, size_t n, ExponentCoding coding, int steps
       std::vector<std::byte> bad(payload.begin(), payload.begin() + static_cast<std::ptrdiff_t>(size));
       bad[rng() % size] ^= std::byte{0x10};
       d_payload.put(bad.data(), size);
-      gpu.decode(d_payload.p, size, d_out.p, nullptr);
+      gpu.decode(d_payload.get(), size, d_out.get(), nullptr);
       EXPECT_THROW(gpu.check(), FormatError) << "step " << step;
       EXPECT_EQ(gpu.cached_exponents(), cache_before) << "step " << step;
     }
     d_payload.put(payload.data(), size);
-    gpu.decode(d_payload.p, size, d_out.p, nullptr);
+    gpu.decode(d_payload.get(), size, d_out.get(), nullptr);
     ASSERT_NO_THROW(gpu.check()) << "step " << step;
-    ASSERT_EQ(d_out.get(bytes), cpu_out) << "step " << step;
+    ASSERT_EQ(d_out.host(bytes), cpu_out) << "step " << step;
     const auto cache = gpu.cached_exponents();
     ASSERT_TRUE(std::equal(cache.begin(), cache.end(), cpu.cached_exponents().begin())) << "step " << step;
   }
   // A replay of the last frame is out of sequence; a truncated one is refused too.
   const auto cache = gpu.cached_exponents();
-  gpu.decode(d_payload.p, size, d_out.p, nullptr);
+  gpu.decode(d_payload.get(), size, d_out.get(), nullptr);
   EXPECT_THROW(gpu.check(), FormatError);
-  gpu.decode(d_payload.p, size / 2, d_out.p, nullptr);
+  gpu.decode(d_payload.get(), size / 2, d_out.get(), nullptr);
   EXPECT_THROW(gpu.check(), FormatError);
   EXPECT_EQ(gpu.cached_exponents(), cache);
 }

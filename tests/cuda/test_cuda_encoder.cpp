@@ -10,6 +10,7 @@
 
 #include "ciera/codec.hpp"
 #include "ciera/cuda.hpp"
+#include "cuda/cuda_test_util.hpp"
 #include "ciera/error.hpp"
 #include "test_util.hpp"
 
@@ -19,31 +20,8 @@ namespace {
 using ciera::testing::Pattern;
 using ciera::testing::Trajectory;
 
-#define SKIP_WITHOUT_DEVICE()                          \
-  do {                                                 \
-    std::string why;                                   \
-    if (!device_available(&why)) GTEST_SKIP() << why;  \
-  } while (0)
-
-struct Device {
-  explicit Device(size_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes == 0 ? 1 : bytes), cudaSuccess); }
-  ~Device() { cudaFree(p); }
-  Device(const Device&) = delete;
-  Device& operator=(const Device&) = delete;
-  void put(const void* host, size_t bytes) {
-    if (bytes) {
-      EXPECT_EQ(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  std::vector<std::byte> get(size_t bytes) const {
-    std::vector<std::byte> v(bytes);
-    if (bytes) {
-      EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-    return v;
-  }
-  void* p = nullptr;
-};
+// Device bytes.
+using Device = testing::DeviceVector<std::byte>;
 
 void run(DType dtype, uint32_t block, size_t n, ExponentCoding coding, int steps,
          ChangeDetection detection = ChangeDetection::kExact) {
@@ -75,15 +53,15 @@ void run(DType dtype, uint32_t block, size_t n, ExponentCoding coding, int steps
     }
     const size_t size = cpu.encode(trajectory.span(), expected).payload_bytes;
     d_shard.put(trajectory.values().data(), bytes);
-    gpu.encode(d_shard.p, d_payload.p, static_cast<uint64_t*>(d_length.p), nullptr);
+    gpu.encode(d_shard.get(), d_payload.get(), reinterpret_cast<uint64_t*>(d_length.get()), nullptr);
     ASSERT_EQ(gpu.payload_bytes(), size);
-    const auto payload = d_payload.get(size);
+    const auto payload = d_payload.host(size);
     ASSERT_TRUE(std::equal(payload.begin(), payload.end(), expected.begin())) << "payloads differ";
     cpu_decoder.decode(payload, decoded);
     ASSERT_EQ(decoded, trajectory.values());
-    gpu_decoder.decode(d_payload.p, size, d_out.p, nullptr);
+    gpu_decoder.decode(d_payload.get(), size, d_out.get(), nullptr);
     ASSERT_NO_THROW(gpu_decoder.check());
-    ASSERT_EQ(d_out.get(bytes), trajectory.values());
+    ASSERT_EQ(d_out.host(bytes), trajectory.values());
   }
 }
 

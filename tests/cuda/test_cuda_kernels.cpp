@@ -9,56 +9,24 @@
 #include <vector>
 
 #include "ciera/cuda.hpp"
+#include "cuda/cuda_test_util.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
 #include "entropy/rans.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/planes.hpp"
+#include "test_util.hpp"
 
 namespace ciera::cuda {
 namespace {
 
-#define SKIP_WITHOUT_DEVICE()                          \
-  do {                                                 \
-    std::string why;                                   \
-    if (!device_available(&why)) GTEST_SKIP() << why;  \
-  } while (0)
+using testing::DeviceVector;
 
 void check(cudaError_t e, const char* what) {
   ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e);
 }
 
-// A device buffer, filled from and read back to host vectors.
-template <typename T>
-class DeviceVector {
- public:
-  explicit DeviceVector(size_t n) : n_(n) {
-    if (n_ > 0) check(cudaMalloc(&p_, n_ * sizeof(T)), "cudaMalloc");
-  }
-  explicit DeviceVector(const std::vector<T>& host) : DeviceVector(host.size()) {
-    if (n_ > 0) check(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "H2D");
-  }
-  ~DeviceVector() { cudaFree(p_); }
-  DeviceVector(const DeviceVector&) = delete;
-  DeviceVector& operator=(const DeviceVector&) = delete;
-  T* get() { return static_cast<T*>(p_); }
-  std::vector<T> host() const {
-    std::vector<T> v(n_);
-    if (n_ > 0) check(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-    return v;
-  }
-
- private:
-  size_t n_;
-  void* p_ = nullptr;
-};
-
-std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint8_t> v(n);
-  for (auto& b : v) b = static_cast<uint8_t>(rng());
-  return v;
-}
+using ciera::testing::random_bytes;
 
 size_t value_bytes(DType dtype) { return dtype == DType::kFP32 ? 4 : 2; }
 
