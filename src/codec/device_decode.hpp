@@ -122,6 +122,7 @@ struct DecodePlan {
   uint64_t block_symbols = 0;  // symbols of `decoded` (full: N; block/fine: changed blocks' values)
   uint32_t max_packed = 0;     // largest packed symbol seen (atomic max)
   StreamPlan exps;
+  StreamPlan fine[3];          // the fine section's counts, changes and escapes streams
 };
 
 // The buffers every step sees (device pointers on the GPU, host pointers in the emulation).
@@ -287,7 +288,7 @@ CIERA_HD inline void fill_slot(const StreamPlan& sp, uint32_t* slots, uint32_t s
 
 // One stream read symbol by symbol in one thread (the small fine-mode streams).
 struct SequentialStream {
-  StreamPlan sp;
+  const StreamPlan* plan = nullptr;  // in device (global) memory: kept off the thread's stack
   const uint8_t* body = nullptr;
   const uint32_t* slots = nullptr;
   uint64_t read = 0;
@@ -300,13 +301,13 @@ struct SequentialStream {
   uint32_t x[entropy::kRansStates] = {};
 };
 
-CIERA_HD inline bool rans_open_segment(SequentialStream& s, const uint64_t* offsets_unused) {
-  (void)offsets_unused;
-  const uint8_t* lengths = s.body - 4 * (s.sp.segments - 1);
+CIERA_HD inline bool rans_open_segment(SequentialStream& s) {
+  const StreamPlan& sp = *s.plan;
+  const uint8_t* lengths = s.body - 4 * (sp.segments - 1);
   uint64_t begin = 0;
   for (uint64_t j = 0; j < s.segment; ++j) begin += rd32(lengths + 4 * j);
-  const uint64_t length = s.segment + 1 < s.sp.segments ? rd32(lengths + 4 * s.segment)
-                                                         : s.sp.body_bytes - begin;
+  const uint64_t length = s.segment + 1 < sp.segments ? rd32(lengths + 4 * s.segment)
+                                                       : sp.body_bytes - begin;
   if (length < entropy::kRansStateBytes) return false;
   s.in = s.body + begin;
   s.end = s.in + length;
@@ -330,7 +331,7 @@ CIERA_HD inline bool rans_close_segment(const SequentialStream& s) {
 // Opens `sp` (planned) for sequential reading; `slots` holds kRansTotal entries of scratch.
 CIERA_HD inline bool open_sequential(SequentialStream& s, const uint8_t* payload,
                                      const StreamPlan& sp, uint32_t* slots) {
-  s.sp = sp;
+  s.plan = &sp;
   s.body = payload + sp.body_at;
   s.slots = slots;
   s.read = 0;
@@ -351,24 +352,25 @@ CIERA_HD inline bool open_sequential(SequentialStream& s, const uint8_t* payload
     }
     if (sp.body_bytes - total < entropy::kRansStateBytes) return false;
     s.segment = 0;
-    return rans_open_segment(s, nullptr);
+    return rans_open_segment(s);
   }
   return true;
 }
 
 // The next symbol into *symbol; false when the stream is malformed.
 CIERA_HD inline bool next_symbol(SequentialStream& s, uint32_t* symbol) {
-  if (s.read >= s.sp.symbols) return false;
+  const StreamPlan& sp = *s.plan;
+  if (s.read >= sp.symbols) return false;
   uint32_t v = 0;
-  if (s.sp.method == 0) {
-    v = read_bits(s.body, s.sp.body_bytes, s.read * s.sp.width, s.sp.width);
-  } else if (s.sp.method == 1) {
-    v = s.sp.constant;
+  if (sp.method == 0) {
+    v = read_bits(s.body, sp.body_bytes, s.read * sp.width, sp.width);
+  } else if (sp.method == 1) {
+    v = sp.constant;
   } else {
     if (s.local == entropy::kRansSegmentSymbols) {
       if (!rans_close_segment(s)) return false;
       ++s.segment;
-      if (!rans_open_segment(s, nullptr)) return false;
+      if (!rans_open_segment(s)) return false;
     }
     uint32_t& x = s.x[s.local % entropy::kRansStates];
     const uint32_t slot = x & (entropy::kRansTotal - 1);
@@ -382,7 +384,7 @@ CIERA_HD inline bool next_symbol(SequentialStream& s, uint32_t* symbol) {
     }
     ++s.local;
   }
-  if (v > s.sp.max_symbol) return false;
+  if (v > sp.max_symbol) return false;
   if (v > s.max_read) s.max_read = v;
   ++s.read;
   *symbol = v;
@@ -390,12 +392,13 @@ CIERA_HD inline bool next_symbol(SequentialStream& s, uint32_t* symbol) {
 }
 
 CIERA_HD inline bool finish_sequential(const SequentialStream& s) {
-  if (s.read != s.sp.symbols) return false;
-  if (s.sp.method == 0 && s.sp.symbols > 0) {
+  const StreamPlan& sp = *s.plan;
+  if (s.read != sp.symbols) return false;
+  if (sp.method == 0 && sp.symbols > 0) {
     const unsigned w = bit_width(s.max_read);
-    if (s.sp.width != (w < 1 ? 1 : w)) return false;
+    if (sp.width != (w < 1 ? 1 : w)) return false;
   }
-  if (s.sp.method == 2) return rans_close_segment(s);
+  if (sp.method == 2) return rans_close_segment(s);
   return true;
 }
 
@@ -581,7 +584,9 @@ CIERA_HD inline void fine_step(const Buffers& b, const DecodeConfig& c) {
   const uint64_t blocks = plan->changed_blocks;
   const uint8_t mask = static_cast<uint8_t>((1u << c.exponent_bits) - 1);
   // Counts stream first; its symbols' extra bits come first in the extra section.
-  StreamPlan counts_plan, changes_plan, escapes_plan;
+  StreamPlan& counts_plan = plan->fine[0];
+  StreamPlan& changes_plan = plan->fine[1];
+  StreamPlan& escapes_plan = plan->fine[2];
   uint64_t at = plan_stream(p, plan->section_at, end, blocks, wire::kMaxBucket, 1, &counts_plan, plan);
   if (at == 0) return;
   // The changes and escapes streams' symbol counts depend on the counts: plan them after.
