@@ -135,7 +135,9 @@ void BM_DecodeSteady(benchmark::State& state) {
   for (auto _ : state) {
     if (i == frames.size()) {
       state.PauseTiming();
-      // Replay the stream: the key frame restores the state frames[0] was encoded against.
+      // Replay the stream to a fresh receiver (a decoder refuses a frame it has decoded already,
+      // docs/format.md "Streams"): the key frame gives it the state frames[0] was encoded against.
+      decoder = ciera::ShardDecoder(c, kValues);
       decoder.decode(key, out);
       i = 0;
       state.ResumeTiming();
