@@ -41,11 +41,17 @@ struct ShardDecoder::Impl {
     check_cuda(cudaMemset(cache.p, 0, n == 0 ? 1 : n), "cache");
     check_cuda(cudaMallocHost(&verdict, sizeof *verdict), "cudaMallocHost");
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
+    // The copies above went to the legacy stream; a non-blocking stream is not ordered after it.
+    check_cuda(cudaDeviceSynchronize(), "decoder setup");
   }
   ~Impl() {
+    cudaEventSynchronize(done);  // the last frame's copy into `verdict` may still be queued
     cudaFreeHost(verdict);
     cudaEventDestroy(done);
   }
+
+  // Orders `stream` after the last work this decoder enqueued (on whichever stream).
+  void after_previous(cudaStream_t stream) { check_cuda(cudaStreamWaitEvent(stream, done, 0), "stream wait"); }
 
   codec::device::DecodeConfig c;
   DeviceMemory cache, decoded, block_offset, segment_offsets, slots, fine_slots, digests,
@@ -64,6 +70,7 @@ ShardDecoder& ShardDecoder::operator=(ShardDecoder&&) noexcept = default;
 void ShardDecoder::decode(const void* payload, uint64_t payload_bytes, void* shard, Stream stream) {
   if (impl_->pending) check();
   Impl& m = *impl_;
+  m.after_previous(stream);  // a request_resync() or reset() on another stream comes first
   codec::device::Buffers b;
   b.payload = static_cast<const uint8_t*>(payload);
   b.payload_bytes = payload_bytes;
@@ -99,14 +106,19 @@ void ShardDecoder::check() {
 
 void ShardDecoder::request_resync(Stream stream) {
   static const uint32_t one = 1;
-  check_cuda(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(impl_->state.p) +
+  Impl& m = *impl_;
+  m.after_previous(stream);  // after a pending frame's commit, which clears the request
+  check_cuda(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(m.state.p) +
                                  offsetof(codec::device::DecodeState, resync_requested),
                              &one, sizeof one, cudaMemcpyHostToDevice, stream), "request_resync");
+  check_cuda(cudaEventRecord(m.done, stream), "event record");
 }
 
 void ShardDecoder::reset(Stream stream) {
   static const uint32_t zero = 0;
-  check_cuda(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(impl_->state.p) +
+  Impl& m = *impl_;
+  m.after_previous(stream);
+  check_cuda(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(m.state.p) +
                                  offsetof(codec::device::DecodeState, has_cache),
                              &zero, sizeof zero, cudaMemcpyHostToDevice, stream), "reset");
   request_resync(stream);

@@ -38,9 +38,13 @@ struct ShardEncoder::Impl {
     check_cuda(cudaMemcpy(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
                           cudaMemcpyHostToDevice), "secret");
     check_cuda(cudaMallocHost(&length, sizeof *length), "cudaMallocHost");
+    *length = 0;
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
+    // The copies above went to the legacy stream; a non-blocking stream is not ordered after it.
+    check_cuda(cudaDeviceSynchronize(), "encoder setup");
   }
   ~Impl() {
+    cudaEventSynchronize(done);  // the last frame's copy into `length` may still be queued
     cudaFreeHost(length);
     cudaEventDestroy(done);
   }
@@ -63,6 +67,8 @@ ShardEncoder& ShardEncoder::operator=(ShardEncoder&&) noexcept = default;
 
 void ShardEncoder::encode(const void* shard, void* payload, uint64_t* payload_bytes, Stream s) {
   Impl& m = *impl_;
+  // Frames use the same scratch and state: one waits for the one before, whatever its stream.
+  check_cuda(cudaStreamWaitEvent(s, m.done, 0), "stream wait");
   codec::device::set_frame(m.c, m.schedule.next_is_key(), m.stream, m.schedule.epoch, m.schedule.sequence);
   codec::device::EncodeBuffers b;
   b.values = static_cast<const uint8_t*>(shard);
