@@ -22,59 +22,18 @@ namespace {
 
 using ciera::testing::random_bytes;
 
-// The device split, written per value as the kernels do, against the CPU planes.
-std::vector<uint8_t> split_like_the_kernels(DType dtype, const std::vector<uint8_t>& values,
-                                            uint64_t n, std::vector<uint8_t>& exps) {
-  const format::SignMantissaLayout layout(dtype, n);
-  std::vector<uint8_t> sm(layout.total_bytes());
-  exps.assign(n, 0);
-  for (uint64_t group = 0; 8 * group < n; ++group) {
-    const uint64_t first = 8 * group;
-    const unsigned count = static_cast<unsigned>(std::min<uint64_t>(8, n - first));
-    uint8_t high3[8];
-    for (unsigned k = 0; k < count; ++k) {
-      const uint64_t i = first + k;
-      switch (dtype) {
-        case DType::kBF16: {
-          const uint16_t x = load_le16(values.data() + 2 * i);
-          exps[i] = format::bits::bf16_exponent(x);
-          sm[i] = format::bits::bf16_sign_mantissa(x);
-          break;
-        }
-        case DType::kFP16: {
-          const uint16_t x = load_le16(values.data() + 2 * i);
-          exps[i] = format::bits::fp16_exponent(x);
-          sm[i] = format::bits::fp16_low8(x);
-          high3[k] = format::bits::fp16_high3(x);
-          break;
-        }
-        case DType::kFP32: {
-          const uint32_t x = load_le32(values.data() + 4 * i);
-          exps[i] = format::bits::fp32_exponent(x);
-          sm[i] = format::bits::fp32_high(x);
-          store_le16(sm.data() + n + 2 * i, format::bits::fp32_low16(x));
-          break;
-        }
-      }
-    }
-    if (dtype == DType::kFP16) {
-      const uint32_t word = format::bits::fp16_pack_high3(high3, count);
-      for (unsigned b = 0; b < (3 * count + 7) / 8; ++b) {
-        sm[n + 3 * group + b] = static_cast<uint8_t>(word >> (8 * b));
-      }
-    }
-  }
-  return sm;
-}
-
 TEST(ValueBits, SplitAndMergeEqualTheCpuPlanes) {
   for (const DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
     const size_t vb = dtype == DType::kFP32 ? 4 : 2;
     for (const uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{7}, uint64_t{8}, uint64_t{9},
                              uint64_t{1001}, uint64_t{16384}}) {
       const auto values = random_bytes(n * vb, n + static_cast<uint64_t>(dtype));
-      std::vector<uint8_t> exps;
-      const auto sm = split_like_the_kernels(dtype, values, n, exps);
+      // The groups the kernels' threads take, last first: no group may depend on another's bytes.
+      const auto code = static_cast<uint8_t>(dtype);
+      std::vector<uint8_t> exps(n), sm(format::SignMantissaLayout(dtype, n).total_bytes());
+      for (uint64_t g = format::bits::group_count(code, n); g-- > 0;) {
+        format::bits::split_group(code, values.data(), n, g, exps.data(), sm.data());
+      }
       const format::SignMantissaLayout layout(dtype, n);
       std::vector<uint8_t> cpu_exps(n), cpu_sm(layout.total_bytes());
       for (uint64_t first = 0; first < n; first += format::kMaxChunkValues) {
@@ -84,29 +43,9 @@ TEST(ValueBits, SplitAndMergeEqualTheCpuPlanes) {
       }
       EXPECT_EQ(exps, cpu_exps) << dtype_name(dtype) << " n " << n;
       EXPECT_EQ(sm, cpu_sm) << dtype_name(dtype) << " n " << n;
-      // Merge, per value as the kernels do.
       std::vector<uint8_t> back(n * vb);
-      for (uint64_t i = 0; i < n; ++i) {
-        switch (dtype) {
-          case DType::kBF16:
-            store_le16(back.data() + 2 * i, format::bits::bf16_merge(exps[i], sm[i]));
-            break;
-          case DType::kFP16: {
-            const uint64_t g = i / 8;
-            uint32_t word = 0;
-            for (unsigned b = 0; b < 3 && n + 3 * g + b < sm.size(); ++b) {
-              word |= uint32_t{sm[n + 3 * g + b]} << (8 * b);
-            }
-            store_le16(back.data() + 2 * i,
-                       format::bits::fp16_merge(exps[i], sm[i],
-                                                format::bits::fp16_unpack_high3(word, i % 8)));
-            break;
-          }
-          case DType::kFP32:
-            store_le32(back.data() + 4 * i,
-                       format::bits::fp32_merge(exps[i], sm[i], load_le16(sm.data() + n + 2 * i)));
-            break;
-        }
+      for (uint64_t g = format::bits::group_count(code, n); g-- > 0;) {
+        format::bits::merge_group(code, [&](uint64_t i) { return exps[i]; }, sm.data(), n, g, back.data());
       }
       EXPECT_EQ(back, values) << dtype_name(dtype) << " n " << n;
     }

@@ -719,33 +719,9 @@ CIERA_HD inline uint8_t new_exponent(const Buffers& b, const DecodeConfig& c, ui
 
 // merge: BF16/FP32 one thread per value, FP16 one per 8 values (3 bytes of the 3-bit plane).
 CIERA_HD inline void merge_step(const Buffers& b, const DecodeConfig& c, uint64_t g) {
-  const DecodePlan& plan = *b.plan;
-  if (plan.status != kOk) return;
-  const uint8_t* sm = b.payload + plan.sign_mantissa_at;
-  const uint64_t n = c.num_values;
-  if (c.dtype == 2) {
-    const uint64_t first = 8 * g;
-    if (first >= n) return;
-    const unsigned count = n - first < 8 ? static_cast<unsigned>(n - first) : 8u;
-    uint32_t word = 0;
-    for (unsigned k = 0; k < (3 * count + 7) / 8; ++k) word |= uint32_t{sm[n + 3 * g + k]} << (8 * k);
-    for (unsigned k = 0; k < count; ++k) {
-      const uint16_t x = format::bits::fp16_merge(new_exponent(b, c, first + k), sm[first + k],
-                                                  format::bits::fp16_unpack_high3(word, k));
-      b.out[2 * (first + k)] = static_cast<uint8_t>(x);
-      b.out[2 * (first + k) + 1] = static_cast<uint8_t>(x >> 8);
-    }
-    return;
-  }
-  if (g >= n) return;
-  if (c.dtype == 1) {
-    const uint16_t x = format::bits::bf16_merge(new_exponent(b, c, g), sm[g]);
-    b.out[2 * g] = static_cast<uint8_t>(x);
-    b.out[2 * g + 1] = static_cast<uint8_t>(x >> 8);
-  } else {
-    const uint32_t x = format::bits::fp32_merge(new_exponent(b, c, g), sm[g], rd16(sm + n + 2 * g));
-    for (int k = 0; k < 4; ++k) b.out[4 * g + k] = static_cast<uint8_t>(x >> (8 * k));
-  }
+  if (b.plan->status != kOk) return;
+  format::bits::merge_group(c.dtype, [&](uint64_t i) { return new_exponent(b, c, i); },
+                            b.payload + b.plan->sign_mantissa_at, c.num_values, g, b.out);
 }
 
 // digest: one thread per 16 KiB chunk of the output.
@@ -815,7 +791,7 @@ void decode_frame(Launch&& launch, const Buffers& b, const DecodeConfig& c) {
   launch(n, [=] CIERA_HD(uint64_t i) { expand_step(b, c, i); });
   launch(1, [=] CIERA_HD(uint64_t) { fine_step(b, c); });
   launch(1, [=] CIERA_HD(uint64_t) { finish_step(b); });
-  launch(c.dtype == 2 ? (n + 7) / 8 : n, [=] CIERA_HD(uint64_t g) { merge_step(b, c, g); });
+  launch(format::bits::group_count(c.dtype, n), [=] CIERA_HD(uint64_t g) { merge_step(b, c, g); });
   launch(checksum_chunks(n * c.value_bytes), [=] CIERA_HD(uint64_t k) { digest_step(b, c, k); });
   launch(1, [=] CIERA_HD(uint64_t) { verify_step(b, c); });
   launch(n, [=] CIERA_HD(uint64_t i) { commit_step(b, c, i); });

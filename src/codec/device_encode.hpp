@@ -127,38 +127,7 @@ CIERA_HD inline void clear_step(const EncodeBuffers& b, const EncodeConfig& c, u
 // Split: exponents to `exps`, sign-mantissa bits into the payload's plane. BF16/FP32 one thread
 // per value, FP16 one per 8 values (3 bytes of the 3-bit plane).
 CIERA_HD inline void split_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t g) {
-  const uint64_t n = c.num_values;
-  uint8_t* sm = b.payload + c.sign_mantissa_at;
-  const uint8_t* v = b.values;
-  if (c.dtype == 2) {
-    const uint64_t first = 8 * g;
-    if (first >= n) return;
-    const unsigned count = n - first < 8 ? static_cast<unsigned>(n - first) : 8u;
-    uint8_t high3[8];
-    for (unsigned k = 0; k < count; ++k) {
-      const uint64_t i = first + k;
-      const uint16_t x = static_cast<uint16_t>(v[2 * i] | v[2 * i + 1] << 8);
-      b.exps[i] = format::bits::fp16_exponent(x);
-      sm[i] = format::bits::fp16_low8(x);
-      high3[k] = format::bits::fp16_high3(x);
-    }
-    const uint32_t word = format::bits::fp16_pack_high3(high3, count);
-    for (unsigned k = 0; k < (3 * count + 7) / 8; ++k) sm[n + 3 * g + k] = static_cast<uint8_t>(word >> (8 * k));
-    return;
-  }
-  if (g >= n) return;
-  if (c.dtype == 1) {
-    const uint16_t x = static_cast<uint16_t>(v[2 * g] | v[2 * g + 1] << 8);
-    b.exps[g] = format::bits::bf16_exponent(x);
-    sm[g] = format::bits::bf16_sign_mantissa(x);
-  } else {
-    const uint32_t x = format::xxh3::read32(v + 4 * g);
-    b.exps[g] = format::bits::fp32_exponent(x);
-    sm[g] = format::bits::fp32_high(x);
-    const uint16_t low = format::bits::fp32_low16(x);
-    sm[n + 2 * g] = static_cast<uint8_t>(low);
-    sm[n + 2 * g + 1] = static_cast<uint8_t>(low >> 8);
-  }
+  format::bits::split_group(c.dtype, b.values, c.num_values, g, b.exps, b.payload + c.sign_mantissa_at);
 }
 
 // The content checksum of the shard: one thread per 16 KiB chunk, then one combining them.
@@ -547,7 +516,7 @@ void encode_frame(Launch&& launch, const EncodeBuffers& b, const EncodeConfig& c
   const uint64_t value_bytes = n * c.value_bytes;
   const uint64_t chunks = (value_bytes + format::kChecksumChunkBytes - 1) / format::kChecksumChunkBytes;
   launch(c.sign_mantissa_at - 80, [=] CIERA_HD(uint64_t k) { clear_step(b, c, k); });
-  launch(c.dtype == 2 ? (n + 7) / 8 : n, [=] CIERA_HD(uint64_t g) { split_step(b, c, g); });
+  launch(format::bits::group_count(c.dtype, n), [=] CIERA_HD(uint64_t g) { split_step(b, c, g); });
   launch(chunks, [=] CIERA_HD(uint64_t k) { digest_step(b, c, k); });
   launch(1, [=] CIERA_HD(uint64_t) { combine_step(b, c); });
   if (c.key) {

@@ -41,83 +41,16 @@ Secret host_secret() {
   return s;
 }
 
-__device__ inline uint16_t load16(const uint8_t* p) { return uint16_t(p[0] | p[1] << 8); }
-__device__ inline uint32_t load32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-__device__ inline void store16(uint8_t* p, uint16_t v) {
-  p[0] = uint8_t(v);
-  p[1] = uint8_t(v >> 8);
-}
-__device__ inline void store32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i));
+// --- split and merge: one thread per group (format/value_bits.hpp: a value, or 8 FP16 values) ---
+
+__global__ void split_groups(uint8_t dtype, const uint8_t* values, uint64_t n, uint8_t* exps, uint8_t* sm) {
+  const uint64_t g = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  format::bits::split_group(dtype, values, n, g, exps, sm);
 }
 
-// --- split and merge: one thread per value (FP16: per 8 values, 3 bytes of its 3-bit plane) ---
-
-__global__ void split_bf16(const uint8_t* values, uint64_t n, uint8_t* exps, uint8_t* sm) {
-  const uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const uint16_t x = load16(values + 2 * i);
-  exps[i] = format::bits::bf16_exponent(x);
-  sm[i] = format::bits::bf16_sign_mantissa(x);
-}
-
-__global__ void merge_bf16(const uint8_t* exps, const uint8_t* sm, uint64_t n, uint8_t* values) {
-  const uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  store16(values + 2 * i, format::bits::bf16_merge(exps[i], sm[i]));
-}
-
-__global__ void split_fp16(const uint8_t* values, uint64_t n, uint8_t* exps, uint8_t* low8,
-                           uint8_t* high3) {
-  const uint64_t group = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  const uint64_t first = 8 * group;
-  if (first >= n) return;
-  const unsigned count = n - first < 8 ? unsigned(n - first) : 8u;
-  uint8_t h[8];
-  for (unsigned k = 0; k < count; ++k) {
-    const uint16_t x = load16(values + 2 * (first + k));
-    exps[first + k] = format::bits::fp16_exponent(x);
-    low8[first + k] = format::bits::fp16_low8(x);
-    h[k] = format::bits::fp16_high3(x);
-  }
-  const uint32_t word = format::bits::fp16_pack_high3(h, count);
-  const unsigned bytes = (3 * count + 7) / 8;
-  for (unsigned b = 0; b < bytes; ++b) high3[3 * group + b] = uint8_t(word >> (8 * b));
-}
-
-__global__ void merge_fp16(const uint8_t* exps, const uint8_t* low8, const uint8_t* high3,
-                           uint64_t n, uint8_t* values) {
-  const uint64_t group = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  const uint64_t first = 8 * group;
-  if (first >= n) return;
-  const unsigned count = n - first < 8 ? unsigned(n - first) : 8u;
-  const unsigned bytes = (3 * count + 7) / 8;
-  uint32_t word = 0;
-  for (unsigned b = 0; b < bytes; ++b) word |= uint32_t{high3[3 * group + b]} << (8 * b);
-  for (unsigned k = 0; k < count; ++k) {
-    store16(values + 2 * (first + k),
-            format::bits::fp16_merge(exps[first + k], low8[first + k],
-                                     format::bits::fp16_unpack_high3(word, k)));
-  }
-}
-
-__global__ void split_fp32(const uint8_t* values, uint64_t n, uint8_t* exps, uint8_t* high,
-                           uint8_t* low16) {
-  const uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const uint32_t x = load32(values + 4 * i);
-  exps[i] = format::bits::fp32_exponent(x);
-  high[i] = format::bits::fp32_high(x);
-  store16(low16 + 2 * i, format::bits::fp32_low16(x));
-}
-
-__global__ void merge_fp32(const uint8_t* exps, const uint8_t* high, const uint8_t* low16,
-                           uint64_t n, uint8_t* values) {
-  const uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  store32(values + 4 * i, format::bits::fp32_merge(exps[i], high[i], load16(low16 + 2 * i)));
+__global__ void merge_groups(uint8_t dtype, const uint8_t* exps, const uint8_t* sm, uint64_t n, uint8_t* values) {
+  const uint64_t g = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  format::bits::merge_group(dtype, [exps](uint64_t i) { return exps[i]; }, sm, n, g, values);
 }
 
 // --- exact change detection: one thread per block, a warp's ballot makes four bitmap bytes ---
@@ -178,40 +111,18 @@ __global__ void rans_segments(const uint32_t* slots, const uint8_t* segments,
 void split(DType dtype, const void* values, uint64_t n, uint8_t* exponents,
            uint8_t* sign_mantissa, Stream stream) {
   if (n == 0) return;
-  const auto* v = static_cast<const uint8_t*>(values);
-  switch (dtype) {
-    case DType::kBF16:
-      split_bf16<<<blocks_for(n), kThreads, 0, stream>>>(v, n, exponents, sign_mantissa);
-      break;
-    case DType::kFP16:
-      split_fp16<<<blocks_for((n + 7) / 8), kThreads, 0, stream>>>(v, n, exponents, sign_mantissa,
-                                                                   sign_mantissa + n);
-      break;
-    case DType::kFP32:
-      split_fp32<<<blocks_for(n), kThreads, 0, stream>>>(v, n, exponents, sign_mantissa,
-                                                         sign_mantissa + n);
-      break;
-  }
+  const auto code = static_cast<uint8_t>(dtype);
+  split_groups<<<blocks_for(format::bits::group_count(code, n)), kThreads, 0, stream>>>(
+      code, static_cast<const uint8_t*>(values), n, exponents, sign_mantissa);
   check_launch("split");
 }
 
 void merge(DType dtype, const uint8_t* exponents, const uint8_t* sign_mantissa, uint64_t n,
            void* values, Stream stream) {
   if (n == 0) return;
-  auto* v = static_cast<uint8_t*>(values);
-  switch (dtype) {
-    case DType::kBF16:
-      merge_bf16<<<blocks_for(n), kThreads, 0, stream>>>(exponents, sign_mantissa, n, v);
-      break;
-    case DType::kFP16:
-      merge_fp16<<<blocks_for((n + 7) / 8), kThreads, 0, stream>>>(exponents, sign_mantissa,
-                                                                   sign_mantissa + n, n, v);
-      break;
-    case DType::kFP32:
-      merge_fp32<<<blocks_for(n), kThreads, 0, stream>>>(exponents, sign_mantissa,
-                                                         sign_mantissa + n, n, v);
-      break;
-  }
+  const auto code = static_cast<uint8_t>(dtype);
+  merge_groups<<<blocks_for(format::bits::group_count(code, n)), kThreads, 0, stream>>>(
+      code, exponents, sign_mantissa, n, static_cast<uint8_t*>(values));
   check_launch("merge");
 }
 

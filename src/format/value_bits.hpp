@@ -51,4 +51,74 @@ CIERA_HD inline uint32_t fp32_merge(uint8_t exponent, uint8_t high, uint16_t low
          ((uint32_t{high} & 0x7F) << 16) | low16;
 }
 
+// The split and merge as the GPU's threads take them, one "group" per thread: a value for BF16
+// and FP32, eight values for FP16, whose 3-bit plane packs eight values into three bytes (so no
+// two groups share a byte). `dtype` is the wire code (1 BF16, 2 FP16, 3 FP32); `values` are the
+// shard's n values, little-endian; `sm` is its whole sign-mantissa plane (docs/format.md).
+CIERA_HD inline uint64_t group_count(uint8_t dtype, uint64_t n) { return dtype == 2 ? (n + 7) / 8 : n; }
+
+CIERA_HD inline void split_group(uint8_t dtype, const uint8_t* values, uint64_t n, uint64_t g,
+                                 uint8_t* exps, uint8_t* sm) {
+  if (dtype == 2) {
+    const uint64_t first = 8 * g;
+    if (first >= n) return;
+    const unsigned count = n - first < 8 ? static_cast<unsigned>(n - first) : 8u;
+    uint8_t high3[8];
+    for (unsigned k = 0; k < count; ++k) {
+      const uint64_t i = first + k;
+      const uint16_t x = static_cast<uint16_t>(values[2 * i] | values[2 * i + 1] << 8);
+      exps[i] = fp16_exponent(x);
+      sm[i] = fp16_low8(x);
+      high3[k] = fp16_high3(x);
+    }
+    const uint32_t word = fp16_pack_high3(high3, count);
+    for (unsigned k = 0; k < (3 * count + 7) / 8; ++k) sm[n + 3 * g + k] = static_cast<uint8_t>(word >> (8 * k));
+    return;
+  }
+  if (g >= n) return;
+  if (dtype == 1) {
+    const uint16_t x = static_cast<uint16_t>(values[2 * g] | values[2 * g + 1] << 8);
+    exps[g] = bf16_exponent(x);
+    sm[g] = bf16_sign_mantissa(x);
+  } else {
+    const uint8_t* p = values + 4 * g;
+    const uint32_t x = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+    exps[g] = fp32_exponent(x);
+    sm[g] = fp32_high(x);
+    const uint16_t low = fp32_low16(x);
+    sm[n + 2 * g] = static_cast<uint8_t>(low);
+    sm[n + 2 * g + 1] = static_cast<uint8_t>(low >> 8);
+  }
+}
+
+// The inverse: `exponent(i)` gives value i's exponent (from a plane, a cache or a decoded stream).
+template <typename Exponent>
+CIERA_HD inline void merge_group(uint8_t dtype, const Exponent& exponent, const uint8_t* sm, uint64_t n,
+                                 uint64_t g, uint8_t* values) {
+  if (dtype == 2) {
+    const uint64_t first = 8 * g;
+    if (first >= n) return;
+    const unsigned count = n - first < 8 ? static_cast<unsigned>(n - first) : 8u;
+    uint32_t word = 0;
+    for (unsigned k = 0; k < (3 * count + 7) / 8; ++k) word |= uint32_t{sm[n + 3 * g + k]} << (8 * k);
+    for (unsigned k = 0; k < count; ++k) {
+      const uint64_t i = first + k;
+      const uint16_t x = fp16_merge(exponent(i), sm[i], fp16_unpack_high3(word, k));
+      values[2 * i] = static_cast<uint8_t>(x);
+      values[2 * i + 1] = static_cast<uint8_t>(x >> 8);
+    }
+    return;
+  }
+  if (g >= n) return;
+  if (dtype == 1) {
+    const uint16_t x = bf16_merge(exponent(g), sm[g]);
+    values[2 * g] = static_cast<uint8_t>(x);
+    values[2 * g + 1] = static_cast<uint8_t>(x >> 8);
+  } else {
+    const uint16_t low = static_cast<uint16_t>(sm[n + 2 * g] | sm[n + 2 * g + 1] << 8);
+    const uint32_t x = fp32_merge(exponent(g), sm[g], low);
+    for (int k = 0; k < 4; ++k) values[4 * g + k] = static_cast<uint8_t>(x >> (8 * k));
+  }
+}
+
 }  // namespace ciera::format::bits
