@@ -92,13 +92,13 @@ inline std::unique_ptr<ShardEncoder> make_encoder(const std::vector<BucketLayout
                                         layout.shard_values[rank][param],
                                         stream_of(buckets, bucket, param, rank));
 }
-inline std::unique_ptr<ShardDecoder> make_decoder(const std::vector<BucketLayout>& buckets,
-                                                  size_t bucket, size_t param, int sender) {
+inline std::unique_ptr<PayloadDecoder> make_decoder(const std::vector<BucketLayout>& buckets,
+                                                    size_t bucket, size_t param, int sender) {
   const BucketLayout& layout = buckets[bucket];
   if (layout.policy[param] != ShardPolicy::kCiera) return nullptr;
-  return std::make_unique<ShardDecoder>(engine_codec(layout.dtype),
-                                        layout.shard_values[sender][param],
-                                        stream_of(buckets, bucket, param, sender));
+  return host_codec_backend()->make_decoder(engine_codec(layout.dtype),
+                                            layout.shard_values[sender][param],
+                                            stream_of(buckets, bucket, param, sender));
 }
 
 // A control record as the engine's make_record writes it.

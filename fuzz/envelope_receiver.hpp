@@ -28,7 +28,7 @@ struct Bucket {
   BucketLayout layout;
   uint32_t value_bytes = 0;
   std::vector<uint64_t> max_envelope_bytes;
-  std::vector<std::unique_ptr<ShardDecoder>> decoders;  // [param], for the sender's shards
+  std::vector<std::unique_ptr<PayloadDecoder>> decoders;  // [param], for the sender's shards
   uint64_t step = 0;
   bool retrying = false;  // the last round failed: this one is its key-frame retry
 };

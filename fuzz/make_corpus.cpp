@@ -388,8 +388,9 @@ class Sender {
     header.params = static_cast<uint32_t>(layout.params());
     header.step = s.step;
     header.all_raw = raw;
-    const uint64_t bytes =
-        pack_envelope(send.data(), send_layout, payload_bytes, header, host_memory_ops());
+    std::vector<uint8_t> header_scratch(envelope_header_bytes(layout.params()));
+    const uint64_t bytes = pack_envelope(send.data(), send_layout, payload_bytes, header,
+                                         host_memory_ops(), header_scratch);
     std::byte* envelope = send.data() + send_layout.envelope_offset;
     if (kind == Round::kCorrupt) {
       uint64_t end = envelope_header_bytes(layout.params());

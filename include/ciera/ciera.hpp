@@ -1,6 +1,7 @@
 // Umbrella header for the CIERA library.
 #pragma once
 
+#include "ciera/backend.hpp"
 #include "ciera/codec.hpp"
 #include "ciera/config.hpp"
 #include "ciera/dtype.hpp"

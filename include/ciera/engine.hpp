@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ciera/backend.hpp"
 #include "ciera/config.hpp"
 #include "ciera/dtype.hpp"
 #include "ciera/transport.hpp"
@@ -86,7 +87,13 @@ class CompressedAllgather {
   // and throws ConfigError on every rank, naming the difference, if not (or if any rank's
   // configuration or layouts are invalid). `transport` must outlive the engine and must not be
   // used by anyone else while the engine exists.
-  CompressedAllgather(Transport& transport, EngineConfig config, std::vector<BucketLayout> buckets);
+  //
+  // `backend` says where payloads live and what codes them (include/ciera/backend.hpp): host
+  // memory and the CPU coders by default; ciera::cuda::codec_backend(device) for device memory
+  // and the GPU coders (then every buffer passed to start() is device memory, and `transport`
+  // is handed device memory only). Ranks may use different backends: the payloads are the same.
+  CompressedAllgather(Transport& transport, EngineConfig config, std::vector<BucketLayout> buckets,
+                      std::shared_ptr<const CodecBackend> backend = host_codec_backend());
   ~CompressedAllgather();
   CompressedAllgather(const CompressedAllgather&) = delete;
   CompressedAllgather& operator=(const CompressedAllgather&) = delete;
@@ -98,16 +105,24 @@ class CompressedAllgather {
   // `output`. Both must stay valid until wait(). Encoding starts at once on worker threads;
   // gathers complete in start order, which must be the same on every rank. One gather per
   // bucket may be in flight.
-  // Throws std::invalid_argument if `bucket` does not exist or already has a gather in flight.
+  // `stream`: with a device backend, a stream of the caller (a cudaStream_t, as an integer) on
+  // which the input is being produced: the gather reads the input only once the work enqueued
+  // there before start() is done, and start() itself never waits for it (encoding begins on
+  // the engine's own streams as soon as it is). 0: the input is ready now. When wait() returns,
+  // the output is complete in device memory, for any stream to read.
+  // Throws std::invalid_argument if `bucket` does not exist or already has a gather in flight,
+  // or if `stream` is not 0 on a backend without streams (the host's).
   // A wrong input or output size is not thrown here: wait() throws ConfigError for it on every
   // rank.
-  Ticket start(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output);
+  Ticket start(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output,
+               uintptr_t stream = 0);
   // Blocks until the gather is done. Throws CommError / ConfigError (the same on every rank)
   // if it failed; output is then unspecified.
   // Throws std::invalid_argument if `ticket` was not returned by start() or was waited for.
   GatherStats wait(Ticket ticket);
   // start() then wait(); throws what they throw.
-  GatherStats run(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output);
+  GatherStats run(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output,
+                  uintptr_t stream = 0);
 
   // Forgets all codec state, as after a restart. The next gather of each bucket is detected as
   // cold by every rank and runs a key-frame round.
@@ -126,8 +141,10 @@ class CompressedAllgather {
   size_t bucket_count() const;
   int rank() const;
   int world_size() const;
-  // Bytes of codec state held by this rank (encoder copies plus peer exponent caches).
+  // Bytes of codec state held by this rank (encoder copies plus peer exponent caches), in the
+  // backend's memory.
   size_t cache_bytes() const;
+  const CodecBackend& backend() const;
 
  private:
   struct Impl;

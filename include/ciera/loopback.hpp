@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "ciera/memory.hpp"
 #include "ciera/transport.hpp"
 
 namespace ciera {
@@ -12,6 +13,10 @@ class LoopbackWorld;
 // Creates the shared state for `size` thread-ranks; each thread then takes its own transport
 // with make_loopback_transport(world, rank).
 std::shared_ptr<LoopbackWorld> make_loopback_world(int size);
-std::unique_ptr<Transport> make_loopback_transport(std::shared_ptr<LoopbackWorld> world, int rank);
+// `memory` moves the bytes (every buffer a rank passes is that memory, or host memory): host
+// memory by default; a GPU's (ciera::cuda::codec_backend(d)->memory()) makes a loopback of ranks
+// on one device. It must outlive the transport.
+std::unique_ptr<Transport> make_loopback_transport(std::shared_ptr<LoopbackWorld> world, int rank,
+                                                   const MemoryOps& memory = host_memory_ops());
 
 }  // namespace ciera

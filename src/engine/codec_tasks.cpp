@@ -23,6 +23,7 @@ void CompressedAllgather::Impl::encode(Gather& g, BucketState& s, bool raw) {
       ++last;
     }
     pool.submit(g.encoding, [&s, &g, first, last, raw, this] {
+      g.wait_for_input();
       for (size_t k = first; k < last; ++k) {
         const uint64_t shard_bytes = s.layout.shard_values[rank][k] * s.value_bytes;
         const std::byte* src = g.in + s.my_param_offset[k];
@@ -31,9 +32,7 @@ void CompressedAllgather::Impl::encode(Gather& g, BucketState& s, bool raw) {
           memory.copy(slot, src, shard_bytes);
           s.payload_bytes[k] = shard_bytes;
         } else {
-          const uint64_t capacity = s.encoders[k]->max_payload_bytes();
-          s.payload_bytes[k] =
-              s.encoders[k]->encode({src, shard_bytes}, {slot, capacity}).payload_bytes;
+          s.payload_bytes[k] = s.encoders[k]->encode(src, shard_bytes, slot);
         }
       }
     });
@@ -47,7 +46,8 @@ uint64_t CompressedAllgather::Impl::pack(BucketState& s, uint64_t step, bool raw
   header.params = static_cast<uint32_t>(s.layout.params());
   header.step = step;
   header.all_raw = raw;
-  return pack_envelope(s.send.data(), s.send_layout, s.payload_bytes, header, memory);
+  return pack_envelope(s.send.data(), s.send_layout, s.payload_bytes, header, memory,
+                       s.envelope_header);
 }
 
 // g.decoding completes when every peer's envelope is decoded and this rank's own shards are in
@@ -60,7 +60,10 @@ void CompressedAllgather::Impl::start_decode(Gather& g) {
   std::byte* own = g.out + s.layout.rank_offset(rank);
   const uint64_t own_bytes = s.layout.rank_bytes(rank);
   if (own != g.in && own_bytes) {
-    pool.submit(g.decoding, [own, &g, own_bytes, this] { memory.move(own, g.in, own_bytes); });
+    pool.submit(g.decoding, [own, &g, own_bytes, this] {
+      g.wait_for_input();
+      memory.move(own, g.in, own_bytes);
+    });
   }
   uint64_t at = 0;
   for (int p = 0; p < world; ++p) {

@@ -12,9 +12,12 @@
 
 namespace ciera {
 
-CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts)
-    : transport(t),
-      memory(host_memory_ops()),
+CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts,
+                                std::shared_ptr<const CodecBackend> b)
+    : backend(std::move(b)),
+      memory(backend->memory()),
+      staged(backend->host_memory() ? nullptr : std::make_unique<StagedTransport>(t, memory)),
+      transport(staged ? *staged : t),
       config(std::move(c)),
       rank(t.rank()),
       world(t.size()),
@@ -93,15 +96,15 @@ void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k, bool at_se
   codec.dtype = s.layout.dtype;
   const bool ciera = s.layout.policy[k] == ShardPolicy::kCiera;
   if (s.encoders[k]) s.encoder_epoch[k] = s.encoders[k]->epoch() + 1;
-  s.encoders[k] = ciera ? std::make_unique<ShardEncoder>(codec, s.layout.shard_values[rank][k],
-                                                         stream_of(s, rank, k, s.encoder_epoch[k]))
+  s.encoders[k] = ciera ? backend->make_encoder(codec, s.layout.shard_values[rank][k],
+                                                stream_of(s, rank, k, s.encoder_epoch[k]))
                         : nullptr;
   for (int p = 0; p < world; ++p) {
     auto& decoder = s.decoders[p][k];
     if (decoder) s.decoder_epoch[p][k] = decoder->epoch() + 1;
     decoder = ciera && p != rank
-                  ? std::make_unique<ShardDecoder>(codec, s.layout.shard_values[p][k],
-                                                   stream_of(s, p, k, s.decoder_epoch[p][k]))
+                  ? backend->make_decoder(codec, s.layout.shard_values[p][k],
+                                          stream_of(s, p, k, s.decoder_epoch[p][k]))
                   : nullptr;
     if (decoder && !at_setup) decoder->request_resync();
   }
@@ -117,6 +120,7 @@ void CompressedAllgather::Impl::size_buffers(BucketState& s) {
                                        s.encoders[k] ? s.encoders[k]->max_payload_bytes() : 0);
   }
   lay_out_send_buffer(slot_bytes, s.send_layout);
+  s.envelope_header.resize(envelope_header_bytes(s.layout.params()));
   s.send.reserve(s.send_layout.buffer_bytes);
   s.max_envelope_bytes.resize(static_cast<size_t>(world));
   uint64_t recv = 0;
@@ -150,19 +154,32 @@ void check_bucket(const char* method, size_t bucket, size_t buckets) {
 
 }  // namespace
 
+namespace {
+
+std::shared_ptr<const CodecBackend> checked(std::shared_ptr<const CodecBackend> backend) {
+  if (!backend) throw std::invalid_argument("CompressedAllgather: the codec backend is null");
+  return backend;
+}
+
+}  // namespace
+
 CompressedAllgather::CompressedAllgather(Transport& transport, EngineConfig config,
-                                         std::vector<BucketLayout> buckets)
-    : impl_(std::make_unique<Impl>(transport, std::move(config), std::move(buckets))) {}
+                                         std::vector<BucketLayout> buckets,
+                                         std::shared_ptr<const CodecBackend> backend)
+    : impl_(std::make_unique<Impl>(transport, std::move(config), std::move(buckets),
+                                   checked(std::move(backend)))) {}
 
 CompressedAllgather::~CompressedAllgather() = default;
 
 CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket,
                                                        std::span<const std::byte> input,
-                                                       std::span<std::byte> output) {
+                                                       std::span<std::byte> output,
+                                                       uintptr_t stream) {
   Impl& m = *impl_;
   check_bucket("start", bucket, m.buckets.size());
   BucketState& s = m.buckets[bucket];
   auto g = std::make_shared<Gather>();
+  g->ready = m.backend->fence(stream);  // before anything changes: it may throw
   g->bucket = bucket;
   g->in = input.data();
   g->out = output.data();
@@ -222,8 +239,8 @@ GatherStats CompressedAllgather::wait(Ticket ticket) {
 }
 
 GatherStats CompressedAllgather::run(size_t bucket, std::span<const std::byte> input,
-                                     std::span<std::byte> output) {
-  return wait(start(bucket, input, output));
+                                     std::span<std::byte> output, uintptr_t stream) {
+  return wait(start(bucket, input, output, stream));
 }
 
 void CompressedAllgather::reset_caches() {
@@ -271,6 +288,7 @@ const BucketLayout& CompressedAllgather::bucket(size_t index) const {
 size_t CompressedAllgather::bucket_count() const { return impl_->buckets.size(); }
 int CompressedAllgather::rank() const { return impl_->rank; }
 int CompressedAllgather::world_size() const { return impl_->world; }
+const CodecBackend& CompressedAllgather::backend() const { return *impl_->backend; }
 
 size_t CompressedAllgather::cache_bytes() const {
   size_t bytes = 0;

@@ -15,12 +15,14 @@
 #include <thread>
 #include <vector>
 
+#include "ciera/backend.hpp"
 #include "ciera/codec.hpp"
 #include "ciera/engine.hpp"
 #include "engine/adaptive.hpp"
 #include "engine/control.hpp"
 #include "engine/envelope.hpp"
 #include "engine/memory_ops.hpp"
+#include "engine/staged_transport.hpp"
 #include "engine/thread_pool.hpp"
 
 namespace ciera {
@@ -37,9 +39,10 @@ struct BucketState {
   bool last_compressed = false;
   std::vector<uint64_t> my_param_offset;  // byte offset of each param in this rank's input
   SendLayout send_layout;                 // this rank's envelope and slots in `send`
+  std::vector<uint8_t> envelope_header;   // where pack() builds the header (host memory)
   std::vector<uint64_t> payload_bytes;    // encoded length per param (this step)
-  std::vector<std::unique_ptr<ShardEncoder>> encoders;               // [param]
-  std::vector<std::vector<std::unique_ptr<ShardDecoder>>> decoders;  // [peer][param]
+  std::vector<std::unique_ptr<PayloadEncoder>> encoders;               // [param]
+  std::vector<std::vector<std::unique_ptr<PayloadDecoder>>> decoders;  // [peer][param]
   // Streams (docs/format.md, "Streams"): parameter k of rank r sends stream
   // (first_stream_param + k) * world + r. The epoch the next encoder of each parameter starts
   // at, and the epoch the next decoder of each peer's parameter expects: a replacement codec
@@ -59,6 +62,11 @@ struct Gather {
   size_t bucket = 0;
   const std::byte* in = nullptr;  // payload memory
   std::byte* out = nullptr;       // payload memory
+  // Waited for before anything reads `in` (the caller's stream reaching start()); null: ready.
+  std::unique_ptr<InputFence> ready;
+  void wait_for_input() const {
+    if (ready) ready->wait();
+  }
   std::string local_error;        // misuse found at start(); every rank learns of it
   TaskGroup encoding;
   bool sends_raw = false;  // this rank sends this gather raw (warmup or adaptive)
@@ -84,7 +92,8 @@ struct Gather {
 };
 
 struct CompressedAllgather::Impl {
-  Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts);
+  Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts,
+       std::shared_ptr<const CodecBackend> b);
   ~Impl();
 
   // Setup (engine.cpp).
@@ -119,8 +128,12 @@ struct CompressedAllgather::Impl {
   template <typename F>
   void timed(std::span<Gather* const> gathers, F&& collective);
 
-  Transport& transport;
+  std::shared_ptr<const CodecBackend> backend;
   const MemoryOps& memory;  // every payload byte the engine moves goes through here
+  // The caller's transport; with a backend whose memory is not host memory, wrapped so that
+  // the engine's host records travel through payload memory (engine/staged_transport.hpp).
+  std::unique_ptr<StagedTransport> staged;
+  Transport& transport;
   EngineConfig config;
   int rank = 0;
   int world = 1;

@@ -2,6 +2,7 @@
 #include "engine/envelope.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
@@ -43,11 +44,13 @@ void lay_out_send_buffer(std::span<const uint64_t> slot_capacity_bytes, SendLayo
 
 uint64_t pack_envelope(std::byte* send, const SendLayout& layout,
                        std::span<const uint64_t> payload_bytes, const EnvelopeHeader& header,
-                       const MemoryOps& memory) {
+                       const MemoryOps& memory, std::span<uint8_t> scratch) {
   std::byte* envelope = send + layout.envelope_offset;
-  uint8_t* head = reinterpret_cast<uint8_t*>(envelope);
   const size_t params = payload_bytes.size();
-  uint64_t at = envelope_header_bytes(params);
+  const uint64_t header_bytes = envelope_header_bytes(params);
+  if (scratch.size() < header_bytes) throw std::logic_error("pack_envelope: scratch too small");
+  uint8_t* head = scratch.data();
+  uint64_t at = header_bytes;
   for (size_t k = 0; k < params; ++k) {
     const uint64_t slot = layout.slot_offset[k] - layout.envelope_offset;
     if (slot != at && payload_bytes[k] != 0)
@@ -62,13 +65,17 @@ uint64_t pack_envelope(std::byte* send, const SendLayout& layout,
   store_le32(head + 8, header.bucket);
   store_le32(head + 12, header.params);
   store_le64(head + 16, header.step);
+  memory.copy(envelope, reinterpret_cast<const std::byte*>(head), header_bytes);
   return at;
 }
 
 bool EnvelopeReader::open(const EnvelopeHeader& expected) {
-  const uint8_t* head = reinterpret_cast<const uint8_t*>(envelope_);
   const uint64_t header = envelope_header_bytes(expected.params);
-  if (bytes_ < header || load_le32(head) != kEnvelopeMagic || head[4] != kEngineProtocolVersion ||
+  if (bytes_ < header) return false;
+  header_.resize(header);
+  memory_.copy(reinterpret_cast<std::byte*>(header_.data()), envelope_, header);
+  const uint8_t* head = header_.data();
+  if (load_le32(head) != kEnvelopeMagic || head[4] != kEngineProtocolVersion ||
       load_le32(head + 8) != expected.bucket || load_le32(head + 12) != expected.params ||
       load_le64(head + 16) != expected.step) {
     return false;
@@ -81,13 +88,11 @@ bool EnvelopeReader::open(const EnvelopeHeader& expected) {
   return true;
 }
 
-bool EnvelopeReader::all_raw() const {
-  return (reinterpret_cast<const uint8_t*>(envelope_)[5] & kEnvelopeAllRaw) != 0;
-}
+bool EnvelopeReader::all_raw() const { return (header_.at(5) & kEnvelopeAllRaw) != 0; }
 
 bool EnvelopeReader::next(std::span<const std::byte>& payload) {
   if (next_param_ >= params_) return false;
-  const uint8_t* head = reinterpret_cast<const uint8_t*>(envelope_);
+  const uint8_t* head = header_.data();
   const uint64_t length = load_le64(head + kEnvelopeFixedBytes + 8 * next_param_);
   if (length > bytes_ - offset_) return false;
   payload = {envelope_ + offset_, length};
@@ -98,11 +103,11 @@ bool EnvelopeReader::next(std::span<const std::byte>& payload) {
 
 void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
                      const EnvelopeHeader& expected, const BucketLayout& layout, int peer,
-                     std::span<const std::unique_ptr<ShardDecoder>> decoders, std::byte* out,
+                     std::span<const std::unique_ptr<PayloadDecoder>> decoders, std::byte* out,
                      const MemoryOps& memory, const EnvelopeFailure& fail) {
   // Worded only on failure: a steady-state gather builds no strings.
   auto who = [peer] { return "rank " + std::to_string(peer) + "'s envelope"; };
-  EnvelopeReader reader(envelope, envelope_bytes);
+  EnvelopeReader reader(envelope, envelope_bytes, memory);
   if (!reader.open(expected)) {
     fail(-1, who() + " header is malformed or for another gather");
     return;
@@ -126,7 +131,7 @@ void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
       memory.copy(dest, payload.data(), bytes);
     } else {
       try {
-        decoders[k]->decode(payload, {dest, bytes});
+        decoders[k]->decode(payload.data(), payload.size(), dest, bytes);
       } catch (const FormatError& e) {
         fail(static_cast<int>(k), e.what());
       }

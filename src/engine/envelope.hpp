@@ -3,8 +3,9 @@
 // the parameters' payloads back to back, each raw bytes or a CIERA payload (whose key and delta
 // frames are the codec's business, not the envelope's).
 //
-// Envelope bytes live in payload memory (engine/memory_ops.hpp); the header is read and written
-// through host pointers (see src/comm/nccl/README.md for what a device backend does about it).
+// Envelope bytes live in payload memory (include/ciera/memory.hpp), which may be a GPU's: the
+// header is built in host memory and copied in, and a received header is copied out before it is
+// read, both through MemoryOps.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "ciera/backend.hpp"
 #include "ciera/codec.hpp"
 #include "ciera/engine.hpp"
 #include "engine/memory_ops.hpp"
@@ -55,19 +57,21 @@ struct SendLayout {
 void lay_out_send_buffer(std::span<const uint64_t> slot_capacity_bytes, SendLayout& layout);
 
 // Slides the encoded payloads (payload_bytes[k] at their slots) together behind the header and
-// writes the header, in `send` (payload memory). Returns the envelope's length in bytes.
+// writes the header, in `send` (payload memory); the header is built in `scratch` (host memory,
+// at least envelope_header_bytes(params) bytes). Returns the envelope's length in bytes.
 uint64_t pack_envelope(std::byte* send, const SendLayout& layout,
                        std::span<const uint64_t> payload_bytes, const EnvelopeHeader& header,
-                       const MemoryOps& memory);
+                       const MemoryOps& memory, std::span<uint8_t> scratch);
 
 // Walks a received envelope (payload memory, `bytes` long) payload by payload, checking every
 // length against the envelope's end before it is used.
 class EnvelopeReader {
  public:
-  EnvelopeReader(const std::byte* envelope, uint64_t bytes) : envelope_(envelope), bytes_(bytes) {}
+  EnvelopeReader(const std::byte* envelope, uint64_t bytes, const MemoryOps& memory)
+      : envelope_(envelope), bytes_(bytes), memory_(memory) {}
 
   // Whether the header is well formed and belongs to the `expected` gather (all_raw ignored);
-  // call first.
+  // call first. Copies the header out of payload memory.
   bool open(const EnvelopeHeader& expected);
   // Flags bit 0.
   bool all_raw() const;
@@ -79,6 +83,8 @@ class EnvelopeReader {
  private:
   const std::byte* envelope_;
   uint64_t bytes_;
+  const MemoryOps& memory_;
+  std::vector<uint8_t> header_;  // the header, in host memory (open())
   size_t params_ = 0;  // set by open()
   size_t next_param_ = 0;
   uint64_t offset_ = 0;  // of the next payload; set by open()
@@ -93,7 +99,7 @@ class EnvelopeReader {
 using EnvelopeFailure = std::function<void(int param, const std::string& reason)>;
 void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
                      const EnvelopeHeader& expected, const BucketLayout& layout, int peer,
-                     std::span<const std::unique_ptr<ShardDecoder>> decoders, std::byte* out,
+                     std::span<const std::unique_ptr<PayloadDecoder>> decoders, std::byte* out,
                      const MemoryOps& memory, const EnvelopeFailure& fail);
 
 }  // namespace ciera

@@ -181,6 +181,7 @@ void CompressedAllgather::Impl::exchange_and_decode(std::span<Gather* const> gat
       g.stats.local_payload_bytes = s.layout.rank_bytes(rank);
       // As plain MPI would: one transfer. Raw gathers are chosen where links are fast and the
       // cores busy, and there extra channels only add per-message work.
+      g.wait_for_input();
       calls.push_back({g.in, g.out, counts[i], displs[i], 1});
       continue;
     }

@@ -2,7 +2,6 @@
 // and wait for everyone, copy what they need, then wait again so no input is released early.
 // A rendezvous that times out poisons the world, so every rank fails instead of hanging.
 #include <condition_variable>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -66,8 +65,8 @@ const char* op_name(int op) {
 
 class LoopbackTransport final : public Transport {
  public:
-  LoopbackTransport(std::shared_ptr<LoopbackWorld> world, int rank)
-      : world_(std::move(world)), rank_(rank) {}
+  LoopbackTransport(std::shared_ptr<LoopbackWorld> world, int rank, const MemoryOps& memory)
+      : world_(std::move(world)), rank_(rank), memory_(memory) {}
 
   int rank() const override { return rank_; }
   int size() const override { return world_->size; }
@@ -106,8 +105,11 @@ class LoopbackTransport final : public Transport {
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
  private:
-  static void copy(char* dst, const void* src, uint64_t bytes) {
-    if (bytes != 0 && dst != src) std::memmove(dst, src, bytes);
+  // A rank's own contribution may already sit in its slot of `out` (in place), or overlap it.
+  void copy(char* dst, const void* src, uint64_t bytes) const {
+    if (bytes != 0 && dst != src) {
+      memory_.move(reinterpret_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
+    }
   }
 
   template <typename CopyOut>
@@ -137,6 +139,7 @@ class LoopbackTransport final : public Transport {
 
   std::shared_ptr<LoopbackWorld> world_;
   int rank_;
+  const MemoryOps& memory_;
   std::chrono::milliseconds timeout_{std::chrono::seconds(60)};
 };
 
@@ -147,12 +150,13 @@ std::shared_ptr<LoopbackWorld> make_loopback_world(int size) {
   return std::make_shared<LoopbackWorld>(size);
 }
 
-std::unique_ptr<Transport> make_loopback_transport(std::shared_ptr<LoopbackWorld> world, int rank) {
+std::unique_ptr<Transport> make_loopback_transport(std::shared_ptr<LoopbackWorld> world, int rank,
+                                                   const MemoryOps& memory) {
   if (rank < 0 || rank >= world->size) {
     throw ConfigError("loopback rank " + std::to_string(rank) + " outside world of " +
                       std::to_string(world->size));
   }
-  return std::make_unique<LoopbackTransport>(std::move(world), rank);
+  return std::make_unique<LoopbackTransport>(std::move(world), rank, memory);
 }
 
 }  // namespace ciera

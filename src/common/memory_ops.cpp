@@ -1,4 +1,4 @@
-#include "engine/memory_ops.hpp"
+#include "ciera/memory.hpp"
 
 #include <cstring>
 

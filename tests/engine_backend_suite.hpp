@@ -1,0 +1,222 @@
+// The engine on a codec backend whose payload memory a test cannot touch directly (a GPU's, or
+// the host test's tagged memory): every buffer is filled and read through the backend's
+// MemoryOps, and the ranks are threads over the loopback transport moving bytes with that memory.
+// Shared by tests/test_engine_backend.cpp (the tagged host backend, in CI) and
+// tests/cuda/test_cuda_engine.cpp (the CUDA backend, on a GPU).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ciera/backend.hpp"
+#include "ciera/engine.hpp"
+#include "ciera/loopback.hpp"
+#include "test_util.hpp"
+
+namespace ciera::testing {
+
+// `bytes` of a backend's payload memory.
+class PayloadBytes {
+ public:
+  PayloadBytes(const MemoryOps& memory, size_t bytes)
+      : memory_(memory), data_(memory.allocate(bytes)), bytes_(bytes) {}
+  ~PayloadBytes() { memory_.free(data_, bytes_); }
+  PayloadBytes(const PayloadBytes&) = delete;
+  PayloadBytes& operator=(const PayloadBytes&) = delete;
+
+  std::byte* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  std::span<std::byte> span() const { return {data_, bytes_}; }
+  void put(std::span<const std::byte> host, size_t at = 0) {
+    memory_.copy(data_ + at, host.data(), host.size());
+  }
+  std::vector<std::byte> get() const {
+    std::vector<std::byte> host(bytes_);
+    memory_.copy(host.data(), data_, bytes_);
+    return host;
+  }
+
+ private:
+  const MemoryOps& memory_;
+  std::byte* data_;
+  size_t bytes_;
+};
+
+using BackendOf = std::function<std::shared_ptr<const CodecBackend>(int rank)>;
+using RankBody = std::function<void(int rank, Transport&, std::shared_ptr<const CodecBackend>)>;
+// Wraps a rank's loopback transport (to corrupt or stall it); identity by default.
+using WrapTransport = std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>, int rank)>;
+
+// Runs `body` on `world` threads, rank r on backend_of(r) and a loopback transport moving bytes
+// with that backend's memory (or with `loopback_memory`, which must read every rank's buffers,
+// when ranks use different backends); returns each rank's error text ("" if none).
+inline std::vector<std::string> run_backend_ranks(int world, const BackendOf& backend_of,
+                                                  const RankBody& body,
+                                                  const WrapTransport& wrap = {},
+                                                  const MemoryOps* loopback_memory = nullptr) {
+  auto shared = make_loopback_world(world);
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto backend = backend_of(r);
+        std::unique_ptr<Transport> transport = make_loopback_transport(
+            shared, r, loopback_memory ? *loopback_memory : backend->memory());
+        if (wrap) transport = wrap(std::move(transport), r);
+        transport->set_timeout(std::chrono::seconds(30));
+        body(r, *transport, backend);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+// Three buckets (uneven and empty shards, raw and CIERA parameters) gathered together for
+// `steps` steps through warmup into compressed steady state: every rank's output is the
+// rank-major concatenation of every rank's input, bit for bit, at every step; steady-state
+// gathers are compressed. `in_place`: each rank's input is its slot of the output.
+inline void expect_exact_gathers(int world, const BackendOf& backend_of, DType dtype,
+                                 WarmupMode warmup, bool in_place, int steps = 40,
+                                 const MemoryOps* loopback_memory = nullptr) {
+  std::vector<BucketLayout> layouts;
+  layouts.push_back(BucketLayout::fsdp_split("experts", dtype, {5000, 777, 1, 4096}, world));
+  layouts.push_back(BucketLayout::fsdp_split("attention", dtype, {3000, 3000}, world, ShardPolicy::kRaw));
+  BucketLayout odd;
+  odd.name = "odd";
+  odd.dtype = dtype;
+  odd.policy = {ShardPolicy::kCiera, ShardPolicy::kRaw, ShardPolicy::kCiera};
+  for (int r = 0; r < world; ++r) odd.shard_values.push_back({r == 1 ? 0u : 1000u + 37u * r, 5u, r % 2 ? 3u : 600u});
+  layouts.push_back(odd);
+  EngineConfig config;
+  config.warmup_steps = 4;
+  config.warmup = warmup;
+  config.codec.block_values = 256;
+  expect_no_errors(run_backend_ranks(world, backend_of, [&](int rank, Transport& t, auto backend) {
+    const MemoryOps& memory = backend->memory();
+    std::vector<Trajectory> data;
+    std::vector<std::unique_ptr<PayloadBytes>> in, out;
+    for (size_t b = 0; b < layouts.size(); ++b) {
+      const uint64_t values = layouts[b].total_bytes() / dtype_info(dtype).value_bytes;
+      data.emplace_back(dtype, values, b == 2 ? Pattern::kSpecial : Pattern::kSparse, 20 + b);
+      in.push_back(std::make_unique<PayloadBytes>(memory, layouts[b].rank_bytes(rank)));
+      out.push_back(std::make_unique<PayloadBytes>(memory, layouts[b].total_bytes()));
+    }
+    CompressedAllgather engine(t, config, layouts, backend);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<CompressedAllgather::Ticket> tickets;
+      for (size_t b = 0; b < layouts.size(); ++b) {
+        if (step > 0) data[b].step();
+        const auto mine = data[b].span().subspan(layouts[b].rank_offset(rank), layouts[b].rank_bytes(rank));
+        std::span<const std::byte> input;
+        if (in_place) {
+          out[b]->put(mine, layouts[b].rank_offset(rank));
+          input = {out[b]->data() + layouts[b].rank_offset(rank), mine.size()};
+        } else {
+          in[b]->put(mine);
+          input = {in[b]->data(), mine.size()};
+        }
+        tickets.push_back(engine.start(b, input, out[b]->span()));
+      }
+      for (size_t b = 0; b < layouts.size(); ++b) {
+        const GatherStats stats = engine.wait(tickets[b]);
+        const std::vector<std::byte> got = out[b]->get();
+        ASSERT_TRUE(std::equal(got.begin(), got.end(), data[b].values().begin()))
+            << "rank " << rank << " bucket " << b << " step " << step;
+        // Bucket 1 has only raw parameters; the others compress after warmup.
+        if (b == 1 || step < 4) {
+          EXPECT_EQ(stats.compressed, b != 1 && warmup == WarmupMode::kKeyFrames);
+        } else {
+          EXPECT_TRUE(stats.compressed) << "bucket " << b << " step " << step;
+        }
+        if (b == 0 && step > 5) {
+          EXPECT_LT(stats.wire_bytes, stats.raw_bytes) << "step " << step;
+        }
+      }
+    }
+    EXPECT_GT(engine.cache_bytes(), 0u);
+  }, {}, loopback_memory));
+}
+
+// Flips one bit of rank 0's envelope in the payload exchange number `corrupt_call` on rank
+// `victim`, through payload memory.
+class CorruptingTransport final : public Transport {
+ public:
+  CorruptingTransport(std::unique_ptr<Transport> inner, const MemoryOps& memory, bool corrupt,
+                      int corrupt_call)
+      : inner_(std::move(inner)), memory_(memory), corrupt_(corrupt), corrupt_call_(corrupt_call) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string_view name() const override { return "corrupting"; }
+  void allgather(const void* in, size_t bytes, void* out) override { inner_->allgather(in, bytes, out); }
+  void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
+                  std::span<const uint64_t> displs) override {
+    inner_->allgatherv(in, out, counts, displs);
+    if (corrupt_ && calls_++ == corrupt_call_ && counts[0] > 0) {
+      std::byte* at = static_cast<std::byte*>(out) + displs[0] + counts[0] / 2;
+      std::byte bit;
+      memory_.copy(&bit, at, 1);
+      bit ^= std::byte{0x10};
+      memory_.copy(at, &bit, 1);
+    }
+  }
+  void barrier() override { inner_->barrier(); }
+  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  const MemoryOps& memory_;
+  bool corrupt_;
+  int corrupt_call_;
+  int calls_ = 0;
+};
+
+// A payload corrupted in transit on one rank is caught by that rank's decoder, every rank
+// learns of it in the verdict exchange and re-sends key frames, and the output stays exact.
+inline void expect_corruption_caught_and_resent(int world, const BackendOf& backend_of) {
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {30000}, world);
+  EngineConfig config;
+  config.warmup_steps = 1;
+  std::vector<std::shared_ptr<const CodecBackend>> backends;
+  for (int r = 0; r < world; ++r) backends.push_back(backend_of(r));
+  const int victim = world - 1;
+  expect_no_errors(run_backend_ranks(
+      world, [&](int r) { return backends[r]; },
+      [&](int rank, Transport& t, auto backend) {
+        Trajectory data(DType::kBF16, layout.total_bytes() / 2, Pattern::kSparse, 6);
+        PayloadBytes in(backend->memory(), layout.rank_bytes(rank));
+        PayloadBytes out(backend->memory(), layout.total_bytes());
+        CompressedAllgather engine(t, config, {layout}, backend);
+        for (int step = 0; step < 10; ++step) {
+          data.step();
+          in.put(data.span().subspan(layout.rank_offset(rank), layout.rank_bytes(rank)));
+          const GatherStats stats = engine.run(0, in.span(), out.span());
+          EXPECT_EQ(stats.resynchronised, step == 4) << "rank " << rank << " step " << step;
+          const std::vector<std::byte> got = out.get();
+          ASSERT_TRUE(std::equal(got.begin(), got.end(), data.values().begin())) << step;
+        }
+      },
+      [&](std::unique_ptr<Transport> inner, int r) -> std::unique_ptr<Transport> {
+        // The agreement is allgatherv call 0; the payload exchange of step s is call s + 1.
+        // Step 4 is compressed (warmup 1).
+        return std::make_unique<CorruptingTransport>(std::move(inner), backends[r]->memory(),
+                                                     r == victim, 5);
+      }));
+}
+
+}  // namespace ciera::testing

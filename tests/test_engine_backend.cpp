@@ -1,0 +1,241 @@
+// The engine on a codec backend whose payload memory is not host memory, run on the host: the
+// tagged backend below hands out payload pointers with bit 62 set, which no CPU can dereference
+// (a non-canonical address faults), so any payload byte the engine, the envelope code or the
+// transport touched directly instead of through MemoryOps and the backend's coders would crash
+// these tests. This is what a GPU backend needs of the engine, checked in CI without a GPU.
+// Also: input fences (a gather reads its input only once the caller's stream gets there) and
+// ranks on different backends gathering together.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "ciera/backend.hpp"
+#include "ciera/engine.hpp"
+#include "engine_backend_suite.hpp"
+
+namespace ciera {
+namespace {
+
+using testing::BackendOf;
+using testing::PayloadBytes;
+
+constexpr uintptr_t kTag = uintptr_t{1} << 62;
+
+template <typename T>
+T* untag(T* p) {
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) & ~kTag);
+}
+
+// Host memory behind tagged pointers. Untagging is idempotent, so host pointers (the engine's
+// staged records, a host-backend peer's buffers in the loopback) pass through unchanged.
+class TaggedMemory final : public MemoryOps {
+ public:
+  std::byte* allocate(size_t bytes) const override {
+    std::byte* p = host_memory_ops().allocate(bytes);
+    return reinterpret_cast<std::byte*>(reinterpret_cast<uintptr_t>(p) | kTag);
+  }
+  void free(std::byte* data, size_t bytes) const noexcept override {
+    host_memory_ops().free(untag(data), bytes);
+  }
+  void copy(std::byte* dst, const std::byte* src, size_t bytes) const override {
+    copies.fetch_add(1, std::memory_order_relaxed);
+    host_memory_ops().copy(untag(dst), untag(src), bytes);
+  }
+  void move(std::byte* dst, const std::byte* src, size_t bytes) const override {
+    host_memory_ops().move(untag(dst), untag(src), bytes);
+  }
+  mutable std::atomic<uint64_t> copies{0};
+};
+
+// A stand-in for a CUDA stream: work "enqueued" on it is done once release() is called.
+struct FakeStream {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool released = false;
+  std::atomic<int> waits{0};
+  void release() {
+    std::lock_guard lock(mutex);
+    released = true;
+    changed.notify_all();
+  }
+};
+
+class FakeFence final : public InputFence {
+ public:
+  explicit FakeFence(FakeStream& s) : stream_(s) {}
+  void wait() override {
+    stream_.waits.fetch_add(1);
+    std::unique_lock lock(stream_.mutex);
+    stream_.changed.wait(lock, [&] { return stream_.released; });
+  }
+
+ private:
+  FakeStream& stream_;
+};
+
+class TaggedEncoder final : public PayloadEncoder {
+ public:
+  explicit TaggedEncoder(std::unique_ptr<PayloadEncoder> host) : host_(std::move(host)) {}
+  uint64_t encode(const std::byte* shard, uint64_t shard_bytes, std::byte* payload) override {
+    return host_->encode(untag(shard), shard_bytes, untag(payload));
+  }
+  void request_key_frame() override { host_->request_key_frame(); }
+  uint32_t epoch() const override { return host_->epoch(); }
+  size_t max_payload_bytes() const override { return host_->max_payload_bytes(); }
+  size_t cache_bytes() const override { return host_->cache_bytes(); }
+
+ private:
+  std::unique_ptr<PayloadEncoder> host_;
+};
+
+class TaggedDecoder final : public PayloadDecoder {
+ public:
+  explicit TaggedDecoder(std::unique_ptr<PayloadDecoder> host) : host_(std::move(host)) {}
+  void decode(const std::byte* payload, uint64_t payload_bytes, std::byte* shard,
+              uint64_t shard_bytes) override {
+    host_->decode(untag(payload), payload_bytes, untag(shard), shard_bytes);
+  }
+  void request_resync() override { host_->request_resync(); }
+  uint32_t epoch() const override { return host_->epoch(); }
+  size_t cache_bytes() const override { return host_->cache_bytes(); }
+
+ private:
+  std::unique_ptr<PayloadDecoder> host_;
+};
+
+class TaggedBackend final : public CodecBackend {
+ public:
+  std::string_view name() const override { return "tagged"; }
+  const MemoryOps& memory() const override { return memory_; }
+  bool host_memory() const override { return false; }
+  std::unique_ptr<PayloadEncoder> make_encoder(const CodecConfig& c, uint64_t n,
+                                               StreamIdentity id) const override {
+    return std::make_unique<TaggedEncoder>(host_codec_backend()->make_encoder(c, n, id));
+  }
+  std::unique_ptr<PayloadDecoder> make_decoder(const CodecConfig& c, uint64_t n,
+                                               StreamIdentity id) const override {
+    return std::make_unique<TaggedDecoder>(host_codec_backend()->make_decoder(c, n, id));
+  }
+  std::unique_ptr<InputFence> fence(uintptr_t stream) const override {
+    if (stream == 0) return nullptr;
+    return std::make_unique<FakeFence>(*reinterpret_cast<FakeStream*>(stream));
+  }
+  TaggedMemory memory_;
+};
+
+std::shared_ptr<const CodecBackend> tagged() { return std::make_shared<TaggedBackend>(); }
+
+TEST(EngineBackend, TaggedPointersReallyFault) {
+  // The premise of this file: a tagged pointer cannot be read directly.
+  TaggedMemory memory;
+  std::byte* p = memory.allocate(64);
+  EXPECT_DEATH({ [[maybe_unused]] volatile std::byte b = *p; }, "");
+  memory.free(p, 64);
+}
+
+struct Case {
+  int world;
+  DType dtype;
+  WarmupMode warmup;
+  bool in_place;
+};
+
+class EngineOnTaggedMemory : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EngineOnTaggedMemory, GathersAreBitwiseExactWithEveryPayloadByteThroughTheBackend) {
+  const Case c = GetParam();
+  testing::expect_exact_gathers(c.world, [](int) { return tagged(); }, c.dtype, c.warmup, c.in_place);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, EngineOnTaggedMemory,
+                         ::testing::Values(Case{2, DType::kBF16, WarmupMode::kRaw, false},
+                                           Case{3, DType::kFP16, WarmupMode::kKeyFrames, true},
+                                           Case{4, DType::kBF16, WarmupMode::kRaw, true}));
+
+TEST(EngineBackend, CorruptionInTransitIsCaughtAndResentOnTaggedMemory) {
+  testing::expect_corruption_caught_and_resent(3, [](int) { return tagged(); });
+}
+
+TEST(EngineBackend, RanksOnDifferentBackendsGatherTogether) {
+  // The payloads are the same on every backend, so a host rank and tagged ranks interoperate.
+  // (The loopback moves every rank's bytes with tagged memory, which reads host memory too.)
+  TaggedMemory either;
+  testing::expect_exact_gathers(3, [](int r) { return r == 0 ? host_codec_backend() : tagged(); },
+                                DType::kBF16, WarmupMode::kRaw, false, 40, &either);
+}
+
+TEST(EngineBackend, HostRecordsAreStagedThroughPayloadMemory) {
+  // A device transport is never handed a host pointer: the engine's own records are copied into
+  // payload memory first. Every host record exchange therefore costs two copies.
+  auto backend = std::make_shared<TaggedBackend>();
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {1000}, 1);
+  auto world = make_loopback_world(1);
+  auto transport = make_loopback_transport(world, 0, backend->memory());
+  const uint64_t before = backend->memory_.copies.load();
+  CompressedAllgather engine(*transport, EngineConfig{}, {layout}, backend);
+  EXPECT_GE(backend->memory_.copies.load() - before, 4u);  // agreement and epochs, in and out
+}
+
+// A gather started on a stream whose work is not done yet reads its input only once it is:
+// here the input is written after start(), before the stream is released, in a raw warmup
+// gather (straight from input to output) and in compressed ones.
+TEST(EngineBackend, InputIsReadOnlyAfterTheCallersStreamGetsThere) {
+  const int world = 2;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {20000, 3000}, world);
+  EngineConfig config;
+  config.warmup_steps = 2;
+  testing::expect_no_errors(testing::run_backend_ranks(
+      world, [](int) { return tagged(); }, [&](int rank, Transport& t, auto backend) {
+        testing::Trajectory data(DType::kBF16, layout.total_bytes() / 2, testing::Pattern::kSparse, 3);
+        PayloadBytes in(backend->memory(), layout.rank_bytes(rank));
+        PayloadBytes out(backend->memory(), layout.total_bytes());
+        CompressedAllgather engine(t, config, {layout}, backend);
+        const std::vector<std::byte> stale(layout.rank_bytes(rank), std::byte{0x7F});
+        for (int step = 0; step < 6; ++step) {
+          data.step();
+          in.put(stale);
+          FakeStream stream;
+          const auto ticket = engine.start(0, in.span(), out.span(), reinterpret_cast<uintptr_t>(&stream));
+          // start() returned without waiting; now the caller's "kernel" writes the input.
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          in.put(data.span().subspan(layout.rank_offset(rank), layout.rank_bytes(rank)));
+          stream.release();
+          engine.wait(ticket);
+          EXPECT_GT(stream.waits.load(), 0) << "step " << step;
+          const std::vector<std::byte> got = out.get();
+          ASSERT_TRUE(std::equal(got.begin(), got.end(), data.values().begin())) << "step " << step;
+        }
+      }));
+}
+
+TEST(EngineBackend, TheHostBackendHasNoStreams) {
+  auto world = make_loopback_world(1);
+  auto transport = make_loopback_transport(world, 0);
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {100}, 1);
+  CompressedAllgather engine(*transport, EngineConfig{}, {layout});
+  std::vector<std::byte> in(layout.rank_bytes(0)), out(layout.total_bytes());
+  EXPECT_THROW(
+      {
+        try {
+          engine.start(0, in, out, 0x1234);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("host codec backend has no streams"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+  // Nothing changed: the bucket is not busy.
+  EXPECT_NO_THROW(engine.run(0, in, out));
+}
+
+TEST(EngineBackend, ANullBackendIsRefused) {
+  auto world = make_loopback_world(1);
+  auto transport = make_loopback_transport(world, 0);
+  EXPECT_THROW(CompressedAllgather(*transport, EngineConfig{}, {}, nullptr), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace ciera
