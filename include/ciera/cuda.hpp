@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ciera/backend.hpp"
 #include "ciera/codec.hpp"
 #include "ciera/config.hpp"
 #include "ciera/dtype.hpp"
@@ -106,6 +107,8 @@ class ShardDecoder {
   // As ShardDecoder::request_resync() and reset() on the CPU, ordered on `stream`.
   void request_resync(Stream stream);
   void reset(Stream stream);
+  // The epoch of the stream it decodes now (waits for its last work).
+  uint32_t epoch() const;
 
   uint64_t num_values() const;
   size_t cache_bytes() const;
@@ -116,5 +119,12 @@ class ShardDecoder {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The codec backend of the compressed allgather engine (include/ciera/backend.hpp) on CUDA
+// device `device`: payload memory is that device's (cudaMalloc), coded by the ShardEncoder and
+// ShardDecoder above; start()'s stream is a cudaStream_t of that device. Each engine thread
+// works on a non-blocking stream of its own. Throws ConfigError if the device does not exist
+// or cannot run this build's kernels.
+std::shared_ptr<const CodecBackend> codec_backend(int device = 0);
 
 }  // namespace ciera::cuda

@@ -7,10 +7,26 @@
 
 #include "bind.hpp"
 #include "ciera/engine.hpp"
+#include "ciera/error.hpp"
 #include "ciera/transport.hpp"
+#if defined(CIERA_WITH_CUDA)
+#include "ciera/cuda.hpp"
+#endif
 
 namespace ciera::python {
 namespace {
+
+// The codec backend for `device`: -1 the host, d >= 0 CUDA device d.
+std::shared_ptr<const CodecBackend> backend_for(int device) {
+  if (device < 0) return host_codec_backend();
+#if defined(CIERA_WITH_CUDA)
+  return cuda::codec_backend(device);
+#else
+  throw ConfigError("device " + std::to_string(device) +
+                    ": this build of CIERA has no CUDA backend (build it with nvcc: "
+                    "CIERA_CUDA=ON pip install .)");
+#endif
+}
 
 // An engine that close() can end before Python drops the object: every later call is a
 // ValueError, as for a closed file. Each call holds its own reference to the engine, so a
@@ -22,11 +38,12 @@ class PyEngine {
   using Engine = std::shared_ptr<CompressedAllgather>;
 
   PyEngine(std::shared_ptr<Transport> transport, EngineConfig config,
-           std::vector<BucketLayout> buckets)
+           std::vector<BucketLayout> buckets, int device)
       : transport_(std::move(transport)) {
+    auto backend = backend_for(device);
     py::gil_scoped_release release;  // the agreement is collective
-    engine_ =
-        std::make_shared<CompressedAllgather>(*transport_, std::move(config), std::move(buckets));
+    engine_ = std::make_shared<CompressedAllgather>(*transport_, std::move(config),
+                                                    std::move(buckets), std::move(backend));
   }
   ~PyEngine() { release(engine_); }
   PyEngine(const PyEngine&) = delete;
@@ -51,13 +68,14 @@ class PyEngine {
   }
 
   // start() or run(): `input`/`output` are data pointers with their sizes in bytes
-  // (Tensor.data_ptr()).
+  // (Tensor.data_ptr(): host memory, or device memory on a CUDA engine); `stream` a CUDA
+  // stream as an integer (torch.cuda.Stream.cuda_stream) or 0.
   template <auto Method>
   auto gather(size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output,
-              uint64_t output_bytes) {
+              uint64_t output_bytes, uintptr_t stream) {
     return unlocked([&](CompressedAllgather& engine) {
       return (engine.*Method)(bucket, bytes_at<const std::byte>(input, input_bytes),
-                              bytes_at<std::byte>(output, output_bytes));
+                              bytes_at<std::byte>(output, output_bytes), stream);
     });
   }
 
@@ -110,11 +128,14 @@ void bind_engine(py::module_& m) {
       .def_readonly("total_s", &GatherStats::total_s);
 
   py::class_<PyEngine>(m, "Engine")
-      .def(py::init<std::shared_ptr<Transport>, EngineConfig, std::vector<BucketLayout>>(),
-           py::arg("transport").none(false), py::arg("config"), py::arg("buckets"))
+      .def(py::init<std::shared_ptr<Transport>, EngineConfig, std::vector<BucketLayout>, int>(),
+           py::arg("transport").none(false), py::arg("config"), py::arg("buckets"),
+           py::arg("device") = -1,
+           "device: -1 for host memory, d >= 0 for CUDA device d (payloads in its memory, coded "
+           "there; the transport must move device memory)")
       .def("start", &PyEngine::gather<&CompressedAllgather::start>, py::arg("bucket"),
            py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
-           py::arg("output_bytes"))
+           py::arg("output_bytes"), py::arg("stream") = 0)
       .def(
           "wait",
           [](PyEngine& e, CompressedAllgather::Ticket ticket) {
@@ -123,7 +144,7 @@ void bind_engine(py::module_& m) {
           py::arg("ticket"))
       .def("run", &PyEngine::gather<&CompressedAllgather::run>, py::arg("bucket"),
            py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
-           py::arg("output_bytes"))
+           py::arg("output_bytes"), py::arg("stream") = 0)
       .def("reset_caches",
            [](PyEngine& e) { e.unlocked([](CompressedAllgather& engine) { engine.reset_caches(); }); })
       .def(
@@ -160,6 +181,12 @@ void bind_engine(py::module_& m) {
           [](PyEngine& e) {
             return e.unlocked([](CompressedAllgather& engine) { return engine.world_size(); });
           })
+      .def_property_readonly("backend",
+                             [](PyEngine& e) {
+                               return e.unlocked([](CompressedAllgather& engine) {
+                                 return std::string(engine.backend().name());
+                               });
+                             })
       .def_property_readonly("closed", &PyEngine::closed)
       .def("close", &PyEngine::close,
            "Ends the engine (joins its threads); closing twice is harmless.");

@@ -15,6 +15,18 @@ PYBIND11_MODULE(_ext, m) {
 #else
       false;
 #endif
+  m.attr("with_cuda") =
+#if defined(CIERA_WITH_CUDA)
+      true;
+#else
+      false;
+#endif
+  m.attr("with_nccl") =
+#if defined(CIERA_WITH_NCCL)
+      true;
+#else
+      false;
+#endif
   cp::bind_errors(m);
   cp::bind_config(m);
   cp::bind_codec(m);

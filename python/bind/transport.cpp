@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,19 +15,25 @@
 #if defined(CIERA_WITH_MPI)
 #include "ciera/mpi.hpp"
 #endif
+#if defined(CIERA_WITH_NCCL)
+#include "ciera/nccl.hpp"
+#endif
 
 namespace ciera::python {
 namespace {
 
 // A Transport whose collectives are Python callables. Called from the engine's communication
-// thread, so each call takes the GIL; the callables receive writable memoryviews over CIERA's
-// buffers.
+// thread, so each call takes the GIL. On host memory the callables receive memoryviews over
+// CIERA's buffers; for a CUDA engine (`device`), whose transport is handed device memory only
+// (include/ciera/backend.hpp), they receive (address, bytes) pairs of device memory instead, for
+// torch to wrap (ciera.fsdp.transport). Either way the data must be in place when they return.
 class PythonTransport final : public Transport {
  public:
   PythonTransport(int rank, int size, py::object allgather, py::object allgatherv,
-                  py::object barrier, std::string name)
+                  py::object barrier, std::string name, bool device)
       : rank_(rank),
         size_(size),
+        device_(device),
         allgather_(std::move(allgather)),
         allgatherv_(std::move(allgatherv)),
         barrier_(std::move(barrier)),
@@ -65,7 +72,8 @@ class PythonTransport final : public Transport {
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
  private:
-  static py::memoryview view(const void* data, uint64_t bytes, bool readonly) {
+  py::object view(const void* data, uint64_t bytes, bool readonly) const {
+    if (device_) return py::make_tuple(reinterpret_cast<uintptr_t>(data), bytes);
     return py::memoryview::from_memory(const_cast<void*>(data), static_cast<ssize_t>(bytes),
                                        readonly);
   }
@@ -83,6 +91,7 @@ class PythonTransport final : public Transport {
 
   int rank_;
   int size_;
+  bool device_;
   py::object allgather_, allgatherv_, barrier_;
   std::string name_;
   std::chrono::milliseconds timeout_{std::chrono::seconds(120)};
@@ -114,13 +123,44 @@ void bind_transport(py::module_& m) {
   m.def(
       "python_transport",
       [](int rank, int size, py::object allgather, py::object allgatherv, py::object barrier,
-         std::string name) -> std::shared_ptr<Transport> {
+         std::string name, bool device) -> std::shared_ptr<Transport> {
         return std::make_shared<PythonTransport>(rank, size, std::move(allgather),
                                                  std::move(allgatherv), std::move(barrier),
-                                                 std::move(name));
+                                                 std::move(name), device);
       },
       py::arg("rank"), py::arg("size"), py::arg("allgather"), py::arg("allgatherv"),
-      py::arg("barrier"), py::arg("name") = "python");
+      py::arg("barrier"), py::arg("name") = "python", py::arg("device") = false,
+      "device: the callables get (address, bytes) of device memory instead of memoryviews");
+#if defined(CIERA_WITH_NCCL)
+  m.def(
+      "nccl_unique_id",
+      [] {
+        const nccl::UniqueId id = nccl::make_unique_id();
+        return py::bytes(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
+      },
+      "Rank 0's NCCL unique id (bytes), for every rank's nccl_transport().");
+  m.def(
+      "nccl_transport",
+      [](py::bytes id_bytes, int rank, int size, int device,
+         double timeout_s) -> std::shared_ptr<Transport> {
+        const std::string raw = id_bytes;
+        nccl::UniqueId id;
+        if (raw.size() != id.bytes.size()) {
+          throw py::value_error("nccl_transport: the unique id is " + std::to_string(raw.size()) +
+                                " bytes, expected " + std::to_string(id.bytes.size()));
+        }
+        std::memcpy(id.bytes.data(), raw.data(), raw.size());
+        nccl::Options options;
+        options.device = device;
+        options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+        py::gil_scoped_release release;  // collective: waits for the peers
+        return nccl::make_transport(id, rank, size, options);
+      },
+      py::arg("unique_id"), py::arg("rank"), py::arg("size"), py::arg("device"),
+      py::arg("timeout_s") = 120.0);
+  m.def("nccl_version", &nccl::library_version,
+        "The version of the NCCL library CIERA loads (CommError if it cannot be loaded).");
+#endif
 #if defined(CIERA_WITH_MPI)
   m.def("mpi_init", [] {
     int initialized = 0;

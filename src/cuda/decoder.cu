@@ -124,6 +124,14 @@ void ShardDecoder::reset(Stream stream) {
   request_resync(stream);
 }
 
+uint32_t ShardDecoder::epoch() const {
+  Impl& m = *impl_;
+  check_cuda(cudaEventSynchronize(m.done), "decoder epoch");
+  codec::device::DecodeState state;
+  check_cuda(cudaMemcpy(&state, m.state.p, sizeof state, cudaMemcpyDeviceToHost), "state copy");
+  return state.epoch;
+}
+
 uint64_t ShardDecoder::num_values() const { return impl_->c.num_values; }
 size_t ShardDecoder::cache_bytes() const { return impl_->c.num_values; }
 

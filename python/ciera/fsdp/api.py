@@ -91,6 +91,21 @@ def _layouts(described: list, world: int, selecting: bool, policy) -> list:
     return layouts
 
 
+def _model_device(model: torch.nn.Module) -> torch.device:
+    """The one device the model's parameters are on: CPU, or one CUDA device (whose index the
+    engine codes on). ConfigError for anything else."""
+    devices = {p.device for p in model.parameters()}
+    if len(devices) != 1:
+        raise _ext.ConfigError(f"enable(): the model's parameters are on {len(devices)} devices "
+                               f"({', '.join(sorted(map(str, devices)))}); CIERA needs them on one")
+    device = devices.pop()
+    if device.type == "cuda":
+        return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    if device.type != "cpu":
+        raise _ext.ConfigError(f"enable(): parameters on {device}; CIERA gathers CPU or CUDA tensors")
+    return device
+
+
 def _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps,
                      reselect_every, cost_model) -> None:
     """enable()'s arguments, each on its own and together: TypeError or ValueError naming the
@@ -109,8 +124,8 @@ def _check_arguments(model, config, transport, policy, cache_budget_bytes, selec
         raise TypeError(f"enable(): config must be a ciera.EngineConfig, got {type(config).__name__}")
     if config is not None and not (math.isfinite(config.timeout_s) and config.timeout_s > 0):
         raise ValueError(f"enable(): config.timeout_s must be a finite number of seconds > 0, got {config.timeout_s}")
-    if transport not in ("torch", "mpi"):
-        raise ValueError(f"enable(): transport must be 'torch' or 'mpi', got {transport!r}")
+    if transport not in ("torch", "mpi", "nccl"):
+        raise ValueError(f"enable(): transport must be 'torch', 'mpi' or 'nccl', got {transport!r}")
     if policy is not None and not callable(policy):
         raise TypeError(f"enable(): policy must be callable(bucket, param) -> ShardPolicy, got {policy!r}")
     count("cache_budget_bytes", cache_budget_bytes, allow_none=True)
@@ -132,9 +147,11 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     """Routes every FSDP2 parameter group's all-gather of `model` through CIERA.
 
     Collective: every rank calls it with the same model structure and configuration (checked;
-    a difference raises ConfigError on every rank). `transport` is "torch" (a dedicated gloo
-    group beside `process_group`, default the world) or "mpi" (CIERA's Open MPI transport; the
-    job must run under mpirun). With `verify`, every gather is also done by torch.distributed
+    a difference raises ConfigError on every rank). The model's parameters are on the CPU or on
+    one CUDA device: then payloads live and are coded in that device's memory (CIERA built with
+    CUDA). `transport` is "torch" (a dedicated group beside `process_group`, default the world:
+    gloo for CPU models, NCCL for CUDA ones), "mpi" (CIERA's Open MPI transport, CPU only; the
+    job must run under mpirun) or "nccl" (CIERA's own NCCL communicator, CUDA only). With `verify`, every gather is also done by torch.distributed
     and compared byte for byte (Handle.wrong_bytes). `policy(bucket, param) -> ShardPolicy`
     chooses per parameter; the default compresses everything.
 
@@ -166,14 +183,18 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
         raise ValueError("enable(): the model's all-gathers already go through CIERA; call disable() on the "
                          "Handle of that enable() first")
     world = dist.get_world_size(process_group)
+    device = _model_device(model)
+    if device.type == "cuda" and selecting and cost_model is None:
+        raise ValueError("enable(): on CUDA the selector needs cost_model= (the start-up measurement "
+                         "times host coders and host-memory transfers, not the GPU's)")
     layouts = _layouts(described, world, selecting, policy)
-    native = make_transport(transport, process_group, config.timeout_s)
+    native = make_transport(transport, process_group, config.timeout_s, device)
     if selecting and cost_model is None:
         # Measured before the engine takes the transport over: Comm() up to the largest bucket.
         largest = max(b.numel * world * element_bytes(b.dtype) for _, b in described)
         dtypes = sorted({DTYPES[b.dtype] for _, b in described}, key=int)
         cost_model = _ext.measure_cost_model(native, largest, dtypes, config.codec)
-    engine = _ext.Engine(native, config, layouts)
+    engine = _ext.Engine(native, config, layouts, device=device.index if device.type == "cuda" else -1)
     lifecycle.register_engine(engine)
     runtime = Runtime(engine, [b for _, b in described], [m for m, _ in described], verify, overlap=overlap)
     for module, bucket in described:

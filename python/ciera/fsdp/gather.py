@@ -72,8 +72,12 @@ class CieraAllGather(AllGather):
         if self.runtime.selector is not None:
             self.runtime.selector.tracker(b.index, input_tensor)
         start = time.perf_counter()
+        # On CUDA, FSDP calls this on its all-gather stream, where the copy-in of the input is
+        # ordered: the engine starts encoding once that stream gets here (an event), and this
+        # thread does not wait for it.
+        stream = torch.cuda.current_stream(input_tensor.device).cuda_stream if input_tensor.is_cuda else 0
         ticket = self.runtime.engine.start(b.index, input_tensor.data_ptr(), nbytes, output_tensor.data_ptr(),
-                                           output_tensor.numel() * output_tensor.element_size())
+                                           output_tensor.numel() * output_tensor.element_size(), stream)
         work = _GatherWork(self, ticket, start, output_tensor, input_tensor, group)
         if self.runtime.overlap:
             return work  # FSDP waits on it right before the module runs (CCP, paper §3.3)

@@ -31,6 +31,10 @@ class ExponentTracker:
         self.total = 0
 
     def __call__(self, bucket: int, shard: torch.Tensor) -> None:
+        if bucket in self.seen:
+            return
+        if shard.device.type != "cpu":
+            shard = shard.to("cpu")  # the change monitor reads host memory (statistics only)
         self.observe(bucket, shard.dtype, shard.data_ptr(), shard.numel())
 
     def observe(self, bucket: int, dtype: torch.dtype, data_ptr: int, values: int) -> None:

@@ -1,5 +1,6 @@
-"""Transports the engine's collectives can run on: the process group torch already uses (gloo on
-CPU, through Python callables) or CIERA's Open MPI transport (the job runs under mpirun)."""
+"""Transports the engine's collectives can run on: a torch.distributed process group (gloo on CPU,
+NCCL on CUDA, through Python callables), CIERA's Open MPI transport (CPU; the job runs under
+mpirun) or CIERA's NCCL transport (CUDA; a communicator of its own)."""
 
 from __future__ import annotations
 
@@ -55,18 +56,107 @@ class TorchTransport:
         return _ext.python_transport(self.rank, self.size, self.allgather, self.allgatherv, self.barrier, "torch-gloo")
 
 
-def make_transport(kind: str, process_group, timeout_s: float):
-    """The native transport for enable(transport=kind). "torch": a dedicated gloo group beside
-    `process_group` (default the world) whose collectives fail after `timeout_s` (the engine's
-    timeout: a new group would otherwise wait torch's default 30 minutes for a stopped peer);
-    "mpi": Open MPI, initialised once per process (the engine sets its timeout)."""
+class _DeviceBytes:
+    """`nbytes` bytes of device memory at `address`, for torch.as_tensor (CUDA array interface,
+    version 3). No stream: CIERA hands a transport only data that is complete."""
+
+    def __init__(self, address: int, nbytes: int, readonly: bool):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, readonly),
+                                         "version": 3, "strides": None, "stream": None}
+
+
+class TorchCudaTransport:
+    """CIERA's collectives on a torch.distributed NCCL process group, for a CUDA engine: the
+    callables get (address, bytes) of device memory (the engine stages its small host records
+    through device memory, so nothing else arrives here).
+
+    Each collective runs on a side stream of this transport and is complete when the callable
+    returns (the engine's contract), without synchronising the training's streams. NCCL has no
+    allgatherv: as over gloo, payloads are padded to the largest (device copies are cheap)."""
+
+    def __init__(self, group, device: torch.device):
+        self.group = group
+        self.device = device
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.stream = torch.cuda.Stream(device=device)
+
+    def _tensor(self, view) -> torch.Tensor:
+        address, nbytes = view
+        if nbytes == 0:
+            return torch.empty(0, dtype=torch.uint8, device=self.device)
+        return torch.as_tensor(_DeviceBytes(address, nbytes, False), device=self.device)
+
+    def _run(self, body) -> None:
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            body()
+        self.stream.synchronize()
+
+    def allgather(self, inp, out) -> None:
+        self._run(lambda: dist.all_gather_into_tensor(self._tensor(out), self._tensor(inp), group=self.group))
+
+    def allgatherv(self, inp, out, counts, displs) -> None:
+        largest = max(counts)
+        if largest == 0:
+            return
+
+        def body():
+            send = torch.zeros(largest, dtype=torch.uint8, device=self.device)
+            send[: counts[self.rank]] = self._tensor(inp)
+            recv = torch.empty(largest * self.size, dtype=torch.uint8, device=self.device)
+            dist.all_gather_into_tensor(recv, send, group=self.group)
+            target = self._tensor(out)
+            for r in range(self.size):
+                target[displs[r] : displs[r] + counts[r]] = recv[r * largest : r * largest + counts[r]]
+
+        self._run(body)
+
+    def barrier(self) -> None:
+        self._run(lambda: dist.barrier(group=self.group, device_ids=[self.device.index]))
+
+    def make(self):
+        return _ext.python_transport(self.rank, self.size, self.allgather, self.allgatherv, self.barrier,
+                                     "torch-nccl", device=True)
+
+
+def _nccl_transport(process_group, device: torch.device, timeout_s: float):
+    """CIERA's own NCCL communicator among the ranks of `process_group`: rank 0 draws the unique
+    id and the group's existing backend carries it to the others."""
+    if not _ext.with_nccl:
+        raise _ext.ConfigError("transport 'nccl': this build of CIERA has no NCCL transport "
+                               "(build it with nvcc: CIERA_CUDA=ON pip install .)")
+    rank, size = dist.get_rank(process_group), dist.get_world_size(process_group)
+    box = [_ext.nccl_unique_id() if rank == 0 else None]
+    src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
+    dist.broadcast_object_list(box, src=src, group=process_group)
+    return _ext.nccl_transport(box[0], rank, size, device.index, timeout_s)
+
+
+def make_transport(kind: str, process_group, timeout_s: float, device: torch.device | None = None):
+    """The native transport for enable(transport=kind), for a model on `device` (CPU when None).
+    "torch": a dedicated group beside `process_group` (default the world), gloo for a CPU model
+    and NCCL for a CUDA one, whose collectives fail after `timeout_s` (the engine's timeout: a
+    new group would otherwise wait torch's default 30 minutes for a stopped peer); "mpi": Open
+    MPI, initialised once per process (the engine sets its timeout; host memory only); "nccl":
+    CIERA's NCCL transport (CUDA only)."""
+    cuda = device is not None and device.type == "cuda"
     if kind == "torch":
         ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
-        group = dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if cuda:
+            group = dist.new_group(ranks=ranks, backend="nccl", timeout=timeout)
+            return TorchCudaTransport(group, device).make()
+        group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
         return TorchTransport(group).make()
+    if kind == "nccl":
+        if not cuda:
+            raise _ext.ConfigError("transport 'nccl' moves device memory: the model must be on a CUDA device")
+        return _nccl_transport(process_group, device, timeout_s)
     if kind == "mpi":
+        if cuda:
+            raise _ext.ConfigError("transport 'mpi' moves host memory; for a CUDA model use 'torch' or 'nccl'")
         if not _ext.with_mpi:
             raise _ext.ConfigError("this build of CIERA has no MPI transport")
         lifecycle.init_mpi_once()
         return _ext.mpi_transport()
-    raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch' or 'mpi')")
+    raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")

@@ -1,0 +1,223 @@
+// The CUDA codec backend (include/ciera/cuda.hpp, codec_backend): payloads in one GPU's memory,
+// coded there by ShardEncoder / ShardDecoder (encoder.cu, decoder.cu), for the engine of
+// include/ciera/engine.hpp.
+//
+// Streams. The engine calls the backend from its worker threads and its communication thread,
+// each call complete when it returns (backend.hpp). Each such thread gets a non-blocking stream of
+// its own per device, made on its first call: coders and copies enqueue there and wait for it,
+// so work of different threads overlaps on the device (one thread encoding a shard while another
+// decodes a peer's) and nothing is ordered behind the caller's default stream.
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "ciera/backend.hpp"
+#include "ciera/cuda.hpp"
+#include "ciera/error.hpp"
+
+namespace ciera::cuda {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
+}
+
+// This thread's stream on `device` (made current).
+cudaStream_t thread_stream(int device) {
+  struct Streams {
+    std::map<int, cudaStream_t> by_device;
+    ~Streams() {
+      for (auto& [d, s] : by_device) cudaStreamDestroy(s);  // at thread exit; errors ignored
+    }
+  };
+  thread_local Streams streams;
+  check(cudaSetDevice(device), "cudaSetDevice");
+  auto it = streams.by_device.find(device);
+  if (it != streams.by_device.end()) return it->second;
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  streams.by_device.emplace(device, s);
+  return s;
+}
+
+// This thread's scratch buffer on `device`, at least `bytes` long (for overlapping moves).
+void* thread_scratch(int device, size_t bytes) {
+  struct Scratch {
+    std::map<int, std::pair<void*, size_t>> by_device;
+    ~Scratch() {
+      for (auto& [d, b] : by_device) cudaFree(b.first);
+    }
+  };
+  thread_local Scratch scratch;
+  auto& [p, size] = scratch.by_device[device];
+  if (size < bytes) {
+    cudaFree(p);
+    p = nullptr;
+    size = 0;
+    check(cudaMalloc(&p, bytes), "cudaMalloc (move scratch)");
+    size = bytes;
+  }
+  return p;
+}
+
+class DeviceMemory final : public MemoryOps {
+ public:
+  explicit DeviceMemory(int device) : device_(device) {}
+
+  std::byte* allocate(size_t bytes) const override {
+    if (bytes == 0) return nullptr;
+    cudaStream_t s = thread_stream(device_);
+    void* p = nullptr;
+    // cudaMalloc is aligned to 256 bytes at least, beyond the 64 MemoryOps promises.
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free error state of the failed call
+      throw std::bad_alloc();
+    }
+    check(cudaMemsetAsync(p, 0, bytes, s), "cudaMemsetAsync");
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    return static_cast<std::byte*>(p);
+  }
+  void free(std::byte* data, size_t) const noexcept override {
+    if (data != nullptr) cudaFree(data);
+  }
+  void copy(std::byte* dst, const std::byte* src, size_t bytes) const override {
+    if (bytes == 0) return;
+    cudaStream_t s = thread_stream(device_);
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  }
+  void move(std::byte* dst, const std::byte* src, size_t bytes) const override {
+    if (bytes == 0 || dst == src) return;
+    const bool overlap = dst < src + bytes && src < dst + bytes;
+    if (!overlap) return copy(dst, src, bytes);
+    // cudaMemcpy leaves overlapping ranges undefined: bounce through scratch (two device
+    // copies at device bandwidth; only packing an envelope slides payloads this way).
+    cudaStream_t s = thread_stream(device_);
+    void* tmp = thread_scratch(device_, bytes);
+    check(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  }
+
+ private:
+  int device_;
+};
+
+class Encoder final : public PayloadEncoder {
+ public:
+  Encoder(int device, const CodecConfig& config, uint64_t n, StreamIdentity id)
+      : device_(device),
+        cache_bytes_(codec_cache_bytes(config, n, /*sender=*/true)),
+        coder_((check(cudaSetDevice(device), "cudaSetDevice"), config), n, id) {
+    check(cudaMalloc(&length_, sizeof *length_), "cudaMalloc");
+  }
+  ~Encoder() override { cudaFree(length_); }
+  uint64_t encode(const std::byte* shard, uint64_t, std::byte* payload) override {
+    coder_.encode(shard, payload, length_, thread_stream(device_));
+    return coder_.payload_bytes();  // waits for this frame
+  }
+  void request_key_frame() override { coder_.request_key_frame(); }
+  uint32_t epoch() const override { return coder_.epoch(); }
+  size_t max_payload_bytes() const override { return coder_.max_payload_bytes(); }
+  size_t cache_bytes() const override { return cache_bytes_; }
+
+ private:
+  int device_;
+  size_t cache_bytes_;
+  ShardEncoder coder_;
+  uint64_t* length_ = nullptr;  // device memory: the encoder writes the length there
+};
+
+class Decoder final : public PayloadDecoder {
+ public:
+  Decoder(int device, const CodecConfig& config, uint64_t n, StreamIdentity id)
+      : device_(device), coder_((check(cudaSetDevice(device), "cudaSetDevice"), config), n, id) {}
+  void decode(const std::byte* payload, uint64_t payload_bytes, std::byte* shard,
+              uint64_t) override {
+    coder_.decode(payload, payload_bytes, shard, thread_stream(device_));
+    coder_.check();  // waits; throws FormatError for a refused frame
+  }
+  void request_resync() override { coder_.request_resync(thread_stream(device_)); }
+  uint32_t epoch() const override {
+    check(cudaSetDevice(device_), "cudaSetDevice");
+    return coder_.epoch();
+  }
+  size_t cache_bytes() const override { return coder_.cache_bytes(); }
+
+ private:
+  int device_;
+  ShardDecoder coder_;
+};
+
+class Fence final : public InputFence {
+ public:
+  Fence(int device, cudaStream_t stream) : device_(device) {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+    if (cudaEventRecord(event_, stream) != cudaSuccess) {
+      cudaEventDestroy(event_);
+      throw std::invalid_argument("start: stream " +
+                                  std::to_string(reinterpret_cast<uintptr_t>(stream)) +
+                                  " is not a CUDA stream of device " + std::to_string(device));
+    }
+  }
+  ~Fence() override { cudaEventDestroy(event_); }
+  void wait() override {
+    std::call_once(once_, [&] {
+      check(cudaSetDevice(device_), "cudaSetDevice");
+      check(cudaEventSynchronize(event_), "waiting for the input's stream");
+    });
+  }
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+  std::once_flag once_;
+};
+
+class Backend final : public CodecBackend {
+ public:
+  explicit Backend(int device) : device_(device), name_("cuda:" + std::to_string(device)), memory_(device) {}
+  std::string_view name() const override { return name_; }
+  const MemoryOps& memory() const override { return memory_; }
+  bool host_memory() const override { return false; }
+  std::unique_ptr<PayloadEncoder> make_encoder(const CodecConfig& c, uint64_t n,
+                                               StreamIdentity id) const override {
+    return std::make_unique<Encoder>(device_, c, n, id);
+  }
+  std::unique_ptr<PayloadDecoder> make_decoder(const CodecConfig& c, uint64_t n,
+                                               StreamIdentity id) const override {
+    return std::make_unique<Decoder>(device_, c, n, id);
+  }
+  std::unique_ptr<InputFence> fence(uintptr_t stream) const override {
+    if (stream == 0) return nullptr;
+    return std::make_unique<Fence>(device_, reinterpret_cast<cudaStream_t>(stream));
+  }
+
+ private:
+  int device_;
+  std::string name_;
+  DeviceMemory memory_;
+};
+
+}  // namespace
+
+std::shared_ptr<const CodecBackend> codec_backend(int device) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || device < 0 || device >= count) {
+    throw ConfigError("CUDA codec backend: no device " + std::to_string(device) + " (" +
+                      (e != cudaSuccess ? std::string(cudaGetErrorString(e))
+                                        : std::to_string(count) + " devices") + ")");
+  }
+  std::string why;
+  check(cudaSetDevice(device), "cudaSetDevice");
+  if (!device_available(&why)) throw ConfigError("CUDA codec backend: " + why);
+  return std::make_shared<const Backend>(device);
+}
+
+}  // namespace ciera::cuda
