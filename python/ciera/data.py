@@ -1,8 +1,9 @@
-"""Real English text that ships in a Debian package, as byte-level tokens: nothing is fetched."""
+"""Real text that ships with the system, as byte-level tokens: nothing is fetched."""
 
 from __future__ import annotations
 
 import glob
+import sysconfig
 from pathlib import Path
 
 import torch
@@ -10,8 +11,10 @@ import torch
 VOCAB = 256  # byte-level tokens
 
 # The Python documentation's reStructuredText sources (Debian package python3.X-doc), then the
-# licence texts every Debian system carries.
-_SOURCES = ["/usr/share/doc/python3*/html/_sources/**/*.rst.txt", "/usr/share/common-licenses/*"]
+# licence texts every Debian system carries, then (on a bare image, e.g. the GPU machine) the
+# running Python's own standard library sources, which every Python has.
+_SOURCES = ["/usr/share/doc/python3*/html/_sources/**/*.rst.txt", "/usr/share/common-licenses/*",
+            sysconfig.get_paths()["stdlib"] + "/*.py"]
 
 
 def corpus_files() -> list[str]:
