@@ -26,7 +26,28 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
 }
 
-// This thread's stream on `device` (made current).
+// Makes `device` current for a scope and restores the caller's current device after: the
+// backend is called on the caller's threads too (engine set-up, set_policy, the staged records
+// at construction), and a library must not move a training thread to another GPU.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    restore_ = previous_ != device;
+  }
+  ~DeviceGuard() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+// This thread's stream on `device` (which must be current: a DeviceGuard).
 cudaStream_t thread_stream(int device) {
   struct Streams {
     std::map<int, cudaStream_t> by_device;
@@ -35,7 +56,6 @@ cudaStream_t thread_stream(int device) {
     }
   };
   thread_local Streams streams;
-  check(cudaSetDevice(device), "cudaSetDevice");
   auto it = streams.by_device.find(device);
   if (it != streams.by_device.end()) return it->second;
   cudaStream_t s = nullptr;
@@ -70,6 +90,7 @@ class DeviceMemory final : public MemoryOps {
 
   std::byte* allocate(size_t bytes) const override {
     if (bytes == 0) return nullptr;
+    DeviceGuard on(device_);
     cudaStream_t s = thread_stream(device_);
     void* p = nullptr;
     // cudaMalloc is aligned to 256 bytes at least, beyond the 64 MemoryOps promises.
@@ -82,10 +103,11 @@ class DeviceMemory final : public MemoryOps {
     return static_cast<std::byte*>(p);
   }
   void free(std::byte* data, size_t) const noexcept override {
-    if (data != nullptr) cudaFree(data);
+    if (data != nullptr) cudaFree(data);  // cudaFree needs no current device
   }
   void copy(std::byte* dst, const std::byte* src, size_t bytes) const override {
     if (bytes == 0) return;
+    DeviceGuard on(device_);
     cudaStream_t s = thread_stream(device_);
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
@@ -96,6 +118,7 @@ class DeviceMemory final : public MemoryOps {
     if (!overlap) return copy(dst, src, bytes);
     // cudaMemcpy leaves overlapping ranges undefined: bounce through scratch (two device
     // copies at device bandwidth; only packing an envelope slides payloads this way).
+    DeviceGuard on(device_);
     cudaStream_t s = thread_stream(device_);
     void* tmp = thread_scratch(device_, bytes);
     check(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
@@ -109,14 +132,16 @@ class DeviceMemory final : public MemoryOps {
 
 class Encoder final : public PayloadEncoder {
  public:
+  // Made with `device` current (Backend::make_encoder): the coder allocates its memory there.
   Encoder(int device, const CodecConfig& config, uint64_t n, StreamIdentity id)
       : device_(device),
         cache_bytes_(codec_cache_bytes(config, n, /*sender=*/true)),
-        coder_((check(cudaSetDevice(device), "cudaSetDevice"), config), n, id) {
+        coder_(config, n, id) {
     check(cudaMalloc(&length_, sizeof *length_), "cudaMalloc");
   }
   ~Encoder() override { cudaFree(length_); }
   uint64_t encode(const std::byte* shard, uint64_t, std::byte* payload) override {
+    DeviceGuard on(device_);
     coder_.encode(shard, payload, length_, thread_stream(device_));
     return coder_.payload_bytes();  // waits for this frame
   }
@@ -134,16 +159,21 @@ class Encoder final : public PayloadEncoder {
 
 class Decoder final : public PayloadDecoder {
  public:
+  // Made with `device` current (Backend::make_decoder).
   Decoder(int device, const CodecConfig& config, uint64_t n, StreamIdentity id)
-      : device_(device), coder_((check(cudaSetDevice(device), "cudaSetDevice"), config), n, id) {}
+      : device_(device), coder_(config, n, id) {}
   void decode(const std::byte* payload, uint64_t payload_bytes, std::byte* shard,
               uint64_t) override {
+    DeviceGuard on(device_);
     coder_.decode(payload, payload_bytes, shard, thread_stream(device_));
     coder_.check();  // waits; throws FormatError for a refused frame
   }
-  void request_resync() override { coder_.request_resync(thread_stream(device_)); }
+  void request_resync() override {
+    DeviceGuard on(device_);
+    coder_.request_resync(thread_stream(device_));
+  }
   uint32_t epoch() const override {
-    check(cudaSetDevice(device_), "cudaSetDevice");
+    DeviceGuard on(device_);
     return coder_.epoch();
   }
   size_t cache_bytes() const override { return coder_.cache_bytes(); }
@@ -156,7 +186,7 @@ class Decoder final : public PayloadDecoder {
 class Fence final : public InputFence {
  public:
   Fence(int device, cudaStream_t stream) : device_(device) {
-    check(cudaSetDevice(device), "cudaSetDevice");
+    DeviceGuard on(device);
     check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
     if (cudaEventRecord(event_, stream) != cudaSuccess) {
       cudaEventDestroy(event_);
@@ -168,7 +198,7 @@ class Fence final : public InputFence {
   ~Fence() override { cudaEventDestroy(event_); }
   void wait() override {
     std::call_once(once_, [&] {
-      check(cudaSetDevice(device_), "cudaSetDevice");
+      DeviceGuard on(device_);
       check(cudaEventSynchronize(event_), "waiting for the input's stream");
     });
   }
@@ -187,10 +217,12 @@ class Backend final : public CodecBackend {
   bool host_memory() const override { return false; }
   std::unique_ptr<PayloadEncoder> make_encoder(const CodecConfig& c, uint64_t n,
                                                StreamIdentity id) const override {
+    DeviceGuard on(device_);
     return std::make_unique<Encoder>(device_, c, n, id);
   }
   std::unique_ptr<PayloadDecoder> make_decoder(const CodecConfig& c, uint64_t n,
                                                StreamIdentity id) const override {
+    DeviceGuard on(device_);
     return std::make_unique<Decoder>(device_, c, n, id);
   }
   std::unique_ptr<InputFence> fence(uintptr_t stream) const override {
@@ -215,7 +247,7 @@ std::shared_ptr<const CodecBackend> codec_backend(int device) {
                                         : std::to_string(count) + " devices") + ")");
   }
   std::string why;
-  check(cudaSetDevice(device), "cudaSetDevice");
+  DeviceGuard on(device);
   if (!device_available(&why)) throw ConfigError("CUDA codec backend: " + why);
   return std::make_shared<const Backend>(device);
 }
