@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
 
 #include "ciera/backend.hpp"
@@ -64,24 +65,14 @@ cudaStream_t thread_stream(int device) {
   return s;
 }
 
-// This thread's scratch buffer on `device`, at least `bytes` long (for overlapping moves).
-void* thread_scratch(int device, size_t bytes) {
-  struct Scratch {
-    std::map<int, std::pair<void*, size_t>> by_device;
-    ~Scratch() {
-      for (auto& [d, b] : by_device) cudaFree(b.first);
-    }
-  };
-  thread_local Scratch scratch;
-  auto& [p, size] = scratch.by_device[device];
-  if (size < bytes) {
-    cudaFree(p);
-    p = nullptr;
-    size = 0;
-    check(cudaMalloc(&p, bytes), "cudaMalloc (move scratch)");
-    size = bytes;
+// thread_stream for a destructor: null (the legacy stream) if it cannot be had.
+cudaStream_t thread_stream_or_null(int device) noexcept {
+  try {
+    DeviceGuard on(device);
+    return thread_stream(device);
+  } catch (...) {
+    return nullptr;
   }
-  return p;
 }
 
 class DeviceMemory final : public MemoryOps {
@@ -93,9 +84,10 @@ class DeviceMemory final : public MemoryOps {
     DeviceGuard on(device_);
     cudaStream_t s = thread_stream(device_);
     void* p = nullptr;
-    // cudaMalloc is aligned to 256 bytes at least, beyond the 64 MemoryOps promises.
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free error state of the failed call
+    // Stream-ordered, as all of this backend's memory (src/cuda/launch.cuh says why: never wait
+    // for the whole device). Aligned to 256 bytes at least, beyond the 64 MemoryOps promises.
+    if (cudaMallocAsync(&p, bytes, s) != cudaSuccess) {
+      cudaGetLastError();  // clear the error state of the failed call
       throw std::bad_alloc();
     }
     check(cudaMemsetAsync(p, 0, bytes, s), "cudaMemsetAsync");
@@ -103,7 +95,13 @@ class DeviceMemory final : public MemoryOps {
     return static_cast<std::byte*>(p);
   }
   void free(std::byte* data, size_t) const noexcept override {
-    if (data != nullptr) cudaFree(data);  // cudaFree needs no current device
+    if (data == nullptr) return;
+    // Every use of `data` is complete: each call of this backend waits for its own work.
+    try {
+      DeviceGuard on(device_);
+      cudaFreeAsync(data, thread_stream(device_));
+    } catch (...) {
+    }
   }
   void copy(std::byte* dst, const std::byte* src, size_t bytes) const override {
     if (bytes == 0) return;
@@ -120,9 +118,11 @@ class DeviceMemory final : public MemoryOps {
     // copies at device bandwidth; only packing an envelope slides payloads this way).
     DeviceGuard on(device_);
     cudaStream_t s = thread_stream(device_);
-    void* tmp = thread_scratch(device_, bytes);
+    void* tmp = nullptr;
+    check(cudaMallocAsync(&tmp, bytes, s), "cudaMallocAsync (move scratch)");  // from the pool
     check(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
     check(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    check(cudaFreeAsync(tmp, s), "cudaFreeAsync");
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
 
@@ -137,9 +137,10 @@ class Encoder final : public PayloadEncoder {
       : device_(device),
         cache_bytes_(codec_cache_bytes(config, n, /*sender=*/true)),
         coder_(config, n, id) {
-    check(cudaMalloc(&length_, sizeof *length_), "cudaMalloc");
+    check(cudaMallocAsync(&length_, sizeof *length_, thread_stream(device)), "cudaMallocAsync");
+    check(cudaStreamSynchronize(thread_stream(device)), "cudaStreamSynchronize");
   }
-  ~Encoder() override { cudaFree(length_); }
+  ~Encoder() override { cudaFreeAsync(length_, thread_stream_or_null(device_)); }
   uint64_t encode(const std::byte* shard, uint64_t, std::byte* payload) override {
     DeviceGuard on(device_);
     coder_.encode(shard, payload, length_, thread_stream(device_));

@@ -35,18 +35,18 @@ struct ShardDecoder::Impl {
     codec::device::DecodeState initial;
     initial.stream = id.stream;
     initial.epoch = id.epoch;
-    check_cuda(cudaMemcpy(state.p, &initial, sizeof initial, cudaMemcpyHostToDevice), "state");
-    check_cuda(cudaMemcpy(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
-                          cudaMemcpyHostToDevice), "secret");
-    check_cuda(cudaMemset(cache.p, 0, n == 0 ? 1 : n), "cache");
-    check_cuda(cudaMallocHost(&verdict, sizeof *verdict), "cudaMallocHost");
+    cudaStream_t setup = detail::setup_stream();
+    check_cuda(cudaMemcpyAsync(state.p, &initial, sizeof initial, cudaMemcpyHostToDevice, setup), "state");
+    check_cuda(cudaMemcpyAsync(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
+                               cudaMemcpyHostToDevice, setup), "secret");
+    check_cuda(cudaMemsetAsync(cache.p, 0, n == 0 ? 1 : n, setup), "cache");
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
-    // The copies above went to the legacy stream; a non-blocking stream is not ordered after it.
-    check_cuda(cudaDeviceSynchronize(), "decoder setup");
+    // The allocations and copies above are ordered on this thread's set-up stream only
+    // (launch.cuh); frames run on other streams, so wait for it here (`initial` is on the stack).
+    check_cuda(cudaStreamSynchronize(setup), "decoder setup");
   }
   ~Impl() {
     cudaEventSynchronize(done);  // the last frame's copy into `verdict` may still be queued
-    cudaFreeHost(verdict);
     cudaEventDestroy(done);
   }
 
@@ -56,7 +56,8 @@ struct ShardDecoder::Impl {
   codec::device::DecodeConfig c;
   DeviceMemory cache, decoded, block_offset, segment_offsets, slots, fine_slots, digests,
       digest_bytes, plan, state, secret;
-  codec::device::DecodePlan* verdict = nullptr;  // pinned: the last plan, copied back
+  detail::PinnedBlock verdict_block{sizeof(codec::device::DecodePlan)};
+  codec::device::DecodePlan* verdict = verdict_block.as<codec::device::DecodePlan>();  // pinned: the last plan
   cudaEvent_t done = nullptr;
   bool pending = false;
 };
@@ -128,7 +129,9 @@ uint32_t ShardDecoder::epoch() const {
   Impl& m = *impl_;
   check_cuda(cudaEventSynchronize(m.done), "decoder epoch");
   codec::device::DecodeState state;
-  check_cuda(cudaMemcpy(&state, m.state.p, sizeof state, cudaMemcpyDeviceToHost), "state copy");
+  cudaStream_t setup = detail::setup_stream();
+  check_cuda(cudaMemcpyAsync(&state, m.state.p, sizeof state, cudaMemcpyDeviceToHost, setup), "state copy");
+  check_cuda(cudaStreamSynchronize(setup), "state copy");
   return state.epoch;
 }
 
@@ -137,9 +140,12 @@ size_t ShardDecoder::cache_bytes() const { return impl_->c.num_values; }
 
 std::vector<uint8_t> ShardDecoder::cached_exponents() const {
   std::vector<uint8_t> host(impl_->c.num_values);
-  check_cuda(cudaDeviceSynchronize(), "cached_exponents");
+  check_cuda(cudaEventSynchronize(impl_->done), "cached_exponents");
   if (!host.empty()) {
-    check_cuda(cudaMemcpy(host.data(), impl_->cache.p, host.size(), cudaMemcpyDeviceToHost), "cache copy");
+    cudaStream_t setup = detail::setup_stream();
+    check_cuda(cudaMemcpyAsync(host.data(), impl_->cache.p, host.size(), cudaMemcpyDeviceToHost, setup),
+               "cache copy");
+    check_cuda(cudaStreamSynchronize(setup), "cache copy");
   }
   return host;
 }

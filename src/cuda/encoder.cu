@@ -35,17 +35,16 @@ struct ShardEncoder::Impl {
         digest_bytes(8 * (n * c.value_bytes / format::kChecksumChunkBytes + 2)),
         plan(sizeof(codec::device::EncodePlan)),
         secret(format::xxh3::kSecretBytes) {
-    check_cuda(cudaMemcpy(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
-                          cudaMemcpyHostToDevice), "secret");
-    check_cuda(cudaMallocHost(&length, sizeof *length), "cudaMallocHost");
+    check_cuda(cudaMemcpyAsync(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
+                               cudaMemcpyHostToDevice, detail::setup_stream()), "secret");
     *length = 0;
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
-    // The copies above went to the legacy stream; a non-blocking stream is not ordered after it.
-    check_cuda(cudaDeviceSynchronize(), "encoder setup");
+    // The allocations and the copy above are ordered on this thread's set-up stream only
+    // (launch.cuh); frames run on other streams, so wait for it here.
+    check_cuda(cudaStreamSynchronize(detail::setup_stream()), "encoder setup");
   }
   ~Impl() {
     cudaEventSynchronize(done);  // the last frame's copy into `length` may still be queued
-    cudaFreeHost(length);
     cudaEventDestroy(done);
   }
 
@@ -55,7 +54,8 @@ struct ShardEncoder::Impl {
   DeviceMemory sent, exps, block_symbols, sent_hashes, changes_in_block, change_base, block_rank, block_at,
       positions, steps, count_symbols, change_symbols, escape_symbols, extra, scratch, seg_bytes,
       seg_offsets, digests, digest_bytes, plan, secret;
-  uint64_t* length = nullptr;  // pinned: the last payload's length
+  detail::PinnedBlock length_block{sizeof(uint64_t)};
+  uint64_t* length = length_block.as<uint64_t>();  // pinned: the last payload's length
   cudaEvent_t done = nullptr;
 };
 

@@ -6,7 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "ciera/error.hpp"
 
@@ -36,15 +39,87 @@ struct Launch {
   }
 };
 
-// One device allocation, freed with its owner.
+// Nothing here waits for the whole device. cudaFree, cudaFreeHost and cudaDeviceSynchronize
+// do, and a thread waiting for the whole device waits for every kernel on it, a collective's
+// too: ranks that share one GPU from threads of one process (the tests, the benchmark) would
+// deadlock, one waiting in cudaFree for a peer's NCCL kernel that waits for it. So memory is
+// allocated and freed in stream order (cudaMallocAsync / cudaFreeAsync), set-up copies run on
+// a stream and wait for that stream only, and pinned memory comes from a pool that is never
+// given back.
+
+// This thread's stream for allocations and set-up copies on the current device.
+inline cudaStream_t setup_stream() {
+  struct Streams {
+    std::map<int, cudaStream_t> by_device;
+    ~Streams() {
+      for (auto& [d, s] : by_device) cudaStreamDestroy(s);
+    }
+  };
+  thread_local Streams streams;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  auto it = streams.by_device.find(device);
+  if (it != streams.by_device.end()) return it->second;
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  streams.by_device.emplace(device, s);
+  return s;
+}
+
+// One device allocation on the current device, freed with its owner (in stream order: the owner
+// must have waited for its last use).
 struct DeviceMemory {
   void* p = nullptr;
-  explicit DeviceMemory(size_t bytes) { check_cuda(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc"); }
-  ~DeviceMemory() { cudaFree(p); }
+  explicit DeviceMemory(size_t bytes) {
+    check_cuda(cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, setup_stream()), "cudaMallocAsync");
+  }
+  ~DeviceMemory() { cudaFreeAsync(p, setup_stream()); }
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
   template <typename T>
   T* as() const { return static_cast<T*>(p); }
+};
+
+// A pinned host block of `bytes` from a process-wide pool that grows and is never given back
+// (cudaFreeHost would wait for the whole device); released blocks are reused. Blocks are
+// whole powers of two of at least 4 KiB, carved 16 at a time from one cudaMallocHost.
+class PinnedBlock {
+ public:
+  explicit PinnedBlock(size_t bytes) : size_class_(4096) {
+    while (size_class_ < bytes) size_class_ *= 2;
+    std::lock_guard lock(mutex());
+    auto& free = free_lists()[size_class_];
+    if (free.empty()) {
+      constexpr size_t kChunk = 16;
+      void* chunk = nullptr;
+      check_cuda(cudaMallocHost(&chunk, size_class_ * kChunk), "cudaMallocHost");
+      for (size_t i = 0; i < kChunk; ++i) free.push_back(static_cast<char*>(chunk) + i * size_class_);
+    }
+    p_ = free.back();
+    free.pop_back();
+  }
+  ~PinnedBlock() {
+    std::lock_guard lock(mutex());
+    free_lists()[size_class_].push_back(p_);
+  }
+  PinnedBlock(const PinnedBlock&) = delete;
+  PinnedBlock& operator=(const PinnedBlock&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<size_t, std::vector<void*>>& free_lists() {
+    static std::map<size_t, std::vector<void*>> lists;
+    return lists;
+  }
+  size_t size_class_;
+  void* p_ = nullptr;
 };
 
 }  // namespace ciera::cuda::detail
