@@ -27,3 +27,9 @@ if ((${#missing[@]})); then
   $SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq
   $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# With nvcc the build compiles the NCCL transport too (ciera::nccl), which needs only nccl.h:
+# fetched once into .deps/nccl/include (scripts/nccl-header.sh; nothing to do once it is there).
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  "$(dirname "$0")/nccl-header.sh" >/dev/null
+fi

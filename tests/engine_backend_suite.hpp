@@ -51,7 +51,8 @@ class PayloadBytes {
 
 using BackendOf = std::function<std::shared_ptr<const CodecBackend>(int rank)>;
 using RankBody = std::function<void(int rank, Transport&, std::shared_ptr<const CodecBackend>)>;
-// Wraps a rank's loopback transport (to corrupt or stall it); identity by default.
+// Wraps a rank's loopback transport (to corrupt or stall it), or replaces it (an NCCL
+// transport); identity by default.
 using WrapTransport = std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>, int rank)>;
 
 // Runs `body` on `world` threads, rank r on backend_of(r) and a loopback transport moving bytes
@@ -92,7 +93,8 @@ inline void expect_no_errors(const std::vector<std::string>& errors) {
 // gathers are compressed. `in_place`: each rank's input is its slot of the output.
 inline void expect_exact_gathers(int world, const BackendOf& backend_of, DType dtype,
                                  WarmupMode warmup, bool in_place, int steps = 40,
-                                 const MemoryOps* loopback_memory = nullptr) {
+                                 const MemoryOps* loopback_memory = nullptr,
+                                 const WrapTransport& wrap = {}) {
   std::vector<BucketLayout> layouts;
   layouts.push_back(BucketLayout::fsdp_split("experts", dtype, {5000, 777, 1, 4096}, world));
   layouts.push_back(BucketLayout::fsdp_split("attention", dtype, {3000, 3000}, world, ShardPolicy::kRaw));
@@ -149,7 +151,7 @@ inline void expect_exact_gathers(int world, const BackendOf& backend_of, DType d
       }
     }
     EXPECT_GT(engine.cache_bytes(), 0u);
-  }, {}, loopback_memory));
+  }, wrap, loopback_memory));
 }
 
 // Flips one bit of rank 0's envelope in the payload exchange number `corrupt_call` on rank

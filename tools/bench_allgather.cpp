@@ -30,6 +30,9 @@
 #include "ciera/engine.hpp"
 #include "ciera/mpi.hpp"
 #include "commands.hpp"
+#if defined(CIERA_WITH_NCCL)
+#include "bench_allgather_cuda.hpp"
+#endif
 #include "report.hpp"
 #include "trajectory.hpp"
 
@@ -63,6 +66,8 @@ struct Options {
   bool json = false;
   bool quiet = false;
   bool child = false;
+  std::string device = "cpu";
+  std::string sizes;  // --device cuda
 };
 
 struct Request {
@@ -464,6 +469,35 @@ int run_rank(const Request& r) {
   }
 }
 
+// --device cuda: ncclAllGather against the engine on device memory (bench_allgather_cuda.hpp).
+int run_cuda(const Options& o, const std::string& command) {
+#if defined(CIERA_WITH_NCCL)
+  require(o.link_gbit == 0 && !o.link_lab, "--link-gbit and --link-lab apply to --device cpu");
+  NcclBenchOptions d;
+  d.ranks = o.ranks;
+  d.dtype = o.dtype;
+  d.sizes = o.sizes.empty() ? std::vector<uint64_t>{o.params * dtype_info(parse_dtype(o.dtype)).value_bytes}
+                            : parse_byte_sizes(o.sizes, "--sizes");
+  d.steps = o.steps;
+  d.warmup = o.warmup;
+  d.block = o.block;
+  d.threads = o.threads;
+  d.lr = o.lr;
+  d.seed = o.seed;
+  d.timeout_s = o.timeout_s;
+  d.json = o.json;
+  d.quiet = o.quiet;
+  d.command = command;
+  check_nccl_bench_options(d);
+  return run_bench_allgather_cuda(d);
+#else
+  (void)o;
+  (void)command;
+  throw ConfigError("--device cuda: this build of ciera has no NCCL transport (build with nvcc and "
+                    "nccl.h: scripts/nccl-header.sh)");
+#endif
+}
+
 }  // namespace
 
 void register_bench_allgather(CLI::App& bench, const std::string& command, int argc, char** argv) {
@@ -489,7 +523,13 @@ void register_bench_allgather(CLI::App& bench, const std::string& command, int a
   cmd->add_flag("--json", o->json, "print one JSON object (rank 0)");
   cmd->add_flag("--quiet", o->quiet, "no progress output");
   cmd->add_flag("--child", o->child, "internal: this process is one launched rank")->group("");
+  cmd->add_option("--device", o->device,
+                  "cpu (ranks are MPI processes) | cuda (ranks are threads on the GPUs, over NCCL)")
+      ->capture_default_str();
+  cmd->add_option("--sizes", o->sizes, "--device cuda: bytes per allgather, e.g. 4M,64M,256M (default: --params)");
   cmd->callback([o, command, argc, argv]() {
+    if (o->device == "cuda") throw CommandExit(run_cuda(*o, command));
+    if (o->device != "cpu") throw ConfigError("--device must be cpu or cuda, not '" + o->device + "'");
     Request request = parse(*o, command);
     if (!o->child && !under_mpi()) launch(*o, argc, argv);
     apply_link_lab_environment(request.options);

@@ -1,0 +1,151 @@
+// ciera_nccl_bench: `ciera bench allgather --device cuda` without the tool's dependencies (no
+// CLI11, JSON library or MPI), for a bare GPU machine: the same measurement and the same report
+// (bench_allgather_cuda.hpp). The table goes to stdout; --json FILE also writes the JSON report
+// there (as ciera_cuda_bench does).
+//
+//   ciera_nccl_bench [--ranks W] [--sizes 4M,64M,256M] [--dtype bf16|fp16|fp32] [--steps S]
+//                    [--warmup K] [--block B] [--threads T] [--lr X] [--seed N] [--timeout SEC]
+//                    [--json FILE] [--quiet]
+//
+// Exit status: 0 every output verified; 1 something was not, or a collective failed; 2 a bad
+// option (one line naming it); 3 it cannot run here (no GPU, no NCCL, or an NCCL too old for
+// ranks sharing a GPU).
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "bench_allgather_cuda.hpp"
+#include "ciera/error.hpp"
+#include "ciera/transport.hpp"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: ciera_nccl_bench [--ranks W] [--sizes 4M,64M,256M] [--dtype bf16|fp16|fp32]\n"
+    "                        [--steps S] [--warmup K] [--block B] [--threads T] [--lr X]\n"
+    "                        [--seed N] [--timeout SEC] [--json FILE] [--quiet]\n";
+
+struct Command {
+  ciera::tools::NcclBenchOptions options;
+  std::string json_file;
+};
+
+// A whole-string number, or ConfigError naming the option.
+template <typename T>
+T number(const std::string& option, const std::string& text) {
+  try {
+    size_t used = 0;
+    T value{};
+    if constexpr (std::is_floating_point_v<T>) {
+      value = static_cast<T>(std::stod(text, &used));
+    } else {
+      if (text.empty() || text[0] == '-') throw std::invalid_argument("negative");
+      value = static_cast<T>(std::stoull(text, &used));
+    }
+    if (used == text.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw ciera::ConfigError(option + ": '" + text + "' is not a valid value");
+}
+
+Command parse(int argc, char** argv) {
+  Command c;
+  ciera::tools::NcclBenchOptions& o = c.options;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0) o.command += ' ';
+    o.command += argv[i];
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quiet") {
+      o.quiet = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw ciera::ConfigError("unknown option or missing value: " + arg);
+    const std::string value = argv[++i];
+    if (arg == "--ranks") {
+      o.ranks = static_cast<int>(number<unsigned>(arg, value));
+    } else if (arg == "--sizes") {
+      o.sizes = ciera::tools::parse_byte_sizes(value, arg);
+    } else if (arg == "--dtype") {
+      o.dtype = value;
+    } else if (arg == "--steps") {
+      o.steps = number<uint32_t>(arg, value);
+    } else if (arg == "--warmup") {
+      o.warmup = number<uint32_t>(arg, value);
+    } else if (arg == "--block") {
+      o.block = number<uint32_t>(arg, value);
+    } else if (arg == "--threads") {
+      o.threads = number<unsigned>(arg, value);
+    } else if (arg == "--lr") {
+      o.lr = number<double>(arg, value);
+    } else if (arg == "--seed") {
+      o.seed = number<uint64_t>(arg, value);
+    } else if (arg == "--timeout") {
+      o.timeout_s = number<double>(arg, value);
+    } else if (arg == "--json") {
+      c.json_file = value;
+    } else {
+      throw ciera::ConfigError("unknown option " + arg);
+    }
+  }
+  ciera::tools::check_nccl_bench_options(o);
+  if (!c.json_file.empty()) {
+    // Checked before any work: a report that cannot be written is a bad option, not a lost run.
+    const std::filesystem::path folder = std::filesystem::absolute(c.json_file).parent_path();
+    if (!std::filesystem::is_directory(folder) || access(folder.c_str(), W_OK) != 0) {
+      throw ciera::ConfigError("--json: cannot write in " + folder.string());
+    }
+  }
+  return c;
+}
+
+int run(const Command& c) {
+  const ciera::tools::NcclBenchResult result = ciera::tools::measure_nccl_allgather(c.options);
+  std::fputs(ciera::tools::nccl_bench_table(c.options, result).c_str(), stdout);
+  std::fflush(stdout);
+  if (!c.json_file.empty()) {
+    std::FILE* f = std::fopen(c.json_file.c_str(), "w");
+    const std::string json = ciera::tools::nccl_bench_json(c.options, result);
+    if (f == nullptr || std::fputs(json.c_str(), f) < 0 || std::fclose(f) != 0) {
+      throw ciera::Error("cannot write " + c.json_file);
+    }
+  }
+  return result.verified() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  }
+  Command command;
+  try {
+    command = parse(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ciera_nccl_bench: error: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
+  try {
+    return run(command);
+  } catch (const ciera::ConfigError& e) {
+    std::fprintf(stderr, "ciera_nccl_bench: error: %s\n", e.what());
+    return 2;
+  } catch (const ciera::tools::NcclBenchUnavailable& e) {
+    std::fprintf(stderr, "ciera_nccl_bench: %s\n", e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ciera_nccl_bench: %s\n", e.what());
+    return 1;
+  }
+}
