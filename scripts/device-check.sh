@@ -13,13 +13,27 @@
 #
 #   scripts/device-check.sh codec [OUT_DIR]
 #
+# The collective check (issue 16), a run of its own:
+#   scripts/device-check.sh collective [OUT_DIR]
+# prints the versions (the image's NCCL first: several ranks on one GPU need 2.30 or later),
+# builds the engine's GPU tests, the NCCL transport's tests and benchmark and the Python
+# extension (with CUDA and NCCL, against the image's pybind11 and NCCL header), then
+#   1. the engine on device memory, ranks as threads on the one GPU over the loopback
+#      transport (CudaEngine*, tests/cuda/test_cuda_engine.cpp);
+#   2. the NCCL transport and the engine over it, 2-4 ranks on the one GPU
+#      (NCCL_MULTI_RANK_GPU_ENABLE=1; skipped, saying so, with an older NCCL);
+#   3. `ciera_nccl_bench --ranks 4`: ncclAllGather against the compressed allgather on the same
+#      bytes, with wrong-element counts (bench-allgather.json);
+#   4. a short `ciera train --device cuda --ranks 2 --verify --launcher torchrun`: FSDP2 against
+#      CIERA on CUDA, both with deterministic algorithms, and a plain-vs-plain control (train/).
+#
 # On a machine without a GPU it still builds everything (a dry run): the tests then report
 # "Skipped" and the benchmark says why it cannot run.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 what=${1:-}
-if [[ $what != codec ]]; then
-  echo "usage: device-check.sh codec [OUT_DIR]" >&2
+if [[ $what != codec && $what != collective ]]; then
+  echo "usage: device-check.sh codec|collective [OUT_DIR]" >&2
   exit 2
 fi
 out=${2:-${OUT:-$root/build/device-check-out}}
@@ -29,7 +43,7 @@ if [[ ! -f $deps/xxhash/include/xxhash.h ]]; then
   echo "device-check: $deps is missing; run scripts/device-deps.sh first and carry .device-deps" >&2
   exit 2
 fi
-build="$root/build/device-check"
+build="$root/build/device-check-$what"
 start=$SECONDS
 status=0
 summary=()
@@ -44,6 +58,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 fi
 { nvcc --version; cmake --version | head -1; } > "$out/toolchain.txt" 2>&1
 
+run_codec() {
 if cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCIERA_CUDA=ON \
      -DCIERA_CUDA_ONLY=ON -DCIERA_WITH_MPI=OFF -DCIERA_BUILD_TESTS=ON \
      -DCIERA_XXHASH_HEADER_DIR="$deps/xxhash/include" -DCIERA_GTEST_SOURCE_DIR="$deps/googletest" \
@@ -119,6 +134,119 @@ for size in report["sizes"]:
     for k in size["kernels"]:
         print(f"    kernel {k['op']:<35} {k['gb_per_s']:9.1f}  x{k['vs_memcpy_d2d']:.2f}")
 PY
+fi
+}
+
+# The Python that holds torch there (KINDS.md: /opt/torch/.venv/bin/python3), else python3.
+python=${CIERA_PYTHON:-$(command -v python3)}
+# Runs the collective check (issue 16).
+run_collective() {
+  # The image's NCCL (torch's nvidia-nccl package): its version decides whether several ranks
+  # may share the one GPU (2.30+), its header builds the transport, its library is the one the
+  # transport loads (as in a torch process).
+  "$python" - > "$out/versions.txt" 2>&1 <<'PY'
+import os, sys
+import torch
+print("python", sys.version.split()[0])
+print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())
+v = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+print("torch nccl", ".".join(map(str, v)) if isinstance(v, tuple) else v)
+try:
+    import nvidia.nccl
+    base = os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0]
+    print("nccl dir", base)
+except Exception as e:
+    print("nccl dir", "none", e)
+PY
+  cat "$out/versions.txt"
+  local nccl_dir nccl_include nccl_lib
+  nccl_dir=$(sed -n 's/^nccl dir \([^ ]*\)$/\1/p' "$out/versions.txt")
+  nccl_include="$root/.deps/nccl/include"
+  [[ -n $nccl_dir && -f $nccl_dir/include/nccl.h ]] && nccl_include="$nccl_dir/include"
+  [[ -f $deps/nccl/include/nccl.h && ! -f $nccl_include/nccl.h ]] && nccl_include="$deps/nccl/include"
+  nccl_lib=""
+  [[ -n $nccl_dir && -f $nccl_dir/lib/libnccl.so.2 ]] && nccl_lib="$nccl_dir/lib/libnccl.so.2"
+  [[ -n $nccl_lib ]] && export CIERA_NCCL_LIBRARY="$nccl_lib"
+  local nccl_version
+  nccl_version=$(sed -n 's/^torch nccl \(.*\)$/\1/p' "$out/versions.txt")
+  step "NCCL (the image's)" "${nccl_version:-unknown} ${nccl_lib:-(no library found)}"
+  local pybind
+  pybind=$("$python" -m pybind11 --cmakedir 2>/dev/null || true)
+
+  if cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCIERA_CUDA=ON \
+       -DCIERA_CUDA_ONLY=ON -DCIERA_WITH_MPI=OFF -DCIERA_BUILD_TESTS=ON -DCIERA_BUILD_PYTHON=ON \
+       -DPython_EXECUTABLE="$python" ${pybind:+-Dpybind11_DIR="$pybind"} \
+       -DCIERA_PYTHON_EXT_DIR="$build/pkg/ciera" \
+       -DCIERA_NCCL_INCLUDE_DIR="$nccl_include" \
+       -DCIERA_XXHASH_HEADER_DIR="$deps/xxhash/include" -DCIERA_GTEST_SOURCE_DIR="$deps/googletest" \
+       "${arch_args[@]}" > "$out/configure.log" 2>&1 &&
+     cmake --build "$build" --target ciera_cuda_tests ciera_nccl_tests ciera_nccl_bench _ext \
+       > "$out/build.log" 2>&1; then
+    step build "ok ($((SECONDS - start)) s)"
+  else
+    step build "FAILED (configure.log, build.log)"
+    tail -n 30 "$out/build.log" "$out/configure.log" 2>/dev/null
+    return 1
+  fi
+
+  # 1. The engine on device memory, ranks as threads over the loopback transport.
+  gtest_step "engine on the GPU (loopback)" "$build/tests/ciera_cuda_tests" engine '*CudaEngine*'
+
+  # 2. The NCCL transport and the engine over it, ranks sharing the one GPU.
+  NCCL_MULTI_RANK_GPU_ENABLE=1 gtest_step "NCCL transport + engine" "$build/tests/ciera_nccl_tests" nccl '*'
+
+  # 3. The allgather benchmark against ncclAllGather.
+  NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 240 "$build/ciera_nccl_bench" --ranks 4 \
+    --json "$out/bench-allgather.json" > "$out/bench-allgather.log" 2>&1
+  local rc=$?
+  if [[ $rc -eq 0 ]]; then
+    step "bench allgather --ranks 4" "bench-allgather.json: $(grep -m1 -i 'wrong elements' "$out/bench-allgather.log" | head -c 80)"
+  elif [[ $rc -eq 3 ]]; then
+    step "bench allgather --ranks 4" "not run: $(tail -n 1 "$out/bench-allgather.log" | head -c 100)"
+  else
+    step "bench allgather --ranks 4" "FAILED (bench-allgather.log)"
+    status=1
+  fi
+
+  # 4. FSDP2 on CUDA against CIERA, launched as PyTorch users do: the package's sources beside
+  # the extension just built, in a copy of their own (build/device-check-collective/pkg).
+  (cd "$root/python" && find ciera -name '*.py' -exec cp --parents {} "$build/pkg/" \;)
+  if [[ ${#arch_args[@]} -eq 0 ]]; then
+    step "train --device cuda" "no GPU here"
+  else
+    ( cd "$root" && PYTHONPATH="$build/pkg" PYTHONUNBUFFERED=1 NCCL_MULTI_RANK_GPU_ENABLE=1 \
+        timeout 240 "$python" -m ciera.train --device cuda --launcher torchrun --ranks 2 --steps 24 \
+        --warmup 8 --layers 2 --verify --out "$out/train" --json ) > "$out/train.log" 2>&1
+    rc=$?
+    if [[ $rc -eq 0 ]]; then
+      step "train --device cuda" "bitwise identical to FSDP2 (train.log)"
+    else
+      step "train --device cuda" "FAILED, status $rc (train.log)"
+      status=1
+    fi
+  fi
+}
+
+# gtest_step NAME BINARY LOG FILTER: runs one GPU test binary, records passed / skipped / failed.
+gtest_step() {
+  local name=$1 binary=$2 log=$3 filter=$4
+  timeout 300 "$binary" --gtest_filter="$filter" --gtest_output="json:$out/$log.json" > "$out/$log.log" 2>&1
+  local rc=$?
+  if [[ $rc -ne 0 ]]; then
+    step "$name" "FAILED (status $rc, $log.log)"
+    status=1
+  elif grep -q '^\[  SKIPPED \] [0-9]* test' "$out/$log.log"; then
+    step "$name" "$(grep -o '[0-9]* tests* from [0-9]* test suites* ran' "$out/$log.log"), some skipped: $(grep -m1 -A1 ': Skipped' "$out/$log.log" | tail -n 1 | head -c 90)"
+  else
+    step "$name" "passed ($(grep -o '[0-9]* tests* from [0-9]* test suites* ran' "$out/$log.log"))"
+  fi
+}
+
+if [[ $what == codec ]]; then
+  run_codec || status=1
+else
+  run_collective || status=1
+  printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"
 fi
 echo "device-check: $((SECONDS - start)) s, output in $out"
 exit $status

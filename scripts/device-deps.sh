@@ -5,12 +5,14 @@
 #   xxhash/include/   xxhash.h from Debian's libxxhash-dev (compiled there from the header)
 #   googletest/       GoogleTest's sources from Debian's googletest (built there)
 #   nvcomp/           include/ and lib64/libnvcomp.so.6 from PyPI's nvidia-libnvcomp-cu13
+#   nccl/include/     nccl.h (scripts/nccl-header.sh), in case the image's NCCL package has none
+# (pybind11, torch, transformers and NCCL's library are in the GPU machine's image already.)
 # Run it once before a device run; it does nothing when the folder is complete.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 deps="$root/.device-deps"
 if [[ -f "$deps/xxhash/include/xxhash.h" && -f "$deps/googletest/CMakeLists.txt" &&
-      -f "$deps/nvcomp/lib64/libnvcomp.so.6" ]]; then
+      -f "$deps/nvcomp/lib64/libnvcomp.so.6" && -f "$deps/nccl/include/nccl.h" ]]; then
   echo "$deps"
   exit 0
 fi
@@ -36,5 +38,7 @@ for name in wheel.namelist():
         with open(path, "wb") as out:
             out.write(wheel.read(name))
 PY
+mkdir -p "$deps/nccl/include"
+cp "$("$root/scripts/nccl-header.sh")/nccl.h" "$deps/nccl/include/"
 du -sh "$deps" >&2
 echo "$deps"
