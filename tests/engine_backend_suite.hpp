@@ -221,4 +221,59 @@ inline void expect_corruption_caught_and_resent(int world, const BackendOf& back
       }));
 }
 
+// Codec state replaced mid-run: a cold rank (reset_caches) at step 12, a policy switched on every
+// rank at step 20 (raw -> CIERA and back), adaptive switching on; every gather stays exact and the
+// cold rank's gather is a key-frame round.
+inline void expect_exact_through_resets_and_policy_changes(int world, const BackendOf& backend_of,
+                                                           const WrapTransport& wrap = {}) {
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {20000, 3333, 512}, world);
+  EngineConfig config;
+  config.warmup_steps = 3;
+  config.adaptive = true;
+  expect_no_errors(run_backend_ranks(world, backend_of, [&](int rank, Transport& t, auto backend) {
+    Trajectory data(DType::kBF16, layout.total_bytes() / 2, Pattern::kSparse, 9);
+    PayloadBytes in(backend->memory(), layout.rank_bytes(rank));
+    PayloadBytes out(backend->memory(), layout.total_bytes());
+    CompressedAllgather engine(t, config, {layout}, backend);
+    for (int step = 0; step < 32; ++step) {
+      data.step();
+      if (rank == world - 1 && step == 12) engine.reset_caches();
+      if (step == 20) engine.set_policy(0, 1, ShardPolicy::kRaw);
+      if (step == 26) engine.set_policy(0, 1, ShardPolicy::kCiera);
+      in.put(data.span().subspan(layout.rank_offset(rank), layout.rank_bytes(rank)));
+      const GatherStats stats = engine.run(0, in.span(), out.span());
+      if (step == 12) {
+        EXPECT_TRUE(stats.resynchronised) << "rank " << rank;
+      }
+      const std::vector<std::byte> got = out.get();
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), data.values().begin())) << "rank " << rank << " step " << step;
+    }
+  }, wrap));
+}
+
+// A problem one rank sees alone (a wrong output size, a different configuration) fails every
+// rank with the same error, through the staged records.
+inline void expect_every_rank_fails_together(int world, const BackendOf& backend_of) {
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {4096}, world);
+  auto errors = run_backend_ranks(world, backend_of, [&](int rank, Transport& t, auto backend) {
+    EngineConfig config;
+    config.codec.block_values = rank == 1 ? 1024 : 512;
+    CompressedAllgather engine(t, config, {layout}, backend);
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("configuration mismatch across ranks"), std::string::npos) << e;
+    EXPECT_EQ(e, errors[0]);
+  }
+  errors = run_backend_ranks(world, backend_of, [&](int rank, Transport& t, auto backend) {
+    PayloadBytes in(backend->memory(), layout.rank_bytes(rank));
+    PayloadBytes out(backend->memory(), layout.total_bytes() + (rank == 0 ? 2 : 0));
+    CompressedAllgather engine(t, EngineConfig{}, {layout}, backend);
+    engine.run(0, in.span(), out.span());
+  });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("output is"), std::string::npos) << e;
+    EXPECT_EQ(e, errors[0]);
+  }
+}
+
 }  // namespace ciera::testing

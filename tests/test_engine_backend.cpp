@@ -159,6 +159,14 @@ TEST(EngineBackend, CorruptionInTransitIsCaughtAndResentOnTaggedMemory) {
   testing::expect_corruption_caught_and_resent(3, [](int) { return tagged(); });
 }
 
+TEST(EngineBackend, ResetsPolicyChangesAndAdaptiveSwitchingStayExactOnTaggedMemory) {
+  testing::expect_exact_through_resets_and_policy_changes(3, [](int) { return tagged(); });
+}
+
+TEST(EngineBackend, EveryRankFailsTogetherOnTaggedMemory) {
+  testing::expect_every_rank_fails_together(3, [](int) { return tagged(); });
+}
+
 TEST(EngineBackend, RanksOnDifferentBackendsGatherTogether) {
   // The payloads are the same on every backend, so a host rank and tagged ranks interoperate.
   // (The loopback moves every rank's bytes with tagged memory, which reads host memory too.)

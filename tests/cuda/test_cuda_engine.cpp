@@ -49,6 +49,16 @@ TEST(CudaEngineFaults, CorruptionInTransitIsCaughtAndResent) {
   ciera::testing::expect_corruption_caught_and_resent(3, [](int) { return gpu(); });
 }
 
+TEST(CudaEngineFaults, ResetsPolicyChangesAndAdaptiveSwitchingStayExact) {
+  SKIP_WITHOUT_DEVICE();
+  ciera::testing::expect_exact_through_resets_and_policy_changes(3, [](int) { return gpu(); });
+}
+
+TEST(CudaEngineFaults, EveryRankFailsTogether) {
+  SKIP_WITHOUT_DEVICE();
+  ciera::testing::expect_every_rank_fails_together(3, [](int) { return gpu(); });
+}
+
 TEST(CudaEngineFaults, AHostRankAndGpuRanksGatherTogether) {
   SKIP_WITHOUT_DEVICE();
   // The loopback moves every rank's bytes with the device's memory (cudaMemcpyDefault reads

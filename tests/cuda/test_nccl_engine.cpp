@@ -59,6 +59,12 @@ TEST_P(NcclEngine, GathersAreBitwiseExactOverNccl) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, NcclEngine, ::testing::Values(2, 3, 4));
 
+TEST(NcclEngineFaults, ResetsPolicyChangesAndAdaptiveSwitchingStayExact) {
+  SKIP_WITHOUT_SHARED_GPU_NCCL();
+  ciera::testing::expect_exact_through_resets_and_policy_changes(
+      3, [](int) { return gpu(); }, over_nccl(3, std::chrono::seconds(60)));
+}
+
 TEST(NcclEngineFaults, ARankThatStopsGatheringFailsTheOthersWithinTheTimeout) {
   SKIP_WITHOUT_SHARED_GPU_NCCL();
   const int world = 3;

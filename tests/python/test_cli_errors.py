@@ -219,7 +219,7 @@ ENABLE = [
     (lambda e, m: e(m, _config(0.0)), ValueError, "timeout_s must be a finite number of seconds > 0"),
     (lambda e, m: e(m, _config(-5.0)), ValueError, "timeout_s must be a finite number of seconds > 0"),
     (lambda e, m: e(m, _config(float("nan"))), ValueError, "timeout_s must be a finite number of seconds > 0"),
-    (lambda e, m: e(m, transport="nccl"), ValueError, "transport must be 'torch' or 'mpi', got 'nccl'"),
+    (lambda e, m: e(m, transport="gloo"), ValueError, "transport must be 'torch', 'mpi' or 'nccl', got 'gloo'"),
     (lambda e, m: e(m, policy=3), TypeError, "policy must be callable"),
     (lambda e, m: e(m, cache_budget_bytes=-1), ValueError, "cache_budget_bytes must be >= 0, got -1"),
     (lambda e, m: e(m, cache_budget_bytes=1.5), TypeError, "cache_budget_bytes must be an int, got float 1.5"),

@@ -1,0 +1,212 @@
+"""`ciera train --launcher torchrun|mpirun|auto`, `--device`, `--control`: the ranks started by
+torchrun train exactly as under mpirun, a rank that dies or stalls ends the job with the same one
+line, and option pairs no run can use are refused before anything starts."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT  # noqa: F401  (makes ciera importable)
+
+SMALL = ["--ranks", "2", "--layers", "1", "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32"]
+
+
+def _env():
+    import ciera
+
+    return dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
+
+
+def _train(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "ciera.train", *args], capture_output=True, text=True,
+                          env=_env(), timeout=timeout)
+
+
+def test_torchrun_ranks_train_bitwise_identically_with_a_deterministic_control(tmp_path):
+    done = _train(*SMALL, "--launcher", "torchrun", "--steps", "4", "--warmup", "1", "--control", "--verify",
+                  "--json", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["launcher"] == "torchrun" and summary["transport"] == "torch" and summary["device"] == "cpu"
+    assert summary["links"] == "unshaped (torchrun on one host)"
+    assert summary["losses_identical"] and summary["params_identical"] and summary["steps_identical"] == 4
+    assert summary["wrong_bytes"] == 0 and summary["verified_bytes"] > 0
+    assert summary["control_identical"] is True
+    assert summary["losses"]["fsdp2-control"] == summary["losses"]["fsdp2"]
+    assert summary["param_sha256"]["fsdp2-control"] == summary["param_sha256"]["fsdp2"]
+    assert "the harness itself is deterministic" in done.stdout
+    run_dir = next(tmp_path.iterdir())
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert {r["run"] for r in records} == {"fsdp2", "fsdp2-control", "ciera"} and len(records) == 12
+    assert sorted(p.name for p in (run_dir / "ranks").glob("*.json")) == ["0.json", "1.json"]
+
+
+def test_auto_launcher_and_transport(monkeypatch, tmp_path):
+    """auto: mpirun (and the MPI transport) where mpirun is on PATH, torchrun (torch) where not;
+    the control defaults to on for cuda only."""
+    import shutil
+
+    from ciera import _ext
+    from ciera.train import options
+
+    def resolved(*argv):
+        args = options.parser().parse_args([*argv, "--out", str(tmp_path)])
+        options.check(args)
+        return args.launcher, args.transport, args.control
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed")
+    assert resolved() == ("mpirun", "mpi" if _ext.with_mpi else "torch", False)
+    assert resolved("--launcher", "torchrun") == ("torchrun", "torch", False)
+    assert resolved("--transport", "torch") == ("mpirun", "torch", False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no mpirun here
+    assert resolved() == ("torchrun", "torch", False)
+    with pytest.raises(SystemExit, match="mpirun not found .* --transport mpi needs it"):
+        resolved("--transport", "mpi")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--launcher", "torchrun", "--transport", "mpi"], "--transport mpi needs the ranks under mpirun"),
+    (["--launcher", "torchrun", "--link-gbit", "1"], "--link-gbit: the link lab starts its ranks under mpirun"),
+    (["--transport", "nccl"], "--transport nccl is CIERA's NCCL communicator, for GPU memory: it needs --device cuda"),
+    (["--device", "cuda", "--transport", "mpi"], "--transport mpi carries host memory"),
+    (["--device", "cuda", "--trace", "t.json"], "--trace times collectives of CPU tensors"),
+    (["--device", "cuda", "--budget-mb", "1"], "--budget-mb: the selector's cost model is measured"),
+    (["--control", "--no-baseline"], "--control trains plain FSDP2 twice"),
+    (["--device", "cuda"], "--device cuda: no CUDA device is available here"),
+])
+def test_impossible_pairs_are_refused_in_one_line(tmp_path, argv, message):
+    import torch
+
+    from ciera.train import options
+
+    if argv == ["--device", "cuda"] and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(SystemExit) as refused:
+        options.check(options.parser().parse_args([*argv, "--out", str(tmp_path)]))
+    text = str(refused.value.code)
+    assert text.startswith("ciera train: ") and "\n" not in text and message in text, text
+
+
+def test_a_refused_pair_starts_nothing(tmp_path):
+    done = _train("--launcher", "torchrun", "--transport", "mpi", "--out", str(tmp_path / "runs"), timeout=60)
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr == ("ciera train: --transport mpi needs the ranks under mpirun; with --launcher torchrun "
+                           "use --transport torch\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_killed_rank_is_named_from_torchruns_report(tmp_path):
+    """torchrun lists the rank that was killed and those it ended itself afterwards (SIGTERM, or
+    SIGKILL for a stopped rank); only the first is the cause."""
+    from ciera.train.watch import RankStatus, Watch
+
+    for rank in range(3):
+        RankStatus(tmp_path, rank).update("training", "ciera", 4, "backward pass")
+    log = """W1130 20:51:36.1 api.py:1028] Sending process 102 closing signal SIGTERM
+W1130 20:52:06.1 api.py:1047] Unable to shutdown process 102 via 15, forcefully exiting via 9
+ciera.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-30_20:51:36
+  host      : localhost
+  rank      : 2 (local_rank: 2)
+  exitcode  : -9 (pid: 102)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 102
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_20:51:36
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 101)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 101
+"""
+    watch = Watch(tmp_path, 3)
+    watch.read_statuses()
+    assert watch.failure_line(1, log) == ("ciera train: rank 1 was killed by signal 9 (Killed) in the backward pass "
+                                          "of step 5 of the ciera run")
+
+
+def test_exit_status_counts_the_control():
+    from ciera.train.launcher import exit_status
+
+    good = {"losses_identical": True, "iteration_ms_fsdp2": 1.0, "wrong_bytes": 0}
+    assert exit_status(good) == 0
+    assert exit_status(dict(good, control_identical=None)) == 0
+    assert exit_status(dict(good, control_identical=True)) == 0
+    assert exit_status(dict(good, control_identical=False)) == 3
+    assert exit_status(dict(good, losses_identical=False)) == 3
+
+
+def _statuses(out: Path) -> dict:
+    statuses = {}
+    for path in out.glob("*/ranks/*.json"):
+        try:
+            status = json.loads(path.read_text())
+        except ValueError:
+            continue  # being replaced
+        statuses[status["rank"]] = status
+    return statuses
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.parametrize("fault", ["stop", "kill"])
+def test_a_stopped_or_killed_rank_ends_the_torchrun_job_with_one_line(tmp_path, fault):
+    """As test_faults.py under mpirun: the job ends by itself, one line names the rank, and no
+    rank is left (torchrun's agent ends the others once one exits)."""
+    timeout_s, victim = 5, 1
+    cmd = [sys.executable, "-m", "ciera.train", *SMALL, "--launcher", "torchrun", "--steps", "500", "--warmup", "2",
+           "--no-baseline", "--timeout", str(timeout_s), "--out", str(tmp_path)]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    pids = []
+    try:
+        deadline = time.time() + 120
+        while True:
+            statuses = _statuses(tmp_path)
+            if len(statuses) == 2 and all((s.get("step") or 0) >= 3 for s in statuses.values()):
+                break
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            assert time.time() < deadline, "the job did not reach step 4"
+            time.sleep(0.2)
+        pids = [s["pid"] for s in statuses.values()]
+        os.kill(statuses[victim]["pid"], signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
+        hit = time.time()
+        try:
+            _, stderr = job.communicate(timeout=timeout_s + 40)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the job still runs {timeout_s + 40} s after rank {victim} was hit ({fault})")
+        assert job.returncode != 0
+        last = stderr.strip().splitlines()[-1]
+        print(f"\n{fault}/torchrun after {time.time() - hit:.1f} s: {last}")
+        assert "Traceback" not in stderr, stderr[-3000:]
+        what = "stopped (SIGSTOP)" if fault == "stop" else "was killed by signal 9 (Killed)"
+        assert f"rank {victim} {what}" in last, stderr[-3000:]
+        assert "of the ciera run" in last and "log.txt" in last, last
+        if fault == "stop":
+            assert "rank 0 gave up" in last, last
+        time.sleep(1)
+        assert not [p for p in pids if _alive(p)], "ranks left running"
+    finally:
+        if job.poll() is None:
+            job.kill()
+        for pid in pids:  # only reached with processes left when the test has failed
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
