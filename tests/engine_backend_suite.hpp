@@ -154,13 +154,13 @@ inline void expect_exact_gathers(int world, const BackendOf& backend_of, DType d
   }, wrap, loopback_memory));
 }
 
-// Flips one bit of rank 0's envelope in the payload exchange number `corrupt_call` on rank
-// `victim`, through payload memory.
+// Flips one bit in the middle of rank 0's envelope (its payload's sign-mantissa plane) after
+// each allgatherv call `corrupt_call(call)` picks (calls counted from 0), through `memory`.
 class CorruptingTransport final : public Transport {
  public:
-  CorruptingTransport(std::unique_ptr<Transport> inner, const MemoryOps& memory, bool corrupt,
-                      int corrupt_call)
-      : inner_(std::move(inner)), memory_(memory), corrupt_(corrupt), corrupt_call_(corrupt_call) {}
+  CorruptingTransport(std::unique_ptr<Transport> inner, const MemoryOps& memory,
+                      std::function<bool(int)> corrupt_call)
+      : inner_(std::move(inner)), memory_(memory), corrupt_call_(std::move(corrupt_call)) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string_view name() const override { return "corrupting"; }
@@ -168,7 +168,7 @@ class CorruptingTransport final : public Transport {
   void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
                   std::span<const uint64_t> displs) override {
     inner_->allgatherv(in, out, counts, displs);
-    if (corrupt_ && calls_++ == corrupt_call_ && counts[0] > 0) {
+    if (corrupt_call_(calls_++) && counts[0] > 0) {
       std::byte* at = static_cast<std::byte*>(out) + displs[0] + counts[0] / 2;
       std::byte bit;
       memory_.copy(&bit, at, 1);
@@ -183,8 +183,7 @@ class CorruptingTransport final : public Transport {
  private:
   std::unique_ptr<Transport> inner_;
   const MemoryOps& memory_;
-  bool corrupt_;
-  int corrupt_call_;
+  std::function<bool(int)> corrupt_call_;
   int calls_ = 0;
 };
 
@@ -217,7 +216,7 @@ inline void expect_corruption_caught_and_resent(int world, const BackendOf& back
         // The agreement is allgatherv call 0; the payload exchange of step s is call s + 1.
         // Step 4 is compressed (warmup 1).
         return std::make_unique<CorruptingTransport>(std::move(inner), backends[r]->memory(),
-                                                     r == victim, 5);
+                                                     [r, victim](int call) { return r == victim && call == 5; });
       }));
 }
 

@@ -17,6 +17,7 @@
 #include "ciera/error.hpp"
 #include "ciera/loopback.hpp"
 #include "engine/adaptive.hpp"
+#include "engine_backend_suite.hpp"
 #include "engine_wire_bound.hpp"
 #include "test_util.hpp"
 
@@ -323,32 +324,6 @@ TEST(Engine, CodecsReplacedAfterAResyncInRawWarmupTakeTheNextKeyFrame) {
 
 // Corrupts the gathered payload of one rank at chosen calls: the decoder rejects it, every rank
 // agrees on a key-frame round, and the result is exact. Persistent corruption fails everywhere.
-class CorruptingTransport final : public Transport {
- public:
-  CorruptingTransport(std::unique_ptr<Transport> inner, std::function<bool(int)> corrupt_call)
-      : inner_(std::move(inner)), corrupt_call_(std::move(corrupt_call)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string_view name() const override { return "corrupting"; }
-  void allgather(const void* in, size_t bytes, void* out) override { inner_->allgather(in, bytes, out); }
-  void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
-                  std::span<const uint64_t> displs) override {
-    inner_->allgatherv(in, out, counts, displs);
-    if (corrupt_call_(calls_++)) {
-      // Flip a bit in the middle of rank 0's envelope (its payload's sign-mantissa plane).
-      static_cast<uint8_t*>(out)[displs[0] + counts[0] / 2] ^= 0x10;
-    }
-  }
-  void barrier() override { inner_->barrier(); }
-  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
-
- private:
-  std::unique_ptr<Transport> inner_;
-  std::function<bool(int)> corrupt_call_;
-  int calls_ = 0;
-};
-
 TEST(Engine, CorruptedPayloadIsCaughtAndResent) {
   const int world = 3;
   const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {30000}, world);
@@ -369,8 +344,9 @@ TEST(Engine, CorruptedPayloadIsCaughtAndResent) {
       },
       [](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
         // Agreement uses one allgatherv; the payload of step s is call s + 1. Corrupt on rank 2.
-        return std::make_unique<CorruptingTransport>(make_loopback_transport(std::move(w), r),
-                                                     [r](int call) { return r == 2 && call == 5; });
+        return std::make_unique<testing::CorruptingTransport>(make_loopback_transport(std::move(w), r),
+                                                              host_memory_ops(),
+                                                              [r](int call) { return r == 2 && call == 5; });
       });
   expect_all_ok(errors);
 }
@@ -389,8 +365,9 @@ TEST(Engine, PersistentCorruptionFailsOnEveryRank) {
         engine.run(0, data.input(rank), out);
       },
       [](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
-        return std::make_unique<CorruptingTransport>(make_loopback_transport(std::move(w), r),
-                                                     [r](int call) { return r == 1 && call >= 1; });
+        return std::make_unique<testing::CorruptingTransport>(make_loopback_transport(std::move(w), r),
+                                                              host_memory_ops(),
+                                                              [r](int call) { return r == 1 && call >= 1; });
       });
   for (int r = 0; r < world; ++r) {
     const std::string m = message_of(errors[r]);

@@ -77,3 +77,27 @@ def all_ok(results):
     bad = {r: v for r, (s, v) in results.items() if s != "ok"}
     assert not bad, "\n".join(f"rank {r}: {v}" for r, v in bad.items())
     return [results[r][1] for r in sorted(results)]
+
+
+def rank_statuses(out: Path) -> dict:
+    """The `ciera train` rank status files under `out` (ciera.train.watch), by rank; a file being
+    replaced is skipped."""
+    import json
+
+    statuses = {}
+    for path in out.glob("*/ranks/*.json"):
+        try:
+            status = json.loads(path.read_text())
+        except ValueError:
+            continue  # being replaced
+        statuses[status["rank"]] = status
+    return statuses
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"

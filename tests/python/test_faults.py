@@ -5,7 +5,6 @@ line naming the rank and what the others were waiting for, and no process left b
 here kills leftovers early: the job has to end by itself within timeout + margin (the cleanup at
 the end only runs after the test has failed)."""
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT  # noqa: F401  (makes ciera importable)
+from conftest import ROOT, process_alive, rank_statuses  # noqa: F401  (ROOT makes ciera importable)
 
 TIMEOUT_S = 10
 MARGIN_S = 40  # start-up of the job's end: mpirun ending the ranks, the launcher's last poll
@@ -24,25 +23,6 @@ def _env():
     import ciera
 
     return dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
-
-
-def _statuses(out: Path) -> dict:
-    statuses = {}
-    for path in out.glob("*/ranks/*.json"):
-        try:
-            status = json.loads(path.read_text())
-        except ValueError:
-            continue  # being replaced
-        statuses[status["rank"]] = status
-    return statuses
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
 
 
 @pytest.mark.parametrize("transport", ["mpi", "torch"])
@@ -58,7 +38,7 @@ def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport
         # Wait until every rank trains with compression on (past warmup), then hit one.
         deadline = time.time() + 300
         while True:
-            statuses = _statuses(tmp_path)
+            statuses = rank_statuses(tmp_path)
             if len(statuses) == 3 and all((s.get("step") or 0) >= 4 for s in statuses.values()):
                 break
             assert job.poll() is None, job.communicate()[1][-3000:]
@@ -85,7 +65,7 @@ def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport
             assert elapsed >= TIMEOUT_S - 1, elapsed
         # No rank is left, the stopped one included.
         time.sleep(1)
-        assert not [p for p in pids if _alive(p)], "ranks left running"
+        assert not [p for p in pids if process_alive(p)], "ranks left running"
     finally:
         if job.poll() is None:
             job.kill()
@@ -136,7 +116,7 @@ def test_a_stopped_rank_ends_bench_allgather(tmp_path):
         assert "did not complete within" in stderr, stderr[-3000:]
         assert time.time() - hit >= TIMEOUT_S - 1
         time.sleep(1)
-        assert not [p for p in pids if _alive(p)], "ranks left running"
+        assert not [p for p in pids if process_alive(p)], "ranks left running"
     finally:
         if job.poll() is None:
             job.kill()

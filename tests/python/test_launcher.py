@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT  # noqa: F401  (makes ciera importable)
+from conftest import ROOT, process_alive, rank_statuses  # noqa: F401  (ROOT makes ciera importable)
 
 SMALL = ["--ranks", "2", "--layers", "1", "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32"]
 
@@ -147,25 +147,6 @@ def test_exit_status_counts_the_control():
     assert exit_status(dict(good, losses_identical=False)) == 3
 
 
-def _statuses(out: Path) -> dict:
-    statuses = {}
-    for path in out.glob("*/ranks/*.json"):
-        try:
-            status = json.loads(path.read_text())
-        except ValueError:
-            continue  # being replaced
-        statuses[status["rank"]] = status
-    return statuses
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
-
-
 @pytest.mark.parametrize("fault", ["stop", "kill"])
 def test_a_stopped_or_killed_rank_ends_the_torchrun_job_with_one_line(tmp_path, fault):
     """As test_faults.py under mpirun: the job ends by itself, one line names the rank, and no
@@ -178,7 +159,7 @@ def test_a_stopped_or_killed_rank_ends_the_torchrun_job_with_one_line(tmp_path, 
     try:
         deadline = time.time() + 120
         while True:
-            statuses = _statuses(tmp_path)
+            statuses = rank_statuses(tmp_path)
             if len(statuses) == 2 and all((s.get("step") or 0) >= 3 for s in statuses.values()):
                 break
             assert job.poll() is None, job.communicate()[1][-3000:]
@@ -201,7 +182,7 @@ def test_a_stopped_or_killed_rank_ends_the_torchrun_job_with_one_line(tmp_path, 
         if fault == "stop":
             assert "rank 0 gave up" in last, last
         time.sleep(1)
-        assert not [p for p in pids if _alive(p)], "ranks left running"
+        assert not [p for p in pids if process_alive(p)], "ranks left running"
     finally:
         if job.poll() is None:
             job.kill()

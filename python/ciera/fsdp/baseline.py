@@ -27,25 +27,36 @@ class TimedAllGather(DefaultAllGather):
         start = time.perf_counter()
         work = dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=self.overlap)
         nbytes = output_tensor.numel() * output_tensor.element_size()
-        if self.observer is not None:
-            self.observer(self.index, input_tensor)
         if not self.overlap:
+            _until_done(output_tensor)
             elapsed = time.perf_counter() - start
             self.records.append(GatherRecord(self.index, elapsed, nbytes, nbytes, False, False, elapsed, start))
+        if self.observer is not None:  # statistics, outside the timed part (as CIERA's)
+            self.observer(self.index, input_tensor)
+        if not self.overlap:
             return None
         return _TimedWork(work, self.records, GatherRecord(self.index, 0.0, nbytes, nbytes, False, False,
-                                                           started=start), start)
+                                                           started=start), start, output_tensor)
+
+
+def _until_done(tensor: torch.Tensor) -> None:
+    """On CUDA a collective returns once enqueued; CIERA's gathers are timed until their output is
+    complete, so the baseline's are too: wait for the stream the output is produced on."""
+    if tensor.is_cuda:
+        torch.cuda.current_stream(tensor.device).synchronize()
 
 
 class _TimedWork(dist.distributed_c10d.Work):
-    def __init__(self, work, records: list, record: GatherRecord, start: float):
+    def __init__(self, work, records: list, record: GatherRecord, start: float, output: torch.Tensor):
         super().__init__()
-        self.work, self.records, self.record, self.start = work, records, record, start
+        self.work, self.records, self.record, self.start, self.output = work, records, record, start, output
 
     def wait(self, timeout=None) -> bool:
         if self.work is not None:
             waited = time.perf_counter()
             self.work.wait()
+            _until_done(self.output)
+            self.output = None
             now = time.perf_counter()
             self.record.seconds, self.record.exposed_s = now - self.start, now - waited
             self.records.append(self.record)
@@ -75,6 +86,7 @@ class TimedReduceScatter(ReduceScatter):
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         start = time.perf_counter()
         dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op)
+        _until_done(output_tensor)
         self.records.append(ReduceScatterRecord(self.index, start, time.perf_counter() - start,
                                                 input_tensor.numel() * input_tensor.element_size()))
         return None

@@ -49,7 +49,9 @@ def init_mpi_once() -> None:
 
 def abort(code: int = 1):
     """Ends this process at once with exit status `code`, and under MPI the whole job: for a rank
-    that failed and must not wait for its peers in any finalizer or exit handler."""
+    that failed and must not wait for its peers in any finalizer or exit handler. Without MPI
+    (torchrun, or the torch transport under mpirun before MPI was started) the process just exits,
+    and the launcher, seeing a rank end non-zero, ends the others."""
     sys.stdout.flush()
     sys.stderr.flush()
     if _mpi_started:

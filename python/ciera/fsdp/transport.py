@@ -66,20 +66,22 @@ class _DeviceBytes:
 
 
 class TorchCudaTransport:
-    """CIERA's collectives on a torch.distributed NCCL process group, for a CUDA engine: the
+    """CIERA's collectives on a torch.distributed process group, for a CUDA engine: the
     callables get (address, bytes) of device memory (the engine stages its small host records
     through device memory, so nothing else arrives here).
 
     Each collective runs on a side stream of this transport and is complete when the callable
     returns (the engine's contract), without synchronising the training's streams. NCCL has no
-    allgatherv: as over gloo, payloads are padded to the largest (device copies are cheap)."""
+    allgatherv: as over gloo, payloads are padded to the largest (device copies are cheap). On a
+    gloo group (ranks sharing a GPU where NCCL refuses that) the bytes go through host memory."""
 
-    def __init__(self, group, device: torch.device):
+    def __init__(self, group, device: torch.device, backend: str):
         self.group = group
         self.device = device
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.stream = torch.cuda.Stream(device=device)
+        self.via_host = backend != "nccl"
 
     def _tensor(self, view) -> torch.Tensor:
         address, nbytes = view
@@ -92,8 +94,16 @@ class TorchCudaTransport:
             body()
         self.stream.synchronize()
 
+    def _all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        if not self.via_host:
+            dist.all_gather_into_tensor(out, inp, group=self.group)
+            return
+        host = torch.empty(out.numel(), dtype=torch.uint8)
+        dist.all_gather_into_tensor(host, inp.cpu(), group=self.group)
+        out.copy_(host)
+
     def allgather(self, inp, out) -> None:
-        self._run(lambda: dist.all_gather_into_tensor(self._tensor(out), self._tensor(inp), group=self.group))
+        self._run(lambda: self._all_gather(self._tensor(out), self._tensor(inp)))
 
     def allgatherv(self, inp, out, counts, displs) -> None:
         largest = max(counts)
@@ -104,7 +114,7 @@ class TorchCudaTransport:
             send = torch.zeros(largest, dtype=torch.uint8, device=self.device)
             send[: counts[self.rank]] = self._tensor(inp)
             recv = torch.empty(largest * self.size, dtype=torch.uint8, device=self.device)
-            dist.all_gather_into_tensor(recv, send, group=self.group)
+            self._all_gather(recv, send)
             target = self._tensor(out)
             for r in range(self.size):
                 target[displs[r] : displs[r] + counts[r]] = recv[r * largest : r * largest + counts[r]]
@@ -112,11 +122,24 @@ class TorchCudaTransport:
         self._run(body)
 
     def barrier(self) -> None:
-        self._run(lambda: dist.barrier(group=self.group, device_ids=[self.device.index]))
+        one = torch.zeros(1, dtype=torch.uint8, device=self.device)
+        self._run(lambda: self._all_gather(torch.empty(self.size, dtype=torch.uint8, device=self.device), one))
 
     def make(self):
         return _ext.python_transport(self.rank, self.size, self.allgather, self.allgatherv, self.barrier,
-                                     "torch-nccl", device=True)
+                                     "torch-nccl" if not self.via_host else "torch-gloo (CUDA via host)",
+                                     device=True)
+
+
+def _cuda_backend(process_group) -> str:
+    """The backend `process_group` (default the world) uses for CUDA tensors: "nccl" unless the
+    job chose gloo for them (ranks sharing a GPU with an NCCL that refuses it)."""
+    backend = str(dist.get_backend(process_group)).lower()
+    for part in backend.split(","):
+        device, _, name = part.partition(":")
+        if name and device.strip() == "cuda":
+            return name.strip()
+    return "gloo" if backend == "gloo" else "nccl"
 
 
 def _nccl_transport(process_group, device: torch.device, timeout_s: float):
@@ -144,8 +167,9 @@ def make_transport(kind: str, process_group, timeout_s: float, device: torch.dev
         ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
         timeout = datetime.timedelta(seconds=timeout_s)
         if cuda:
-            group = dist.new_group(ranks=ranks, backend="nccl", timeout=timeout)
-            return TorchCudaTransport(group, device).make()
+            backend = _cuda_backend(process_group)
+            group = dist.new_group(ranks=ranks, backend=backend, timeout=timeout)
+            return TorchCudaTransport(group, device, backend).make()
         group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
         return TorchTransport(group).make()
     if kind == "nccl":

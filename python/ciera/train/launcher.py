@@ -1,5 +1,5 @@
-"""The process the user started: launches the ranks (under mpirun, or inside the link lab),
-draws their progress from the metrics rank 0 appends, and renders the summary they wrote."""
+"""The process the user started: launches the ranks (under mpirun or torchrun, or inside the link
+lab), draws their progress from the metrics rank 0 appends, and renders the summary they wrote."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ciera.train import checkpoint, options
+from ciera.train.metrics import CONTROL
 from ciera.train.options import budget_text
 from ciera.train.watch import Stall, Watch
 
@@ -35,14 +36,21 @@ def linklab_script() -> str:
 
 
 def rank_launcher(args) -> list[str]:
-    """The command that starts the ranks, up to the rank program: the link lab, or mpirun."""
+    """The command that starts the ranks, up to the rank program's arguments: the link lab, mpirun,
+    or torchrun (torch.distributed.run of this Python: the torch the ranks import)."""
+    program = [sys.executable, "-m", "ciera.train"]
+    if args.launcher == "torchrun":
+        # One node; a rank that fails ends the others (no restarts), as under mpirun.
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                "--nproc-per-node", str(args.ranks), "--max-restarts", "0", "-m", "ciera.train"]
     if args.link_gbit > 0:
-        return [linklab_script(), "--ranks", str(args.ranks), "--gbit", str(args.link_gbit), "--"]
+        return [linklab_script(), "--ranks", str(args.ranks), "--gbit", str(args.link_gbit), "--", *program]
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise SystemExit("ciera train: mpirun not found (apt-get install openmpi-bin)")
     return [mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(args.ranks),
-            "-x", "CIERA_MASTER_PORT", "-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED", "-x", "OMP_NUM_THREADS"]
+            "-x", "CIERA_MASTER_PORT", "-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED", "-x", "OMP_NUM_THREADS",
+            "-x", "CUBLAS_WORKSPACE_CONFIG", *program]
 
 
 def new_run_dir(args) -> Path:
@@ -67,9 +75,11 @@ def new_run_dir(args) -> Path:
 def launch(args, argv: list[str]) -> int:
     launcher = rank_launcher(args)
     run_dir = new_run_dir(args)
-    child = [sys.executable, "-m", "ciera.train", *argv, "--child", "--run-dir", str(run_dir.resolve())]
+    child = [*argv, *options.resolved_argv(args), "--child", "--run-dir", str(run_dir.resolve())]
+    # CUBLAS_WORKSPACE_CONFIG: deterministic cuBLAS (--device cuda); read when cuBLAS starts.
     env = dict(os.environ, CIERA_MASTER_PORT=str(free_port()), OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               CUBLAS_WORKSPACE_CONFIG=":4096:8")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT.parent), env.get("PYTHONPATH")]))
     cmd = [*launcher, *child]
     log_path = run_dir / "log.txt"
@@ -97,8 +107,15 @@ def launch(args, argv: list[str]) -> int:
         # The per-shard selection stays in summary.json; the line is for scripts.
         line = {k: v for k, v in summary.items() if k not in ("selection", "selection_table")}
         print(json.dumps(line, separators=(",", ":")))
+    return exit_status(summary)
+
+
+def exit_status(summary: dict) -> int:
+    """0 when every comparison the run made holds: CIERA against the baseline (with one), the
+    gathers against torch's (--verify) and the baseline against its control (--control); else 3."""
     identical = summary["losses_identical"] or summary.get("iteration_ms_fsdp2") is None  # no baseline run
-    return 0 if identical and summary["wrong_bytes"] == 0 else 3
+    deterministic = summary.get("control_identical") is not False  # None: no control run
+    return 0 if identical and deterministic and summary["wrong_bytes"] == 0 else 3
 
 
 def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
@@ -111,8 +128,9 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
         sys.stderr.flush()
 
     stall = Stall(watch, say)
-    runs = (0 if args.no_baseline else 1) + (3 if args.ablation else 1)
+    runs = (0 if args.no_baseline else 1) + (1 if args.control else 0) + (3 if args.ablation else 1)
     total = (args.steps - checkpoint.resumed_steps(args)) * runs
+    width = len(CONTROL) if args.control else 8   # the longest run name
     seen, last_line, offset, started = 0, "", 0, time.time()
     while True:
         status = proc.poll()
@@ -129,7 +147,7 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
                     frac = seen / total
                     bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
                     extra = (f" ratio {rec['ratio']:.2f}x" if rec.get("ratio") else "")
-                    last_line = (f"{rec['run']:>8} [{bar}] {seen}/{total} step {rec['step'] + 1} "
+                    last_line = (f"{rec['run']:>{width}} [{bar}] {seen}/{total} step {rec['step'] + 1} "
                                  f"loss {rec['loss']:.4f} allgather {rec['allgather_ms']:.1f} ms{extra} "
                                  f"{time.time() - started:.0f}s")
                     if tty:
@@ -142,6 +160,8 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
                 sys.stderr.write("\n")
             return status
         watch.poll()
+        if args.launcher == "torchrun":
+            watch.continue_stopped()
         stall.check()
         time.sleep(0.2)
 
@@ -153,6 +173,8 @@ def render_summary(s: dict, run_dir: Path) -> str:
     rows = [
         ("model", f"{s['model']} ({s['params']:,} parameters, {s['buckets']} FSDP groups), {s['ranks']} ranks"),
         ("links", s["links"]),
+        *([("device", f"cuda: process group {s['process_group']}, deterministic algorithms")]
+          if s.get("device") == "cuda" else []),
         ("steps", f"{s['steps']} per run, {s['warmup']} warmup; steady state = steps "
                   f"{max(s['warmup'], s.get('steps_before', 0)) + 1}..{s['steps']}"
                   + (f"; resumed after step {s['steps_before']} from {s['resumed_from']}" if s.get("resumed_from") else "")),
@@ -180,6 +202,10 @@ def render_summary(s: dict, run_dir: Path) -> str:
                        else "losses and parameters bitwise identical to FSDP2"
                        if s["losses_identical"] and s["params_identical"] else "NOT IDENTICAL") + (f"; verify: {s['wrong_bytes']} wrong bytes of {s['verified_bytes']:,}"
                                                if s["verified_bytes"] else "")),
+        *([("control", "plain FSDP2 trained twice: bitwise identical, the harness itself is deterministic"
+            if s["control_identical"] else "plain FSDP2 trained twice: NOT identical, the harness itself is "
+                                           "NOT deterministic (no comparison above can be trusted)")]
+          if s.get("control_identical") is not None else []),
         ("run folder", str(run_dir)),
     ]
     width = max(len(k) for k, _ in rows)

@@ -43,8 +43,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block", type=int, default=512, help="CIERA values per block")
     p.add_argument("--codec", default="ciera", choices=["ciera", "auto"],
                    help="always compress, or let the engine keep whichever is faster")
-    p.add_argument("--transport", default="mpi", choices=["torch", "mpi"],
-                   help="CIERA's collectives: torch's gloo process group, or Open MPI")
+    p.add_argument("--launcher", default="auto", choices=["auto", "mpirun", "torchrun"],
+                   help="what starts the ranks: Open MPI's mpirun or torch.distributed.run (torchrun); "
+                        "auto: mpirun when it is on PATH (and for the link lab), else torchrun")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the models train; cuda: each rank on GPU LOCAL_RANK %% GPUs (ranks may share one), "
+                        "deterministic algorithms on")
+    p.add_argument("--transport", default="auto", choices=["auto", "torch", "mpi", "nccl"],
+                   help="CIERA's collectives: torch's process group, Open MPI (mpirun, cpu) or CIERA's NCCL "
+                        "communicator (cuda); auto: mpi under mpirun on cpu, else torch")
+    p.add_argument("--control", action=argparse.BooleanOptionalAction, default=None,
+                   help="also train plain FSDP2 a second time (fsdp2-control), which must match the first bit for "
+                        "bit: shows that the harness itself is deterministic (default: on with --device cuda)")
     p.add_argument("--threads", type=int, default=2, help="CIERA encode/decode threads per rank")
     p.add_argument("--budget-mb", type=float, default=None,
                    help="benefit-driven selection (paper §3.2) with this cache budget per rank, MiB; "
@@ -151,6 +161,7 @@ def _check_values(args) -> None:
         _fail("--trace takes its compute times from the plain FSDP2 run; it cannot run with --no-baseline")
     if args.link_gbit > 0 and args.ranks > LINK_LAB_MAX_RANKS:
         _fail(f"--ranks {args.ranks}: the link lab has room for at most {LINK_LAB_MAX_RANKS} ranks")
+    _check_combinations(args)
     _writable_folder("--out", args.out)
     if args.save_checkpoints:
         _writable_folder("--save-checkpoints", args.save_checkpoints)
@@ -163,15 +174,66 @@ def _check_values(args) -> None:
         _writable_folder("--trace", str(trace.absolute().parent))
 
 
+def _check_combinations(args) -> None:
+    """Launcher, device, transport and control: the pairs no run can use."""
+    if args.transport == "nccl" and args.device == "cpu":
+        _fail("--transport nccl is CIERA's NCCL communicator, for GPU memory: it needs --device cuda")
+    if args.transport == "mpi" and args.device == "cuda":
+        _fail("--transport mpi carries host memory; with --device cuda use --transport torch or nccl")
+    if args.launcher == "torchrun":
+        if args.transport == "mpi":
+            _fail("--transport mpi needs the ranks under mpirun; with --launcher torchrun use --transport torch")
+        if args.link_gbit > 0:
+            _fail("--link-gbit: the link lab starts its ranks under mpirun; it cannot run with --launcher torchrun")
+    if args.trace and args.device == "cuda":
+        _fail("--trace times collectives of CPU tensors (its communication curves); not yet with --device cuda")
+    if (args.budget_mb is not None or args.ablation) and args.device == "cuda":
+        flag = "--budget-mb" if args.budget_mb is not None else "--ablation"
+        _fail(f"{flag}: the selector's cost model is measured with host coders and transfers; "
+              "not yet with --device cuda")
+    if args.control and args.no_baseline:
+        _fail("--control trains plain FSDP2 twice and compares the two; it cannot run with --no-baseline")
+
+
+def resolve(args) -> None:
+    """Replaces `auto` and unset options by what this run uses (after the values are checked):
+    the launcher, the transport and the control. The launcher hands the ranks these values."""
+    if args.launcher == "auto":
+        mpirun_needed = args.link_gbit > 0 or args.transport == "mpi"
+        args.launcher = "mpirun" if mpirun_needed or shutil.which("mpirun") else "torchrun"
+    if args.transport == "auto":
+        mpi = args.launcher == "mpirun" and args.device == "cpu" and _ext.with_mpi
+        args.transport = "mpi" if mpi else "torch"
+    if args.control is None:
+        args.control = args.device == "cuda" and not args.no_baseline
+
+
 def _check_machine(args) -> None:
     """What this machine must provide for the run; checked after the values."""
     if args.transport == "mpi" and not _ext.with_mpi:
         _fail("--transport mpi: this build of CIERA has no MPI transport (use --transport torch)")
+    if args.transport == "nccl" and not getattr(_ext, "with_nccl", False):
+        _fail("--transport nccl: this build of CIERA has no NCCL transport (use --transport torch)")
     if args.link_gbit > 0:
         if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
             _fail("--link-gbit runs the ranks in the link lab, which needs root and iproute2 (ip, tc)")
-    elif shutil.which("mpirun") is None:
-        _fail("mpirun not found (apt-get install openmpi-bin)")
+    if args.launcher == "mpirun" and shutil.which("mpirun") is None:
+        needs = ("--link-gbit" if args.link_gbit > 0 else "--transport mpi" if args.transport == "mpi"
+                 else "--launcher mpirun")
+        _fail(f"mpirun not found (apt-get install openmpi-bin); {needs} needs it")
+    if args.device == "cuda":
+        import torch  # only here: checking the other options does not load torch
+
+        if not torch.cuda.is_available():
+            _fail(f"--device cuda: no CUDA device is available here (torch {torch.__version__}: "
+                  "torch.cuda.is_available() is False)")
+        from ciera.train.rank import nccl_shares_gpus
+
+        gpus = torch.cuda.device_count()
+        if args.transport == "nccl" and args.ranks > gpus and not nccl_shares_gpus():
+            _fail(f"--transport nccl: this NCCL takes one rank per GPU (several share one from NCCL 2.30 "
+                  f"with NCCL_MULTI_RANK_GPU_ENABLE=1), and this machine has {gpus} "
+                  f"GPU{'s' if gpus != 1 else ''} for --ranks {args.ranks} (use --transport torch)")
 
 
 def check(args) -> None:
@@ -190,7 +252,14 @@ def check(args) -> None:
     if args.rss_every < 1:
         raise SystemExit(f"ciera train: --rss-every must be >= 1, got {args.rss_every}")
     checkpoint.check_resume(args)
+    resolve(args)
     _check_machine(args)
+
+
+def resolved_argv(args) -> list[str]:
+    """The options resolve() decided, for the ranks' command line (given last, they win)."""
+    return ["--launcher", args.launcher, "--transport", args.transport,
+            "--control" if args.control else "--no-control"]
 
 
 def budget_bytes(budget_mb: float) -> int:

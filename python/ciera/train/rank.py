@@ -1,6 +1,6 @@
-"""One rank of ``ciera train`` (started by the launcher under mpirun): builds the baseline and the
-CIERA model(s) from the same seed, trains them side by side one step at a time, and writes the
-per-step metrics (rank 0) and, at the end, the summary."""
+"""One rank of ``ciera train`` (started by the launcher under mpirun or torchrun): builds the
+baseline and the CIERA model(s) from the same seed, trains them side by side one step at a time,
+and writes the per-step metrics (rank 0) and, at the end, the summary."""
 
 from __future__ import annotations
 
@@ -20,15 +20,36 @@ from ciera import fsdp
 from ciera.fsdp import lifecycle
 from ciera.train import checkpoint
 from ciera.train.watch import RankStatus
-from ciera.train.metrics import Run, StepMetrics, resident_bytes
+from ciera.train.metrics import BASELINE, CONTROL, PLAIN, Run, StepMetrics, resident_bytes
 from ciera.train.options import budget_bytes
+
+
+def placement(launcher: str) -> tuple[int, int, int, int]:
+    """(rank, world size, rank on this host, ranks on this host), as the launcher passes them."""
+    env = os.environ
+    if launcher == "torchrun":
+        return (int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]),
+                int(env["LOCAL_WORLD_SIZE"]))
+    world = int(env.get("OMPI_COMM_WORLD_SIZE", "1"))
+    return (int(env.get("OMPI_COMM_WORLD_RANK", "0")), world, int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
+            int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
+
+
+def nccl_shares_gpus() -> bool:
+    """Whether NCCL lets several ranks use one GPU here: NCCL 2.30 or later, asked to with
+    NCCL_MULTI_RANK_GPU_ENABLE=1 (earlier ones refuse: "Duplicate GPU detected")."""
+    if os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1":
+        return False
+    version = torch.cuda.nccl.version()
+    return isinstance(version, tuple) and version >= (2, 30, 0)
 
 
 class RankProgram:
     def __init__(self, args):
         self.args = args
-        self.rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-        self.world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+        self.rank, self.world, self.local_rank, self.local_ranks = placement(args.launcher)
+        self.device = torch.device("cpu")   # --device cuda: this rank's GPU, chosen in run()
+        self.backend = "gloo"               # the process group's backend(s)
         self.run_dir = Path(args.run_dir)
         self.tracer = None
         self.stats = None
@@ -40,15 +61,9 @@ class RankProgram:
 
     def run(self) -> int:
         torch.set_num_threads(1)
-        in_lab = "CIERA_LINKLAB_PREFIX" in os.environ
-        master = "10.231.0.1" if in_lab else "127.0.0.1"
-        if in_lab:
-            os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
         self.status = RankStatus(self.run_dir, self.rank)
         try:
-            dist.init_process_group("gloo", init_method=f"tcp://{master}:{os.environ['CIERA_MASTER_PORT']}",
-                                    rank=self.rank, world_size=self.world,
-                                    timeout=_dt.timedelta(seconds=self.args.timeout))
+            self.init_process_group()
             self.train_all()
         except BaseException as e:
             # This rank ends the job now: a peer may be dead or stopped, and anything that waits
@@ -60,6 +75,56 @@ class RankProgram:
         self.status.update("done")
         dist.destroy_process_group()
         return 0
+
+    def init_process_group(self) -> None:
+        """torch.distributed at the address the launcher gave: torchrun's (env://), or a port of
+        the launcher's on this host (mpirun) or on the link lab's hub."""
+        if self.args.launcher == "torchrun":
+            init_method = "env://"
+        else:
+            in_lab = "CIERA_LINKLAB_PREFIX" in os.environ
+            master = "10.231.0.1" if in_lab else "127.0.0.1"
+            if in_lab:
+                os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
+            init_method = f"tcp://{master}:{os.environ['CIERA_MASTER_PORT']}"
+        if self.args.device == "cuda":
+            self.use_gpu()
+        dist.init_process_group(self.backend, init_method=init_method, rank=self.rank, world_size=self.world,
+                                timeout=_dt.timedelta(seconds=self.args.timeout))
+
+    def use_gpu(self) -> None:
+        """--device cuda: this rank's GPU (ranks may share one), deterministic algorithms in every
+        training (their results are compared bit for bit), and the process group's backends: gloo
+        for the CPU tensors (metrics, checks), NCCL for GPU tensors, or gloo for them too when ranks
+        share a GPU, which NCCL refuses. CUBLAS_WORKSPACE_CONFIG comes from the launcher."""
+        gpus = torch.cuda.device_count()
+        torch.cuda.set_device(self.local_rank % gpus)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        self.backend = "cpu:gloo,cuda:nccl" if self.local_ranks <= gpus or nccl_shares_gpus() else "cpu:gloo,cuda:gloo"
+
+    def clock(self) -> float:
+        """time.perf_counter() once the work queued on this rank's GPU has finished (--device cuda):
+        kernels run asynchronously, and a step's times must include them."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def on_host(self, stats):
+        """The TrainingStats observer as CIERA's gathers call it, with GPU outputs copied to host
+        memory first: its counters read their input in C++. It counts a bucket's first gather of a
+        step only (`seen`), so only that one is copied. (ExponentTracker copies by itself.)"""
+        if self.device.type != "cuda":
+            return stats
+
+        def observe(bucket, output):
+            if output.is_cuda and bucket.index not in stats.seen:
+                output = output.cpu()
+            stats(bucket, output)
+
+        return observe
 
     def emit(self, record: dict) -> None:
         if self.rank == 0:
@@ -75,8 +140,9 @@ class RankProgram:
         a = self.args
         spec = models.ModelSpec(family=a.model, hidden=a.hidden, layers=a.layers, experts=a.experts,
                                 expert_intermediate=a.expert_intermediate, max_positions=max(1024, a.seq_len))
-        model = models.build(spec, a.seed)
-        mesh = init_device_mesh("cpu", (self.world,))
+        # Built on the CPU from the seed whatever the device, so every training starts from the same bits.
+        model = models.build(spec, a.seed).to(self.device)
+        mesh = init_device_mesh(self.device.type, (self.world,))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in models.decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=policy)
@@ -92,22 +158,23 @@ class RankProgram:
         # The paper's Table 3, cumulative: exponent reuse on every shard, + selection, + pipelining.
         return [("er", None, False), ("bsc", budget, False), ("ciera", budget, True)]
 
-    def add_baseline(self, runs: dict) -> None:
-        """Plain FSDP2, its gathers and reduce-scatters timed. Exponent statistics are collected in
+    def add_plain(self, runs: dict, name: str) -> None:
+        """Plain FSDP2, its gathers and reduce-scatters timed: the baseline, or its control (the
+        same training again, which must match it bit for bit). Exponent statistics are collected in
         every training alike (same cost for all); they are identical anyway, since the parameters are."""
         a = self.args
         plain, _ = self.build()
-        self.trackers["fsdp2"] = fsdp.ExponentTracker()
-        records = fsdp.time_plain_all_gathers(plain, self.trackers["fsdp2"], overlap=a.overlap and not a.ablation)
+        self.trackers[name] = fsdp.ExponentTracker()
+        records = fsdp.time_plain_all_gathers(plain, self.trackers[name], overlap=a.overlap and not a.ablation)
 
         def take_plain_records():
             taken = list(records)
             records.clear()
             return taken
 
-        runs["fsdp2"] = Run("fsdp2", plain, a.lr, take_plain_records)
-        runs["fsdp2"].rs_records = fsdp.time_reduce_scatters(plain)
-        if a.trace:
+        runs[name] = Run(name, plain, a.lr, take_plain_records)
+        runs[name].rs_records = fsdp.time_reduce_scatters(plain)
+        if a.trace and name == BASELINE:
             from ciera import trace
 
             self.tracer = trace.Tracer(len(fsdp.describe_buckets(plain)))
@@ -138,7 +205,7 @@ class RankProgram:
             from ciera.train.characterisation import TrainingStats
 
             self.stats = TrainingStats(handle.buckets, self.world, self.rank, a.warmup)
-            handle.set_output_observer(self.stats)
+            handle.set_output_observer(self.on_host(self.stats))
         runs[name] = Run(name, model, a.lr, handle.take_records)
         runs[name].budget_mb = budget_mb
         runs[name].rs_records = fsdp.time_reduce_scatters(model)
@@ -157,24 +224,41 @@ class RankProgram:
         corpus = data.load_corpus()
         runs, handles = {}, {}
         if not a.no_baseline:
-            self.add_baseline(runs)
+            self.add_plain(runs, BASELINE)
+            if a.control:
+                self.add_plain(runs, CONTROL)
         for name, budget_mb, overlap in self.variants():
             model, spec = self.add_ciera(runs, handles, name, budget_mb, overlap)
+        # Checkpoints hold each training once: the control is the baseline again.
+        kept = {name: run for name, run in runs.items() if name != CONTROL}
         if a.resume:
-            self.first_step = checkpoint.load(self, runs, handles, Path(a.resume))
+            self.first_step = checkpoint.load(self, kept, handles, Path(a.resume))
+            if CONTROL in runs:
+                self.load_control(runs[CONTROL], Path(a.resume))
         for step in range(self.first_step, a.steps):
-            self.train_step(runs, handles, step, data.batch(corpus, step, self.rank, a.batch, a.seq_len, a.seed))
+            tokens = data.batch(corpus, step, self.rank, a.batch, a.seq_len, a.seed).to(self.device)
+            self.train_step(runs, handles, step, tokens)
             done = step + 1
             if done == self.first_step + 1 or done % a.rss_every == 0 or done == a.steps:
                 self.sample_memory(done, handles)
             if a.checkpoint_every and done % a.checkpoint_every == 0:
-                self.checkpoints.append(str(checkpoint.save(self, runs, handles, done)))
+                self.checkpoints.append(str(checkpoint.save(self, kept, handles, done)))
         for run in runs.values():
             run.final = self.local_params(run.model)
             run.digest = self.param_digest(run.model)
         finish(self, runs, handles, spec, sum(p.numel() for p in model.parameters()))
         for handle in handles.values():
             handle.disable()
+
+    def load_control(self, control: Run, folder: Path) -> None:
+        """The control resumes from the baseline's state in the checkpoint (models and optimizers
+        as built, as checkpoint.load does). Collective."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model, optimizer = get_state_dict(control.model, control.optimizer)
+        dcp.load({BASELINE: {"model": model, "optimizer": optimizer}}, checkpoint_id=str(folder))
+        set_state_dict(control.model, control.optimizer, model_state_dict=model, optim_state_dict=optimizer)
 
     def train_step(self, runs: dict, handles: dict, step: int, tokens) -> None:
         """Step `step` of every training, in an order that rotates from step to step."""
@@ -209,16 +293,16 @@ class RankProgram:
     def step(self, run: Run, step: int, tokens, tracker) -> dict:
         """One optimizer step of `run`; returns its line of metrics.jsonl."""
         self.status.phase("forward pass")
-        start = time.perf_counter()
+        start = self.clock()
         loss = run.model(input_ids=tokens, labels=tokens).loss
-        loss_done = time.perf_counter()
+        loss_done = self.clock()
         self.status.phase("backward pass")
         loss.backward()
-        backward_done = time.perf_counter()
+        backward_done = self.clock()
         self.status.phase("optimizer step")
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
-        end = time.perf_counter()
+        end = self.clock()
         records = run.take_records()
         rs_records = list(run.rs_records)
         run.rs_records.clear()
@@ -227,7 +311,7 @@ class RankProgram:
         if step >= self.args.warmup:
             for r in records:
                 run.bucket_wire.setdefault(r.bucket, []).append(r.wire_bytes)
-            if self.tracer is not None and run.name == "fsdp2":
+            if self.tracer is not None and run.name == BASELINE:
                 from ciera import trace
 
                 self.tracer.add(trace.StepEvents(start, loss_done, backward_done, end, records, rs_records))
@@ -249,7 +333,7 @@ class RankProgram:
                   "raw_bytes": mine.raw_bytes, "wire_bytes": mine.wire_bytes}
         if summed.compared_values > 0:
             record["exponent_change_rate"] = summed.changed_values / summed.compared_values
-        if run.name != "fsdp2":
+        if run.name not in PLAIN:
             record["ratio"] = mine.raw_bytes / max(1.0, mine.wire_bytes)
             record["bits_per_value"] = 16.0 * mine.wire_bytes / max(1.0, mine.raw_bytes)
         return record
@@ -266,7 +350,7 @@ class RankProgram:
             full = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().contiguous()  # collective
             if self.rank == 0:
                 digest.update(f"{name} {tuple(full.shape)} {full.dtype}\n".encode())
-                digest.update(full.reshape(-1).view(torch.uint8).numpy().tobytes())
+                digest.update(full.reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
         return digest.hexdigest() if self.rank == 0 else None
 
     def sample_memory(self, steps_done: int, handles: dict) -> None:
@@ -275,13 +359,16 @@ class RankProgram:
         process, so the resident numbers are all of them together. Collective."""
         rss, peak = resident_bytes()
         codec_bytes = sum(h.cache_bytes for h in handles.values())
-        mine = torch.tensor([rss, peak, codec_bytes], dtype=torch.int64)
+        gpu = [torch.cuda.max_memory_allocated()] if self.device.type == "cuda" else []
+        mine = torch.tensor([rss, peak, codec_bytes, *gpu], dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(everyone, mine)
         if self.rank == 0:
             rows = torch.stack(everyone).tolist()
             sample = {"step": steps_done, "rss_bytes": [r[0] for r in rows], "peak_rss_bytes": [r[1] for r in rows],
                       "codec_state_bytes": [r[2] for r in rows]}
+            if gpu:
+                sample["cuda_peak_allocated_bytes"] = [r[3] for r in rows]
             self.memory.append(sample)
             with open(self.run_dir / "memory.jsonl", "a") as f:
                 f.write(json.dumps(sample) + "\n")
@@ -290,7 +377,7 @@ class RankProgram:
         """The parameters as FSDP gathers them (BF16 casts of the FP32 masters). Collective."""
         from safetensors.torch import save_file
 
-        tensors = {name: p.full_tensor().detach().to(torch.bfloat16).contiguous()
+        tensors = {name: p.full_tensor().detach().to(torch.bfloat16).contiguous().cpu()
                    for name, p in model.named_parameters()}
         if self.rank == 0:
             folder = Path(self.args.save_checkpoints)

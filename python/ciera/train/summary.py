@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import fsdp
-from ciera.train.metrics import Run, RunCheck
+from ciera.train.metrics import BASELINE, CONTROL, PLAIN, Run, RunCheck
 from ciera.train.options import budget_bytes
 
 
@@ -18,22 +18,28 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def _compare(base: Run, run: Run, check: RunCheck) -> list[int]:
+    """Fills `check` with this rank's differences between two trainings; returns, per step,
+    whether their losses differ (1) or not (0)."""
+    differs = [int(x != y) for x, y in zip(base.results["loss_bits"], run.results["loss_bits"])]
+    check.loss_mismatches = sum(differs)
+    check.param_bytes_mismatched = sum(int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
+                                       for x, y in zip(base.final, run.final))
+    return differs
+
+
 def check_runs(runs: dict, handles: dict, names: list[str]) -> tuple[list[RunCheck], list[int], list[int]]:
     """Per CIERA run: its RunCheck against the baseline summed over ranks, the peak codec state of
     any rank, and the number of steps whose loss is bitwise the baseline's on every rank (0 without
     a baseline). Collective."""
-    base = runs.get("fsdp2")
+    base = runs.get(BASELINE)
     checks, peaks = [], torch.zeros(len(names), dtype=torch.int64)
     steps = len(runs[names[0]].results["loss_bits"])
     differing = torch.ones(len(names), steps, dtype=torch.int64)   # per run and step: any rank's loss differs
     for i, name in enumerate(names):
         run, check = runs[name], RunCheck()
         if base:
-            differs = [int(x != y) for x, y in zip(base.results["loss_bits"], run.results["loss_bits"])]
-            check.loss_mismatches = sum(differs)
-            check.param_bytes_mismatched = sum(int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
-                                               for x, y in zip(base.final, run.final))
-            differing[i] = torch.tensor(differs, dtype=torch.int64)
+            differing[i] = torch.tensor(_compare(base, run, check), dtype=torch.int64)
         check.wrong_bytes = handles[name].wrong_bytes
         check.verified_bytes = handles[name].verified_bytes
         checks.append(check)
@@ -43,6 +49,17 @@ def check_runs(runs: dict, handles: dict, names: list[str]) -> tuple[list[RunChe
     dist.all_reduce(differing, op=dist.ReduceOp.MAX)
     identical_steps = [int((row == 0).sum()) for row in differing]
     return checks, [int(p) for p in peaks], identical_steps
+
+
+def check_control(runs: dict) -> bool | None:
+    """Whether the control (--control: plain FSDP2 trained a second time) matched the baseline's
+    losses and final parameters bit for bit on every rank; None without a control. Collective."""
+    if CONTROL not in runs:
+        return None
+    check = RunCheck()
+    _compare(runs[BASELINE], runs[CONTROL], check)
+    total = RunCheck.sum_over_ranks([check])[0]
+    return total.loss_mismatches == 0 and total.param_bytes_mismatched == 0
 
 
 def _selection_fields(handle) -> dict:
@@ -111,9 +128,10 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     a = program.args
     first = program.first_step   # results hold steps first+1..steps (1-based)
     steady = slice(max(0, a.warmup - first), a.steps - first)
-    base = runs.get("fsdp2")
-    names = [n for n in runs if n != "fsdp2"]
+    base = runs.get(BASELINE)
+    names = [n for n in runs if n not in PLAIN]
     checks, peaks, identical_steps = check_runs(runs, handles, names)
+    control_identical = check_control(runs)
     trace_doc = None
     if a.trace:
         from ciera.train.tracing import collect_trace
@@ -134,7 +152,8 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     summary = {
         "model": a.model, "spec": spec.describe(), "params": params, "ranks": program.world,
         "buckets": len(handles["ciera"].buckets), "links": (f"{a.link_gbit:g} Gbit/s (link lab)" if a.link_gbit
-                                                             else "unshaped (mpirun on one host)"),
+                                                             else f"unshaped ({a.launcher} on one host)"),
+        "launcher": a.launcher, "device": a.device, "process_group": program.backend,
         "transport": a.transport, "codec": a.codec,
         "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
         "loss_first": c["loss"][0], "loss_last": c["loss"][-1],
@@ -146,6 +165,8 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
         "losses_identical": all(d["losses_identical"] for d in described.values()),
         "params_identical": all(d["params_identical"] for d in described.values()),
         "wrong_bytes": sum(d["wrong_bytes"] for d in described.values()),
+        # --control: the baseline trained twice, bitwise identical (the harness is deterministic).
+        "control_identical": control_identical,
         # For comparing runs with each other (an uninterrupted run and a resumed one): each
         # training's mean loss of every step this run made, and a digest of its final parameters.
         "resumed_from": a.resume, "steps_before": first,

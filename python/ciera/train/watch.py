@@ -3,15 +3,16 @@
 Each rank keeps a small status file (``ranks/<rank>.json`` in the run folder: its pid, which
 training and step it is in, and its error if it failed). The launcher reads them while it waits,
 together with each rank's process state (``/proc/<pid>/stat``: a stopped rank shows ``T``) and,
-at the end, mpirun's account of ranks killed by a signal. From these it writes one line while
-the ranks wait (who is behind, and why) and one line when the job fails: which rank failed and
-what the others were waiting for."""
+at the end, the launcher's account (mpirun's or torchrun's) of ranks killed by a signal. From
+these it writes one line while the ranks wait (who is behind, and why) and one line when the job
+fails: which rank failed and what the others were waiting for."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,23 @@ def error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def killed_ranks(log_text: str) -> dict[int, str]:
+    """Ranks the launcher saw killed by a signal, from its account in the job's output: what
+    happened to each, e.g. "was killed by signal 9 (Killed)"."""
+    killed = {int(m.group(1)): (int(m.group(2)), m.group(3)) for m in re.finditer(
+        r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+) \(([^)]*)\)", log_text)}  # mpirun
+    # torchrun (torch.distributed.elastic's failure report): "rank : 1 (local_rank: 1)", then
+    # "exitcode : -9 (pid: 1234)", the signal's number negated. Ranks torchrun ended itself, once
+    # another had failed, are listed too; it names them first ("Sending process 1234 closing signal").
+    ended = set(re.findall(r"Sending process (\d+) closing signal", log_text))
+    for m in re.finditer(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*-(\d+) \(pid: (\d+)\)",
+                         log_text):
+        if m.group(3) not in ended:
+            number = int(m.group(2))
+            killed.setdefault(int(m.group(1)), (number, signal.strsignal(number) or f"signal {number}"))
+    return {rank: f"was killed by signal {number} ({name})" for rank, (number, name) in killed.items()}
+
+
 def process_state(pid: int) -> str | None:
     """The state letter of `pid` (R, S, D, T for stopped, Z, ...), None if it is gone."""
     try:
@@ -89,6 +107,19 @@ class Watch:
             elif state is None and status["state"] not in ("failed", "done") and rank not in self.vanished:
                 self.vanished.append(rank)
 
+    def continue_stopped(self) -> None:
+        """Once a rank has failed or ended, continues the stopped ones (SIGCONT), as mpirun does
+        before it ends a job's ranks: a stopped process acts on no signal but SIGKILL, so
+        torchrun's SIGTERM would wait until its SIGKILL 30 s later. (Under torchrun.)"""
+        failing = self.vanished or any(s["state"] == "failed" for s in self.statuses.values())
+        for rank in sorted(self.stopped) if failing else []:
+            pid = self.statuses[rank]["pid"]
+            if process_state(pid) == "T":
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass  # ended meanwhile
+
     def read_statuses(self) -> None:
         for path in status_dir(self.run_dir).glob("*.json"):
             try:
@@ -114,9 +145,7 @@ class Watch:
 
     def failure_line(self, status: int, log_text: str) -> str:
         """One line: the rank that failed first and what the others were waiting for."""
-        killed = {int(m.group(1)): f"was killed by signal {m.group(2)} ({m.group(3)})"
-                  for m in re.finditer(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+) \(([^)]*)\)",
-                                       log_text)}
+        killed = killed_ranks(log_text)
         # A rank stopped or killed is the cause; failing that, the first to end unannounced (the
         # launcher ends the others right after it). A rank whose failure was written after it
         # was seen gone (between two reads of a poll) has announced itself after all.
