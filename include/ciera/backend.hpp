@@ -82,8 +82,9 @@ class CodecBackend {
                                                        StreamIdentity expected) const = 0;
 
   // A fence for work the caller enqueued before start() on `stream` (for the CUDA backend a
-  // cudaStream_t, as an integer: an event is recorded on it now). Null when `stream` is 0: the
-  // input is ready. Throws std::invalid_argument if this backend has no streams (the host's).
+  // cudaStream_t, as an integer, 0 being CUDA's default stream: an event is recorded on it now);
+  // null when there is nothing to wait for. This default, for backends without streams (the
+  // host's): null for 0, std::invalid_argument for anything else.
   virtual std::unique_ptr<InputFence> fence(uintptr_t stream) const;
 };
 

@@ -105,11 +105,13 @@ class CompressedAllgather {
   // `output`. Both must stay valid until wait(). Encoding starts at once on worker threads;
   // gathers complete in start order, which must be the same on every rank. One gather per
   // bucket may be in flight.
-  // `stream`: with a device backend, a stream of the caller (a cudaStream_t, as an integer) on
+  // `stream`: with a device backend, the caller's stream (a cudaStream_t, as an integer) on
   // which the input is being produced: the gather reads the input only once the work enqueued
   // there before start() is done, and start() itself never waits for it (encoding begins on
-  // the engine's own streams as soon as it is). 0: the input is ready now. When wait() returns,
-  // the output is complete in device memory, for any stream to read.
+  // the engine's own streams as soon as it is). For the CUDA backend 0 is CUDA's default
+  // stream, as torch reports it, and is waited for like any other. When wait() returns, the
+  // output is complete in device memory, for any stream to read. The host backend has no
+  // streams: pass 0.
   // Throws std::invalid_argument if `bucket` does not exist or already has a gather in flight,
   // or if `stream` is not 0 on a backend without streams (the host's).
   // A wrong input or output size is not thrown here: wait() throws ConfigError for it on every

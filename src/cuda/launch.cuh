@@ -34,6 +34,9 @@ struct Launch {
     constexpr unsigned kThreads = 256;
     const unsigned threads = n < kThreads ? static_cast<unsigned>(n) : kThreads;
     const uint64_t blocks = (n + threads - 1) / threads;
+    // An earlier call on this thread may have left a non-sticky status (cudaErrorNotReady from a
+    // query): clear it, so that the check below reports this launch only.
+    (void)cudaGetLastError();
     each_index<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(n, f);
     check_cuda(cudaGetLastError(), "codec step launch");
   }
@@ -85,16 +88,10 @@ struct DeviceMemory {
 // whole powers of two of at least 4 KiB, carved 16 at a time from one cudaMallocHost.
 class PinnedBlock {
  public:
-  explicit PinnedBlock(size_t bytes) : size_class_(4096) {
-    while (size_class_ < bytes) size_class_ *= 2;
+  explicit PinnedBlock(size_t bytes) : size_class_(size_class(bytes)) {
     std::lock_guard lock(mutex());
     auto& free = free_lists()[size_class_];
-    if (free.empty()) {
-      constexpr size_t kChunk = 16;
-      void* chunk = nullptr;
-      check_cuda(cudaMallocHost(&chunk, size_class_ * kChunk), "cudaMallocHost");
-      for (size_t i = 0; i < kChunk; ++i) free.push_back(static_cast<char*>(chunk) + i * size_class_);
-    }
+    if (free.empty()) grow(free, size_class_, 16);
     p_ = free.back();
     free.pop_back();
   }
@@ -109,7 +106,25 @@ class PinnedBlock {
     return static_cast<T*>(p_);
   }
 
+  // Makes sure `count` blocks of `bytes` are free now (allocating before any collective runs).
+  static void reserve(size_t bytes, size_t count) {
+    std::lock_guard lock(mutex());
+    const size_t size = size_class(bytes);
+    auto& free = free_lists()[size];
+    if (free.size() < count) grow(free, size, count - free.size());
+  }
+
  private:
+  static size_t size_class(size_t bytes) {
+    size_t size = 4096;
+    while (size < bytes) size *= 2;
+    return size;
+  }
+  static void grow(std::vector<void*>& free, size_t size, size_t count) {
+    void* chunk = nullptr;
+    check_cuda(cudaMallocHost(&chunk, size * count), "cudaMallocHost");
+    for (size_t i = 0; i < count; ++i) free.push_back(static_cast<char*>(chunk) + i * size);
+  }
   static std::mutex& mutex() {
     static std::mutex m;
     return m;

@@ -39,6 +39,11 @@ class TimedAllGather(DefaultAllGather):
                                                            started=start), start, output_tensor)
 
 
+# torch 2.13 names it reduce_scatter_single (reduce_scatter_tensor is its deprecated alias);
+# earlier releases (2.11, the GPU machine's) have only reduce_scatter_tensor.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _until_done(tensor: torch.Tensor) -> None:
     """On CUDA a collective returns once enqueued; CIERA's gathers are timed until their output is
     complete, so the baseline's are too: wait for the stream the output is produced on."""
@@ -85,7 +90,7 @@ class TimedReduceScatter(ReduceScatter):
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         start = time.perf_counter()
-        dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op)
+        _reduce_scatter(output_tensor, input_tensor, group=group, op=op)
         _until_done(output_tensor)
         self.records.append(ReduceScatterRecord(self.index, start, time.perf_counter() - start,
                                                 input_tensor.numel() * input_tensor.element_size()))

@@ -44,7 +44,11 @@ class Bucket:
 
 
 def _param_group(module: FSDPModule):
-    groups = module._get_fsdp_state()._fsdp_param_groups
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:  # torch 2.12 and earlier (the GPU machine's 2.11): one optional group
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
     if len(groups) > 1:
         raise _ext.ConfigError(f"{type(module).__name__}: CIERA needs one FSDP parameter group per module")
     return groups[0] if groups else None

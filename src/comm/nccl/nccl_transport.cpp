@@ -290,6 +290,9 @@ class NcclTransport final : public Transport {
     ncclUniqueId uid;
     static_assert(sizeof(uid) == sizeof(id.bytes), "ncclUniqueId is 128 bytes");
     std::memcpy(&uid, id.bytes.data(), sizeof(uid));
+    // The barrier's word now, not at the first barrier: allocating device memory between
+    // collectives may wait for the device, and so for a peer's kernel on a shared GPU.
+    staging(kBarrierBytes);
     ncclConfig_t config = non_blocking_config();
     const Deadline deadline(timeout_);
     constexpr const char* what =
@@ -376,6 +379,15 @@ class NcclTransport final : public Transport {
       if (const char* text = nccl_.get_last_error(comm_); text != nullptr) last = text;
       nccl_.comm_abort(comm_);
       comm_ = nullptr;
+      // The aborted kernels and any staging copies leave the stream shortly; the caller may free
+      // the buffers they used once this throws, so wait for them (a bounded while: an abort must
+      // never become a hang).
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (cudaStreamQuery(stream_) == cudaErrorNotReady &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      (void)cudaGetLastError();
     }
     broken_ = true;
     reason_ = what + " on rank " + where() + ": " + problem;
@@ -434,7 +446,10 @@ class NcclTransport final : public Transport {
     const bool copied = poll_until(
         [&] {
           const cudaError_t e = cudaStreamQuery(copy_stream_);
-          if (e == cudaErrorNotReady) return false;
+          if (e == cudaErrorNotReady) {
+            (void)cudaGetLastError();  // not an error: leave no status for a later launch check
+            return false;
+          }
           cuda("cudaStreamQuery (staged output)", e);
           return true;
         },
@@ -499,7 +514,10 @@ class NcclTransport final : public Transport {
           if (state != ncclSuccess && state != ncclInProgress) fail(what, nccl_problem(state));
           if (state == ncclInProgress) return false;
           const cudaError_t e = event != nullptr ? cudaEventQuery(event) : cudaStreamQuery(stream_);
-          if (e == cudaErrorNotReady) return false;
+          if (e == cudaErrorNotReady) {
+            (void)cudaGetLastError();  // as PyTorch's CUDAEvent::query: leave no status behind
+            return false;
+          }
           cuda("cudaEventQuery", e);
           return true;
         },

@@ -13,12 +13,15 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "ciera/backend.hpp"
 #include "ciera/cuda.hpp"
 #include "ciera/error.hpp"
+#include "codec/device_decode.hpp"
+#include "launch.cuh"
 
 namespace ciera::cuda {
 namespace {
@@ -63,16 +66,6 @@ cudaStream_t thread_stream(int device) {
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   streams.by_device.emplace(device, s);
   return s;
-}
-
-// thread_stream for a destructor: null (the legacy stream) if it cannot be had.
-cudaStream_t thread_stream_or_null(int device) noexcept {
-  try {
-    DeviceGuard on(device);
-    return thread_stream(device);
-  } catch (...) {
-    return nullptr;
-  }
 }
 
 class DeviceMemory final : public MemoryOps {
@@ -134,62 +127,82 @@ class Encoder final : public PayloadEncoder {
  public:
   // Made with `device` current (Backend::make_encoder): the coder allocates its memory there.
   Encoder(int device, const CodecConfig& config, uint64_t n, StreamIdentity id)
-      : device_(device),
-        cache_bytes_(codec_cache_bytes(config, n, /*sender=*/true)),
-        coder_(config, n, id) {
+      : device_(device), cache_bytes_(codec_cache_bytes(config, n, /*sender=*/true)) {
+    coder_.emplace(config, n, id);
     check(cudaMallocAsync(&length_, sizeof *length_, thread_stream(device)), "cudaMallocAsync");
     check(cudaStreamSynchronize(thread_stream(device)), "cudaStreamSynchronize");
   }
-  ~Encoder() override { cudaFreeAsync(length_, thread_stream_or_null(device_)); }
+  // On its device, whichever thread's current device is: the coder's frees are stream-ordered
+  // on that device; the length word is freed once the last frame (which writes it) is done.
+  ~Encoder() override {
+    try {
+      DeviceGuard on(device_);
+      coder_->payload_bytes();  // waits for the last frame, if any
+      coder_.reset();
+      cudaFreeAsync(length_, thread_stream(device_));
+    } catch (...) {
+    }
+  }
   uint64_t encode(const std::byte* shard, uint64_t, std::byte* payload) override {
     DeviceGuard on(device_);
-    coder_.encode(shard, payload, length_, thread_stream(device_));
-    return coder_.payload_bytes();  // waits for this frame
+    coder_->encode(shard, payload, length_, thread_stream(device_));
+    return coder_->payload_bytes();  // waits for this frame
   }
-  void request_key_frame() override { coder_.request_key_frame(); }
-  uint32_t epoch() const override { return coder_.epoch(); }
-  size_t max_payload_bytes() const override { return coder_.max_payload_bytes(); }
+  void request_key_frame() override { coder_->request_key_frame(); }
+  uint32_t epoch() const override { return coder_->epoch(); }
+  size_t max_payload_bytes() const override { return coder_->max_payload_bytes(); }
   size_t cache_bytes() const override { return cache_bytes_; }
 
  private:
   int device_;
   size_t cache_bytes_;
-  ShardEncoder coder_;
-  uint64_t* length_ = nullptr;  // device memory: the encoder writes the length there
+  std::optional<ShardEncoder> coder_;  // optional: destroyed on its device (~Encoder)
+  uint64_t* length_ = nullptr;         // device memory: the encoder writes the length there
 };
 
 class Decoder final : public PayloadDecoder {
  public:
   // Made with `device` current (Backend::make_decoder).
-  Decoder(int device, const CodecConfig& config, uint64_t n, StreamIdentity id)
-      : device_(device), coder_(config, n, id) {}
+  Decoder(int device, const CodecConfig& config, uint64_t n, StreamIdentity id) : device_(device) {
+    coder_.emplace(config, n, id);
+  }
+  ~Decoder() override {
+    try {
+      DeviceGuard on(device_);
+      coder_.reset();  // waits for its last work, then frees on its device
+    } catch (...) {
+    }
+  }
   void decode(const std::byte* payload, uint64_t payload_bytes, std::byte* shard,
               uint64_t) override {
     DeviceGuard on(device_);
-    coder_.decode(payload, payload_bytes, shard, thread_stream(device_));
-    coder_.check();  // waits; throws FormatError for a refused frame
+    coder_->decode(payload, payload_bytes, shard, thread_stream(device_));
+    coder_->check();  // waits; throws FormatError for a refused frame
   }
   void request_resync() override {
     DeviceGuard on(device_);
-    coder_.request_resync(thread_stream(device_));
+    coder_->request_resync(thread_stream(device_));
   }
   uint32_t epoch() const override {
     DeviceGuard on(device_);
-    return coder_.epoch();
+    return coder_->epoch();
   }
-  size_t cache_bytes() const override { return coder_.cache_bytes(); }
+  size_t cache_bytes() const override { return coder_->cache_bytes(); }
 
  private:
   int device_;
-  ShardDecoder coder_;
+  std::optional<ShardDecoder> coder_;  // optional: destroyed on its device (~Decoder)
 };
 
 class Fence final : public InputFence {
  public:
   Fence(int device, cudaStream_t stream) : device_(device) {
     DeviceGuard on(device);
-    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+    // Blocking sync: the wait may be long (the caller's compute) and must not spin a core.
+    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | cudaEventBlockingSync),
+          "cudaEventCreate");
     if (cudaEventRecord(event_, stream) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it, so no later launch check reports it
       cudaEventDestroy(event_);
       throw std::invalid_argument("start: stream " +
                                   std::to_string(reinterpret_cast<uintptr_t>(stream)) +
@@ -226,9 +239,11 @@ class Backend final : public CodecBackend {
     DeviceGuard on(device_);
     return std::make_unique<Decoder>(device_, c, n, id);
   }
+  // Stream 0 is CUDA's default stream (torch's default stream reports 0), not "no stream": a
+  // CUDA caller always has one, and input produced there must be waited for too.
   std::unique_ptr<InputFence> fence(uintptr_t stream) const override {
-    if (stream == 0) return nullptr;
-    return std::make_unique<Fence>(device_, reinterpret_cast<cudaStream_t>(stream));
+    return std::make_unique<Fence>(
+        device_, stream == 0 ? cudaStreamLegacy : reinterpret_cast<cudaStream_t>(stream));
   }
 
  private:
@@ -250,6 +265,16 @@ std::shared_ptr<const CodecBackend> codec_backend(int device) {
   std::string why;
   DeviceGuard on(device);
   if (!device_available(&why)) throw ConfigError("CUDA codec backend: " + why);
+  // The default memory pool gives freed memory back to the driver at every synchronisation
+  // unless told to keep it; the engine allocates (move scratch) and frees in steady state.
+  cudaMemPool_t pool = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+  uint64_t keep = UINT64_MAX;
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+  // Pinned words for the coders, before any collective: cudaMallocHost may wait for the device
+  // (launch.cuh), which a peer's kernel on this GPU could hold up.
+  detail::PinnedBlock::reserve(sizeof(uint64_t), 256);                  // encoders' lengths
+  detail::PinnedBlock::reserve(sizeof(codec::device::DecodePlan), 256);  // decoders' verdicts
   return std::make_shared<const Backend>(device);
 }
 
