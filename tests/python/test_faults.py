@@ -25,13 +25,16 @@ def _env():
     return dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
 
 
-@pytest.mark.parametrize("transport", ["mpi", "torch"])
+@pytest.mark.parametrize("transport,launcher", [("mpi", "mpirun"), ("torch", "mpirun"), ("torch", "torchrun")])
 @pytest.mark.parametrize("fault", ["stop", "kill"])
-def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport, fault):
+def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport, launcher, fault):
+    """Under mpirun (MPI_Abort ends the job) and torchrun (its agent ends the others once one
+    exits; the launcher continues a stopped rank so that torchrun's SIGTERM reaches it)."""
     victim = 1
     cmd = [sys.executable, "-m", "ciera.train", "--ranks", "3", "--steps", "500", "--warmup", "2",
            "--layers", "1", "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32",
-           "--transport", transport, "--no-baseline", "--timeout", str(TIMEOUT_S), "--out", str(tmp_path)]
+           "--transport", transport, "--launcher", launcher, "--no-baseline", "--timeout", str(TIMEOUT_S),
+           "--out", str(tmp_path)]
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     pids = []
     try:
@@ -54,7 +57,7 @@ def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport
         elapsed = time.time() - hit
         assert job.returncode != 0
         last = stderr.strip().splitlines()[-1]
-        print(f"\n{fault}/{transport} after {elapsed:.1f} s: {last}")
+        print(f"\n{fault}/{transport}/{launcher} after {elapsed:.1f} s: {last}")
         assert "Traceback" not in stderr, stderr[-3000:]
         what = "stopped (SIGSTOP)" if fault == "stop" else "was killed by signal 9"
         assert f"rank {victim} {what}" in last, stderr[-3000:]
