@@ -152,10 +152,6 @@ void check_bucket(const char* method, size_t bucket, size_t buckets) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 std::shared_ptr<const CodecBackend> checked(std::shared_ptr<const CodecBackend> backend) {
   if (!backend) throw std::invalid_argument("CompressedAllgather: the codec backend is null");
   return backend;
