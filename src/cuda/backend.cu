@@ -3,8 +3,8 @@
 // include/ciera/engine.hpp.
 //
 // Streams. The engine calls the backend from its worker threads and its communication thread,
-// each call complete when it returns (backend.hpp). Each such thread gets a non-blocking stream of
-// its own per device, made on its first call: coders and copies enqueue there and wait for it,
+// each call complete when it returns (backend.hpp). Each such thread works on its own non-blocking
+// stream of the device (launch.cuh, thread_stream): coders and copies enqueue there and wait for it,
 // so work of different threads overlaps on the device (one thread encoding a shard while another
 // decodes a peer's) and nothing is ordered behind the caller's default stream.
 #include <cuda_runtime.h>
@@ -26,9 +26,8 @@
 namespace ciera::cuda {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("CUDA ") + what + ": " + cudaGetErrorString(e));
-}
+using detail::check_cuda;
+using detail::thread_stream;
 
 // Makes `device` current for a scope and restores the caller's current device after: the
 // backend is called on the caller's threads too (engine set-up, set_policy, the staged records
@@ -36,8 +35,8 @@ void check(cudaError_t e, const char* what) {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
     restore_ = previous_ != device;
   }
   ~DeviceGuard() {
@@ -51,23 +50,6 @@ class DeviceGuard {
   bool restore_ = false;
 };
 
-// This thread's stream on `device` (which must be current: a DeviceGuard).
-cudaStream_t thread_stream(int device) {
-  struct Streams {
-    std::map<int, cudaStream_t> by_device;
-    ~Streams() {
-      for (auto& [d, s] : by_device) cudaStreamDestroy(s);  // at thread exit; errors ignored
-    }
-  };
-  thread_local Streams streams;
-  auto it = streams.by_device.find(device);
-  if (it != streams.by_device.end()) return it->second;
-  cudaStream_t s = nullptr;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  streams.by_device.emplace(device, s);
-  return s;
-}
-
 class DeviceMemory final : public MemoryOps {
  public:
   explicit DeviceMemory(int device) : device_(device) {}
@@ -75,7 +57,7 @@ class DeviceMemory final : public MemoryOps {
   std::byte* allocate(size_t bytes) const override {
     if (bytes == 0) return nullptr;
     DeviceGuard on(device_);
-    cudaStream_t s = thread_stream(device_);
+    cudaStream_t s = thread_stream();
     void* p = nullptr;
     // Stream-ordered, as all of this backend's memory (src/cuda/launch.cuh says why: never wait
     // for the whole device). Aligned to 256 bytes at least, beyond the 64 MemoryOps promises.
@@ -83,8 +65,8 @@ class DeviceMemory final : public MemoryOps {
       cudaGetLastError();  // clear the error state of the failed call
       throw std::bad_alloc();
     }
-    check(cudaMemsetAsync(p, 0, bytes, s), "cudaMemsetAsync");
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    check_cuda(cudaMemsetAsync(p, 0, bytes, s), "cudaMemsetAsync");
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     return static_cast<std::byte*>(p);
   }
   void free(std::byte* data, size_t) const noexcept override {
@@ -92,16 +74,16 @@ class DeviceMemory final : public MemoryOps {
     // Every use of `data` is complete: each call of this backend waits for its own work.
     try {
       DeviceGuard on(device_);
-      cudaFreeAsync(data, thread_stream(device_));
+      cudaFreeAsync(data, thread_stream());
     } catch (...) {
     }
   }
   void copy(std::byte* dst, const std::byte* src, size_t bytes) const override {
     if (bytes == 0) return;
     DeviceGuard on(device_);
-    cudaStream_t s = thread_stream(device_);
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    cudaStream_t s = thread_stream();
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
   void move(std::byte* dst, const std::byte* src, size_t bytes) const override {
     if (bytes == 0 || dst == src) return;
@@ -110,13 +92,13 @@ class DeviceMemory final : public MemoryOps {
     // cudaMemcpy leaves overlapping ranges undefined: bounce through scratch (two device
     // copies at device bandwidth; only packing an envelope slides payloads this way).
     DeviceGuard on(device_);
-    cudaStream_t s = thread_stream(device_);
+    cudaStream_t s = thread_stream();
     void* tmp = nullptr;
-    check(cudaMallocAsync(&tmp, bytes, s), "cudaMallocAsync (move scratch)");  // from the pool
-    check(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
-    check(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
-    check(cudaFreeAsync(tmp, s), "cudaFreeAsync");
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    check_cuda(cudaMallocAsync(&tmp, bytes, s), "cudaMallocAsync (move scratch)");  // from the pool
+    check_cuda(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    check_cuda(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    check_cuda(cudaFreeAsync(tmp, s), "cudaFreeAsync");
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
 
  private:
@@ -129,8 +111,8 @@ class Encoder final : public PayloadEncoder {
   Encoder(int device, const CodecConfig& config, uint64_t n, StreamIdentity id)
       : device_(device), cache_bytes_(codec_cache_bytes(config, n, /*sender=*/true)) {
     coder_.emplace(config, n, id);
-    check(cudaMallocAsync(&length_, sizeof *length_, thread_stream(device)), "cudaMallocAsync");
-    check(cudaStreamSynchronize(thread_stream(device)), "cudaStreamSynchronize");
+    check_cuda(cudaMallocAsync(&length_, sizeof *length_, thread_stream()), "cudaMallocAsync");
+    check_cuda(cudaStreamSynchronize(thread_stream()), "cudaStreamSynchronize");
   }
   // On its device, whichever thread's current device is: the coder's frees are stream-ordered
   // on that device; the length word is freed once the last frame (which writes it) is done.
@@ -139,13 +121,13 @@ class Encoder final : public PayloadEncoder {
       DeviceGuard on(device_);
       coder_->payload_bytes();  // waits for the last frame, if any
       coder_.reset();
-      cudaFreeAsync(length_, thread_stream(device_));
+      cudaFreeAsync(length_, thread_stream());
     } catch (...) {
     }
   }
   uint64_t encode(const std::byte* shard, uint64_t, std::byte* payload) override {
     DeviceGuard on(device_);
-    coder_->encode(shard, payload, length_, thread_stream(device_));
+    coder_->encode(shard, payload, length_, thread_stream());
     return coder_->payload_bytes();  // waits for this frame
   }
   void request_key_frame() override { coder_->request_key_frame(); }
@@ -176,12 +158,12 @@ class Decoder final : public PayloadDecoder {
   void decode(const std::byte* payload, uint64_t payload_bytes, std::byte* shard,
               uint64_t) override {
     DeviceGuard on(device_);
-    coder_->decode(payload, payload_bytes, shard, thread_stream(device_));
+    coder_->decode(payload, payload_bytes, shard, thread_stream());
     coder_->check();  // waits; throws FormatError for a refused frame
   }
   void request_resync() override {
     DeviceGuard on(device_);
-    coder_->request_resync(thread_stream(device_));
+    coder_->request_resync(thread_stream());
   }
   uint32_t epoch() const override {
     DeviceGuard on(device_);
@@ -199,7 +181,7 @@ class Fence final : public InputFence {
   Fence(int device, cudaStream_t stream) : device_(device) {
     DeviceGuard on(device);
     // Blocking sync: the wait may be long (the caller's compute) and must not spin a core.
-    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | cudaEventBlockingSync),
+    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | cudaEventBlockingSync),
           "cudaEventCreate");
     if (cudaEventRecord(event_, stream) != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky: clear it, so no later launch check reports it
@@ -213,7 +195,7 @@ class Fence final : public InputFence {
   void wait() override {
     std::call_once(once_, [&] {
       DeviceGuard on(device_);
-      check(cudaEventSynchronize(event_), "waiting for the input's stream");
+      check_cuda(cudaEventSynchronize(event_), "waiting for the input's stream");
     });
   }
 
@@ -268,9 +250,9 @@ std::shared_ptr<const CodecBackend> codec_backend(int device) {
   // The default memory pool gives freed memory back to the driver at every synchronisation
   // unless told to keep it; the engine allocates (move scratch) and frees in steady state.
   cudaMemPool_t pool = nullptr;
-  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+  check_cuda(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
   uint64_t keep = UINT64_MAX;
-  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
   // Pinned words for the coders, before any collective: cudaMallocHost may wait for the device
   // (launch.cuh), which a peer's kernel on this GPU could hold up.
   detail::PinnedBlock::reserve(sizeof(uint64_t), 256);                  // encoders' lengths

@@ -35,13 +35,13 @@ struct ShardDecoder::Impl {
     codec::device::DecodeState initial;
     initial.stream = id.stream;
     initial.epoch = id.epoch;
-    cudaStream_t setup = detail::setup_stream();
+    cudaStream_t setup = detail::thread_stream();
     check_cuda(cudaMemcpyAsync(state.p, &initial, sizeof initial, cudaMemcpyHostToDevice, setup), "state");
     check_cuda(cudaMemcpyAsync(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
                                cudaMemcpyHostToDevice, setup), "secret");
     check_cuda(cudaMemsetAsync(cache.p, 0, n == 0 ? 1 : n, setup), "cache");
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
-    // The allocations and copies above are ordered on this thread's set-up stream only
+    // The allocations and copies above are ordered on this thread's stream only
     // (launch.cuh); frames run on other streams, so wait for it here (`initial` is on the stack).
     check_cuda(cudaStreamSynchronize(setup), "decoder setup");
   }
@@ -129,7 +129,7 @@ uint32_t ShardDecoder::epoch() const {
   Impl& m = *impl_;
   check_cuda(cudaEventSynchronize(m.done), "decoder epoch");
   codec::device::DecodeState state;
-  cudaStream_t setup = detail::setup_stream();
+  cudaStream_t setup = detail::thread_stream();
   check_cuda(cudaMemcpyAsync(&state, m.state.p, sizeof state, cudaMemcpyDeviceToHost, setup), "state copy");
   check_cuda(cudaStreamSynchronize(setup), "state copy");
   return state.epoch;
@@ -142,7 +142,7 @@ std::vector<uint8_t> ShardDecoder::cached_exponents() const {
   std::vector<uint8_t> host(impl_->c.num_values);
   check_cuda(cudaEventSynchronize(impl_->done), "cached_exponents");
   if (!host.empty()) {
-    cudaStream_t setup = detail::setup_stream();
+    cudaStream_t setup = detail::thread_stream();
     check_cuda(cudaMemcpyAsync(host.data(), impl_->cache.p, host.size(), cudaMemcpyDeviceToHost, setup),
                "cache copy");
     check_cuda(cudaStreamSynchronize(setup), "cache copy");

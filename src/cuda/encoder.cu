@@ -36,12 +36,12 @@ struct ShardEncoder::Impl {
         plan(sizeof(codec::device::EncodePlan)),
         secret(format::xxh3::kSecretBytes) {
     check_cuda(cudaMemcpyAsync(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
-                               cudaMemcpyHostToDevice, detail::setup_stream()), "secret");
+                               cudaMemcpyHostToDevice, detail::thread_stream()), "secret");
     *length = 0;
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
-    // The allocations and the copy above are ordered on this thread's set-up stream only
+    // The allocations and the copy above are ordered on this thread's stream only
     // (launch.cuh); frames run on other streams, so wait for it here.
-    check_cuda(cudaStreamSynchronize(detail::setup_stream()), "encoder setup");
+    check_cuda(cudaStreamSynchronize(detail::thread_stream()), "encoder setup");
   }
   ~Impl() {
     cudaEventSynchronize(done);  // the last frame's copy into `length` may still be queued

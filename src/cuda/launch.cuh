@@ -50,8 +50,10 @@ struct Launch {
 // a stream and wait for that stream only, and pinned memory comes from a pool that is never
 // given back.
 
-// This thread's stream for allocations and set-up copies on the current device.
-inline cudaStream_t setup_stream() {
+// This thread's non-blocking stream on the current device: for allocations, set-up copies, and
+// (backend.cu) everything the engine asks of the CUDA backend from this thread. Made on first use,
+// destroyed when the thread ends.
+inline cudaStream_t thread_stream() {
   struct Streams {
     std::map<int, cudaStream_t> by_device;
     ~Streams() {
@@ -74,9 +76,9 @@ inline cudaStream_t setup_stream() {
 struct DeviceMemory {
   void* p = nullptr;
   explicit DeviceMemory(size_t bytes) {
-    check_cuda(cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, setup_stream()), "cudaMallocAsync");
+    check_cuda(cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, thread_stream()), "cudaMallocAsync");
   }
-  ~DeviceMemory() { cudaFreeAsync(p, setup_stream()); }
+  ~DeviceMemory() { cudaFreeAsync(p, thread_stream()); }
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
   template <typename T>

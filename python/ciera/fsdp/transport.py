@@ -22,6 +22,21 @@ def _as_tensor(view: memoryview) -> torch.Tensor:
         return torch.frombuffer(view, dtype=torch.uint8)
 
 
+def _padded_allgatherv(all_gather, inp: torch.Tensor, out: torch.Tensor, counts, displs, rank: int) -> None:
+    """An allgatherv from a collective that has none (gloo, NCCL through torch): every rank's bytes
+    padded to the largest count, one `all_gather(recv, send)`, then each rank's part copied to its
+    place in `out` (on the device `inp` and `out` are on)."""
+    largest = max(counts)
+    if largest == 0:
+        return
+    send = torch.zeros(largest, dtype=torch.uint8, device=out.device)
+    send[: counts[rank]] = inp
+    recv = torch.empty(largest * len(counts), dtype=torch.uint8, device=out.device)
+    all_gather(recv, send)
+    for r in range(len(counts)):
+        out[displs[r] : displs[r] + counts[r]] = recv[r * largest : r * largest + counts[r]]
+
+
 class TorchTransport:
     """CIERA's collectives on a torch.distributed process group (gloo on CPU).
 
@@ -38,16 +53,8 @@ class TorchTransport:
         dist.all_gather_into_tensor(_as_tensor(out), _as_tensor(inp), group=self.group)
 
     def allgatherv(self, inp: memoryview, out: memoryview, counts, displs) -> None:
-        largest = max(counts)
-        if largest == 0:
-            return
-        send = torch.zeros(largest, dtype=torch.uint8)
-        send[: counts[self.rank]] = _as_tensor(inp)
-        recv = torch.empty(largest * self.size, dtype=torch.uint8)
-        dist.all_gather_into_tensor(recv, send, group=self.group)
-        target = _as_tensor(out)
-        for r in range(self.size):
-            target[displs[r] : displs[r] + counts[r]] = recv[r * largest : r * largest + counts[r]]
+        _padded_allgatherv(lambda recv, send: dist.all_gather_into_tensor(recv, send, group=self.group),
+                           _as_tensor(inp), _as_tensor(out), counts, displs, self.rank)
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)
@@ -106,20 +113,8 @@ class TorchCudaTransport:
         self._run(lambda: self._all_gather(self._tensor(out), self._tensor(inp)))
 
     def allgatherv(self, inp, out, counts, displs) -> None:
-        largest = max(counts)
-        if largest == 0:
-            return
-
-        def body():
-            send = torch.zeros(largest, dtype=torch.uint8, device=self.device)
-            send[: counts[self.rank]] = self._tensor(inp)
-            recv = torch.empty(largest * self.size, dtype=torch.uint8, device=self.device)
-            self._all_gather(recv, send)
-            target = self._tensor(out)
-            for r in range(self.size):
-                target[displs[r] : displs[r] + counts[r]] = recv[r * largest : r * largest + counts[r]]
-
-        self._run(body)
+        self._run(lambda: _padded_allgatherv(self._all_gather, self._tensor(inp), self._tensor(out), counts,
+                                             displs, self.rank))
 
     def barrier(self) -> None:
         one = torch.zeros(1, dtype=torch.uint8, device=self.device)

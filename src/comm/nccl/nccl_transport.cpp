@@ -486,19 +486,21 @@ class NcclTransport final : public Transport {
             deadline);
   }
 
+  // One look at the communicator: false while an operation is in progress, true once none is;
+  // an NCCL error fails. `state` keeps the last status, for a timeout's text.
+  bool settled(const std::string& what, ncclResult_t& state) {
+    const ncclResult_t queried = nccl_.comm_get_async_error(comm_, &state);
+    if (queried != ncclSuccess)
+      fail(what, "ncclCommGetAsyncError failed: " + nccl_.error_text(queried));
+    if (state == ncclInProgress) return false;
+    if (state != ncclSuccess) fail(what, nccl_problem(state));
+    return true;
+  }
+
   // Polls until the communicator has no operation in progress (set-up, enqueue).
   void wait_ready(const std::string& what, const Deadline& deadline) {
     ncclResult_t state = ncclInProgress;
-    const bool ready = poll_until(
-        [&] {
-          const ncclResult_t queried = nccl_.comm_get_async_error(comm_, &state);
-          if (queried != ncclSuccess)
-            fail(what, "ncclCommGetAsyncError failed: " + nccl_.error_text(queried));
-          if (state == ncclInProgress) return false;
-          if (state != ncclSuccess) fail(what, nccl_problem(state));
-          return true;
-        },
-        deadline);
+    const bool ready = poll_until([&] { return settled(what, state); }, deadline);
     if (!ready) fail(what, timed_out(deadline, state));
   }
 
@@ -508,11 +510,7 @@ class NcclTransport final : public Transport {
     ncclResult_t state = ncclSuccess;
     const bool done = poll_until(
         [&] {
-          const ncclResult_t queried = nccl_.comm_get_async_error(comm_, &state);
-          if (queried != ncclSuccess)
-            fail(what, "ncclCommGetAsyncError failed: " + nccl_.error_text(queried));
-          if (state != ncclSuccess && state != ncclInProgress) fail(what, nccl_problem(state));
-          if (state == ncclInProgress) return false;
+          if (!settled(what, state)) return false;
           const cudaError_t e = event != nullptr ? cudaEventQuery(event) : cudaStreamQuery(stream_);
           if (e == cudaErrorNotReady) {
             (void)cudaGetLastError();  // as PyTorch's CUDAEvent::query: leave no status behind
