@@ -18,7 +18,12 @@
 //                   damaged payload and its key-frame retry;
 //   fuzz_control    one round's control and verdict exchange results (fuzz_control.cpp);
 //   fuzz_decode     one seed per configuration and frame its first two bytes select;
-//   fuzz_roundtrip  a configuration and realistic shards of every dtype.
+//   fuzz_roundtrip  a configuration and realistic shards of every dtype;
+//   fuzz_delta      scripts of value-delta stream steps (fuzz_delta.cpp): every dtype, with and
+//                   without content checksum, 5, 40, 1013 and 6152 values (the last crosses a
+//                   chunk of the difference pass); nudges, small steps, special values, extreme
+//                   jumps, random values (key-frame fallback), sign flips, damaged frames,
+//                   resealed sections, resynchronisations and a reset.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -598,6 +603,51 @@ void roundtrip_corpus(const fs::path& dir) {
   }
 }
 
+// ---- fuzz_delta ---------------------------------------------------------------------------------
+
+void delta_corpus(const fs::path& dir) {
+  // fuzz_delta's op byte: move | delivery << 3 | variant << 5 (fuzz_delta.cpp).
+  constexpr uint8_t kNothing = 0, kNudge = 1, kSmall = 2, kFromInput = 3, kSpecial = 4, kExtreme = 5,
+                    kRandomAll = 6, kSigns = 7;
+  constexpr uint8_t kDamaged = 1 << 3, kResealed = 2 << 3, kResync = 3 << 3, kVariant = 1 << 5;
+  // Each move but kNothing reads its spacing first (1 + byte % 16); kSmall then a span,
+  // kFromInput a count and (index u16, value) pairs.
+  const std::vector<uint8_t> steady = {
+      kNudge, 15, kNudge, 15, kNothing, 0, kSmall, 2, 40, kSigns, 9, kSpecial, 6,
+      kExtreme, 12, kFromInput, 0, 2, 3, 0, 0x80, 0x3F, 0x00, 0x00, 9, 0, 0xFF, 0xFF, 0xFF, 0xFF,
+      kRandomAll, 0, kNudge, 15, kSmall, 0, 3, kNothing, 0, kNudge, 3};
+  const std::vector<uint8_t> damaged = {
+      kNudge, 15,
+      kNudge | kDamaged, 15, 1, 90, 0, 0x55, 81, 0, 0x01,               // two bytes overwritten
+      kSmall | kDamaged | kVariant, 4, 30, 0, 85, 0, 0xAA, 100, 0,     // one byte, then truncated
+      kNudge | kResealed, 7, 0, 0, 0,                                   // the frame's own section
+      kSmall | kResealed, 3, 20, 0xFF, 2, 12, 0, 0x10, 3, 0, 0x01, 1,   // shorter, two bytes xor-ed
+      kNudge | kResealed, 15, 3, 1, 40, 0, 0x80, 0,                     // longer, one byte xor-ed
+      kExtreme | kResealed | kVariant, 10, 12, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1,
+      kNothing | kResealed, 0, 0, 0, 1,                                  // an empty 'differences'
+      kNudge | kResync, 15,
+      kSmall | kResync | kVariant, 5, 9,                                // a reset receiver
+      kNudge, 15, kRandomAll | kDamaged, 0, 1, 200, 0, 0x33};
+  const std::pair<uint8_t, const char*> counts[] = {{0 << 3, "5"}, {1 << 3, "40"}, {2 << 3, "1013"},
+                                                    {3 << 3, "6152"}};
+  const uint8_t count_byte[] = {5, 40, 250, 16};
+  const char* dtype_names[] = {"bf16", "fp16", "fp32"};
+  for (uint8_t dtype = 0; dtype < 3; ++dtype) {
+    for (const bool checksum : {true, false}) {
+      for (size_t c = 0; c < std::size(counts); ++c) {
+        for (const auto& [script, name] : {std::pair{&steady, "steady"}, std::pair{&damaged, "damaged"}}) {
+          Bytes input = {std::byte{static_cast<uint8_t>(dtype | (checksum ? 0 : 4) | counts[c].first)},
+                         std::byte{count_byte[c]}};
+          append(input, script->data(), script->size());
+          write_file(dir / (std::string(dtype_names[dtype]) + "-n" + counts[c].second +
+                            (checksum ? "" : "-nochecksum") + "-" + name + ".bin"),
+                     input);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -611,7 +661,8 @@ int main(int argc, char** argv) {
       {"fuzz_envelope", envelope_corpus},
       {"fuzz_control", control_corpus},
       {"fuzz_decode", decode_corpus},
-      {"fuzz_roundtrip", roundtrip_corpus}};
+      {"fuzz_roundtrip", roundtrip_corpus},
+      {"fuzz_delta", delta_corpus}};
   try {
     for (const auto& [name, make] : targets) {
       const fs::path dir = root / name;

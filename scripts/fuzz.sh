@@ -13,7 +13,8 @@
 # reject at the first check).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-all_targets=(fuzz_payload fuzz_device_decode fuzz_envelope fuzz_control fuzz_decode fuzz_roundtrip)
+all_targets=(fuzz_payload fuzz_device_decode fuzz_envelope fuzz_control fuzz_decode fuzz_roundtrip
+             fuzz_delta)
 limit=() parallel=0 check_corpus=0 targets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in

@@ -1,4 +1,4 @@
-// The codec's fine-coding kernels (codec/fine_kernels.hpp) on every SIMD target this CPU runs,
+// The codec's fine-coding kernels (codec/kernels.hpp) on every SIMD target this CPU runs,
 // against docs/format.md read literally.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "codec/fine_kernels.hpp"
+#include "codec/kernels.hpp"
 #include "common/bits.hpp"
 #include "test_util.hpp"
 
@@ -34,7 +34,7 @@ std::vector<uint16_t> random_changes(std::mt19937_64& rng, uint32_t block_values
 // previous change in the block minus one (the block's first change: its position), bucket = bit
 // width of the gap, bucket - 1 extra bits (bucket >= 2) holding gap - 2^(bucket-1), LSB first;
 // symbol = 3 * bucket + class (the class comes tagged on the position).
-TEST(FineKernels, SymbolsFollowTheFormatOnEveryTarget) {
+TEST(CodecKernels, SymbolsFollowTheFormatOnEveryTarget) {
   std::mt19937_64 rng(21);
   {
     for (const size_t blocks : {size_t{1}, size_t{2}, size_t{7}, size_t{40}, size_t{300}}) {
@@ -66,7 +66,7 @@ TEST(FineKernels, SymbolsFollowTheFormatOnEveryTarget) {
         }
         want_symbols.push_back(static_cast<uint8_t>(3 * bucket + classes[c]));
       }
-      for (const FineKernels* k : kernels_of_every_target(fine_kernels_for)) {
+      for (const CodecKernels* k : kernels_of_every_target(codec_kernels_for)) {
         std::vector<uint8_t> symbols(n), bits(11 * n / 8 + 16);
         SlackBitWriter writer(bits.data());
         writer.put(5, 3);  // the writer may start mid-byte (after the counts' extra bits)
@@ -87,7 +87,7 @@ TEST(FineKernels, SymbolsFollowTheFormatOnEveryTarget) {
 // fine_positions against docs/format.md read literally: symbols 3 * bucket(gap) + class (bit 7 on
 // a block's first change), bucket - 1 extra bits per gap LSB first, position = previous + gap + 1
 // (the first: the gap), steps +1 / -1 / the escapes in order; output = block offset + position.
-TEST(FineKernels, PositionsFollowTheFormatOnEveryTarget) {
+TEST(CodecKernels, PositionsFollowTheFormatOnEveryTarget) {
   std::mt19937_64 rng(22);
   const uint8_t mask = 0xFF;
   for (const size_t blocks : {size_t{1}, size_t{2}, size_t{7}, size_t{40}, size_t{300}}) {
@@ -124,7 +124,7 @@ TEST(FineKernels, PositionsFollowTheFormatOnEveryTarget) {
       std::vector<uint8_t> bits((extra_bits.size() + 11 + 7) / 8 + 8, 0);
       for (size_t i = 0; i < extra_bits.size(); ++i) bits[i / 8] |= uint8_t(extra_bits[i] << (i % 8));
       const size_t n = symbols.size();
-      for (const FineKernels* k : kernels_of_every_target(fine_kernels_for)) {
+      for (const CodecKernels* k : kernels_of_every_target(codec_kernels_for)) {
         SCOPED_TRACE(std::string(k->target) + " blocks " + std::to_string(blocks) + " B " +
                      std::to_string(block_values));
         std::vector<uint16_t> positions(n);

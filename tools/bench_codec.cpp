@@ -64,7 +64,11 @@ Request parse(const Options& o, const std::string& command) {
   r.config.dtype = parse_dtype(o.dtype);
   r.config.block_values = o.block;
   r.config.warmup_steps = o.warmup;
-  r.config.coding = parse_exponent_coding(o.mode);
+  // --mode delta: a value-delta stream (receivers keep the previous values) against exponent
+  // reuse's auto mode beside it; otherwise the exponent coding of an exponent-reuse stream.
+  const bool delta = o.mode == "delta";
+  if (delta) r.config.stream_kind = StreamKind::kValueDelta;
+  r.config.coding = parse_exponent_coding(delta ? "auto" : o.mode);
   r.config.detection = parse_change_detection(o.detect);
   r.config.content_checksum = !o.no_checksum;
   r.config.validate();
@@ -119,12 +123,20 @@ struct BenchResult {
   // Steady state: exponents that changed (ground truth), the encoder's block and symbol counts.
   double changed_values = 0, changed_blocks = 0, blocks_total = 0, coded_symbols = 0,
          coded_entropy_bits = 0;
+  // Value-delta mode, 16-bit dtypes: sum over steady steps of n * H0 of the values' zigzagged
+  // step-to-step differences (docs/format.md, "Value-delta frames"), and of the values whose bit
+  // pattern changed.
+  double difference_entropy_bits = 0, changed_patterns = 0;
   uint64_t fine_frames = 0, steady_frames = 0;
   size_t encoder_cache_bytes = 0, decoder_cache_bytes = 0;
 
   explicit BenchResult(const Request& r)
-      : primary("ciera-" + r.options.mode, "exponent reuse, " + r.options.detect + " detection"),
-        block("ciera-block", "paper's block mode (Algorithm 1)"),
+      : primary("ciera-" + r.options.mode,
+                r.options.mode == "delta" ? "value-delta frames (receivers keep the previous values)"
+                                          : "exponent reuse, " + r.options.detect + " detection"),
+        block(r.options.mode == "delta" ? "ciera-auto" : "ciera-block",
+              r.options.mode == "delta" ? "exponent reuse (receivers keep the exponents)"
+                                        : "paper's block mode (Algorithm 1)"),
         stateless("stateless", "all exponents rANS-coded every step (ZipCCL-style)"),
         zstd1("zstd-1", "zstd level 1 on the raw shard"),
         zstd3("zstd-3", "zstd level 3 on the raw shard"),
@@ -187,7 +199,11 @@ class CodecBench {
         zstd_out_(r.raw_bytes), previous_exps_(r.values), current_exps_(r.values) {
     if (r.compare_block) {
       CodecConfig block_config = config_;
-      block_config.coding = ExponentCoding::kBlock;
+      if (config_.stream_kind == StreamKind::kValueDelta) {
+        block_config.stream_kind = StreamKind::kExponentReuse;
+      } else {
+        block_config.coding = ExponentCoding::kBlock;
+      }
       block_pair_.emplace(block_config, r.values);
     }
   }
@@ -197,6 +213,10 @@ class CodecBench {
     exponents_of(config_.dtype, values, current_exps_);
     const bool steady = step >= request_.options.warmup;
 
+    // copy_ still holds the previous step's values.
+    if (steady && config_.stream_kind == StreamKind::kValueDelta && request_.value_bytes == 2) {
+      difference_entropy(values, result);
+    }
     Stopwatch copy_clock;
     std::memcpy(copy_.data(), values.data(), request_.raw_bytes);
     const double copy_s = copy_clock.seconds();
@@ -246,6 +266,30 @@ class CodecBench {
     result.coded_entropy_bits += r.sent.coded_symbols_entropy_bits;
     result.fine_frames += r.sent.section == ExponentSection::kFine;
     ++result.steady_frames;
+  }
+
+  // Order-0 entropy of the zigzagged differences of the ordered bit patterns, computed here
+  // independently of the codec (the bound its bits per value are compared with).
+  void difference_entropy(std::span<const std::byte> values, BenchResult& result) const {
+    std::vector<uint64_t> hist(1u << 16);
+    const uint64_t n = request_.values;
+    uint64_t changed = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      uint16_t now, before;
+      std::memcpy(&now, values.data() + 2 * i, 2);
+      std::memcpy(&before, copy_.data() + 2 * i, 2);
+      auto ordered = [](uint16_t x) -> uint16_t { return (x & 0x8000) ? uint16_t(~x) : uint16_t(x | 0x8000); };
+      const auto d = static_cast<int16_t>(static_cast<uint16_t>(ordered(now) - ordered(before)));
+      const auto z = static_cast<uint16_t>(d >= 0 ? 2 * d : -2 * int32_t{d} - 1);
+      ++hist[z];
+      changed += now != before;
+    }
+    double bits = 0;
+    for (uint64_t c : hist) {
+      if (c != 0) bits -= static_cast<double>(c) * std::log2(static_cast<double>(c) / static_cast<double>(n));
+    }
+    result.difference_entropy_bits += bits;
+    result.changed_patterns += static_cast<double>(changed);
   }
 
   void measure_stateless(std::span<const std::byte> values, BenchResult& result) {
@@ -354,6 +398,12 @@ nlohmann::json bench_json(const Request& r, const BenchResult& result) {
   j["fine_frame_fraction"] = result.steady_frames ? static_cast<double>(result.fine_frames) / result.steady_frames : 0.0;
   j["warmup_key_frame_bits_per_value"] = result.keyframe.bits_per_value(n);
   j["warmup_key_frame_entropy_coded_vs_bound"] = result.keyframe.entropy_coded_vs_bound();
+  if (result.difference_entropy_bits > 0) {
+    const double per_value = result.difference_entropy_bits / (static_cast<double>(n) * result.steady_frames);
+    j["difference_entropy_bits_per_value"] = per_value;
+    j["bits_vs_difference_entropy"] = primary.bits_per_value(n) / per_value;
+    j["value_change_rate"] = result.changed_patterns / (static_cast<double>(n) * result.steady_frames);
+  }
   j["encoder_cache_bytes"] = result.encoder_cache_bytes;
   j["decoder_cache_bytes"] = result.decoder_cache_bytes;
   j["verified"] = all_verified(r, result);
@@ -403,7 +453,17 @@ void print_report(const Request& r, const BenchResult& result, const nlohmann::j
       << (efficiency > 0 ? "rANS output " + fixed(100 * (efficiency - 1), 2) + "% above the entropy bound"
                          : std::string("no stream was worth rANS-coding (packed or constant)"))
       << "\n"
-      << "warmup key frames: " << fixed(result.keyframe.bits_per_value(n), 3) << " bits/value\n"
+      << (j.contains("difference_entropy_bits_per_value")
+              ? "value differences: " + fixed(100 * j["value_change_rate"].get<double>(), 2) +
+                    "% of values change per step; order-0 entropy " +
+                    fixed(j["difference_entropy_bits_per_value"].get<double>(), 3) +
+                    " bits/value; the frames take " +
+                    fixed(j["bits_vs_difference_entropy"].get<double>(), 3) + "x that\n"
+              : std::string())
+      << (r.config.stream_kind == StreamKind::kValueDelta
+              ? "first " + std::to_string(o.warmup) + " steps (one key frame, then value-delta frames): "
+              : std::string("warmup key frames: "))
+      << fixed(result.keyframe.bits_per_value(n), 3) << " bits/value\n"
       << "verified bit-exact every step: " << (j["verified"].get<bool>() ? "yes" : "NO") << "\n";
 }
 
@@ -428,7 +488,7 @@ void register_bench_codec(CLI::App& bench, const std::string& command) {
   cmd->add_option("--block", opts->block, "values per block (64..4096)")->capture_default_str();
   cmd->add_option("--steps", opts->steps, "optimizer steps, warmup included")->capture_default_str();
   cmd->add_option("--warmup", opts->warmup, "key-frame warmup steps")->capture_default_str();
-  cmd->add_option("--mode", opts->mode, "exponent coding: auto | block | fine")->capture_default_str();
+  cmd->add_option("--mode", opts->mode, "exponent coding: auto | block | fine; or delta (value-delta frames)")->capture_default_str();
   cmd->add_option("--detect", opts->detect, "change detection: exact | hash")->capture_default_str();
   cmd->add_option("--lr", opts->learning_rate, "Adam learning rate")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "trajectory seed")->capture_default_str();

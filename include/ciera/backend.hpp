@@ -73,6 +73,11 @@ class CodecBackend {
   // records through payload memory), so that a device transport never sees a host pointer.
   virtual bool host_memory() const = 0;
 
+  // Whether its coders take streams of `kind` (CodecConfig::stream_kind). The engine refuses a
+  // policy whose streams its backend cannot code, on every rank. The host's and the CUDA
+  // backend's code both kinds.
+  virtual bool codes(StreamKind kind) const;
+
   // Coders of `num_values` values of `config.dtype`, as ShardEncoder / ShardDecoder.
   virtual std::unique_ptr<PayloadEncoder> make_encoder(const CodecConfig& config,
                                                        uint64_t num_values,

@@ -1,4 +1,5 @@
-// The exponent-reuse shard codec (paper §3.1, Algorithm 1). Wire format: docs/format.md.
+// The shard codec: exponent reuse (paper §3.1, Algorithm 1) and, beyond the paper, value-delta
+// streams (CodecConfig::stream). Wire format: docs/format.md.
 //
 // One ShardEncoder per local shard on the sender, one ShardDecoder per peer shard on the
 // receiver. The decoder owns the exponent cache that lets the encoder omit unchanged exponents.
@@ -19,6 +20,9 @@ namespace ciera {
 enum class FrameKind : uint8_t {
   kKey = 1,    // carries every exponent; decodable without any cache
   kDelta = 2,  // carries only exponents that changed since the previous frame
+  // Value-delta streams only: the exact difference of every value from the previous frame
+  // (docs/format.md, "Value-delta frames").
+  kValueDelta = 3,
 };
 
 // Numeric values are wire codes (docs/format.md, "Exponent section").
@@ -27,6 +31,9 @@ enum class ExponentSection : uint8_t {
   kUnchanged = 1,  // delta frame in which no block changed: empty section
   kBlock = 2,      // delta frame: all exponents of the changed blocks
   kFine = 3,       // delta frame: positions and steps of the changed exponents
+  // Value-delta frames use kUnchanged (no value changed: empty) or this: every value's
+  // difference, grouped three to a symbol, with escapes for the large ones.
+  kDifferences = 4,
 };
 
 std::string_view frame_kind_name(FrameKind kind);
@@ -94,9 +101,9 @@ double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t va
 inline constexpr double kFineBytesPerChange = 1.5;
 inline constexpr double kFineBytesPerBlock = 1.0;
 
-// Codec state a rank holds for one shard of `values` values it sends (`sender`: the copy of
-// what it last sent) or receives (the exponent cache), in bytes. ShardEncoder/ShardDecoder's
-// cache_bytes() report the same.
+// Codec state a rank holds for one shard of `values` values of `codec.dtype` it sends (`sender`:
+// the copy of what it last sent) or receives (the exponent cache; for value-delta streams the
+// previous values), in bytes. ShardEncoder/ShardDecoder's cache_bytes() report the same.
 uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sender);
 
 // Sender side of one shard.

@@ -31,19 +31,38 @@ std::string_view exponent_coding_name(ExponentCoding mode);
 ExponentCoding parse_exponent_coding(std::string_view name);  // "auto" | "block" | "fine"
 
 // How one parameter's shards travel: the engine's per-parameter switch, and what the selector
-// (paper §3.2) chooses.
-enum class ShardPolicy : uint8_t { kRaw = 0, kCiera = 1 };
+// (paper §3.2) chooses. kDelta goes beyond the paper: the receivers keep the previous values of
+// the shard (two bytes per BF16 value instead of one) and take value-delta frames.
+enum class ShardPolicy : uint8_t { kRaw = 0, kCiera = 1, kDelta = 2 };
+
+std::string_view shard_policy_name(ShardPolicy policy);     // "raw" | "ciera" | "delta"
+ShardPolicy parse_shard_policy(std::string_view name);
+
+// What the receiver of a stream keeps between frames, and so which frames the stream carries
+// (docs/format.md, "Value-delta frames").
+enum class StreamKind : uint8_t {
+  // The paper's exponent reuse: the receiver keeps each value's exponent (a byte per value); key
+  // frames and exponent-delta frames.
+  kExponentReuse = 0,
+  // The receiver keeps the previous values (value_bytes per value); key frames and value-delta
+  // frames, which carry the exact step-to-step difference of every value.
+  kValueDelta = 1,
+};
+
+std::string_view stream_kind_name(StreamKind kind);  // "exponent-reuse" | "value-delta"
 
 struct CodecConfig {
   static constexpr uint32_t kMinBlockValues = 64;
   static constexpr uint32_t kMaxBlockValues = 4096;
 
   DType dtype = DType::kBF16;
+  StreamKind stream_kind = StreamKind::kExponentReuse;
   // Values per block (paper §3.1 and §4.1, where B = 512 was chosen). Any value in
   // [kMinBlockValues, kMaxBlockValues]; a shard's last block may be partial.
   uint32_t block_values = 512;
   // The first `warmup_steps` frames of an encoder are key frames (all exponents): exponents
-  // change often while Adam's moments warm up (paper §2.2, O2).
+  // change often while Adam's moments warm up (paper §2.2, O2). Value-delta streams ignore it:
+  // a value-delta frame is the smaller one from the second frame on, warm or not.
   uint32_t warmup_steps = 30;
   ChangeDetection detection = ChangeDetection::kExact;
   ExponentCoding coding = ExponentCoding::kAuto;

@@ -1,4 +1,5 @@
-// Receiver side of the exponent-reuse codec: paper Algorithm 1 (receiver half).
+// Receiver side of the shard codec: exponent reuse (paper Algorithm 1, receiver half) and
+// value-delta streams (docs/format.md, "Value-delta frames"), whose cache is the previous values.
 //
 // Order of work, so that a bad payload can never reach the cache (docs/format.md, "Integrity"):
 //   1. validate the header against this decoder's configuration and sequence;
@@ -16,7 +17,8 @@
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
 #include "codec/chunking.hpp"
-#include "codec/fine_kernels.hpp"
+#include "codec/differences.hpp"
+#include "codec/kernels.hpp"
 #include "codec/wire.hpp"
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
@@ -61,7 +63,7 @@ namespace {
 // `changes_per_block` holds one entry per block. Each stream is decoded whole into scratch
 // first; the extra bits its symbols call for are then counted and checked against the extra
 // section before any is read, so the loops that read them carry no bounds checks.
-void decode_fine(const codec::FineKernels& fine, const uint8_t* section, uint64_t size,
+void decode_fine(const codec::CodecKernels& fine, const uint8_t* section, uint64_t size,
                  const BlockGrid& grid, const std::vector<uint32_t>& changed,
                  unsigned exponent_bits, uint16_t* changes_per_block, FineChanges& changes) {
   ByteReader in(section, size, "fine exponent section");
@@ -193,10 +195,14 @@ void decode_fine(const codec::FineKernels& fine, const uint8_t* section, uint64_
 struct ShardDecoder::Impl {
   Impl(const CodecConfig& c, uint64_t n, StreamIdentity id)
       : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
-        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), stream_id(id.stream),
-        epoch(id.epoch) {
+        fine_coding(codec::codec_kernels()), info(dtype_info(c.dtype)), stream_id(id.stream),
+        epoch(id.epoch), value_delta(c.stream_kind == StreamKind::kValueDelta) {
     config.validate();
-    cache.resize(n);
+    if (value_delta) {
+      values_cache.resize(n * info.value_bytes);
+    } else {
+      cache.resize(n);
+    }
     chunk_exponents.resize(grid.chunk_values);
     chunk_output.resize(size_t{grid.chunk_values} * info.value_bytes);
     changed_blocks.reserve(grid.blocks);
@@ -204,6 +210,8 @@ struct ShardDecoder::Impl {
   }
 
   FrameStats decode(const uint8_t* payload, size_t size, uint8_t* out);
+  FrameStats decode_differences(const wire::Header& h, const uint8_t* payload, uint8_t* out);
+  void commit(const wire::Header& h);
   wire::Header check_header(const uint8_t* payload, size_t size) const;
   void check_stream(const wire::Header& h) const;
   void read_bitmap(const uint8_t* bitmap, const wire::Header& header);
@@ -223,7 +231,7 @@ struct ShardDecoder::Impl {
   BlockGrid grid;
   format::SignMantissaLayout layout;
   const format::PlaneKernels& kernels;
-  const codec::FineKernels& fine_coding;
+  const codec::CodecKernels& fine_coding;
   DTypeInfo info;
 
   std::vector<uint8_t, HugePageAllocator<uint8_t>> cache;  // ExpCache of Algorithm 1
@@ -236,6 +244,10 @@ struct ShardDecoder::Impl {
   uint64_t last_sequence = 0;
   bool decoded_any = false;
   bool resync_requested = false;
+  // A value-delta stream: the cache is the previous values (values_cache), not the exponents.
+  bool value_delta;
+  std::vector<uint8_t, HugePageAllocator<uint8_t>> values_cache;
+  codec::DifferenceReader differences;
 
   // Scratch sized at construction from this decoder's own configuration, never from a payload.
   // Chunk scratch on cache lines: a chunk is merged into chunk_output and streamed out of it
@@ -263,12 +275,19 @@ wire::Header ShardDecoder::Impl::check_header(const uint8_t* payload, size_t siz
     throw FormatError(mismatch("value count", std::to_string(h.num_values),
                                std::to_string(grid.num_values)));
   }
-  if (h.sign_mantissa_bytes != layout.total_bytes()) {
+  if (value_delta ? h.kind == FrameKind::kDelta : h.kind == FrameKind::kValueDelta) {
+    throw FormatError("payload is a" + std::string(value_delta ? "n exponent-" : " value-") +
+                      "delta frame but this decoder receives a" +
+                      (value_delta ? " value-delta" : "n exponent-reuse") + " stream");
+  }
+  const bool differences_frame = h.kind == FrameKind::kValueDelta;
+  const uint64_t sign_mantissa_bytes = differences_frame ? 0 : layout.total_bytes();
+  if (h.sign_mantissa_bytes != sign_mantissa_bytes) {
     throw FormatError(mismatch("sign-mantissa length", std::to_string(h.sign_mantissa_bytes),
-                               std::to_string(layout.total_bytes())));
+                               std::to_string(sign_mantissa_bytes)));
   }
   const uint64_t bitmap_bytes =
-      h.kind == FrameKind::kKey ? 0 : wire::bitmap_bytes_for(grid.num_values, grid.block_values);
+      h.kind != FrameKind::kDelta ? 0 : wire::bitmap_bytes_for(grid.num_values, grid.block_values);
   if (h.bitmap_bytes != bitmap_bytes) {
     throw FormatError(mismatch("bitmap length", std::to_string(h.bitmap_bytes),
                                std::to_string(bitmap_bytes)));
@@ -298,10 +317,11 @@ void ShardDecoder::Impl::check_stream(const wire::Header& h) const {
   }
   const bool next_in_epoch =
       h.epoch == epoch && (!decoded_any || h.sequence == last_sequence + 1);
-  if (h.kind == FrameKind::kDelta) {
+  if (h.kind == FrameKind::kDelta || h.kind == FrameKind::kValueDelta) {
     if (!has_cache) {
-      throw FormatError(frame() + " cannot be decoded: this decoder holds no exponent cache and "
-                        "needs a key frame");
+      throw FormatError(frame() + " cannot be decoded: this decoder holds no " +
+                        (value_delta ? "previous values" : "exponent cache") +
+                        " and needs a key frame");
     }
     if (!next_in_epoch) throw FormatError("stale or out-of-sequence " + frame() + ": " + position());
     return;
@@ -373,8 +393,67 @@ void ShardDecoder::Impl::revert_fine_changes(const FineCursor& at) {
   }
 }
 
+namespace {
+[[noreturn]] void throw_checksum_mismatch() {
+  throw FormatError(
+      "content checksum mismatch: the reconstructed shard differs from what was sent (payload "
+      "corrupted, or sender and receiver disagree about the previous values)");
+}
+}  // namespace
+
+// A value-delta frame: the previous values plus the differences (or the previous values
+// unchanged), checksummed; a frame that fails leaves the cache as it was.
+FrameStats ShardDecoder::Impl::decode_differences(const wire::Header& h, const uint8_t* payload,
+                                                  uint8_t* out) {
+  FrameStats stats;
+  stats.kind = h.kind;
+  stats.section = h.section;
+  stats.stream = h.stream;
+  stats.epoch = h.epoch;
+  stats.sequence = h.sequence;
+  stats.payload_bytes = h.payload_bytes();
+  stats.exponent_bytes = h.exponent_bytes;
+  stats.blocks = grid.blocks;
+  stats.changed_values_known = true;
+  format::ContentChecksum checksum(kernels);
+  format::ContentChecksum* sum = h.has_content_checksum() ? &checksum : nullptr;
+  if (h.section == ExponentSection::kUnchanged) {
+    if (h.exponent_bytes != 0) throw FormatError("'unchanged' difference section is not empty");
+    if (!values_cache.empty()) std::memcpy(out, values_cache.data(), values_cache.size());
+    if (sum) sum->update(out, values_cache.size());
+  } else {
+    // The cache moves on in the same pass; it is put back if the frame then fails.
+    stats.changed_values = differences.read(config.dtype, payload + wire::kHeaderBytes,
+                                            h.exponent_bytes, values_cache.data(),
+                                            grid.num_values, out, sum);
+    const bool canonical = stats.changed_values != 0;
+    if (!canonical || (sum && checksum.digest() != h.content_checksum)) {
+      differences.revert(config.dtype, values_cache.data(), grid.num_values);
+      if (!canonical) {
+        throw FormatError("'differences' section in which no value changed (canonical form: "
+                          "'unchanged')");
+      }
+      throw_checksum_mismatch();
+    }
+    commit(h);
+    return stats;
+  }
+  if (sum && checksum.digest() != h.content_checksum) throw_checksum_mismatch();
+  commit(h);
+  return stats;
+}
+
+void ShardDecoder::Impl::commit(const wire::Header& h) {
+  has_cache = true;
+  epoch = h.epoch;
+  last_sequence = h.sequence;
+  decoded_any = true;
+  resync_requested = false;
+}
+
 FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8_t* out) {
   const wire::Header h = check_header(payload, size);
+  if (h.kind == FrameKind::kValueDelta) return decode_differences(h, payload, out);
   const uint8_t* bitmap = payload + wire::kHeaderBytes;
   const uint8_t* sm_plane = payload + h.sign_mantissa_at();
   const uint8_t* section = sm_plane + h.sign_mantissa_bytes;
@@ -435,7 +514,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
     const size_t count =
         static_cast<size_t>(std::min<uint64_t>(grid.chunk_values, grid.num_values - chunk_first));
     uint8_t* chunk_out = streaming ? chunk_output.data() : out + chunk_first * value_bytes;
-    const uint8_t* exps = cache.data() + chunk_first;
+    const uint8_t* exps = value_delta ? nullptr : cache.data() + chunk_first;  // kFull: decoded
     if (h.section == ExponentSection::kFull) {
       stream.get(chunk_exponents.data(), count);
       exps = chunk_exponents.data();
@@ -477,7 +556,11 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   // Verified: commit to the cache.
   switch (h.section) {
     case ExponentSection::kFull:
-      format::extract_exponents(config.dtype, kernels, out, grid.num_values, cache.data());
+      if (value_delta) {
+        if (!values_cache.empty()) std::memcpy(values_cache.data(), out, values_cache.size());
+      } else {
+        format::extract_exponents(config.dtype, kernels, out, grid.num_values, cache.data());
+      }
       break;
     case ExponentSection::kBlock:
       for (uint32_t block : changed_blocks) {
@@ -489,13 +572,10 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
     case ExponentSection::kFine:  // applied chunk by chunk before the merge (apply_fine_changes)
       break;
     case ExponentSection::kUnchanged:
+    case ExponentSection::kDifferences:  // value-delta frames are decode_differences'
       break;
   }
-  has_cache = true;
-  epoch = h.epoch;
-  last_sequence = h.sequence;
-  decoded_any = true;
-  resync_requested = false;
+  commit(h);
   return stats;
 }
 
@@ -529,7 +609,9 @@ uint32_t ShardDecoder::epoch() const { return impl_->epoch; }
 uint64_t ShardDecoder::last_sequence() const { return impl_->last_sequence; }
 uint64_t ShardDecoder::num_values() const { return impl_->grid.num_values; }
 const CodecConfig& ShardDecoder::config() const { return impl_->config; }
-size_t ShardDecoder::cache_bytes() const { return impl_->cache.size(); }
+size_t ShardDecoder::cache_bytes() const {
+  return impl_->cache.size() + impl_->values_cache.size();
+}
 std::span<const uint8_t> ShardDecoder::cached_exponents() const { return impl_->cache; }
 
 }  // namespace ciera

@@ -1,5 +1,6 @@
-// Sender side of the exponent-reuse codec: paper §3.1 and Algorithm 1 (sender half), with the
-// fine coding and key frames described in docs/format.md.
+// Sender side of the shard codec: exponent reuse (paper §3.1 and Algorithm 1, sender half) with
+// the fine coding and key frames described in docs/format.md, and value-delta streams
+// (docs/format.md, "Value-delta frames"; the difference section is codec/differences.hpp).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,8 +11,10 @@
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
 #include "codec/chunking.hpp"
-#include "codec/fine_kernels.hpp"
+#include "codec/differences.hpp"
 #include "codec/frame_schedule.hpp"
+#include "codec/kernels.hpp"
+#include "codec/stream_stats.hpp"
 #include "codec/wire.hpp"
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
@@ -24,6 +27,7 @@
 namespace ciera {
 namespace {
 
+using codec::add_stream_stats;
 using entropy::Histogram;
 using entropy::StreamStats;
 using entropy::SymbolSource;
@@ -99,16 +103,6 @@ class ChangedBlocksSource final : public SymbolSource {
   uint32_t value_bytes_;
 };
 
-void add_stream_stats(FrameStats& stats, const StreamStats& s) {
-  stats.coded_symbols += s.symbols;
-  stats.coded_symbols_entropy_bits += s.entropy_bits;
-  if (s.method == entropy::StreamMethod::kRans) {
-    stats.entropy_symbols += s.symbols;
-    stats.entropy_coded_bytes += s.bytes;
-    stats.entropy_bound_bytes += s.entropy_bits / 8;
-  }
-}
-
 }  // namespace
 
 size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values) {
@@ -126,10 +120,15 @@ size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values
 struct ShardEncoder::Impl {
   Impl(const CodecConfig& c, uint64_t n, StreamIdentity id)
       : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
-        fine_coding(codec::fine_kernels()), info(dtype_info(c.dtype)), stream_id(id.stream),
-        schedule{.warmup = c.warmup_steps, .epoch = id.epoch} {
+        fine_coding(codec::codec_kernels()), info(dtype_info(c.dtype)), stream_id(id.stream),
+        value_delta(c.stream_kind == StreamKind::kValueDelta),
+        // A value-delta stream needs no warmup of key frames: its differences are small from
+        // the second frame on, however often exponents still change.
+        schedule{.warmup = value_delta ? 0 : c.warmup_steps, .epoch = id.epoch} {
     config.validate();
-    if (config.detection == ChangeDetection::kExact) {
+    if (value_delta) {
+      sent_values.resize(n * info.value_bytes);
+    } else if (config.detection == ChangeDetection::kExact) {
       sent_exponents.resize(n);
     } else {
       sent_hashes.resize(grid.blocks);
@@ -138,6 +137,10 @@ struct ShardEncoder::Impl {
   }
 
   FrameStats encode(const uint8_t* values, uint8_t* payload, uint64_t capacity);
+  // A value-delta frame; its stats' payload_bytes is 0 if the differences would not fit the
+  // capacity (then a key frame is sent instead).
+  FrameStats encode_differences(const uint8_t* values, uint8_t* payload, uint64_t capacity);
+  void write_header(FrameStats& stats, uint64_t content_checksum, uint8_t* payload) const;
   void scan(const uint8_t* values, bool key, uint8_t* bitmap, uint8_t* sm_plane,
             format::ContentChecksum* checksum);
   void detect_block(uint64_t block, const uint8_t* exps, uint8_t* bitmap);
@@ -152,14 +155,18 @@ struct ShardEncoder::Impl {
   BlockGrid grid;
   format::SignMantissaLayout layout;
   const format::PlaneKernels& kernels;
-  const codec::FineKernels& fine_coding;
+  const codec::CodecKernels& fine_coding;
   DTypeInfo info;
   uint32_t stream_id;
+  bool value_delta;
   codec::FrameSchedule schedule;
 
-  // Persistent state: what the receivers hold (exact) or its block hashes (hash).
+  // Persistent state: what the receivers hold (exact), its block hashes (hash), or for a
+  // value-delta stream the values last sent.
   std::vector<uint8_t, HugePageAllocator<uint8_t>> sent_exponents;
   std::vector<BlockHash> sent_hashes;
+  std::vector<uint8_t, HugePageAllocator<uint8_t>> sent_values;
+  codec::DifferenceWriter differences;
 
   // Per-frame scratch, grown on demand and kept, so steady-state frames do not allocate.
   std::vector<uint8_t> chunk_exponents;
@@ -260,6 +267,7 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
     format::split_values(layout, kernels, chunk_values, chunk_first, count, exps, sm_plane);
     if (checksum) checksum->update(chunk_values, count * value_bytes);
     if (key) {
+      if (value_delta) continue;  // the values themselves are kept after the frame
       if (config.detection == ChangeDetection::kExact) {
         std::memcpy(sent_exponents.data() + chunk_first, exps, count);
       } else {
@@ -366,8 +374,62 @@ uint64_t ShardEncoder::Impl::estimate_block_bits_q16(const uint8_t* values,
   return per_symbol_q16 * symbols;
 }
 
+void ShardEncoder::Impl::write_header(FrameStats& stats, uint64_t content_checksum,
+                                     uint8_t* payload) const {
+  wire::Header header;
+  header.dtype = config.dtype;
+  header.kind = stats.kind;
+  header.section = stats.section;
+  header.flags = config.content_checksum ? wire::kFlagContentChecksum : 0;
+  header.block_values = grid.block_values;
+  header.num_values = grid.num_values;
+  header.stream = stream_id;
+  header.epoch = schedule.epoch;
+  header.sequence = schedule.sequence;
+  header.bitmap_bytes = stats.bitmap_bytes;
+  header.sign_mantissa_bytes = stats.sign_mantissa_bytes;
+  header.exponent_bytes = stats.exponent_bytes;
+  header.content_checksum = config.content_checksum ? content_checksum : 0;
+  wire::write_header(header, payload);
+  stats.payload_bytes = header.payload_bytes();
+}
+
+FrameStats ShardEncoder::Impl::encode_differences(const uint8_t* values, uint8_t* payload,
+                                                  uint64_t capacity) {
+  FrameStats stats;
+  stats.kind = FrameKind::kValueDelta;
+  stats.stream = stream_id;
+  stats.epoch = schedule.epoch;
+  stats.sequence = schedule.sequence;
+  stats.blocks = grid.blocks;
+  format::ContentChecksum checksum(kernels);
+  const codec::DifferenceWriter::Result r = differences.write(
+      config.dtype, values, sent_values.data(), grid.num_values, payload + wire::kHeaderBytes,
+      capacity - wire::kHeaderBytes, config.content_checksum ? &checksum : nullptr, stats);
+  stats.changed_values = r.changed;
+  stats.changed_values_known = true;
+  if (!r.fits) return FrameStats{};
+  stats.section = r.changed == 0 ? ExponentSection::kUnchanged : ExponentSection::kDifferences;
+  stats.exponent_bytes = r.bytes;
+  write_header(stats, checksum.digest(), payload);
+  return stats;
+}
+
 FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, uint64_t capacity) {
-  const bool key = schedule.next_is_key();
+  bool key = schedule.next_is_key();
+  if (value_delta && !key) {
+    // The differences, unless they would not fit where a key frame fits (values that jumped
+    // far, as after a reinitialisation): then a key frame, which the receiver takes too. The
+    // bound is the key frame's (docs/format.md, "Size bound"), not the caller's buffer, which
+    // may be larger: no frame may exceed max_payload_bytes().
+    const uint64_t bound = ciera::max_payload_bytes(config.dtype, grid.num_values, grid.block_values);
+    FrameStats stats = encode_differences(values, payload, std::min(capacity, bound));
+    if (stats.payload_bytes != 0) {
+      schedule.advance();
+      return stats;
+    }
+    key = true;
+  }
   FrameStats stats;
   stats.kind = key ? FrameKind::kKey : FrameKind::kDelta;
   stats.stream = stream_id;
@@ -394,7 +456,8 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   format::ContentChecksum checksum(kernels);
   scan(values, key, bitmap, sm_plane, config.content_checksum ? &checksum : nullptr);
 
-  const uint8_t* plane = config.detection == ChangeDetection::kExact ? sent_exponents.data() : nullptr;
+  const uint8_t* plane =
+      !value_delta && config.detection == ChangeDetection::kExact ? sent_exponents.data() : nullptr;
   auto write_block = [&]() {
     const ChangedBlocksSource source(grid, changed_blocks, plane, config.dtype, kernels, values);
     const Histogram hist = entropy::histogram_of(source, stream_scratch);
@@ -452,23 +515,9 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
     }
   }
 
-  wire::Header header;
-  header.dtype = config.dtype;
-  header.kind = stats.kind;
-  header.section = stats.section;
-  header.flags = config.content_checksum ? wire::kFlagContentChecksum : 0;
-  header.block_values = grid.block_values;
-  header.num_values = grid.num_values;
-  header.stream = stream_id;
-  header.epoch = schedule.epoch;
-  header.sequence = schedule.sequence;
-  header.bitmap_bytes = stats.bitmap_bytes;
-  header.sign_mantissa_bytes = stats.sign_mantissa_bytes;
-  header.exponent_bytes = stats.exponent_bytes;
-  header.content_checksum = config.content_checksum ? checksum.digest() : 0;
-  wire::write_header(header, payload);
-  stats.payload_bytes = header.payload_bytes();
-
+  write_header(stats, checksum.digest(), payload);
+  // (Not for an empty shard: memcpy of null pointers is undefined even for 0 bytes.)
+  if (value_delta && !sent_values.empty()) std::memcpy(sent_values.data(), values, sent_values.size());
   schedule.advance();
   return stats;
 }
@@ -509,7 +558,8 @@ uint32_t ShardEncoder::stream() const { return impl_->stream_id; }
 uint32_t ShardEncoder::epoch() const { return impl_->schedule.epoch; }
 uint64_t ShardEncoder::next_sequence() const { return impl_->schedule.sequence; }
 size_t ShardEncoder::cache_bytes() const {
-  return impl_->sent_exponents.size() + impl_->sent_hashes.size() * sizeof(BlockHash);
+  return impl_->sent_exponents.size() + impl_->sent_hashes.size() * sizeof(BlockHash) +
+         impl_->sent_values.size();
 }
 
 }  // namespace ciera

@@ -6,6 +6,10 @@
 
 namespace ciera {
 
+bool CodecBackend::codes(StreamKind kind) const {
+  return kind == StreamKind::kExponentReuse || kind == StreamKind::kValueDelta;
+}
+
 std::unique_ptr<InputFence> CodecBackend::fence(uintptr_t stream) const {
   if (stream == 0) return nullptr;
   throw std::invalid_argument("start: the " + std::string(name()) +

@@ -3,8 +3,9 @@
 #pragma once
 
 #include "common/kernel_prelude.hpp"
-#include "codec/fine_kernels.hpp"
+#include "codec/differences.hpp"
+#include "codec/kernels.hpp"
 
 namespace ciera::codec {
-using Kernels = FineKernels;
+using Kernels = CodecKernels;
 }  // namespace ciera::codec

@@ -13,6 +13,7 @@ std::string_view frame_kind_name(FrameKind kind) {
   switch (kind) {
     case FrameKind::kKey: return "key";
     case FrameKind::kDelta: return "delta";
+    case FrameKind::kValueDelta: return "value-delta";
   }
   return "unknown";
 }
@@ -23,6 +24,7 @@ std::string_view exponent_section_name(ExponentSection section) {
     case ExponentSection::kUnchanged: return "unchanged";
     case ExponentSection::kBlock: return "block";
     case ExponentSection::kFine: return "fine";
+    case ExponentSection::kDifferences: return "differences";
   }
   return "unknown";
 }

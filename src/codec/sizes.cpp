@@ -29,6 +29,8 @@ double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t va
 }
 
 uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sender) {
+  // A value-delta stream: both sides keep the previous values.
+  if (codec.stream_kind == StreamKind::kValueDelta) return values * dtype_info(codec.dtype).value_bytes;
   if (!sender || codec.detection == ChangeDetection::kExact) return values;  // a byte per exponent
   return wire::block_count(values, codec.block_values) * 16;  // one XXH3-128 per block
 }

@@ -61,15 +61,23 @@ Header read_header(const uint8_t* p, size_t size) {
     throw FormatError("payload has unknown dtype code " + std::to_string(p[5]));
   }
   h.dtype = static_cast<DType>(p[5]);
-  if (p[6] != static_cast<uint8_t>(FrameKind::kKey) && p[6] != static_cast<uint8_t>(FrameKind::kDelta)) {
+  if (p[6] < static_cast<uint8_t>(FrameKind::kKey) || p[6] > static_cast<uint8_t>(FrameKind::kValueDelta)) {
     throw FormatError("payload has unknown frame kind " + std::to_string(p[6]));
   }
   h.kind = static_cast<FrameKind>(p[6]);
-  if (p[7] > static_cast<uint8_t>(ExponentSection::kFine)) {
+  if (p[7] > static_cast<uint8_t>(ExponentSection::kDifferences)) {
     throw FormatError("payload has unknown exponent section kind " + std::to_string(p[7]));
   }
   h.section = static_cast<ExponentSection>(p[7]);
-  if ((h.kind == FrameKind::kKey) != (h.section == ExponentSection::kFull)) {
+  // Key frames carry the full section; exponent-delta frames unchanged, block or fine;
+  // value-delta frames unchanged or differences.
+  const bool paired = h.kind == FrameKind::kKey ? h.section == ExponentSection::kFull
+                      : h.kind == FrameKind::kDelta
+                          ? h.section != ExponentSection::kFull &&
+                                h.section != ExponentSection::kDifferences
+                          : h.section == ExponentSection::kUnchanged ||
+                                h.section == ExponentSection::kDifferences;
+  if (!paired) {
     throw FormatError("payload pairs a " + std::string(frame_kind_name(h.kind)) +
                       " frame with a '" + std::string(exponent_section_name(h.section)) +
                       "' exponent section");

@@ -68,6 +68,8 @@ class SlackBitWriter {
   }
   // Bits written so far.
   uint64_t bits() const { return 8 * written_ + filled_; }
+  // Goes on writing into `out`, which holds a copy of what was written so far (a grown buffer).
+  void relocate(uint8_t* out) { out_ = out; }
 
  private:
   uint8_t* out_;

@@ -34,9 +34,32 @@ ExponentCoding parse_exponent_coding(std::string_view name) {
                     "' (expected auto, block or fine)");
 }
 
+std::string_view shard_policy_name(ShardPolicy policy) {
+  switch (policy) {
+    case ShardPolicy::kRaw: return "raw";
+    case ShardPolicy::kCiera: return "ciera";
+    case ShardPolicy::kDelta: return "delta";
+  }
+  return "unknown";
+}
+
+ShardPolicy parse_shard_policy(std::string_view name) {
+  if (name == "raw") return ShardPolicy::kRaw;
+  if (name == "ciera") return ShardPolicy::kCiera;
+  if (name == "delta") return ShardPolicy::kDelta;
+  throw ConfigError("unknown shard policy '" + std::string(name) + "' (expected raw, ciera or delta)");
+}
+
+std::string_view stream_kind_name(StreamKind kind) {
+  return kind == StreamKind::kValueDelta ? "value-delta" : "exponent-reuse";
+}
+
 void CodecConfig::validate() const {
   if (static_cast<uint8_t>(dtype) < 1 || static_cast<uint8_t>(dtype) > 3) {
     throw ConfigError("config: unknown dtype code " + std::to_string(static_cast<int>(dtype)));
+  }
+  if (stream_kind != StreamKind::kExponentReuse && stream_kind != StreamKind::kValueDelta) {
+    throw ConfigError("config: unknown stream kind " + std::to_string(static_cast<int>(stream_kind)));
   }
   if (block_values < kMinBlockValues || block_values > kMaxBlockValues) {
     throw ConfigError("config: block_values " + std::to_string(block_values) +

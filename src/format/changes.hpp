@@ -1,5 +1,5 @@
 // Changed exponents as the format layer finds them (split_detect_bf16, find_changes): a change's
-// position in its block, tagged with its step class. Fine coding (codec/fine_kernels.hpp) turns
+// position in its block, tagged with its step class. Fine coding (codec/kernels.hpp) turns
 // tagged positions into the wire format's change symbols; the classes are the format's, the
 // alphabet is the codec's (codec/fine_alphabet.hpp).
 #pragma once
