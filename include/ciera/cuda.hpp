@@ -56,7 +56,9 @@ void rans_decode(const uint32_t* slots, const uint8_t* segments, const uint64_t*
                  uint64_t symbols, uint8_t* out, uint32_t* failed, Stream stream);
 
 // Sender side of one shard on the GPU: writes the payload the CPU ShardEncoder writes for the same
-// configuration, identity and shard sequence, byte for byte. Memory is allocated once.
+// configuration, identity and shard sequence, byte for byte, for either stream kind (exponent
+// reuse, or value-delta: then it keeps the values last sent, value_bytes per value, and sends a
+// key frame instead of a value-delta frame where the CPU encoder does). Memory is allocated once.
 class ShardEncoder {
  public:
   ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity = {});
@@ -84,9 +86,11 @@ class ShardEncoder {
   std::unique_ptr<Impl> impl_;
 };
 
-// Receiver side of one peer shard on the GPU; owns that shard's exponent cache in device memory.
-// Accepts exactly what the CPU ShardDecoder accepts (the same payloads, the same stream rules)
-// and reconstructs the same bytes. Memory is allocated once, at construction.
+// Receiver side of one peer shard on the GPU; owns that shard's cache in device memory: its
+// exponents, or for a value-delta stream its previous values (cache_bytes(): N, or N *
+// value_bytes; written only from a verified output, so no second copy is kept). Accepts exactly
+// what the CPU ShardDecoder accepts (the same payloads, the same stream rules) and reconstructs
+// the same bytes. Memory is allocated once, at construction.
 class ShardDecoder {
  public:
   ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected = {});
@@ -113,7 +117,11 @@ class ShardDecoder {
   uint64_t num_values() const;
   size_t cache_bytes() const;
   // The cached exponents, copied to the host (waits for the device); for tests and diagnostics.
+  // Empty for a value-delta stream.
   std::vector<uint8_t> cached_exponents() const;
+  // A value-delta stream's cache, the previous values (N * value_bytes bytes), copied to the host
+  // (waits for the device); empty for an exponent-reuse stream.
+  std::vector<uint8_t> cached_values() const;
 
  private:
   struct Impl;

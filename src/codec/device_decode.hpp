@@ -15,12 +15,23 @@
 //   merge      per value  (FP16: per 8 values) exponents and sign-mantissa plane into the output
 //   digest     per 16 KiB chunk of the output, then `verify` (1 thread): the content checksum
 //   commit     per value  the new exponents into the cache, then `commit_state` (1 thread)
+//
+// A value-delta stream's decoder (docs/format.md, "Value-delta frames") caches the previous
+// values instead. Its key frames take the steps above (the cache is then the output); its
+// value-delta frames: `plan` reads the groups stream's framing, `symbols` decodes it into
+// `decoded`, then per chunk of groups the escapes are counted, one thread plans the escapes
+// stream, which is decoded like the others (per symbol or per rANS segment), per chunk the extra
+// bits are counted, one thread checks their length and padding, and per chunk the values are
+// rebuilt into the output from the cache (one thread walks its chunk's escapes in order). The
+// cache is written only by `commit`, from the verified output, so a refused frame leaves it as it
+// was with no second copy and nothing to revert.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "ciera/config.hpp"
+#include "codec/differences.hpp"
 #include "codec/fine_alphabet.hpp"
 #include "common/host_device.hpp"
 #include "entropy/rans_core.hpp"
@@ -63,6 +74,18 @@ enum Status : uint32_t {
   kFinePastBlock,        // detail: block
   kFineExtraBits,
   kContentChecksum,
+  // Value-delta streams:
+  kWrongStreamKind,          // detail: frame kind (an exponent-delta frame to a value-delta decoder, or the reverse)
+  kDifferenceClassPastEnd,   // a class other than 0 past the last value
+  kDifferenceEscapeTooLarge, // detail: the escaped difference
+  kDifferenceExtraBits,      // detail: L, the length the escapes need
+  kDifferenceNoChange,       // a 'differences' section in which no value changed
+};
+
+// The symbol streams a status names in detail[0] (kStreamMalformed, kSymbolTooLarge).
+enum StreamId : uint32_t {
+  kExponentStreamId = 0, kCountStreamId, kChangeStreamId, kFineEscapeStreamId,
+  kGroupStreamId, kDifferenceEscapeStreamId,
 };
 
 inline constexpr uint64_t kNotChanged = ~uint64_t{0};
@@ -79,6 +102,7 @@ struct DecodeConfig {
   uint64_t bitmap_bytes = 0;          // of a delta frame
   uint64_t sign_mantissa_bytes = 0;
   uint64_t low_plane_bytes = 0;       // the first plane (n bytes)
+  uint8_t value_delta = 0;            // a value-delta stream: the cache holds the previous values
 };
 
 // Where the stream stands (docs/format.md, "Streams"); device-resident, updated by commit_state.
@@ -121,8 +145,16 @@ struct DecodePlan {
   uint64_t changed_blocks = 0;
   uint64_t block_symbols = 0;  // symbols of `decoded` (full: N; block/fine: changed blocks' values)
   uint32_t max_packed = 0;     // largest packed symbol seen (atomic max)
-  StreamPlan exps;
+  StreamPlan exps;             // (a value-delta frame: the groups stream)
   StreamPlan fine[3];          // the fine section's counts, changes and escapes streams
+  // Value-delta frames:
+  StreamPlan escapes;          // the escapes stream
+  uint32_t max_packed_escape = 0;
+  uint32_t changed = 0;        // some value changed
+  uint64_t groups_end = 0;     // payload offset past the groups stream
+  uint64_t escape_count = 0;
+  uint64_t extra_at = 0;       // payload offset of the extra bits
+  uint64_t extra_bytes = 0;    // L
 };
 
 // The buffers every step sees (device pointers on the GPU, host pointers in the emulation).
@@ -141,6 +173,12 @@ struct Buffers {
   DecodePlan* plan = nullptr;
   DecodeState* state = nullptr;
   const uint8_t* secret = nullptr;   // XXH3's default secret
+  // Value-delta streams (`fine_slots` then holds the escapes stream's table):
+  uint8_t* values = nullptr;          // N values: the cache (the previous values)
+  uint8_t* escape_symbols = nullptr;  // N
+  uint64_t* escape_offsets = nullptr; // rANS segments + 1 (of the escapes stream)
+  uint64_t* chunk_escapes = nullptr;  // per difference chunk: its escapes, then its first one's index
+  uint64_t* chunk_bits = nullptr;     // per difference chunk: its extra bits, then its first one's bit
 };
 
 // --- small helpers ---------------------------------------------------------------------------
@@ -418,10 +456,14 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
   }
   if (rd16(p + 10) != 0 || rd32(p + 76) != 0) return fail(plan, kReservedNonZero);
   if (p[5] < 1 || p[5] > 3) return fail(plan, kBadCode, 5, p[5]);
-  if (p[6] != 1 && p[6] != 2) return fail(plan, kBadCode, 6, p[6]);
-  if (p[7] > 3) return fail(plan, kBadCode, 7, p[7]);
+  if (p[6] < 1 || p[6] > 3) return fail(plan, kBadCode, 6, p[6]);
+  if (p[7] > 4) return fail(plan, kBadCode, 7, p[7]);
   const bool key = p[6] == 1;
-  if (key != (p[7] == 0)) return fail(plan, kKindSectionMismatch);
+  const bool differences = p[6] == 3;  // a value-delta frame
+  // Key frames: full; exponent-delta frames: unchanged, block or fine; value-delta frames:
+  // unchanged or differences.
+  const bool paired = key ? p[7] == 0 : differences ? (p[7] == 1 || p[7] == 4) : (p[7] >= 1 && p[7] <= 3);
+  if (!paired) return fail(plan, kKindSectionMismatch);
   const uint16_t flags = rd16(p + 8);
   if ((flags & ~1u) != 0) return fail(plan, kBadFlags, flags);
   const uint32_t block_values = rd32(p + 12);
@@ -458,8 +500,9 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
   if (p[5] != c.dtype) return fail(plan, kConfigMismatch, 5, p[5]);
   if (block_values != c.block_values) return fail(plan, kConfigMismatch, 12, block_values);
   if (n != c.num_values) return fail(plan, kConfigMismatch, 16, n);
-  if (sm_bytes != c.sign_mantissa_bytes) return fail(plan, kConfigMismatch, 48, sm_bytes);
-  if (bitmap_bytes != (key ? 0 : c.bitmap_bytes)) return fail(plan, kConfigMismatch, 40, bitmap_bytes);
+  if (c.value_delta ? p[6] == 2 : differences) return fail(plan, kWrongStreamKind, p[6]);
+  if (sm_bytes != (differences ? 0 : c.sign_mantissa_bytes)) return fail(plan, kConfigMismatch, 48, sm_bytes);
+  if (bitmap_bytes != (p[6] == 2 ? c.bitmap_bytes : 0)) return fail(plan, kConfigMismatch, 40, bitmap_bytes);
   if (c.require_checksum && !plan->has_checksum) return fail(plan, kChecksumRequired);
   // The stream position (docs/format.md, "Streams").
   const DecodeState& st = *b.state;
@@ -479,7 +522,7 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
   }
   plan->sign_mantissa_at = sm_at;
   plan->section_at = sm_at + sm_bytes;
-  if (c.dtype == 2 && (3 * n) % 8 != 0) {
+  if (c.dtype == 2 && (3 * n) % 8 != 0 && !differences) {
     const uint8_t padding = static_cast<uint8_t>(0xFFu << ((3 * n) % 8));
     if ((p[sm_at + sm_bytes - 1] & padding) != 0) return fail(plan, kSignMantissaPadding);
   }
@@ -488,6 +531,8 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
   uint64_t changed = 0;
   if (key) {
     symbols = n;
+  } else if (differences) {
+    symbols = (n + kGroupValues - 1) / kGroupValues;  // the groups stream
   } else {
     for (uint64_t byte = 0; byte < bitmap_bytes; ++byte) {
       const uint8_t bits = p[80 + byte];
@@ -523,25 +568,40 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
     if (past != end) return fail(plan, kTrailingBytes, end - past);
     if (plan->exps.method == 2 && !plan_segments(p, plan->exps, b.segment_offsets, 0, plan)) return;
   }
+  if (section == 4) {
+    // The groups stream; the escapes stream and the extra bits follow it (difference_plan_step).
+    const uint64_t end = plan->section_at + plan->exponent_bytes;
+    const uint64_t past = plan_stream(p, plan->section_at, end, symbols, (1u << kGroupSymbolBits) - 1,
+                                      kGroupStreamId, &plan->exps, plan);
+    if (past == 0) return;
+    plan->groups_end = past;
+    if (plan->exps.method == 2 && !plan_segments(p, plan->exps, b.segment_offsets, kGroupStreamId, plan)) return;
+  }
+}
+
+// Whether the frame's first stream (plan->exps) is decoded by the per-symbol and per-segment
+// steps: the full or block exponent stream, or a value-delta frame's groups stream.
+CIERA_HD inline bool exps_stream_used(const DecodePlan& plan) {
+  return plan.section == 0 || plan.section == 2 || plan.section == 4;
 }
 
 // slots: one thread per slot (kRansTotal), when the full/block stream is rANS.
 CIERA_HD inline void slots_step(const Buffers& b, uint32_t slot) {
   const DecodePlan& plan = *b.plan;
-  if (plan.status != kOk || (plan.section != 0 && plan.section != 2) || plan.exps.method != 2) return;
+  if (plan.status != kOk || !exps_stream_used(plan) || plan.exps.method != 2) return;
   fill_slot(plan.exps, b.slots, slot);
 }
 
 // symbols: packed/constant, one thread per symbol.
 CIERA_HD inline void symbol_step(const Buffers& b, uint64_t i) {
   DecodePlan* plan = b.plan;
-  if (plan->status != kOk || (plan->section != 0 && plan->section != 2)) return;
+  if (plan->status != kOk || !exps_stream_used(*plan)) return;
   const StreamPlan& sp = plan->exps;
   if (sp.method == 2 || i >= sp.symbols) return;
   uint32_t v = sp.constant;
   if (sp.method == 0) {
     v = read_bits(b.payload + sp.body_at, sp.body_bytes, i * sp.width, sp.width);
-    if (v > sp.max_symbol) return fail(plan, kSymbolTooLarge, 0, v);
+    if (v > sp.max_symbol) return fail(plan, kSymbolTooLarge, plan->section == 4 ? uint32_t{kGroupStreamId} : 0u, v);
     atomic_max(&plan->max_packed, v);
   }
   b.decoded[i] = static_cast<uint8_t>(v);
@@ -550,7 +610,7 @@ CIERA_HD inline void symbol_step(const Buffers& b, uint64_t i) {
 // symbols: rANS, one thread per segment.
 CIERA_HD inline void segment_step(const Buffers& b, uint64_t j) {
   DecodePlan* plan = b.plan;
-  if (plan->status != kOk || (plan->section != 0 && plan->section != 2)) return;
+  if (plan->status != kOk || !exps_stream_used(*plan)) return;
   const StreamPlan& sp = plan->exps;
   if (sp.method != 2 || j >= sp.segments) return;
   const uint64_t first = j * entropy::kRansSegmentSymbols;
@@ -559,7 +619,7 @@ CIERA_HD inline void segment_step(const Buffers& b, uint64_t j) {
   const uint64_t begin = b.segment_offsets[j];
   if (!entropy::rans_decode_segment(b.slots, b.payload + sp.body_at + begin,
                                     b.segment_offsets[j + 1] - begin, count, b.decoded + first)) {
-    return fail(plan, kStreamMalformed, 0);
+    return fail(plan, kStreamMalformed, plan->section == 4 ? uint32_t{kGroupStreamId} : 0u);
   }
   // A rANS symbol above the largest allowed can only come from a table entry the table check
   // already bounded (last <= max_symbol).
@@ -702,11 +762,220 @@ CIERA_HD inline void fine_step(const Buffers& b, const DecodeConfig& c) {
 // finish: 1 thread: the packed stream's width is the narrowest that holds its symbols.
 CIERA_HD inline void finish_step(const Buffers& b) {
   DecodePlan* plan = b.plan;
-  if (plan->status != kOk || (plan->section != 0 && plan->section != 2)) return;
+  if (plan->status != kOk || !exps_stream_used(*plan)) return;
   if (plan->exps.method == 0 && plan->exps.symbols > 0) {
     const unsigned w = bit_width(plan->max_packed);
-    if (plan->exps.width != (w < 1 ? 1 : w)) fail(plan, kStreamMalformed, 0);
+    if (plan->exps.width != (w < 1 ? 1 : w)) {
+      fail(plan, kStreamMalformed, plan->section == 4 ? uint32_t{kGroupStreamId} : 0u);
+    }
   }
+}
+
+
+// --- value-delta frames (docs/format.md, "Value-delta frames") -----------------------------------
+// Each step does nothing unless the frame is a value-delta frame with a 'differences' section
+// (or, the last ones, 'unchanged') that nothing has refused yet.
+
+// Groups per chunk of the escape and extra-bit prefix sums and of the reconstruction.
+inline constexpr uint64_t kDifferenceChunkGroups = 256;
+
+CIERA_HD inline uint64_t difference_group_chunks(uint64_t n) {
+  const uint64_t groups = (n + kGroupValues - 1) / kGroupValues;
+  return (groups + kDifferenceChunkGroups - 1) / kDifferenceChunkGroups;
+}
+
+CIERA_HD inline bool differences_pending(const DecodePlan& plan) {
+  return plan.status == kOk && plan.kind == 3 && plan.section == 4;
+}
+
+// Escaped values of a group symbol: the set bits of (s & s >> 1) & 0x15.
+CIERA_HD inline unsigned escapes_in_group(uint32_t s) {
+  const uint32_t e = (s & (s >> 1)) & 0x15u;
+  return (e & 1u) + ((e >> 2) & 1u) + (e >> 4);
+}
+
+// One thread per chunk of groups: its escapes.
+CIERA_HD inline void difference_count_step(const Buffers& b, const DecodeConfig& c, uint64_t k) {
+  if (!differences_pending(*b.plan)) return;
+  const uint64_t groups = (c.num_values + kGroupValues - 1) / kGroupValues;
+  const uint64_t first = k * kDifferenceChunkGroups;
+  if (first >= groups) return;
+  const uint64_t end = groups - first < kDifferenceChunkGroups ? groups : first + kDifferenceChunkGroups;
+  uint64_t escapes = 0;
+  for (uint64_t g = first; g < end; ++g) escapes += escapes_in_group(b.decoded[g]);
+  b.chunk_escapes[k] = escapes;
+}
+
+// 1 thread: no class past the last value; each chunk's first escape; the escapes stream's framing
+// and the extra bits' length (it must be exactly what remains of the section).
+CIERA_HD inline void difference_plan_step(const Buffers& b, const DecodeConfig& c) {
+  DecodePlan* plan = b.plan;
+  if (!differences_pending(*plan)) return;
+  const uint64_t n = c.num_values;
+  const uint64_t groups = (n + kGroupValues - 1) / kGroupValues;
+  const uint64_t tail = groups * kGroupValues - n;
+  if (tail != 0 && (b.decoded[groups - 1] >> (2 * (kGroupValues - tail))) != 0) {
+    return fail(plan, kDifferenceClassPastEnd);
+  }
+  uint64_t escapes = 0;
+  for (uint64_t k = 0, chunks = difference_group_chunks(n); k < chunks; ++k) {
+    const uint64_t e = b.chunk_escapes[k];
+    b.chunk_escapes[k] = escapes;
+    escapes += e;
+  }
+  plan->escape_count = escapes;
+  const uint8_t* p = b.payload;
+  const uint64_t end = plan->section_at + plan->exponent_bytes;
+  // A zigzagged difference is below 2^w; minus the escape class, its bucket is at most w.
+  const uint64_t past = plan_stream(p, plan->groups_end, end, escapes, 8u * c.value_bytes,
+                                    kDifferenceEscapeStreamId, &plan->escapes, plan);
+  if (past == 0) return;
+  if (plan->escapes.method == 2 &&
+      !plan_segments(p, plan->escapes, b.escape_offsets, kDifferenceEscapeStreamId, plan)) {
+    return;
+  }
+  if (end - past < 8) return fail(plan, kDifferenceExtraBits, 0, 0);
+  plan->extra_bytes = rd64(p + past);
+  plan->extra_at = past + 8;
+  if (plan->extra_bytes != end - plan->extra_at) {
+    return fail(plan, kDifferenceExtraBits, plan->extra_bytes, end - plan->extra_at);
+  }
+}
+
+// The escapes stream as the other streams: its rANS table (one thread per slot), its symbols
+// (packed or constant: one thread per symbol; rANS: one per segment), its packed width.
+CIERA_HD inline void escape_slots_step(const Buffers& b, uint32_t slot) {
+  const DecodePlan& plan = *b.plan;
+  if (!differences_pending(plan) || plan.escapes.method != 2) return;
+  fill_slot(plan.escapes, b.fine_slots, slot);
+}
+
+CIERA_HD inline void escape_symbol_step(const Buffers& b, uint64_t i) {
+  DecodePlan* plan = b.plan;
+  if (!differences_pending(*plan)) return;
+  const StreamPlan& sp = plan->escapes;
+  if (sp.method == 2 || i >= sp.symbols) return;
+  uint32_t v = sp.constant;
+  if (sp.method == 0) {
+    v = read_bits(b.payload + sp.body_at, sp.body_bytes, i * sp.width, sp.width);
+    if (v > sp.max_symbol) return fail(plan, kSymbolTooLarge, kDifferenceEscapeStreamId, v);
+    atomic_max(&plan->max_packed_escape, v);
+  }
+  b.escape_symbols[i] = static_cast<uint8_t>(v);
+}
+
+CIERA_HD inline void escape_segment_step(const Buffers& b, uint64_t j) {
+  DecodePlan* plan = b.plan;
+  if (!differences_pending(*plan)) return;
+  const StreamPlan& sp = plan->escapes;
+  if (sp.method != 2 || j >= sp.segments) return;
+  const uint64_t first = j * entropy::kRansSegmentSymbols;
+  const uint64_t count = sp.symbols - first < entropy::kRansSegmentSymbols ? sp.symbols - first
+                                                                          : entropy::kRansSegmentSymbols;
+  const uint64_t begin = b.escape_offsets[j];
+  if (!entropy::rans_decode_segment(b.fine_slots, b.payload + sp.body_at + begin,
+                                    b.escape_offsets[j + 1] - begin, count, b.escape_symbols + first)) {
+    fail(plan, kStreamMalformed, kDifferenceEscapeStreamId);
+  }
+}
+
+CIERA_HD inline void escape_finish_step(const Buffers& b) {
+  DecodePlan* plan = b.plan;
+  if (!differences_pending(*plan)) return;
+  if (plan->escapes.method == 0 && plan->escapes.symbols > 0) {
+    const unsigned w = bit_width(plan->max_packed_escape);
+    if (plan->escapes.width != (w < 1 ? 1 : w)) fail(plan, kStreamMalformed, kDifferenceEscapeStreamId);
+  }
+}
+
+// The escapes of chunk k: [chunk_escapes[k], its end).
+CIERA_HD inline uint64_t chunk_escapes_end(const Buffers& b, const DecodeConfig& c, uint64_t k) {
+  return k + 1 < difference_group_chunks(c.num_values) ? b.chunk_escapes[k + 1] : b.plan->escape_count;
+}
+
+// One thread per chunk: its escapes' extra bits.
+CIERA_HD inline void difference_bits_step(const Buffers& b, const DecodeConfig& c, uint64_t k) {
+  if (!differences_pending(*b.plan) || k >= difference_group_chunks(c.num_values)) return;
+  uint64_t bits = 0;
+  for (uint64_t e = b.chunk_escapes[k], end = chunk_escapes_end(b, c, k); e < end; ++e) {
+    bits += escape_extra_bits(b.escape_symbols[e]);
+  }
+  b.chunk_bits[k] = bits;
+}
+
+// 1 thread: each chunk's first extra bit; L is the smallest length that holds them, and the
+// padding bits are 0.
+CIERA_HD inline void difference_extra_step(const Buffers& b, const DecodeConfig& c) {
+  DecodePlan* plan = b.plan;
+  if (!differences_pending(*plan)) return;
+  uint64_t bits = 0;
+  for (uint64_t k = 0, chunks = difference_group_chunks(c.num_values); k < chunks; ++k) {
+    const uint64_t x = b.chunk_bits[k];
+    b.chunk_bits[k] = bits;
+    bits += x;
+  }
+  if (plan->extra_bytes != (bits + 7) / 8) return fail(plan, kDifferenceExtraBits, plan->extra_bytes, (bits + 7) / 8);
+  if ((bits & 7) != 0 && (b.payload[plan->extra_at + bits / 8] >> (bits & 7)) != 0) {
+    return fail(plan, kDifferenceExtraBits, plan->extra_bytes, (bits + 7) / 8);
+  }
+}
+
+CIERA_HD inline uint32_t load_value(const uint8_t* values, uint8_t value_bytes, uint64_t i) {
+  if (value_bytes == 2) return static_cast<uint32_t>(values[2 * i] | values[2 * i + 1] << 8);
+  return rd32(values + 4 * i);
+}
+
+CIERA_HD inline void store_value(uint8_t* values, uint8_t value_bytes, uint64_t i, uint32_t v) {
+  for (unsigned k = 0; k < value_bytes; ++k) values[value_bytes * i + k] = static_cast<uint8_t>(v >> (8 * k));
+}
+
+// One thread per chunk: its values, the cached ones moved on by their differences, into the
+// output (the cache is untouched until commit).
+CIERA_HD inline void difference_apply_step(const Buffers& b, const DecodeConfig& c, uint64_t k) {
+  DecodePlan* plan = b.plan;
+  if (!differences_pending(*plan) || k >= difference_group_chunks(c.num_values)) return;
+  const uint64_t n = c.num_values;
+  const uint64_t first = k * (kDifferenceChunkGroups * kGroupValues);
+  constexpr uint64_t kChunkValues = kDifferenceChunkGroups * kGroupValues;
+  const uint64_t end = n - first < kChunkValues ? n : first + kChunkValues;
+  const uint8_t* extra = b.payload + plan->extra_at;
+  const uint64_t max_z = c.value_bytes == 2 ? 0xFFFFu : 0xFFFFFFFFu;
+  uint64_t e = b.chunk_escapes[k], bit = b.chunk_bits[k];
+  bool changed = false;
+  for (uint64_t i = first; i < end; ++i) {
+    uint64_t z = (b.decoded[i / kGroupValues] >> (2 * (i % kGroupValues))) & 3u;
+    if (z == kEscapeClass) {
+      const unsigned bucket = b.escape_symbols[e++];
+      const unsigned bits = escape_extra_bits(bucket);
+      z = kEscapeClass + escape_base(bucket) + read_bits(extra, plan->extra_bytes, bit, bits);
+      bit += bits;
+      if (z > max_z) return fail(plan, kDifferenceEscapeTooLarge, z);
+    }
+    changed = changed || z != 0;
+    const uint32_t before = load_value(b.values, c.value_bytes, i);
+    uint32_t now;
+    if (c.value_bytes == 2) {
+      const auto o = to_ordered<uint16_t>(static_cast<uint16_t>(before));
+      now = from_ordered<uint16_t>(static_cast<uint16_t>(o + unzigzag<uint16_t>(static_cast<uint16_t>(z))));
+    } else {
+      now = from_ordered<uint32_t>(to_ordered<uint32_t>(before) + unzigzag<uint32_t>(static_cast<uint32_t>(z)));
+    }
+    store_value(b.out, c.value_bytes, i, now);
+  }
+  if (changed) atomic_max(&plan->changed, 1u);
+}
+
+// An 'unchanged' value-delta frame: the cached values are the output (one thread per value).
+CIERA_HD inline void difference_unchanged_step(const Buffers& b, const DecodeConfig& c, uint64_t i) {
+  const DecodePlan& plan = *b.plan;
+  if (plan.status != kOk || plan.kind != 3 || plan.section != 1 || i >= c.num_values) return;
+  for (unsigned k = 0; k < c.value_bytes; ++k) b.out[c.value_bytes * i + k] = b.values[c.value_bytes * i + k];
+}
+
+// 1 thread: a 'differences' section in which no value changed is not canonical ('unchanged' is).
+CIERA_HD inline void difference_changed_step(const Buffers& b) {
+  DecodePlan* plan = b.plan;
+  if (differences_pending(*plan) && plan->changed == 0) fail(plan, kDifferenceNoChange);
 }
 
 // The exponent value i has after this frame.
@@ -719,7 +988,7 @@ CIERA_HD inline uint8_t new_exponent(const Buffers& b, const DecodeConfig& c, ui
 
 // merge: BF16/FP32 one thread per value, FP16 one per 8 values (3 bytes of the 3-bit plane).
 CIERA_HD inline void merge_step(const Buffers& b, const DecodeConfig& c, uint64_t g) {
-  if (b.plan->status != kOk) return;
+  if (b.plan->status != kOk || b.plan->kind == 3) return;
   format::bits::merge_group(c.dtype, [&](uint64_t i) { return new_exponent(b, c, i); },
                             b.payload + b.plan->sign_mantissa_at, c.num_values, g, b.out);
 }
@@ -749,6 +1018,10 @@ CIERA_HD inline void verify_step(const Buffers& b, const DecodeConfig& c) {
 CIERA_HD inline void commit_step(const Buffers& b, const DecodeConfig& c, uint64_t i) {
   const DecodePlan& plan = *b.plan;
   if (plan.status != kOk || i >= c.num_values || plan.section == 1) return;
+  if (c.value_delta) {  // the previous values: the verified output (key or value-delta frame)
+    for (unsigned k = 0; k < c.value_bytes; ++k) b.values[c.value_bytes * i + k] = b.out[c.value_bytes * i + k];
+    return;
+  }
   if (plan.section == 0) {
     b.cache[i] = b.decoded[i];
     return;
@@ -788,9 +1061,25 @@ void decode_frame(Launch&& launch, const Buffers& b, const DecodeConfig& c) {
   launch(entropy::kRansTotal, [=] CIERA_HD(uint64_t i) { slots_step(b, static_cast<uint32_t>(i)); });
   launch(n, [=] CIERA_HD(uint64_t i) { symbol_step(b, i); });
   launch(entropy::rans_segment_count(n), [=] CIERA_HD(uint64_t j) { segment_step(b, j); });
-  launch(n, [=] CIERA_HD(uint64_t i) { expand_step(b, c, i); });
-  launch(1, [=] CIERA_HD(uint64_t) { fine_step(b, c); });
+  if (!c.value_delta) {
+    launch(n, [=] CIERA_HD(uint64_t i) { expand_step(b, c, i); });
+    launch(1, [=] CIERA_HD(uint64_t) { fine_step(b, c); });
+  }
   launch(1, [=] CIERA_HD(uint64_t) { finish_step(b); });
+  if (c.value_delta) {
+    const uint64_t chunks = difference_group_chunks(n);
+    launch(chunks, [=] CIERA_HD(uint64_t k) { difference_count_step(b, c, k); });
+    launch(1, [=] CIERA_HD(uint64_t) { difference_plan_step(b, c); });
+    launch(entropy::kRansTotal, [=] CIERA_HD(uint64_t i) { escape_slots_step(b, static_cast<uint32_t>(i)); });
+    launch(n, [=] CIERA_HD(uint64_t i) { escape_symbol_step(b, i); });
+    launch(entropy::rans_segment_count(n), [=] CIERA_HD(uint64_t j) { escape_segment_step(b, j); });
+    launch(1, [=] CIERA_HD(uint64_t) { escape_finish_step(b); });
+    launch(chunks, [=] CIERA_HD(uint64_t k) { difference_bits_step(b, c, k); });
+    launch(1, [=] CIERA_HD(uint64_t) { difference_extra_step(b, c); });
+    launch(chunks, [=] CIERA_HD(uint64_t k) { difference_apply_step(b, c, k); });
+    launch(n, [=] CIERA_HD(uint64_t i) { difference_unchanged_step(b, c, i); });
+    launch(1, [=] CIERA_HD(uint64_t) { difference_changed_step(b); });
+  }
   launch(format::bits::group_count(c.dtype, n), [=] CIERA_HD(uint64_t g) { merge_step(b, c, g); });
   launch(checksum_chunks(n * c.value_bytes), [=] CIERA_HD(uint64_t k) { digest_step(b, c, k); });
   launch(1, [=] CIERA_HD(uint64_t) { verify_step(b, c); });

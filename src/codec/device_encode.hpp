@@ -2,7 +2,7 @@
 // encoder (src/cuda/encoder.cu) runs each as a kernel, one thread per index, and the host
 // emulation (codec/device_encode_emulation.hpp) runs the same functions in loops, so that tests
 // hold every payload to the CPU encoder's, byte for byte (every dtype, frame kind, exponent
-// coding and change detection).
+// coding and change detection, and value-delta streams).
 //
 // The host decides what it knows without the device (key or delta frame, epoch, sequence, the
 // plane's offset); every choice that depends on the data is made on the device by the CPU
@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "ciera/config.hpp"
+#include "codec/differences.hpp"
 #include "codec/fine_alphabet.hpp"
 #include "common/hash_bits.hpp"
 #include "common/host_device.hpp"
@@ -42,6 +43,13 @@ struct EncodeConfig {
   uint64_t capacity = 0;  // of the payload buffer (max_payload_bytes)
   // This frame:
   uint8_t key = 1;
+  // A value-delta stream (docs/format.md, "Value-delta frames"): its frames other than key frames
+  // are value-delta frames, unless the differences do not fit (then a key frame goes instead,
+  // decided on the device: `fallback` marks the copy of the configuration its steps run with).
+  uint8_t value_delta = 0;
+  uint8_t fallback = 0;
+  uint64_t plane_bytes = 0;          // the sign-mantissa plane's length (key and exponent-delta frames)
+  uint64_t key_sign_mantissa_at = 0;  // where a key frame's plane starts
   uint32_t stream = 0;
   uint32_t epoch = 0;
   uint64_t sequence = 0;
@@ -66,6 +74,9 @@ struct EncodePlan {
   uint64_t payload_bytes = 0;
   writer::WriterPlan stream;  // the stream being written (one at a time)
   uint64_t stream_at = 0;     // its payload offset
+  // Value-delta frames (`changes` counts the changed values, `escapes` and `extra_*` are the
+  // difference section's):
+  uint32_t use_key = 0;       // the differences do not fit: a key frame goes instead
 };
 
 struct EncodeBuffers {
@@ -92,6 +103,13 @@ struct EncodeBuffers {
   uint8_t* digest_bytes = nullptr;
   EncodePlan* plan = nullptr;
   const uint8_t* secret = nullptr;
+  // Value-delta streams:
+  uint8_t* sent_values = nullptr;     // N values: what the receivers hold
+  uint32_t* z = nullptr;              // N: each value's zigzagged difference
+  uint8_t* groups = nullptr;          // ceil(N/3): the group symbols
+  uint64_t* chunk_escapes = nullptr;  // per difference chunk: its escapes, then its first one's index
+  uint64_t* chunk_bits = nullptr;     // per difference chunk: its extra bits, then its first one's bit
+  uint32_t* extra_words = nullptr;    // the difference section's extra bits (32-bit words, LSB first)
 };
 
 CIERA_HD inline void atomic_add64(uint64_t* at, uint64_t v) {
@@ -117,16 +135,24 @@ CIERA_HD inline uint64_t stream_bound(uint64_t symbols, unsigned bits) {
   return writer::kStreamHeader + (symbols * bits + 7) / 8;
 }
 
+// Whether a step of the key frame that replaces a value-delta frame (c.fallback) is skipped:
+// the differences fitted.
+CIERA_HD inline bool fallback_unused(const EncodeBuffers& b, const EncodeConfig& c) {
+  return c.fallback && !b.plan->use_key;
+}
+
 // --- the scan of the values --------------------------------------------------------------------
 
 // Clears the bitmap and the padding before the plane: one thread per byte.
 CIERA_HD inline void clear_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t k) {
+  if (fallback_unused(b, c)) return;
   if (80 + k < c.sign_mantissa_at) b.payload[80 + k] = 0;
 }
 
 // Split: exponents to `exps`, sign-mantissa bits into the payload's plane. BF16/FP32 one thread
 // per value, FP16 one per 8 values (3 bytes of the 3-bit plane).
 CIERA_HD inline void split_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t g) {
+  if (fallback_unused(b, c)) return;
   format::bits::split_group(c.dtype, b.values, c.num_values, g, b.exps, b.payload + c.sign_mantissa_at);
 }
 
@@ -157,7 +183,7 @@ CIERA_HD inline format::xxh3::Hash128 block_hash_of(const uint8_t* exps, uint64_
 // The changed values of each block (exact), or whether its hash changed (hash; then also every
 // block of a key frame, whose hashes the next frames compare with). One thread per block.
 CIERA_HD inline void count_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t block) {
-  if (block >= c.blocks || (c.key && !c.hash)) return;
+  if (block >= c.blocks || (c.key && !c.hash) || c.value_delta) return;
   const uint64_t first = block * c.block_values;
   const uint64_t length = block_length(c, block);
   if (c.hash) {
@@ -264,7 +290,15 @@ CIERA_HD inline void fine_symbols_step(const EncodeBuffers& b, const EncodeConfi
 // --- writing one symbol stream (entropy/stream_writer_hd.hpp) -------------------------------------
 
 // Which stream a writer pass writes.
-enum StreamKind : uint32_t { kFullStream, kBlockStream, kCountStream, kChangeStream, kEscapeStream };
+enum StreamKind : uint32_t {
+  kFullStream, kBlockStream, kCountStream, kChangeStream, kEscapeStream,
+  kGroupStream, kDifferenceEscapeStream,  // value-delta frames
+};
+
+// A value-delta frame's difference section is written (some value changed, and it fits).
+CIERA_HD inline bool differences_written(const EncodePlan& plan, const EncodeConfig& c) {
+  return c.value_delta && !c.key && plan.changes != 0 && !plan.use_key;
+}
 
 // Whether this frame writes stream `kind`; its symbols and count, and where it goes.
 CIERA_HD inline bool stream_wanted(const EncodeBuffers& b, const EncodeConfig& c, uint32_t kind,
@@ -274,7 +308,15 @@ CIERA_HD inline bool stream_wanted(const EncodeBuffers& b, const EncodeConfig& c
     case kFullStream:
       *symbols = b.exps;
       *count = c.num_values;
-      return c.key;
+      return c.key && (!c.fallback || plan.use_key);
+    case kGroupStream:
+      *symbols = b.groups;
+      *count = (c.num_values + kGroupValues - 1) / kGroupValues;
+      return differences_written(plan, c);
+    case kDifferenceEscapeStream:
+      *symbols = b.escape_symbols;
+      *count = plan.escapes;
+      return differences_written(plan, c);
     case kBlockStream:
       *symbols = b.block_symbols;
       *count = plan.block_symbols;
@@ -298,7 +340,8 @@ CIERA_HD inline bool stream_wanted(const EncodeBuffers& b, const EncodeConfig& c
 CIERA_HD inline void stream_begin_step(const EncodeBuffers& b, const EncodeConfig& c, uint32_t kind) {
   EncodePlan* plan = b.plan;
   const uint64_t section_at = c.sign_mantissa_at + c.sign_mantissa_bytes;
-  const uint64_t at = (kind == kFullStream || kind == kBlockStream || kind == kCountStream)
+  const uint64_t at = (kind == kFullStream || kind == kBlockStream || kind == kCountStream ||
+                       kind == kGroupStream)
                           ? section_at
                           : plan->stream_at + plan->stream.bytes;
   writer::WriterPlan& w = plan->stream;
@@ -365,6 +408,10 @@ CIERA_HD inline void stream_end_step(const EncodeBuffers& b, const EncodeConfig&
     // The extra bits follow: their length, then the bytes (fine_extra_step).
     for (unsigned k = 0; k < 8; ++k) b.payload[end + k] = static_cast<uint8_t>(plan->extra_bytes >> (8 * k));
     plan->fine_bytes = end + 8 + plan->extra_bytes - section_at;
+  } else if (kind == kDifferenceEscapeStream) {
+    // The extra bits follow here too (difference_extra_step).
+    for (unsigned k = 0; k < 8; ++k) b.payload[end + k] = static_cast<uint8_t>(plan->extra_bytes >> (8 * k));
+    plan->exponent_bytes = end + 8 + plan->extra_bytes - section_at;
   }
 }
 
@@ -463,12 +510,185 @@ CIERA_HD inline void section_step(const EncodeBuffers& b, const EncodeConfig& c)
 
 // The receivers' exponents after this frame (exact detection): one thread per value.
 CIERA_HD inline void remember_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t i) {
-  if (!c.hash && i < c.num_values) b.sent[i] = b.exps[i];
+  if (!c.hash && !c.value_delta && i < c.num_values) b.sent[i] = b.exps[i];
+}
+
+
+// --- value-delta frames (docs/format.md, "Value-delta frames") ------------------------------------
+//
+// differences   per value   z = zigzag(ord(new) - ord(old)); the sent copy moves on to the values
+// groups        per group   c0 | c1 << 2 | c2 << 4, c = min(z, 3)
+// count         per chunk   changed values (atomic), escapes and their extra bits
+// plan          1 thread    each chunk's first escape and extra bit (a prefix sum over the
+//                           chunks); 'unchanged', 'differences', or a key frame when the section's
+//                           packed bound does not fit (the CPU's rule, encoder.cpp)
+// escapes       per chunk   escape symbols in value order, extra bits into place (atomic OR)
+// then the groups and escapes streams, the extra length and bytes, and the header; or, when the
+// differences do not fit, the key frame's steps (c.fallback), which did nothing otherwise.
+
+// Values per chunk of the escape compaction (a multiple of the group size).
+inline constexpr uint64_t kDifferenceChunkValues = 3 * 256;
+
+CIERA_HD inline uint64_t difference_chunks(uint64_t n) {
+  return (n + kDifferenceChunkValues - 1) / kDifferenceChunkValues;
+}
+// 32-bit words that hold the most extra bits a section of `n` values can have (every value
+// escaped, 8 * value_bytes - 1 bits each), and one more.
+CIERA_HD inline uint64_t difference_extra_words(uint64_t n, uint64_t value_bytes) {
+  return (n * (8 * value_bytes - 1) + 31) / 32 + 1;
+}
+
+CIERA_HD inline uint32_t value_at(const uint8_t* values, uint8_t value_bytes, uint64_t i) {
+  if (value_bytes == 2) return static_cast<uint32_t>(values[2 * i] | values[2 * i + 1] << 8);
+  return format::xxh3::read32(values + 4 * i);
+}
+
+CIERA_HD inline void put_value_at(uint8_t* values, uint8_t value_bytes, uint64_t i, uint32_t v) {
+  for (unsigned k = 0; k < value_bytes; ++k) values[value_bytes * i + k] = static_cast<uint8_t>(v >> (8 * k));
+}
+
+// The zigzagged difference of two bit patterns of `value_bytes` bytes.
+CIERA_HD inline uint32_t difference_of(uint32_t now, uint32_t before, uint8_t value_bytes) {
+  if (value_bytes == 2) {
+    return zigzag<uint16_t>(static_cast<uint16_t>(to_ordered<uint16_t>(static_cast<uint16_t>(now)) -
+                                                  to_ordered<uint16_t>(static_cast<uint16_t>(before))));
+  }
+  return zigzag<uint32_t>(to_ordered<uint32_t>(now) - to_ordered<uint32_t>(before));
+}
+
+// The bit width of `v` (an escape's bucket; 32 for the largest FP32 differences).
+CIERA_HD inline unsigned width_of(uint32_t v) {
+  unsigned w = 0;
+  while (w < 32 && (v >> w) != 0) ++w;
+  return w;
+}
+
+CIERA_HD inline void atomic_or32(uint32_t* at, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  atomicOr(at, v);
+#else
+  *at |= v;
+#endif
+}
+
+// `bits` (< 32) bits of `value` at bit `pos` of `words` (LSB first), which hold zeros there.
+CIERA_HD inline void put_bits(uint32_t* words, uint64_t pos, uint32_t value, unsigned bits) {
+  if (bits == 0) return;
+  const uint64_t v = uint64_t{value} << (pos & 31);
+  atomic_or32(words + (pos >> 5), static_cast<uint32_t>(v));
+  if ((pos & 31) + bits > 32) atomic_or32(words + (pos >> 5) + 1, static_cast<uint32_t>(v >> 32));
+}
+
+// One thread per value.
+CIERA_HD inline void difference_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t i) {
+  if (i >= c.num_values) return;
+  const uint32_t now = value_at(b.values, c.value_bytes, i);
+  b.z[i] = difference_of(now, value_at(b.sent_values, c.value_bytes, i), c.value_bytes);
+  put_value_at(b.sent_values, c.value_bytes, i, now);
+}
+
+// One thread per group; values past N have class 0.
+CIERA_HD inline void group_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t g) {
+  uint32_t symbol = 0;
+  for (unsigned j = 0; j < kGroupValues; ++j) {
+    const uint64_t i = kGroupValues * g + j;
+    if (i >= c.num_values) break;
+    const uint32_t z = b.z[i];
+    symbol |= (z < kEscapeClass ? z : kEscapeClass) << (2 * j);
+  }
+  b.groups[g] = static_cast<uint8_t>(symbol);
+}
+
+// One thread per chunk: its changed values (into the plan), escapes and extra bits.
+CIERA_HD inline void difference_count_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t k) {
+  const uint64_t first = k * kDifferenceChunkValues;
+  if (first >= c.num_values) return;
+  const uint64_t end = c.num_values - first < kDifferenceChunkValues ? c.num_values : first + kDifferenceChunkValues;
+  uint64_t changed = 0, escapes = 0, bits = 0;
+  for (uint64_t i = first; i < end; ++i) {
+    const uint32_t z = b.z[i];
+    changed += z != 0;
+    if (z < kEscapeClass) continue;
+    ++escapes;
+    bits += escape_extra_bits(width_of(z - kEscapeClass));
+  }
+  b.chunk_escapes[k] = escapes;
+  b.chunk_bits[k] = bits;
+  if (changed != 0) atomic_add64(&b.plan->changes, changed);
+}
+
+// 1 thread: the chunks' first escapes and extra bits, the totals, and the section (or a key frame).
+CIERA_HD inline void difference_plan_step(const EncodeBuffers& b, const EncodeConfig& c) {
+  EncodePlan* plan = b.plan;
+  uint64_t escapes = 0, bits = 0;
+  for (uint64_t k = 0, chunks = difference_chunks(c.num_values); k < chunks; ++k) {
+    const uint64_t e = b.chunk_escapes[k], x = b.chunk_bits[k];
+    b.chunk_escapes[k] = escapes;
+    b.chunk_bits[k] = bits;
+    escapes += e;
+    bits += x;
+  }
+  plan->escapes = escapes;
+  plan->extra_bits = bits;
+  plan->extra_bytes = (bits + 7) / 8;
+  plan->exponent_bytes = 0;
+  plan->use_key = 0;
+  if (plan->changes == 0) {
+    plan->section = 1;  // unchanged: an empty section
+    return;
+  }
+  plan->section = 4;
+  const uint64_t groups = (c.num_values + kGroupValues - 1) / kGroupValues;
+  const uint64_t bound = stream_bound(groups, kGroupSymbolBits) + stream_bound(escapes, kEscapeSymbolBits) +
+                         8 + plan->extra_bytes;
+  // The CPU's rule: the section within the key frame's bound, less the header.
+  plan->use_key = bound > c.capacity - 80;
+}
+
+// Clears the extra bits' words the section uses (one thread per word).
+CIERA_HD inline void difference_clear_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t w) {
+  const EncodePlan& plan = *b.plan;
+  if (!differences_written(plan, c) || 4 * w >= plan.extra_bytes + 4) return;
+  b.extra_words[w] = 0;
+}
+
+// One thread per chunk: its escapes' symbols and extra bits, in value order.
+CIERA_HD inline void difference_escape_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t k) {
+  const EncodePlan& plan = *b.plan;
+  const uint64_t first = k * kDifferenceChunkValues;
+  if (!differences_written(plan, c) || first >= c.num_values) return;
+  const uint64_t end = c.num_values - first < kDifferenceChunkValues ? c.num_values : first + kDifferenceChunkValues;
+  uint64_t e = b.chunk_escapes[k], bit = b.chunk_bits[k];
+  for (uint64_t i = first; i < end; ++i) {
+    const uint32_t z = b.z[i];
+    if (z < kEscapeClass) continue;
+    const uint32_t v = z - kEscapeClass;
+    const unsigned bucket = width_of(v);
+    const unsigned bits = escape_extra_bits(bucket);
+    b.escape_symbols[e++] = static_cast<uint8_t>(bucket);
+    put_bits(b.extra_words, bit, static_cast<uint32_t>(v - escape_base(bucket)), bits);
+    bit += bits;
+  }
+}
+
+// The extra bytes into place after their length (one thread per byte).
+CIERA_HD inline void difference_extra_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t k) {
+  const EncodePlan& plan = *b.plan;
+  if (!differences_written(plan, c) || k >= plan.extra_bytes) return;
+  const auto* extra = reinterpret_cast<const uint8_t*>(b.extra_words);
+  b.payload[80 + plan.exponent_bytes - plan.extra_bytes + k] = extra[k];
+}
+
+// A value-delta stream's key frame: the receivers now hold these values (one thread per value).
+CIERA_HD inline void remember_values_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t i) {
+  if (i < c.num_values) put_value_at(b.sent_values, c.value_bytes, i, value_at(b.values, c.value_bytes, i));
 }
 
 // 1 thread: the header (docs/format.md, "Header"), with its checksum; the payload's length.
 CIERA_HD inline void header_step(const EncodeBuffers& b, const EncodeConfig& c) {
   EncodePlan* plan = b.plan;
+  // A value-delta frame's header, or that of the key frame sent instead (fallback): one of them.
+  if (fallback_unused(b, c) || (c.value_delta && !c.key && plan->use_key)) return;
   uint8_t* p = b.payload;
   const auto put = [p](uint64_t at, uint64_t v, unsigned bytes) {
     for (unsigned k = 0; k < bytes; ++k) p[at + k] = static_cast<uint8_t>(v >> (8 * k));
@@ -476,8 +696,8 @@ CIERA_HD inline void header_step(const EncodeBuffers& b, const EncodeConfig& c) 
   put(0, 0x52454943u, 4);
   p[4] = 5;
   p[5] = c.dtype;
-  p[6] = c.key ? 1 : 2;
-  p[7] = static_cast<uint8_t>(plan->section);
+  p[6] = c.key ? 1 : c.value_delta ? 3 : 2;
+  p[7] = static_cast<uint8_t>(c.key ? 0 : plan->section);
   put(8, c.checksum ? 1 : 0, 2);
   put(10, 0, 2);
   put(12, c.block_values, 4);
@@ -515,6 +735,35 @@ void encode_frame(Launch&& launch, const EncodeBuffers& b, const EncodeConfig& c
   const uint64_t n = c.num_values;
   const uint64_t value_bytes = n * c.value_bytes;
   const uint64_t chunks = (value_bytes + format::kChecksumChunkBytes - 1) / format::kChecksumChunkBytes;
+  if (c.value_delta && !c.key) {
+    // A value-delta frame, or the key frame that replaces it when the differences do not fit.
+    launch(chunks, [=] CIERA_HD(uint64_t k) { digest_step(b, c, k); });
+    launch(1, [=] CIERA_HD(uint64_t) { combine_step(b, c); });
+    const uint64_t groups = (n + kGroupValues - 1) / kGroupValues;
+    const uint64_t difference_chunk_count = difference_chunks(n);
+    launch(n, [=] CIERA_HD(uint64_t i) { difference_step(b, c, i); });
+    launch(groups, [=] CIERA_HD(uint64_t g) { group_step(b, c, g); });
+    launch(difference_chunk_count, [=] CIERA_HD(uint64_t k) { difference_count_step(b, c, k); });
+    launch(1, [=] CIERA_HD(uint64_t) { difference_plan_step(b, c); });
+    launch(difference_extra_words(n, c.value_bytes), [=] CIERA_HD(uint64_t w) { difference_clear_step(b, c, w); });
+    launch(difference_chunk_count, [=] CIERA_HD(uint64_t k) { difference_escape_step(b, c, k); });
+    write_stream(launch, b, c, kGroupStream, groups);
+    write_stream(launch, b, c, kDifferenceEscapeStream, n);
+    launch(4 * difference_extra_words(n, c.value_bytes),
+           [=] CIERA_HD(uint64_t k) { difference_extra_step(b, c, k); });
+    launch(1, [=] CIERA_HD(uint64_t) { header_step(b, c); });
+    EncodeConfig key = c;  // the key frame's steps, each a no-op unless the plan chose it
+    key.key = 1;
+    key.fallback = 1;
+    key.bitmap_bytes = 0;
+    key.sign_mantissa_bytes = c.plane_bytes;
+    key.sign_mantissa_at = c.key_sign_mantissa_at;
+    launch(key.sign_mantissa_at - 80, [=] CIERA_HD(uint64_t k) { clear_step(b, key, k); });
+    launch(format::bits::group_count(c.dtype, n), [=] CIERA_HD(uint64_t g) { split_step(b, key, g); });
+    write_stream(launch, b, key, kFullStream, n);
+    launch(1, [=] CIERA_HD(uint64_t) { header_step(b, key); });
+    return;
+  }
   launch(c.sign_mantissa_at - 80, [=] CIERA_HD(uint64_t k) { clear_step(b, c, k); });
   launch(format::bits::group_count(c.dtype, n), [=] CIERA_HD(uint64_t g) { split_step(b, c, g); });
   launch(chunks, [=] CIERA_HD(uint64_t k) { digest_step(b, c, k); });
@@ -548,7 +797,11 @@ void encode_frame(Launch&& launch, const EncodeBuffers& b, const EncodeConfig& c
     launch(1, [=] CIERA_HD(uint64_t) { section_step(b, c); });
     write_stream(launch, b, c, kBlockStream, n);
   }
-  launch(n, [=] CIERA_HD(uint64_t i) { remember_step(b, c, i); });
+  if (c.value_delta) {
+    launch(n, [=] CIERA_HD(uint64_t i) { remember_values_step(b, c, i); });
+  } else {
+    launch(n, [=] CIERA_HD(uint64_t i) { remember_step(b, c, i); });
+  }
   launch(1, [=] CIERA_HD(uint64_t) { header_step(b, c); });
 }
 

@@ -26,6 +26,7 @@ DecodeConfig make_decode_config(const CodecConfig& config, uint64_t num_values) 
   const format::SignMantissaLayout layout(config.dtype, num_values);
   c.sign_mantissa_bytes = layout.total_bytes();
   c.low_plane_bytes = layout.first_plane_bytes;
+  c.value_delta = config.stream_kind == ciera::StreamKind::kValueDelta ? 1 : 0;
   return c;
 }
 
@@ -44,7 +45,10 @@ EncodeConfig make_encode_config(const CodecConfig& config, uint64_t num_values) 
   c.block_values = config.block_values;
   c.num_values = num_values;
   c.blocks = wire::block_count(num_values, config.block_values);
-  c.sign_mantissa_bytes = format::SignMantissaLayout(config.dtype, num_values).total_bytes();
+  c.value_delta = config.stream_kind == ciera::StreamKind::kValueDelta ? 1 : 0;
+  c.plane_bytes = format::SignMantissaLayout(config.dtype, num_values).total_bytes();
+  c.sign_mantissa_bytes = c.plane_bytes;
+  c.key_sign_mantissa_at = wire::sign_mantissa_offset(0, c.plane_bytes);
   c.capacity = max_payload_bytes(config.dtype, num_values, config.block_values);
   return c;
 }
@@ -54,15 +58,24 @@ void set_frame(EncodeConfig& c, bool key, uint32_t stream, uint32_t epoch, uint6
   c.stream = stream;
   c.epoch = epoch;
   c.sequence = sequence;
+  if (c.value_delta && !key) {
+    // A value-delta frame: no bitmap, no plane; the section follows the header.
+    c.bitmap_bytes = 0;
+    c.sign_mantissa_bytes = 0;
+    c.sign_mantissa_at = wire::kHeaderBytes;
+    return;
+  }
   c.bitmap_bytes = key ? 0 : (c.blocks + 7) / 8;
+  c.sign_mantissa_bytes = c.plane_bytes;
   c.sign_mantissa_at = wire::sign_mantissa_offset(c.bitmap_bytes, c.sign_mantissa_bytes);
 }
 
 std::string describe_status(uint32_t status, uint64_t d0, uint64_t d1) {
   const auto n = [](uint64_t v) { return std::to_string(v); };
-  static const char* const kStreams[] = {"exponent stream", "fine counts stream",
-                                         "fine changes stream", "fine escapes stream"};
-  const char* stream = d0 < 4 ? kStreams[d0] : "stream";
+  static const char* const kStreams[] = {"exponent stream",     "fine counts stream",
+                                         "fine changes stream", "fine escapes stream",
+                                         "difference groups stream", "difference escapes stream"};
+  const char* stream = d0 < 6 ? kStreams[d0] : "stream";
   switch (status) {
     case kOk: return "ok";
     case kTruncated: return "payload truncated: its sections need more bytes than were received";
@@ -87,7 +100,8 @@ std::string describe_status(uint32_t status, uint64_t d0, uint64_t d1) {
     case kChecksumRequired: return "payload carries no content checksum but this decoder requires one";
     case kMisrouted: return "misrouted payload: it belongs to stream " + n(d0) + ", not this decoder's";
     case kNoCache:
-      return "delta frame cannot be decoded: this decoder holds no exponent cache and needs a key frame";
+      return "delta frame cannot be decoded: this decoder holds no cache (exponents or previous values) "
+             "and needs a key frame";
     case kOutOfSequence:
       return "stale or out-of-sequence frame (epoch " + n(d0) + ", sequence " + n(d1) + ")";
     case kUnrequestedEpoch:
@@ -104,7 +118,19 @@ std::string describe_status(uint32_t status, uint64_t d0, uint64_t d1) {
     case kFineExtraBits: return "fine extra bits end early, are not fully used or have non-zero padding";
     case kContentChecksum:
       return "content checksum mismatch: the reconstructed shard differs from what was sent (payload "
-             "corrupted, or sender and receiver disagree about the cached exponents)";
+             "corrupted, or sender and receiver disagree about the cached exponents or values)";
+    case kWrongStreamKind:
+      return d0 == 3 ? "payload is a value-delta frame but this decoder receives an exponent-reuse stream"
+                     : "payload is an exponent-delta frame but this decoder receives a value-delta stream";
+    case kDifferenceClassPastEnd:
+      return "difference groups stream gives a class to values past the end of the shard";
+    case kDifferenceEscapeTooLarge:
+      return "difference section escapes a difference of " + n(d0) + ", beyond the dtype's width";
+    case kDifferenceExtraBits:
+      return "difference section has " + n(d0) + " bytes of extra bits, its escapes need " + n(d1) +
+             " (or its extra bits have non-zero padding)";
+    case kDifferenceNoChange:
+      return "'differences' section in which no value changed (canonical form: 'unchanged')";
     default: return "refused with unknown status " + n(status);
   }
 }

@@ -18,12 +18,22 @@ using detail::check_cuda;
 using detail::DeviceMemory;
 using detail::Launch;
 
+namespace {
+// Bytes of the cache a decoder holds between frames: an exponent per value, or for a value-delta
+// stream the previous values (as codec_cache_bytes says; no second copy: the cache is written
+// only from the verified output).
+uint64_t cache_bytes_of(const codec::device::DecodeConfig& c) {
+  return c.value_delta ? c.num_values * c.value_bytes : c.num_values;
+}
+uint64_t value_delta(const codec::device::DecodeConfig& c, uint64_t bytes) { return c.value_delta ? bytes : 0; }
+}  // namespace
+
 struct ShardDecoder::Impl {
   Impl(const CodecConfig& config, uint64_t n, StreamIdentity id)
       : c(codec::device::make_decode_config(config, n)),
-        cache(n),
+        cache(c.value_delta ? 0 : n),
         decoded(n),
-        block_offset(8 * (c.blocks + 1)),
+        block_offset(c.value_delta ? 8 : 8 * (c.blocks + 1)),
         segment_offsets(8 * (entropy::rans_segment_count(n) + 2)),
         slots(4 * entropy::kRansTotal),
         fine_slots(4 * 3 * entropy::kRansTotal),
@@ -31,7 +41,12 @@ struct ShardDecoder::Impl {
         digest_bytes(8 * (codec::device::checksum_chunks(n * c.value_bytes) + 1)),
         plan(sizeof(codec::device::DecodePlan)),
         state(sizeof(codec::device::DecodeState)),
-        secret(format::xxh3::kSecretBytes) {
+        secret(format::xxh3::kSecretBytes),
+        values(value_delta(c, n * c.value_bytes)),
+        escape_symbols(value_delta(c, n + 1)),
+        escape_offsets(value_delta(c, 8 * (entropy::rans_segment_count(n) + 2))),
+        chunk_escapes(value_delta(c, 8 * (codec::device::difference_group_chunks(n) + 1))),
+        chunk_bits(value_delta(c, 8 * (codec::device::difference_group_chunks(n) + 1))) {
     codec::device::DecodeState initial;
     initial.stream = id.stream;
     initial.epoch = id.epoch;
@@ -39,7 +54,8 @@ struct ShardDecoder::Impl {
     check_cuda(cudaMemcpyAsync(state.p, &initial, sizeof initial, cudaMemcpyHostToDevice, setup), "state");
     check_cuda(cudaMemcpyAsync(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
                                cudaMemcpyHostToDevice, setup), "secret");
-    check_cuda(cudaMemsetAsync(cache.p, 0, n == 0 ? 1 : n, setup), "cache");
+    const uint64_t cached = cache_bytes_of(c);
+    check_cuda(cudaMemsetAsync(c.value_delta ? values.p : cache.p, 0, cached == 0 ? 1 : cached, setup), "cache");
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
     // The allocations and copies above are ordered on this thread's stream only
     // (launch.cuh); frames run on other streams, so wait for it here (`initial` is on the stack).
@@ -56,6 +72,7 @@ struct ShardDecoder::Impl {
   codec::device::DecodeConfig c;
   DeviceMemory cache, decoded, block_offset, segment_offsets, slots, fine_slots, digests,
       digest_bytes, plan, state, secret;
+  DeviceMemory values, escape_symbols, escape_offsets, chunk_escapes, chunk_bits;  // value-delta streams
   detail::PinnedBlock verdict_block{sizeof(codec::device::DecodePlan)};
   codec::device::DecodePlan* verdict = verdict_block.as<codec::device::DecodePlan>();  // pinned: the last plan
   cudaEvent_t done = nullptr;
@@ -87,6 +104,11 @@ void ShardDecoder::decode(const void* payload, uint64_t payload_bytes, void* sha
   b.plan = m.plan.as<codec::device::DecodePlan>();
   b.state = m.state.as<codec::device::DecodeState>();
   b.secret = m.secret.as<uint8_t>();
+  b.values = m.values.as<uint8_t>();
+  b.escape_symbols = m.escape_symbols.as<uint8_t>();
+  b.escape_offsets = m.escape_offsets.as<uint64_t>();
+  b.chunk_escapes = m.chunk_escapes.as<uint64_t>();
+  b.chunk_bits = m.chunk_bits.as<uint64_t>();
   codec::device::decode_frame(Launch{stream}, b, m.c);
   check_cuda(cudaMemcpyAsync(m.verdict, m.plan.p, sizeof *m.verdict, cudaMemcpyDeviceToHost, stream),
              "verdict copy");
@@ -136,18 +158,29 @@ uint32_t ShardDecoder::epoch() const {
 }
 
 uint64_t ShardDecoder::num_values() const { return impl_->c.num_values; }
-size_t ShardDecoder::cache_bytes() const { return impl_->c.num_values; }
+size_t ShardDecoder::cache_bytes() const { return cache_bytes_of(impl_->c); }
 
-std::vector<uint8_t> ShardDecoder::cached_exponents() const {
-  std::vector<uint8_t> host(impl_->c.num_values);
-  check_cuda(cudaEventSynchronize(impl_->done), "cached_exponents");
+namespace {
+std::vector<uint8_t> copy_out(const detail::DeviceMemory& from, uint64_t bytes, cudaEvent_t after) {
+  std::vector<uint8_t> host(bytes);
+  check_cuda(cudaEventSynchronize(after), "cache copy");
   if (!host.empty()) {
     cudaStream_t setup = detail::thread_stream();
-    check_cuda(cudaMemcpyAsync(host.data(), impl_->cache.p, host.size(), cudaMemcpyDeviceToHost, setup),
-               "cache copy");
+    check_cuda(cudaMemcpyAsync(host.data(), from.p, host.size(), cudaMemcpyDeviceToHost, setup), "cache copy");
     check_cuda(cudaStreamSynchronize(setup), "cache copy");
   }
   return host;
+}
+}  // namespace
+
+std::vector<uint8_t> ShardDecoder::cached_exponents() const {
+  const Impl& m = *impl_;
+  return copy_out(m.cache, m.c.value_delta ? 0 : m.c.num_values, m.done);
+}
+
+std::vector<uint8_t> ShardDecoder::cached_values() const {
+  const Impl& m = *impl_;
+  return copy_out(m.values, m.c.value_delta ? m.c.num_values * m.c.value_bytes : 0, m.done);
 }
 
 }  // namespace ciera::cuda

@@ -18,23 +18,39 @@ using detail::check_cuda;
 using detail::DeviceMemory;
 using detail::Launch;
 
+// Buffer sizes of one kind of stream only: an exponent-reuse encoder holds no values, a
+// value-delta encoder no exponents, change lists or block hashes.
+namespace {
+uint64_t exponent_reuse(const codec::device::EncodeConfig& c, uint64_t bytes) { return c.value_delta ? 0 : bytes; }
+uint64_t value_delta(const codec::device::EncodeConfig& c, uint64_t bytes) { return c.value_delta ? bytes : 0; }
+}  // namespace
+
 struct ShardEncoder::Impl {
   Impl(const CodecConfig& config, uint64_t n, StreamIdentity id)
       : c(codec::device::make_encode_config(config, n)),
         stream(id.stream),
-        schedule{.warmup = config.warmup_steps, .epoch = id.epoch},
-        sent(n), exps(n), block_symbols(n), sent_hashes(16 * (c.blocks + 1)),
-        changes_in_block(4 * (c.blocks + 1)), change_base(8 * (c.blocks + 1)),
-        block_rank(8 * (c.blocks + 1)), block_at(8 * (c.blocks + 1)),
-        positions(2 * (n + 1)), steps(n + 1), count_symbols(c.blocks + 1), change_symbols(n + 1),
-        escape_symbols(n + 1), extra((11 * (c.blocks + n) + 7) / 8 + 8),
+        // A value-delta stream has no warmup of key frames (as the CPU encoder).
+        schedule{.warmup = c.value_delta ? 0 : config.warmup_steps, .epoch = id.epoch},
+        sent(exponent_reuse(c, n)), exps(n), block_symbols(exponent_reuse(c, n)),
+        sent_hashes(exponent_reuse(c, 16 * (c.blocks + 1))),
+        changes_in_block(exponent_reuse(c, 4 * (c.blocks + 1))), change_base(exponent_reuse(c, 8 * (c.blocks + 1))),
+        block_rank(exponent_reuse(c, 8 * (c.blocks + 1))), block_at(exponent_reuse(c, 8 * (c.blocks + 1))),
+        positions(exponent_reuse(c, 2 * (n + 1))), steps(exponent_reuse(c, n + 1)),
+        count_symbols(exponent_reuse(c, c.blocks + 1)), change_symbols(exponent_reuse(c, n + 1)),
+        escape_symbols(n + 1), extra(exponent_reuse(c, (11 * (c.blocks + n) + 7) / 8 + 8)),
         scratch((entropy::rans_segment_count(n) + 1) * entropy::device::kSegmentScratch),
         seg_bytes(8 * (entropy::rans_segment_count(n) + 2)),
         seg_offsets(8 * (entropy::rans_segment_count(n) + 2)),
         digests(8 * (n * c.value_bytes / format::kChecksumChunkBytes + 2)),
         digest_bytes(8 * (n * c.value_bytes / format::kChecksumChunkBytes + 2)),
         plan(sizeof(codec::device::EncodePlan)),
-        secret(format::xxh3::kSecretBytes) {
+        secret(format::xxh3::kSecretBytes),
+        sent_values(value_delta(c, n * c.value_bytes)),
+        z(value_delta(c, 4 * n)),
+        groups(value_delta(c, (n + codec::kGroupValues - 1) / codec::kGroupValues + 1)),
+        chunk_escapes(value_delta(c, 8 * (codec::device::difference_chunks(n) + 1))),
+        chunk_bits(value_delta(c, 8 * (codec::device::difference_chunks(n) + 1))),
+        extra_words(value_delta(c, 4 * codec::device::difference_extra_words(n, c.value_bytes))) {
     check_cuda(cudaMemcpyAsync(secret.p, format::xxh3::default_secret(), format::xxh3::kSecretBytes,
                                cudaMemcpyHostToDevice, detail::thread_stream()), "secret");
     *length = 0;
@@ -54,6 +70,7 @@ struct ShardEncoder::Impl {
   DeviceMemory sent, exps, block_symbols, sent_hashes, changes_in_block, change_base, block_rank, block_at,
       positions, steps, count_symbols, change_symbols, escape_symbols, extra, scratch, seg_bytes,
       seg_offsets, digests, digest_bytes, plan, secret;
+  DeviceMemory sent_values, z, groups, chunk_escapes, chunk_bits, extra_words;  // value-delta streams
   detail::PinnedBlock length_block{sizeof(uint64_t)};
   uint64_t* length = length_block.as<uint64_t>();  // pinned: the last payload's length
   cudaEvent_t done = nullptr;
@@ -94,6 +111,12 @@ void ShardEncoder::encode(const void* shard, void* payload, uint64_t* payload_by
   b.digest_bytes = m.digest_bytes.as<uint8_t>();
   b.plan = m.plan.as<codec::device::EncodePlan>();
   b.secret = m.secret.as<uint8_t>();
+  b.sent_values = m.sent_values.as<uint8_t>();
+  b.z = m.z.as<uint32_t>();
+  b.groups = m.groups.as<uint8_t>();
+  b.chunk_escapes = m.chunk_escapes.as<uint64_t>();
+  b.chunk_bits = m.chunk_bits.as<uint64_t>();
+  b.extra_words = m.extra_words.as<uint32_t>();
   codec::device::encode_frame(Launch{s}, b, m.c);
   const auto* length_on_device = reinterpret_cast<const uint8_t*>(m.plan.p) +
                                  offsetof(codec::device::EncodePlan, payload_bytes);
