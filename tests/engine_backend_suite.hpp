@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <random>
 #include <span>
 #include <string>
 #include <thread>
@@ -189,8 +190,9 @@ class CorruptingTransport final : public Transport {
 
 // A payload corrupted in transit on one rank is caught by that rank's decoder, every rank
 // learns of it in the verdict exchange and re-sends key frames, and the output stays exact.
-inline void expect_corruption_caught_and_resent(int world, const BackendOf& backend_of) {
-  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {30000}, world);
+inline void expect_corruption_caught_and_resent(int world, const BackendOf& backend_of,
+                                                ShardPolicy policy = ShardPolicy::kCiera) {
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {30000}, world, policy);
   EngineConfig config;
   config.warmup_steps = 1;
   std::vector<std::shared_ptr<const CodecBackend>> backends;
@@ -273,6 +275,170 @@ inline void expect_every_rank_fails_together(int world, const BackendOf& backend
     EXPECT_NE(e.find("output is"), std::string::npos) << e;
     EXPECT_EQ(e, errors[0]);
   }
+}
+
+// ---- The delta policy (value-delta streams; backends whose coders take them) -------------------
+
+// Three buckets with delta parameters gathered together for `steps` steps: all delta (uneven and
+// empty shards), delta mixed with raw and ciera in one bucket, and delta over special values
+// (NaN payloads, infinities, subnormals, -0). Every rank's output is exact at every step; a
+// bucket with delta parameters travels coded from its first gather, raw warmup or not (its
+// ciera parameters go raw meanwhile), and cache_bytes() is exactly the codecs' state: value_bytes
+// per value of every delta shard received and of this rank's own, plus the ciera caches.
+inline void expect_exact_delta_gathers(int world, const BackendOf& backend_of, DType dtype,
+                                       WarmupMode warmup, bool in_place, int steps = 30) {
+  const auto d = ShardPolicy::kDelta, c = ShardPolicy::kCiera, r = ShardPolicy::kRaw;
+  std::vector<BucketLayout> layouts;
+  BucketLayout deltas;
+  deltas.name = "deltas";
+  deltas.dtype = dtype;
+  deltas.policy = {d, d, d, d};
+  for (int rank = 0; rank < world; ++rank) {
+    deltas.shard_values.push_back({rank == 1 ? 0u : 3000u + 41u * rank, 1, rank % 2 ? 0u : 777u, 2048});
+  }
+  layouts.push_back(deltas);
+  BucketLayout mixed = BucketLayout::fsdp_split("mixed", dtype, {5000, 3001, 64, 4096, 999}, world);
+  mixed.policy = {d, c, r, c, d};
+  layouts.push_back(mixed);
+  layouts.push_back(BucketLayout::fsdp_split("special", dtype, {2500, 7}, world, d));
+  EngineConfig config;
+  config.warmup_steps = 4;
+  config.warmup = warmup;
+  config.codec.block_values = 256;
+  const uint32_t value_bytes = dtype_info(dtype).value_bytes;
+  expect_no_errors(run_backend_ranks(world, backend_of, [&](int rank, Transport& t, auto backend) {
+    const MemoryOps& memory = backend->memory();
+    std::vector<Trajectory> data;
+    std::vector<std::unique_ptr<PayloadBytes>> in, out;
+    for (size_t b = 0; b < layouts.size(); ++b) {
+      data.emplace_back(dtype, layouts[b].total_bytes() / value_bytes,
+                        b == 2 ? Pattern::kSpecial : Pattern::kSparse, 70 + b);
+      in.push_back(std::make_unique<PayloadBytes>(memory, layouts[b].rank_bytes(rank)));
+      out.push_back(std::make_unique<PayloadBytes>(memory, layouts[b].total_bytes()));
+    }
+    CompressedAllgather engine(t, config, layouts, backend);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<CompressedAllgather::Ticket> tickets;
+      for (size_t b = 0; b < layouts.size(); ++b) {
+        if (step > 0) data[b].step();
+        const auto mine = data[b].span().subspan(layouts[b].rank_offset(rank), layouts[b].rank_bytes(rank));
+        std::span<const std::byte> input;
+        if (in_place) {
+          out[b]->put(mine, layouts[b].rank_offset(rank));
+          input = {out[b]->data() + layouts[b].rank_offset(rank), mine.size()};
+        } else {
+          in[b]->put(mine);
+          input = {in[b]->data(), mine.size()};
+        }
+        tickets.push_back(engine.start(b, input, out[b]->span()));
+      }
+      for (size_t b = 0; b < layouts.size(); ++b) {
+        const GatherStats stats = engine.wait(tickets[b]);
+        const std::vector<std::byte> got = out[b]->get();
+        ASSERT_TRUE(std::equal(got.begin(), got.end(), data[b].values().begin()))
+            << "rank " << rank << " bucket " << b << " step " << step;
+        EXPECT_TRUE(stats.compressed) << "bucket " << b << " step " << step;
+        EXPECT_EQ(stats.warmup, warmup == WarmupMode::kRaw && step < 4) << "step " << step;
+      }
+    }
+    // The codecs' state, exactly: delta parameters value_bytes per value, ciera ones the
+    // exponent caches (exact detection: a byte per value, sender included).
+    uint64_t expected = 0;
+    for (const BucketLayout& l : layouts) {
+      for (size_t k = 0; k < l.params(); ++k) {
+        if (l.policy[k] == r) continue;
+        for (int p = 0; p < world; ++p) {
+          expected += l.shard_values[p][k] * (l.policy[k] == d ? value_bytes : 1);
+        }
+      }
+    }
+    EXPECT_EQ(engine.cache_bytes(), expected) << "rank " << rank;
+  }));
+}
+
+// A second gather of identical input (FSDP2's backward re-gather of the forward's unchanged
+// values) sends each delta shard as a header-only "unchanged" frame: the wire carries envelope
+// and payload headers, nothing per value. Slightly moved values (a few percent nudged by one
+// ulp, as small optimiser steps move BF16 weights) cost far less than raw bytes, and less than
+// exponent reuse of the same data, which always sends every sign-mantissa bit.
+inline void expect_delta_frames_are_small(int world, const BackendOf& backend_of) {
+  const std::vector<uint64_t> params = {60000, 20001, 4096};
+  std::vector<BucketLayout> layouts = {
+      BucketLayout::fsdp_split("delta", DType::kBF16, params, world, ShardPolicy::kDelta),
+      BucketLayout::fsdp_split("ciera", DType::kBF16, params, world, ShardPolicy::kCiera)};
+  EngineConfig config;
+  config.warmup_steps = 2;
+  expect_no_errors(run_backend_ranks(world, backend_of, [&](int rank, Transport& t, auto backend) {
+    const MemoryOps& memory = backend->memory();
+    const BucketLayout& l = layouts[0];
+    // The same values for both buckets: BF16 weights, 3% of them nudged by +-1 ulp per step.
+    std::mt19937_64 rng(99);
+    std::vector<std::byte> values(l.total_bytes());
+    for (size_t i = 0; i < values.size() / 2; ++i) put_value(DType::kBF16, values, i, weight_bits(DType::kBF16, rng));
+    PayloadBytes in(memory, l.rank_bytes(rank)), out(memory, l.total_bytes());
+    CompressedAllgather engine(t, config, layouts, backend);
+    auto gather = [&](size_t bucket) {
+      in.put(std::span<const std::byte>(values).subspan(l.rank_offset(rank), l.rank_bytes(rank)));
+      const GatherStats stats = engine.run(bucket, in.span(), out.span());
+      const std::vector<std::byte> got = out.get();
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), values.begin())) << "bucket " << bucket;
+      return stats;
+    };
+    const uint64_t header_only = world * (24 + 8 * params.size() + params.size() * 128);
+    for (int step = 0; step < 8; ++step) {
+      for (size_t i = 0; i < values.size() / 2; ++i) {
+        if (step > 0 && rng() % 100 < 3) {
+          const uint32_t v = get_value(DType::kBF16, values, i);
+          put_value(DType::kBF16, values, i, (v + (rng() & 1 ? 1 : 0xFFFF)) & 0xFFFF);
+        }
+      }
+      const GatherStats forward = gather(0);
+      const GatherStats backward = gather(0);  // unchanged input
+      const GatherStats ciera = gather(1);
+      if (step == 0) continue;  // key frames
+      EXPECT_LT(backward.wire_bytes, header_only) << "step " << step;
+      EXPECT_LT(forward.wire_bytes * 3, forward.raw_bytes) << "step " << step;
+      if (step > int(config.warmup_steps)) {
+        EXPECT_LT(forward.wire_bytes, ciera.wire_bytes) << "step " << step;
+      }
+    }
+  }));
+}
+
+// Policies switched on every rank mid-run, ciera <-> delta <-> raw, with a cold rank and adaptive
+// switching on: every switch restarts the parameter's streams with a key frame, and every gather
+// stays exact.
+inline void expect_exact_through_delta_policy_switches(int world, const BackendOf& backend_of) {
+  auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {20000, 3333, 512}, world);
+  layout.policy[0] = ShardPolicy::kDelta;
+  EngineConfig config;
+  config.warmup_steps = 3;
+  config.adaptive = true;
+  const std::vector<std::pair<int, ShardPolicy>> switches = {
+      {6, ShardPolicy::kDelta}, {10, ShardPolicy::kCiera}, {14, ShardPolicy::kRaw},
+      {18, ShardPolicy::kDelta}, {22, ShardPolicy::kRaw}, {26, ShardPolicy::kCiera}};
+  expect_no_errors(run_backend_ranks(world, backend_of, [&](int rank, Transport& t, auto backend) {
+    Trajectory data(DType::kBF16, layout.total_bytes() / 2, Pattern::kSparse, 19);
+    PayloadBytes in(backend->memory(), layout.rank_bytes(rank));
+    PayloadBytes out(backend->memory(), layout.total_bytes());
+    CompressedAllgather engine(t, config, {layout}, backend);
+    for (int step = 0; step < 32; ++step) {
+      data.step();
+      for (const auto& [at, policy] : switches) {
+        if (step == at) engine.set_policy(0, 1, policy);
+      }
+      if (step == 12) engine.set_policy(0, 0, ShardPolicy::kCiera);
+      if (step == 20) engine.set_policy(0, 0, ShardPolicy::kDelta);
+      if (rank == world - 1 && step == 16) engine.reset_caches();
+      in.put(data.span().subspan(layout.rank_offset(rank), layout.rank_bytes(rank)));
+      const GatherStats stats = engine.run(0, in.span(), out.span());
+      if (step == 16) {
+        EXPECT_TRUE(stats.resynchronised) << "rank " << rank;
+      }
+      const std::vector<std::byte> got = out.get();
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), data.values().begin())) << "rank " << rank << " step " << step;
+    }
+  }));
 }
 
 }  // namespace ciera::testing

@@ -167,6 +167,22 @@ TEST(EngineBackend, EveryRankFailsTogetherOnTaggedMemory) {
   testing::expect_every_rank_fails_together(3, [](int) { return tagged(); });
 }
 
+// The delta policy (value-delta streams) on memory the engine cannot touch: every payload
+// byte still moves through the backend.
+TEST(EngineBackend, DeltaPolicyGathersAreBitwiseExactOnTaggedMemory) {
+  testing::expect_exact_delta_gathers(3, [](int) { return tagged(); }, DType::kBF16, WarmupMode::kRaw, true);
+  testing::expect_exact_delta_gathers(2, [](int) { return tagged(); }, DType::kFP16, WarmupMode::kKeyFrames, false);
+}
+
+TEST(EngineBackend, DeltaFramesAreSmallOnTaggedMemory) {
+  testing::expect_delta_frames_are_small(2, [](int) { return tagged(); });
+}
+
+TEST(EngineBackend, DeltaCorruptionAndPolicySwitchesOnTaggedMemory) {
+  testing::expect_corruption_caught_and_resent(3, [](int) { return tagged(); }, ShardPolicy::kDelta);
+  testing::expect_exact_through_delta_policy_switches(3, [](int) { return tagged(); });
+}
+
 TEST(EngineBackend, RanksOnDifferentBackendsGatherTogether) {
   // The payloads are the same on every backend, so a host rank and tagged ranks interoperate.
   // (The loopback moves every rank's bytes with tagged memory, which reads host memory too.)

@@ -1,6 +1,7 @@
 // The compressed allgather engine (paper §3, Figure 7b): gathers buckets of parameter shards over
-// a Transport, each shard as raw bytes or through the exponent-reuse codec, into exactly the
-// rank-major buffer an uncompressed allgather produces.
+// a Transport, each shard as raw bytes, through the exponent-reuse codec (policy ciera) or as
+// value-delta frames (policy delta), into exactly the rank-major buffer an uncompressed
+// allgather produces.
 #pragma once
 
 #include <chrono>
@@ -18,7 +19,8 @@
 
 namespace ciera {
 
-// What ciera-policy shards send during warmup.
+// What ciera-policy shards send during warmup. Delta-policy shards have no warmup: their first
+// gather is a key frame and every later one a value-delta frame, which is small from the start.
 enum class WarmupMode : uint8_t {
   kRaw = 0,        // raw bytes; exponent reuse starts with a key frame after warmup (cheapest)
   kKeyFrames = 1,  // stateless key frames (all exponents entropy-coded)
@@ -33,7 +35,9 @@ struct BucketLayout {
   DType dtype = DType::kBF16;
   // shard_values[r][k]: values of parameter k held by rank r.
   std::vector<std::vector<uint64_t>> shard_values;
-  // policy[k]: how parameter k travels.
+  // policy[k]: how parameter k travels. kDelta needs a backend whose coders take value-delta
+  // streams (CodecBackend::codes; the host's and the CUDA one's do): elsewhere it is a
+  // ConfigError on every rank.
   std::vector<ShardPolicy> policy;
 
   // Parameters of `param_values[k]` values sharded as FSDP does: ceil(n / ranks) values per rank,
@@ -53,8 +57,10 @@ struct BucketLayout {
 };
 
 struct EngineConfig {
-  CodecConfig codec;  // dtype comes from each bucket; codec.warmup_steps is set from below
-  uint32_t warmup_steps = 30;  // per bucket: gathers before exponent reuse starts
+  // dtype comes from each bucket, stream_kind from each parameter's policy; codec.warmup_steps
+  // is set from below.
+  CodecConfig codec;
+  uint32_t warmup_steps = 30;  // per bucket: gathers before exponent reuse starts (not delta)
   WarmupMode warmup = WarmupMode::kRaw;
   // Per bucket, time compressed and raw gathers after warmup and keep the faster, re-probing
   // every few hundred gathers (for links so fast, or cores so few, that coding does not pay).
@@ -68,7 +74,7 @@ struct EngineConfig {
 struct GatherStats {
   uint64_t step = 0;             // this bucket's gather count, agreed by all ranks
   bool warmup = false;           // a warmup gather (with WarmupMode::kRaw, CIERA shards went raw)
-  bool compressed = false;       // this rank's CIERA shards went compressed
+  bool compressed = false;       // this rank's envelope carried codec frames (CIERA or delta)
   bool resynchronised = false;   // a key-frame round ran (cold rank, steps out of step, bad payload)
   uint64_t raw_bytes = 0;        // the gathered output
   uint64_t wire_bytes = 0;       // all ranks' payloads together: what the transport carried
@@ -133,7 +139,9 @@ class CompressedAllgather {
 
   // Changes a parameter's policy on this rank's view; all ranks must make the same change before
   // the bucket's next gather (checked there: ConfigError on every rank). Codec state of the
-  // parameter is dropped and restarted.
+  // parameter is dropped and restarted (its next frame is a key frame). kDelta on a backend that
+  // cannot code it is recorded too, and the bucket's next gather fails with a ConfigError naming
+  // the parameter and the backend on every rank (until the policy is changed back).
   // Throws std::invalid_argument if `bucket` or `param` does not exist, `policy` is not a
   // ShardPolicy value, or the bucket has a gather in flight.
   void set_policy(size_t bucket, size_t param, ShardPolicy policy);
@@ -143,8 +151,8 @@ class CompressedAllgather {
   size_t bucket_count() const;
   int rank() const;
   int world_size() const;
-  // Bytes of codec state held by this rank (encoder copies plus peer exponent caches), in the
-  // backend's memory.
+  // Bytes of codec state held by this rank (encoder copies plus peer caches: exponents for
+  // ciera parameters, previous values for delta ones), in the backend's memory.
   size_t cache_bytes() const;
   const CodecBackend& backend() const;
 

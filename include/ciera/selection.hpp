@@ -1,7 +1,9 @@
 // Benefit-driven selective compression (paper §3.2): a cost model measured on the real transport
-// and codec, warmup statistics of how often each shard's exponents change, and the selector that
-// compresses a shard only where the time it saves beats the time it costs, ranked by gain per byte
-// of exponent cache, under a memory budget.
+// and codec, warmup statistics of how often each shard's exponents (and values) change, and the
+// selector that compresses a shard only where the time it saves beats the time it costs, ranked by
+// gain per byte of codec cache, under a memory budget. Beyond the paper it can choose, per shard,
+// among three policies: raw, ciera (exponent reuse) and delta (value-delta frames, which cache
+// the previous values: more memory, far fewer bytes when values barely move).
 #pragma once
 
 #include <cstddef>
@@ -65,8 +67,12 @@ struct CostModel {
   // Zero throughput means "not measured" and makes the selector skip the dtype.
   const CodecThroughput& throughput(DType dtype) const { return codec[index(dtype)]; }
   CodecThroughput& throughput(DType dtype) { return codec[index(dtype)]; }
+  // The same for value-delta streams (the delta policy); zero: delta is not considered.
+  const CodecThroughput& delta_throughput(DType dtype) const { return delta_codec[index(dtype)]; }
+  CodecThroughput& delta_throughput(DType dtype) { return delta_codec[index(dtype)]; }
 
-  CodecThroughput codec[3];  // by dtype: BF16, FP16, FP32 (see index())
+  CodecThroughput codec[3];        // by dtype: BF16, FP16, FP32 (see index())
+  CodecThroughput delta_codec[3];  // by dtype, value-delta streams
 
  private:
   // DType values are wire codes starting at 1; anything else is a bug of the caller.
@@ -86,13 +92,14 @@ CommCurve measure_allgather(Transport& transport, std::span<const uint64_t> size
 std::vector<uint64_t> default_probe_sizes(uint64_t largest_bytes);
 
 // Encodes and decodes a synthetic shard of `values` values (sparse ±1 exponent steps at
-// `change_rate` per value, as after warmup) and returns this machine's throughput. Local.
+// `change_rate` per value, as after warmup, and half the mantissas moving by one unit) with
+// `config` (its stream_kind too) and returns this machine's throughput. Local.
 CodecThroughput measure_codec(const CodecConfig& config, uint64_t values = 1 << 20,
                               double change_rate = 0.005, int repeats = 5);
 
 // The whole cost model of this job, the same on every rank: Comm() of `transport` up to
-// `largest_bytes` (default_probe_sizes) and the codec's throughput for each of `dtypes`, the slowest
-// rank's. Collective.
+// `largest_bytes` (default_probe_sizes) and the codec's throughput for each of `dtypes`, both
+// stream kinds, the slowest rank's. Collective.
 CostModel measure_cost_model(Transport& transport, uint64_t largest_bytes, std::span<const DType> dtypes,
                              const CodecConfig& codec, int repeats = 5);
 
@@ -111,29 +118,45 @@ struct ShardChangeCounts {
   uint64_t blocks = 0;          // blocks compared, summed over observations
   uint64_t changed_values = 0;  // values whose exponent differed from the previous observation
   uint64_t changed_blocks = 0;  // blocks with at least one changed exponent (q_i of §3.2)
+  // With a monitor that tracks values (else 0):
+  uint64_t changed_patterns = 0;  // values whose bit pattern differed from the previous observation
+  // The estimated size of each observed step's value-delta section of this shard, in bits
+  // (ChangeMonitor, "Value-delta estimate"), summed.
+  uint64_t value_delta_bits = 0;
 
   double value_change_rate() const { return values ? double(changed_values) / double(values) : 0; }
   double block_change_rate() const { return blocks ? double(changed_blocks) / double(blocks) : 0; }
+  double pattern_change_rate() const { return values ? double(changed_patterns) / double(values) : 0; }
+  // Bits per value of a value-delta section (ShardCandidate::delta_bits_per_value).
+  double delta_bits_per_value() const { return values ? double(value_delta_bits) / double(values) : 0; }
   void merge(const ShardChangeCounts& other);
 };
 
 // Watches this rank's shards of one bucket from step to step, blocks cut as the codec cuts them.
-// Memory: one byte per local value (the previous exponents). Not thread-safe.
+// Memory: one byte per local value (the previous exponents), plus with `track_values` the previous
+// values (value_bytes per value), which the delta policy's statistics need (changed_patterns,
+// value_delta_bits). Not thread-safe.
 class ChangeMonitor {
  public:
-  ChangeMonitor(DType dtype, std::vector<uint64_t> shard_values, uint32_t block_values);
+  ChangeMonitor(DType dtype, std::vector<uint64_t> shard_values, uint32_t block_values,
+                bool track_values = false);
 
   // `shards` is this rank's input to the bucket's gather: its shards, concatenated. The first call
   // only records exponents.
   void observe(std::span<const std::byte> shards);
   const std::vector<ShardChangeCounts>& counts() const { return counts_; }
   void clear_counts();  // keeps the last exponents, so the next observe() counts again
-  size_t memory_bytes() const { return previous_.size(); }
+  size_t memory_bytes() const { return previous_.size() + previous_values_.size(); }
+  bool tracks_values() const { return track_values_; }
 
  private:
+  void count_value_changes(std::span<const std::byte> shards);
+
   DType dtype_;
   std::vector<uint64_t> shard_values_;
   uint32_t block_values_;
+  bool track_values_;
+  std::vector<std::byte> previous_values_;  // with track_values_
   std::vector<uint8_t> previous_;
   std::vector<uint8_t> current_;
   std::vector<ShardChangeCounts> counts_;
@@ -142,6 +165,11 @@ class ChangeMonitor {
 
 // Sums `counts` over all ranks, in place (one allgather). Collective.
 void merge_counts_across_ranks(Transport& transport, std::vector<ShardChangeCounts>& counts);
+
+// Expected value-delta frame of a shard of `values` values whose section costs
+// `section_bits_per_value` (measured: ShardChangeCounts::delta_bits_per_value): the payload header
+// plus the section. 0 for an empty shard (nothing is sent for it but its length).
+double expected_delta_payload_bytes(uint64_t values, double section_bits_per_value);
 
 // ---- Selector -----------------------------------------------------------------------------------
 
@@ -155,6 +183,10 @@ struct ShardCandidate {
   std::vector<uint64_t> shard_values;  // [rank]: values of this parameter held by each rank
   double block_change_rate = 1;        // q_i: fraction of blocks whose exponents change per step
   double value_change_rate = 1;        // fraction of values whose exponent changes per step
+  // Bits per value of the shard's value-delta section, measured (ShardChangeCounts::
+  // delta_bits_per_value from a monitor that tracks values); negative: not measured, and the
+  // delta policy is not considered for this shard.
+  double delta_bits_per_value = -1;
 };
 
 struct SelectorOptions {
@@ -164,6 +196,21 @@ struct SelectorOptions {
   // Detection and encoding overlap compute (§3.3); off: their time is on the critical path too.
   bool overlap = true;
   CodecConfig codec;  // block size and detection mode (dtype comes from each candidate)
+  // Also consider the delta policy (value-delta frames; their cache is the previous values) for
+  // shards whose delta_bits_per_value was measured. Off: the paper's two-way choice.
+  bool allow_delta = false;
+};
+
+// One policy's expected cost and benefit for one shard (the fields of ShardChoice, for delta).
+struct PolicyEstimate {
+  double expected_wire_bytes = 0;  // all ranks' payloads
+  double comm_saved_s = 0;
+  double encode_s = 0;
+  double decode_s = 0;
+  double gain_s = 0;
+  uint64_t memory_bytes = 0;  // codec state on the rank that holds the most
+  double score = 0;           // gain_s / memory_bytes
+  std::string unavailable;    // why this policy is not an option ("" if it is)
 };
 
 struct ShardChoice {
@@ -176,19 +223,26 @@ struct ShardChoice {
   double gain_s = 0;               // g_i (seconds per gather)
   uint64_t memory_bytes = 0;       // M_i: codec state on the rank that holds the most
   double score = 0;                // g_i / M_i (seconds per byte)
-  bool chosen = false;
-  std::string reason;              // why chosen or not, for the table
+  // The fields above are the ciera policy's (exponent reuse); these the delta policy's, computed
+  // when SelectorOptions::allow_delta is on.
+  PolicyEstimate delta;
+  ShardPolicy policy = ShardPolicy::kRaw;  // the choice
+  bool chosen = false;                     // policy != kRaw
+  uint64_t chosen_memory_bytes = 0;        // the chosen policy's memory_bytes (0 for raw)
+  double chosen_gain_s = 0;                // the chosen policy's gain_s (0 for raw)
+  std::string reason;                      // why chosen or not, for the table
 };
 
 struct Selection {
   std::vector<ShardChoice> shards;  // in candidate order
-  uint64_t cache_bytes = 0;         // sum of memory_bytes of the chosen shards
+  uint64_t cache_bytes = 0;         // sum of chosen_memory_bytes
   uint64_t budget_bytes = 0;
   double gain_s = 0;                // sum of the chosen gains, minus bucket round overheads
 
   size_t chosen_count() const;
   // The engine policy of `bucket`'s parameter `param` (raw when not a candidate).
   ShardPolicy policy(size_t bucket, size_t param) const;
+  size_t count(ShardPolicy policy) const;
 };
 
 // Extra latency a bucket pays once any of its shards is compressed: the engine's compressed
@@ -199,6 +253,11 @@ double compressed_round_overhead_s(const CostModel& model);
 // when overlap is off), where Comm is the marginal cost inside the shard's bucket; rank by
 // g_i / M_i, take shards while the budget lasts, skip g_i <= 0. A bucket whose chosen gains do
 // not pay its compressed-round overhead is dropped whole and the ranking runs again without it.
+// With allow_delta, each shard has up to three choices (raw, ciera, delta) and the ranking is
+// the multiple-choice knapsack greedy: per shard, the steps along the upper convex hull of its
+// (memory, gain) choices, all ranked by incremental gain per incremental byte, so a shard can be
+// upgraded from ciera to delta when the budget allows; then leftover budget goes to any upgrade
+// that still fits. The budget is never exceeded.
 // Deterministic: ties are broken by (bucket, param). Throws ConfigError on inconsistent input.
 Selection select_shards(std::span<const ShardCandidate> candidates, const CostModel& model,
                         const SelectorOptions& options);

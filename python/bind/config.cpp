@@ -24,7 +24,11 @@ void bind_config(py::module_& m) {
       .value("fine", ExponentCoding::kFine);
   py::enum_<ShardPolicy>(m, "ShardPolicy")
       .value("raw", ShardPolicy::kRaw)
-      .value("ciera", ShardPolicy::kCiera);
+      .value("ciera", ShardPolicy::kCiera)
+      .value("delta", ShardPolicy::kDelta);
+  py::enum_<StreamKind>(m, "StreamKind")
+      .value("exponent_reuse", StreamKind::kExponentReuse)
+      .value("value_delta", StreamKind::kValueDelta);
   py::enum_<WarmupMode>(m, "WarmupMode")
       .value("raw", WarmupMode::kRaw)
       .value("key_frames", WarmupMode::kKeyFrames);
@@ -32,6 +36,7 @@ void bind_config(py::module_& m) {
   py::class_<CodecConfig>(m, "CodecConfig")
       .def(py::init<>())
       .def_readwrite("dtype", &CodecConfig::dtype)
+      .def_readwrite("stream_kind", &CodecConfig::stream_kind)
       .def_readwrite("block_values", &CodecConfig::block_values)
       .def_readwrite("warmup_steps", &CodecConfig::warmup_steps)
       .def_readwrite("detection", &CodecConfig::detection)

@@ -2,6 +2,7 @@
 // warmup change statistics and the selector. Results are classes with read-only properties.
 #include <pybind11/stl.h>
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,13 @@ void bind_cost_model(py::module_& m) {
       .def(
           "set_throughput",
           [](CostModel& c, DType d, const CodecThroughput& t) { c.throughput(d) = t; },
+          py::arg("dtype"), py::arg("throughput"))
+      .def(
+          "delta_throughput", [](const CostModel& c, DType d) { return c.delta_throughput(d); },
+          py::arg("dtype"), "The value-delta codec's speed (the delta policy); zero: not measured.")
+      .def(
+          "set_delta_throughput",
+          [](CostModel& c, DType d, const CodecThroughput& t) { c.delta_throughput(d) = t; },
           py::arg("dtype"), py::arg("throughput"));
   m.def(
       "measure_cost_model",
@@ -66,14 +74,18 @@ void bind_cost_model(py::module_& m) {
       },
       py::arg("codec"), py::arg("values") = uint64_t{1} << 20,
       "Detection, encoding and decoding throughput of this machine (bytes of raw shard per "
-      "second).");
+      "second), for the codec's stream_kind.");
+  m.def("expected_delta_payload_bytes", &expected_delta_payload_bytes, py::arg("values"),
+        py::arg("section_bits_per_value"),
+        "Expected value-delta frame of a shard: the payload header plus the measured section.");
   m.def("compressed_round_overhead_s", &compressed_round_overhead_s, py::arg("model"),
         "Extra latency a bucket pays once any of its shards is compressed.");
 }
 
 // Warmup change statistics per shard (q_i, measured).
 void bind_change_monitor(py::module_& m) {
-  // Pickled as its five counts, so that ranks can exchange them (torch's all_gather_object).
+  // Pickled as its seven counts, so that ranks can exchange them (torch's all_gather_object); the
+  // five of an older pickle (before value tracking) are accepted, the others then zero.
   py::class_<ShardChangeCounts>(m, "ShardChangeCounts")
       .def(py::init<>())
       .def_readonly("observations", &ShardChangeCounts::observations)
@@ -81,24 +93,32 @@ void bind_change_monitor(py::module_& m) {
       .def_readonly("blocks", &ShardChangeCounts::blocks)
       .def_readonly("changed_values", &ShardChangeCounts::changed_values)
       .def_readonly("changed_blocks", &ShardChangeCounts::changed_blocks)
+      .def_readonly("changed_patterns", &ShardChangeCounts::changed_patterns)
+      .def_readonly("value_delta_bits", &ShardChangeCounts::value_delta_bits)
       .def_property_readonly("value_change_rate", &ShardChangeCounts::value_change_rate)
       .def_property_readonly("block_change_rate", &ShardChangeCounts::block_change_rate)
+      .def_property_readonly("pattern_change_rate", &ShardChangeCounts::pattern_change_rate)
+      .def_property_readonly("delta_bits_per_value", &ShardChangeCounts::delta_bits_per_value)
       .def("merge", &ShardChangeCounts::merge, py::arg("other"),
            "Adds another rank's counts of the same shard (the observation count is shared).")
       .def(py::pickle(
           [](const ShardChangeCounts& c) {
             return py::make_tuple(c.observations, c.values, c.blocks, c.changed_values,
-                                  c.changed_blocks);
+                                  c.changed_blocks, c.changed_patterns, c.value_delta_bits);
           },
           [](const py::tuple& t) {
-            if (t.size() != 5) throw ConfigError("ShardChangeCounts: a pickled state has 5 counts");
-            return ShardChangeCounts{t[0].cast<uint64_t>(), t[1].cast<uint64_t>(),
-                                     t[2].cast<uint64_t>(), t[3].cast<uint64_t>(),
-                                     t[4].cast<uint64_t>()};
+            if (t.size() != 5 && t.size() != 7) {
+              throw ConfigError("ShardChangeCounts: a pickled state has 7 counts (or 5), got " +
+                                std::to_string(t.size()));
+            }
+            auto at = [&](size_t i) { return i < t.size() ? t[i].cast<uint64_t>() : uint64_t{0}; };
+            return ShardChangeCounts{at(0), at(1), at(2), at(3), at(4), at(5), at(6)};
           }));
   py::class_<ChangeMonitor>(m, "ChangeMonitor")
-      .def(py::init<DType, std::vector<uint64_t>, uint32_t>(), py::arg("dtype"),
-           py::arg("shard_values"), py::arg("block_values"))
+      .def(py::init<DType, std::vector<uint64_t>, uint32_t, bool>(), py::arg("dtype"),
+           py::arg("shard_values"), py::arg("block_values"), py::arg("track_values") = false,
+           "track_values: also keep the previous values (value_bytes per value) and count what "
+           "the delta policy needs (changed_patterns, value_delta_bits).")
       .def(
           "observe",
           [](ChangeMonitor& monitor, uintptr_t data, uint64_t bytes) {
@@ -107,6 +127,7 @@ void bind_change_monitor(py::module_& m) {
           },
           py::arg("data_ptr"), py::arg("nbytes"))
       .def_property_readonly("counts", &ChangeMonitor::counts)
+      .def_property_readonly("tracks_values", &ChangeMonitor::tracks_values)
       .def("clear_counts", &ChangeMonitor::clear_counts)
       .def_property_readonly("memory_bytes", &ChangeMonitor::memory_bytes);
 }
@@ -122,12 +143,23 @@ void bind_selector(py::module_& m) {
       .def_readwrite("dtype", &ShardCandidate::dtype)
       .def_readwrite("shard_values", &ShardCandidate::shard_values)
       .def_readwrite("block_change_rate", &ShardCandidate::block_change_rate)
-      .def_readwrite("value_change_rate", &ShardCandidate::value_change_rate);
+      .def_readwrite("value_change_rate", &ShardCandidate::value_change_rate)
+      .def_readwrite("delta_bits_per_value", &ShardCandidate::delta_bits_per_value);
   py::class_<SelectorOptions>(m, "SelectorOptions")
       .def(py::init<>())
       .def_readwrite("cache_budget_bytes", &SelectorOptions::cache_budget_bytes)
       .def_readwrite("overlap", &SelectorOptions::overlap)
-      .def_readwrite("codec", &SelectorOptions::codec);
+      .def_readwrite("codec", &SelectorOptions::codec)
+      .def_readwrite("allow_delta", &SelectorOptions::allow_delta);
+  py::class_<PolicyEstimate>(m, "PolicyEstimate")
+      .def_readonly("expected_wire_bytes", &PolicyEstimate::expected_wire_bytes)
+      .def_readonly("comm_saved_s", &PolicyEstimate::comm_saved_s)
+      .def_readonly("encode_s", &PolicyEstimate::encode_s)
+      .def_readonly("decode_s", &PolicyEstimate::decode_s)
+      .def_readonly("gain_s", &PolicyEstimate::gain_s)
+      .def_readonly("memory_bytes", &PolicyEstimate::memory_bytes)
+      .def_readonly("score", &PolicyEstimate::score)
+      .def_readonly("unavailable", &PolicyEstimate::unavailable);
 
   // A choice also answers for its candidate's fields (bucket, param, name, type, rates).
   py::class_<ShardChoice>(m, "ShardChoice")
@@ -148,7 +180,11 @@ void bind_selector(py::module_& m) {
       .def_readonly("gain_s", &ShardChoice::gain_s)
       .def_readonly("memory_bytes", &ShardChoice::memory_bytes)
       .def_readonly("score", &ShardChoice::score)
+      .def_readonly("delta", &ShardChoice::delta)
+      .def_readonly("policy", &ShardChoice::policy)
       .def_readonly("chosen", &ShardChoice::chosen)
+      .def_readonly("chosen_memory_bytes", &ShardChoice::chosen_memory_bytes)
+      .def_readonly("chosen_gain_s", &ShardChoice::chosen_gain_s)
       .def_readonly("reason", &ShardChoice::reason);
   py::class_<Selection>(m, "Selection")
       .def_readonly("shards", &Selection::shards)
@@ -156,7 +192,8 @@ void bind_selector(py::module_& m) {
       .def_readonly("budget_bytes", &Selection::budget_bytes)
       .def_readonly("gain_s", &Selection::gain_s)
       .def("chosen_count", &Selection::chosen_count)
-      .def("policy", &Selection::policy, py::arg("bucket"), py::arg("param"));
+      .def("policy", &Selection::policy, py::arg("bucket"), py::arg("param"))
+      .def("count", &Selection::count, py::arg("policy"));
   m.def(
       "select_shards",
       [](const std::vector<ShardCandidate>& candidates, const CostModel& model,

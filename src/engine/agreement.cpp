@@ -17,6 +17,17 @@ namespace {
 
 using Facts = std::vector<std::pair<std::string, std::string>>;
 
+// One letter per parameter in the bucket's policy fact, so that ranks whose policies differ
+// disagree on it (and the message shows where): raw, ciera, delta.
+char policy_letter(ShardPolicy policy) {
+  switch (policy) {
+    case ShardPolicy::kRaw: return 'r';
+    case ShardPolicy::kCiera: return 'c';
+    case ShardPolicy::kDelta: return 'd';
+  }
+  return '?';  // validate() rejects it first
+}
+
 // One fact per line, in a fixed order, for everything every rank must agree on.
 Facts describe(const EngineConfig& c, const std::vector<BucketLayout>& buckets, int world) {
   Facts facts;
@@ -39,7 +50,7 @@ Facts describe(const EngineConfig& c, const std::vector<BucketLayout>& buckets, 
     facts.emplace_back(p + "ranks", std::to_string(l.ranks()));
     facts.emplace_back(p + "params", std::to_string(l.params()));
     std::string policy;
-    for (ShardPolicy s : l.policy) policy += s == ShardPolicy::kCiera ? 'c' : 'r';
+    for (ShardPolicy s : l.policy) policy += policy_letter(s);
     facts.emplace_back(p + "policy", policy);
     for (int r = 0; r < l.ranks(); ++r) {
       std::string sizes;

@@ -14,6 +14,8 @@ void CompressedAllgather::Impl::encode(Gather& g, BucketState& s, bool raw) {
   g.sends_raw = raw;
   constexpr uint64_t kTaskBytes = 1 << 20;
   const size_t params = s.layout.params();
+  // Read here, not on the workers: the step moves on when the gather finishes.
+  const std::span<const uint8_t> raw_params = warmup_raw_params(s, s.step);
   size_t first = 0;
   while (first < params) {
     size_t last = first;
@@ -22,13 +24,13 @@ void CompressedAllgather::Impl::encode(Gather& g, BucketState& s, bool raw) {
       bytes += s.layout.shard_values[rank][last] * s.value_bytes;
       ++last;
     }
-    pool.submit(g.encoding, [&s, &g, first, last, raw, this] {
+    pool.submit(g.encoding, [&s, &g, first, last, raw, raw_params, this] {
       g.wait_for_input();
       for (size_t k = first; k < last; ++k) {
         const uint64_t shard_bytes = s.layout.shard_values[rank][k] * s.value_bytes;
         const std::byte* src = g.in + s.my_param_offset[k];
         std::byte* slot = s.send.data() + s.send_layout.slot_offset[k];
-        if (raw || !s.encoders[k]) {
+        if (raw || !s.encoders[k] || (!raw_params.empty() && raw_params[k])) {
           memory.copy(slot, src, shard_bytes);
           s.payload_bytes[k] = shard_bytes;
         } else {
@@ -85,7 +87,8 @@ void CompressedAllgather::Impl::decode_envelope(Gather& g, int peer, uint64_t en
   expected.params = static_cast<uint32_t>(s.layout.params());
   expected.step = g.step;
   ciera::decode_envelope(s.recv.data() + envelope_offset, envelope_bytes, expected, s.layout, peer,
-                         s.decoders[peer], g.out, memory, [&g, peer](int param, const std::string& reason) {
+                         s.decoders[peer], warmup_raw_params(s, g.step), g.out, memory,
+                         [&g, peer](int param, const std::string& reason) {
                            std::lock_guard lock(g.verdict_mutex);
                            record_failure(g.verdict, peer, param, reason);
                          });

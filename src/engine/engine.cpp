@@ -3,6 +3,7 @@
 // construction), control.cpp (control records and verdicts), envelope.cpp (the per-bucket wire
 // unit), scheduler.cpp (rounds on the communication thread), codec_tasks.cpp (encoding and
 // decoding on worker threads), memory_ops.hpp (every payload byte moved).
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -35,6 +36,9 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
         throw ConfigError("bucket '" + l.name + "' describes " + std::to_string(l.ranks()) +
                           " ranks but the transport has " + std::to_string(world));
       }
+      if (std::string why = unsupported_policy(l); !why.empty()) {
+        throw ConfigError("bucket '" + l.name + "' " + why);
+      }
     }
   } catch (const Error& e) {
     local_error = e.what();
@@ -58,6 +62,7 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
     for (int p = 0; p < world; ++p) s.decoder_epoch.emplace_back(params, epochs[p]);
     s.payload_bytes.assign(params, 0);
     s.my_param_offset.resize(params);
+    refresh_policies(s);
     uint64_t offset = 0;
     for (size_t k = 0; k < params; ++k) {
       s.my_param_offset[k] = offset;
@@ -91,23 +96,51 @@ StreamIdentity CompressedAllgather::Impl::stream_of(const BucketState& s, int se
 // starts one epoch past the one it replaces; its decoders also accept a later one, as after a
 // requested resynchronisation: the sender's encoder may have moved on in key-frame rounds whose
 // frames this side never decoded (raw warmup, adaptive raw steps).
+// A delta parameter's codecs keep the previous values (StreamKind::kValueDelta); a ciera
+// parameter's the exponents. Switching between the two is a replacement like any other: the new
+// stream starts with a key frame. A delta parameter the backend cannot code gets no codecs (its
+// bucket's gathers fail with policy_error before anything would use them).
 void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k, bool at_setup) {
   CodecConfig codec = config.codec;
   codec.dtype = s.layout.dtype;
-  const bool ciera = s.layout.policy[k] == ShardPolicy::kCiera;
+  const ShardPolicy policy = s.layout.policy[k];
+  codec.stream_kind =
+      policy == ShardPolicy::kDelta ? StreamKind::kValueDelta : StreamKind::kExponentReuse;
+  const bool coded = coded_policy(policy) &&
+                     (policy != ShardPolicy::kDelta || backend->codes(StreamKind::kValueDelta));
   if (s.encoders[k]) s.encoder_epoch[k] = s.encoders[k]->epoch() + 1;
-  s.encoders[k] = ciera ? backend->make_encoder(codec, s.layout.shard_values[rank][k],
+  s.encoders[k] = coded ? backend->make_encoder(codec, s.layout.shard_values[rank][k],
                                                 stream_of(s, rank, k, s.encoder_epoch[k]))
                         : nullptr;
   for (int p = 0; p < world; ++p) {
     auto& decoder = s.decoders[p][k];
     if (decoder) s.decoder_epoch[p][k] = decoder->epoch() + 1;
-    decoder = ciera && p != rank
+    decoder = coded && p != rank
                   ? backend->make_decoder(codec, s.layout.shard_values[p][k],
                                           stream_of(s, p, k, s.decoder_epoch[p][k]))
                   : nullptr;
     if (decoder && !at_setup) decoder->request_resync();
   }
+}
+
+void CompressedAllgather::Impl::refresh_policies(BucketState& s) const {
+  const auto& policy = s.layout.policy;
+  s.has_delta = std::find(policy.begin(), policy.end(), ShardPolicy::kDelta) != policy.end();
+  s.ciera_params.resize(policy.size());
+  for (size_t k = 0; k < policy.size(); ++k) s.ciera_params[k] = policy[k] == ShardPolicy::kCiera;
+  s.policy_error = unsupported_policy(s.layout);
+}
+
+std::string CompressedAllgather::Impl::unsupported_policy(const BucketLayout& layout) const {
+  if (backend->codes(StreamKind::kValueDelta)) return "";
+  for (size_t k = 0; k < layout.params(); ++k) {
+    if (layout.policy[k] == ShardPolicy::kDelta) {
+      // Short: a gather's local error travels in an 80-byte field (control.hpp).
+      return "parameter " + std::to_string(k) + ": delta policy is not supported on the " +
+             std::string(backend->name()) + " codec backend";
+    }
+  }
+  return "";
 }
 
 // Sizes the send buffer's slots and the receive buffer for the bucket's current policies (at
@@ -131,11 +164,9 @@ void CompressedAllgather::Impl::size_buffers(BucketState& s) {
 }
 
 bool CompressedAllgather::Impl::send_raw(const BucketState& s, uint64_t step) const {
-  if (warmup_raw(step)) return true;
-  if (std::none_of(s.layout.policy.begin(), s.layout.policy.end(),
-                   [](ShardPolicy p) { return p == ShardPolicy::kCiera; })) {
-    return true;
-  }
+  // Delta parameters skip raw warmup (warmup_raw_params() sends the ciera ones raw meanwhile).
+  if (warmup_raw(step) && !s.has_delta) return true;
+  if (std::none_of(s.layout.policy.begin(), s.layout.policy.end(), coded_policy)) return true;
   return config.adaptive && step >= config.warmup_steps &&
          !adaptive.compress(step - config.warmup_steps);
 }
@@ -182,7 +213,9 @@ CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket,
   g->started = std::chrono::steady_clock::now();
   // Wrong sizes are not thrown here: the peers are about to gather with this rank, so every
   // rank learns of the problem in the control exchange and fails alike.
-  if (input.size() != s.layout.rank_bytes(m.rank)) {
+  if (!s.policy_error.empty()) {
+    g->local_error = s.policy_error;
+  } else if (input.size() != s.layout.rank_bytes(m.rank)) {
     g->local_error = "input is " + std::to_string(input.size()) +
                      " bytes, the layout gives this rank " +
                      std::to_string(s.layout.rank_bytes(m.rank));
@@ -263,7 +296,8 @@ void CompressedAllgather::set_policy(size_t bucket, size_t param, ShardPolicy po
                                 " has no parameter " + std::to_string(param) + " (" +
                                 std::to_string(s.layout.params()) + " parameters)");
   }
-  if (policy != ShardPolicy::kRaw && policy != ShardPolicy::kCiera) {
+  if (policy != ShardPolicy::kRaw && policy != ShardPolicy::kCiera &&
+      policy != ShardPolicy::kDelta) {
     throw std::invalid_argument("set_policy: unknown policy " +
                                 std::to_string(static_cast<int>(policy)));
   }
@@ -274,6 +308,7 @@ void CompressedAllgather::set_policy(size_t bucket, size_t param, ShardPolicy po
   if (s.layout.policy[param] == policy) return;
   s.layout.policy[param] = policy;
   impl_->make_codecs(s, param);
+  impl_->refresh_policies(s);
   impl_->size_buffers(s);
 }
 

@@ -41,6 +41,15 @@ struct BucketState {
   SendLayout send_layout;                 // this rank's envelope and slots in `send`
   std::vector<uint8_t> envelope_header;   // where pack() builds the header (host memory)
   std::vector<uint64_t> payload_bytes;    // encoded length per param (this step)
+  // Policies in the forms the hot paths want (refresh_policies()). In a raw-warmup gather of a
+  // bucket with delta parameters, those go coded (a value-delta frame is small from the second
+  // gather on) while its ciera parameters go raw: `ciera_params[k]` marks those, and both sides
+  // know it from the agreed step, so the envelope needs no per-parameter flag.
+  bool has_delta = false;
+  std::vector<uint8_t> ciera_params;  // [param]: 1 where the policy is kCiera
+  // Set when a delta parameter sits on a backend that cannot code value-delta streams (through
+  // set_policy); every gather of the bucket then fails with it, on every rank.
+  std::string policy_error;
   std::vector<std::unique_ptr<PayloadEncoder>> encoders;               // [param]
   std::vector<std::vector<std::unique_ptr<PayloadDecoder>>> decoders;  // [peer][param]
   // Streams (docs/format.md, "Streams"): parameter k of rank r sends stream
@@ -98,6 +107,10 @@ struct CompressedAllgather::Impl {
 
   // Setup (engine.cpp).
   void make_codecs(BucketState& s, size_t param, bool at_setup = false);
+  void refresh_policies(BucketState& s) const;
+  // "" if this rank's backend can code every parameter of `layout` as its policy asks, else
+  // "parameter k: ..." naming the first it cannot.
+  std::string unsupported_policy(const BucketLayout& layout) const;
   StreamIdentity stream_of(const BucketState& s, int sender, size_t param, uint32_t epoch) const;
   void size_buffers(BucketState& s);
   bool warmup_raw(uint64_t step) const {
@@ -105,6 +118,11 @@ struct CompressedAllgather::Impl {
   }
   // Whether the gather at `step` sends this bucket raw (then every parameter travels as is).
   bool send_raw(const BucketState& s, uint64_t step) const;
+  // The parameters that travel raw in a gather at `step` that is not all raw (empty: none
+  // beyond the raw-policy ones, which have no codecs): the ciera ones during raw warmup.
+  std::span<const uint8_t> warmup_raw_params(const BucketState& s, uint64_t step) const {
+    return warmup_raw(step) ? std::span<const uint8_t>(s.ciera_params) : std::span<const uint8_t>();
+  }
 
   // Worker-thread work (codec_tasks.cpp).
   void encode(Gather& g, BucketState& s, bool raw);

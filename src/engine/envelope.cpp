@@ -17,7 +17,7 @@ uint64_t envelope_bound(const BucketLayout& layout, int rank, uint32_t block_val
   for (size_t k = 0; k < layout.params(); ++k) {
     const uint64_t n = layout.shard_values[rank][k];
     bytes +=
-        std::max<uint64_t>(n * value_bytes, layout.policy[k] == ShardPolicy::kCiera
+        std::max<uint64_t>(n * value_bytes, coded_policy(layout.policy[k])
                                                 ? max_payload_bytes(layout.dtype, n, block_values)
                                                 : 0);
   }
@@ -103,8 +103,9 @@ bool EnvelopeReader::next(std::span<const std::byte>& payload) {
 
 void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
                      const EnvelopeHeader& expected, const BucketLayout& layout, int peer,
-                     std::span<const std::unique_ptr<PayloadDecoder>> decoders, std::byte* out,
-                     const MemoryOps& memory, const EnvelopeFailure& fail) {
+                     std::span<const std::unique_ptr<PayloadDecoder>> decoders,
+                     std::span<const uint8_t> raw_params, std::byte* out, const MemoryOps& memory,
+                     const EnvelopeFailure& fail) {
   // Worded only on failure: a steady-state gather builds no strings.
   auto who = [peer] { return "rank " + std::to_string(peer) + "'s envelope"; };
   EnvelopeReader reader(envelope, envelope_bytes, memory);
@@ -122,7 +123,7 @@ void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
       fail(static_cast<int>(k), who() + " is shorter than its shard lengths");
       return;
     }
-    if (raw || !decoders[k]) {
+    if (raw || !decoders[k] || (!raw_params.empty() && raw_params[k])) {
       if (payload.size() != bytes) {
         fail(static_cast<int>(k), "raw shard of " + std::to_string(payload.size()) +
                                       " bytes, expected " + std::to_string(bytes));

@@ -29,6 +29,12 @@ constexpr uint8_t kEnvelopeAllRaw = 1;           // flags bit 0: every payload i
 
 inline uint64_t envelope_header_bytes(size_t params) { return kEnvelopeFixedBytes + 8 * params; }
 
+// Whether a parameter of this policy travels as codec frames (ciera: exponent reuse; delta:
+// value-delta frames) rather than raw bytes, outside raw warmup.
+inline bool coded_policy(ShardPolicy policy) {
+  return policy == ShardPolicy::kCiera || policy == ShardPolicy::kDelta;
+}
+
 // Which gather an envelope belongs to; a receiver checks it against the gather it is decoding.
 struct EnvelopeHeader {
   uint32_t bucket = 0;
@@ -92,14 +98,24 @@ class EnvelopeReader {
 
 // Decodes `peer`'s envelope (`envelope_bytes` at `envelope`, payload memory) for the gather
 // `expected` of `layout` into the peer's part of `out`: parameter k through decoders[k], or as
-// raw bytes where that is null or the envelope is all raw. A problem is reported through
+// raw bytes where that is null, the envelope is all raw, or raw_params[k] is set (`raw_params`
+// is empty or has one entry per parameter: the ciera parameters of a raw-warmup gather whose
+// delta parameters travel coded). A problem is reported through
 // `fail(param, reason)` (param -1: the envelope as a whole), never thrown, so that every rank
 // can agree on it in the verdict exchange; decoding stops at a malformed envelope but goes on
 // past a parameter that fails to decode.
 using EnvelopeFailure = std::function<void(int param, const std::string& reason)>;
 void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
                      const EnvelopeHeader& expected, const BucketLayout& layout, int peer,
-                     std::span<const std::unique_ptr<PayloadDecoder>> decoders, std::byte* out,
-                     const MemoryOps& memory, const EnvelopeFailure& fail);
+                     std::span<const std::unique_ptr<PayloadDecoder>> decoders,
+                     std::span<const uint8_t> raw_params, std::byte* out, const MemoryOps& memory,
+                     const EnvelopeFailure& fail);
+// The same with no parameter raw by warmup.
+inline void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
+                            const EnvelopeHeader& expected, const BucketLayout& layout, int peer,
+                            std::span<const std::unique_ptr<PayloadDecoder>> decoders,
+                            std::byte* out, const MemoryOps& memory, const EnvelopeFailure& fail) {
+  decode_envelope(envelope, envelope_bytes, expected, layout, peer, decoders, {}, out, memory, fail);
+}
 
 }  // namespace ciera

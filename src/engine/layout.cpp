@@ -54,7 +54,9 @@ void BucketLayout::validate() const {
     }
   }
   for (ShardPolicy p : policy) {
-    if (p != ShardPolicy::kRaw && p != ShardPolicy::kCiera) throw ConfigError(who + ": unknown policy");
+    if (p != ShardPolicy::kRaw && p != ShardPolicy::kCiera && p != ShardPolicy::kDelta) {
+      throw ConfigError(who + ": unknown policy");
+    }
   }
 }
 

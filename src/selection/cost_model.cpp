@@ -143,11 +143,17 @@ CostModel measure_cost_model(Transport& transport, uint64_t largest_bytes, std::
   for (const DType dtype : dtypes) {
     CodecConfig config = codec;
     config.dtype = dtype;
+    config.stream_kind = StreamKind::kExponentReuse;
     const CodecThroughput local = measure_codec(config);
     // The slowest rank decides: every rank's selector must see the same numbers.
     model.throughput(dtype) = {agree_min(transport, local.detect_bytes_per_s),
                                agree_min(transport, local.encode_bytes_per_s),
                                agree_min(transport, local.decode_bytes_per_s)};
+    config.stream_kind = StreamKind::kValueDelta;
+    const CodecThroughput delta = measure_codec(config);
+    model.delta_throughput(dtype) = {agree_min(transport, delta.detect_bytes_per_s),
+                                     agree_min(transport, delta.encode_bytes_per_s),
+                                     agree_min(transport, delta.decode_bytes_per_s)};
   }
   return model;
 }

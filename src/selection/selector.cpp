@@ -11,8 +11,17 @@
 //  * The engine's compressed rounds cost one size exchange and one verdict exchange per bucket
 //    (docs/format.md, Engine protocol). A bucket whose chosen shards do not pay for them is
 //    dropped and the ranking repeated, so a budget never goes to a bucket that would run slower.
+//  * Three choices per shard (with allow_delta): raw, ciera and delta (value-delta frames, whose
+//    cache is the previous values: value_bytes per value on every rank, against one byte per
+//    value for exponents). This is a multiple-choice knapsack; its standard greedy walks each
+//    shard's upper convex hull of (memory, gain) from raw, ranking every hull step by its
+//    incremental gain per incremental byte. Ranking delta by its total gain per byte instead
+//    would leave a shard at ciera when the budget could upgrade it, or skip cheap ciera shards
+//    for one expensive delta shard. Leftover budget then goes to any upgrade that still fits
+//    (a choice off the hull, or a step the greedy had to pass over).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -41,10 +50,111 @@ size_t Selection::chosen_count() const {
 
 ShardPolicy Selection::policy(size_t bucket, size_t param) const {
   for (const ShardChoice& c : shards) {
-    if (c.shard.bucket == bucket && c.shard.param == param) return c.chosen ? ShardPolicy::kCiera : ShardPolicy::kRaw;
+    if (c.shard.bucket == bucket && c.shard.param == param) return c.policy;
   }
   return ShardPolicy::kRaw;
 }
+
+size_t Selection::count(ShardPolicy policy) const {
+  return size_t(std::count_if(shards.begin(), shards.end(), [&](const ShardChoice& c) { return c.policy == policy; }));
+}
+
+namespace {
+
+// One candidate's expected wire bytes, memory and times under one stream kind, summed or
+// maximised over ranks as ShardChoice describes. `payload_bytes(n)`: one rank's expected payload.
+template <typename PayloadBytes>
+PolicyEstimate estimate(const ShardCandidate& c, const CodecConfig& codec, const CodecThroughput& speed,
+                        const CostModel& model, double bucket_bytes, PayloadBytes&& payload_bytes) {
+  const size_t world = c.shard_values.size();
+  const double vb = dtype_info(c.dtype).value_bytes;
+  PolicyEstimate e;
+  double raw_bytes = 0;
+  uint64_t largest_shard = 0;
+  for (size_t r = 0; r < world; ++r) {
+    const uint64_t n = c.shard_values[r];
+    largest_shard = std::max(largest_shard, n);
+    raw_bytes += double(n) * vb;
+    e.expected_wire_bytes += payload_bytes(n);
+    uint64_t memory = codec_cache_bytes(codec, n, /*sender=*/true);
+    double peer_bytes = 0;
+    for (size_t p = 0; p < world; ++p) {
+      if (p == r) continue;
+      memory += codec_cache_bytes(codec, c.shard_values[p], /*sender=*/false);
+      peer_bytes += double(c.shard_values[p]) * vb;
+    }
+    e.memory_bytes = std::max(e.memory_bytes, memory);
+    if (speed.decode_bytes_per_s > 0) e.decode_s = std::max(e.decode_s, peer_bytes / speed.decode_bytes_per_s);
+  }
+  if (speed.encode_bytes_per_s > 0) e.encode_s = double(largest_shard) * vb / speed.encode_bytes_per_s;
+  const double saved_bytes = raw_bytes - e.expected_wire_bytes;
+  e.comm_saved_s = model.allgather.seconds(bucket_bytes) - model.allgather.seconds(bucket_bytes - saved_bytes);
+  return e;
+}
+
+void finish_estimate(PolicyEstimate& e, bool overlap, bool empty, const CodecThroughput& speed, DType dtype) {
+  e.gain_s = e.comm_saved_s - e.decode_s - (overlap ? 0.0 : e.encode_s);
+  e.score = e.memory_bytes ? e.gain_s / double(e.memory_bytes) : 0.0;
+  if (!e.unavailable.empty()) return;
+  if (empty) {
+    e.unavailable = "empty";
+  } else if (speed.encode_bytes_per_s <= 0 || speed.decode_bytes_per_s <= 0) {
+    e.unavailable = std::string("codec not measured for ") + std::string(dtype_name(dtype));
+  } else if (e.gain_s <= 0) {
+    e.unavailable = "no gain (" + format_seconds(e.gain_s) + ")";
+  }
+}
+
+// A shard's options as (memory, gain) points: index 0 raw, 1 ciera, 2 delta.
+struct Option {
+  ShardPolicy policy;
+  uint64_t memory_bytes;
+  double gain_s;
+};
+
+std::vector<Option> options_of(const ShardChoice& c) {
+  std::vector<Option> options = {{ShardPolicy::kRaw, 0, 0.0}};
+  if (c.reason.empty()) options.push_back({ShardPolicy::kCiera, c.memory_bytes, c.gain_s});
+  if (c.delta.unavailable.empty()) options.push_back({ShardPolicy::kDelta, c.delta.memory_bytes, c.delta.gain_s});
+  return options;
+}
+
+// One step along a shard's hull: from option `from` to option `to` (indices into its options).
+struct Step {
+  size_t shard;
+  size_t from, to;
+  uint64_t memory_bytes;  // incremental
+  double gain_s;          // incremental
+  double score() const { return memory_bytes ? gain_s / double(memory_bytes) : std::numeric_limits<double>::infinity(); }
+};
+
+// The upper convex hull of `options` from raw (index 0): from the current point, the option of
+// more memory and more gain with the steepest slope (ties: the smaller memory), until none is left.
+void hull_steps(size_t shard, const std::vector<Option>& options, std::vector<Step>& steps) {
+  size_t at = 0;
+  for (;;) {
+    size_t best = 0;
+    double best_slope = 0;
+    for (size_t i = 1; i < options.size(); ++i) {
+      if (options[i].memory_bytes < options[at].memory_bytes || options[i].gain_s <= options[at].gain_s) continue;
+      const uint64_t dm = options[i].memory_bytes - options[at].memory_bytes;
+      const double slope = dm ? (options[i].gain_s - options[at].gain_s) / double(dm) : std::numeric_limits<double>::infinity();
+      if (best == 0 || slope > best_slope ||
+          (slope == best_slope && options[i].memory_bytes < options[best].memory_bytes)) {
+        best = i;
+        best_slope = slope;
+      }
+    }
+    if (best == 0) return;
+    steps.push_back({shard, at, best, options[best].memory_bytes - options[at].memory_bytes,
+                     options[best].gain_s - options[at].gain_s});
+    at = best;
+  }
+}
+
+std::string chosen_reason(ShardPolicy policy) { return policy == ShardPolicy::kDelta ? "chosen: delta" : "chosen"; }
+
+}  // namespace
 
 Selection select_shards(std::span<const ShardCandidate> candidates, const CostModel& model,
                         const SelectorOptions& options) {
@@ -66,6 +176,10 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
                           ", outside [0, 1]");
       }
     }
+    if (std::isnan(c.delta_bits_per_value) || std::isinf(c.delta_bits_per_value)) {
+      throw ConfigError("select_shards: shard " + c.name + " has delta_bits_per_value " +
+                        std::to_string(c.delta_bits_per_value));
+    }
     buckets = std::max(buckets, c.bucket + 1);
   }
   std::vector<double> bucket_raw_bytes(buckets, 0.0);
@@ -74,77 +188,111 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
     for (const uint64_t n : c.shard_values) bucket_raw_bytes[c.bucket] += double(n) * vb;
   }
 
+  CodecConfig ciera_codec = options.codec;
+  ciera_codec.stream_kind = StreamKind::kExponentReuse;
+  CodecConfig delta_codec = options.codec;
+  delta_codec.stream_kind = StreamKind::kValueDelta;
   for (const ShardCandidate& c : candidates) {
     ShardChoice choice;
     choice.shard = c;
     const double vb = dtype_info(c.dtype).value_bytes;
-    const uint64_t all_values = std::accumulate(c.shard_values.begin(), c.shard_values.end(), uint64_t{0});
-    uint64_t largest_shard = 0;
-    for (size_t r = 0; r < world; ++r) {
-      const uint64_t n = c.shard_values[r];
-      largest_shard = std::max(largest_shard, n);
-      choice.raw_bytes += double(n) * vb;
-      choice.expected_wire_bytes +=
-          expected_payload_bytes(options.codec, c.dtype, n, c.block_change_rate, c.value_change_rate);
-      uint64_t memory = codec_cache_bytes(options.codec, n, /*sender=*/true);
-      double peer_bytes = 0;
-      for (size_t p = 0; p < world; ++p) {
-        if (p == r) continue;
-        memory += codec_cache_bytes(options.codec, c.shard_values[p], /*sender=*/false);
-        peer_bytes += double(c.shard_values[p]) * vb;
-      }
-      choice.memory_bytes = std::max(choice.memory_bytes, memory);
-      const CodecThroughput& speed = model.throughput(c.dtype);
-      if (speed.decode_bytes_per_s > 0) choice.decode_s = std::max(choice.decode_s, peer_bytes / speed.decode_bytes_per_s);
-    }
-    const CodecThroughput& speed = model.throughput(c.dtype);
-    if (speed.encode_bytes_per_s > 0) choice.encode_s = double(largest_shard) * vb / speed.encode_bytes_per_s;
+    for (const uint64_t n : c.shard_values) choice.raw_bytes += double(n) * vb;
+    const bool empty = choice.raw_bytes == 0;
     const double bucket_bytes = bucket_raw_bytes[c.bucket];
-    const double saved_bytes = choice.raw_bytes - choice.expected_wire_bytes;
-    choice.comm_saved_s = model.allgather.seconds(bucket_bytes) - model.allgather.seconds(bucket_bytes - saved_bytes);
-    choice.gain_s = choice.comm_saved_s - choice.decode_s - (options.overlap ? 0.0 : choice.encode_s);
-    choice.score = choice.memory_bytes ? choice.gain_s / double(choice.memory_bytes) : 0.0;
-    if (all_values == 0) {
-      choice.reason = "empty";
-    } else if (speed.encode_bytes_per_s <= 0 || speed.decode_bytes_per_s <= 0) {
-      choice.reason = std::string("codec not measured for ") + std::string(dtype_name(c.dtype));
-    } else if (choice.gain_s <= 0) {
-      choice.reason = "no gain (" + format_seconds(choice.gain_s) + ")";
+
+    ciera_codec.dtype = c.dtype;
+    PolicyEstimate ciera = estimate(c, ciera_codec, model.throughput(c.dtype), model, bucket_bytes, [&](uint64_t n) {
+      return expected_payload_bytes(options.codec, c.dtype, n, c.block_change_rate, c.value_change_rate);
+    });
+    finish_estimate(ciera, options.overlap, empty, model.throughput(c.dtype), c.dtype);
+    choice.expected_wire_bytes = ciera.expected_wire_bytes;
+    choice.comm_saved_s = ciera.comm_saved_s;
+    choice.encode_s = ciera.encode_s;
+    choice.decode_s = ciera.decode_s;
+    choice.gain_s = ciera.gain_s;
+    choice.memory_bytes = ciera.memory_bytes;
+    choice.score = ciera.score;
+    choice.reason = ciera.unavailable;
+
+    if (!options.allow_delta) {
+      choice.delta.unavailable = "delta not allowed";
+    } else {
+      delta_codec.dtype = c.dtype;
+      const CodecThroughput& speed = model.delta_throughput(c.dtype);
+      choice.delta = estimate(c, delta_codec, speed, model, bucket_bytes, [&](uint64_t n) {
+        return expected_delta_payload_bytes(n, c.delta_bits_per_value);
+      });
+      if (c.delta_bits_per_value < 0) choice.delta.unavailable = "value changes not measured";
+      finish_estimate(choice.delta, options.overlap, empty, speed, c.dtype);
     }
     selection.shards.push_back(std::move(choice));
   }
 
-  // Rank the profitable shards by gain per byte of cache; ties by (bucket, param).
-  std::vector<size_t> order;
+  // Every shard's hull steps, ranked by incremental gain per incremental byte; ties by
+  // (bucket, param), then along the hull.
+  std::vector<std::vector<Option>> shard_options;
+  std::vector<Step> steps;
   for (size_t i = 0; i < selection.shards.size(); ++i) {
-    if (selection.shards[i].reason.empty()) order.push_back(i);
+    shard_options.push_back(options_of(selection.shards[i]));
+    hull_steps(i, shard_options.back(), steps);
   }
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const ShardChoice& x = selection.shards[a];
-    const ShardChoice& y = selection.shards[b];
-    if (x.score != y.score) return x.score > y.score;
-    if (x.shard.bucket != y.shard.bucket) return x.shard.bucket < y.shard.bucket;
-    return x.shard.param < y.shard.param;
+  std::stable_sort(steps.begin(), steps.end(), [&](const Step& x, const Step& y) {
+    if (x.score() != y.score()) return x.score() > y.score();
+    const ShardCandidate& a = selection.shards[x.shard].shard;
+    const ShardCandidate& b = selection.shards[y.shard].shard;
+    if (a.bucket != b.bucket) return a.bucket < b.bucket;
+    return a.param < b.param;
   });
+  // Upgrades off the ranking, tried in the same shard order.
+  std::vector<size_t> shard_order;
+  for (const Step& s : steps) {
+    if (s.from == 0) shard_order.push_back(s.shard);
+  }
+
   const double round_overhead_s = compressed_round_overhead_s(model);
   std::vector<bool> bucket_dropped(buckets, false);
   for (;;) {
     uint64_t used = 0;
+    std::vector<size_t> at(selection.shards.size(), 0);  // the option each shard holds
+    for (const Step& s : steps) {
+      const ShardChoice& c = selection.shards[s.shard];
+      if (bucket_dropped[c.shard.bucket] || at[s.shard] != s.from) continue;
+      if (s.memory_bytes > options.cache_budget_bytes - used) continue;  // and its later steps
+      used += s.memory_bytes;
+      at[s.shard] = s.to;
+    }
+    for (const size_t i : shard_order) {
+      if (bucket_dropped[selection.shards[i].shard.bucket]) continue;
+      const std::vector<Option>& o = shard_options[i];
+      size_t best = at[i];
+      for (size_t k = 1; k < o.size(); ++k) {
+        if (o[k].gain_s > o[best].gain_s && o[k].memory_bytes >= o[at[i]].memory_bytes &&
+            o[k].memory_bytes - o[at[i]].memory_bytes <= options.cache_budget_bytes - used) {
+          best = k;
+        }
+      }
+      used += o[best].memory_bytes - o[at[i]].memory_bytes;
+      at[i] = best;
+    }
+
     std::vector<double> bucket_gain(buckets, 0.0);
     std::vector<bool> bucket_chosen(buckets, false);
-    for (const size_t i : order) {
+    for (size_t i = 0; i < selection.shards.size(); ++i) {
       ShardChoice& c = selection.shards[i];
-      c.chosen = false;
+      const Option& o = shard_options[i][at[i]];
+      c.policy = o.policy;
+      c.chosen = o.policy != ShardPolicy::kRaw;
+      c.chosen_memory_bytes = o.memory_bytes;
+      c.chosen_gain_s = o.gain_s;
+      if (shard_options[i].size() == 1) continue;  // no option: its reason says why
       if (bucket_dropped[c.shard.bucket]) {
         c.reason = "bucket gain below its round overhead (" + format_seconds(round_overhead_s) + ")";
-      } else if (c.memory_bytes > options.cache_budget_bytes - used) {
-        c.reason = "over budget";
-      } else {
-        c.chosen = true;
-        c.reason = "chosen";
-        used += c.memory_bytes;
-        bucket_gain[c.shard.bucket] += c.gain_s;
+      } else if (c.chosen) {
+        c.reason = chosen_reason(c.policy);
+        bucket_gain[c.shard.bucket] += o.gain_s;
         bucket_chosen[c.shard.bucket] = true;
+      } else {
+        c.reason = "over budget";
       }
     }
     bool dropped_any = false;
