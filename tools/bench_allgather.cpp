@@ -1,7 +1,10 @@
 // `ciera bench allgather`: the compressed allgather engine against plain MPI_Allgatherv of the
 // same inputs, in the same run, over W ranks (optionally through the link lab's shaped links).
-// Every step checks the engine's output against the raw result byte for byte on every rank and
-// sums the wrong elements over ranks, as nccl-tests does.
+// `ciera bench broadcast`: the same for a weight broadcast (one rank's buffers to all others,
+// as a trainer sends each step's weights to replicas that keep the last ones) against
+// MPI_Bcast: the engine gathers a bucket that only the root holds values of. Every step checks
+// the engine's output against the raw result byte for byte on every rank and sums the wrong
+// elements over ranks, as nccl-tests does.
 //
 // Run without MPI around it, the command launches itself: under mpirun, or under
 // scripts/linklab.sh when --link-gbit is given. Parse (every option checked, before any rank is
@@ -68,6 +71,8 @@ struct Options {
   bool child = false;
   std::string device = "cpu";
   std::string sizes;  // --device cuda
+  bool broadcast = false;  // `ciera bench broadcast`
+  int root = 0;
 };
 
 struct Request {
@@ -105,8 +110,10 @@ Request parse(const Options& o, const std::string& command) {
   codec.dtype = r.dtype;
   codec.block_values = o.block;
   codec.validate();
-  require(o.codec == "raw" || o.codec == "ciera" || o.codec == "auto",
-          "--codec must be raw, ciera or auto");
+  require(o.codec == "raw" || o.codec == "ciera" || o.codec == "auto" || o.codec == "delta",
+          "--codec must be raw, ciera, auto or delta");
+  require(!o.broadcast || (o.root >= 0 && o.root < o.ranks),
+          "--root " + std::to_string(o.root) + " is not a rank of " + std::to_string(o.ranks));
   require(std::isfinite(o.lr) && o.lr > 0, "--lr must be a finite number > 0");
   require(std::isfinite(o.timeout_s) && o.timeout_s > 0, "--timeout must be a number of seconds > 0");
   require(std::isfinite(o.link_gbit) && o.link_gbit >= 0, "--link-gbit must be >= 0");
@@ -200,16 +207,28 @@ T reduce_over_ranks(T mine, MPI_Datatype type, MPI_Op op) {
 
 double max_over_ranks(double mine) { return reduce_over_ranks(mine, MPI_DOUBLE, MPI_MAX); }
 
-// The model: `buckets` layers of equal size, each one flat parameter sharded FSDP-style.
+// The model: `buckets` layers of equal size, each one flat parameter sharded FSDP-style, or for
+// a broadcast held whole by the root (the other ranks hold none of it: an allgather of such a
+// bucket is a broadcast).
 std::vector<BucketLayout> make_layouts(const Request& r, int world) {
   const Options& o = r.options;
   std::vector<BucketLayout> layouts;
   const uint64_t per_bucket = o.params / o.buckets;
-  const ShardPolicy policy = o.codec == "raw" ? ShardPolicy::kRaw : ShardPolicy::kCiera;
+  const ShardPolicy policy = o.codec == "auto" ? ShardPolicy::kCiera : parse_shard_policy(o.codec);
   for (uint32_t b = 0; b < o.buckets; ++b) {
-    layouts.push_back(BucketLayout::fsdp_split("layer" + std::to_string(b), r.dtype,
-                                               {b + 1 == o.buckets ? o.params - per_bucket * b : per_bucket},
-                                               world, policy));
+    const std::string name = "layer" + std::to_string(b);
+    const uint64_t values = b + 1 == o.buckets ? o.params - per_bucket * b : per_bucket;
+    if (!o.broadcast) {
+      layouts.push_back(BucketLayout::fsdp_split(name, r.dtype, {values}, world, policy));
+      continue;
+    }
+    BucketLayout l;
+    l.name = name;
+    l.dtype = r.dtype;
+    l.shard_values.assign(static_cast<size_t>(world), {0});
+    l.shard_values[static_cast<size_t>(o.root)] = {values};
+    l.policy = {policy};
+    layouts.push_back(std::move(l));
   }
   return layouts;
 }
@@ -284,16 +303,29 @@ class AllgatherBench {
     for (auto& s : shards_) s->step();
   }
 
-  // Raw baseline: nonblocking MPI_Allgatherv of every bucket, then wait for all.
+  // Raw baseline: nonblocking MPI_Allgatherv (or MPI_Ibcast) of every bucket, then wait for all.
   double gather_raw() {
+    const bool broadcast = request_.options.broadcast;
+    const int root = request_.options.root;
+    if (broadcast && rank_ == root) {
+      // The root broadcasts from the buffer it holds its weights in.
+      for (size_t b = 0; b < layouts_.size(); ++b) {
+        std::memcpy(raw_out_[b].data(), shards_[b]->values().data(), raw_out_[b].size());
+      }
+    }
     barrier();
     Stopwatch raw_clock;
     std::vector<MPI_Request> requests(layouts_.size());
     for (size_t b = 0; b < layouts_.size(); ++b) {
-      MPI_Iallgatherv(shards_[b]->values().data(), counts_[b][rank_], MPI_BYTE, raw_out_[b].data(),
-                      counts_[b].data(), displs_[b].data(), MPI_BYTE, MPI_COMM_WORLD, &requests[b]);
+      if (broadcast) {
+        MPI_Ibcast(raw_out_[b].data(), counts_[b][root], MPI_BYTE, root, MPI_COMM_WORLD, &requests[b]);
+      } else {
+        MPI_Iallgatherv(shards_[b]->values().data(), counts_[b][rank_], MPI_BYTE, raw_out_[b].data(),
+                        counts_[b].data(), displs_[b].data(), MPI_BYTE, MPI_COMM_WORLD, &requests[b]);
+      }
     }
-    wait_all(requests, "MPI_Iallgatherv (the plain MPI baseline)");
+    wait_all(requests, broadcast ? "MPI_Ibcast (the plain MPI baseline)"
+                                 : "MPI_Iallgatherv (the plain MPI baseline)");
     return max_over_ranks(raw_clock.seconds());
   }
 
@@ -343,7 +375,7 @@ AllgatherResult measure(const Request& r, int rank, int world) {
   AllgatherResult result;
   result.world = world;
   result.raw_bytes = bench.raw_bytes();
-  Progress progress("bench allgather", o.steps, rank == 0 && !o.quiet);
+  Progress progress(o.broadcast ? "bench broadcast" : "bench allgather", o.steps, rank == 0 && !o.quiet);
   for (uint32_t step = 0; step < o.steps; ++step) {
     if (step > 0) bench.advance();
     StepTimes t;
@@ -376,14 +408,18 @@ nlohmann::json allgather_json(const Request& r, const AllgatherResult& result) {
   const double raw_bytes = static_cast<double>(result.raw_bytes);
   const double algbw = raw_bytes / (ciera_ms / 1e3) / 1e9;
   const double raw_algbw = raw_bytes / (raw_ms / 1e3) / 1e9;
-  const double bus = static_cast<double>(result.world - 1) / result.world;
+  // nccl-tests' bus bandwidth: (W-1)/W of the algorithm bandwidth for an allgather, all of it
+  // for a broadcast.
+  const double bus = o.broadcast ? 1.0 : static_cast<double>(result.world - 1) / result.world;
   nlohmann::json j;
   j["command"] = r.command;
   j["machine"] = machine_description();
   j["config"] = {{"ranks", result.world},   {"params", o.params},   {"dtype", o.dtype},
                  {"steps", o.steps},        {"warmup", o.warmup},   {"buckets", o.buckets},
                  {"block", o.block},        {"codec", o.codec},     {"link_gbit", o.link_gbit},
-                 {"delay_ms", o.delay_ms},  {"threads", o.threads}, {"transport", "mpi"}};
+                 {"delay_ms", o.delay_ms},  {"threads", o.threads}, {"transport", "mpi"},
+                 {"collective", o.broadcast ? "broadcast" : "allgather"}};
+  if (o.broadcast) j["config"]["root"] = o.root;
   j["raw_ms"] = raw_ms;
   j["ciera_ms"] = ciera_ms;
   j["speedup"] = raw_ms / ciera_ms;
@@ -409,15 +445,16 @@ void print_report(const Request& r, const nlohmann::json& j, std::ostream& out) 
   const double raw_ms = j["raw_ms"].get<double>(), ciera_ms = j["ciera_ms"].get<double>();
   const double raw_algbw = j["raw_algbw_GBps"].get<double>(), algbw = j["algbw_GBps"].get<double>();
   const int world = j["config"]["ranks"].get<int>();
-  const double bus = static_cast<double>(world - 1) / world;
+  const double bus = o.broadcast ? 1.0 : static_cast<double>(world - 1) / world;
   const uint64_t raw_bytes = j["bytes_raw"].get<uint64_t>();
   const double wire = j["bytes_wire"].get<double>();
-  out << "ciera bench allgather: " << world << " ranks, " << o.params << " " << o.dtype << " params in "
+  out << (o.broadcast ? "ciera bench broadcast (root " + std::to_string(o.root) + "): " : std::string("ciera bench allgather: "))
+      << world << " ranks, " << o.params << " " << o.dtype << " params in "
       << o.buckets << " buckets, " << o.steps << " steps (" << o.warmup << " warmup), links "
       << (o.link_gbit > 0 ? fixed(o.link_gbit, 2) + " Gbit/s (link lab)" : std::string(o.link_lab ? "unshaped (link lab)" : "unshaped (mpirun on one host)"))
       << "\nmachine: " << j["machine"].get<std::string>() << "\n\n";
   Table t({"", "time/step (ms)", "wire bytes", "algbw GB/s", "busbw GB/s"});
-  t.add({"MPI_Allgatherv (raw)", fixed(raw_ms, 2), std::to_string(raw_bytes), fixed(raw_algbw, 3), fixed(raw_algbw * bus, 3)});
+  t.add({o.broadcast ? "MPI_Bcast (raw)" : "MPI_Allgatherv (raw)", fixed(raw_ms, 2), std::to_string(raw_bytes), fixed(raw_algbw, 3), fixed(raw_algbw * bus, 3)});
   t.add({"CIERA engine (" + o.codec + ")", fixed(ciera_ms, 2), fixed(wire, 0), fixed(algbw, 3), fixed(algbw * bus, 3)});
   out << t.render() << "\n"
       << "speedup " << fixed(raw_ms / ciera_ms, 3) << "x, wire ratio " << fixed(raw_bytes / wire, 3)
@@ -500,9 +537,10 @@ int run_cuda(const Options& o, const std::string& command) {
 
 }  // namespace
 
-void register_bench_allgather(CLI::App& bench, const std::string& command, int argc, char** argv) {
-  auto o = std::make_shared<Options>();
-  CLI::App* cmd = bench.add_subcommand("allgather", "Compressed allgather engine vs MPI_Allgatherv, verified every step");
+namespace {
+
+// The options `bench allgather` and `bench broadcast` share.
+void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
   cmd->add_option("--ranks", o->ranks, "ranks (processes)")->capture_default_str();
   cmd->add_option("--params", o->params, "parameters in the model")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "bf16 | fp16 | fp32")->capture_default_str();
@@ -514,7 +552,8 @@ void register_bench_allgather(CLI::App& bench, const std::string& command, int a
   cmd->add_option("--delay-ms", o->delay_ms, "one-way link delay in the link lab")->capture_default_str();
   cmd->add_flag("--link-lab", o->link_lab, "run in the link lab even without shaping (TCP over veth)");
   cmd->add_option("--codec", o->codec,
-                  "engine: raw (no coding), ciera (always), auto (per bucket, whichever is faster here)")
+                  "engine: raw (no coding), ciera (exponent reuse, always), auto (per bucket, whichever "
+                  "is faster here), delta (value-delta frames: receivers keep the previous values)")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "engine worker threads per rank")->capture_default_str();
   cmd->add_option("--lr", o->lr, "Adam learning rate of the trajectory")->capture_default_str();
@@ -523,6 +562,22 @@ void register_bench_allgather(CLI::App& bench, const std::string& command, int a
   cmd->add_flag("--json", o->json, "print one JSON object (rank 0)");
   cmd->add_flag("--quiet", o->quiet, "no progress output");
   cmd->add_flag("--child", o->child, "internal: this process is one launched rank")->group("");
+}
+
+// Checks the options, then (from the command line) launches the ranks, or (as one of them) runs.
+[[noreturn]] void run_cpu(const std::shared_ptr<Options>& o, const std::string& command, int argc, char** argv) {
+  Request request = parse(*o, command);
+  if (!o->child && !under_mpi()) launch(*o, argc, argv);
+  apply_link_lab_environment(request.options);
+  throw CommandExit(run_rank(request));
+}
+
+}  // namespace
+
+void register_bench_allgather(CLI::App& bench, const std::string& command, int argc, char** argv) {
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand("allgather", "Compressed allgather engine vs MPI_Allgatherv, verified every step");
+  add_options(cmd, o);
   cmd->add_option("--device", o->device,
                   "cpu (ranks are MPI processes) | cuda (ranks are threads on the GPUs, over NCCL)")
       ->capture_default_str();
@@ -530,11 +585,19 @@ void register_bench_allgather(CLI::App& bench, const std::string& command, int a
   cmd->callback([o, command, argc, argv]() {
     if (o->device == "cuda") throw CommandExit(run_cuda(*o, command));
     if (o->device != "cpu") throw ConfigError("--device must be cpu or cuda, not '" + o->device + "'");
-    Request request = parse(*o, command);
-    if (!o->child && !under_mpi()) launch(*o, argc, argv);
-    apply_link_lab_environment(request.options);
-    throw CommandExit(run_rank(request));
+    run_cpu(o, command, argc, argv);
   });
+}
+
+void register_bench_broadcast(CLI::App& bench, const std::string& command, int argc, char** argv) {
+  auto o = std::make_shared<Options>();
+  o->broadcast = true;
+  o->codec = "delta";
+  CLI::App* cmd = bench.add_subcommand(
+      "broadcast", "Weight broadcast from one rank through the engine vs MPI_Bcast, verified every step");
+  add_options(cmd, o);
+  cmd->add_option("--root", o->root, "the rank whose weights are broadcast")->capture_default_str();
+  cmd->callback([o, command, argc, argv]() { run_cpu(o, command, argc, argv); });
 }
 
 }  // namespace ciera::tools

@@ -18,6 +18,7 @@ struct CommandExit {
 
 void register_bench_codec(CLI::App& bench, const std::string& command);
 void register_bench_allgather(CLI::App& bench, const std::string& command, int argc, char** argv);
+void register_bench_broadcast(CLI::App& bench, const std::string& command, int argc, char** argv);
 void register_analyze(CLI::App& app, const std::string& command);
 void register_simulate(CLI::App& app, const std::string& command);
 

@@ -22,12 +22,23 @@ def _as_tensor(view: memoryview) -> torch.Tensor:
         return torch.frombuffer(view, dtype=torch.uint8)
 
 
-def _padded_allgatherv(all_gather, inp: torch.Tensor, out: torch.Tensor, counts, displs, rank: int) -> None:
+def _padded_allgatherv(all_gather, inp: torch.Tensor, out: torch.Tensor, counts, displs, rank: int,
+                       broadcast=None) -> None:
     """An allgatherv from a collective that has none (gloo, NCCL through torch): every rank's bytes
     padded to the largest count, one `all_gather(recv, send)`, then each rank's part copied to its
-    place in `out` (on the device `inp` and `out` are on)."""
+    place in `out` (on the device `inp` and `out` are on). When only one rank sends anything (a
+    weight broadcast through the engine, ciera.broadcast), `broadcast(tensor, src)` moves its
+    bytes once instead of every rank sending that many."""
     largest = max(counts)
     if largest == 0:
+        return
+    senders = [r for r, c in enumerate(counts) if c > 0]
+    if broadcast is not None and len(senders) == 1:
+        src = senders[0]
+        part = out[displs[src] : displs[src] + counts[src]]
+        if rank == src:
+            part.copy_(inp)
+        broadcast(part, src)
         return
     send = torch.zeros(largest, dtype=torch.uint8, device=out.device)
     send[: counts[rank]] = inp
@@ -54,7 +65,9 @@ class TorchTransport:
 
     def allgatherv(self, inp: memoryview, out: memoryview, counts, displs) -> None:
         _padded_allgatherv(lambda recv, send: dist.all_gather_into_tensor(recv, send, group=self.group),
-                           _as_tensor(inp), _as_tensor(out), counts, displs, self.rank)
+                           _as_tensor(inp), _as_tensor(out), counts, displs, self.rank,
+                           broadcast=lambda tensor, src: dist.broadcast(
+                               tensor, src=dist.get_global_rank(self.group, src), group=self.group))
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)

@@ -1,0 +1,80 @@
+"""ciera.broadcast: one rank's tensors to the others in value-delta frames, bit for bit."""
+
+import pytest
+
+from conftest import spawn, torch
+
+import ciera
+import ciera.broadcast  # noqa: F401  (the submodule)
+
+
+def _weights(step: int, dtype):
+    """The root's tensors at `step`: weights that move a little every step, plus special values."""
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(5003, generator=g) * 0.02
+    drift = torch.randn(5003, generator=g) * 1e-5   # Adam-like steps: a fraction of a BF16 ulp
+    w = (base + step * drift).to(dtype)
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1e-40], dtype=torch.float32)
+    w[:6] = specials.to(dtype)
+    # The second tensor jumps every step (doubling, sign flips): exact all the same.
+    jumping = base[:777] * (1 + step) * (-1) ** step
+    return [w, jumping.to(dtype).reshape(7, 111)]
+
+
+def broadcast_rounds(rank, world, policy, root, steps):
+    dtypes = [torch.bfloat16, torch.float32, torch.float16]
+    tensors = []
+    for dtype in dtypes:
+        tensors += [torch.full_like(t, 3.0) for t in _weights(0, dtype)]
+    bcast = ciera.broadcast.Broadcaster(tensors, root=root, policy=policy)
+    wire, raw = [], []
+    try:
+        for step in range(steps):
+            if rank == root:
+                fresh = [t for dtype in dtypes for t in _weights(step, dtype)]
+                for t, f in zip(tensors, fresh):
+                    t.copy_(f)
+            stats = bcast.broadcast()
+            wire.append(stats.wire_bytes)
+            raw.append(stats.raw_bytes)
+            expected = [t for dtype in dtypes for t in _weights(step, dtype)]
+            for t, e in zip(tensors, expected):
+                assert torch.equal(t.view(torch.uint8), e.view(torch.uint8)), f"step {step}: not bit-exact"
+        cache = bcast.cache_bytes
+    finally:
+        bcast.close()
+    return {"wire": wire, "raw": raw, "cache": cache}
+
+
+def _policies():
+    return ["delta", "ciera", "raw"] if hasattr(ciera.ShardPolicy, "delta") else ["ciera", "raw"]
+
+
+@pytest.mark.parametrize("policy", _policies())
+def test_broadcast_is_bit_exact_and_small(policy):
+    results = spawn(broadcast_rounds, 3, policy, 1, 6)
+    assert all(status == "ok" for status, _ in results.values()), results
+    wire, raw = results[0][1]["wire"], results[0][1]["raw"]
+    if policy == "delta":
+        # After the first (key) frames, the differences of weights that barely move are small:
+        # BF16's and FP16's a fraction of a bit per value, FP32's (half of the raw bytes, and
+        # thousands of its ulps per step) about half its raw bits; the jumping tensor's are key
+        # frames.
+        assert max(wire[1:]) < raw[0] / 2, wire
+    if policy == "raw":
+        assert results[0][1]["cache"] == 0
+
+
+def bad_root(rank, world):
+    with pytest.raises(ValueError, match="root 5"):
+        ciera.broadcast.Broadcaster([torch.zeros(4)], root=5)
+    with pytest.raises(ValueError, match="policy"):
+        ciera.broadcast.Broadcaster([torch.zeros(4)], root=0, policy="zstd")
+    with pytest.raises(ciera.ConfigError, match="int64"):
+        ciera.broadcast.Broadcaster([torch.zeros(4, dtype=torch.int64)], root=0)
+    return True
+
+
+def test_broadcast_rejects_bad_arguments():
+    results = spawn(bad_root, 2)
+    assert all(status == "ok" for status, _ in results.values()), results
