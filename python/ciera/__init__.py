@@ -2,7 +2,8 @@
 
 All algorithmic work happens in the C++ library (``ciera._ext``); this package is the binding,
 the PyTorch FSDP2 integration (:mod:`ciera.torch`, implemented in :mod:`ciera.fsdp`) and the
-training harness (:mod:`ciera.train`).
+training harness (:mod:`ciera.train`); ZeRO-1/2 parameter sync through CIERA is
+:mod:`ciera.zero` (imported on its own: it needs torch, this package does not).
 
 The codec itself, over NumPy arrays, bytes-like objects or CPU tensors::
 

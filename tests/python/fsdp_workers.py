@@ -219,10 +219,12 @@ def slow_link_model(world):
     fast.detect_bytes_per_s = fast.encode_bytes_per_s = fast.decode_bytes_per_s = 1e10
     for dtype in (ciera._ext.DType.bf16, ciera._ext.DType.fp16, ciera._ext.DType.fp32):
         model.set_throughput(dtype, fast)
+        model.set_delta_throughput(dtype, fast)
     return model
 
 
-def selection_vs_plain(rank, world, budget_bytes, reselect_every=0, overlap=True, measured=False):
+def selection_vs_plain(rank, world, budget_bytes, reselect_every=0, overlap=True, measured=False,
+                       allow_delta=False):
     """Trains with the benefit-driven selector under a budget; compares with plain FSDP2."""
     corpus = data.load_corpus(1 << 20)
     spec = tiny_spec("olmoe")
@@ -235,7 +237,7 @@ def selection_vs_plain(rank, world, budget_bytes, reselect_every=0, overlap=True
     config.warmup_steps = 0
     handle = ct.enable(model, config, verify=True, overlap=overlap, cache_budget_bytes=budget_bytes,
                        select_after_steps=3, reselect_every=reselect_every,
-                       cost_model=None if measured else slow_link_model(world))
+                       cost_model=None if measured else slow_link_model(world), allow_delta=allow_delta)
     peak = []
     losses = train(model, rank, 10, corpus, before_step=lambda step: peak.append(handle.cache_bytes))
     peak.append(handle.cache_bytes)
@@ -246,6 +248,8 @@ def selection_vs_plain(rank, world, budget_bytes, reselect_every=0, overlap=True
         "peak_cache_bytes": max(peak),
         "selected_cache_bytes": selection.cache_bytes,
         "chosen": sorted(s.name for s in shards if s.chosen),
+        "delta": sorted(s.name for s in shards if s.policy == ciera.ShardPolicy.delta),
+        "chosen_memory_bytes": sum(s.chosen_memory_bytes for s in shards),
         "types": sorted({s.type for s in shards if s.chosen}),
         "selections": selector.history,
         "gain_s": selection.gain_s,

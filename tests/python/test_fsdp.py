@@ -78,6 +78,20 @@ def test_selection_respects_the_budget_and_stays_exact(budget):
     assert len({tuple(r["chosen"]) for r in results}) == 1     # every rank chose the same
 
 
+@pytest.mark.parametrize("budget", [20_000, 10**12])
+def test_selection_with_delta_chooses_three_ways_within_the_budget_and_stays_exact(budget):
+    results = all_ok(spawn(w.selection_vs_plain, 2, budget, 0, True, False, True))
+    for r in results:
+        assert r["losses_equal"] and r["params_equal"] and r["wrong_bytes"] == 0, r
+        assert r["peak_cache_bytes"] <= r["selected_cache_bytes"] <= budget, r
+        assert r["selected_cache_bytes"] == r["chosen_memory_bytes"], r
+        assert r["compressed_gathers"] > 0 and r["wire_bytes"] < r["raw_bytes"], r
+    if budget == 10**12:
+        # Unlimited cache on a slow link: value-delta frames are the smallest for training weights.
+        assert results[0]["delta"], results[0]
+    assert len({(tuple(r["chosen"]), tuple(r["delta"])) for r in results}) == 1
+
+
 def test_a_smaller_budget_selects_a_subset():
     small = all_ok(spawn(w.selection_vs_plain, 2, 20_000))[0]["chosen"]
     large = all_ok(spawn(w.selection_vs_plain, 2, 10**12))[0]["chosen"]

@@ -107,7 +107,7 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 
 def _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps,
-                     reselect_every, cost_model) -> None:
+                     reselect_every, cost_model, allow_delta=False) -> None:
     """enable()'s arguments, each on its own and together: TypeError or ValueError naming the
     argument and its value, before anything is set up."""
     def count(name, value, allow_none=False):
@@ -133,7 +133,7 @@ def _check_arguments(model, config, transport, policy, cache_budget_bytes, selec
     count("reselect_every", reselect_every)
     if cache_budget_bytes is None:
         for name, value in (("select_after_steps", select_after_steps), ("cost_model", cost_model),
-                            ("reselect_every", reselect_every or None)):
+                            ("reselect_every", reselect_every or None), ("allow_delta", allow_delta or None)):
             if value is not None:
                 raise ValueError(f"enable(): {name}={value!r} is for the selector; it needs cache_budget_bytes")
     elif policy is not None:
@@ -143,7 +143,7 @@ def _check_arguments(model, config, transport, policy, cache_budget_bytes, selec
 def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, process_group=None,
            transport: str = "torch", verify: bool = False, policy=None,
            cache_budget_bytes: int | None = None, select_after_steps: int | None = None,
-           reselect_every: int = 0, overlap: bool = True, cost_model=None) -> Handle:
+           reselect_every: int = 0, overlap: bool = True, cost_model=None, allow_delta: bool = False) -> Handle:
     """Routes every FSDP2 parameter group's all-gather of `model` through CIERA.
 
     Collective: every rank calls it with the same model structure and configuration (checked;
@@ -161,7 +161,11 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     time than it costs, ranked by gain per byte of cache, go through CIERA until the budget (per
     rank, bytes of codec state) is used. `reselect_every` > 0 re-runs the selection every that
     many steps on fresh statistics (results stay exact: a switched shard restarts with a key
-    frame).
+    frame). With `allow_delta`, a parameter may also go in value-delta frames (ShardPolicy.delta:
+    its receivers keep its previous values, two bytes per BF16 value, and take the exact
+    step-to-step differences; the backward re-gather of an unchanged layer is then nearly free):
+    the selector ranks raw, exponent reuse and delta by gain per byte of cache, and the warmup
+    also keeps each shard's previous values to measure what delta frames would cost.
 
     With `overlap` (CCP, paper §3.3), a gather is handed back to FSDP in flight: encoding,
     exchange and decoding run on the engine's threads while the previous module computes
@@ -173,7 +177,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     A bad argument raises TypeError or ValueError before anything is set up, and so does a model
     whose all-gathers already go through CIERA (enabled and not disabled)."""
     _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps, reselect_every,
-                     cost_model)
+                     cost_model, allow_delta)
     selecting = cache_budget_bytes is not None
     config = config or _ext.EngineConfig()
     described = describe_buckets(model)
@@ -205,7 +209,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     if selecting:
         after = config.warmup_steps if select_after_steps is None else select_after_steps
         runtime.selector = Selector(runtime, cost_model, int(cache_budget_bytes), after, reselect_every,
-                                    overlap, config.codec, process_group)
+                                    overlap, config.codec, process_group, allow_delta=bool(allow_delta))
         # Prepended: the step must be counted before FSDP's own pre-forward hook gathers the root.
         hook = model.register_forward_pre_hook(runtime.selector.on_step, prepend=True)
     return Handle(runtime, hook)

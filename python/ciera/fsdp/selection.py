@@ -16,14 +16,16 @@ def shard_type(name: str) -> str:
 
 
 class Selector:
-    """Chooses which parameters go through exponent reuse on every rank alike: warmup statistics
-    (q_i, the block change rate of each parameter's shards, measured in C++ on the shards about to
-    be gathered), a cost model measured at enable() on the same transport, and a cache budget.
-    Training steps are counted by a forward pre-hook on the root module (training mode only);
-    each bucket's first gather of a step is observed."""
+    """Chooses how each parameter travels on every rank alike: raw or exponent reuse, or with
+    `allow_delta` also value-delta frames (the receivers keep the previous values), from warmup
+    statistics (q_i, the block change rate of each parameter's shards, and with `allow_delta` the
+    estimated size of its value-delta frames, measured in C++ on the shards about to be gathered),
+    a cost model measured at enable() on the same transport, and a cache budget. Training steps are
+    counted by a forward pre-hook on the root module (training mode only); each bucket's first
+    gather of a step is observed."""
 
     def __init__(self, runtime, cost_model, budget_bytes: int, select_after: int,
-                 reselect_every: int, overlap: bool, codec, group=None):
+                 reselect_every: int, overlap: bool, codec, group=None, allow_delta: bool = False):
         self.runtime = runtime
         self.cost_model = cost_model
         self.budget_bytes = budget_bytes
@@ -32,7 +34,8 @@ class Selector:
         self.overlap = overlap
         self.codec = codec
         self.group = group
-        self.tracker = ExponentTracker(runtime.buckets, codec.block_values)
+        self.allow_delta = allow_delta
+        self.tracker = ExponentTracker(runtime.buckets, codec.block_values, track_values=allow_delta)
         self.step = 0
         self.policies = {(b.index, k): _ext.ShardPolicy.raw for b in runtime.buckets for k in range(len(b.params))}
         self.selection: _ext.Selection | None = None   # the latest
@@ -69,6 +72,9 @@ class Selector:
                 # No statistics yet: assume every block changes, so nothing is selected blindly.
                 c.block_change_rate = counts.block_change_rate if counts.observations else 1.0
                 c.value_change_rate = counts.value_change_rate if counts.observations else 1.0
+                # -1: not measured, so delta is not considered for it.
+                c.delta_bits_per_value = (counts.delta_bits_per_value
+                                          if self.allow_delta and counts.observations else -1.0)
                 out.append(c)
         return out
 
@@ -89,6 +95,7 @@ class Selector:
         self.carried = None
         self.selection_step = self.step - 1
         self.history.append({"step": self.selection_step, "chosen": selection.chosen_count(),
+                             "delta": selection.count(_ext.ShardPolicy.delta),
                              "cache_bytes": selection.cache_bytes})
         return selection
 
@@ -98,10 +105,11 @@ class Selector:
         options.cache_budget_bytes = self.budget_bytes
         options.overlap = self.overlap
         options.codec = self.codec
+        options.allow_delta = self.allow_delta
         selection = _ext.select_shards(self.candidates(merged), self.cost_model, options)
         for shard in selection.shards:
             key = (shard.bucket, shard.param)
-            wanted = _ext.ShardPolicy.ciera if shard.chosen else _ext.ShardPolicy.raw
+            wanted = shard.policy
             if self.policies[key] != wanted:
                 self.runtime.engine.set_policy(key[0], key[1], wanted)
                 self.policies[key] = wanted
@@ -143,7 +151,8 @@ class Selector:
 
 
 def _counts(fields: tuple) -> _ext.ShardChangeCounts:
-    """ShardChangeCounts from its five counts (its pickled form)."""
+    """ShardChangeCounts from its counts (its pickled form: seven, or five from before value-delta
+    frames)."""
     counts = _ext.ShardChangeCounts.__new__(_ext.ShardChangeCounts)
     counts.__setstate__(fields)
     return counts
@@ -154,15 +163,16 @@ def selection_table(selection: _ext.Selection) -> str:
     by_type: dict[str, list] = {}
     for s in selection.shards:
         by_type.setdefault(s.type, []).append(s)
-    lines = [f"{'shard type':<12} {'shards':>6} {'chosen':>6} {'values chg':>10} {'blocks chg':>10} "
+    lines = [f"{'shard type':<12} {'shards':>6} {'chosen':>6} {'delta':>5} {'values chg':>10} {'blocks chg':>10} "
              f"{'gain/gather':>12} {'cache':>10}"]
     for kind, shards in sorted(by_type.items()):
         chosen = [s for s in shards if s.chosen]
+        delta = sum(1 for s in chosen if s.policy == _ext.ShardPolicy.delta)
         q = sum(s.block_change_rate for s in shards) / len(shards)
         p = sum(s.value_change_rate for s in shards) / len(shards)
-        gain = sum(s.gain_s for s in chosen)
-        cache = sum(s.memory_bytes for s in chosen)
-        lines.append(f"{kind:<12} {len(shards):>6} {len(chosen):>6} {100 * p:>9.3f}% {100 * q:>9.2f}% "
+        gain = sum(s.chosen_gain_s for s in chosen)
+        cache = sum(s.chosen_memory_bytes for s in chosen)
+        lines.append(f"{kind:<12} {len(shards):>6} {len(chosen):>6} {delta:>5} {100 * p:>9.3f}% {100 * q:>9.2f}% "
                      f"{1e3 * gain:>9.3f} ms "
                      f"{cache / 2**20:>7.2f} MiB")
     budget = selection.budget_bytes

@@ -17,9 +17,12 @@ class ExponentTracker:
     parameter and blocks are cut as the codec cuts them; without, each group's shard counts as
     one. Meant to run in every compared training alike."""
 
-    def __init__(self, buckets: list[Bucket] | None = None, block_values: int = 512):
+    def __init__(self, buckets: list[Bucket] | None = None, block_values: int = 512, track_values: bool = False):
         self.layouts = {b.index: [p.numel for p in b.params] for b in buckets or []}
         self.block_values = block_values
+        # Also keep the previous values (value_bytes more per value) and estimate what value-delta
+        # frames would cost: the selector's input for the delta policy.
+        self.track_values = track_values
         self.monitors: dict[int, object] = {}
         self.seen: set[int] = set()
         self.changed = 0   # values whose exponent changed, this step
@@ -43,7 +46,8 @@ class ExponentTracker:
         self.seen.add(bucket)
         monitor = self.monitors.get(bucket)
         if monitor is None:
-            monitor = _ext.ChangeMonitor(DTYPES[dtype], self.layouts.get(bucket, [values]), self.block_values)
+            monitor = _ext.ChangeMonitor(DTYPES[dtype], self.layouts.get(bucket, [values]), self.block_values,
+                                         track_values=self.track_values)
             self.monitors[bucket] = monitor
         before = [(c.changed_values, c.values) for c in monitor.counts]
         monitor.observe(data_ptr, values * element_bytes(dtype))

@@ -57,7 +57,7 @@ def new_run_dir(args) -> Path:
     """A run folder of its own under --out, <time>-<model>-w<ranks>, with -2, -3, ... appended
     when runs started in the same second: mkdir is atomic, so two launchers never share one."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = f"{stamp}-{args.model}-w{args.ranks}"
+    base = f"{stamp}-{args.model}{'-zero' if getattr(args, 'zero', False) else ''}-w{args.ranks}"
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -97,7 +97,8 @@ def launch(args, argv: list[str]) -> int:
     try:
         from ciera import plots
 
-        summary["plots"] = plots.write_all(run_dir)
+        # The plots draw the FSDP2 comparison; a --zero run has its numbers in the files.
+        summary["plots"] = [] if summary.get("mode") == "zero" else plots.write_all(run_dir)
     except Exception as e:  # plots are a convenience; the numbers are in the files
         summary["plots"] = []
         sys.stderr.write(f"ciera train: plots skipped: {e}\n")
@@ -112,7 +113,10 @@ def launch(args, argv: list[str]) -> int:
 
 def exit_status(summary: dict) -> int:
     """0 when every comparison the run made holds: CIERA against the baseline (with one), the
-    gathers against torch's (--verify) and the baseline against its control (--control); else 3."""
+    gathers against torch's (--verify) and the baseline against its control (--control); else 3.
+    A --zero run: CIERA's ZeRO against torch's."""
+    if summary.get("mode") == "zero":
+        return 0 if summary["losses_identical"] and summary["params_identical"] else 3
     identical = summary["losses_identical"] or summary.get("iteration_ms_fsdp2") is None  # no baseline run
     deterministic = summary.get("control_identical") is not False  # None: no control run
     return 0 if identical and deterministic and summary["wrong_bytes"] == 0 else 3
@@ -128,7 +132,7 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
         sys.stderr.flush()
 
     stall = Stall(watch, say)
-    runs = (0 if args.no_baseline else 1) + (1 if args.control else 0) + (3 if args.ablation else 1)
+    runs = 2 if args.zero else (0 if args.no_baseline else 1) + (1 if args.control else 0) + (3 if args.ablation else 1)
     total = (args.steps - checkpoint.resumed_steps(args)) * runs
     width = len(CONTROL) if args.control else 8   # the longest run name
     seen, last_line, offset, started = 0, "", 0, time.time()
@@ -147,8 +151,9 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
                     frac = seen / total
                     bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
                     extra = (f" ratio {rec['ratio']:.2f}x" if rec.get("ratio") else "")
+                    comm = "sync" if "sync_ms" in rec else "allgather"   # --zero: the parameter sync
                     last_line = (f"{rec['run']:>{width}} [{bar}] {seen}/{total} step {rec['step'] + 1} "
-                                 f"loss {rec['loss']:.4f} allgather {rec['allgather_ms']:.1f} ms{extra} "
+                                 f"loss {rec['loss']:.4f} {comm} {rec['allgather_ms']:.1f} ms{extra} "
                                  f"{time.time() - started:.0f}s")
                     if tty:
                         sys.stderr.write("\r" + last_line + "\033[K")
@@ -167,16 +172,26 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
 
 
 def render_summary(s: dict, run_dir: Path) -> str:
+    if s.get("mode") == "zero":
+        from ciera.train.zero import render
+
+        return render(s, run_dir)
+
     def ms(x):
         return "-" if x is None else f"{x:.1f}"
+
+    delta = s.get("codec") == "delta"   # --codec delta: value differences from the first step, no warmup
 
     rows = [
         ("model", f"{s['model']} ({s['params']:,} parameters, {s['buckets']} FSDP groups), {s['ranks']} ranks"),
         ("links", s["links"]),
         *([("device", f"cuda: process group {s['process_group']}, deterministic algorithms")]
           if s.get("device") == "cuda" else []),
-        ("steps", f"{s['steps']} per run, {s['warmup']} warmup; steady state = steps "
+        ("steps", f"{s['steps']} per run, "
+                  + ("value-delta frames on every shard from step 1" if delta else f"{s['warmup']} warmup")
+                  + "; steady state = steps "
                   f"{max(s['warmup'], s.get('steps_before', 0)) + 1}..{s['steps']}"
+                  + (" (step 1 carries the key frames)" if delta and s["warmup"] == 1 else "")
                   + (f"; resumed after step {s['steps_before']} from {s['resumed_from']}" if s.get("resumed_from") else "")),
         ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
         ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  "
@@ -192,7 +207,9 @@ def render_summary(s: dict, run_dir: Path) -> str:
                                + (f" of {budget_text(s['budget_bytes'])} budget; selected "
                                   f"{s['selected_shards']} of {s['candidate_shards']} shards "
                                   + ", ".join(f"{t} {n}" for t, n in s["selected_by_type"].items() if n)
-                                  if s.get("budget_bytes") is not None else "; all shards compressed")),
+                                  if s.get("budget_bytes") is not None
+                                  else "; all shards value-delta (receivers keep the previous values)" if delta
+                                  else "; all shards compressed")),
         *([("characterisation", "element changes {:.3f}%/step; reusable blocks W=4: ".format(
             100 * s["characterisation"]["element_change_rate"]) + ", ".join(
             f"B={b} {100 * r:.1f}%" for b, r in s["characterisation"]["reusable_blocks_w4"].items()))]

@@ -86,10 +86,10 @@ class Run:
     """One of the trainings compared: its model, optimizer and per-step results (lists of floats
     by name, one entry per step, already reduced over ranks)."""
 
-    def __init__(self, name, model, lr, take_records):
+    def __init__(self, name, model, lr, take_records, optimizer=None):
         self.name = name
         self.model = model
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        self.optimizer = optimizer if optimizer is not None else torch.optim.Adam(model.parameters(), lr=lr)
         self.take_records = take_records
         self.final = None
         self.digest = None   # sha256 of the final parameters (rank 0)

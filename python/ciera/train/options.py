@@ -32,7 +32,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="olmoe", choices=["olmoe", "mixtral", "qwen2_moe", "deepseek"])
     p.add_argument("--ranks", type=int, default=4, help="data-parallel ranks (processes)")
     p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
-    p.add_argument("--warmup", type=int, default=30, help="steps before exponent reuse starts")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="steps before exponent reuse starts, and outside the steady state the summary reports "
+                        "(default: 30; 1 with --codec delta and --zero, whose first step carries the key frames)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--experts", type=int, default=8)
@@ -41,8 +43,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
     p.add_argument("--block", type=int, default=512, help="CIERA values per block")
-    p.add_argument("--codec", default="ciera", choices=["ciera", "auto"],
-                   help="always compress, or let the engine keep whichever is faster")
+    p.add_argument("--codec", default=None, choices=["ciera", "auto", "delta"],
+                   help="ciera: exponent reuse on every shard after warmup; auto: let the engine keep whichever of "
+                        "that and raw is faster; delta: value differences on every shard from the first step "
+                        "(receivers keep the previous values); with --budget-mb the selector chooses among raw, ciera and "
+                        "delta per shard. Default: ciera, and delta with --zero")
+    p.add_argument("--zero", action="store_true",
+                   help="ZeRO-1/2 instead of FSDP2: DDP with torch's ZeroRedundancyOptimizer (BF16 parameters, "
+                        "FP32 master weights) against the same with its parameter sync through CIERA "
+                        "(ciera.zero), interleaved step by step")
     p.add_argument("--launcher", default="auto", choices=["auto", "mpirun", "torchrun"],
                    help="what starts the ranks: Open MPI's mpirun or torch.distributed.run (torchrun); "
                         "auto: mpirun when it is on PATH (and for the link lab), else torchrun")
@@ -162,6 +171,7 @@ def _check_values(args) -> None:
     if args.link_gbit > 0 and args.ranks > LINK_LAB_MAX_RANKS:
         _fail(f"--ranks {args.ranks}: the link lab has room for at most {LINK_LAB_MAX_RANKS} ranks")
     _check_combinations(args)
+    _check_zero(args)
     _writable_folder("--out", args.out)
     if args.save_checkpoints:
         _writable_folder("--save-checkpoints", args.save_checkpoints)
@@ -172,6 +182,39 @@ def _check_values(args) -> None:
         if not trace.absolute().parent.is_dir():
             _fail(f"--trace {args.trace}: folder {trace.absolute().parent} does not exist")
         _writable_folder("--trace", str(trace.absolute().parent))
+
+
+def _defaults(args) -> None:
+    """The defaults that depend on other options: --codec (delta with --zero, where this build
+    has it) and --warmup (1 where every shard is value-delta from the first step: that step
+    carries the key frames; else 30)."""
+    has_delta = hasattr(_ext.ShardPolicy, "delta")
+    if args.codec is None:
+        args.codec = "delta" if args.zero and has_delta else "ciera"
+    if args.codec == "delta" and not has_delta:
+        _fail("--codec delta: this build of CIERA has no delta shard policy (rebuild it, or use --codec ciera)")
+    if args.warmup is None:
+        # With --budget-mb the warmup is the selector's statistics: as long as for exponent reuse.
+        args.warmup = 1 if args.zero or (args.codec == "delta" and args.budget_mb is None) else 30
+
+
+def _check_zero(args) -> None:
+    """--zero compares torch's ZeroRedundancyOptimizer with CIERA's parameter sync; the options
+    of the FSDP2 comparison that it has no counterpart for are refused by name."""
+    if not args.zero:
+        if args.codec == "delta" and args.ablation:
+            _fail("--codec delta sends every shard as value differences; --ablation measures exponent reuse's parts")
+        return
+    unsupported = [("--ablation", args.ablation), ("--budget-mb", args.budget_mb is not None),
+                   ("--reselect-every", args.reselect_every), ("--overlap", args.overlap), ("--stats", args.stats),
+                   ("--save-checkpoints", args.save_checkpoints), ("--checkpoint-every", args.checkpoint_every),
+                   ("--resume", args.resume), ("--trace", args.trace), ("--verify", args.verify),
+                   ("--no-baseline", args.no_baseline), ("--control", args.control)]
+    for flag, given in unsupported:
+        if given:
+            _fail(f"{flag} is for the FSDP2 comparison; it cannot run with --zero")
+    if args.device == "cuda":
+        _fail("--zero trains with DDP on gloo on the CPU; not yet with --device cuda")
 
 
 def _check_combinations(args) -> None:
@@ -239,6 +282,7 @@ def _check_machine(args) -> None:
 def check(args) -> None:
     """Refuses option values no run could use (SystemExit with the reason), before anything is
     created or started."""
+    _defaults(args)
     _check_values(args)
     if args.warmup >= args.steps:
         raise SystemExit("ciera train: --steps must exceed --warmup to measure a steady state")
@@ -259,7 +303,7 @@ def check(args) -> None:
 def resolved_argv(args) -> list[str]:
     """The options resolve() decided, for the ranks' command line (given last, they win)."""
     return ["--launcher", args.launcher, "--transport", args.transport,
-            "--control" if args.control else "--no-control"]
+            "--control" if args.control else "--no-control", "--codec", args.codec, "--warmup", str(args.warmup)]
 
 
 def budget_bytes(budget_mb: float) -> int:

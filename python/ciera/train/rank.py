@@ -193,12 +193,16 @@ class RankProgram:
         config.timeout_s = a.timeout
         if budget_mb is not None:
             # The selector counts steps itself and selects at the start of step `warmup`.
+            # With --codec delta the selector chooses among raw, exponent reuse and delta.
             handle = fsdp.enable(model, config, transport=a.transport, verify=a.verify, overlap=overlap,
                                  cache_budget_bytes=budget_bytes(budget_mb), select_after_steps=a.warmup,
-                                 reselect_every=a.reselect_every)
+                                 reselect_every=a.reselect_every, allow_delta=a.codec == "delta")
         else:
+            # Exponent reuse starts after warmup (train_step); value-delta streams need no warmup
+            # (their first frame is a key frame, every later one small), so they start at once.
+            first = ciera.ShardPolicy.delta if a.codec == "delta" else ciera.ShardPolicy.raw
             handle = fsdp.enable(model, config, transport=a.transport, verify=a.verify, overlap=overlap,
-                                 policy=lambda bucket, param: ciera.ShardPolicy.raw)
+                                 policy=lambda bucket, param: first)
         # The main run's tracker counts per parameter: a trace takes its change rates from it.
         self.trackers[name] = (fsdp.ExponentTracker(handle.buckets, a.block) if name == "ciera"
                                else fsdp.ExponentTracker())
@@ -223,6 +227,10 @@ class RankProgram:
         from ciera.train.summary import finish
 
         a = self.args
+        if a.zero:
+            from ciera.train.zero import train_zero
+
+            return train_zero(self)
         corpus = data.load_corpus()
         runs, handles = {}, {}
         if not a.no_baseline:
@@ -265,7 +273,7 @@ class RankProgram:
     def train_step(self, runs: dict, handles: dict, step: int, tokens) -> None:
         """Step `step` of every training, in an order that rotates from step to step."""
         a = self.args
-        if step == max(a.warmup, self.first_step):
+        if step == max(a.warmup, self.first_step) and a.codec != "delta":
             # Warmup over (or a run resumed after it starts): without a selector every parameter
             # now goes through exponent reuse (all ranks at once).
             for handle in handles.values():

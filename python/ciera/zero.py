@@ -1,0 +1,498 @@
+"""ZeRO-1/2 parameter sync through CIERA, and FP32 master weights for BF16 parameters.
+
+PyTorch's :class:`torch.distributed.optim.ZeroRedundancyOptimizer` shards the optimizer state:
+each rank steps only its partition of the parameters, then ``_sync_params`` broadcasts every
+rank's partition to all others, so that the parameters are replicated again. From one step to
+the next those parameters move by a few units in the last place, and the broadcasts carry all
+16 bits of every BF16 value. :class:`ZeroRedundancyOptimizer` here is PyTorch's, with that sync
+replaced by one CIERA gather per device: with policy ``delta`` every receiver keeps the previous
+values of each peer's partition and the sender sends the exact step-to-step differences (about
+2 bits per BF16 value at lr 1e-4). Every parameter ends bitwise identical to PyTorch's sync, or
+the step raises on every rank.
+
+    from ciera.zero import ZeroRedundancyOptimizer, fp32_master
+
+    model = DistributedDataParallel(model.to(torch.bfloat16))
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), fp32_master(torch.optim.AdamW), lr=1e-4)
+    ...
+    loss.backward(); optimizer.step(); optimizer.zero_grad()
+    optimizer.last_sync          # SyncStats: wire bytes, raw bytes, seconds of the last sync
+    optimizer.close()            # collective
+
+:func:`fp32_master` wraps any ``torch.optim.Optimizer`` class so that it keeps FP32 master copies of
+its (BF16) parameters, as DeepSpeed's BF16 optimizer does; given to ZeRO as ``optimizer_class``,
+the masters exist only for this rank's partition.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer as _TorchZero
+from torch.optim import Optimizer
+
+from ciera import _ext
+from ciera.fsdp import lifecycle
+from ciera.fsdp.layout import DTYPES
+from ciera.fsdp.transport import make_transport
+
+__all__ = ["CieraZeroRedundancyOptimizer", "FP32MasterOptimizer", "SyncStats", "ZeroRedundancyOptimizer",
+           "fp32_master"]
+
+
+# --- FP32 master weights -------------------------------------------------------------------------
+
+
+class _MasterState(MutableMapping):
+    """The wrapper's ``state``, keyed by its own (BF16) parameters as every optimizer's is, backed
+    by the inner optimizer's state of the masters. Reading gives the inner optimizer's live dict
+    (ZeRO's load_state_dict edits it in place); assigning imports a saved entry, its "master" too."""
+
+    def __init__(self, owner: "FP32MasterOptimizer"):
+        self._owner = owner
+
+    def _inner(self) -> dict:
+        return self._owner.inner.state if self._owner.inner is not None else {}
+
+    def __getitem__(self, param):
+        return self._inner()[self._owner._master_of(param)]
+
+    def __setitem__(self, param, value):
+        self._owner._import_state(param, value)
+
+    def __delitem__(self, param):
+        del self._inner()[self._owner._master_of(param)]
+
+    def __iter__(self):
+        inner = self._inner()
+        return (p for p, m in self._owner._masters.items() if inner.get(m))
+
+    def __len__(self):
+        return sum(1 for _ in self)
+
+
+class FP32MasterOptimizer(Optimizer):
+    """An optimizer over BF16 (or FP16) parameters that keeps an FP32 master copy of each: on
+    step() it takes the parameters' gradients in FP32, steps the inner optimizer (`inner_class`,
+    e.g. torch.optim.AdamW) on the masters, and writes the masters back into the parameters,
+    rounded to the nearest even (torch's copy_). Small updates accumulate in the masters instead
+    of vanishing in BF16's 8-bit mantissa. FP32 parameters are their own masters (no copy).
+
+    Hyperparameters set on this optimizer's param_groups (lr by a scheduler, or by ZeRO, which
+    syncs param_groups both ways) reach the inner optimizer at the next step. state_dict() holds
+    the inner state of every parameter plus its "master"; load_state_dict() restores both.
+    Use fp32_master(inner_class) for a class that ZeroRedundancyOptimizer can construct."""
+
+    inner_class: type[Optimizer] | None = None   # set by fp32_master()
+
+    def __init__(self, params, inner_class: type[Optimizer] | None = None, **defaults):
+        inner_class = inner_class or type(self).inner_class
+        _check_inner_class(inner_class)
+        self._masters: dict[torch.Tensor, torch.Tensor] = {}   # parameter -> its FP32 master
+        self.inner: Optimizer | None = None                     # built once the groups are known
+        super().__init__(params, defaults)   # calls add_param_group per group (masters made below)
+        self.inner = inner_class([self._inner_group(g) for g in self.param_groups], **defaults)
+        # The inner optimizer's defaults (betas, eps, ...) fill in what the caller left out.
+        _copy_hyperparameters(self.inner.param_groups, self.param_groups)
+
+    # Optimizer.__init__ assigns an empty state; the state lives in the inner optimizer.
+    @property
+    def state(self):
+        return _MasterState(self)
+
+    @state.setter
+    def state(self, value):
+        if value:
+            raise AttributeError("FP32MasterOptimizer.state is the inner optimizer's; use load_state_dict()")
+
+    def _master_of(self, param: torch.Tensor) -> torch.Tensor:
+        try:
+            return self._masters[param]
+        except KeyError:
+            raise KeyError("not a parameter of this FP32MasterOptimizer") from None
+
+    def _make_master(self, param: torch.Tensor) -> torch.Tensor:
+        if not param.is_floating_point():
+            raise TypeError(f"FP32MasterOptimizer: parameters must be floating point, got {param.dtype}")
+        if param.dtype in (torch.float32, torch.float64):
+            return param   # already at least FP32: it is its own master
+        return param.detach().to(torch.float32, copy=True)
+
+    def _inner_group(self, group: dict) -> dict:
+        for p in group["params"]:
+            if p not in self._masters:
+                self._masters[p] = self._make_master(p)
+        return {**{k: v for k, v in group.items() if k != "params"},
+                "params": [self._masters[p] for p in group["params"]]}
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        if self.inner is not None:   # after construction (ZeRO adds groups this way)
+            self.inner.add_param_group(self._inner_group(self.param_groups[-1]))
+            _copy_hyperparameters(self.inner.param_groups[-1:], self.param_groups[-1:])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        _copy_hyperparameters(self.param_groups, self.inner.param_groups)
+        stepped = []
+        for p, master in self._masters.items():
+            if master is p:
+                continue
+            # A parameter without a gradient is skipped by the inner optimizer: its master and
+            # its value stay as they are.
+            master.grad = None if p.grad is None else p.grad.to(torch.float32)
+            if p.grad is not None:
+                stepped.append((p, master))
+        try:
+            self.inner.step()
+        finally:
+            for p, master in stepped:
+                master.grad = None   # the FP32 gradients are only needed during the step
+        for p, master in stepped:
+            p.copy_(master)   # round to nearest even
+        _copy_hyperparameters(self.inner.param_groups, self.param_groups)
+        return loss
+
+    def state_dict(self) -> dict:
+        state_dict = super().state_dict()   # the inner state per parameter index (self.state)
+        index = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                master = self._masters[p]
+                if master is not p:
+                    state_dict["state"][index] = {**state_dict["state"].get(index, {}), "master": master}
+                index += 1
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+                len(saved["params"]) != len(g["params"]) for saved, g in zip(groups, self.param_groups)):
+            raise ValueError("FP32MasterOptimizer.load_state_dict: the saved parameter groups do not match "
+                             "this optimizer's (number of groups or of parameters per group)")
+        params = dict(zip(chain.from_iterable(g["params"] for g in groups),
+                          chain.from_iterable(g["params"] for g in self.param_groups)))
+        self.inner.state.clear()
+        for index, value in state_dict["state"].items():
+            if value is not None:
+                self._import_state(params[index], value)
+        for saved, group in zip(groups, self.param_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        _copy_hyperparameters(self.param_groups, self.inner.param_groups)
+
+    def _import_state(self, param: torch.Tensor, value: dict) -> None:
+        """One parameter's saved state: the inner optimizer's part, copied to the master's device
+        in its saved dtype (the moments stay FP32 whatever the parameter is), and the master."""
+        master = self._master_of(param)
+        value = dict(value)
+        saved_master = value.pop("master", None)
+        if master is not param:
+            # Without a saved master (a checkpoint of a plain optimizer) the parameter is the best
+            # estimate of it.
+            master.copy_(saved_master if saved_master is not None else param.detach())
+        self.inner.state[master] = {
+            k: (v.detach().to(device=master.device, copy=True) if torch.is_tensor(v) and v.dim() > 0
+                else v.detach().clone() if torch.is_tensor(v) else v)
+            for k, v in value.items()}
+
+    def __repr__(self) -> str:
+        return f"FP32Master({self.inner!r})" if self.inner is not None else "FP32Master(<building>)"
+
+
+def _check_inner_class(inner_class) -> None:
+    if inner_class is None:
+        raise TypeError("FP32MasterOptimizer needs inner_class (a torch.optim.Optimizer subclass); "
+                        "or use fp32_master(inner_class)")
+    if not (isinstance(inner_class, type) and issubclass(inner_class, Optimizer)):
+        raise TypeError(f"fp32_master: inner_class must be a torch.optim.Optimizer subclass, got {inner_class!r}")
+    if issubclass(inner_class, FP32MasterOptimizer):
+        raise TypeError(f"fp32_master: {inner_class.__name__} already keeps FP32 masters")
+
+
+def _copy_hyperparameters(src_groups: list[dict], dst_groups: list[dict]) -> None:
+    """Every entry but the parameters, as ZeRO's _sync_param_groups does."""
+    for src, dst in zip(src_groups, dst_groups):
+        for key, value in src.items():
+            if key != "params":
+                dst[key] = value
+
+
+_FP32_CLASSES: dict[type, type] = {}
+
+
+def fp32_master(inner_class: type[Optimizer]) -> type[FP32MasterOptimizer]:
+    """A class constructed like `inner_class` (params, **defaults) that steps `inner_class` on FP32
+    master copies of the parameters (FP32MasterOptimizer): the optimizer_class to give
+    ZeroRedundancyOptimizer for BF16 parameters. The same class for the same inner_class."""
+    _check_inner_class(inner_class)
+    if inner_class not in _FP32_CLASSES:
+        _FP32_CLASSES[inner_class] = type(f"FP32Master{inner_class.__name__}", (FP32MasterOptimizer,),
+                                          {"inner_class": inner_class, "__module__": __name__,
+                                           "__doc__": f"{inner_class.__name__} on FP32 master weights."})
+    return _FP32_CLASSES[inner_class]
+
+
+# --- ZeRO parameter sync through CIERA -----------------------------------------------------------
+
+
+@dataclass
+class SyncStats:
+    """One parameter sync (all devices) as this rank saw it."""
+    step: int = 0              # syncs so far, this one included
+    raw_bytes: int = 0         # the gathered parameters: what PyTorch's broadcasts deliver to every rank
+    wire_bytes: int = 0        # what the transport carried for them (all ranks' payloads)
+    seconds: float = 0.0       # wall time of the sync on this rank
+    encode_s: float = 0.0      # change detection + encoding (the engine's)
+    decode_s: float = 0.0
+    values: int = 0            # parameter values gathered
+
+    @property
+    def bits_per_value(self) -> float:
+        return 8.0 * self.wire_bytes / self.values if self.values else 0.0
+
+
+@dataclass
+class _DeviceSync:
+    """The gather of one device's buckets: ONE flat tensor holding every rank's bucket in rank
+    order, which is the allgatherv's output, this rank's bucket its input (in place)."""
+    device: torch.device
+    flat: torch.Tensor
+    offsets: list[int]      # first value of rank r's bucket in `flat`
+    counts: list[int]       # values of rank r's bucket
+    engine: object = None
+
+    def input(self, rank: int) -> torch.Tensor:
+        return self.flat[self.offsets[rank]: self.offsets[rank] + self.counts[rank]]
+
+
+_POLICIES = ("delta", "ciera", "raw")
+
+
+def _policy(name: str):
+    if name not in _POLICIES:
+        raise ValueError(f"ZeroRedundancyOptimizer: policy must be one of {', '.join(map(repr, _POLICIES))}, "
+                         f"got {name!r}")
+    policy = getattr(_ext.ShardPolicy, name, None)
+    if policy is None:
+        raise _ext.ConfigError(f"ZeroRedundancyOptimizer: this build of CIERA has no {name!r} shard policy "
+                               "(rebuild the extension, or pass policy='ciera')")
+    return policy
+
+
+def _pieces(values: int, count: int) -> list[int]:
+    """`values` split into `count` pieces as evenly as possible (the first ones longer)."""
+    return [values // count + (1 if k < values % count else 0) for k in range(count)]
+
+
+class ZeroRedundancyOptimizer(_TorchZero):
+    """torch.distributed.optim.ZeroRedundancyOptimizer whose parameter sync is a CIERA gather.
+
+    Everything else is PyTorch's: the partition of the parameters over ranks, the local step of
+    `optimizer_class` on this rank's partition, param_groups, state_dict consolidation, join.
+    The parameters of each device live in ONE flat tensor, every rank's bucket of
+    ``parameters_as_bucket_view`` a view into it in rank order, so the sync gathers in place:
+    this rank's bucket is the input, the flat tensor the output, and no value is copied.
+
+    Collective, like PyTorch's: every rank constructs it with the same parameters and arguments.
+    `transport`: "torch" (a gloo group beside `process_group`, or NCCL for CUDA parameters),
+    "mpi" (under mpirun, CPU) or "nccl" (CUDA). `policy`: "delta" (value differences; default),
+    "ciera" (exponent reuse) or "raw" (no coding; for comparison). `engine_config`: a
+    ciera.EngineConfig (default: warmup_steps 0, which a value-delta stream needs none of).
+    `chunk_values`: each rank's bucket is coded in pieces of at most this many values, so that
+    the engine's worker threads share the encoding of a large bucket.
+
+    All trainable parameters of a device must share one dtype (BF16, FP16 or FP32), as PyTorch's
+    buckets already assume. overlap_with_ddp=True and parameters_as_bucket_view=False are
+    refused (the sync needs the flat buckets). A failed sync (a dead peer, a corrupt payload)
+    raises the same error on every rank; the parameters are then not to be used."""
+
+    def __init__(self, params, optimizer_class: type[Optimizer], process_group=None, *,
+                 transport: str = "torch", engine_config: _ext.EngineConfig | None = None,
+                 policy: str = "delta", chunk_values: int = 1 << 22,
+                 parameters_as_bucket_view: bool = True, overlap_with_ddp: bool = False, **defaults):
+        if overlap_with_ddp:
+            raise ValueError("ciera.zero.ZeroRedundancyOptimizer: overlap_with_ddp=True is not supported "
+                             "(its parameters sync in DDP's communication hook, not in step())")
+        if not parameters_as_bucket_view:
+            raise ValueError("ciera.zero.ZeroRedundancyOptimizer: parameters_as_bucket_view=False is not "
+                             "supported: the sync gathers the flat buckets of parameters_as_bucket_view=True "
+                             "(use torch.distributed.optim.ZeroRedundancyOptimizer for per-parameter broadcasts)")
+        if transport not in ("torch", "mpi", "nccl"):
+            raise ValueError(f"ciera.zero.ZeroRedundancyOptimizer: transport must be 'torch', 'mpi' or 'nccl', "
+                             f"got {transport!r}")
+        if engine_config is not None and not isinstance(engine_config, _ext.EngineConfig):
+            raise TypeError(f"ciera.zero.ZeroRedundancyOptimizer: engine_config must be a ciera.EngineConfig, "
+                            f"got {type(engine_config).__name__}")
+        if engine_config is not None and not (math.isfinite(engine_config.timeout_s) and engine_config.timeout_s > 0):
+            raise ValueError("ciera.zero.ZeroRedundancyOptimizer: engine_config.timeout_s must be a finite "
+                             f"number of seconds > 0, got {engine_config.timeout_s}")
+        if isinstance(chunk_values, bool) or not isinstance(chunk_values, int) or chunk_values < 1:
+            raise ValueError(f"ciera.zero.ZeroRedundancyOptimizer: chunk_values must be an int >= 1, "
+                             f"got {chunk_values!r}")
+        # Set before PyTorch's constructor, which builds the buckets (and so the engines).
+        self._policy_name = policy
+        self._policy = _policy(policy)
+        self._transport_kind = transport
+        if engine_config is None:
+            engine_config = _ext.EngineConfig()
+            engine_config.warmup_steps = 0
+        self._engine_config = engine_config
+        self._chunk_values = chunk_values
+        self._syncs: list[_DeviceSync] = []
+        self._closed = False
+        self.last_sync: SyncStats | None = None
+        self.sync_count = 0
+        super().__init__(params, optimizer_class, process_group=process_group, parameters_as_bucket_view=True,
+                         overlap_with_ddp=False, **defaults)
+
+    # -- buckets ---------------------------------------------------------------------------------
+
+    def _build_param_buckets(self) -> None:
+        """PyTorch's buckets (rank r's trainable parameters on a device, flattened in partition
+        order; non-trainable ones cloned out; a dummy for a rank with none), with every rank's
+        bucket a view into one flat tensor per device; then the engines over them. Collective:
+        PyTorch calls it at construction, on add_param_group and when trainability changes, on
+        every rank alike."""
+        self._close_engines()
+        self._buckets = [[] for _ in self._device_to_params_per_rank]
+        self._syncs = []
+        for dev_i, (device, params_per_rank) in enumerate(self._device_to_params_per_rank.items()):
+            trainable = []
+            for params in params_per_rank:
+                mine = []
+                for param in params:
+                    if param.requires_grad:
+                        mine.append(param)
+                    else:
+                        # As PyTorch does: its data may be a view of an earlier bucket.
+                        param.data = param.data.detach().clone()
+                trainable.append(mine)
+            dtype = self._bucket_dtype(device, trainable)
+            counts = [sum(p.numel() for p in mine) for mine in trainable]
+            offsets = [sum(counts[:r]) for r in range(self.world_size)]
+            flat = torch.empty(sum(counts), dtype=dtype or torch.float32, device=device)
+            for r, mine in enumerate(trainable):
+                offset = offsets[r]
+                for param in mine:
+                    view = flat[offset: offset + param.numel()]
+                    view.copy_(param.data.flatten())
+                    param.data = view.view_as(param.data)
+                    offset += param.numel()
+                # PyTorch's dummy bucket for a rank with nothing to send here; it is not gathered.
+                self._buckets[dev_i].append(flat[offsets[r]: offsets[r] + counts[r]] if counts[r]
+                                            else torch.zeros(1, device=device))
+            if sum(counts):
+                self._syncs.append(_DeviceSync(device, flat, offsets, counts))
+        self._open_engines()
+
+    def _bucket_dtype(self, device, trainable: list[list[torch.Tensor]]) -> torch.dtype | None:
+        dtypes = {p.dtype for mine in trainable for p in mine}
+        if not dtypes:
+            return None
+        if len(dtypes) > 1:
+            raise TypeError(f"ciera.zero.ZeroRedundancyOptimizer: the trainable parameters on {device} must share "
+                            f"one dtype (one flat bucket per device), found {sorted(map(str, dtypes))}")
+        dtype = dtypes.pop()
+        if dtype not in DTYPES:
+            raise TypeError(f"ciera.zero.ZeroRedundancyOptimizer: CIERA carries bf16, fp16 and fp32 parameters; "
+                            f"the parameters on {device} are {dtype}")
+        return dtype
+
+    def _open_engines(self) -> None:
+        """One engine per device with parameters, one bucket each: rank r's shards are its bucket
+        in `pieces` near-equal pieces (the same count on every rank, some maybe empty)."""
+        if (self._transport_kind == "mpi" and self._syncs
+                and dist.get_world_size(self.process_group) != dist.get_world_size()):
+            raise ValueError("ciera.zero.ZeroRedundancyOptimizer: transport 'mpi' gathers over every process of "
+                             "the job (MPI_COMM_WORLD); with a process_group of some of them use transport 'torch'")
+        for sync in self._syncs:
+            pieces = max(1, max(math.ceil(n / self._chunk_values) for n in sync.counts))
+            layout = _ext.BucketLayout()
+            layout.name = f"zero:{sync.device}"
+            layout.dtype = DTYPES[sync.flat.dtype]
+            layout.shard_values = [_pieces(n, pieces) for n in sync.counts]
+            layout.policy = [self._policy] * pieces
+            cuda = sync.device.type == "cuda"
+            native = make_transport(self._transport_kind, self.process_group, self._engine_config.timeout_s,
+                                    sync.device)
+            sync.engine = _ext.Engine(native, self._engine_config, [layout],
+                                      device=(sync.device.index if sync.device.index is not None
+                                              else torch.cuda.current_device()) if cuda else -1)
+            lifecycle.register_engine(sync.engine)
+
+    def _close_engines(self) -> None:
+        for sync in self._syncs:
+            if sync.engine is not None:
+                lifecycle.close_engine(sync.engine)
+                sync.engine = None
+
+    # -- the sync --------------------------------------------------------------------------------
+
+    def _sync_params(self) -> None:
+        """Every rank's partition to every rank: one in-place CIERA gather per device, started
+        together and waited for in order. Raises on every rank if any rank's gather failed."""
+        if self._closed:
+            raise ValueError("ciera.zero.ZeroRedundancyOptimizer is closed (close()); it cannot sync parameters")
+        start = time.perf_counter()
+        tickets = []
+        for k, sync in enumerate(self._syncs):
+            mine = sync.input(self.rank)
+            stream = torch.cuda.current_stream(sync.device).cuda_stream if sync.device.type == "cuda" else 0
+            tickets.append(sync.engine.start(0, mine.data_ptr(), mine.numel() * mine.element_size(),
+                                             sync.flat.data_ptr(), sync.flat.numel() * sync.flat.element_size(),
+                                             stream))
+        stats = [sync.engine.wait(t) for sync, t in zip(self._syncs, tickets)]
+        self.sync_count += 1
+        self.last_sync = SyncStats(step=self.sync_count, raw_bytes=sum(s.raw_bytes for s in stats),
+                                   wire_bytes=sum(s.wire_bytes for s in stats),
+                                   seconds=time.perf_counter() - start,
+                                   encode_s=sum(s.encode_s for s in stats), decode_s=sum(s.decode_s for s in stats),
+                                   values=sum(sync.flat.numel() for sync in self._syncs))
+
+    # -- the rest --------------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> str:
+        return self._policy_name
+
+    @property
+    def engines(self) -> list:
+        """The engines, one per device with trainable parameters."""
+        return [sync.engine for sync in self._syncs]
+
+    @property
+    def cache_bytes(self) -> int:
+        """Codec state this rank holds (the previous values of every peer's partition, for
+        delta); a ValueError after close()."""
+        if self._closed:
+            raise ValueError("ciera.zero.ZeroRedundancyOptimizer is closed (close())")
+        return sum(sync.engine.cache_bytes for sync in self._syncs)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Ends the engines (collective when their transport is); closing twice is harmless."""
+        if not self._closed:
+            self._close_engines()
+            self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+CieraZeroRedundancyOptimizer = ZeroRedundancyOptimizer   # the same class, named apart from PyTorch's

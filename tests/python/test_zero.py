@@ -1,0 +1,206 @@
+"""ciera.zero: PyTorch's ZeroRedundancyOptimizer with its parameter sync through CIERA (bitwise
+identical to PyTorch's broadcasts), the FP32-master wrapper, and `ciera train --zero`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import all_ok, spawn
+
+import ciera
+import zero_workers as w
+from ciera import zero
+
+
+def test_parameters_are_bitwise_identical_to_torch_zero():
+    results = all_ok(spawn(w.exact_vs_torch, 2))   # uneven partitions: 4608 and 2424 values
+    for rank, r in enumerate(results):
+        for case in ("bf16", "fp32", "empty", "frozen", "ciera", "raw"):
+            c = r[case]
+            assert all(c["equal"]) and all(c["losses_equal"]), (rank, case, c)
+            assert c["in_flat"] and c["changed"], (rank, case, c)
+            raw = {s[0] for s in c["stats"]}
+            assert len(raw) == (2 if case == "frozen" else 1) and min(raw) > 0, (rank, case, c["stats"])
+        # After the first sync (a key frame) the differences travel, far below 16 bits a value.
+        for raw, wire, _ in r["bf16"]["stats"][1:]:
+            assert wire < raw / (4 if w.POLICY == "delta" else 1.2), (rank, r["bf16"]["stats"])
+        for raw, wire, _ in r["fp32"]["stats"][1:] + r["ciera"]["stats"][1:]:
+            assert wire < raw, (rank, r["fp32"]["stats"], r["ciera"]["stats"])
+        assert all(wire >= raw for raw, wire, _ in r["raw"]["stats"]), r["raw"]["stats"]
+        assert r["bf16"]["cache_bytes"] > 0
+        # ZeRO's consolidated state_dict (FP32 masters included) resumes bitwise; close() holds.
+        assert r["resume"]["identical"] and r["resume"]["lr_restored"], r["resume"]
+        assert "closed" in (r["resume"]["closed_error"] or ""), r["resume"]
+    # One parameter: a rank that steps nothing still syncs.
+    assert sorted(r["empty"]["mine"] for r in results) == [0, 128]
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"overlap_with_ddp": True}, ValueError, "overlap_with_ddp=True is not supported"),
+    ({"parameters_as_bucket_view": False}, ValueError, "parameters_as_bucket_view=False is not supported"),
+    ({"policy": "fast"}, ValueError, "policy must be one of 'delta', 'ciera', 'raw', got 'fast'"),
+    ({"transport": "udp"}, ValueError, "transport must be 'torch', 'mpi' or 'nccl', got 'udp'"),
+    ({"engine_config": 3}, TypeError, "engine_config must be a ciera.EngineConfig, got int"),
+    ({"chunk_values": 0}, ValueError, "chunk_values must be an int >= 1, got 0"),
+])
+def test_bad_arguments_are_refused_before_anything_starts(kwargs, error, message):
+    # No process group exists here: the arguments are checked first.
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        zero.ZeroRedundancyOptimizer([torch.nn.Parameter(torch.zeros(4))], torch.optim.SGD, lr=0.1, **kwargs)
+
+
+def test_fp32_master_bad_inner_class():
+    with pytest.raises(TypeError, match="torch.optim.Optimizer subclass"):
+        zero.fp32_master(dict)
+    with pytest.raises(TypeError, match="already keeps FP32 masters"):
+        zero.fp32_master(zero.fp32_master(torch.optim.SGD))
+    with pytest.raises(TypeError, match="needs inner_class"):
+        zero.FP32MasterOptimizer([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    assert zero.fp32_master(torch.optim.AdamW) is zero.fp32_master(torch.optim.AdamW)
+
+
+def _bf16_params(seed=0):
+    torch.manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(37, 5).to(torch.bfloat16)),
+            torch.nn.Parameter(torch.randn(11).to(torch.bfloat16))]
+
+
+def _grads(step, params):
+    g = torch.Generator().manual_seed(step)
+    return [torch.randn(p.shape, generator=g).to(torch.bfloat16) for p in params]
+
+
+def test_fp32_master_matches_a_hand_written_reference():
+    """AdamW on FP32 copies of BF16 parameters, by hand: the wrapper's parameters, after every
+    step, are exactly the hand-kept masters rounded to BF16; a learning rate set on the
+    wrapper's param_groups reaches the inner optimizer."""
+    params = _bf16_params()
+    opt = zero.fp32_master(torch.optim.AdamW)(params, lr=1e-2, weight_decay=0.1)
+    masters = [p.detach().float().clone().requires_grad_() for p in params]
+    reference = torch.optim.AdamW(masters, lr=1e-2, weight_decay=0.1)
+    for step in range(6):
+        if step == 3:
+            opt.param_groups[0]["lr"] = 1e-3   # as a scheduler (or ZeRO's param_group sync) does
+            reference.param_groups[0]["lr"] = 1e-3
+        grads = _grads(step, params)
+        for p, m, g in zip(params, masters, grads):
+            p.grad = g
+            m.grad = g.float()
+        opt.step()
+        reference.step()
+        for p, m in zip(params, masters):
+            assert torch.equal(p.detach(), m.detach().to(torch.bfloat16))   # round to nearest even
+            assert torch.equal(opt.state[p]["exp_avg"], reference.state[m]["exp_avg"])
+        assert all(m.grad is None for m in opt._masters.values())
+    assert opt.inner.param_groups[0]["lr"] == 1e-3
+    assert opt.param_groups[0]["betas"] == (0.9, 0.999)   # the inner optimizer's defaults show
+    # A parameter without a gradient is left alone, its master too.
+    before = params[1].detach().clone()
+    params[0].grad, params[1].grad = _grads(9, params)[0], None
+    opt.step()
+    assert torch.equal(params[1].detach(), before)
+
+
+def test_fp32_master_state_dict_round_trip_and_fp32_params():
+    params = _bf16_params()
+    opt = zero.fp32_master(torch.optim.Adam)(params, lr=1e-3)
+    for step in range(3):
+        for p, g in zip(params, _grads(step, params)):
+            p.grad = g
+        opt.step()
+    saved = opt.state_dict()
+    assert saved["state"][0]["master"].dtype == torch.float32 and saved["state"][0]["exp_avg"].dtype == torch.float32
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    restored = zero.fp32_master(torch.optim.Adam)(copies, lr=5.0)
+    restored.load_state_dict(saved)
+    assert restored.param_groups[0]["lr"] == 1e-3 == restored.inner.param_groups[0]["lr"]
+    for step in range(3, 6):
+        for ps in (params, copies):
+            for p, g in zip(ps, _grads(step, ps)):
+                p.grad = g
+        opt.step()
+        restored.step()
+    assert all(torch.equal(a, b) for a, b in zip(params, copies))
+    # FP32 parameters are their own masters: the wrapper is the inner optimizer, exactly.
+    torch.manual_seed(1)
+    fp32 = [torch.nn.Parameter(torch.randn(9))]
+    twin = [torch.nn.Parameter(fp32[0].detach().clone())]
+    wrapped, plain = zero.fp32_master(torch.optim.Adam)(fp32, lr=0.1), torch.optim.Adam(twin, lr=0.1)
+    for step in range(3):
+        fp32[0].grad = twin[0].grad = torch.full((9,), float(step + 1))
+        wrapped.step()
+        plain.step()
+    assert torch.equal(fp32[0], twin[0]) and "master" not in wrapped.state_dict()["state"][0]
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
+
+
+TINY = ["--ranks", "2", "--steps", "4", "--layers", "1", "--hidden", "64", "--experts", "4",
+        "--expert-intermediate", "64", "--seq-len", "32", "--batch", "2", "--launcher", "torchrun", "--json"]
+
+
+def _train(tmp_path, *args):
+    done = subprocess.run([sys.executable, "-m", "ciera.train", *TINY, *args, "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
+
+
+def test_ciera_train_zero_is_bitwise_identical_to_torch_zero(tmp_path):
+    summary, table = _train(tmp_path, "--zero")
+    assert summary["mode"] == "zero" and summary["policy"] == w.POLICY
+    assert summary["losses_identical"] and summary["params_identical"], summary
+    assert 0 < summary["bits_per_value"] < 16 and summary["sync_speedup"] > 0 and summary["iteration_speedup"] > 0
+    assert "bitwise identical" in table
+    run_dir = next(tmp_path.iterdir())
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert {r["run"] for r in records} == {"zero", "ciera"} and len(records) == 8
+    assert all(r["sync_ms"] > 0 for r in records)
+
+
+@pytest.mark.skipif(not hasattr(ciera.ShardPolicy, "delta"), reason="this build has no delta shard policy")
+def test_ciera_train_codec_delta_is_bitwise_identical_to_fsdp2(tmp_path):
+    summary, _ = _train(tmp_path, "--codec", "delta")
+    assert summary["codec"] == "delta" and summary["warmup"] == 1
+    assert summary["losses_identical"] and summary["params_identical"], summary
+    assert 0 < summary["bits_per_value"] < 8
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--zero", "--ablation"], "--ablation is for the FSDP2 comparison; it cannot run with --zero"),
+    (["--zero", "--checkpoint-every", "2"], "--checkpoint-every is for the FSDP2 comparison; it cannot run with --zero"),
+    (["--zero", "--device", "cuda"], "--zero trains with DDP on gloo on the CPU; not yet with --device cuda"),
+    (["--codec", "delta", "--ablation"], "--codec delta sends every shard as value differences; --ablation"),
+    (["--codec", "lz4"], "argument --codec: invalid choice: 'lz4'"),
+])
+def test_ciera_train_refuses_zero_and_delta_misuse(tmp_path, capsys, args, message):
+    """The checks `ciera train` runs before starting anything (in process: the command line's
+    one-line form is test_cli_errors' concern)."""
+    from ciera.train import options
+
+    with pytest.raises(SystemExit) as refused:
+        options.check(options.parser().parse_args([*args, "--out", str(tmp_path)]))
+    assert message in f"{refused.value.code} {capsys.readouterr().err}"
+
+
+def test_ciera_train_defaults_follow_zero_and_codec(tmp_path):
+    from ciera.train import options
+
+    def resolved(*args):
+        parsed = options.parser().parse_args([*args, "--out", str(tmp_path), "--launcher", "torchrun"])
+        options.check(parsed)
+        return parsed.codec, parsed.warmup
+
+    delta = "delta" if hasattr(ciera.ShardPolicy, "delta") else "ciera"
+    assert resolved("--zero") == (delta, 1)
+    assert resolved() == ("ciera", 30)
+    assert resolved("--zero", "--codec", "ciera", "--warmup", "2") == ("ciera", 2)
+    # Under a budget the warmup is the selector's statistics, delta or not.
+    assert resolved("--codec", "delta", "--budget-mb", "1") == ("delta", 30)
+    assert resolved("--codec", "delta") == ("delta", 1)

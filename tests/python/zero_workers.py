@@ -1,0 +1,126 @@
+"""Rank bodies for test_zero.py (module-level so that spawned processes can import them)."""
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
+
+import ciera
+from ciera import zero
+
+# The shard policy under test: value deltas where this build has them.
+POLICY = "delta" if hasattr(ciera.ShardPolicy, "delta") else "ciera"
+
+
+def model(dtype, seed=0, sizes=(48, 96, 24), bias=True):
+    torch.manual_seed(seed)
+    layers = []
+    for a, b in zip(sizes, sizes[1:]):
+        layers += [torch.nn.Linear(a, b, bias=bias), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers[:-1]).to(dtype)
+
+
+def step(net, optimizer, rank, world, step_index, dtype):
+    """One data-parallel step: this rank's batch, gradients averaged over ranks (what DDP does),
+    then the optimizer. Returns the loss's bits."""
+    g = torch.Generator().manual_seed(1000 * step_index + rank)
+    x = torch.randn(8, net[0].in_features, generator=g).to(dtype)
+    loss = net(x).float().pow(2).mean()
+    loss.backward()
+    for p in net.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= world
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return int(loss.detach().view(torch.int32).item())
+
+
+def same_bits(a, b) -> bool:
+    return all(torch.equal(x.detach().view(torch.uint8), y.detach().view(torch.uint8))
+               for x, y in zip(a.parameters(), b.parameters()))
+
+
+def compare(rank, world, dtype, sizes, steps=10, lr=1e-4, policy=POLICY, bias=True, freeze_at=None):
+    """Trains the same model with PyTorch's ZeRO and with CIERA's, step by step; returns every
+    step's comparison and the sync statistics."""
+    optimizer_class = zero.fp32_master(torch.optim.AdamW) if dtype != torch.float32 else torch.optim.AdamW
+    plain_net, net = model(dtype, sizes=sizes, bias=bias), model(dtype, sizes=sizes, bias=bias)
+    plain = TorchZero(plain_net.parameters(), optimizer_class, parameters_as_bucket_view=True, lr=lr)
+    ours = zero.ZeroRedundancyOptimizer(net.parameters(), optimizer_class, policy=policy, lr=lr)
+    equal, losses_equal, stats = [], [], []
+    for s in range(steps):
+        if s == freeze_at:
+            # Trainability changes: both ZeROs rebuild their buckets (CIERA's its engine too).
+            for n in (plain_net, net):
+                n[0].weight.requires_grad_(False)
+        losses_equal.append(step(plain_net, plain, rank, world, s, dtype) == step(net, ours, rank, world, s, dtype))
+        equal.append(same_bits(plain_net, net))
+        stats.append((ours.last_sync.raw_bytes, ours.last_sync.wire_bytes, ours.last_sync.bits_per_value))
+    # Views: every rank's bucket lies in the one flat tensor that is gathered in place.
+    flat = ours._syncs[0].flat
+    in_flat = all(p.data_ptr() >= flat.data_ptr() and
+                  p.data_ptr() + p.numel() * p.element_size() <= flat.data_ptr() + flat.numel() * flat.element_size()
+                  for p in net.parameters() if p.requires_grad)
+    mine = sum(p.numel() for g in ours.optim.param_groups for p in g["params"])
+    result = {"equal": equal, "losses_equal": losses_equal, "stats": stats, "in_flat": in_flat, "mine": mine,
+              "cache_bytes": ours.cache_bytes, "changed": not same_bits(net, model(dtype, sizes=sizes, bias=bias))}
+    ours.close()
+    return result
+
+
+def exact_vs_torch(rank, world):
+    """BF16 with FP32 masters, FP32, a partition in which the last rank holds nothing, and the
+    state_dict round trip (one set of processes for all: starting them is the slow part)."""
+    import time
+
+    times = {}
+    out = {}
+    for name, body in (("bf16", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24))),
+                       ("fp32", lambda: compare(rank, world, torch.float32, (48, 96, 24), steps=4)),
+                       ("frozen", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=5, freeze_at=2)),
+                       # One parameter: every rank but one holds nothing.
+                       ("empty", lambda: compare(rank, world, torch.bfloat16, (16, 8), steps=3, bias=False)),
+                       # The comparison policies: exponent reuse, and no coding at all.
+                       ("ciera", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=3, policy="ciera")),
+                       ("raw", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=2, policy="raw")),
+                       ("resume", lambda: state_dict_round_trip(rank, world))):
+        start = time.perf_counter()
+        out[name] = body()
+        times[name] = time.perf_counter() - start
+    out["times"] = times
+    return out
+
+
+def state_dict_round_trip(rank, world):
+    """ZeRO's consolidated state_dict (with the FP32 masters of every rank) loaded into a fresh
+    CIERA ZeRO continues bitwise like the optimizer it came from; plus the lifecycle: the engine
+    closes, and a closed optimizer refuses to sync."""
+    optimizer_class = zero.fp32_master(torch.optim.AdamW)
+    net = model(torch.bfloat16)
+    ours = zero.ZeroRedundancyOptimizer(net.parameters(), optimizer_class, policy=POLICY, lr=1e-3)
+    for s in range(3):
+        step(net, ours, rank, world, s, torch.bfloat16)
+    ours.consolidate_state_dict(to=0)
+    box = [ours.state_dict() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    resumed_net = copy.deepcopy(net)
+    resumed = zero.ZeroRedundancyOptimizer(resumed_net.parameters(), optimizer_class, policy=POLICY, lr=1.0)
+    resumed.load_state_dict(box[0])
+    lr_restored = resumed.param_groups[0]["lr"] == 1e-3 and resumed.optim.param_groups[0]["lr"] == 1e-3
+    for s in range(3, 6):
+        step(net, ours, rank, world, s, torch.bfloat16)
+        step(resumed_net, resumed, rank, world, s, torch.bfloat16)
+    # The wrapper hands its param_groups' hyperparameters to the inner optimizer at each step.
+    lr_restored &= resumed.optim.inner.param_groups[0]["lr"] == 1e-3
+    identical = same_bits(net, resumed_net)
+    ours.close()
+    resumed.close()
+    ours.close()   # twice is harmless
+    try:
+        ours.step()
+        closed_error = None
+    except ValueError as e:
+        closed_error = str(e)
+    return {"identical": identical, "lr_restored": lr_restored, "closed_error": closed_error}
