@@ -88,6 +88,54 @@ inline void expect_no_errors(const std::vector<std::string>& errors) {
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
+// One rank's part of a multi-bucket run: every bucket of `layouts` gathered together for `steps`
+// steps, each from its own trajectory (seed `seed` + bucket; bucket 2 of special values, the
+// others sparse), in place or not. Every rank's output is the rank-major concatenation of every
+// rank's input, bit for bit, at every step; `check(bucket, step, stats)` sees each gather's
+// stats. Returns the engine's cache_bytes() at the end.
+inline size_t gather_every_bucket(int rank, Transport& t, const std::shared_ptr<const CodecBackend>& backend,
+                                  const EngineConfig& config, const std::vector<BucketLayout>& layouts,
+                                  DType dtype, bool in_place, int steps, uint64_t seed,
+                                  const std::function<void(size_t, int, const GatherStats&)>& check) {
+  const MemoryOps& memory = backend->memory();
+  const uint32_t value_bytes = dtype_info(dtype).value_bytes;
+  std::vector<Trajectory> data;
+  std::vector<std::unique_ptr<PayloadBytes>> in, out;
+  for (size_t b = 0; b < layouts.size(); ++b) {
+    data.emplace_back(dtype, layouts[b].total_bytes() / value_bytes,
+                      b == 2 ? Pattern::kSpecial : Pattern::kSparse, seed + b);
+    in.push_back(std::make_unique<PayloadBytes>(memory, layouts[b].rank_bytes(rank)));
+    out.push_back(std::make_unique<PayloadBytes>(memory, layouts[b].total_bytes()));
+  }
+  CompressedAllgather engine(t, config, layouts, backend);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<CompressedAllgather::Ticket> tickets;
+    for (size_t b = 0; b < layouts.size(); ++b) {
+      if (step > 0) data[b].step();
+      const auto mine = data[b].span().subspan(layouts[b].rank_offset(rank), layouts[b].rank_bytes(rank));
+      std::span<const std::byte> input;
+      if (in_place) {
+        out[b]->put(mine, layouts[b].rank_offset(rank));
+        input = {out[b]->data() + layouts[b].rank_offset(rank), mine.size()};
+      } else {
+        in[b]->put(mine);
+        input = {in[b]->data(), mine.size()};
+      }
+      tickets.push_back(engine.start(b, input, out[b]->span()));
+    }
+    for (size_t b = 0; b < layouts.size(); ++b) {
+      const GatherStats stats = engine.wait(tickets[b]);
+      const std::vector<std::byte> got = out[b]->get();
+      if (!std::equal(got.begin(), got.end(), data[b].values().begin())) {
+        ADD_FAILURE() << "rank " << rank << " bucket " << b << " step " << step << ": output not exact";
+        return engine.cache_bytes();
+      }
+      check(b, step, stats);
+    }
+  }
+  return engine.cache_bytes();
+}
+
 // Three buckets (uneven and empty shards, raw and CIERA parameters) gathered together for
 // `steps` steps through warmup into compressed steady state: every rank's output is the
 // rank-major concatenation of every rank's input, bit for bit, at every step; steady-state
@@ -110,48 +158,19 @@ inline void expect_exact_gathers(int world, const BackendOf& backend_of, DType d
   config.warmup = warmup;
   config.codec.block_values = 256;
   expect_no_errors(run_backend_ranks(world, backend_of, [&](int rank, Transport& t, auto backend) {
-    const MemoryOps& memory = backend->memory();
-    std::vector<Trajectory> data;
-    std::vector<std::unique_ptr<PayloadBytes>> in, out;
-    for (size_t b = 0; b < layouts.size(); ++b) {
-      const uint64_t values = layouts[b].total_bytes() / dtype_info(dtype).value_bytes;
-      data.emplace_back(dtype, values, b == 2 ? Pattern::kSpecial : Pattern::kSparse, 20 + b);
-      in.push_back(std::make_unique<PayloadBytes>(memory, layouts[b].rank_bytes(rank)));
-      out.push_back(std::make_unique<PayloadBytes>(memory, layouts[b].total_bytes()));
-    }
-    CompressedAllgather engine(t, config, layouts, backend);
-    for (int step = 0; step < steps; ++step) {
-      std::vector<CompressedAllgather::Ticket> tickets;
-      for (size_t b = 0; b < layouts.size(); ++b) {
-        if (step > 0) data[b].step();
-        const auto mine = data[b].span().subspan(layouts[b].rank_offset(rank), layouts[b].rank_bytes(rank));
-        std::span<const std::byte> input;
-        if (in_place) {
-          out[b]->put(mine, layouts[b].rank_offset(rank));
-          input = {out[b]->data() + layouts[b].rank_offset(rank), mine.size()};
-        } else {
-          in[b]->put(mine);
-          input = {in[b]->data(), mine.size()};
-        }
-        tickets.push_back(engine.start(b, input, out[b]->span()));
+    const size_t cache_bytes = gather_every_bucket(rank, t, backend, config, layouts, dtype, in_place, steps, 20,
+                                                   [&](size_t b, int step, const GatherStats& stats) {
+      // Bucket 1 has only raw parameters; the others compress after warmup.
+      if (b == 1 || step < 4) {
+        EXPECT_EQ(stats.compressed, b != 1 && warmup == WarmupMode::kKeyFrames);
+      } else {
+        EXPECT_TRUE(stats.compressed) << "bucket " << b << " step " << step;
       }
-      for (size_t b = 0; b < layouts.size(); ++b) {
-        const GatherStats stats = engine.wait(tickets[b]);
-        const std::vector<std::byte> got = out[b]->get();
-        ASSERT_TRUE(std::equal(got.begin(), got.end(), data[b].values().begin()))
-            << "rank " << rank << " bucket " << b << " step " << step;
-        // Bucket 1 has only raw parameters; the others compress after warmup.
-        if (b == 1 || step < 4) {
-          EXPECT_EQ(stats.compressed, b != 1 && warmup == WarmupMode::kKeyFrames);
-        } else {
-          EXPECT_TRUE(stats.compressed) << "bucket " << b << " step " << step;
-        }
-        if (b == 0 && step > 5) {
-          EXPECT_LT(stats.wire_bytes, stats.raw_bytes) << "step " << step;
-        }
+      if (b == 0 && step > 5) {
+        EXPECT_LT(stats.wire_bytes, stats.raw_bytes) << "step " << step;
       }
-    }
-    EXPECT_GT(engine.cache_bytes(), 0u);
+    });
+    EXPECT_GT(cache_bytes, 0u);
   }, wrap, loopback_memory));
 }
 
@@ -307,40 +326,11 @@ inline void expect_exact_delta_gathers(int world, const BackendOf& backend_of, D
   config.codec.block_values = 256;
   const uint32_t value_bytes = dtype_info(dtype).value_bytes;
   expect_no_errors(run_backend_ranks(world, backend_of, [&](int rank, Transport& t, auto backend) {
-    const MemoryOps& memory = backend->memory();
-    std::vector<Trajectory> data;
-    std::vector<std::unique_ptr<PayloadBytes>> in, out;
-    for (size_t b = 0; b < layouts.size(); ++b) {
-      data.emplace_back(dtype, layouts[b].total_bytes() / value_bytes,
-                        b == 2 ? Pattern::kSpecial : Pattern::kSparse, 70 + b);
-      in.push_back(std::make_unique<PayloadBytes>(memory, layouts[b].rank_bytes(rank)));
-      out.push_back(std::make_unique<PayloadBytes>(memory, layouts[b].total_bytes()));
-    }
-    CompressedAllgather engine(t, config, layouts, backend);
-    for (int step = 0; step < steps; ++step) {
-      std::vector<CompressedAllgather::Ticket> tickets;
-      for (size_t b = 0; b < layouts.size(); ++b) {
-        if (step > 0) data[b].step();
-        const auto mine = data[b].span().subspan(layouts[b].rank_offset(rank), layouts[b].rank_bytes(rank));
-        std::span<const std::byte> input;
-        if (in_place) {
-          out[b]->put(mine, layouts[b].rank_offset(rank));
-          input = {out[b]->data() + layouts[b].rank_offset(rank), mine.size()};
-        } else {
-          in[b]->put(mine);
-          input = {in[b]->data(), mine.size()};
-        }
-        tickets.push_back(engine.start(b, input, out[b]->span()));
-      }
-      for (size_t b = 0; b < layouts.size(); ++b) {
-        const GatherStats stats = engine.wait(tickets[b]);
-        const std::vector<std::byte> got = out[b]->get();
-        ASSERT_TRUE(std::equal(got.begin(), got.end(), data[b].values().begin()))
-            << "rank " << rank << " bucket " << b << " step " << step;
-        EXPECT_TRUE(stats.compressed) << "bucket " << b << " step " << step;
-        EXPECT_EQ(stats.warmup, warmup == WarmupMode::kRaw && step < 4) << "step " << step;
-      }
-    }
+    const size_t cache_bytes = gather_every_bucket(rank, t, backend, config, layouts, dtype, in_place, steps, 70,
+                                                   [&](size_t b, int step, const GatherStats& stats) {
+      EXPECT_TRUE(stats.compressed) << "bucket " << b << " step " << step;
+      EXPECT_EQ(stats.warmup, warmup == WarmupMode::kRaw && step < 4) << "step " << step;
+    });
     // The codecs' state, exactly: delta parameters value_bytes per value, ciera ones the
     // exponent caches (exact detection: a byte per value, sender included).
     uint64_t expected = 0;
@@ -352,7 +342,7 @@ inline void expect_exact_delta_gathers(int world, const BackendOf& backend_of, D
         }
       }
     }
-    EXPECT_EQ(engine.cache_bytes(), expected) << "rank " << rank;
+    EXPECT_EQ(cache_bytes, expected) << "rank " << rank;
   }));
 }
 

@@ -168,6 +168,18 @@ TEST(DeviceDecoder, LargeKeyFramesSpanSeveralRansSegments) {
       false, 5);
 }
 
+// The stream rules (docs/format.md, "Streams") on a fresh decoder and a stream's first three
+// frames: nothing before the key frame, then frames only in order, a replay refused.
+void expect_frames_in_order_only(EmulatedDecoder& d, const std::vector<std::vector<std::byte>>& frames,
+                                 std::span<uint8_t> out) {
+  EXPECT_EQ(d.decode(bytes_of(frames[1], frames[1].size()), out), codec::device::kNoCache);
+  EXPECT_EQ(d.decode(bytes_of(frames[0], frames[0].size()), out), codec::device::kOk);
+  EXPECT_EQ(d.decode(bytes_of(frames[2], frames[2].size()), out), codec::device::kOutOfSequence);
+  EXPECT_EQ(d.decode(bytes_of(frames[1], frames[1].size()), out), codec::device::kOk);
+  EXPECT_EQ(d.decode(bytes_of(frames[1], frames[1].size()), out), codec::device::kOutOfSequence);  // replay
+  EXPECT_EQ(d.decode(bytes_of(frames[2], frames[2].size()), out), codec::device::kOk);
+}
+
 // The stream rules (docs/format.md, "Streams") as the CPU decoder applies them.
 TEST(DeviceDecoder, StreamPositionRulesMatchTheCpuDecoder) {
   CodecConfig config;
@@ -186,12 +198,7 @@ TEST(DeviceDecoder, StreamPositionRulesMatchTheCpuDecoder) {
   EmulatedDecoder other_stream(config, n, {4, 10});
   EXPECT_EQ(other_stream.decode(bytes_of(frames[0], frames[0].size()), out), codec::device::kMisrouted);
   EmulatedDecoder d(config, n, {3, 10});
-  EXPECT_EQ(d.decode(bytes_of(frames[1], frames[1].size()), out), codec::device::kNoCache);
-  EXPECT_EQ(d.decode(bytes_of(frames[0], frames[0].size()), out), codec::device::kOk);
-  EXPECT_EQ(d.decode(bytes_of(frames[2], frames[2].size()), out), codec::device::kOutOfSequence);
-  EXPECT_EQ(d.decode(bytes_of(frames[1], frames[1].size()), out), codec::device::kOk);
-  EXPECT_EQ(d.decode(bytes_of(frames[1], frames[1].size()), out), codec::device::kOutOfSequence);  // replay
-  EXPECT_EQ(d.decode(bytes_of(frames[2], frames[2].size()), out), codec::device::kOk);
+  expect_frames_in_order_only(d, frames, out);
   // A resynchronisation: the next key frame starts a new epoch, accepted only once requested.
   encoder.request_key_frame();
   trajectory.step();
@@ -593,12 +600,7 @@ TEST(DeviceDecoder, ValueDeltaStreamRulesMatchTheCpuDecoder) {
     EXPECT_EQ(exponents.decode(bytes_of(frames[0], frames[0].size()), out), codec::device::kOk);
     EXPECT_EQ(exponents.decode(bytes_of(frames[1], frames[1].size()), out), codec::device::kWrongStreamKind);
     EmulatedDecoder d(delta, n, {3, 10});
-    EXPECT_EQ(d.decode(bytes_of(frames[1], frames[1].size()), out), codec::device::kNoCache);
-    EXPECT_EQ(d.decode(bytes_of(frames[0], frames[0].size()), out), codec::device::kOk);
-    EXPECT_EQ(d.decode(bytes_of(frames[2], frames[2].size()), out), codec::device::kOutOfSequence);
-    EXPECT_EQ(d.decode(bytes_of(frames[1], frames[1].size()), out), codec::device::kOk);
-    EXPECT_EQ(d.decode(bytes_of(frames[1], frames[1].size()), out), codec::device::kOutOfSequence);  // replay
-    EXPECT_EQ(d.decode(bytes_of(frames[2], frames[2].size()), out), codec::device::kOk);
+    expect_frames_in_order_only(d, frames, out);
     EXPECT_TRUE(std::equal(d.values().begin(), d.values().end(), trajectory.bytes().begin()));
     d.reset();
     EXPECT_EQ(d.decode(bytes_of(frames[2], frames[2].size()), out), codec::device::kNoCache);

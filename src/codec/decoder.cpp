@@ -399,20 +399,28 @@ namespace {
       "content checksum mismatch: the reconstructed shard differs from what was sent (payload "
       "corrupted, or sender and receiver disagree about the previous values)");
 }
-}  // namespace
 
-// A value-delta frame: the previous values plus the differences (or the previous values
-// unchanged), checksummed; a frame that fails leaves the cache as it was.
-FrameStats ShardDecoder::Impl::decode_differences(const wire::Header& h, const uint8_t* payload,
-                                                  uint8_t* out) {
+// What a frame's statistics take from its header.
+FrameStats header_stats(const wire::Header& h, uint64_t payload_bytes) {
   FrameStats stats;
   stats.kind = h.kind;
   stats.section = h.section;
   stats.stream = h.stream;
   stats.epoch = h.epoch;
   stats.sequence = h.sequence;
-  stats.payload_bytes = h.payload_bytes();
+  stats.payload_bytes = payload_bytes;
+  stats.bitmap_bytes = h.bitmap_bytes;
+  stats.sign_mantissa_bytes = h.sign_mantissa_bytes;
   stats.exponent_bytes = h.exponent_bytes;
+  return stats;
+}
+}  // namespace
+
+// A value-delta frame: the previous values plus the differences (or the previous values
+// unchanged), checksummed; a frame that fails leaves the cache as it was.
+FrameStats ShardDecoder::Impl::decode_differences(const wire::Header& h, const uint8_t* payload,
+                                                  uint8_t* out) {
+  FrameStats stats = header_stats(h, h.payload_bytes());
   stats.blocks = grid.blocks;
   stats.changed_values_known = true;
   format::ContentChecksum checksum(kernels);
@@ -465,16 +473,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   }
   read_bitmap(bitmap, h);
 
-  FrameStats stats;
-  stats.kind = h.kind;
-  stats.section = h.section;
-  stats.stream = h.stream;
-  stats.epoch = h.epoch;
-  stats.sequence = h.sequence;
-  stats.payload_bytes = size;
-  stats.bitmap_bytes = h.bitmap_bytes;
-  stats.sign_mantissa_bytes = h.sign_mantissa_bytes;
-  stats.exponent_bytes = h.exponent_bytes;
+  FrameStats stats = header_stats(h, size);
   stats.blocks = grid.blocks;
   stats.changed_blocks = changed_blocks.size();
 

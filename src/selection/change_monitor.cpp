@@ -161,7 +161,7 @@ void ChangeMonitor::observe(std::span<const std::byte> shards) {
     format::extract_exponents(dtype_, k, values + first * value_bytes, count, current_.data() + first);
   }
   if (primed_ && track_values_) count_value_changes(shards);
-  if (track_values_) std::memcpy(previous_values_.data(), shards.data(), shards.size());
+  if (track_values_ && !shards.empty()) std::memcpy(previous_values_.data(), shards.data(), shards.size());
   if (primed_) {
     uint64_t offset = 0;
     for (size_t p = 0; p < shard_values_.size(); ++p) {
