@@ -418,6 +418,7 @@ nlohmann::json allgather_json(const Request& r, const AllgatherResult& result) {
                  {"steps", o.steps},        {"warmup", o.warmup},   {"buckets", o.buckets},
                  {"block", o.block},        {"codec", o.codec},     {"link_gbit", o.link_gbit},
                  {"delay_ms", o.delay_ms},  {"threads", o.threads}, {"transport", "mpi"},
+                 {"lr", o.lr},              {"seed", o.seed},
                  {"collective", o.broadcast ? "broadcast" : "allgather"}};
   if (o.broadcast) j["config"]["root"] = o.root;
   j["raw_ms"] = raw_ms;

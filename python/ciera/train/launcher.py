@@ -180,7 +180,9 @@ def render_summary(s: dict, run_dir: Path) -> str:
     def ms(x):
         return "-" if x is None else f"{x:.1f}"
 
-    delta = s.get("codec") == "delta"   # --codec delta: value differences from the first step, no warmup
+    # --codec delta without a budget: value differences on every shard from the first step, no
+    # warmup; with one, the selector chooses per shard after warmup, delta among the choices.
+    delta = s.get("codec") == "delta" and s.get("budget_bytes") is None
 
     rows = [
         ("model", f"{s['model']} ({s['params']:,} parameters, {s['buckets']} FSDP groups), {s['ranks']} ranks"),
@@ -207,6 +209,8 @@ def render_summary(s: dict, run_dir: Path) -> str:
                                + (f" of {budget_text(s['budget_bytes'])} budget; selected "
                                   f"{s['selected_shards']} of {s['candidate_shards']} shards "
                                   + ", ".join(f"{t} {n}" for t, n in s["selected_by_type"].items() if n)
+                                  + (f"; {s['selections'][-1]['delta']} of them value-delta"
+                                     if s.get("codec") == "delta" and s.get("selections") else "")
                                   if s.get("budget_bytes") is not None
                                   else "; all shards value-delta (receivers keep the previous values)" if delta
                                   else "; all shards compressed")),
