@@ -164,12 +164,15 @@ def test_ciera_train_zero_is_bitwise_identical_to_torch_zero(tmp_path):
     assert all(r["sync_ms"] > 0 for r in records)
 
 
-@pytest.mark.skipif(not hasattr(ciera.ShardPolicy, "delta"), reason="this build has no delta shard policy")
 def test_ciera_train_codec_delta_is_bitwise_identical_to_fsdp2(tmp_path):
-    summary, _ = _train(tmp_path, "--codec", "delta")
+    """--codec delta: every shard in value-delta frames from the first step; the codec state is
+    exactly one copy of the BF16 parameters (every rank keeps every shard's previous values)."""
+    summary, table = _train(tmp_path, "--codec", "delta")
     assert summary["codec"] == "delta" and summary["warmup"] == 1
     assert summary["losses_identical"] and summary["params_identical"], summary
     assert 0 < summary["bits_per_value"] < 8
+    assert summary["cache_bytes"] == 2 * summary["params"]
+    assert "value-delta frames on every shard from step 1" in table
 
 
 @pytest.mark.parametrize("args,message", [
