@@ -110,30 +110,13 @@ DifferenceWriter::Result DifferenceWriter::write(DType dtype, const uint8_t* val
   if (changed_ == 0) return result;  // the 'unchanged' section: empty
 
   const uint64_t extra_bytes = (extra_bits_ + 7) / 8;
-  const uint64_t bound = entropy::symbol_stream_bound(groups, kGroupSymbolBits) +
-                         entropy::symbol_stream_bound(escape_count_, kEscapeSymbolBits) + 8 +
-                         extra_bytes;
-  if (bound > capacity) {
+  const std::initializer_list<SectionStream> streams = {{{groups_.data(), groups}, kGroupSymbolBits},
+                                                         {{escapes_.data(), escape_count_}, kEscapeSymbolBits}};
+  if (streams_then_extra_bound(streams, extra_bytes) > capacity) {
     result.fits = false;
     return result;
   }
-  const entropy::ArraySource group_source({groups_.data(), groups});
-  const entropy::ArraySource escape_source({escapes_.data(), escape_count_});
-  uint8_t* at = out;
-  const std::pair<const entropy::ArraySource*, unsigned> streams[] = {
-      {&group_source, kGroupSymbolBits}, {&escape_source, kEscapeSymbolBits}};
-  for (const auto& [source, symbol_bits] : streams) {
-    const entropy::Histogram hist = entropy::histogram_of(*source, scratch_);
-    const entropy::StreamStats s = entropy::write_symbol_stream(
-        *source, hist, symbol_bits, at, capacity - static_cast<uint64_t>(at - out), scratch_);
-    add_stream_stats(stats, s);
-    at += s.bytes;
-  }
-  store_le64(at, extra_bytes);
-  at += 8;
-  std::memcpy(at, extra_.data(), extra_bytes);
-  at += extra_bytes;
-  result.bytes = static_cast<uint64_t>(at - out);
+  result.bytes = write_streams_then_extra(streams, extra_.data(), extra_bytes, out, capacity, scratch_, stats);
   return result;
 }
 

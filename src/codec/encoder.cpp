@@ -28,6 +28,9 @@ namespace ciera {
 namespace {
 
 using codec::add_stream_stats;
+using codec::SectionStream;
+using codec::streams_then_extra_bound;
+using codec::write_streams_then_extra;
 using entropy::Histogram;
 using entropy::StreamStats;
 using entropy::SymbolSource;
@@ -319,32 +322,11 @@ uint64_t ShardEncoder::Impl::write_fine(uint8_t* out, uint64_t capacity, FrameSt
   }
   fine_coding.fine_symbols(change_positions.data(), change_count, symbols, extra);
   const uint64_t extra_bytes = extra.finish();
-  const uint64_t bound = entropy::symbol_stream_bound(blocks_changed, kBucketBits) +
-                         entropy::symbol_stream_bound(change_count, kChangeSymbolBits) +
-                         entropy::symbol_stream_bound(escape_count, info.exponent_bits) + 8 +
-                         extra_bytes;
-  if (bound > capacity) return 0;
-
-  const entropy::ArraySource count_source({counts, blocks_changed});
-  const entropy::ArraySource change_source({symbols, change_count});
-  const entropy::ArraySource escape_source({escapes, escape_count});
-  uint8_t* at = out;
-  const std::pair<const entropy::ArraySource*, unsigned> streams[] = {
-      {&count_source, kBucketBits}, {&change_source, kChangeSymbolBits},
-      {&escape_source, info.exponent_bits}};
-  for (const auto& [source, symbol_bits] : streams) {
-    const Histogram hist = entropy::histogram_of(*source, stream_scratch);
-    const StreamStats s = entropy::write_symbol_stream(*source, hist, symbol_bits, at,
-                                                       capacity - static_cast<uint64_t>(at - out),
-                                                       stream_scratch);
-    add_stream_stats(stats, s);
-    at += s.bytes;
-  }
-  store_le64(at, extra_bytes);
-  at += 8;
-  std::memcpy(at, extra_scratch.data(), extra_bytes);
-  at += extra_bytes;
-  return static_cast<uint64_t>(at - out);
+  const std::initializer_list<SectionStream> streams = {{{counts, blocks_changed}, kBucketBits},
+                                                         {{symbols, change_count}, kChangeSymbolBits},
+                                                         {{escapes, escape_count}, info.exponent_bits}};
+  if (streams_then_extra_bound(streams, extra_bytes) > capacity) return 0;
+  return write_streams_then_extra(streams, extra_scratch.data(), extra_bytes, out, capacity, stream_scratch, stats);
 }
 
 // Estimated bits of block coding for this frame, from an order-0 model of a sample of the
