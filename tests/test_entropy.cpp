@@ -144,14 +144,18 @@ TEST(SymbolStream, MultiSegmentRansRoundTrips) {
     ASSERT_EQ(stats.method, StreamMethod::kRans) << n;
     EXPECT_EQ(decode_all(stream, v.size(), 255, 777), v) << n;
     EXPECT_EQ(decode_all(stream, v.size(), 255, 16), v) << n;
+    // Whole: pairs of segments go through the two-stream kernel.
+    EXPECT_EQ(decode_all(stream, v.size(), 255, v.size()), v) << n;
   }
-  // Any change to the table, the segment lengths or the first segment's states is an error.
+  // Any change to the table, the segment lengths or the first segment's states is an error,
+  // read in chunks or whole.
   const auto v = exponent_like(3 * kRansSegmentSymbols, 5);
   const auto stream = encode(v, 8, 1000);
   for (size_t at = 0; at < 200; ++at) {
     auto bad = stream;
     bad[at] ^= 0x10;
     EXPECT_THROW(decode_all(bad, v.size(), 255, 4096), FormatError) << "byte " << at;
+    EXPECT_THROW(decode_all(bad, v.size(), 255, v.size()), FormatError) << "byte " << at;
   }
 }
 

@@ -71,7 +71,7 @@ TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
 }
 
 // Every target's group rANS decoder reads back what the encoder wrote: the symbols, the start
-// states, and exactly the words it emitted.
+// states, and exactly the words it emitted; so does its two-stream decoder, for each stream.
 TEST(RansKernels, GroupsDecodeWhatWasEncoded) {
   std::mt19937_64 rng(35);
   for (const unsigned alphabet : {2u, 40u, 256u}) {
@@ -87,34 +87,59 @@ TEST(RansKernels, GroupsDecodeWhatWasEncoded) {
         slots[slot] = s | (model.freq[s] - 1u) << 8 | uint32_t{model.start[s]} << 20;
       }
     }
-    for (const size_t groups : {size_t{1}, size_t{5}, size_t{300}}) {
-      std::vector<uint8_t> symbols(kRansStates * groups);
-      for (auto& s : symbols) s = static_cast<uint8_t>(rng() % alphabet);
-      std::vector<uint8_t> buffer(2 * symbols.size() + 64);
-      RansEncoder encoder(model);
-      encoder.begin(buffer.data() + buffer.size(), buffer.data(), symbols.size(), nullptr);
-      ASSERT_TRUE(encoder.put_reverse(symbols.data(), symbols.size()));
-      // One segment (at most 4800 symbols): its final states, then its words.
+    // One segment of `groups` groups of random symbols: its symbols, final states, and its
+    // words followed by padding (32 readable bytes per group) the decoder may look at.
+    struct Encoded {
+      std::vector<uint8_t> symbols;
       uint32_t final_states[kRansStates];
-      for (unsigned j = 0; j < kRansStates; ++j) {
-        final_states[j] = load_le32(encoder.bytes_begin() + 4 * j);
-      }
+      std::vector<uint8_t> input;
+      size_t word_bytes = 0;
+    };
+    const auto encode = [&](size_t groups) {
+      Encoded e;
+      e.symbols.resize(kRansStates * groups);
+      for (auto& s : e.symbols) s = static_cast<uint8_t>(rng() % alphabet);
+      std::vector<uint8_t> buffer(2 * e.symbols.size() + 64);
+      RansEncoder encoder(model);
+      encoder.begin(buffer.data() + buffer.size(), buffer.data(), e.symbols.size(), nullptr);
+      EXPECT_TRUE(encoder.put_reverse(e.symbols.data(), e.symbols.size()));
+      for (unsigned j = 0; j < kRansStates; ++j) e.final_states[j] = load_le32(encoder.bytes_begin() + 4 * j);
       const uint8_t* words = encoder.bytes_begin() + kRansStateBytes;
-      // 32 readable bytes per group: the words plus padding the decoder may look at.
-      std::vector<uint8_t> input(words, static_cast<const uint8_t*>(buffer.data() + buffer.size()));
-      const size_t word_bytes = input.size();
-      input.resize(word_bytes + 32 * groups, 0xC3);
+      e.input.assign(words, static_cast<const uint8_t*>(buffer.data() + buffer.size()));
+      e.word_bytes = e.input.size();
+      e.input.resize(e.word_bytes + 32 * groups, 0xC3);
+      return e;
+    };
+    for (const size_t groups : {size_t{1}, size_t{5}, size_t{300}}) {
+      // Two different segments: decode_groups reads the first, decode_groups2 both at once.
+      const Encoded one = encode(groups), two = encode(groups);
       for (const RansKernels* k : kernels_of_every_target(rans_kernels_for)) {
-        uint32_t states[kRansStates];
-        std::copy(final_states, final_states + kRansStates, states);
-        const uint8_t* in = input.data();
-        std::vector<uint8_t> got(symbols.size());
-        k->decode_groups(slots.data(), states, &in, got.data(), groups);
         const std::string where = std::string(k->target) + " alphabet " + std::to_string(alphabet) +
                                   " groups " + std::to_string(groups);
-        EXPECT_EQ(got, symbols) << where;
-        EXPECT_EQ(static_cast<size_t>(in - input.data()), word_bytes) << where;
+        uint32_t states[kRansStates];
+        std::copy(one.final_states, one.final_states + kRansStates, states);
+        const uint8_t* in = one.input.data();
+        std::vector<uint8_t> got(one.symbols.size());
+        k->decode_groups(slots.data(), states, &in, got.data(), groups);
+        EXPECT_EQ(got, one.symbols) << where;
+        EXPECT_EQ(static_cast<size_t>(in - one.input.data()), one.word_bytes) << where;
         for (uint32_t x : states) EXPECT_EQ(x, kRansLowerBound) << where;
+
+        uint32_t states_a[kRansStates], states_b[kRansStates];
+        std::copy(one.final_states, one.final_states + kRansStates, states_a);
+        std::copy(two.final_states, two.final_states + kRansStates, states_b);
+        const uint8_t* in_a = one.input.data();
+        const uint8_t* in_b = two.input.data();
+        std::vector<uint8_t> got_a(one.symbols.size()), got_b(two.symbols.size());
+        k->decode_groups2(slots.data(), states_a, &in_a, got_a.data(), states_b, &in_b, got_b.data(), groups);
+        EXPECT_EQ(got_a, one.symbols) << where << " (two streams, first)";
+        EXPECT_EQ(got_b, two.symbols) << where << " (two streams, second)";
+        EXPECT_EQ(static_cast<size_t>(in_a - one.input.data()), one.word_bytes) << where;
+        EXPECT_EQ(static_cast<size_t>(in_b - two.input.data()), two.word_bytes) << where;
+        for (unsigned j = 0; j < kRansStates; ++j) {
+          EXPECT_EQ(states_a[j], kRansLowerBound) << where;
+          EXPECT_EQ(states_b[j], kRansLowerBound) << where;
+        }
       }
     }
   }

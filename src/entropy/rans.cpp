@@ -248,20 +248,71 @@ void RansDecoder::begin(const RansModel& model, const uint8_t* body, uint64_t si
   open_segment();
 }
 
-void RansDecoder::open_segment() {
-  end_ = segment_ + 1 < segments_ ? in_ + load_le32(lengths_ + 4 * segment_) : stream_end_;
+uint64_t RansDecoder::segment_symbols_of(uint64_t segment) const {
+  return std::min<uint64_t>(kRansSegmentSymbols, symbols_ - segment * kRansSegmentSymbols);
+}
+
+const uint8_t* RansDecoder::segment_end(uint64_t segment, const uint8_t* begin) const {
+  return segment + 1 < segments_ ? begin + load_le32(lengths_ + 4 * segment) : stream_end_;
+}
+
+void RansDecoder::load_states(uint64_t segment, const uint8_t* at, uint32_t* states) const {
   for (unsigned j = 0; j < kRansStates; ++j) {
-    const uint32_t x = load_le32(in_ + 4 * j);
+    const uint32_t x = load_le32(at + 4 * j);
     if (x < kRansLowerBound || x >= (uint32_t{1} << 31)) {
       throw FormatError(std::string(what_) + ": rANS state " + std::to_string(j) +
-                        " of segment " + std::to_string(segment_) + " is out of range");
+                        " of segment " + std::to_string(segment) + " is out of range");
     }
-    state_[j] = x;
+    states[j] = x;
   }
+}
+
+void RansDecoder::open_segment() {
+  end_ = segment_end(segment_, in_);
+  load_states(segment_, in_, state_);
   in_ += kRansStateBytes;
   index_ = 0;
-  segment_symbols_ = std::min<uint64_t>(kRansSegmentSymbols,
-                                        symbols_ - segment_ * kRansSegmentSymbols);
+  segment_symbols_ = segment_symbols_of(segment_);
+}
+
+// Segment s (just opened) and s + 1, whose symbols are the next ones wanted: as many groups of
+// both as their bytes allow without checks through the two-stream kernel, then the rest of
+// each the usual way. Leaves the decoder at the end of s + 1, s checked as finish_segment does.
+size_t RansDecoder::get_two_segments(uint8_t* out) {
+  const uint64_t next = segment_ + 1;
+  // begin() checked every length: segment s + 1 starts at s's end and holds its states.
+  const uint8_t* next_in = end_;
+  const uint8_t* next_end = segment_end(next, next_in);
+  uint32_t next_state[kRansStates];
+  load_states(next, next_in, next_state);
+  next_in += kRansStateBytes;
+  const uint64_t next_symbols = segment_symbols_of(next);
+  uint8_t* next_out = out + segment_symbols_;
+  // A symbol reads at most one 16-bit word, and a group's look-ahead stays within 32 bytes of
+  // words it may take: groups are safe while 2 bytes per symbol of them remain (as in
+  // get_in_segment, whose rounds shrink the same way as the bytes left do).
+  uint64_t next_index = 0;
+  for (;;) {
+    const uint64_t room = std::min({segment_symbols_ - index_, static_cast<uint64_t>(end_ - in_) / 2,
+                                    next_symbols - next_index, static_cast<uint64_t>(next_end - next_in) / 2});
+    const size_t groups = static_cast<size_t>(room / kRansStates);
+    if (groups == 0) break;
+    rans_kernels().decode_groups2(slots_.data(), state_, &in_, out + index_, next_state, &next_in,
+                                  next_out + next_index, groups);
+    index_ += kRansStates * groups;
+    next_index += kRansStates * groups;
+  }
+  get_in_segment(out + index_, static_cast<size_t>(segment_symbols_ - index_));
+  finish_segment();
+  const size_t first_symbols = static_cast<size_t>(segment_symbols_);
+  segment_ = next;
+  std::copy(next_state, next_state + kRansStates, state_);
+  in_ = next_in;
+  end_ = next_end;
+  segment_symbols_ = next_symbols;
+  index_ = next_index;
+  get_in_segment(next_out + index_, static_cast<size_t>(segment_symbols_ - index_));
+  return first_symbols + static_cast<size_t>(next_symbols);
 }
 
 void RansDecoder::get(uint8_t* out, size_t n) {
@@ -271,6 +322,12 @@ void RansDecoder::get(uint8_t* out, size_t n) {
       finish_segment();
       ++segment_;
       open_segment();
+    }
+    // This segment from its start and the next one, both wanted whole: decoded together.
+    if (index_ == 0 && segment_ + 1 < segments_ &&
+        n - k >= segment_symbols_ + segment_symbols_of(segment_ + 1)) {
+      k += get_two_segments(out + k);
+      continue;
     }
     const size_t take = static_cast<size_t>(std::min<uint64_t>(n - k, segment_symbols_ - index_));
     get_in_segment(out + k, take);

@@ -84,6 +84,13 @@ class RansDecoder {
 
  private:
   void open_segment();
+  uint64_t segment_symbols_of(uint64_t segment) const;
+  // Where `segment`, whose bytes start at `begin`, ends.
+  const uint8_t* segment_end(uint64_t segment, const uint8_t* begin) const;
+  // A segment's start states, checked.
+  void load_states(uint64_t segment, const uint8_t* at, uint32_t* states) const;
+  // Decodes the segment just opened and the next one whole; returns the symbols written.
+  size_t get_two_segments(uint8_t* out);
   void finish_segment() const;
   void get_in_segment(uint8_t* out, size_t n);
   // `n` symbols, a multiple of kRansStates starting at state 0, whose bytes are known to be there.

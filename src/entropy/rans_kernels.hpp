@@ -25,6 +25,10 @@ struct RansKernels {
   // readable bytes per group left.
   void (*decode_groups)(const uint32_t* slots, uint32_t* states, const uint8_t** in, uint8_t* out,
                         size_t groups);
+  // decode_groups on two independent streams at once (two segments of one stream), `groups`
+  // groups of each: the same symbols, states and input positions as two decode_groups calls.
+  void (*decode_groups2)(const uint32_t* slots, uint32_t* states_a, const uint8_t** in_a, uint8_t* out_a,
+                         uint32_t* states_b, const uint8_t** in_b, uint8_t* out_b, size_t groups);
 };
 
 // The kernels of the process's SIMD target.
