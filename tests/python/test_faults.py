@@ -153,5 +153,9 @@ def test_the_python_api_ends_the_mpi_job_after_a_stalled_peer():
             os.kill(int(line), signal.SIGKILL)  # cleanup after the failure only
         pytest.fail(f"the job still runs {time.time() - started:.0f} s after it started:\n{output[-3000:]}")
     assert job.returncode != 0, output[-3000:]
-    assert "rank 2 stops" in output and "CommError" in output and "MPI_ABORT" in output, output[-3000:]
+    assert "rank 2 stops" in output and "CommError" in output, output[-3000:]
+    # Open MPI 4 prints its MPI_ABORT banner through show_help, which fails now and then when two
+    # ranks abort at the same moment ("ORTE_ERROR_LOG: Out of resource in file .../show_help.c"):
+    # the job still ended by MPI_Abort, only the banner is lost.
+    assert "MPI_ABORT" in output or "show_help.c" in output, output[-3000:]
     assert "no error although" not in output
