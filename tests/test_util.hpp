@@ -1,6 +1,7 @@
 // Shared helpers for the codec tests: value generators for the change patterns of house rule 8.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -89,6 +90,17 @@ inline uint32_t get_value(DType dtype, const std::vector<std::byte>& buf, size_t
   uint32_t bits = 0;
   std::memcpy(&bits, buf.data() + i * dtype_info(dtype).value_bytes, dtype_info(dtype).value_bytes);
   return bits;
+}
+
+// Value i of `buf` as a number (for tolerance checks of the lossy peer schemes).
+inline double to_double(DType dtype, const std::vector<std::byte>& buf, size_t i) {
+  const uint32_t bits = get_value(dtype, buf, i);
+  if (dtype == DType::kFP32) return std::bit_cast<float>(bits);
+  if (dtype == DType::kBF16) return std::bit_cast<float>(bits << 16);
+  _Float16 half;
+  const auto low = static_cast<uint16_t>(bits);
+  std::memcpy(&half, &low, 2);
+  return static_cast<double>(half);
 }
 
 // Moves a value's exponent by +-1 (a crossing of a power of two), keeping the exponent in range.

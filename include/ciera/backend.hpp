@@ -33,6 +33,13 @@ class PayloadEncoder {
   virtual size_t max_payload_bytes() const = 0;
   // Bytes of persistent sender state.
   virtual size_t cache_bytes() const = 0;
+  // Lossy streams (ShardPolicy::kZeroppInt8, kSdp4bit) only: whether the receivers reconstruct
+  // something other than the input, and what. reconstruct() writes into `shard` (shard_bytes of
+  // payload memory) what every receiver decodes from `payload`, the frame encode() just returned,
+  // so that the sender gathers the same values as its peers.
+  virtual bool lossy() const { return false; }
+  virtual void reconstruct(const std::byte* payload, uint64_t payload_bytes, std::byte* shard,
+                           uint64_t shard_bytes) const;
 };
 
 // Receiver side of one peer shard, on payload memory; owns its exponent cache. One thread at a
@@ -74,8 +81,8 @@ class CodecBackend {
   virtual bool host_memory() const = 0;
 
   // Whether its coders take streams of `kind` (CodecConfig::stream_kind). The engine refuses a
-  // policy whose streams its backend cannot code, on every rank. The host's and the CUDA
-  // backend's code both kinds.
+  // policy whose streams its backend cannot code, on every rank. This default, kept by the CUDA
+  // backend: exponent reuse and value delta. The host backend codes the peer schemes' too.
   virtual bool codes(StreamKind kind) const;
 
   // Coders of `num_values` values of `config.dtype`, as ShardEncoder / ShardDecoder.

@@ -6,4 +6,5 @@
 #include "ciera/config.hpp"
 #include "ciera/dtype.hpp"
 #include "ciera/error.hpp"
+#include "ciera/peers.hpp"
 #include "ciera/version.hpp"

@@ -33,10 +33,29 @@ ExponentCoding parse_exponent_coding(std::string_view name);  // "auto" | "block
 // How one parameter's shards travel: the engine's per-parameter switch, and what the selector
 // (paper §3.2) chooses. kDelta goes beyond the paper: the receivers keep the previous values of
 // the shard (two bytes per BF16 value instead of one) and take value-delta frames.
-enum class ShardPolicy : uint8_t { kRaw = 0, kCiera = 1, kDelta = 2 };
+//
+// The last three are the alternatives CIERA is compared with (include/ciera/peers.hpp), run by
+// the same engine over the same transport so that only the scheme differs. The selector never
+// chooses them. Two are LOSSY: every rank, the sender included, gathers what the receivers
+// reconstruct, not the input.
+//  - kZeroppInt8: ZeRO++'s quantised weights (qwZ), block-wise symmetric int8. Lossy.
+//  - kSdp4bit: SDP4Bit's weight-difference quantisation, 4-bit, against the receivers' copy. Lossy.
+//  - kStateless: every exponent entropy-coded in every frame, no cache (ZipCCL's idea). Lossless.
+enum class ShardPolicy : uint8_t {
+  kRaw = 0,
+  kCiera = 1,
+  kDelta = 2,
+  kZeroppInt8 = 3,
+  kSdp4bit = 4,
+  kStateless = 5,
+};
 
-std::string_view shard_policy_name(ShardPolicy policy);     // "raw" | "ciera" | "delta"
+// "raw" | "ciera" | "delta" | "zeropp-int8" | "sdp4bit" | "stateless"
+std::string_view shard_policy_name(ShardPolicy policy);
 ShardPolicy parse_shard_policy(std::string_view name);
+bool is_shard_policy(ShardPolicy policy);  // one of the values above
+// Whether the gathered values may differ from the input (kZeroppInt8, kSdp4bit).
+bool lossy_policy(ShardPolicy policy);
 
 // What the receiver of a stream keeps between frames, and so which frames the stream carries
 // (docs/format.md, "Value-delta frames").
@@ -47,9 +66,18 @@ enum class StreamKind : uint8_t {
   // The receiver keeps the previous values (value_bytes per value); key frames and value-delta
   // frames, which carry the exact step-to-step difference of every value.
   kValueDelta = 1,
+  // The peer schemes' streams (ShardPolicy::kZeroppInt8, kSdp4bit, kStateless; wire format in
+  // docs/format.md, "Peer-scheme frames"). kSdp4bit's receiver keeps its reconstruction
+  // (value_bytes per value); the other two keep nothing.
+  kZeroppInt8 = 2,
+  kSdp4bit = 3,
+  kStateless = 4,
 };
 
-std::string_view stream_kind_name(StreamKind kind);  // "exponent-reuse" | "value-delta"
+// "exponent-reuse" | "value-delta" | "zeropp-int8" | "sdp4bit" | "stateless"
+std::string_view stream_kind_name(StreamKind kind);
+// The stream kind a coded policy's parameters travel in (kRaw has none: ConfigError).
+StreamKind policy_stream_kind(ShardPolicy policy);
 
 struct CodecConfig {
   static constexpr uint32_t kMinBlockValues = 64;

@@ -25,10 +25,20 @@ void bind_config(py::module_& m) {
   py::enum_<ShardPolicy>(m, "ShardPolicy")
       .value("raw", ShardPolicy::kRaw)
       .value("ciera", ShardPolicy::kCiera)
-      .value("delta", ShardPolicy::kDelta);
+      .value("delta", ShardPolicy::kDelta)
+      .value("zeropp_int8", ShardPolicy::kZeroppInt8)
+      .value("sdp4bit", ShardPolicy::kSdp4bit)
+      .value("stateless", ShardPolicy::kStateless);
+  m.def("parse_shard_policy", [](std::string_view name) { return parse_shard_policy(name); },
+        "The policy named as `ciera train --codec` names it (raw, ciera, delta, zeropp-int8, sdp4bit, stateless).");
+  m.def("shard_policy_name", [](ShardPolicy p) { return std::string(shard_policy_name(p)); });
+  m.def("lossy_policy", &lossy_policy, "Whether gathers of this policy may differ from the input.");
   py::enum_<StreamKind>(m, "StreamKind")
       .value("exponent_reuse", StreamKind::kExponentReuse)
-      .value("value_delta", StreamKind::kValueDelta);
+      .value("value_delta", StreamKind::kValueDelta)
+      .value("zeropp_int8", StreamKind::kZeroppInt8)
+      .value("sdp4bit", StreamKind::kSdp4bit)
+      .value("stateless", StreamKind::kStateless);
   py::enum_<WarmupMode>(m, "WarmupMode")
       .value("raw", WarmupMode::kRaw)
       .value("key_frames", WarmupMode::kKeyFrames);

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "ciera/backend.hpp"
+#include "codec/peer_coders.hpp"
 
 namespace ciera {
 
@@ -53,12 +54,17 @@ class HostBackend final : public CodecBackend {
   std::string_view name() const override { return "host"; }
   const MemoryOps& memory() const override { return host_memory_ops(); }
   bool host_memory() const override { return true; }
+  bool codes(StreamKind kind) const override {
+    return CodecBackend::codes(kind) || is_peer_stream(kind);
+  }
   std::unique_ptr<PayloadEncoder> make_encoder(const CodecConfig& config, uint64_t n,
                                                StreamIdentity id) const override {
+    if (is_peer_stream(config.stream_kind)) return make_peer_encoder(config, n, id);
     return std::make_unique<HostEncoder>(config, n, id);
   }
   std::unique_ptr<PayloadDecoder> make_decoder(const CodecConfig& config, uint64_t n,
                                                StreamIdentity id) const override {
+    if (is_peer_stream(config.stream_kind)) return make_peer_decoder(config, n, id);
     return std::make_unique<HostDecoder>(config, n, id);
   }
 };

@@ -39,26 +39,58 @@ std::string_view shard_policy_name(ShardPolicy policy) {
     case ShardPolicy::kRaw: return "raw";
     case ShardPolicy::kCiera: return "ciera";
     case ShardPolicy::kDelta: return "delta";
+    case ShardPolicy::kZeroppInt8: return "zeropp-int8";
+    case ShardPolicy::kSdp4bit: return "sdp4bit";
+    case ShardPolicy::kStateless: return "stateless";
   }
   return "unknown";
+}
+
+bool is_shard_policy(ShardPolicy policy) { return static_cast<uint8_t>(policy) <= 5; }
+
+bool lossy_policy(ShardPolicy policy) {
+  return policy == ShardPolicy::kZeroppInt8 || policy == ShardPolicy::kSdp4bit;
+}
+
+StreamKind policy_stream_kind(ShardPolicy policy) {
+  switch (policy) {
+    case ShardPolicy::kCiera: return StreamKind::kExponentReuse;
+    case ShardPolicy::kDelta: return StreamKind::kValueDelta;
+    case ShardPolicy::kZeroppInt8: return StreamKind::kZeroppInt8;
+    case ShardPolicy::kSdp4bit: return StreamKind::kSdp4bit;
+    case ShardPolicy::kStateless: return StreamKind::kStateless;
+    case ShardPolicy::kRaw: break;
+  }
+  throw ConfigError("policy " + std::string(shard_policy_name(policy)) + " has no codec stream");
 }
 
 ShardPolicy parse_shard_policy(std::string_view name) {
   if (name == "raw") return ShardPolicy::kRaw;
   if (name == "ciera") return ShardPolicy::kCiera;
   if (name == "delta") return ShardPolicy::kDelta;
-  throw ConfigError("unknown shard policy '" + std::string(name) + "' (expected raw, ciera or delta)");
+  if (name == "zeropp-int8") return ShardPolicy::kZeroppInt8;
+  if (name == "sdp4bit") return ShardPolicy::kSdp4bit;
+  if (name == "stateless") return ShardPolicy::kStateless;
+  throw ConfigError("unknown shard policy '" + std::string(name) +
+                    "' (expected raw, ciera, delta, zeropp-int8, sdp4bit or stateless)");
 }
 
 std::string_view stream_kind_name(StreamKind kind) {
-  return kind == StreamKind::kValueDelta ? "value-delta" : "exponent-reuse";
+  switch (kind) {
+    case StreamKind::kExponentReuse: return "exponent-reuse";
+    case StreamKind::kValueDelta: return "value-delta";
+    case StreamKind::kZeroppInt8: return "zeropp-int8";
+    case StreamKind::kSdp4bit: return "sdp4bit";
+    case StreamKind::kStateless: return "stateless";
+  }
+  return "unknown";
 }
 
 void CodecConfig::validate() const {
   if (static_cast<uint8_t>(dtype) < 1 || static_cast<uint8_t>(dtype) > 3) {
     throw ConfigError("config: unknown dtype code " + std::to_string(static_cast<int>(dtype)));
   }
-  if (stream_kind != StreamKind::kExponentReuse && stream_kind != StreamKind::kValueDelta) {
+  if (static_cast<uint8_t>(stream_kind) > static_cast<uint8_t>(StreamKind::kStateless)) {
     throw ConfigError("config: unknown stream kind " + std::to_string(static_cast<int>(stream_kind)));
   }
   if (block_values < kMinBlockValues || block_values > kMaxBlockValues) {

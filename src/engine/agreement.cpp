@@ -18,12 +18,16 @@ namespace {
 using Facts = std::vector<std::pair<std::string, std::string>>;
 
 // One letter per parameter in the bucket's policy fact, so that ranks whose policies differ
-// disagree on it (and the message shows where): raw, ciera, delta.
+// disagree on it (and the message shows where): raw, ciera, delta, and the peer schemes
+// zeropp-int8 (q), sdp4bit (4) and stateless (s).
 char policy_letter(ShardPolicy policy) {
   switch (policy) {
     case ShardPolicy::kRaw: return 'r';
     case ShardPolicy::kCiera: return 'c';
     case ShardPolicy::kDelta: return 'd';
+    case ShardPolicy::kZeroppInt8: return 'q';
+    case ShardPolicy::kSdp4bit: return '4';
+    case ShardPolicy::kStateless: return 's';
   }
   return '?';  // validate() rejects it first
 }

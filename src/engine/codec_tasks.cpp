@@ -58,13 +58,26 @@ void CompressedAllgather::Impl::start_decode(Gather& g) {
   BucketState& s = buckets[g.bucket];
   g.verdict = Verdict{};
   g.decode_started = std::chrono::steady_clock::now();
-  // Own shards: straight from the input (nothing to do when gathering in place).
+  // Own shards: straight from the input (nothing to do when gathering in place), except that a
+  // lossy parameter sent coded gathers what its receivers reconstruct, so that every rank holds
+  // the same values (its encoder wrote them; encoding is done before decoding starts).
   std::byte* own = g.out + s.layout.rank_offset(rank);
   const uint64_t own_bytes = s.layout.rank_bytes(rank);
-  if (own != g.in && own_bytes) {
-    pool.submit(g.decoding, [own, &g, own_bytes, this] {
+  const bool reconstruct = s.has_lossy && !g.sends_raw;
+  if ((own != g.in || reconstruct) && own_bytes) {
+    pool.submit(g.decoding, [own, &g, &s, own_bytes, reconstruct, this] {
       g.wait_for_input();
-      memory.move(own, g.in, own_bytes);
+      if (own != g.in) memory.move(own, g.in, own_bytes);
+      if (!reconstruct) return;
+      // Each payload where pack() left it: back to back after the envelope's header.
+      uint64_t at = s.send_layout.envelope_offset + envelope_header_bytes(s.layout.params());
+      for (size_t k = 0; k < s.layout.params(); ++k) {
+        if (s.lossy_params[k] && s.encoders[k]) {
+          s.encoders[k]->reconstruct(s.send.data() + at, s.payload_bytes[k], own + s.my_param_offset[k],
+                                     s.layout.shard_values[rank][k] * s.value_bytes);
+        }
+        at += s.payload_bytes[k];
+      }
     });
   }
   uint64_t at = 0;

@@ -97,17 +97,16 @@ StreamIdentity CompressedAllgather::Impl::stream_of(const BucketState& s, int se
 // requested resynchronisation: the sender's encoder may have moved on in key-frame rounds whose
 // frames this side never decoded (raw warmup, adaptive raw steps).
 // A delta parameter's codecs keep the previous values (StreamKind::kValueDelta); a ciera
-// parameter's the exponents. Switching between the two is a replacement like any other: the new
-// stream starts with a key frame. A delta parameter the backend cannot code gets no codecs (its
-// bucket's gathers fail with policy_error before anything would use them).
+// parameter's the exponents; a peer scheme's what it needs (policy_stream_kind()). Switching
+// between them is a replacement like any other: the new stream starts with a key frame. A
+// parameter whose stream the backend cannot code gets no codecs (its bucket's gathers fail with
+// policy_error before anything would use them).
 void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k, bool at_setup) {
   CodecConfig codec = config.codec;
   codec.dtype = s.layout.dtype;
   const ShardPolicy policy = s.layout.policy[k];
-  codec.stream_kind =
-      policy == ShardPolicy::kDelta ? StreamKind::kValueDelta : StreamKind::kExponentReuse;
-  const bool coded = coded_policy(policy) &&
-                     (policy != ShardPolicy::kDelta || backend->codes(StreamKind::kValueDelta));
+  const bool coded = coded_policy(policy) && backend->codes(policy_stream_kind(policy));
+  if (coded) codec.stream_kind = policy_stream_kind(policy);
   if (s.encoders[k]) s.encoder_epoch[k] = s.encoders[k]->epoch() + 1;
   s.encoders[k] = coded ? backend->make_encoder(codec, s.layout.shard_values[rank][k],
                                                 stream_of(s, rank, k, s.encoder_epoch[k]))
@@ -125,19 +124,26 @@ void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k, bool at_se
 
 void CompressedAllgather::Impl::refresh_policies(BucketState& s) const {
   const auto& policy = s.layout.policy;
-  s.has_delta = std::find(policy.begin(), policy.end(), ShardPolicy::kDelta) != policy.end();
+  s.skips_warmup = std::any_of(policy.begin(), policy.end(), [](ShardPolicy p) {
+    return coded_policy(p) && p != ShardPolicy::kCiera;
+  });
   s.ciera_params.resize(policy.size());
-  for (size_t k = 0; k < policy.size(); ++k) s.ciera_params[k] = policy[k] == ShardPolicy::kCiera;
+  s.lossy_params.resize(policy.size());
+  for (size_t k = 0; k < policy.size(); ++k) {
+    s.ciera_params[k] = policy[k] == ShardPolicy::kCiera;
+    s.lossy_params[k] = lossy_policy(policy[k]);
+  }
+  s.has_lossy = std::any_of(policy.begin(), policy.end(), lossy_policy);
   s.policy_error = unsupported_policy(s.layout);
 }
 
 std::string CompressedAllgather::Impl::unsupported_policy(const BucketLayout& layout) const {
-  if (backend->codes(StreamKind::kValueDelta)) return "";
   for (size_t k = 0; k < layout.params(); ++k) {
-    if (layout.policy[k] == ShardPolicy::kDelta) {
+    const ShardPolicy policy = layout.policy[k];
+    if (coded_policy(policy) && !backend->codes(policy_stream_kind(policy))) {
       // Short: a gather's local error travels in an 80-byte field (control.hpp).
-      return "parameter " + std::to_string(k) + ": delta policy is not supported on the " +
-             std::string(backend->name()) + " codec backend";
+      return "parameter " + std::to_string(k) + ": " + std::string(shard_policy_name(policy)) +
+             " policy is not supported on the " + std::string(backend->name()) + " codec backend";
     }
   }
   return "";
@@ -164,8 +170,8 @@ void CompressedAllgather::Impl::size_buffers(BucketState& s) {
 }
 
 bool CompressedAllgather::Impl::send_raw(const BucketState& s, uint64_t step) const {
-  // Delta parameters skip raw warmup (warmup_raw_params() sends the ciera ones raw meanwhile).
-  if (warmup_raw(step) && !s.has_delta) return true;
+  // Delta and peer-scheme parameters skip raw warmup (warmup_raw_params() sends the ciera ones raw meanwhile).
+  if (warmup_raw(step) && !s.skips_warmup) return true;
   if (std::none_of(s.layout.policy.begin(), s.layout.policy.end(), coded_policy)) return true;
   return config.adaptive && step >= config.warmup_steps &&
          !adaptive.compress(step - config.warmup_steps);
@@ -296,8 +302,7 @@ void CompressedAllgather::set_policy(size_t bucket, size_t param, ShardPolicy po
                                 " has no parameter " + std::to_string(param) + " (" +
                                 std::to_string(s.layout.params()) + " parameters)");
   }
-  if (policy != ShardPolicy::kRaw && policy != ShardPolicy::kCiera &&
-      policy != ShardPolicy::kDelta) {
+  if (!is_shard_policy(policy)) {
     throw std::invalid_argument("set_policy: unknown policy " +
                                 std::to_string(static_cast<int>(policy)));
   }

@@ -42,10 +42,14 @@ struct BucketState {
   std::vector<uint8_t> envelope_header;   // where pack() builds the header (host memory)
   std::vector<uint64_t> payload_bytes;    // encoded length per param (this step)
   // Policies in the forms the hot paths want (refresh_policies()). In a raw-warmup gather of a
-  // bucket with delta parameters, those go coded (a value-delta frame is small from the second
-  // gather on) while its ciera parameters go raw: `ciera_params[k]` marks those, and both sides
-  // know it from the agreed step, so the envelope needs no per-parameter flag.
-  bool has_delta = false;
+  // bucket with delta or peer-scheme parameters, those go coded (a value-delta frame is small
+  // from the second gather on; the peer schemes have no warmup) while its ciera parameters go
+  // raw: `ciera_params[k]` marks those, and both sides know it from the agreed step, so the
+  // envelope needs no per-parameter flag.
+  bool skips_warmup = false;
+  // [param]: 1 where the policy is lossy (the sender gathers its own reconstruction).
+  std::vector<uint8_t> lossy_params;
+  bool has_lossy = false;
   std::vector<uint8_t> ciera_params;  // [param]: 1 where the policy is kCiera
   // Set when a delta parameter sits on a backend that cannot code value-delta streams (through
   // set_policy); every gather of the bucket then fails with it, on every rank.

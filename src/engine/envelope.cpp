@@ -6,6 +6,7 @@
 
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
+#include "ciera/peers.hpp"
 #include "common/bytes.hpp"
 #include "engine/protocol.hpp"
 
@@ -16,12 +17,18 @@ uint64_t envelope_bound(const BucketLayout& layout, int rank, uint32_t block_val
   uint64_t bytes = envelope_header_bytes(layout.params());
   for (size_t k = 0; k < layout.params(); ++k) {
     const uint64_t n = layout.shard_values[rank][k];
-    bytes +=
-        std::max<uint64_t>(n * value_bytes, coded_policy(layout.policy[k])
-                                                ? max_payload_bytes(layout.dtype, n, block_values)
-                                                : 0);
+    bytes += std::max<uint64_t>(n * value_bytes, coded_payload_bound(layout.policy[k], layout.dtype, n, block_values));
   }
   return bytes;
+}
+
+uint64_t coded_payload_bound(ShardPolicy policy, DType dtype, uint64_t values, uint32_t block_values) {
+  if (!coded_policy(policy)) return 0;
+  const StreamKind kind = policy_stream_kind(policy);
+  if (kind == StreamKind::kExponentReuse || kind == StreamKind::kValueDelta) {
+    return max_payload_bytes(dtype, values, block_values);
+  }
+  return peers::frame_bound_bytes(kind, dtype, values, block_values);
 }
 
 uint64_t raw_envelope_bytes(const BucketLayout& layout, int rank) {

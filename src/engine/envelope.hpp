@@ -30,10 +30,8 @@ constexpr uint8_t kEnvelopeAllRaw = 1;           // flags bit 0: every payload i
 inline uint64_t envelope_header_bytes(size_t params) { return kEnvelopeFixedBytes + 8 * params; }
 
 // Whether a parameter of this policy travels as codec frames (ciera: exponent reuse; delta:
-// value-delta frames) rather than raw bytes, outside raw warmup.
-inline bool coded_policy(ShardPolicy policy) {
-  return policy == ShardPolicy::kCiera || policy == ShardPolicy::kDelta;
-}
+// value-delta frames; the peer schemes' frames) rather than raw bytes, outside raw warmup.
+inline bool coded_policy(ShardPolicy policy) { return policy != ShardPolicy::kRaw && is_shard_policy(policy); }
 
 // Which gather an envelope belongs to; a receiver checks it against the gather it is decoding.
 struct EnvelopeHeader {
@@ -46,6 +44,8 @@ struct EnvelopeHeader {
 // The largest envelope `rank` can send for `layout`: each parameter as raw bytes or its largest
 // CIERA payload (max_payload_bytes), whichever is larger.
 uint64_t envelope_bound(const BucketLayout& layout, int rank, uint32_t block_values);
+// The largest payload one shard of `values` values of this policy can take coded (0 for raw).
+uint64_t coded_payload_bound(ShardPolicy policy, DType dtype, uint64_t values, uint32_t block_values);
 // The exact size of `rank`'s all-raw envelope.
 uint64_t raw_envelope_bytes(const BucketLayout& layout, int rank);
 

@@ -54,7 +54,7 @@ void BucketLayout::validate() const {
     }
   }
   for (ShardPolicy p : policy) {
-    if (p != ShardPolicy::kRaw && p != ShardPolicy::kCiera && p != ShardPolicy::kDelta) {
+    if (!is_shard_policy(p)) {
       throw ConfigError(who + ": unknown policy");
     }
   }

@@ -117,14 +117,14 @@ size_t CompressedAllgather::Impl::exchange_controls(std::span<Gather* const> gat
 
 // A gather must be re-sent as key frames when some rank is cold, the ranks' step counts differ
 // (a restarted rank), or this rank compressed a gather that the agreed step puts in raw warmup
-// (delta parameters aside, which skip it). (Ranks may otherwise send raw or compressed
+// (delta and peer-scheme parameters aside, which skip it). (Ranks may otherwise send raw or compressed
 // independently: each envelope says which.)
 bool CompressedAllgather::Impl::needs_resync(const Gather& g) const {
   const uint64_t step = agreed_step(g.control);
   for (const ControlRecord& c : g.control) {
     if (c.step != step || (c.flags & kCold)) return true;
   }
-  return warmup_raw(step) && !g.sends_raw && !buckets[g.bucket].has_delta;
+  return warmup_raw(step) && !g.sends_raw && !buckets[g.bucket].skips_warmup;
 }
 
 // Every rank re-sends key frames (or raw bytes in warmup) for the agreed step, from its streams'
