@@ -1,13 +1,18 @@
 // `ciera bench codec`: the shard codec on a realistic training trajectory, verified every step,
-// against memcpy, the paper's block mode, stateless exponent coding and zstd, all in one run.
+// against memcpy, the paper's block mode, stateless exponent coding, zstd and the lossy peer
+// schemes (ZeRO++'s int8 weights, SDP4Bit's 4-bit weight differences), all in one run.
 // Parse (every option checked before any work) -> measure (a BenchResult) -> render (table or
-// JSON).
+// JSON). Two hidden options serve the Python entry point, which adds a zipnn row measured on the
+// same shards (python/ciera/bench_peers.py): --save-shards writes the steady-state shards the
+// stateless rows were measured on, --render-json renders a report (with that row) as the table.
 #include <zstd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -16,6 +21,7 @@
 #include <vector>
 
 #include "ciera/ciera.hpp"
+#include "ciera/peers.hpp"
 #include "commands.hpp"
 #include "common/huge_pages.hpp"
 #include "report.hpp"
@@ -44,6 +50,8 @@ struct Options {
   bool json = false;
   bool quiet = false;
   std::string device = "cpu";
+  std::string save_shards;  // hidden: where to write the shards the stateless rows saw
+  std::string render_json;  // hidden: a report to render as the table, instead of measuring
 };
 
 // What to run, checked: a valid codec configuration and a steady state to measure.
@@ -77,6 +85,13 @@ Request parse(const Options& o, const std::string& command) {
   if (o.sample_every < 1) throw ConfigError("--sample-every must be at least 1");
   if (!(std::isfinite(o.learning_rate) && o.learning_rate > 0))
     throw ConfigError("--lr must be a finite number > 0");
+  if (!o.save_shards.empty()) {
+    if (o.no_compare || o.device != "cpu")
+      throw ConfigError(
+          "--save-shards writes the shards of the CPU comparison rows: not with --no-compare or --device");
+    if (!std::ofstream(o.save_shards, std::ios::binary | std::ios::trunc))
+      throw ConfigError("--save-shards " + o.save_shards + ": cannot write");
+  }
   r.values = o.values;
   r.value_bytes = dtype_info(r.config.dtype).value_bytes;
   if (r.values > std::numeric_limits<uint64_t>::max() / 8 / r.value_bytes)
@@ -98,6 +113,10 @@ struct Variant {
   uint64_t frames = 0;
   bool verified = true;
   double entropy_coded_bytes = 0, entropy_bound_bytes = 0;
+  // Lossy peer schemes: the largest |reconstruction - input| over every measured finite value,
+  // and the largest |reconstruction - input| / |input| over those that are not zero.
+  bool lossy = false;
+  double max_abs_error = 0, max_rel_error = 0;
 
   void add(double enc, double dec, uint64_t bytes, bool ok) {
     encode_s.push_back(enc);
@@ -118,7 +137,7 @@ struct Variant {
 
 // Everything the run measured; the renderers derive rates and ratios from it.
 struct BenchResult {
-  Variant primary, block, stateless, zstd1, zstd3, keyframe;
+  Variant primary, block, stateless, zstd1, zstd3, zeropp, sdp4bit, keyframe;
   std::vector<double> memcpy_s;
   // Steady state: exponents that changed (ground truth), the encoder's block and symbol counts.
   double changed_values = 0, changed_blocks = 0, blocks_total = 0, coded_symbols = 0,
@@ -140,7 +159,18 @@ struct BenchResult {
         stateless("stateless", "all exponents rANS-coded every step (ZipCCL-style)"),
         zstd1("zstd-1", "zstd level 1 on the raw shard"),
         zstd3("zstd-3", "zstd level 3 on the raw shard"),
-        keyframe("warmup key frames", "") {}
+        zeropp("zeropp-int8",
+               "ZeRO++ qwZ: int8, FP32 scale per " + std::to_string(peers::kZeroppGroupValues) +
+                   " values; LOSSY: verified = the receiver's dequantisation equals the sender's "
+                   "bit for bit"),
+        sdp4bit("sdp4bit",
+                "SDP4Bit qWD: 4-bit differences to the receivers' copy, groups of " +
+                    std::to_string(peers::kSdp4bitGroupValues) +
+                    ", stochastic rounding; LOSSY: verified = the receiver's copy equals the "
+                    "sender's bit for bit"),
+        keyframe("warmup key frames", "") {
+    zeropp.lossy = sdp4bit.lossy = true;
+  }
 };
 
 // Every buffer the measured calls write (payloads, decoded shards, the memcpy reference's copy)
@@ -188,6 +218,52 @@ void exponents_of(DType dtype, std::span<const std::byte> values, std::vector<ui
   }
 }
 
+// A value of `dtype` (little-endian bits at `bits`) as a double, exactly.
+double value_as_double(DType dtype, const std::byte* bits) {
+  if (dtype == DType::kFP32) {
+    float x;
+    std::memcpy(&x, bits, 4);
+    return x;
+  }
+  uint16_t h;
+  std::memcpy(&h, bits, 2);
+  if (dtype == DType::kBF16) {
+    const uint32_t widened = uint32_t{h} << 16;
+    float x;
+    std::memcpy(&x, &widened, 4);
+    return x;
+  }
+  const int exponent = (h >> 10) & 0x1F;
+  const int mantissa = h & 0x3FF;
+  double magnitude;
+  if (exponent == 0x1F) {
+    magnitude = mantissa ? std::numeric_limits<double>::quiet_NaN()
+                         : std::numeric_limits<double>::infinity();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(mantissa, -24);  // subnormal
+  } else {
+    magnitude = std::ldexp(1024 + mantissa, exponent - 25);
+  }
+  return (h & 0x8000) ? -magnitude : magnitude;
+}
+
+// Folds the error of a lossy row's reconstruction of `input` into its maxima. Non-finite inputs
+// travel raw (ciera/peers.hpp) and are not counted; a finite input reconstructed as a non-finite
+// value is an infinite error.
+void add_errors(DType dtype, std::span<const std::byte> input,
+                std::span<const std::byte> reconstructed, Variant& v) {
+  const uint32_t value_bytes = dtype_info(dtype).value_bytes;
+  for (size_t offset = 0; offset < input.size(); offset += value_bytes) {
+    const double x = value_as_double(dtype, input.data() + offset);
+    if (!std::isfinite(x)) continue;
+    const double y = value_as_double(dtype, reconstructed.data() + offset);
+    const double error =
+        std::isfinite(y) ? std::fabs(y - x) : std::numeric_limits<double>::infinity();
+    v.max_abs_error = std::max(v.max_abs_error, error);
+    if (x != 0) v.max_rel_error = std::max(v.max_rel_error, error / std::fabs(x));
+  }
+}
+
 // The codecs under test with their buffers, all allocated before the first step.
 class CodecBench {
  public:
@@ -196,7 +272,21 @@ class CodecBench {
         copy_(r.raw_bytes),
         stateless_payload_(max_payload_bytes(config_.dtype, r.values, config_.block_values)),
         stateless_out_(r.raw_bytes), zstd_buf_(ZSTD_compressBound(r.raw_bytes)),
-        zstd_out_(r.raw_bytes), previous_exps_(r.values), current_exps_(r.values) {
+        zstd_out_(r.raw_bytes),
+        int8_payload_(peers::int8_bound_bytes(config_.dtype, r.values, peers::kZeroppGroupValues)),
+        int8_sender_(r.raw_bytes), int8_receiver_(r.raw_bytes),
+        diff4_payload_(peers::diff4_bound_bytes(config_.dtype, r.values, peers::kSdp4bitGroupValues)),
+        sender_base_(r.raw_bytes), receiver_base_(r.raw_bytes), previous_exps_(r.values),
+        current_exps_(r.values) {
+    if (!r.options.save_shards.empty()) {
+      shards_file_.open(r.options.save_shards, std::ios::binary | std::ios::trunc);
+      // A self-describing header line, then each saved shard's raw bytes.
+      const nlohmann::json header = {{"format", "ciera-bench-shards"}, {"version", 1},
+                                     {"dtype", r.options.dtype}, {"values", r.values},
+                                     {"value_bytes", r.value_bytes}};
+      shards_file_ << header.dump() << "\n";
+      check_shards_file();
+    }
     if (r.compare_block) {
       CodecConfig block_config = config_;
       if (config_.stream_kind == StreamKind::kValueDelta) {
@@ -235,6 +325,19 @@ class CodecBench {
     const Options& o = request_.options;
     if (steady && !o.no_compare && (step - o.warmup) % o.sample_every == 0) {
       measure_stateless(values, result);
+      measure_zeropp(values, result);
+      save_shard(values);
+    }
+    // SDP4Bit sends the full weights first: both copies start as the values of the step before
+    // the first measured one, and every steady step then sends a 4-bit difference.
+    if (!o.no_compare) {
+      if (!sdp4bit_started_ && step + 1 >= o.warmup) {
+        std::memcpy(sender_base_.data(), values.data(), request_.raw_bytes);
+        std::memcpy(receiver_base_.data(), values.data(), request_.raw_bytes);
+        sdp4bit_started_ = true;
+      } else if (sdp4bit_started_ && steady) {
+        measure_sdp4bit(step, values, result);
+      }
     }
     std::swap(previous_exps_, current_exps_);
   }
@@ -317,12 +420,62 @@ class CodecBench {
     }
   }
 
+  // ZeRO++: every rank dequantises the gathered int8 payloads, its own included; the sender's
+  // reconstruction (untimed) must equal the receiver's bit for bit.
+  void measure_zeropp(std::span<const std::byte> values, BenchResult& result) {
+    const DType dtype = config_.dtype;
+    Stopwatch enc;
+    const size_t len = peers::quantize_int8(dtype, values, peers::kZeroppGroupValues, int8_payload_);
+    const double enc_s = enc.seconds();
+    const std::span<const std::byte> payload{int8_payload_.data(), len};
+    Stopwatch dec;
+    peers::dequantize_int8(dtype, payload, peers::kZeroppGroupValues, int8_receiver_);
+    const double dec_s = dec.seconds();
+    peers::dequantize_int8(dtype, payload, peers::kZeroppGroupValues, int8_sender_);
+    result.zeropp.add(enc_s, dec_s, len,
+                      std::memcmp(int8_sender_.data(), int8_receiver_.data(), request_.raw_bytes) == 0);
+    add_errors(dtype, values, int8_receiver_, result.zeropp);
+  }
+
+  // SDP4Bit: the sender quantises values - its copy and moves its copy on; the receiver applies
+  // the payload to its own copy. The two copies must stay bitwise equal. Its stochastic rounding
+  // draws afresh every step (a seed per step, from the trajectory's).
+  void measure_sdp4bit(uint32_t step, std::span<const std::byte> values, BenchResult& result) {
+    const DType dtype = config_.dtype;
+    const uint64_t seed = (request_.options.seed << 32) ^ step;
+    Stopwatch enc;
+    const size_t len = peers::quantize_diff4(dtype, values, sender_base_, peers::kSdp4bitGroupValues,
+                                             seed, diff4_payload_);
+    const double enc_s = enc.seconds();
+    Stopwatch dec;
+    peers::apply_diff4(dtype, {diff4_payload_.data(), len}, peers::kSdp4bitGroupValues, receiver_base_);
+    const double dec_s = dec.seconds();
+    result.sdp4bit.add(enc_s, dec_s, len,
+                       std::memcmp(sender_base_.data(), receiver_base_.data(), request_.raw_bytes) == 0);
+    add_errors(dtype, values, receiver_base_, result.sdp4bit);
+  }
+
+  void save_shard(std::span<const std::byte> values) {
+    if (!shards_file_.is_open()) return;
+    shards_file_.write(reinterpret_cast<const char*>(values.data()),
+                       static_cast<std::streamsize>(values.size()));
+    check_shards_file();
+  }
+
+  void check_shards_file() {
+    if (!shards_file_) throw Error("--save-shards " + request_.options.save_shards + ": cannot write");
+  }
+
   const Request& request_;
   const CodecConfig config_;
   CieraPair primary_;
   std::optional<CieraPair> block_pair_;
   Buffer copy_, stateless_payload_, stateless_out_, zstd_buf_, zstd_out_;
+  Buffer int8_payload_, int8_sender_, int8_receiver_;
+  Buffer diff4_payload_, sender_base_, receiver_base_;
+  bool sdp4bit_started_ = false;
   std::vector<uint8_t> previous_exps_, current_exps_;
+  std::ofstream shards_file_;
 };
 
 BenchResult measure(const Request& r) {
@@ -359,6 +512,9 @@ std::vector<const Variant*> table_rows(const Request& r, const BenchResult& resu
     rows.push_back(&result.stateless);
     rows.push_back(&result.zstd1);
     rows.push_back(&result.zstd3);
+    rows.push_back(&result.zeropp);
+    // SDP4Bit's first send is the full weights; with no steady step after it there is no row.
+    if (result.sdp4bit.frames > 0) rows.push_back(&result.sdp4bit);
   }
   return rows;
 }
@@ -418,53 +574,77 @@ nlohmann::json bench_json(const Request& r, const BenchResult& result) {
                         {"samples", v->frames},
                         {"verified", v->verified}};
     if (v->entropy_bound_bytes > 0) c["entropy_coded_vs_bound"] = v->entropy_coded_vs_bound();
+    c["lossy"] = v->lossy;
+    if (v->lossy) {
+      c["max_abs_error"] = v->max_abs_error;
+      c["max_rel_error"] = v->max_rel_error;
+    }
     comparisons.push_back(c);
   }
   j["comparisons"] = comparisons;
   return j;
 }
 
-// The table reads the same numbers as the JSON object, so the two never disagree.
-void print_report(const Request& r, const BenchResult& result, const nlohmann::json& j,
-                  std::ostream& out) {
-  const Options& o = r.options;
-  const uint64_t n = r.values;
-  const double memcpy_GBps = j["memcpy_GBps"].get<double>();
-  out << "ciera bench codec: " << n << " " << o.dtype << " values, B=" << o.block << ", "
-      << o.steps << " steps (" << o.warmup << " warmup), Adam lr " << o.learning_rate
-      << ", single thread\n"
-      << "machine: " << j["machine"].get<std::string>() << "\n\n";
+std::string scientific(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", value);
+  return text;
+}
+
+// The table is rendered from the JSON object alone, so the two never disagree, and so that a
+// report with rows added after the run (the Python entry point's zipnn row) renders the same way.
+void print_report(const nlohmann::json& j, std::ostream& out) {
+  const nlohmann::json& config = j.at("config");
+  const uint64_t n = config.at("values").get<uint64_t>();
+  const std::string dtype = config.at("dtype").get<std::string>();
+  const uint64_t raw_bytes = n * dtype_info(parse_dtype(dtype)).value_bytes;
+  const uint32_t warmup = config.at("warmup").get<uint32_t>();
+  const double memcpy_GBps = j.at("memcpy_GBps").get<double>();
+  out << "ciera bench codec: " << n << " " << dtype << " values, B=" << config.at("block").get<uint32_t>()
+      << ", " << config.at("steps").get<uint32_t>() << " steps (" << warmup << " warmup), Adam lr "
+      << config.at("learning_rate").get<double>() << ", single thread\n"
+      << "machine: " << j.at("machine").get<std::string>() << "\n\n";
   Table t({"codec", "bits/value", "ratio", "encode GB/s", "decode GB/s", "enc/memcpy",
-           "dec/memcpy", "verified"});
-  for (const nlohmann::json& c : j["comparisons"]) {
-    const double encode = c["encode_GBps"].get<double>(), decode = c["decode_GBps"].get<double>();
-    t.add({c["name"].get<std::string>(), fixed(c["bits_per_value"].get<double>(), 3),
-           fixed(c["ratio_vs_raw"].get<double>(), 3) + "x", fixed(encode, 2), fixed(decode, 2),
+           "dec/memcpy", "max error", "verified"});
+  bool lossy_rows = false;
+  for (const nlohmann::json& c : j.at("comparisons")) {
+    const double encode = c.at("encode_GBps").get<double>(), decode = c.at("decode_GBps").get<double>();
+    const bool lossy = c.value("lossy", false);
+    lossy_rows = lossy_rows || lossy;
+    t.add({c.at("name").get<std::string>(), fixed(c.at("bits_per_value").get<double>(), 3),
+           fixed(c.at("ratio_vs_raw").get<double>(), 3) + "x", fixed(encode, 2), fixed(decode, 2),
            fixed(encode / memcpy_GBps, 2), fixed(decode / memcpy_GBps, 2),
-           c["verified"].get<bool>() ? "yes" : "NO"});
+           !lossy                               ? "-"
+           : c.at("max_abs_error").is_number() ? scientific(c.at("max_abs_error").get<double>())
+                                               : "inf",
+           c.at("verified").get<bool>() ? "yes" : "NO"});
   }
-  const double efficiency = j["entropy_coded_vs_bound"].get<double>();
+  const double efficiency = j.at("entropy_coded_vs_bound").get<double>();
   out << t.render() << "\n";
-  out << "memcpy of the same " << r.raw_bytes << " bytes: " << fixed(memcpy_GBps, 2) << " GB/s\n"
-      << "exponent change rate (steady state): " << fixed(100 * j["exponent_change_rate"].get<double>(), 3) << "% of values per step\n"
-      << "block change rate (B=" << o.block << "): " << fixed(100 * j["block_change_rate"].get<double>(), 1) << "% of blocks per step\n"
-      << "coded symbols: order-0 entropy " << fixed(j["exponent_entropy_bits"].get<double>(), 3)
+  out << "memcpy of the same " << raw_bytes << " bytes: " << fixed(memcpy_GBps, 2) << " GB/s\n"
+      << "exponent change rate (steady state): " << fixed(100 * j.at("exponent_change_rate").get<double>(), 3) << "% of values per step\n"
+      << "block change rate (B=" << config.at("block").get<uint32_t>() << "): " << fixed(100 * j.at("block_change_rate").get<double>(), 1) << "% of blocks per step\n"
+      << "coded symbols: order-0 entropy " << fixed(j.at("exponent_entropy_bits").get<double>(), 3)
       << " bits; "
       << (efficiency > 0 ? "rANS output " + fixed(100 * (efficiency - 1), 2) + "% above the entropy bound"
                          : std::string("no stream was worth rANS-coding (packed or constant)"))
       << "\n"
       << (j.contains("difference_entropy_bits_per_value")
-              ? "value differences: " + fixed(100 * j["value_change_rate"].get<double>(), 2) +
+              ? "value differences: " + fixed(100 * j.at("value_change_rate").get<double>(), 2) +
                     "% of values change per step; order-0 entropy " +
-                    fixed(j["difference_entropy_bits_per_value"].get<double>(), 3) +
+                    fixed(j.at("difference_entropy_bits_per_value").get<double>(), 3) +
                     " bits/value; the frames take " +
-                    fixed(j["bits_vs_difference_entropy"].get<double>(), 3) + "x that\n"
+                    fixed(j.at("bits_vs_difference_entropy").get<double>(), 3) + "x that\n"
               : std::string())
-      << (r.config.stream_kind == StreamKind::kValueDelta
-              ? "first " + std::to_string(o.warmup) + " steps (one key frame, then value-delta frames): "
+      << (config.at("mode").get<std::string>() == "delta"
+              ? "first " + std::to_string(warmup) + " steps (one key frame, then value-delta frames): "
               : std::string("warmup key frames: "))
-      << fixed(result.keyframe.bits_per_value(n), 3) << " bits/value\n"
-      << "verified bit-exact every step: " << (j["verified"].get<bool>() ? "yes" : "NO") << "\n";
+      << fixed(j.at("warmup_key_frame_bits_per_value").get<double>(), 3) << " bits/value\n"
+      << "verified bit-exact every step: " << (j.at("verified").get<bool>() ? "yes" : "NO")
+      << (lossy_rows ? "; lossy rows: every receiver's reconstruction equals the sender's bit for "
+                       "bit (max error = max |reconstruction - input|)"
+                     : "")
+      << "\n";
 }
 
 int run(const Request& r) {
@@ -473,9 +653,24 @@ int run(const Request& r) {
   if (r.options.json) {
     std::cout << j.dump(2) << std::endl;
   } else {
-    print_report(r, result, j, std::cout);
+    print_report(j, std::cout);
   }
   return j["verified"].get<bool>() ? 0 : 1;
+}
+
+// --render-json FILE: the table of a report written by --json (rows may have been added to it).
+int render_saved(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw ConfigError("--render-json " + path + ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(file);
+    print_report(j, std::cout);
+    return j.at("verified").get<bool>() ? 0 : 1;
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError("--render-json " + path + ": not a `ciera bench codec --json` report (" +
+                      e.what() + ")");
+  }
 }
 
 }  // namespace
@@ -483,6 +678,11 @@ int run(const Request& r) {
 void register_bench_codec(CLI::App& bench, const std::string& command) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand("codec", "Shard codec on a realistic Adam trajectory, verified every step");
+  cmd->footer(
+      "Comparison rows: the paper's block mode, stateless exponent coding, zstd -1/-3 (lossless), "
+      "zeropp-int8 and sdp4bit (lossy: their max error column; verified = every receiver's "
+      "reconstruction equals the sender's bit for bit). Run as the Python package's `ciera`, a "
+      "zipnn row too, measured on the same shards (needs pip install 'ciera[peers]').");
   cmd->add_option("--dtype", opts->dtype, "bf16 | fp16 | fp32")->capture_default_str();
   cmd->add_option("--values", opts->values, "values in the shard")->capture_default_str();
   cmd->add_option("--block", opts->block, "values per block (64..4096)")->capture_default_str();
@@ -492,14 +692,24 @@ void register_bench_codec(CLI::App& bench, const std::string& command) {
   cmd->add_option("--detect", opts->detect, "change detection: exact | hash")->capture_default_str();
   cmd->add_option("--lr", opts->learning_rate, "Adam learning rate")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "trajectory seed")->capture_default_str();
-  cmd->add_option("--sample-every", opts->sample_every, "measure stateless/zstd every k steady steps")->capture_default_str();
+  cmd->add_option("--sample-every", opts->sample_every,
+                  "measure stateless/zstd/zeropp-int8 (and zipnn) every k steady steps")
+      ->capture_default_str();
   cmd->add_flag("--no-checksum", opts->no_checksum, "omit the content checksum");
-  cmd->add_flag("--no-compare", opts->no_compare, "skip the block/stateless/zstd comparison rows");
+  cmd->add_flag("--no-compare", opts->no_compare,
+                "skip the comparison rows (block, stateless, zstd, zeropp-int8, sdp4bit, zipnn)");
   cmd->add_flag("--json", opts->json, "print one JSON object");
   cmd->add_flag("--quiet", opts->quiet, "no progress output");
   cmd->add_option("--device", opts->device, "cpu | cuda (the GPU codec beside cudaMemcpy and nvCOMP)")
       ->capture_default_str();
+  // For the Python entry point (python/ciera/bench_peers.py), hence hidden (group ""): the shards
+  // the stateless rows were measured on, and the table of a report it added a row to.
+  cmd->add_option("--save-shards", opts->save_shards, "write the sampled steady-state shards to FILE")
+      ->group("");
+  cmd->add_option("--render-json", opts->render_json, "render the table of a --json report FILE")
+      ->group("");
   cmd->callback([opts, command]() {
+    if (!opts->render_json.empty()) throw CommandExit(render_saved(opts->render_json));
     const Request request = parse(*opts, command);
     if (opts->device == "cuda") {
 #if defined(CIERA_WITH_CUDA)

@@ -1,8 +1,9 @@
 """The ``ciera`` command. ``ciera train`` is the Python training job; every other subcommand
 (``bench codec``, ``bench allgather``, ``analyze``, ...) is the native tool shipped inside this
 package, whose ``--help`` lists ``train`` too. ``ciera analyze ... --plot DIR`` runs the native
-tool, then draws its report's figures (plotting is Python's job). ``ciera --version`` is
-answered here, from the extension this package imports."""
+tool, then draws its report's figures (plotting is Python's job). ``ciera bench codec`` runs the
+native bench and adds a ``zipnn`` row measured on the same shards (ciera.bench_peers; ZipNN is a
+Python package). ``ciera --version`` is answered here, from the extension this package imports."""
 
 import json
 import os
@@ -111,6 +112,12 @@ def main(argv=None) -> int:
         plot_dir, rest = _option_value(argv[1:], "--plot")
         if plot_dir is not None:
             return analyze_with_plots(tool, rest, plot_dir)
+    if argv[:2] == ["bench", "codec"]:
+        from ciera import bench_peers
+
+        status = bench_peers.bench_codec(tool, argv[2:])
+        if status is not None:
+            return status
     share = Path(__file__).resolve().parent / "share" / "linklab.sh"
     env = dict(os.environ)
     if share.is_file():

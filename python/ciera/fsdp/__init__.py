@@ -8,6 +8,7 @@
     lifecycle.py  MPI initialisation once, open engines closed before MPI is finalised
     tracking.py   per-step exponent change counts of the shards about to be gathered
     selection.py  benefit-driven selection (paper §3.2) applied during training
+    zipnn.py      ZipNN as a gather scheme to compare with (enable_zipnn; needs ciera[peers])
 """
 
 from ciera.fsdp.api import Handle, enable
@@ -20,10 +21,12 @@ from ciera.fsdp.layout import (DTYPES, Bucket, ParamSlice, all_gather_comm, desc
 from ciera.fsdp.selection import Selector, selection_table, shard_type
 from ciera.fsdp.tracking import ExponentTracker
 from ciera.fsdp.transport import TorchTransport
+from ciera.fsdp.zipnn import ZipnnHandle, ZipnnUnavailable, enable_zipnn
 
 __all__ = [
     "Bucket", "CieraAllGather", "DTYPES", "ExponentTracker", "GatherRecord", "Handle", "ParamSlice",
     "ReduceScatterRecord", "Runtime", "Selector", "TimedAllGather", "TimedReduceScatter", "TorchTransport",
-    "all_gather_comm", "describe_buckets", "enable", "full_parameter", "open_engines", "prefetch_forward", "selection_table",
-    "shard_type", "time_plain_all_gathers", "time_reduce_scatters",
+    "ZipnnHandle", "ZipnnUnavailable", "all_gather_comm", "describe_buckets", "enable", "enable_zipnn",
+    "full_parameter", "open_engines", "prefetch_forward", "selection_table", "shard_type", "time_plain_all_gathers",
+    "time_reduce_scatters",
 ]

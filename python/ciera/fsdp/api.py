@@ -183,9 +183,10 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     described = describe_buckets(model)
     if not described:
         raise _ext.ConfigError("enable(): the model has no FSDP2 (fully_shard) parameter groups")
-    if any(isinstance(all_gather_comm(module), CieraAllGather) for module, _ in described):
-        raise ValueError("enable(): the model's all-gathers already go through CIERA; call disable() on the "
-                         "Handle of that enable() first")
+    # Any of ciera's gathers (CieraAllGather, or ciera.fsdp.zipnn's, which imports this module).
+    if any(type(all_gather_comm(module)).__module__.startswith("ciera.fsdp.") for module, _ in described):
+        raise ValueError("enable(): the model's all-gathers already go through CIERA or ZipNN; call disable() "
+                         "on the Handle of that enable() first")
     world = dist.get_world_size(process_group)
     device = _model_device(model)
     if device.type == "cuda" and selecting and cost_model is None:

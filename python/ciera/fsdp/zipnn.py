@@ -1,0 +1,222 @@
+"""ZipNN as an FSDP2 gather scheme: a peer scheme CIERA is compared with, side by side (issue 18).
+
+ZipNN (Hershcovitch et al., "ZipNN: Lossless Compression for AI Models"; PyPI ``zipnn``) groups
+the bytes of each float and entropy-codes the exponent bytes with Huffman, every call on its own:
+lossless and stateless. It has no public C API, so unlike CIERA's own schemes (the engine's shard
+policies) it runs here, in Python: each rank compresses its shard of a parameter group, the
+compressed bytes of every rank are all-gathered on a dedicated gloo group (sizes first, then the
+bytes padded to the largest, as CIERA's torch transport moves its payloads over gloo), and each
+peer's bytes are decompressed into its slot of FSDP's output. The result is bitwise what a plain
+all-gather produces; with ``verify`` every gather is compared with one.
+
+Install it with ``pip install 'ciera[peers]'``; ``import ciera.fsdp`` does not need it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+
+from ciera import _ext
+from ciera.fsdp.api import Handle
+from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
+from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets
+
+# The names ZipNN's byte interface gives the dtypes FSDP may all-gather (ciera.fsdp.layout.DTYPES).
+_ZIPNN_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+# Bytes each rank sends in the size exchange that precedes the payloads (one int64).
+_SIZE_BYTES = 8
+
+_INSTALL_HINT = "pip install 'ciera[peers]'"
+
+
+class ZipnnUnavailable(ImportError):
+    """enable_zipnn() was called where the zipnn package is not installed."""
+
+
+def _zipnn_class():
+    try:
+        from zipnn import ZipNN
+    except ImportError as error:
+        raise ZipnnUnavailable(f"enable_zipnn() needs the zipnn package: {_INSTALL_HINT}") from error
+    return ZipNN
+
+
+class ZipnnCoder:
+    """ZipNN's byte interface for one dtype, single-threaded (ranks share the machine's cores with
+    the training; ZipNN's default takes up to 16 threads per call). Stateless: nothing carries over
+    from one call to the next but ZipNN's header scratch, so one coder serves every call."""
+
+    def __init__(self, dtype: torch.dtype):
+        if dtype not in _ZIPNN_DTYPES:
+            raise TypeError(f"ZipNN codes bf16, fp16 and fp32 values, not {dtype}")
+        zipnn = _zipnn_class()
+        name = _ZIPNN_DTYPES[dtype]
+        self.dtype = dtype
+        self._compressor = zipnn(input_format="byte", bytearray_dtype=name, threads=1)
+        self._decompressor = zipnn(input_format="byte", bytearray_dtype=name, threads=1)
+
+    def compress(self, values: torch.Tensor) -> bytes:
+        """ZipNN's bytes for a contiguous CPU tensor of this coder's dtype, which stays unchanged.
+        ZipNN 0.5.4 reorders the bits of its input buffer in place (bf16, fp32) before it codes
+        them, so it is handed a copy."""
+        return self.compress_scratch(bytearray(memoryview(values.detach().view(torch.uint8).numpy())))
+
+    def compress_scratch(self, scratch: bytearray) -> bytes:
+        """ZipNN's bytes for the values in `scratch`, which ZipNN overwrites (a buffer of the
+        caller's that it no longer needs: `ciera bench codec` times this call alone)."""
+        return bytes(self._compressor.compress(scratch))
+
+    def decompress_bytes(self, payload: bytes) -> bytearray:
+        """The values' bytes `payload` carries."""
+        return self._decompressor.decompress(payload)
+
+    def decompress(self, payload: bytes, out: torch.Tensor) -> None:
+        """Writes the values `payload` carries into `out` (a contiguous CPU uint8 tensor); a
+        FormatError if they are not exactly out.numel() bytes."""
+        values = self.decompress_bytes(payload)
+        if len(values) != out.numel():
+            raise _ext.FormatError(f"ZipNN payload decompressed to {len(values)} bytes, expected {out.numel()}")
+        if out.numel():
+            out.copy_(torch.frombuffer(values, dtype=torch.uint8))
+
+
+class ZipnnAllGather(AllGather):
+    """FSDP2 custom all-gather: ZipNN-compressed shards exchanged on `group`, decompressed into
+    FSDP's output. Synchronous: the output is complete when the call returns."""
+
+    def __init__(self, runtime: Runtime, bucket: Bucket, group):
+        self.runtime = runtime
+        self.bucket = bucket
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.coder = ZipnnCoder(bucket.dtype)
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        b = self.bucket
+        if input_tensor.dtype != b.dtype or input_tensor.numel() != b.numel:
+            raise _ext.ConfigError(
+                f"FSDP all-gather input for {b.module_name or 'root'} is {input_tensor.numel()} x "
+                f"{input_tensor.dtype}, but enable_zipnn() registered {b.numel} x {b.dtype}")
+        if input_tensor.device.type != "cpu" or output_tensor.device.type != "cpu":
+            raise _ext.ConfigError("enable_zipnn(): ZipNN codes host memory; the all-gather buffers are on "
+                                   f"{input_tensor.device}")
+        if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
+            raise _ext.ConfigError("enable_zipnn() needs contiguous all-gather buffers")
+        start = time.perf_counter()
+        payload = self.coder.compress(input_tensor)
+        encode_s = time.perf_counter() - start
+        sizes = self._exchange(payload)
+        self._decompress_peers(sizes, output_tensor, input_tensor)
+        now = time.perf_counter()
+        runtime = self.runtime
+        raw_bytes = output_tensor.numel() * output_tensor.element_size()
+        # As the engine counts: every rank's payload, plus the size exchange (the padding gloo
+        # needs to gather unequal sizes is the transport's, not the scheme's).
+        wire_bytes = int(sizes.sum()) + _SIZE_BYTES * self.world
+        runtime.records.append(GatherRecord(b.index, now - start, raw_bytes, wire_bytes, True, False, -1.0, start,
+                                            encode_s))
+        if runtime.verify:
+            reference = torch.empty_like(output_tensor)
+            dist.all_gather_into_tensor(reference, input_tensor, group=group)
+            runtime.wrong_bytes += int((reference.view(torch.uint8) != output_tensor.view(torch.uint8)).sum())
+            runtime.verified_bytes += reference.numel() * reference.element_size()
+        if runtime.on_gather is not None:
+            runtime.on_gather(b.index, input_tensor)
+        if runtime.on_output is not None:
+            runtime.on_output(b, output_tensor)
+        return None
+
+    def _exchange(self, payload: bytes) -> torch.Tensor:
+        """All ranks' payloads, sizes first; returns the sizes (int64, one per rank) and keeps the
+        padded bytes in self._received until they are decompressed."""
+        sizes = torch.empty(self.world, dtype=torch.int64)
+        dist.all_gather_into_tensor(sizes, torch.tensor([len(payload)], dtype=torch.int64), group=self.group)
+        largest = int(sizes.max())
+        send = torch.zeros(largest, dtype=torch.uint8)
+        if payload:
+            send[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        self._received = torch.empty(largest * self.world, dtype=torch.uint8)
+        dist.all_gather_into_tensor(self._received, send, group=self.group)
+        return sizes
+
+    def _decompress_peers(self, sizes: torch.Tensor, output_tensor: torch.Tensor, input_tensor: torch.Tensor) -> None:
+        out = output_tensor.view(torch.uint8)
+        shard_bytes = input_tensor.numel() * input_tensor.element_size()
+        largest = self._received.numel() // self.world
+        for r in range(self.world):
+            slot = out[r * shard_bytes : (r + 1) * shard_bytes]
+            if r == self.rank:
+                slot.copy_(input_tensor.view(torch.uint8))  # a plain all-gather's own slot is the input
+                continue
+            payload = self._received[r * largest : r * largest + int(sizes[r])].numpy().tobytes()
+            self.coder.decompress(payload, slot)
+        self._received = None
+
+
+class ZipnnHandle(Handle):
+    """What enable_zipnn() returns: the attributes of enable()'s Handle that the training harness
+    reads (records, observers, buckets, wrong_bytes, ...), and disable(). ZipNN keeps no state
+    between gathers, so cache_bytes is 0; there is no engine and no selector."""
+
+    def __init__(self, runtime: Runtime, group):
+        super().__init__(runtime)
+        self._group = group
+
+    @property
+    def cache_bytes(self) -> int:
+        return 0
+
+    def disable(self) -> None:
+        """Restores FSDP2's default all-gather on every module and releases the exchange group."""
+        for module in self._runtime.modules:
+            module.set_custom_all_gather(DefaultAllGather())
+        if self._group is not None:
+            dist.destroy_process_group(self._group)
+            self._group = None
+
+
+def _check_model(model: torch.nn.Module) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"enable_zipnn(): model must be a torch.nn.Module, got {type(model).__name__}")
+    devices = sorted({str(p.device) for p in model.parameters() if p.device.type != "cpu"})
+    if devices:
+        raise _ext.ConfigError(f"enable_zipnn(): ZipNN codes host memory; the model has parameters on "
+                               f"{', '.join(devices)} (CPU tensors only)")
+
+
+def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = False) -> ZipnnHandle:
+    """Routes every FSDP2 parameter group's all-gather of `model` (CPU, bf16/fp16/fp32) through
+    ZipNN: each rank's shard is compressed, the compressed bytes of all ranks are exchanged on a
+    dedicated gloo group beside `process_group` (default the world), and each peer's are
+    decompressed into its slot; the output is bitwise a plain all-gather's. With `verify`, every
+    gather is also done by torch.distributed and compared byte for byte (wrong_bytes).
+
+    Collective: every rank calls it with the same model structure. Raises ZipnnUnavailable (an
+    ImportError) when zipnn is not installed (pip install 'ciera[peers]'), and refuses a model
+    whose all-gathers already go through CIERA or ZipNN, or whose parameters are not on the CPU."""
+    _check_model(model)
+    _zipnn_class()  # the missing package is one clear error, before anything is set up
+    described = describe_buckets(model)
+    if not described:
+        raise _ext.ConfigError("enable_zipnn(): the model has no FSDP2 (fully_shard) parameter groups")
+    if any(isinstance(all_gather_comm(module), (CieraAllGather, ZipnnAllGather)) for module, _ in described):
+        raise ValueError("enable_zipnn(): the model's all-gathers already go through CIERA or ZipNN; call "
+                         "disable() on the Handle of that call first")
+    ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
+    # The engine's timeout (one source of truth): a new group would otherwise wait torch's
+    # default 30 minutes for a stopped peer.
+    timeout = datetime.timedelta(seconds=_ext.EngineConfig().timeout_s)
+    group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+    runtime = Runtime(None, [b for _, b in described], [m for m, _ in described], verify, overlap=False)
+    for module, bucket in described:
+        module.set_custom_all_gather(ZipnnAllGather(runtime, bucket, group))
+    return ZipnnHandle(runtime, group)
