@@ -1,9 +1,12 @@
-// The simulator: collective formulas and the schedule on hand-computed cases, ZeRO++ and CIERA
-// byte counts, the model zoo against published parameter counts, and input errors that name
-// their problem.
+// The simulator: collective formulas and the schedule on hand-computed cases, ZeRO++, SDP4Bit,
+// stateless coding and CIERA byte counts, the codec figures of `ciera bench codec --json`, the
+// model zoo against published parameter counts, and input errors that name their problem.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "sim/sim.hpp"
@@ -347,6 +350,210 @@ TEST(SimSystems, SelectionSkipsTypesThatChangeEveryBlock) {
   const Projection q = project(m, slow_decode, w, rates, System::kCiera);
   for (ShardType type : kAllShardTypes)
     EXPECT_FALSE(q.selected[static_cast<size_t>(type)]) << to_string(type);
+}
+
+// ---- Gather schemes: SDP4Bit and stateless exponent coding -----------------------------------
+
+TEST(SimSystems, Sdp4BitSendsFourBitDifferencesInEveryGatherAndRawGradients) {
+  const ModelShape m = tiny_model();
+  Cluster c = two_tier_cluster();
+  c.quantize_GBps = 500;  // the built-in SDP4Bit figures take the cluster's ZeRO++ kernels
+  c.dequantize_GBps = 250;
+  Workload w;
+  w.world = 8;
+  w.prefetch_depth = 0;  // every gather in turn, so its codec steps are all exposed
+  ChangeRates rates;
+  const Projection p = project(m, c, w, rates, System::kSdp4Bit);
+  const Projection base = project(m, c, w, rates, System::kZero3);
+  // 4 bits + one FP32 scale per 2048 values, against 16 bits, forward and backward.
+  EXPECT_NEAR(p.breakdown.allgather_bytes / base.breakdown.allgather_bytes, 4.015625 / 16, 1e-12);
+  EXPECT_DOUBLE_EQ(p.breakdown.reduce_scatter_bytes, base.breakdown.reduce_scatter_bytes);
+  EXPECT_DOUBLE_EQ(p.breakdown.reduce_scatter_busy_s, base.breakdown.reduce_scatter_busy_s);
+  // Quantise the own shard before the forward gather; dequantise the whole gathered tensor
+  // (lossy: the own shard too) after both gathers; the backward re-sends the forward's shard.
+  double codec = 0;
+  for (const GatherUnit& unit : model_units(m, 0, w.seq_len)) {
+    const double raw = 2.0 * static_cast<double>(unit.gathered_values());
+    codec += raw / 8 / 500e9 + 2 * raw / 250e9;
+  }
+  EXPECT_NEAR(p.breakdown.exposed_codec_s, codec, 1e-15);
+  EXPECT_GT(codec, 0);
+}
+
+TEST(SimSystems, StatelessCodesEveryValueOfEveryGather) {
+  const ModelShape m = tiny_model();
+  Cluster c = two_tier_cluster();
+  c.encode_GBps = 300;
+  c.decode_GBps = 600;
+  Workload w;
+  w.world = 4;
+  w.schemes.stateless.bits_per_value = 10.0;
+  w.schemes.stateless.measured = BenchThroughputs{1, 2, 10, 4};  // a tenth / half of CIERA's
+  ChangeRates rates;
+  const GatherCodec codec = gather_codec(w.schemes.stateless, c, DType::kBF16);
+  EXPECT_DOUBLE_EQ(codec.encode_GBps, 30);
+  EXPECT_DOUBLE_EQ(codec.decode_GBps, 300);
+  const Projection p = project(m, c, w, rates, System::kStateless);
+  const Projection base = project(m, c, w, rates, System::kZero3);
+  EXPECT_NEAR(p.breakdown.allgather_bytes / base.breakdown.allgather_bytes, 10.0 / 16, 1e-12);
+  EXPECT_DOUBLE_EQ(p.breakdown.reduce_scatter_bytes, base.breakdown.reduce_scatter_bytes);
+  // Without prefetch every decode (the W-1 peer shards, on the critical path) is exposed; the
+  // encodes ran ahead from iteration start, and with a decode this slow they are done by the
+  // time each gather is issued (the first, before anything else, excepted).
+  c.decode_GBps = 0.6;
+  w.prefetch_depth = 0;
+  const Projection slow = project(m, c, w, rates, System::kStateless);
+  const std::vector<GatherUnit> units = model_units(m, 0, w.seq_len);
+  double decode = 0;
+  for (const GatherUnit& unit : units)
+    decode += 2 * 2.0 * static_cast<double>(unit.gathered_values()) * 3 / 4 / 0.3e9;
+  const double first_encode = 2.0 * static_cast<double>(units[0].gathered_values()) / 4 / 30e9;
+  EXPECT_NEAR(slow.breakdown.exposed_codec_s, decode + first_encode, 1e-12);
+}
+
+TEST(SimSystems, StatelessSitsBetweenCieraAndZero3WithTheDefaultFigures) {
+  const ModelShape& m = find_model("olmoe-1b-7b");
+  const Cluster c = load_cluster(builtin_cluster_config(), "a100-hdr");
+  Workload w;
+  w.world = 16;
+  const ChangeRates rates = paper_rates(m);
+  const double zero3 = project(m, c, w, rates, System::kZero3).breakdown.allgather_bytes;
+  const double stateless = project(m, c, w, rates, System::kStateless).breakdown.allgather_bytes;
+  const double ciera = project(m, c, w, rates, System::kCiera).breakdown.allgather_bytes;
+  EXPECT_LT(ciera, stateless);
+  EXPECT_LT(stateless, zero3);
+  EXPECT_NEAR(stateless / zero3, 10.543 / 16, 1e-12);  // docs/benchmarks.md's stateless row
+  const double sdp4bit = project(m, c, w, rates, System::kSdp4Bit).breakdown.allgather_bytes;
+  EXPECT_NEAR(sdp4bit / zero3, 4.015625 / 16, 1e-12);
+}
+
+TEST(SimSystems, DefaultSchemeFiguresAndWhereTheirThroughputsComeFrom) {
+  const GatherSchemes d = default_gather_schemes();
+  EXPECT_DOUBLE_EQ(d.sdp4bit.bits_per_value, 4 + 32.0 / 2048);
+  EXPECT_FALSE(d.sdp4bit.dtype.has_value());
+  EXPECT_FALSE(d.sdp4bit.measured.has_value());  // the cluster's (de)quantise kernels, on purpose
+  Cluster c = two_tier_cluster();
+  c.quantize_GBps = 123;
+  c.dequantize_GBps = 45;
+  for (DType dtype : {DType::kBF16, DType::kFP16}) {
+    const GatherCodec q = gather_codec(d.sdp4bit, c, dtype);
+    EXPECT_DOUBLE_EQ(q.encode_GBps, 123);
+    EXPECT_DOUBLE_EQ(q.decode_GBps, 45);
+  }
+  ASSERT_TRUE(d.stateless.measured.has_value());
+  EXPECT_EQ(d.stateless.dtype, DType::kBF16);
+  EXPECT_GT(d.stateless.bits_per_value, 8);
+  EXPECT_LT(d.stateless.bits_per_value, 16);
+  // Stateless coding's bits depend on the exponent width: BF16 figures do not project FP16.
+  Workload w;
+  w.world = 8;
+  w.dtype = DType::kFP16;
+  expect_error([&] { project(tiny_model(), c, w, ChangeRates{}, System::kStateless); },
+               {"--baseline stateless", "measured in bf16", "not fp16", "--codec-bench"});
+}
+
+// A `ciera bench codec --json` output, reduced to what the simulator reads, in a file of its own.
+class CodecBenchFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = (std::filesystem::temp_directory_path() /
+             ("ciera_sim_codec_bench_" + std::to_string(::getpid()) + ".json"))
+                .string();
+  }
+  void TearDown() override { std::filesystem::remove(path_); }
+
+  static std::string bench(const std::string& rows, const std::string& dtype = "bf16") {
+    return R"({"command": "ciera bench codec --json", "config": {"dtype": ")" + dtype +
+           R"(", "values": 16777216}, "encode_GBps": 6.0, "decode_GBps": 9.0, "comparisons": [)" +
+           rows + "]}";
+  }
+  static constexpr const char* kCiera =
+      R"({"name": "ciera-auto", "bits_per_value": 8.098, "encode_GBps": 6.0, "decode_GBps": 9.0,
+          "verified": true})";
+  static constexpr const char* kStateless =
+      R"({"name": "stateless", "bits_per_value": 10.5, "encode_GBps": 0.6, "decode_GBps": 1.8,
+          "verified": true})";
+  static constexpr const char* kSdp4Bit =
+      R"({"name": "sdp4bit", "bits_per_value": 4.02, "encode_GBps": 3.0, "decode_GBps": 4.5,
+          "verified": false})";
+
+  // Writes `text` to the file and applies it for `names`, as `--codec-bench FILE` does.
+  GatherSchemes apply(const std::string& text, const std::vector<std::string>& names) {
+    std::ofstream(path_) << text;
+    GatherSchemes schemes = default_gather_schemes();
+    apply_codec_bench(schemes, read_text_file(path_, "codec bench"), "codec bench " + path_,
+                      names);
+    return schemes;
+  }
+  std::string path_;
+};
+
+TEST_F(CodecBenchFile, RowsReplaceTheBuiltInFiguresScaledByCierasRow) {
+  const std::string rows = std::string(kCiera) + "," + kStateless + "," + kSdp4Bit;
+  const GatherSchemes s = apply(bench(rows), {"zero3", "sdp4bit", "stateless"});
+  EXPECT_DOUBLE_EQ(s.stateless.bits_per_value, 10.5);
+  EXPECT_DOUBLE_EQ(s.sdp4bit.bits_per_value, 4.02);
+  ASSERT_TRUE(s.sdp4bit.measured.has_value());
+  EXPECT_NE(s.stateless.source.find(path_), std::string::npos);
+  Cluster c = two_tier_cluster();
+  c.encode_GBps = 600;
+  c.decode_GBps = 900;
+  const GatherCodec stateless = gather_codec(s.stateless, c, DType::kBF16);
+  EXPECT_DOUBLE_EQ(stateless.encode_GBps, 600 * 0.6 / 6.0);
+  EXPECT_DOUBLE_EQ(stateless.decode_GBps, 900 * 1.8 / 9.0);
+  // A lossy row need not verify bit for bit.
+  const GatherCodec sdp4bit = gather_codec(s.sdp4bit, c, DType::kFP16);
+  EXPECT_DOUBLE_EQ(sdp4bit.encode_GBps, 600 * 3.0 / 6.0);
+  EXPECT_DOUBLE_EQ(sdp4bit.decode_GBps, 900 * 4.5 / 9.0);
+  // An FP16 bench measures FP16's stateless bits, and projects only FP16.
+  const GatherSchemes fp16 = apply(bench(rows, "fp16"), {"stateless"});
+  EXPECT_EQ(fp16.stateless.dtype, DType::kFP16);
+  expect_error([&] { gather_codec(fp16.stateless, c, DType::kBF16); }, {"measured in fp16"});
+}
+
+TEST_F(CodecBenchFile, OnlyTheRowsOfTheBaselinesAskedForAreNeeded) {
+  // Today's bench has no "sdp4bit" row: fine unless --baseline sdp4bit asks for it.
+  const std::string rows = std::string(kCiera) + "," + kStateless;
+  const GatherSchemes s = apply(bench(rows), {"zero3", "stateless"});
+  EXPECT_DOUBLE_EQ(s.stateless.bits_per_value, 10.5);
+  EXPECT_FALSE(s.sdp4bit.measured.has_value());
+  EXPECT_DOUBLE_EQ(s.sdp4bit.bits_per_value, default_gather_schemes().sdp4bit.bits_per_value);
+  expect_error([&] { apply(bench(rows), {"sdp4bit"}); },
+               {"codec bench " + path_, "no row \"sdp4bit\"", "--baseline sdp4bit",
+                "rows: ciera-auto, stateless"});
+  // Without CIERA's row there is nothing to scale the throughputs by.
+  expect_error([&] { apply(bench(kStateless), {"stateless"}); },
+               {path_, "no row \"ciera-auto\"", "yardstick"});
+}
+
+TEST_F(CodecBenchFile, MalformedRowsNameTheFileAndTheRow) {
+  const std::string zero_encode =
+      R"({"name": "stateless", "bits_per_value": 10.5, "encode_GBps": 0, "decode_GBps": 1.8})";
+  expect_error([&] { apply(bench(std::string(kCiera) + "," + zero_encode), {"stateless"}); },
+               {"codec bench " + path_, "row \"stateless\"", "\"comparisons[1].encode_GBps\"",
+                "must be > 0"});
+  const std::string no_bits = R"({"name": "stateless", "encode_GBps": 1, "decode_GBps": 1.8})";
+  expect_error([&] { apply(bench(std::string(kCiera) + "," + no_bits), {"stateless"}); },
+               {path_, "row \"stateless\"", "missing field \"comparisons[1].bits_per_value\""});
+  const std::string text_bits =
+      R"({"name": "stateless", "bits_per_value": "ten", "encode_GBps": 1, "decode_GBps": 1})";
+  expect_error([&] { apply(bench(std::string(kCiera) + "," + text_bits), {"stateless"}); },
+               {"row \"stateless\"", "must be a number"});
+  const std::string unverified =
+      R"({"name": "stateless", "bits_per_value": 10.5, "encode_GBps": 1, "decode_GBps": 1,
+          "verified": false})";
+  expect_error([&] { apply(bench(std::string(kCiera) + "," + unverified), {"stateless"}); },
+               {"row \"stateless\"", "did not verify"});
+  const std::string bad_ciera = R"({"name": "ciera-auto", "encode_GBps": 6})";
+  expect_error([&] { apply(bench(bad_ciera + "," + kStateless), {"stateless"}); },
+               {"row \"ciera-auto\"", "\"comparisons[0].decode_GBps\""});
+  expect_error([&] { apply(bench(kStateless, "int4"), {"stateless"}); },
+               {path_, "\"config.dtype\"", "int4"});
+  expect_error([&] { apply(R"({"config": {"dtype": "bf16"}})", {"stateless"}); },
+               {path_, "missing field \"comparisons\""});
+  expect_error([&] { apply("{", {"stateless"}); }, {path_, "not valid JSON"});
+  expect_error([] { read_text_file("/nonexistent/bench.json", "codec bench"); },
+               {"cannot read codec bench /nonexistent/bench.json"});
 }
 
 // ---- Model zoo ------------------------------------------------------------------------------

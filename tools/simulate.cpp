@@ -1,12 +1,13 @@
-// `ciera simulate`: iteration times of ZeRO-3, ZeRO++ and CIERA projected from an alpha-beta
-// model of a cluster and the shapes of a zoo model (the paper's Tables 1-2), or predicted from a
-// trace written by `ciera train --trace`, and checked against the trace's measurements
-// (docs/simulator.md). This file holds the options, their checks and the dispatch; the
-// projection and the trace modes compute and render in simulate_projection.cpp and
-// simulate_trace.cpp.
+// `ciera simulate`: iteration times of CIERA and the schemes it is compared with (ZeRO-3, ZeRO++,
+// SDP4Bit, stateless exponent coding) projected from an alpha-beta model of a cluster and the
+// shapes of a zoo model (the paper's Tables 1-2), or predicted from a trace written by
+// `ciera train --trace`, and checked against the trace's measurements (docs/simulator.md). This
+// file holds the options, their checks and the dispatch; the projection and the trace modes
+// compute and render in simulate_projection.cpp and simulate_trace.cpp.
 #include "simulate.hpp"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -21,16 +22,28 @@ namespace {
 
 using namespace ciera::sim;
 
+std::string baseline_list(const std::string& last_word) {
+  std::string list;
+  for (size_t i = 0; i < kBaselineNames.size(); ++i) {
+    list += (i == 0 ? "" : i + 1 == kBaselineNames.size() ? " " + last_word + " " : ", ") +
+            kBaselineNames[i];
+  }
+  return list;
+}
+
 // The checks that need no input file, whatever the mode.
 void check_values(const Options& o) {
   if (o.gpus.empty()) throw ConfigError("--gpus needs at least one GPU count");
   for (int w : o.gpus) {
     if (w < 1) throw ConfigError("--gpus: " + std::to_string(w) + " is not a GPU count");
   }
-  if (o.baselines.empty()) throw ConfigError("--baseline needs at least one of zero3, zeropp");
+  if (o.baselines.empty())
+    throw ConfigError("--baseline needs at least one of " + baseline_list("or"));
   for (const std::string& name : o.baselines) {
-    if (name != "zero3" && name != "zeropp")
-      throw ConfigError("unknown --baseline \"" + name + "\" (expected zero3 or zeropp)");
+    if (std::find(kBaselineNames.begin(), kBaselineNames.end(), name) == kBaselineNames.end()) {
+      throw ConfigError("unknown --baseline \"" + name + "\" (expected " + baseline_list("or") +
+                        ")");
+    }
   }
   if (o.dtype != "auto") parse_dtype(o.dtype);
   if (o.seq_len < 1)
@@ -93,13 +106,33 @@ std::vector<Baseline> resolve_baselines(const Options& o) {
   std::vector<Baseline> baselines;
   for (const std::string& name : o.baselines) {
     // The paper's Table 1 compares with ZeRO-3 in BF16, Table 2 with ZeRO++ in FP16 (ZeRO++
-    // requires FP16); "auto" follows it, an explicit --dtype applies to both.
-    const bool zero3 = name == "zero3";
-    const DType automatic = zero3 ? DType::kBF16 : DType::kFP16;
-    baselines.push_back({zero3 ? System::kZero3 : System::kZeroPP,
-                         o.dtype == "auto" ? automatic : parse_dtype(o.dtype), name});
+    // requires FP16); "auto" follows it, and takes BF16 for SDP4Bit and stateless coding, whose
+    // figures are BF16's (ZipCCL codes BF16 exponents). An explicit --dtype applies to all.
+    System system = System::kZero3;
+    if (name == "zeropp") system = System::kZeroPP;
+    if (name == "sdp4bit") system = System::kSdp4Bit;
+    if (name == "stateless") system = System::kStateless;
+    const DType automatic = system == System::kZeroPP ? DType::kFP16 : DType::kBF16;
+    baselines.push_back({system, o.dtype == "auto" ? automatic : parse_dtype(o.dtype), name});
   }
   return baselines;
+}
+
+// The built-in figures of SDP4Bit and stateless coding, or --codec-bench's rows for the
+// baselines asked for; each is resolved on the cluster in every dtype it is projected in, so that
+// figures measured in another dtype are refused before any work.
+GatherSchemes resolve_schemes(const Options& o, const std::vector<Baseline>& baselines,
+                              const Cluster& cluster) {
+  GatherSchemes schemes = default_gather_schemes();
+  if (!o.codec_bench_file.empty()) {
+    apply_codec_bench(schemes, read_text_file(o.codec_bench_file, "codec bench"),
+                      "codec bench " + o.codec_bench_file, o.baselines);
+  }
+  for (const Baseline& b : baselines) {
+    if (b.system == System::kSdp4Bit) gather_codec(schemes.sdp4bit, cluster, b.dtype);
+    if (b.system == System::kStateless) gather_codec(schemes.stateless, cluster, b.dtype);
+  }
+  return schemes;
 }
 
 // The models and the change rates each is projected with: the paper's, then the trace's, then
@@ -131,6 +164,7 @@ ProjectionRequest parse_projection(const Options& o) {
   p.algorithm = o.algorithm;
   p.gpus = o.gpus;
   p.baselines = resolve_baselines(o);
+  p.workload.schemes = resolve_schemes(o, p.baselines, p.cluster);
   p.workload.seq_len = o.seq_len;
   p.workload.micro_batch = o.micro_batch;
   p.workload.layers = o.layers;
@@ -162,6 +196,8 @@ int run(const Request& request) {
 }
 
 }  // namespace
+
+const std::vector<std::string> kBaselineNames = {"zero3", "zeropp", "sdp4bit", "stateless"};
 
 Request parse(const Options& o, const std::string& command) {
   check_values(o);
@@ -217,17 +253,18 @@ void register_simulate(CLI::App& app, const std::string& command) {
   auto o = std::make_shared<simulate::Options>();
   CLI::App* cmd = app.add_subcommand(
       "simulate",
-      "Project ZeRO-3 / ZeRO++ / CIERA iteration times (model zoo) or predict them from a trace");
+      "Project CIERA's iteration times against ZeRO-3 / ZeRO++ / SDP4Bit / stateless coding "
+      "(model zoo) or predict them from a trace");
   cmd->add_option("--model", o->model,
                   "zoo model, or all (default: all; with --trace alone: the traced run)");
   cmd->add_option("--gpus", o->gpus, "GPU counts, comma-separated")
       ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("--baseline", o->baselines, "zero3, zeropp (comma-separated)")
+  cmd->add_option("--baseline", o->baselines, "zero3, zeropp, sdp4bit, stateless (comma-separated)")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--dtype", o->dtype,
-                  "auto (bf16 vs zero3, fp16 vs zeropp, as the paper) | bf16 | fp16")
+                  "auto (fp16 vs zeropp, as the paper; bf16 vs the others) | bf16 | fp16")
       ->capture_default_str();
   cmd->add_option("--seq-len", o->seq_len, "tokens per sequence")->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "sequences per GPU per iteration")
@@ -251,6 +288,9 @@ void register_simulate(CLI::App& app, const std::string& command) {
                 "backward without recomputing the forward");
   cmd->add_option("--rates", o->rates_file,
                   "measured change rates JSON (overrides paper/trace rates)");
+  cmd->add_option("--codec-bench", o->codec_bench_file,
+                  "`ciera bench codec --json` output: sdp4bit's and stateless's bits/value and "
+                  "throughputs (rows \"sdp4bit\", \"stateless\", scaled by \"ciera-auto\")");
   cmd->add_option("--trace", o->trace_file,
                   "trace (format v1): predict it, or with --model take its change rates");
   cmd->add_option("--validate", o->validate,

@@ -31,6 +31,7 @@ struct Options {
   std::string algorithm = "ring";
   bool no_checkpointing = false;
   std::string rates_file;
+  std::string codec_bench_file;
   std::string trace_file;
   std::vector<std::string> validate;
   bool print_cluster_config = false;
@@ -42,8 +43,11 @@ struct Options {
 struct Baseline {
   sim::System system;
   DType dtype;
-  std::string key;  // "zero3" | "zeropp", as in the JSON
+  std::string key;  // "zero3" | "zeropp" | "sdp4bit" | "stateless", as in the JSON
 };
+
+// The --baseline names, in the order the help and the errors list them.
+extern const std::vector<std::string> kBaselineNames;
 
 // A zoo model with the change rates it is projected with (paper, trace, rates file).
 struct ModelInput {
@@ -53,7 +57,8 @@ struct ModelInput {
 
 struct ProjectionRequest {
   sim::Cluster cluster;
-  sim::Workload workload;  // world and dtype are set per configuration
+  sim::Workload workload;  // world and dtype are set per configuration; its schemes are the
+                           // built-in ones or --codec-bench's
   std::string algorithm;   // as given, for the report
   std::vector<int> gpus;
   std::vector<Baseline> baselines;
@@ -66,7 +71,7 @@ struct ProjectionRun {
   int gpus;
   DType dtype;
   sim::System system;
-  std::string key;  // "ciera" | "zero3" | "zeropp"
+  std::string key;  // "ciera" or the baseline's key
   sim::Projection projection;
 };
 

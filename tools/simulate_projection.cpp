@@ -1,6 +1,6 @@
-// `ciera simulate --model`: CIERA against ZeRO-3 and ZeRO++ on the model zoo, computed for every
-// model x baseline x GPU count, then rendered as the speedup, bound and breakdown tables or as
-// one JSON object.
+// `ciera simulate --model`: CIERA against ZeRO-3, ZeRO++, SDP4Bit and stateless exponent coding
+// on the model zoo, computed for every model x baseline x GPU count, then rendered as the speedup,
+// bound and breakdown tables or as one JSON object.
 #include <iostream>
 #include <map>
 #include <utility>
@@ -102,6 +102,47 @@ std::string selected_text(const Projection& p) {
   return s.empty() ? "none" : s;
 }
 
+// The scheme figures a baseline is projected with (SDP4Bit, stateless coding), or nullptr.
+const SchemeFigures* scheme_of(const Baseline& b, const Workload& w) {
+  if (b.system == System::kSdp4Bit) return &w.schemes.sdp4bit;
+  if (b.system == System::kStateless) return &w.schemes.stateless;
+  return nullptr;
+}
+
+std::string scheme_text(const Baseline& b, const SchemeFigures& f, const Cluster& cluster) {
+  const GatherCodec codec = gather_codec(f, cluster, b.dtype);
+  std::string s = std::string(system_name(b.system)) + " (" + std::string(dtype_name(b.dtype)) +
+                  "): " + fixed(f.bits_per_value, 4) + " bits/value on the wire; encode " +
+                  fixed(codec.encode_GBps, 1) + ", decode " + fixed(codec.decode_GBps, 1) +
+                  " GB/s of raw bytes on this cluster";
+  if (f.measured) {
+    const BenchThroughputs& m = *f.measured;
+    s += " (measured " + fixed(m.encode_GBps, 2) + " / " + fixed(m.decode_GBps, 2) +
+         " GB/s against CIERA's " + fixed(m.ciera_encode_GBps, 2) + " / " +
+         fixed(m.ciera_decode_GBps, 2) + ", times the cluster's CIERA encode / decode)";
+  } else {
+    s += " (not measured: the cluster's quantize / dequantize)";
+  }
+  return s + "\n    [" + f.source + "]";
+}
+
+nlohmann::json scheme_json(const Baseline& b, const SchemeFigures& f, const Cluster& cluster) {
+  const GatherCodec codec = gather_codec(f, cluster, b.dtype);
+  nlohmann::json measured;  // null when not measured
+  if (f.measured) {
+    measured = {{"encode_GBps", f.measured->encode_GBps},
+                {"decode_GBps", f.measured->decode_GBps},
+                {"ciera_encode_GBps", f.measured->ciera_encode_GBps},
+                {"ciera_decode_GBps", f.measured->ciera_decode_GBps}};
+  }
+  return {{"dtype", dtype_name(b.dtype)},
+          {"bits_per_value", f.bits_per_value},
+          {"encode_GBps", codec.encode_GBps},
+          {"decode_GBps", codec.decode_GBps},
+          {"measured", measured},
+          {"source", f.source}};
+}
+
 std::string layers_text(const Workload& w) {
   return w.layers ? std::to_string(w.layers) + " layers" : std::string("all layers");
 }
@@ -121,6 +162,10 @@ nlohmann::json projection_json(const Request& request, const ProjectionResult& r
                    {"algorithm", p.algorithm},
                    {"optimizer_bytes_per_param", w.optimizer_bytes_per_param},
                    {"zeropp_block_values", w.zeropp_block_values}};
+  for (const Baseline& b : p.baselines) {  // SDP4Bit's and stateless coding's codec figures
+    if (const SchemeFigures* f = scheme_of(b, w))
+      j["schemes"][b.key] = scheme_json(b, *f, p.cluster);
+  }
   j["models"] = nlohmann::json::array();
   for (const ModelInput& m : p.models) {
     j["models"].push_back({{"name", m.model->name},
@@ -165,8 +210,11 @@ void print_header(const Request& request, std::ostream& out) {
       << ", " << p.algorithm << " collectives, Adam step "
       << fixed(w.optimizer_bytes_per_param, 0)
       << " B/param at memory bandwidth; ZeRO++ int8/int4 blocks of " << w.zeropp_block_values
-      << " values\n"
-      << "change rates: block q (element c); CIERA payload = header + sign-mantissa + bitmap + the "
+      << " values\n";
+  for (const Baseline& b : p.baselines) {
+    if (const SchemeFigures* f = scheme_of(b, w)) out << scheme_text(b, *f, p.cluster) << "\n";
+  }
+  out << "change rates: block q (element c); CIERA payload = header + sign-mantissa + bitmap + the "
          "smaller of q x exponents (paper §3.2) and fine mode (1.5 B per changed value + 1 B per "
          "changed block), as the encoder:\n";
   for (const ModelInput& m : p.models) {

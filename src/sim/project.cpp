@@ -1,5 +1,5 @@
-// Per-unit costs of ZeRO-3, ZeRO++ and CIERA on a zoo model, and the iteration they add up to
-// (docs/simulator.md, "Systems").
+// Per-unit costs of ZeRO-3, ZeRO++, SDP4Bit, stateless exponent coding and CIERA on a zoo model,
+// and the iteration they add up to (docs/simulator.md, "Systems").
 #include <algorithm>
 #include <cmath>
 
@@ -90,6 +90,44 @@ UnitCost zeropp_cost(const Context& c, const GatherUnit& unit) {
   return cost;
 }
 
+// SDP4Bit's qWD: every gather carries the weights' differences at `codec.bits_per_value`, on the
+// same collective as ZeRO-3's; gradients as ZeRO-3's. Only the quantised allgather: no hpZ-style
+// secondary copy, no gradient quantisation (docs/simulator.md, "Systems"). As for ZeRO++'s int8
+// weights, each rank quantises its own shard when the forward gather is issued, and every rank
+// dequantises the whole gathered tensor, its own shard included (lossy: all ranks must compute
+// with the same values). The backward gather re-sends the forward's quantised shard, so it has no
+// quantise step of its own.
+UnitCost sdp4bit_cost(const Context& c, const GatherUnit& unit, const GatherCodec& codec) {
+  UnitCost cost = baseline_cost(c, unit);
+  const int w = c.work.world;
+  const double raw = unit.gathered_values() * c.value_bytes;
+  const double wire = unit.gathered_values() * codec.bits_per_value / 8.0;
+  cost.allgather_forward_bytes = cost.allgather_backward_bytes = wire;
+  cost.allgather_forward_s = cost.allgather_backward_s =
+      allgather_seconds(c.cluster, w, wire, c.work.algorithm);
+  cost.pre_forward_s = raw / w / (codec.encode_GBps * kGB);
+  cost.post_forward_s = cost.post_backward_s = raw / (codec.decode_GBps * kGB);
+  return cost;
+}
+
+// Stateless exponent coding (ZipCCL's idea): every gather codes every value of every shard type
+// afresh, at `codec.bits_per_value`, with no selection and no cache. Encoding reads only the
+// current values, which are final after the previous step, so like CIERA's it runs on the pre
+// stream from iteration start (the schedule's pre_from_start); decoding the W-1 peer shards is on
+// the critical path. Lossless, so a rank's own shard needs no decoding.
+UnitCost stateless_cost(const Context& c, const GatherUnit& unit, const GatherCodec& codec) {
+  UnitCost cost = baseline_cost(c, unit);
+  const int w = c.work.world;
+  const double raw = unit.gathered_values() * c.value_bytes;
+  const double wire = unit.gathered_values() * codec.bits_per_value / 8.0;
+  cost.allgather_forward_bytes = cost.allgather_backward_bytes = wire;
+  cost.allgather_forward_s = cost.allgather_backward_s =
+      allgather_seconds(c.cluster, w, wire, c.work.algorithm);
+  cost.pre_forward_s = cost.pre_backward_s = raw / w / (codec.encode_GBps * kGB);
+  cost.post_forward_s = cost.post_backward_s = raw * (w - 1) / w / (codec.decode_GBps * kGB);
+  return cost;
+}
+
 // Bytes of one unit's gathers under CIERA; `forward` gathers send the changed exponents, the
 // backward gather of the same step finds none changed (values are unchanged since the forward).
 double ciera_unit_bytes(const Context& c, const GatherUnit& unit, const ChangeRates& rates,
@@ -174,6 +212,10 @@ std::string_view system_name(System system) {
       return "ZeRO++";
     case System::kCiera:
       return "CIERA";
+    case System::kSdp4Bit:
+      return "SDP4Bit";
+    case System::kStateless:
+      return "stateless";
   }
   return "?";
 }
@@ -189,6 +231,10 @@ Projection project(const ModelShape& model, const Cluster& cluster, const Worklo
   Projection result;
   result.system = system;
   if (system == System::kCiera) result.selected = select_types(c, units, rates);
+  GatherCodec codec;
+  if (system == System::kSdp4Bit) codec = gather_codec(work.schemes.sdp4bit, cluster, work.dtype);
+  if (system == System::kStateless)
+    codec = gather_codec(work.schemes.stateless, cluster, work.dtype);
 
   std::vector<UnitCost> costs;
   uint64_t params = 0;
@@ -204,13 +250,19 @@ Projection project(const ModelShape& model, const Cluster& cluster, const Worklo
       case System::kCiera:
         costs.push_back(ciera_cost(c, unit, rates, result.selected));
         break;
+      case System::kSdp4Bit:
+        costs.push_back(sdp4bit_cost(c, unit, codec));
+        break;
+      case System::kStateless:
+        costs.push_back(stateless_cost(c, unit, codec));
+        break;
     }
   }
   const double optimizer_s = static_cast<double>(params) / work.world *
                              work.optimizer_bytes_per_param / (cluster.hbm_GBps * kGB);
   ScheduleOptions options;
   options.prefetch_depth = work.prefetch_depth;
-  options.pre_from_start = system == System::kCiera;
+  options.pre_from_start = system == System::kCiera || system == System::kStateless;
   result.breakdown = simulate_iteration(costs, optimizer_s, options);
   return result;
 }

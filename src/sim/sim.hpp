@@ -1,6 +1,7 @@
 // The trace-driven simulator (docs/simulator.md): alpha-beta collectives, a ZeRO-3/FSDP schedule
-// with prefetch, the shapes of six published MoE models, and three systems on top of them:
-// ZeRO-3 (raw), ZeRO++ (int8 weights, hierarchical partitioning, int4 gradients) and CIERA.
+// with prefetch, the shapes of six published MoE models, and the systems on top of them: ZeRO-3
+// (raw), ZeRO++ (int8 weights, hierarchical partitioning, int4 gradients), SDP4Bit (4-bit weight
+// differences), stateless exponent coding (ZipCCL's idea) and CIERA.
 // Times are in seconds, sizes in bytes, bandwidths in GB/s (1e9 bytes per second).
 //
 // The API of the `ciera_sim` tool library (linked by the `ciera` tool and its tests), not of the
@@ -209,9 +210,55 @@ struct Breakdown {
 Breakdown simulate_iteration(const std::vector<UnitCost>& units, double optimizer_s,
                              const ScheduleOptions& options);
 
+// ---- Gather schemes measured by `ciera bench codec` ------------------------------------------
+
+// Throughputs as `ciera bench codec` measured them (one thread, GB/s of raw shard bytes), with
+// CIERA's (its "ciera-auto" row) from the same run. They carry over to a cluster as ratios to
+// CIERA's (docs/benchmarks.md: on a noisy machine ratios carry over, absolute times do not).
+struct BenchThroughputs {
+  double encode_GBps = 0, decode_GBps = 0;
+  double ciera_encode_GBps = 0, ciera_decode_GBps = 0;
+};
+
+// What the simulator knows of one gather scheme's codec (docs/simulator.md, "Gather schemes").
+struct SchemeFigures {
+  std::string name;            // the --baseline name: "sdp4bit", "stateless"
+  std::string row;             // its row in `ciera bench codec --json`'s "comparisons"
+  std::optional<DType> dtype;  // the dtype its bits/value were measured in; nullopt: any (the
+                               // scheme's format fixes them)
+  double bits_per_value = 0;   // everything it puts on the wire, per value
+  // nullopt: not measured; the cluster's ZeRO++ (de)quantise throughputs stand in.
+  std::optional<BenchThroughputs> measured;
+  std::string source;  // where the figures come from, for the report
+};
+
+struct GatherSchemes {
+  SchemeFigures sdp4bit, stateless;
+};
+
+// The built-in figures (one table in src/sim/schemes.cpp, each with the command that measured
+// it), used unless `--codec-bench FILE` replaces them.
+GatherSchemes default_gather_schemes();
+
+// Replaces the figures of `names` ("sdp4bit", "stateless"; others are ignored) by their rows of
+// a `ciera bench codec --json` output (`origin` names it in errors), scaled by its "ciera-auto"
+// row. Throws ConfigError naming the file and the row when a row is missing or malformed.
+void apply_codec_bench(GatherSchemes& schemes, const std::string& json_text,
+                       const std::string& origin, const std::vector<std::string>& names);
+
+// A scheme's codec on one cluster: bits/value, and encode/decode throughputs in GB/s of raw
+// bytes, the cluster's CIERA throughputs times the measured ratios (or, not measured, the
+// cluster's quantize/dequantize throughputs).
+struct GatherCodec {
+  double bits_per_value = 0;
+  double encode_GBps = 0, decode_GBps = 0;
+};
+// Throws ConfigError when the figures' bits/value were measured in another dtype than `dtype`.
+GatherCodec gather_codec(const SchemeFigures& figures, const Cluster& cluster, DType dtype);
+
 // ---- Systems on the model zoo -------------------------------------------------------------
 
-enum class System { kZero3, kZeroPP, kCiera };
+enum class System { kZero3, kZeroPP, kCiera, kSdp4Bit, kStateless };
 std::string_view system_name(System system);
 
 struct Workload {
@@ -222,10 +269,11 @@ struct Workload {
   int layers = 0;  // 0: all
   int prefetch_depth = 1;
   bool activation_checkpointing = true;  // the paper enables it (§4.1): backward recomputes forward
-  Algorithm algorithm = Algorithm::kRing;  // for ZeRO-3 and CIERA gathers
+  Algorithm algorithm = Algorithm::kRing;  // for every gather but ZeRO++'s
   uint32_t zeropp_block_values = 4096;     // ZeRO++ int8 weight quantisation group
   uint32_t zeropp_grad_block_values = 4096;
   double optimizer_bytes_per_param = 32;  // mixed-precision Adam traffic per parameter
+  GatherSchemes schemes = default_gather_schemes();  // SDP4Bit's and stateless coding's codecs
 };
 
 struct Projection {
