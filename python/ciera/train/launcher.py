@@ -114,10 +114,13 @@ def launch(args, argv: list[str]) -> int:
 def exit_status(summary: dict) -> int:
     """0 when every comparison the run made holds: CIERA against the baseline (with one), the
     gathers against torch's (--verify) and the baseline against its control (--control); else 3.
-    A --zero run: CIERA's ZeRO against torch's."""
+    A lossy scheme's drift is its result, not a failed comparison: a run of lossy schemes alone
+    has nothing that must be exact. A --zero run: CIERA's ZeRO against torch's."""
     if summary.get("mode") == "zero":
         return 0 if summary["losses_identical"] and summary["params_identical"] else 3
-    identical = summary["losses_identical"] or summary.get("iteration_ms_fsdp2") is None  # no baseline run
+    only_lossy = bool(summary.get("schemes")) and all(x["lossy"] for x in summary["schemes"])
+    identical = (summary["losses_identical"] or only_lossy
+                 or summary.get("iteration_ms_fsdp2") is None)  # no baseline run
     deterministic = summary.get("control_identical") is not False  # None: no control run
     return 0 if identical and deterministic and summary["wrong_bytes"] == 0 else 3
 
@@ -132,9 +135,11 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
         sys.stderr.flush()
 
     stall = Stall(watch, say)
-    runs = 2 if args.zero else (0 if args.no_baseline else 1) + (1 if args.control else 0) + (3 if args.ablation else 1)
+    trained = len(options.scheme_names(args)) if args.schemes else (3 if args.ablation else 1)
+    runs = 2 if args.zero else (0 if args.no_baseline else 1) + (1 if args.control else 0) + trained
     total = (args.steps - checkpoint.resumed_steps(args)) * runs
-    width = len(CONTROL) if args.control else 8   # the longest run name
+    names = [CONTROL if args.control else "fsdp2", *(options.scheme_names(args) if args.schemes else ["ciera"])]
+    width = max(8, *map(len, names))   # the longest run name
     seen, last_line, offset, started = 0, "", 0, time.time()
     while True:
         status = proc.poll()
@@ -183,6 +188,9 @@ def render_summary(s: dict, run_dir: Path) -> str:
     # --codec delta without a budget: value differences on every shard from the first step, no
     # warmup; with one, the selector chooses per shard after warmup, delta among the choices.
     delta = s.get("codec") == "delta" and s.get("budget_bytes") is None
+    # The training the rows below describe: CIERA's, or the alternative --codec named.
+    main = s.get("main_scheme", "ciera")
+    who = "CIERA" if main in ("ciera", "auto", "delta") else main
 
     rows = [
         ("model", f"{s['model']} ({s['params']:,} parameters, {s['buckets']} FSDP groups), {s['ranks']} ranks"),
@@ -198,9 +206,9 @@ def render_summary(s: dict, run_dir: Path) -> str:
         ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
         ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  "
                                  f"ratio {s['ratio']:.3f}x ({s['bits_per_value']:.3f} bits/value)"),
-        ("allgather time/step", f"FSDP2 {ms(s['allgather_ms_fsdp2'])} ms  CIERA {ms(s['allgather_ms_ciera'])} ms  "
+        ("allgather time/step", f"FSDP2 {ms(s['allgather_ms_fsdp2'])} ms  {who} {ms(s['allgather_ms_ciera'])} ms  "
                                 f"speedup {s['allgather_speedup'] or float('nan'):.3f}x"),
-        ("iteration time/step", f"FSDP2 {ms(s['iteration_ms_fsdp2'])} ms  CIERA {ms(s['iteration_ms_ciera'])} ms  "
+        ("iteration time/step", f"FSDP2 {ms(s['iteration_ms_fsdp2'])} ms  {who} {ms(s['iteration_ms_ciera'])} ms  "
                                 f"speedup {s['iteration_speedup'] or float('nan'):.3f}x"),
         ("detect + encode", f"{s['detect_encode_ms_ciera']:.1f} ms/step on the slowest rank; "
                             f"{100 * s['allgather_hidden_fraction_ciera']:.0f}% of the gathers' duration hidden"
@@ -219,10 +227,8 @@ def render_summary(s: dict, run_dir: Path) -> str:
             f"B={b} {100 * r:.1f}%" for b, r in s["characterisation"]["reusable_blocks_w4"].items()))]
           if s.get("characterisation") else []),
         ("exponent change rate", f"{100 * s['exponent_change_rate']:.3f}% of values per step (steady state)"),
-        ("exactness", ("not compared (--no-baseline)" if s.get("iteration_ms_fsdp2") is None
-                       else "losses and parameters bitwise identical to FSDP2"
-                       if s["losses_identical"] and s["params_identical"] else "NOT IDENTICAL") + (f"; verify: {s['wrong_bytes']} wrong bytes of {s['verified_bytes']:,}"
-                                               if s["verified_bytes"] else "")),
+        ("exactness", exactness_text(s) + (f"; verify: {s['wrong_bytes']} wrong bytes of {s['verified_bytes']:,}"
+                                           if s["verified_bytes"] else "")),
         *([("control", "plain FSDP2 trained twice: bitwise identical, the harness itself is deterministic"
             if s["control_identical"] else "plain FSDP2 trained twice: NOT identical, the harness itself is "
                                            "NOT deterministic (no comparison above can be trusted)")]
@@ -231,6 +237,8 @@ def render_summary(s: dict, run_dir: Path) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    if len(s.get("schemes") or []) > 1 or any(x["lossy"] for x in s.get("schemes") or []):
+        text += "\n\n" + scheme_table(s)
     if s.get("selection_table"):
         text += "\n\nselection (paper §3.2) at the end of warmup:\n" + s["selection_table"]
     if s.get("ablation"):
@@ -244,6 +252,40 @@ def render_summary(s: dict, run_dir: Path) -> str:
                      f"{row['iteration_ms_ciera']:>12.1f} {row['iteration_speedup'] or 0:>8.3f} "
                      f"{row['ratio'] or 0:>6.3f} {row['cache_bytes'] / 2**20:>9.2f} {row['selected_shards']:>6}")
     return text
+
+
+def exactness_text(s: dict) -> str:
+    if s.get("iteration_ms_fsdp2") is None:
+        return "not compared (--no-baseline)"
+    rows = s.get("schemes") or []
+    lossy = [x for x in rows if x["lossy"]]
+    drift = ", ".join(f"{x['name']} max |dloss| {x['max_loss_diff']:.2e}" for x in lossy)
+    if lossy and len(lossy) == len(rows):
+        return f"LOSSY scheme, not exact: {drift}"
+    exact = "losses and parameters bitwise identical to FSDP2" if s["losses_identical"] and s["params_identical"] \
+        else "NOT IDENTICAL"
+    return exact + (f" (the lossless schemes); LOSSY: {drift}" if lossy else "")
+
+
+def scheme_table(s: dict) -> str:
+    """One row per gather scheme of the run, plain FSDP2 first: bits on the wire, times and
+    speedups over FSDP2, and how far its training went from FSDP2's."""
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    header = (f"{'scheme':<12} {'exact':>5} {'bits/value':>10} {'allgather ms':>12} {'speedup':>7} "
+              f"{'iteration ms':>12} {'speedup':>7} {'final loss':>10} {'max|dloss|':>10} {'max|dparam|':>11}")
+    lines = ["gather schemes side by side (same model, seed and batches, interleaved step by step):", header,
+             f"{'fsdp2':<12} {'-':>5} {16:>10.3f} {num(s['allgather_ms_fsdp2'], '.1f'):>12} {'1.000':>7} "
+             f"{num(s['iteration_ms_fsdp2'], '.1f'):>12} {'1.000':>7} "
+             f"{num(s['losses'].get('fsdp2', [None])[-1], '.4f'):>10} {'0':>10} {'0':>11}"]
+    for x in s["schemes"]:
+        exact = "yes" if x["exact"] else "LOSSY" if x["lossy"] else "NO"
+        lines.append(f"{x['name']:<12} {exact:>5} {num(x['bits_per_value'], '.3f'):>10} {num(x['allgather_ms'], '.1f'):>12} "
+                     f"{num(x['allgather_speedup'], '.3f'):>7} {num(x['iteration_ms'], '.1f'):>12} "
+                     f"{num(x['iteration_speedup'], '.3f'):>7} {num(x['final_loss'], '.4f'):>10} "
+                     f"{num(x['max_loss_diff'], '.2e'):>10} {num(x['max_param_diff'], '.2e'):>11}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -13,7 +13,7 @@ from typing import NoReturn
 from ciera import _ext
 from ciera.models import ModelSpec
 from ciera.paths import folder_problem
-from ciera.train import checkpoint
+from ciera.train import checkpoint, schemes
 
 LINK_LAB_MAX_RANKS = 253  # scripts/linklab.sh puts the ranks on one /24 beside its hub
 
@@ -43,11 +43,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
     p.add_argument("--block", type=int, default=512, help="CIERA values per block")
-    p.add_argument("--codec", default=None, choices=["ciera", "auto", "delta"],
-                   help="ciera: exponent reuse on every shard after warmup; auto: let the engine keep whichever of "
-                        "that and raw is faster; delta: value differences on every shard from the first step "
-                        "(receivers keep the previous values); with --budget-mb the selector chooses among raw, ciera and "
-                        "delta per shard. Default: ciera, and delta with --zero")
+    p.add_argument("--codec", default=None, choices=list(schemes.SCHEMES),
+                   help="the gather scheme trained against FSDP2. ciera: exponent reuse on every shard after warmup; "
+                        "auto: let the engine keep whichever of that and raw is faster; delta: value differences on "
+                        "every shard from the first step (receivers keep the previous values); with --budget-mb the "
+                        "selector chooses among raw, ciera and delta per shard. The alternatives CIERA is compared "
+                        "with: stateless (every exponent entropy-coded every step), zipnn (ZipNN on each shard; "
+                        "pip install 'ciera[peers]'), zeropp-int8 (ZeRO++'s int8 weights, LOSSY), sdp4bit "
+                        "(SDP4Bit's 4-bit weight differences, LOSSY). Default: ciera, and delta with --zero")
+    p.add_argument("--schemes", metavar="A,B,...",
+                   help="train several gather schemes (names as for --codec) side by side with FSDP2, same seed "
+                        "and batches, interleaved step by step; a table per scheme: bytes, times, loss and parameter "
+                        "drift from FSDP2, exactness")
+    p.add_argument("--baselines", action="store_true",
+                   help="--schemes with every scheme this installation can run: "
+                        + ", ".join(schemes.BASELINES) + " (zipnn when installed)")
     p.add_argument("--zero", action="store_true",
                    help="ZeRO-1/2 instead of FSDP2: DDP with torch's ZeroRedundancyOptimizer (BF16 parameters, "
                         "FP32 master weights) against the same with its parameter sync through CIERA "
@@ -171,6 +181,7 @@ def _check_values(args) -> None:
     if args.link_gbit > 0 and args.ranks > LINK_LAB_MAX_RANKS:
         _fail(f"--ranks {args.ranks}: the link lab has room for at most {LINK_LAB_MAX_RANKS} ranks")
     _check_combinations(args)
+    _check_schemes(args)
     _check_zero(args)
     _writable_folder("--out", args.out)
     if args.save_checkpoints:
@@ -186,24 +197,61 @@ def _check_values(args) -> None:
 
 def _defaults(args) -> None:
     """The defaults that depend on other options: --codec (delta with --zero, where this build
-    has it) and --warmup (1 where every shard is value-delta from the first step: that step
-    carries the key frames; else 30)."""
+    has it), --schemes (every available one with --baselines) and --warmup (1 where no scheme
+    waits for warmup: the first step carries the key frames or values; else 30)."""
     has_delta = hasattr(_ext.ShardPolicy, "delta")
+    if args.baselines or args.schemes is not None:
+        if args.codec is not None:
+            _fail("--codec trains one scheme; --schemes and --baselines train several: give one of them")
+        if args.baselines and args.schemes is not None:
+            _fail("--baselines is every available scheme; give it or --schemes, not both")
+        try:
+            names = schemes.available_baselines() if args.baselines else schemes.parse(args.schemes)
+        except ValueError as e:
+            _fail(str(e))
+        args.schemes = ",".join(names)
     if args.codec is None:
         args.codec = "delta" if args.zero and has_delta else "ciera"
-    if args.codec == "delta" and not has_delta:
-        _fail("--codec delta: this build of CIERA has no delta shard policy (rebuild it, or use --codec ciera)")
+    problem = schemes.unavailable(args.codec)
+    if problem:
+        _fail(f"--codec {args.codec}: {problem}")
     if args.warmup is None:
         # With --budget-mb the warmup is the selector's statistics: as long as for exponent reuse.
-        args.warmup = 1 if args.zero or (args.codec == "delta" and args.budget_mb is None) else 30
+        waits = any(schemes.switches_after_warmup(name) for name in scheme_names(args))
+        args.warmup = 1 if args.zero or (args.budget_mb is None and not waits) else 30
+
+
+def scheme_names(args) -> list[str]:
+    """The schemes this run trains beside FSDP2: --schemes (resolved), else --codec's."""
+    return args.schemes.split(",") if args.schemes else [args.codec]
+
+
+def _check_schemes(args) -> None:
+    """--schemes / --baselines and the peer schemes of --codec: the options they cannot run with."""
+    names = scheme_names(args)
+    peers = [n for n in names if n not in ("ciera", "auto", "delta")]
+    if args.schemes:
+        for flag, given in (("--zero", args.zero), ("--ablation", args.ablation), ("--budget-mb", args.budget_mb is not None),
+                            ("--trace", args.trace), ("--stats", args.stats), ("--save-checkpoints", args.save_checkpoints),
+                            ("--checkpoint-every", args.checkpoint_every), ("--resume", args.resume),
+                            ("--no-baseline", args.no_baseline)):
+            if given:
+                _fail(f"{flag} cannot run with --schemes/--baselines (every scheme runs on every shard beside plain FSDP2)")
+    elif peers:
+        for flag, given in (("--zero", args.zero), ("--ablation", args.ablation), ("--budget-mb", args.budget_mb is not None),
+                            ("--trace", args.trace)):
+            if given:
+                _fail(f"--codec {args.codec} is an alternative CIERA is compared with; it cannot run with {flag}")
+    if peers and args.device == "cuda":
+        _fail(f"{', '.join(peers)}: the peer schemes run on the host codec backend only; not with --device cuda")
 
 
 def _check_zero(args) -> None:
     """--zero compares torch's ZeroRedundancyOptimizer with CIERA's parameter sync; the options
     of the FSDP2 comparison that it has no counterpart for are refused by name."""
     if not args.zero:
-        if args.codec == "delta" and args.ablation:
-            _fail("--codec delta sends every shard as value differences; --ablation measures exponent reuse's parts")
+        if args.codec not in ("ciera", "auto") and args.ablation:
+            _fail(f"--codec {args.codec} is not exponent reuse; --ablation measures exponent reuse's parts")
         return
     unsupported = [("--ablation", args.ablation), ("--budget-mb", args.budget_mb is not None),
                    ("--reselect-every", args.reselect_every), ("--overlap", args.overlap), ("--stats", args.stats),
@@ -302,8 +350,10 @@ def check(args) -> None:
 
 def resolved_argv(args) -> list[str]:
     """The options resolve() decided, for the ranks' command line (given last, they win)."""
-    return ["--launcher", args.launcher, "--transport", args.transport,
-            "--control" if args.control else "--no-control", "--codec", args.codec, "--warmup", str(args.warmup)]
+    resolved = ["--launcher", args.launcher, "--transport", args.transport,
+                "--control" if args.control else "--no-control", "--warmup", str(args.warmup)]
+    # The ranks get the resolved scheme list, never --baselines (what is installed is decided here).
+    return resolved + ["--codec", args.codec] + (["--schemes", args.schemes] if args.schemes else [])
 
 
 def budget_bytes(budget_mb: float) -> int:

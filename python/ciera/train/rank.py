@@ -18,10 +18,10 @@ import torch.distributed as dist
 import ciera
 from ciera import fsdp
 from ciera.fsdp import lifecycle
-from ciera.train import checkpoint
+from ciera.train import checkpoint, schemes
 from ciera.train.watch import RankStatus
 from ciera.train.metrics import BASELINE, CONTROL, PLAIN, Run, StepMetrics, resident_bytes
-from ciera.train.options import budget_bytes
+from ciera.train.options import budget_bytes, scheme_names
 
 
 def placement(launcher: str) -> tuple[int, int, int, int]:
@@ -152,8 +152,11 @@ class RankProgram:
         return model, spec
 
     def variants(self) -> list[tuple[str, float | None, bool]]:
-        """(name, cache budget in MiB or None for every shard, overlap) of each CIERA training."""
+        """(name, cache budget in MiB or None for every shard, overlap) of each CIERA training:
+        with --schemes one per scheme, named by it."""
         a = self.args
+        if a.schemes:
+            return [(name, None, a.overlap) for name in scheme_names(a)]
         if not a.ablation:
             return [("ciera", a.budget_mb, a.overlap)]
         budget = a.budget_mb if a.budget_mb is not None else float("inf")  # BSC by gain alone
@@ -181,14 +184,23 @@ class RankProgram:
 
             self.tracer = trace.Tracer(len(fsdp.describe_buckets(plain)))
 
+    def scheme_of(self, name: str) -> str:
+        """The gather scheme of the training `name` (--schemes names them by it; else --codec's)."""
+        return name if self.args.schemes else self.args.codec
+
     def add_ciera(self, runs: dict, handles: dict, name: str, budget_mb: float | None, overlap: bool):
-        """One CIERA training; returns its model and spec."""
+        """One training through CIERA's engine (or, for zipnn, ZipNN's Python gather); returns its
+        model and spec."""
         a = self.args
         model, spec = self.build()
+        scheme = self.scheme_of(name)
+        if scheme == "zipnn":
+            handle = fsdp.enable_zipnn(model, verify=a.verify)
+            return self.add_handle(runs, handles, name, model, handle, None), spec
         config = ciera.EngineConfig()
         config.codec.block_values = a.block
         config.warmup_steps = 0  # warmup is driven per training step below
-        config.adaptive = a.codec == "auto"
+        config.adaptive = scheme == "auto"
         config.worker_threads = a.threads
         config.timeout_s = a.timeout
         if budget_mb is not None:
@@ -196,13 +208,19 @@ class RankProgram:
             # With --codec delta the selector chooses among raw, exponent reuse and delta.
             handle = fsdp.enable(model, config, transport=a.transport, verify=a.verify, overlap=overlap,
                                  cache_budget_bytes=budget_bytes(budget_mb), select_after_steps=a.warmup,
-                                 reselect_every=a.reselect_every, allow_delta=a.codec == "delta")
+                                 reselect_every=a.reselect_every, allow_delta=scheme == "delta")
         else:
-            # Exponent reuse starts after warmup (train_step); value-delta streams need no warmup
-            # (their first frame is a key frame, every later one small), so they start at once.
-            first = ciera.ShardPolicy.delta if a.codec == "delta" else ciera.ShardPolicy.raw
-            handle = fsdp.enable(model, config, transport=a.transport, verify=a.verify, overlap=overlap,
-                                 policy=lambda bucket, param: first)
+            # Exponent reuse starts after warmup (train_step); value-delta streams and the peer
+            # schemes need no warmup (their first frame carries the values), so they start at once.
+            # A lossy scheme's gathers never match torch's: --verify checks the lossless ones.
+            first = schemes.first_policy(scheme)
+            handle = fsdp.enable(model, config, transport=a.transport, verify=a.verify and not schemes.is_lossy(scheme),
+                                 overlap=overlap, policy=lambda bucket, param: first)
+        return self.add_handle(runs, handles, name, model, handle, budget_mb), spec
+
+    def add_handle(self, runs: dict, handles: dict, name: str, model, handle, budget_mb: float | None):
+        """Registers a training whose gathers go through `handle`; returns its model."""
+        a = self.args
         # The main run's tracker counts per parameter: a trace takes its change rates from it.
         self.trackers[name] = (fsdp.ExponentTracker(handle.buckets, a.block) if name == "ciera"
                                else fsdp.ExponentTracker())
@@ -216,7 +234,7 @@ class RankProgram:
         runs[name].budget_mb = budget_mb
         runs[name].rs_records = fsdp.time_reduce_scatters(model)
         handles[name] = handle
-        return model, spec
+        return model
 
     def train_all(self) -> None:
         """Trains the baseline and the CIERA model(s) side by side, one step of each in turn: all
@@ -273,11 +291,11 @@ class RankProgram:
     def train_step(self, runs: dict, handles: dict, step: int, tokens) -> None:
         """Step `step` of every training, in an order that rotates from step to step."""
         a = self.args
-        if step == max(a.warmup, self.first_step) and a.codec != "delta":
+        if step == max(a.warmup, self.first_step):
             # Warmup over (or a run resumed after it starts): without a selector every parameter
-            # now goes through exponent reuse (all ranks at once).
-            for handle in handles.values():
-                if handle.selector is None:
+            # of an exponent-reuse training now goes through it (all ranks at once).
+            for name, handle in handles.items():
+                if handle.selector is None and schemes.switches_after_warmup(self.scheme_of(name)):
                     for bucket in handle.buckets:
                         for k in range(len(bucket.params)):
                             handle.engine.set_policy(bucket.index, k, ciera.ShardPolicy.ciera)
@@ -287,7 +305,7 @@ class RankProgram:
         order = list(runs.values())
         shift = step % len(order)
         order = order[shift:] + order[:shift]
-        if step == a.warmup:
+        if step == a.warmup and "ciera" in self.trackers:
             self.trackers["ciera"].clear_counts()  # per-parameter rates of the steady state only
         if self.stats is not None:
             self.stats.new_step()

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from ciera import fsdp
 from ciera.train.metrics import BASELINE, CONTROL, PLAIN, Run, RunCheck
+from ciera.train import schemes
 from ciera.train.options import budget_bytes
 
 
@@ -51,6 +52,24 @@ def check_runs(runs: dict, handles: dict, names: list[str]) -> tuple[list[RunChe
     return checks, [int(p) for p in peaks], identical_steps
 
 
+def parameter_drift(runs: dict, names: list[str]) -> list[float | None]:
+    """Per training: max |parameter - FSDP2's parameter| over every final (FP32 master) value, on
+    any rank; None without a baseline. NaN where either holds a NaN the other does not. Collective."""
+    base = runs.get(BASELINE)
+    if base is None:
+        return [None] * len(names)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+    drift = torch.zeros(len(names), dtype=torch.float64)
+    for i, name in enumerate(names):
+        for x, y in zip(base.final, runs[name].final):
+            if x.numel():
+                same = x.view(bits[x.element_size()]) == y.view(bits[y.element_size()])
+                d = (x.double() - y.double()).abs().nan_to_num(nan=float("inf"))
+                drift[i] = max(float(drift[i]), float(torch.where(same, 0.0, d).max()))
+    dist.all_reduce(drift, op=dist.ReduceOp.MAX)
+    return [float(v) for v in drift]
+
+
 def check_control(runs: dict) -> bool | None:
     """Whether the control (--control: plain FSDP2 trained a second time) matched the baseline's
     losses and final parameters bit for bit on every rank; None without a control. Collective."""
@@ -78,6 +97,28 @@ def _selection_fields(handle) -> dict:
                                                   "memory_bytes", "chosen", "reason")}
                       for x in shards],
         "selections": handle.selector.history,
+    }
+
+
+def describe_scheme(name: str, scheme: str, described: dict, run: Run, base: Run | None, drift: float | None) -> dict:
+    """One gather scheme's row of the comparison (`--schemes`): what it sent, how long the
+    gathers and iterations took, and how far its training went from plain FSDP2's. A lossy
+    scheme is never exact, whatever its numbers."""
+    losses = run.results["loss"]
+    diffs = [abs(x - y) for x, y in zip(losses, base.results["loss"])] if base else []
+    lossy = schemes.is_lossy(scheme)
+    identical = described["losses_identical"] and described["params_identical"]
+    return {
+        "name": scheme, "run": name, "what": schemes.SCHEMES[scheme].what, "lossy": lossy,
+        "exact": (not lossy) and identical,
+        "bits_per_value": described["bits_per_value"], "ratio": described["ratio"],
+        "allgather_ms": described["allgather_ms_ciera"], "allgather_speedup": described["allgather_speedup"],
+        "iteration_ms": described["iteration_ms_ciera"], "iteration_speedup": described["iteration_speedup"],
+        "final_loss": losses[-1],
+        "max_loss_diff": max(diffs) if diffs else None,
+        "max_param_diff": drift,
+        "losses_identical": described["losses_identical"], "params_identical": described["params_identical"],
+        "cache_bytes": described["cache_bytes"], "wrong_bytes": described["wrong_bytes"],
     }
 
 
@@ -131,6 +172,7 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     base = runs.get(BASELINE)
     names = [n for n in runs if n not in PLAIN]
     checks, peaks, identical_steps = check_runs(runs, handles, names)
+    drifts = parameter_drift(runs, names)
     control_identical = check_control(runs)
     trace_doc = None
     if a.trace:
@@ -142,16 +184,23 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
         return
     described = {name: describe_run(runs[name], handles[name], checks[i], peaks[i], base, steady, identical_steps[i])
                  for i, name in enumerate(names)}
-    main = described["ciera"]
+    # The training the top-level fields describe: CIERA's, or with --schemes the first scheme.
+    main_name = "ciera" if "ciera" in described else names[0]
+    main = described[main_name]
     records = [json.loads(line) for line in open(program.run_dir / "metrics.jsonl")]
     rates = [r["exponent_change_rate"] for r in records
-             if r["run"] == "ciera" and r["step"] >= a.warmup and r.get("exponent_change_rate") is not None]
+             if r["run"] == main_name and r["step"] >= a.warmup and r.get("exponent_change_rate") is not None]
     ag_base = _median(base.results["allgather_s"][steady]) if base else None
     it_base = _median(base.results["iteration_s"][steady]) if base else None
-    c = runs["ciera"].results
+    c = runs[main_name].results
+    scheme_rows = [] if a.ablation else [
+        describe_scheme(name, program.scheme_of(name), described[name], runs[name], base, drifts[i])
+        for i, name in enumerate(names)]
+    # Exactness is asked of the lossless trainings; a lossy scheme's drift is its result.
+    exact_names = [name for name in names if a.ablation or not schemes.is_lossy(program.scheme_of(name))]
     summary = {
         "model": a.model, "spec": spec.describe(), "params": params, "ranks": program.world,
-        "buckets": len(handles["ciera"].buckets), "links": (f"{a.link_gbit:g} Gbit/s (link lab)" if a.link_gbit
+        "buckets": len(handles[main_name].buckets), "links": (f"{a.link_gbit:g} Gbit/s (link lab)" if a.link_gbit
                                                              else f"unshaped ({a.launcher} on one host)"),
         "launcher": a.launcher, "device": a.device, "process_group": program.backend,
         "transport": a.transport, "codec": a.codec,
@@ -161,9 +210,11 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
         "iteration_ms_fsdp2": it_base * 1e3 if it_base else None,
         **main,
         "exponent_change_rate": statistics.fmean(rates) if rates else 0.0,
-        # Every CIERA training of this run must match the baseline, not just the main one.
-        "losses_identical": all(d["losses_identical"] for d in described.values()),
-        "params_identical": all(d["params_identical"] for d in described.values()),
+        # Every lossless training of this run must match the baseline, not just the main one
+        # (false when every training is lossy: nothing here is exact).
+        "losses_identical": bool(exact_names) and all(described[n]["losses_identical"] for n in exact_names),
+        "params_identical": bool(exact_names) and all(described[n]["params_identical"] for n in exact_names),
+        "schemes": scheme_rows, "main_scheme": program.scheme_of(main_name), "main_run": main_name,
         "wrong_bytes": sum(d["wrong_bytes"] for d in described.values()),
         # --control: the baseline trained twice, bitwise identical (the harness is deterministic).
         "control_identical": control_identical,
