@@ -124,6 +124,21 @@ TEST(ZeroppInt8, GroupsWithInfOrNanTravelRawBitForBit) {
   EXPECT_EQ(bf16_at(out, 5), 0xC000);
 }
 
+// Subnormal magnitudes: 127 / max would overflow FP32, so the group travels raw (found by
+// fuzz/fuzz_peers, where it was a float-to-int conversion of infinity).
+TEST(ZeroppInt8, GroupsTooSmallToScaleTravelRaw) {
+  std::vector<std::byte> payload;
+  const auto in = bf16({0x0001, 0x8003, 0x0000});
+  const auto out = int8_round_trip(DType::kBF16, in, 3, &payload);
+  EXPECT_TRUE(std::isnan(scale_at(payload, 0)));
+  EXPECT_EQ(out, in);
+  auto base = bf16({0x0000, 0x0000, 0x0000});
+  std::vector<std::byte> diff(peers::diff4_bound_bytes(DType::kBF16, 3, 3));
+  diff.resize(quantize_diff4(DType::kBF16, in, base, 3, 0, diff));
+  EXPECT_TRUE(std::isnan(scale_at(diff, 0)));
+  EXPECT_EQ(base, in);
+}
+
 TEST(ZeroppInt8, ErrorIsAtMostHalfAStepPlusTheDtypeRoundingAcrossDtypes) {
   for (DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
     testing::Trajectory data(dtype, 20011, testing::Pattern::kNone, 3);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ciera/dtype.hpp"
+#include "common/floats.hpp"
 #include "common/simd_targets.hpp"
 
 namespace ciera::testing {
@@ -96,11 +97,8 @@ inline uint32_t get_value(DType dtype, const std::vector<std::byte>& buf, size_t
 inline double to_double(DType dtype, const std::vector<std::byte>& buf, size_t i) {
   const uint32_t bits = get_value(dtype, buf, i);
   if (dtype == DType::kFP32) return std::bit_cast<float>(bits);
-  if (dtype == DType::kBF16) return std::bit_cast<float>(bits << 16);
-  _Float16 half;
-  const auto low = static_cast<uint16_t>(bits);
-  std::memcpy(&half, &low, 2);
-  return static_cast<double>(half);
+  if (dtype == DType::kBF16) return bf16_to_float(static_cast<uint16_t>(bits));
+  return fp16_to_float(static_cast<uint16_t>(bits));
 }
 
 // Moves a value's exponent by +-1 (a crossing of a power of two), keeping the exponent in range.

@@ -23,6 +23,7 @@
 #include "ciera/ciera.hpp"
 #include "ciera/peers.hpp"
 #include "commands.hpp"
+#include "common/floats.hpp"
 #include "common/huge_pages.hpp"
 #include "report.hpp"
 #include "trajectory.hpp"
@@ -227,24 +228,7 @@ double value_as_double(DType dtype, const std::byte* bits) {
   }
   uint16_t h;
   std::memcpy(&h, bits, 2);
-  if (dtype == DType::kBF16) {
-    const uint32_t widened = uint32_t{h} << 16;
-    float x;
-    std::memcpy(&x, &widened, 4);
-    return x;
-  }
-  const int exponent = (h >> 10) & 0x1F;
-  const int mantissa = h & 0x3FF;
-  double magnitude;
-  if (exponent == 0x1F) {
-    magnitude = mantissa ? std::numeric_limits<double>::quiet_NaN()
-                         : std::numeric_limits<double>::infinity();
-  } else if (exponent == 0) {
-    magnitude = std::ldexp(mantissa, -24);  // subnormal
-  } else {
-    magnitude = std::ldexp(1024 + mantissa, exponent - 25);
-  }
-  return (h & 0x8000) ? -magnitude : magnitude;
+  return dtype == DType::kBF16 ? bf16_to_float(h) : fp16_to_float(h);
 }
 
 // Folds the error of a lossy row's reconstruction of `input` into its maxima. Non-finite inputs

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/floats.hpp"
+
 namespace ciera::tools {
 namespace {
 
@@ -35,34 +37,9 @@ inline float normal_at(uint64_t seed, uint64_t stream, uint64_t i) {
 
 }  // namespace
 
-uint16_t float_to_bf16(float f) {
-  uint32_t u = std::bit_cast<uint32_t>(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+uint16_t float_to_bf16(float f) { return ciera::float_to_bf16(f); }
 
-uint16_t float_to_fp16(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const uint32_t abs = u & 0x7FFFFFFFu;
-  if (abs > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);
-  if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds to >= 65520
-  if (abs < 0x38800000u) {
-    // Subnormal (or zero) in FP16: value = abs_float * 2^24 rounded to nearest even.
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
-    const uint32_t mantissa = (abs & 0x7FFFFFu) | 0x800000u;
-    const int shift = 126 - static_cast<int>(abs >> 23);  // 14..24
-    const uint32_t q = mantissa >> shift;
-    const uint32_t rem = mantissa & ((1u << shift) - 1);
-    const uint32_t half = 1u << (shift - 1);
-    const uint32_t r = q + ((rem > half || (rem == half && (q & 1))) ? 1 : 0);
-    return static_cast<uint16_t>(sign | r);
-  }
-  const uint32_t rebased = abs - (112u << 23);  // exponent 127 -> 15
-  const uint32_t rounded = rebased + 0xFFFu + ((rebased >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (rounded >> 13));
-}
+uint16_t float_to_fp16(float f) { return ciera::float_to_fp16(f); }
 
 AdamTrajectory::AdamTrajectory(const TrajectoryOptions& options)
     : options_(options),

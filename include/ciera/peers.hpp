@@ -7,9 +7,10 @@
 // gather?" is answered with. Their arithmetic is fixed (float32, round-to-nearest-even, no fused
 // multiply-add), so every rank that runs the same build reconstructs the same bits.
 //
-// Values that are not finite (±Inf, NaN) cannot be scaled: a group that holds one travels raw
-// (its values bit for bit, flagged by a NaN scale), so the quantisers never turn a finite weight
-// into NaN, and never hide a NaN either.
+// Values that are not finite (±Inf, NaN) cannot be scaled, nor can a group whose largest
+// magnitude is so small (subnormal) that 127 / max or 7 / max overflows FP32: such a group
+// travels raw (its values bit for bit, flagged by a NaN scale), so the quantisers never turn a
+// finite weight into NaN, and never hide a NaN either.
 #pragma once
 
 #include <cstddef>

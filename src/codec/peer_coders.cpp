@@ -41,6 +41,11 @@ struct PeerHeader {
   uint64_t body_bytes;
 };
 
+// memcpy, for empty shards too (whose buffers may be null, which memcpy must not be given).
+void copy_bytes(void* to, const void* from, size_t bytes) {
+  if (bytes) std::memcpy(to, from, bytes);
+}
+
 uint64_t frame_checksum(const uint8_t* header, const std::byte* body, uint64_t body_bytes) {
   return XXH3_64bits_withSeed(body, body_bytes, checksum64(header, kChecksumAt));
 }
@@ -123,7 +128,7 @@ class PeerEncoder final : public PayloadEncoder {
   void reconstruct(const std::byte* payload, uint64_t payload_bytes, std::byte* shard,
                    uint64_t shard_bytes) const override {
     if (config_.stream_kind == StreamKind::kSdp4bit) {
-      std::memcpy(shard, base_.data(), shard_bytes);
+      copy_bytes(shard, base_.data(), shard_bytes);
     } else if (config_.stream_kind == StreamKind::kZeroppInt8) {
       peers::dequantize_int8(config_.dtype, {payload + kPeerHeaderBytes, payload_bytes - kPeerHeaderBytes},
                              group_values_, {shard, shard_bytes});
@@ -140,8 +145,8 @@ class PeerEncoder final : public PayloadEncoder {
   uint64_t encode_difference(std::span<const std::byte> in, std::span<std::byte> out, PeerHeader& h) {
     const XXH128_hash_t hash = XXH3_128bits(in.data(), in.size());
     if (key_requested_) {
-      std::memcpy(out.data(), in.data(), in.size());
-      std::memcpy(base_.data(), in.data(), in.size());
+      copy_bytes(out.data(), in.data(), in.size());
+      copy_bytes(base_.data(), in.data(), in.size());
       key_requested_ = false;
       last_input_ = hash;
       h.frame = PeerFrame::kValues;
@@ -187,12 +192,12 @@ class PeerDecoder final : public PayloadDecoder {
     const std::span<std::byte> out(shard, shard_bytes);
     switch (h.frame) {
       case PeerFrame::kValues:
-        std::memcpy(base_.data(), body.data(), body.size());
+        copy_bytes(base_.data(), body.data(), body.size());
         has_base_ = true;
-        std::memcpy(shard, base_.data(), shard_bytes);
+        copy_bytes(shard, base_.data(), shard_bytes);
         break;
       case PeerFrame::kRepeat:
-        std::memcpy(shard, base_.data(), shard_bytes);
+        copy_bytes(shard, base_.data(), shard_bytes);
         break;
       case PeerFrame::kCoded:
         if (h.kind == StreamKind::kZeroppInt8) {
@@ -201,7 +206,7 @@ class PeerDecoder final : public PayloadDecoder {
           decode_stateless(config_, body, out);
         } else {
           peers::apply_diff4(config_.dtype, body, group_values_, base_);
-          std::memcpy(shard, base_.data(), shard_bytes);
+          copy_bytes(shard, base_.data(), shard_bytes);
         }
         break;
     }

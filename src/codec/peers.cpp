@@ -13,6 +13,7 @@
 
 #include "ciera/error.hpp"
 #include "common/bytes.hpp"
+#include "common/floats.hpp"
 
 namespace ciera::peers {
 namespace {
@@ -30,7 +31,7 @@ struct Values<DType::kBF16> {
   static float load(const std::byte* p) {
     uint16_t h;
     std::memcpy(&h, p, 2);
-    return std::bit_cast<float>(uint32_t{h} << 16);
+    return bf16_to_float(h);
   }
   // Round to nearest, ties to even; only finite or infinite values reach here (never NaN).
   static void store(std::byte* p, float f) {
@@ -44,12 +45,12 @@ template <>
 struct Values<DType::kFP16> {
   static constexpr size_t kBytes = 2;
   static float load(const std::byte* p) {
-    _Float16 h;
+    uint16_t h;
     std::memcpy(&h, p, 2);
-    return static_cast<float>(h);
+    return fp16_to_float(h);
   }
   static void store(std::byte* p, float f) {
-    const _Float16 h = static_cast<_Float16>(f);  // round to nearest, ties to even
+    const uint16_t h = float_to_fp16(f);
     std::memcpy(p, &h, 2);
   }
 };
@@ -157,14 +158,15 @@ size_t quantize_int8(DType dtype, std::span<const std::byte> values, uint32_t gr
         finite = finite && std::isfinite(x);
         max_abs = std::max(max_abs, std::fabs(x));
       }
-      if (!finite) {
+      const float inverse = max_abs > 0 ? 127.0f / max_abs : 0.0f;
+      // A group too small to scale (127 / max overflows FP32: subnormal values) travels raw too.
+      if (!finite || !std::isfinite(inverse)) {
         put_scale(o, std::numeric_limits<float>::quiet_NaN());
         std::memcpy(o + kScaleBytes, in, count * V::kBytes);
         o += kScaleBytes + count * V::kBytes;
         continue;
       }
       const float scale = max_abs / 127.0f;
-      const float inverse = max_abs > 0 ? 127.0f / max_abs : 0.0f;
       put_scale(o, scale);
       auto* q = reinterpret_cast<int8_t*>(o + kScaleBytes);
       for (uint64_t i = 0; i < count; ++i) {
@@ -245,7 +247,10 @@ size_t quantize_diff4(DType dtype, std::span<const std::byte> values, std::span<
         finite = finite && std::isfinite(d);
         max_abs = std::max(max_abs, std::fabs(d));
       }
-      if (!finite) {  // a value, its base or their difference is not finite: send the values
+      const float inverse = max_abs > 0 ? 7.0f / max_abs : 0.0f;
+      // A value, its base or their difference is not finite, or the differences are too small to
+      // scale (7 / max overflows FP32): the group sends its values.
+      if (!finite || !std::isfinite(inverse)) {
         put_scale(o, std::numeric_limits<float>::quiet_NaN());
         std::memcpy(o + kScaleBytes, in, count * V::kBytes);
         std::memcpy(b, in, count * V::kBytes);
@@ -253,7 +258,6 @@ size_t quantize_diff4(DType dtype, std::span<const std::byte> values, std::span<
         continue;
       }
       const float scale = max_abs / 7.0f;
-      const float inverse = max_abs > 0 ? 7.0f / max_abs : 0.0f;
       put_scale(o, scale);
       std::byte* nibbles = o + kScaleBytes;
       std::memset(nibbles, 0, (count + 1) / 2);
