@@ -23,7 +23,10 @@
 //                   without content checksum, 5, 40, 1013 and 6152 values (the last crosses a
 //                   chunk of the difference pass); nudges, small steps, special values, extreme
 //                   jumps, random values (key-frame fallback), sign flips, damaged frames,
-//                   resealed sections, resynchronisations and a reset.
+//                   resealed sections, resynchronisations and a reset;
+//   fuzz_peers      the peer schemes (fuzz_peers.cpp): every scheme and dtype, 0, 1, 7, 2049 and
+//                   6001 values of realistic weights, edits, damaged and truncated frames, and a
+//                   quantised body of each quantiser.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -648,6 +651,43 @@ void delta_corpus(const fs::path& dir) {
   }
 }
 
+// ---- fuzz_peers ---------------------------------------------------------------------------------
+
+void peers_corpus(const fs::path& dir) {
+  const char* kinds[] = {"zeropp-int8", "sdp4bit", "stateless"};
+  const char* dtype_names[] = {"bf16", "fp16", "fp32"};
+  const uint32_t value_bytes[] = {2, 2, 4};
+  for (uint8_t kind = 0; kind < 3; ++kind) {
+    for (uint8_t dtype = 0; dtype < 3; ++dtype) {
+      for (const uint16_t n : {0, 1, 7, 2049, 6001}) {
+        Bytes input = {std::byte{kind}, std::byte{dtype}, std::byte{static_cast<uint8_t>(n)},
+                       std::byte{static_cast<uint8_t>(n >> 8)}, std::byte{15}};
+        // Weights near 0.02 in magnitude, both signs: the bytes of a small float (BF16 0x3CA3).
+        for (uint32_t i = 0; i < n; ++i) {
+          const uint8_t sign = (i * 2654435761u >> 16) & 0x80;
+          const uint8_t high[] = {0x3C, 0x25, 0x3C, 0xA3};
+          for (uint32_t b = 0; b < value_bytes[dtype]; ++b) {
+            const uint8_t byte = b + 1 == value_bytes[dtype] ? (high[dtype == 1 ? 1 : 0] | sign)
+                                                             : static_cast<uint8_t>(i * 37 + b);
+            input.push_back(std::byte{byte});
+          }
+        }
+        // Four frames: edits, then a flag byte (odd: a damaged copy first; 2: also truncated).
+        const uint8_t frames[] = {3, 0x3D, 9, 0x3C, 17, 0x01, 200, 0x80, 0,
+                                  5, 0x11, 6, 0x22, 7, 0x33, 8, 0x44, 1,
+                                  9, 0x3C, 10, 0x3C, 11, 0xBC, 12, 0x3C, 3,
+                                  1, 0, 2, 0, 3, 0, 4, 0, 0};
+        append(input, frames, sizeof frames);
+        // A body: a scale of 1.0f and some levels, as both quantisers lay a group out.
+        const uint8_t body[] = {0x00, 0x00, 0x80, 0x3F, 0x9F, 0x81, 0x7F, 0x00, 0x18, 0x88};
+        append(input, body, sizeof body);
+        write_file(dir / (std::string(kinds[kind]) + "-" + dtype_names[dtype] + "-n" + std::to_string(n) + ".bin"),
+                   input);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -662,7 +702,8 @@ int main(int argc, char** argv) {
       {"fuzz_control", control_corpus},
       {"fuzz_decode", decode_corpus},
       {"fuzz_roundtrip", roundtrip_corpus},
-      {"fuzz_delta", delta_corpus}};
+      {"fuzz_delta", delta_corpus},
+      {"fuzz_peers", peers_corpus}};
   try {
     for (const auto& [name, make] : targets) {
       const fs::path dir = root / name;

@@ -14,7 +14,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 all_targets=(fuzz_payload fuzz_device_decode fuzz_envelope fuzz_control fuzz_decode fuzz_roundtrip
-             fuzz_delta)
+             fuzz_delta fuzz_peers)
 limit=() parallel=0 check_corpus=0 targets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
