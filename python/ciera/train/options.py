@@ -34,7 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
     p.add_argument("--warmup", type=int, default=None,
                    help="steps before exponent reuse starts, and outside the steady state the summary reports "
-                        "(default: 30; 1 with --codec delta and --zero, whose first step carries the key frames)")
+                        "(default: 30; 1 when no trained scheme waits for it, as with --codec delta, the "
+                        "alternatives and --zero, whose first step carries the key frames or values)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--experts", type=int, default=8)
