@@ -97,14 +97,21 @@ UnitCost zeropp_cost(const Context& c, const GatherUnit& unit) {
 // dequantises the whole gathered tensor, its own shard included (lossy: all ranks must compute
 // with the same values). The backward gather re-sends the forward's quantised shard, so it has no
 // quantise step of its own.
-UnitCost sdp4bit_cost(const Context& c, const GatherUnit& unit, const GatherCodec& codec) {
+// A unit whose forward and backward gathers both carry every value at `codec.bits_per_value`
+// (ZeRO-3's collectives otherwise); the caller adds its coding costs.
+UnitCost coded_gathers_cost(const Context& c, const GatherUnit& unit, const GatherCodec& codec) {
   UnitCost cost = baseline_cost(c, unit);
-  const int w = c.work.world;
-  const double raw = unit.gathered_values() * c.value_bytes;
   const double wire = unit.gathered_values() * codec.bits_per_value / 8.0;
   cost.allgather_forward_bytes = cost.allgather_backward_bytes = wire;
   cost.allgather_forward_s = cost.allgather_backward_s =
-      allgather_seconds(c.cluster, w, wire, c.work.algorithm);
+      allgather_seconds(c.cluster, c.work.world, wire, c.work.algorithm);
+  return cost;
+}
+
+UnitCost sdp4bit_cost(const Context& c, const GatherUnit& unit, const GatherCodec& codec) {
+  UnitCost cost = coded_gathers_cost(c, unit, codec);
+  const int w = c.work.world;
+  const double raw = unit.gathered_values() * c.value_bytes;
   cost.pre_forward_s = raw / w / (codec.encode_GBps * kGB);
   cost.post_forward_s = cost.post_backward_s = raw / (codec.decode_GBps * kGB);
   return cost;
@@ -116,13 +123,9 @@ UnitCost sdp4bit_cost(const Context& c, const GatherUnit& unit, const GatherCode
 // stream from iteration start (the schedule's pre_from_start); decoding the W-1 peer shards is on
 // the critical path. Lossless, so a rank's own shard needs no decoding.
 UnitCost stateless_cost(const Context& c, const GatherUnit& unit, const GatherCodec& codec) {
-  UnitCost cost = baseline_cost(c, unit);
+  UnitCost cost = coded_gathers_cost(c, unit, codec);
   const int w = c.work.world;
   const double raw = unit.gathered_values() * c.value_bytes;
-  const double wire = unit.gathered_values() * codec.bits_per_value / 8.0;
-  cost.allgather_forward_bytes = cost.allgather_backward_bytes = wire;
-  cost.allgather_forward_s = cost.allgather_backward_s =
-      allgather_seconds(c.cluster, w, wire, c.work.algorithm);
   cost.pre_forward_s = cost.pre_backward_s = raw / w / (codec.encode_GBps * kGB);
   cost.post_forward_s = cost.post_backward_s = raw * (w - 1) / w / (codec.decode_GBps * kGB);
   return cost;

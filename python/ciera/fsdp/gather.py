@@ -50,6 +50,14 @@ class Runtime:
         return records
 
 
+def check_input(bucket: Bucket, input_tensor, who: str) -> None:
+    """ConfigError unless FSDP's all-gather input is what `who` registered for `bucket`."""
+    if input_tensor.dtype != bucket.dtype or input_tensor.numel() != bucket.numel:
+        raise _ext.ConfigError(
+            f"FSDP all-gather input for {bucket.module_name or 'root'} is {input_tensor.numel()} x "
+            f"{input_tensor.dtype}, but {who} registered {bucket.numel} x {bucket.dtype}")
+
+
 class CieraAllGather(AllGather):
     """FSDP2 custom all-gather that fills FSDP's output with the CIERA engine's result."""
 
@@ -62,10 +70,7 @@ class CieraAllGather(AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         b = self.bucket
-        if input_tensor.dtype != b.dtype or input_tensor.numel() != b.numel:
-            raise _ext.ConfigError(
-                f"FSDP all-gather input for {b.module_name or 'root'} is {input_tensor.numel()} x "
-                f"{input_tensor.dtype}, but CIERA registered {b.numel} x {b.dtype}")
+        check_input(b, input_tensor, "CIERA")
         if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
             raise _ext.ConfigError("CIERA needs contiguous all-gather buffers")
         nbytes = input_tensor.numel() * input_tensor.element_size()

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ciera import _ext
 from ciera.fsdp.api import Handle
-from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
+from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime, check_input
 from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets
 
 # The names ZipNN's byte interface gives the dtypes FSDP may all-gather (ciera.fsdp.layout.DTYPES).
@@ -102,10 +102,7 @@ class ZipnnAllGather(AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         b = self.bucket
-        if input_tensor.dtype != b.dtype or input_tensor.numel() != b.numel:
-            raise _ext.ConfigError(
-                f"FSDP all-gather input for {b.module_name or 'root'} is {input_tensor.numel()} x "
-                f"{input_tensor.dtype}, but enable_zipnn() registered {b.numel} x {b.dtype}")
+        check_input(b, input_tensor, "enable_zipnn()")
         if input_tensor.device.type != "cpu" or output_tensor.device.type != "cpu":
             raise _ext.ConfigError("enable_zipnn(): ZipNN codes host memory; the all-gather buffers are on "
                                    f"{input_tensor.device}")
