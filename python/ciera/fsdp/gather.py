@@ -49,6 +49,19 @@ class Runtime:
         records, self.records = self.records, []
         return records
 
+    def gathered(self, bucket: Bucket, input_tensor, output_tensor, group) -> None:
+        """After a gather of `bucket`: with `verify`, compare the output with torch's all-gather
+        on `group` byte for byte; then tell the observers."""
+        if self.verify:
+            reference = torch.empty_like(output_tensor)
+            dist.all_gather_into_tensor(reference, input_tensor, group=group)
+            self.wrong_bytes += int((reference.view(torch.uint8) != output_tensor.view(torch.uint8)).sum())
+            self.verified_bytes += reference.numel() * reference.element_size()
+        if self.on_gather is not None:
+            self.on_gather(bucket.index, input_tensor)
+        if self.on_output is not None:
+            self.on_output(bucket, output_tensor)
+
 
 def check_input(bucket: Bucket, input_tensor, who: str) -> None:
     """ConfigError unless FSDP's all-gather input is what `who` registered for `bucket`."""
@@ -121,13 +134,5 @@ class _GatherWork(dist.distributed_c10d.Work):
                                             stats.encode_s))
         output_tensor, input_tensor = self.output_tensor, self.input_tensor
         self.output_tensor = self.input_tensor = None
-        if runtime.verify:
-            reference = torch.empty_like(output_tensor)
-            dist.all_gather_into_tensor(reference, input_tensor, group=self.group)
-            runtime.wrong_bytes += int((reference.view(torch.uint8) != output_tensor.view(torch.uint8)).sum())
-            runtime.verified_bytes += reference.numel() * reference.element_size()
-        if runtime.on_gather is not None:
-            runtime.on_gather(b.index, input_tensor)
-        if runtime.on_output is not None:
-            runtime.on_output(b, output_tensor)
+        runtime.gathered(b, input_tensor, output_tensor, self.group)
         return True

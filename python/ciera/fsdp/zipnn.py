@@ -121,15 +121,7 @@ class ZipnnAllGather(AllGather):
         wire_bytes = int(sizes.sum()) + _SIZE_BYTES * self.world
         runtime.records.append(GatherRecord(b.index, now - start, raw_bytes, wire_bytes, True, False, -1.0, start,
                                             encode_s))
-        if runtime.verify:
-            reference = torch.empty_like(output_tensor)
-            dist.all_gather_into_tensor(reference, input_tensor, group=group)
-            runtime.wrong_bytes += int((reference.view(torch.uint8) != output_tensor.view(torch.uint8)).sum())
-            runtime.verified_bytes += reference.numel() * reference.element_size()
-        if runtime.on_gather is not None:
-            runtime.on_gather(b.index, input_tensor)
-        if runtime.on_output is not None:
-            runtime.on_output(b, output_tensor)
+        runtime.gathered(b, input_tensor, output_tensor, group)
         return None
 
     def _exchange(self, payload: bytes) -> torch.Tensor:
