@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (once) and installs CIERA into it from this checkout (`pip install .`), with the
 # training, test and peers extras: torch 2.13.0's CPU build (from local disk), transformers,
-# pytest, and zipnn (the ZipNN gather scheme and `ciera bench codec`'s zipnn row; an sdist whose C
-# extension pip compiles).
+# pytest, zipnn (the ZipNN gather scheme and `ciera bench codec`'s zipnn row; an sdist whose C
+# extension pip compiles) and DeepSpeed (ciera.deepspeed, ZeRO-3 on its CPU accelerator).
 # Prints the venv's python.
 #
 # The install is skipped when nothing it is built from changed since the last one: a stamp in
@@ -14,7 +14,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd -P)  # physical, as git rev-parse --show-toplevel
 venv="$root/.venv"
 stamp="$venv/.ciera-install-stamp"
-extras="train,test,peers"
+extras="train,test,peers,deepspeed"
 
 mkdir -p "$root/build"
 exec 9>"$root/build/.python-env.lock"

@@ -29,10 +29,13 @@ def write_all(run_dir: Path) -> list[str]:
     main = summary.get("main_run", "ciera")
     label = "CIERA" if summary.get("main_scheme", "ciera") in ("ciera", "auto", "delta") else summary["main_scheme"]
 
+    # The baseline: FSDP2's own all-gather, or DeepSpeed ZeRO-3's (--framework deepspeed).
+    base = summary.get("baseline_run", "fsdp2")
+    base_label = "DeepSpeed ZeRO-3" if base == "zero3" else "FSDP2"
     fig, ax = plt.subplots(figsize=(7, 4))
-    if "fsdp2" in runs:
-        ax.plot([r["step"] + 1 for r in runs["fsdp2"]], [r["loss"] for r in runs["fsdp2"]], lw=4, alpha=0.35,
-                label="FSDP2 all-gather (baseline)")
+    if base in runs:
+        ax.plot([r["step"] + 1 for r in runs[base]], [r["loss"] for r in runs[base]], lw=4, alpha=0.35,
+                label=f"{base_label} all-gather (baseline)")
     ax.plot([r["step"] + 1 for r in runs[main]], [r["loss"] for r in runs[main]], lw=1.2, color="black",
             label=f"{label} all-gather")
     ax.axvline(summary["warmup"] + 0.5, color="grey", ls=":", lw=1)

@@ -57,7 +57,8 @@ def new_run_dir(args) -> Path:
     """A run folder of its own under --out, <time>-<model>-w<ranks>, with -2, -3, ... appended
     when runs started in the same second: mkdir is atomic, so two launchers never share one."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = f"{stamp}-{args.model}{'-zero' if getattr(args, 'zero', False) else ''}-w{args.ranks}"
+    mode = "-zero" if getattr(args, "zero", False) else "-deepspeed" if getattr(args, "framework", "") == "deepspeed" else ""
+    base = f"{stamp}-{args.model}{mode}-w{args.ranks}"
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +124,9 @@ def exit_status(summary: dict) -> int:
     has nothing that must be exact. A --zero run: CIERA's ZeRO against torch's."""
     if summary.get("mode") == "zero":
         return 0 if summary["losses_identical"] and summary["params_identical"] else 3
+    if summary.get("mode") == "deepspeed":
+        exact = summary["losses_identical"] and summary["params_identical"] and summary["wrong_bytes"] == 0
+        return 0 if exact else 3
     only_lossy = bool(summary.get("schemes")) and all(x["lossy"] for x in summary["schemes"])
     identical = (summary["losses_identical"] or only_lossy
                  or summary.get("iteration_ms_fsdp2") is None)  # no baseline run
@@ -141,9 +145,11 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
 
     stall = Stall(watch, say)
     trained = len(options.scheme_names(args)) if args.schemes else (3 if args.ablation else 1)
-    runs = 2 if args.zero else (0 if args.no_baseline else 1) + (1 if args.control else 0) + trained
+    runs = 2 if args.zero or args.framework == "deepspeed" else (0 if args.no_baseline else 1) + (1 if args.control else 0) + trained
     total = (args.steps - checkpoint.resumed_steps(args)) * runs
     names = [CONTROL if args.control else "fsdp2", *(options.scheme_names(args) if args.schemes else ["ciera"])]
+    if args.framework == "deepspeed":
+        names = ["zero3", "ciera"]
     width = max(8, *map(len, names))   # the longest run name
     seen, last_line, offset, started = 0, "", 0, time.time()
     while True:
@@ -184,6 +190,10 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
 def render_summary(s: dict, run_dir: Path) -> str:
     if s.get("mode") == "zero":
         from ciera.train.zero import render
+
+        return render(s, run_dir)
+    if s.get("mode") == "deepspeed":
+        from ciera.train.deepspeed import render
 
         return render(s, run_dir)
 

@@ -63,6 +63,10 @@ def parser() -> argparse.ArgumentParser:
                    help="ZeRO-1/2 instead of FSDP2: DDP with torch's ZeroRedundancyOptimizer (BF16 parameters, "
                         "FP32 master weights) against the same with its parameter sync through CIERA "
                         "(ciera.zero), interleaved step by step")
+    p.add_argument("--framework", default="fsdp2", choices=["fsdp2", "deepspeed"],
+                   help="the sharded training compared: PyTorch FSDP2 (fully_shard), or DeepSpeed ZeRO-3 (its CPU "
+                        "accelerator; plain ZeRO-3 against the same through ciera.deepspeed, interleaved step by "
+                        "step; needs pip install 'ciera[deepspeed]')")
     p.add_argument("--launcher", default="auto", choices=["auto", "mpirun", "torchrun"],
                    help="what starts the ranks: Open MPI's mpirun or torch.distributed.run (torchrun); "
                         "auto: mpirun when it is on PATH (and for the link lab), else torchrun")
@@ -184,6 +188,7 @@ def _check_values(args) -> None:
     _check_combinations(args)
     _check_schemes(args)
     _check_zero(args)
+    _check_deepspeed(args)
     _writable_folder("--out", args.out)
     if args.save_checkpoints:
         _writable_folder("--save-checkpoints", args.save_checkpoints)
@@ -264,6 +269,29 @@ def _check_zero(args) -> None:
             _fail(f"{flag} is for the FSDP2 comparison; it cannot run with --zero")
     if args.device == "cuda":
         _fail("--zero trains with DDP on gloo on the CPU; not yet with --device cuda")
+
+
+def _check_deepspeed(args) -> None:
+    """--framework deepspeed compares plain ZeRO-3 with CIERA's; the options of the FSDP2
+    comparison it has no counterpart for are refused by name."""
+    if args.framework != "deepspeed":
+        return
+    unsupported = [("--zero", args.zero), ("--ablation", args.ablation), ("--budget-mb", args.budget_mb is not None),
+                   ("--reselect-every", args.reselect_every), ("--stats", args.stats),
+                   ("--save-checkpoints", args.save_checkpoints), ("--checkpoint-every", args.checkpoint_every),
+                   ("--resume", args.resume), ("--trace", args.trace), ("--no-baseline", args.no_baseline),
+                   ("--control", args.control), ("--baselines", args.baselines), ("--schemes", args.schemes)]
+    for flag, given in unsupported:
+        if given:
+            _fail(f"{flag} is for the FSDP2 comparison; it cannot run with --framework deepspeed")
+    if args.codec not in ("ciera", "auto"):
+        _fail(f"--codec {args.codec}: --framework deepspeed compares exponent reuse (ciera, auto) with plain ZeRO-3")
+    if args.device == "cuda":
+        _fail("--framework deepspeed trains on DeepSpeed's CPU accelerator; not yet with --device cuda")
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:   # not imported here: it is slow and chatty
+        _fail("--framework deepspeed needs DeepSpeed: pip install 'ciera[deepspeed]'")
 
 
 def _check_combinations(args) -> None:

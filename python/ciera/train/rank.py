@@ -249,6 +249,10 @@ class RankProgram:
             from ciera.train.zero import train_zero
 
             return train_zero(self)
+        if a.framework == "deepspeed":
+            from ciera.train.deepspeed import train_deepspeed
+
+            return train_deepspeed(self)
         corpus = data.load_corpus()
         runs, handles = {}, {}
         if not a.no_baseline:

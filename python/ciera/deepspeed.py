@@ -1,0 +1,483 @@
+"""CIERA for DeepSpeed ZeRO-3: enable(engine) routes the engine's parameter all-gathers through
+CIERA's engine; every gathered parameter is bitwise what plain ZeRO-3 gathers.
+
+Where it hooks (DeepSpeed 0.15-0.19; tested with 0.19.8, the version `pip install
+'ciera[deepspeed]'` installs). ZeRO-3 gathers parameters on two paths, and each is intercepted
+where DeepSpeed itself routes it, by module attribute (DeepSpeed looks both up at call time):
+
+- ``deepspeed.runtime.zero.partition_parameters._dist_allgather_fn(input, output, group)``: the
+  forward/backward fetches and prefetches of the PartitionedParameterCoordinator. Its input is
+  either one parameter's partition (``ds_tensor``) or, when several parameters are fetched
+  together, their partitions concatenated in ``ds_id`` order (a view of this rank's slot of the
+  output). Which parameters a call carries comes from each parameter's ``all_gather_coalesced``,
+  which enable() wraps to name them (a thread-local list; backward fetches may run on autograd's
+  threads). The gather is returned in flight: DeepSpeed's prefetching then overlaps CIERA's
+  encoding, exchange and decoding with compute as it does its own gathers (paper §3.3).
+- ``deepspeed.comm.all_gather_into_tensor(output, ds_tensor)``: ``param.all_gather()``, with which
+  ZeRO-3 re-gathers its persistent parameters after each optimizer step (and GatheredParameters).
+  Finished before it returns, as DeepSpeed expects.
+
+Each ZeRO-3 parameter is one engine bucket whose shard is the parameter's partition (ZeRO-3 pads
+every partition to ceil(numel / world) values, so all ranks' shards are alike); a coalesced
+fetch of k parameters is k engine gathers, started together, each written to its place in
+DeepSpeed's flat output. Any other all-gather (other dtypes, other groups, parameters of an engine
+CIERA is not enabled on) goes to DeepSpeed's own function untouched; ``Handle.passed_through``
+counts those that carried a parameter of this engine, so a configuration CIERA cannot serve is
+visible, not silent.
+
+Refused, with ConfigError naming the setting: ZeRO stages other than 3, ZeRO++'s quantised
+weights and hierarchical partitioning (zero_quantized_weights, zero_hpz_partition_size > 1),
+MiCS, parameter fetches by all-reduce (stage3_use_all_reduce_for_fetch_params), parameter
+offload, parameters in more than one data-parallel group, and DeepSpeed versions outside
+0.15-0.19."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from ciera import _ext
+from ciera.fsdp import api, lifecycle
+from ciera.fsdp.gather import GatherRecord, Runtime
+from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice, element_bytes
+from ciera.fsdp.selection import Selector
+from ciera.fsdp.transport import make_transport
+
+SUPPORTED_VERSIONS = ((0, 15), (0, 19))   # first and last DeepSpeed minor release served
+
+_INSTALL_HINT = "pip install 'ciera[deepspeed]'"
+
+
+class _Hooks:
+    """DeepSpeed's two gather functions, replaced once while any engine has CIERA enabled."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.local = threading.local()   # .calls: stack of the parameter lists being fetched
+        self.states: dict[int, "_State"] = {}   # id(param) -> the enabled engine's state
+        self.timed: dict[int, "_Timed"] = {}    # id(param) -> a plain engine whose gathers are timed
+        self.original_fetch = None
+        self.original_gather = None
+
+    def install(self) -> None:
+        from deepspeed import comm as ds_comm
+        from deepspeed.runtime.zero import partition_parameters as pp
+
+        if self.original_fetch is None:
+            self.original_fetch, pp._dist_allgather_fn = pp._dist_allgather_fn, _fetch
+            self.original_gather, ds_comm.all_gather_into_tensor = ds_comm.all_gather_into_tensor, _gather
+
+    def uninstall(self) -> None:
+        from deepspeed import comm as ds_comm
+        from deepspeed.runtime.zero import partition_parameters as pp
+
+        if self.original_fetch is not None and not self.states and not self.timed:
+            pp._dist_allgather_fn, ds_comm.all_gather_into_tensor = self.original_fetch, self.original_gather
+            self.original_fetch = self.original_gather = None
+
+    def fetching(self) -> list:
+        calls = getattr(self.local, "calls", None)
+        return calls[-1] if calls else []
+
+
+_hooks = _Hooks()
+
+
+class _State:
+    """One enabled DeepSpeed engine: its parameters' buckets and the shared runtime."""
+
+    def __init__(self, runtime: Runtime, params: list, group, world: int):
+        self.runtime = runtime
+        self.params = params                                   # in ds_id order, bucket i = params[i]
+        self.bucket_of = {id(p): i for i, p in enumerate(params)}
+        self.group = group
+        self.world = world
+        self.passed_through = 0
+        self.wrapped: dict[int, object] = {}                   # id(param) -> its own all_gather_coalesced
+
+    def plan(self, params: list, input_tensor, output_tensor, group) -> list[tuple[int, int]] | None:
+        """(bucket, offset in the input) of each parameter a gather of `params` carries, when the
+        input is exactly their partitions in that order and the output every rank's of them;
+        None for anything else."""
+        if group is not None and group is not self.group:
+            return None
+        if not (input_tensor.is_contiguous() and output_tensor.is_contiguous()):
+            return None
+        pieces, offset = [], 0
+        for p in params:
+            b = self.bucket_of.get(id(p))
+            if b is None or p.ds_tensor.dtype != input_tensor.dtype:
+                return None
+            pieces.append((b, offset))
+            offset += self.runtime.buckets[b].numel
+        if not pieces or offset != input_tensor.numel() or output_tensor.numel() != offset * self.world:
+            return None
+        return pieces
+
+    def start(self, pieces: list[tuple[int, int]], input_tensor, output_tensor, group, in_flight: bool):
+        """Starts one engine gather per parameter; returns the _Gather that finishes them."""
+        gather = _Gather(self, pieces, input_tensor, output_tensor, group)
+        if in_flight and self.runtime.overlap:
+            return gather
+        gather.wait()
+        return gather
+
+
+class _Gather:
+    """A ZeRO-3 gather in flight: one engine gather per parameter, each into its own output (or
+    straight into DeepSpeed's, for a single parameter); wait() finishes them in order, places the
+    parameters' values into DeepSpeed's flat output rank by rank, and records them."""
+
+    def __init__(self, state: _State, pieces, input_tensor, output_tensor, group):
+        runtime = state.runtime
+        self.state, self.group = state, group
+        self.input, self.output = input_tensor, output_tensor
+        self.started = time.perf_counter()
+        self.tickets = []
+        single = len(pieces) == 1
+        stream = torch.cuda.current_stream(input_tensor.device).cuda_stream if input_tensor.is_cuda else 0
+        for b, offset in pieces:
+            bucket = runtime.buckets[b]
+            shard = input_tensor.narrow(0, offset, bucket.numel)
+            out = output_tensor if single else torch.empty(bucket.numel * state.world, dtype=output_tensor.dtype,
+                                                              device=output_tensor.device)
+            if runtime.selector is not None:
+                runtime.selector.tracker(b, shard)
+            ticket = runtime.engine.start(b, shard.data_ptr(), shard.numel() * shard.element_size(), out.data_ptr(),
+                                          out.numel() * out.element_size(), stream)
+            self.tickets.append((bucket, offset, shard, out, ticket))
+        self.done = False
+
+    def wait(self, timeout=None) -> bool:
+        if self.done:
+            return True
+        self.done = True
+        runtime, world = self.state.runtime, self.state.world
+        total = self.input.numel()
+        # Each parameter's record holds its share of the call: together they add up to the
+        # call's duration and, in flight, to the time DeepSpeed waited for it.
+        before, waited = self.started, time.perf_counter()
+        for bucket, offset, shard, out, ticket in self.tickets:
+            stats = runtime.engine.wait(ticket)
+            if out is not self.output:
+                # Every rank's partition of this parameter to its place in each rank's slot.
+                self.output.view(world, total).narrow(1, offset, bucket.numel).copy_(out.view(world, bucket.numel))
+            now = time.perf_counter()
+            exposed = now - waited if runtime.overlap else -1.0
+            runtime.records.append(GatherRecord(bucket.index, now - before, stats.raw_bytes, stats.wire_bytes,
+                                                stats.compressed, stats.resynchronised, exposed, self.started,
+                                                stats.encode_s))
+            before = waited = now
+        for bucket, _, shard, out, _ in self.tickets:
+            runtime.gathered(bucket, shard, out if out is not self.output else self.output, self.group)
+        self.tickets = []
+        self.input = self.output = None
+        return True
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
+def _fetch(input_tensor, output_tensor, group=None):
+    """partition_parameters._dist_allgather_fn's replacement: the coordinator's fetches."""
+    params = _hooks.fetching()
+    timed = _hooks.timed.get(id(params[0])) if params else None
+    if timed is not None:
+        start = time.perf_counter()
+        return _TimedWork(timed, _hooks.original_fetch(input_tensor, output_tensor, group), start, output_tensor)
+    state = _hooks.states.get(id(params[0])) if params else None
+    if state is not None:
+        wanted = [p for p in params if p.ds_tensor.dtype == input_tensor.dtype]
+        pieces = state.plan(wanted, input_tensor, output_tensor, group)
+        if pieces is not None:
+            return state.start(pieces, input_tensor, output_tensor, group, in_flight=True)
+        state.passed_through += 1
+    return _hooks.original_fetch(input_tensor, output_tensor, group)
+
+
+def _gather(output_tensor, tensor, group=None, async_op=False, *args, **kwargs):
+    """deepspeed.comm.all_gather_into_tensor's replacement: param.all_gather() of a parameter
+    whose partition is `tensor` goes through CIERA (finished before it returns); anything else
+    goes to DeepSpeed's own function."""
+    for timed in set(_hooks.timed.values()):
+        if any(p.ds_tensor.data_ptr() == tensor.data_ptr() and p.ds_tensor.numel() == tensor.numel()
+               for p in timed.params):
+            start = time.perf_counter()
+            work = _hooks.original_gather(output_tensor, tensor, group, async_op, *args, **kwargs)
+            timed = _TimedWork(timed, work, start, output_tensor)
+            if async_op:
+                return timed
+            timed.wait()
+            return None
+    for state in set(_hooks.states.values()):
+        for p in state.params:
+            if p.ds_tensor.data_ptr() == tensor.data_ptr() and p.ds_tensor.numel() == tensor.numel():
+                pieces = state.plan([p], tensor, output_tensor, group)
+                if pieces is None:
+                    state.passed_through += 1
+                    break
+                gather = state.start(pieces, tensor, output_tensor, group, in_flight=False)
+                return gather if async_op else None
+    return _hooks.original_gather(output_tensor, tensor, group, async_op, *args, **kwargs)
+
+
+class _Timed:
+    """A plain ZeRO-3 engine whose gathers (DeepSpeed's own) are timed as CIERA's are."""
+
+    def __init__(self, params: list):
+        self.params = params
+        self.records: list[GatherRecord] = []
+        self.wrapped: dict[int, object] = {}
+
+
+class _TimedWork:
+    """DeepSpeed's own gather in flight, recorded when DeepSpeed waits for it."""
+
+    def __init__(self, timed: _Timed, work, start: float, output_tensor):
+        self.timed, self.work, self.start = timed, work, start
+        self.nbytes = output_tensor.numel() * output_tensor.element_size()
+        self.done = False
+
+    def wait(self, timeout=None) -> bool:
+        if self.done:
+            return True
+        self.done = True
+        waited = time.perf_counter()
+        if self.work is not None:   # None: a blocking call, already finished
+            self.work.wait()
+        now = time.perf_counter()
+        self.timed.records.append(GatherRecord(-1, now - self.start, self.nbytes, self.nbytes, False, False,
+                                               now - waited, self.start))
+        self.work = None
+        return True
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
+class TimedHandle:
+    """What time_gathers() returns: the plain engine's gather records, and disable()."""
+
+    def __init__(self, timed: _Timed):
+        self._timed = timed
+
+    def take_records(self) -> list[GatherRecord]:
+        records, self._timed.records = self._timed.records, []
+        return records
+
+    def disable(self) -> None:
+        with _hooks.lock:
+            _unwrap(self._timed, _hooks.timed)
+            _hooks.uninstall()
+
+
+def time_gathers(engine) -> TimedHandle:
+    """Times a plain ZeRO-3 engine's parameter all-gathers (DeepSpeed's own, unchanged) as CIERA's
+    are timed, for the baseline of a comparison: each gather's duration, and the time DeepSpeed
+    waited for it (GatherRecord.exposed_s)."""
+    _version()
+    _check_engine(engine)
+    params = _zero3_params(engine)
+    timed = _Timed(params)
+    with _hooks.lock:
+        _wrap(timed, params, _hooks.timed)
+        _hooks.install()
+    return TimedHandle(timed)
+
+
+def _wrap(owner, params: list, registry: dict) -> None:
+    for p in params:
+        if id(p) in _hooks.states or id(p) in _hooks.timed:
+            raise ValueError("ciera.deepspeed: the engine's gathers already go through CIERA or are timed; call "
+                             "disable() on that Handle first")
+    for p in params:
+        registry[id(p)] = owner
+        owner.wrapped[id(p)] = p.all_gather_coalesced
+        p.all_gather_coalesced = _naming(p, p.all_gather_coalesced)
+
+
+def _unwrap(owner, registry: dict) -> None:
+    for p in owner.params:
+        if registry.get(id(p)) is owner:
+            del registry[id(p)]
+        original = owner.wrapped.pop(id(p), None)
+        if original is not None:
+            p.all_gather_coalesced = original
+
+
+def _naming(param, original):
+    """param.all_gather_coalesced that names the parameters it fetches for _fetch."""
+    def all_gather_coalesced(params, *args, **kwargs):
+        params = sorted(params, key=lambda p: p.ds_id)   # the order DeepSpeed lays them out in
+        calls = getattr(_hooks.local, "calls", None)
+        if calls is None:
+            calls = _hooks.local.calls = []
+        calls.append(params)
+        try:
+            return original(params, *args, **kwargs)
+        finally:
+            calls.pop()
+
+    return all_gather_coalesced
+
+
+class Handle(api.Handle):
+    """What enable() returns: the engine, one bucket per ZeRO-3 parameter, statistics, disable()."""
+
+    def __init__(self, runtime: Runtime, state: _State, hook=None):
+        super().__init__(runtime, hook)
+        self._state = state
+
+    @property
+    def params(self) -> list:
+        """The engine's ZeRO-3 parameters, bucket i = params[i]."""
+        return self._state.params
+
+    @property
+    def passed_through(self) -> int:
+        """Gathers of this engine's parameters that went to DeepSpeed's own all-gather (a layout
+        CIERA did not recognise): 0 when every gather was CIERA's."""
+        return self._state.passed_through
+
+    def disable(self) -> None:
+        """Restores DeepSpeed's own gathers for this engine and closes CIERA's engine; collective."""
+        with _hooks.lock:
+            _unwrap(self._state, _hooks.states)
+            _hooks.uninstall()
+        super().disable()
+
+
+def _version() -> tuple[int, int]:
+    try:
+        import deepspeed
+    except ImportError as error:
+        raise ImportError(f"ciera.deepspeed needs DeepSpeed: {_INSTALL_HINT}") from error
+    text = deepspeed.__version__
+    try:
+        major, minor = (int(x) for x in text.split(".")[:2])
+    except ValueError:
+        raise _ext.ConfigError(f"ciera.deepspeed: cannot read DeepSpeed's version {text!r}") from None
+    first, last = SUPPORTED_VERSIONS
+    if not first <= (major, minor) <= last:
+        raise _ext.ConfigError(
+            f"ciera.deepspeed: DeepSpeed {text} is not supported; CIERA hooks ZeRO-3's gathers of DeepSpeed "
+            f"{first[0]}.{first[1]} to {last[0]}.{last[1]} (partition_parameters._dist_allgather_fn)")
+    return major, minor
+
+
+def _check_engine(engine) -> None:
+    """ConfigError naming the first setting of `engine` CIERA does not serve."""
+    if not hasattr(engine, "zero_optimization_stage") or not hasattr(engine, "module"):
+        raise TypeError(f"ciera.deepspeed.enable(): engine must be a DeepSpeedEngine (deepspeed.initialize's "
+                        f"first result), got {type(engine).__name__}")
+    stage = engine.zero_optimization_stage()
+    if stage != 3:
+        raise _ext.ConfigError(f"ciera.deepspeed.enable(): the engine runs ZeRO stage {stage}; CIERA compresses "
+                               "ZeRO-3's parameter all-gathers (zero_optimization.stage = 3)")
+    zero = engine._config.zero_config
+    refused = [
+        ("zero_quantized_weights", bool(getattr(zero, "zero_quantized_weights", False)),
+         "ZeRO++'s int8 weights replace the gather CIERA compresses (and are lossy)"),
+        ("zero_quantized_nontrainable_weights", bool(getattr(zero, "zero_quantized_nontrainable_weights", False)),
+         "ZeRO++'s int8 weights replace the gather CIERA compresses (and are lossy)"),
+        ("zero_hpz_partition_size", (getattr(zero, "zero_hpz_partition_size", 1) or 1) > 1,
+         "hierarchical partitions gather on a second group CIERA does not serve yet"),
+        ("stage3_use_all_reduce_for_fetch_params", bool(getattr(zero, "use_all_reduce_for_fetch_params", False)),
+         "parameters are then fetched by all-reduce, not all-gather"),
+        ("mics_shard_size", (getattr(engine._config, "mics_shard_size", -1) or -1) > 0,
+         "MiCS gathers through its own coalesced collectives"),
+        ("offload_param", getattr(zero, "offload_param", None) is not None
+         and str(getattr(zero.offload_param, "device", "none")).split(".")[-1].lower() != "none",
+         "offloaded partitions are gathered from host or NVMe copies"),
+    ]
+    for name, given, why in refused:
+        if given:
+            raise _ext.ConfigError(f"ciera.deepspeed.enable(): {name} is set; {why}")
+
+
+def _zero3_params(engine) -> list:
+    params = [p for p in engine.module.parameters() if hasattr(p, "ds_id") and hasattr(p, "ds_tensor")]
+    if not params:
+        raise _ext.ConfigError("ciera.deepspeed.enable(): the engine's module has no ZeRO-3 parameters")
+    return sorted(params, key=lambda p: p.ds_id)
+
+
+def _buckets(engine, params: list) -> list[Bucket]:
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    buckets = []
+    for i, p in enumerate(params):
+        name = names.get(id(p), f"<ds_id {p.ds_id}>")
+        dtype = p.ds_tensor.dtype
+        if dtype not in DTYPES:
+            raise TypeError(f"CIERA carries bf16, fp16 and fp32 parameters; {name} is {dtype}")
+        n = int(p.ds_tensor.ds_numel)
+        buckets.append(Bucket(i, name, dtype, [ParamSlice(name, n, 0, int(p.ds_numel))], n))
+    return buckets
+
+
+def _group(params: list):
+    groups = {id(p.ds_process_group): p.ds_process_group for p in params}
+    if len(groups) != 1:
+        raise _ext.ConfigError(f"ciera.deepspeed.enable(): the parameters are partitioned over {len(groups)} "
+                               "process groups (expert parallelism?); CIERA serves one data-parallel group")
+    return groups.popitem()[1]
+
+
+def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = "torch", verify: bool = False,
+           policy=None, cache_budget_bytes: int | None = None, select_after_steps: int | None = None,
+           reselect_every: int = 0, overlap: bool = True, cost_model=None, allow_delta: bool = False) -> Handle:
+    """Routes every ZeRO-3 parameter all-gather of a DeepSpeed engine through CIERA.
+
+    `engine` is what deepspeed.initialize returned, with ZeRO stage 3. Collective: every rank
+    calls it with the same model and options (checked by the engine: a difference raises
+    ConfigError on every rank). The options are enable()'s for FSDP2 (ciera.fsdp.enable): the
+    engine configuration, transport ("torch": a dedicated group beside DeepSpeed's
+    data-parallel group; "mpi"; "nccl"), `verify` (every gather also done by torch.distributed
+    and compared byte for byte: Handle.wrong_bytes), a per-parameter `policy(bucket, param)` or a
+    cache budget for the benefit-driven selector (training steps counted by a forward pre-hook on
+    the engine's module), and `overlap` (gathers handed back to DeepSpeed in flight, so its
+    prefetching overlaps them with compute). Each bucket is one ZeRO-3 parameter (Handle.params).
+
+    A setting CIERA does not serve raises ConfigError naming it, before anything is set up."""
+    _version()
+    _check_engine(engine)
+    api._check_arguments(engine.module, config, transport, policy, cache_budget_bytes, select_after_steps,
+                         reselect_every, cost_model, allow_delta)
+    params = _zero3_params(engine)
+    if any(id(p) in _hooks.states or id(p) in _hooks.timed for p in params):
+        raise ValueError("ciera.deepspeed.enable(): the engine's gathers already go through CIERA or are timed; "
+                         "call disable() on that Handle first")
+    selecting = cache_budget_bytes is not None
+    config = config or _ext.EngineConfig()
+    group = _group(params)
+    world = dist.get_world_size(group)
+    device = params[0].ds_tensor.device
+    if device.type == "cuda":
+        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        if selecting and cost_model is None:
+            raise ValueError("ciera.deepspeed.enable(): on CUDA the selector needs cost_model=")
+    buckets = _buckets(engine, params)
+    layouts = api._layouts([(None, b) for b in buckets], world, selecting, policy)
+    native = make_transport(transport, group, config.timeout_s, device)
+    if selecting and cost_model is None:
+        largest = max(b.numel * world * element_bytes(b.dtype) for b in buckets)
+        dtypes = sorted({DTYPES[b.dtype] for b in buckets}, key=int)
+        cost_model = _ext.measure_cost_model(native, largest, dtypes, config.codec)
+    core = _ext.Engine(native, config, layouts, device=device.index if device.type == "cuda" else -1)
+    lifecycle.register_engine(core)
+    runtime = Runtime(core, buckets, [], verify, overlap=overlap)
+    state = _State(runtime, params, group, world)
+    hook = None
+    if selecting:
+        after = config.warmup_steps if select_after_steps is None else select_after_steps
+        runtime.selector = Selector(runtime, cost_model, int(cache_budget_bytes), after, reselect_every, overlap,
+                                    config.codec, group, allow_delta=bool(allow_delta))
+        hook = engine.module.register_forward_pre_hook(runtime.selector.on_step, prepend=True)
+    with _hooks.lock:
+        _wrap(state, params, _hooks.states)
+        _hooks.install()
+    return Handle(runtime, state, hook)
+

@@ -1,0 +1,251 @@
+"""``ciera train --framework deepspeed``: the same MoE model trained with DeepSpeed ZeRO-3 (its CPU
+accelerator, gloo) twice from the same seed and batches: once with DeepSpeed's own parameter
+all-gathers (timed, unchanged), once with them through CIERA (ciera.deepspeed.enable). The two
+are interleaved step by step as the FSDP2 comparison is, and must end bitwise identical: the
+losses at every step, and every rank's partitions of the BF16 parameters and of the optimizer's
+FP32 masters.
+
+Rank 0 writes metrics.jsonl and summary.json (``mode: deepspeed``) with the FSDP2 job's fields
+(losses_identical, params_identical, ratio, bits_per_value, allgather_speedup, ...), the
+baseline's named ``zero3``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+import ciera
+from ciera.train.metrics import Run, RunCheck, StepMetrics
+from ciera.train.summary import _compare
+
+PLAIN = "zero3"    # DeepSpeed ZeRO-3's own gathers: the baseline
+CIERA = "ciera"    # the same, its gathers through CIERA
+
+
+def _deepspeed(program):
+    """DeepSpeed on this rank's existing process group (gloo). Its CPU accelerator would JIT-build
+    a shared-memory all-reduce used only for inference: switched off."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.update(RANK=str(program.rank), WORLD_SIZE=str(program.world), LOCAL_RANK=str(program.local_rank),
+                      LOCAL_SIZE=str(program.local_ranks))
+    import logging
+
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed
+
+
+def ds_config(args) -> dict:
+    """ZeRO-3 with BF16 parameters, DeepSpeed's defaults otherwise (prefetching, persistence)."""
+    return {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+            "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}, "steps_per_print": 10**9,
+            "wall_clock_breakdown": False}
+
+
+def build(program, deepspeed, name: str):
+    """One training: the model in BF16 from the seed, Adam, DeepSpeed ZeRO-3; its gathers timed
+    (the baseline) or through CIERA. Returns the Run and the handle."""
+    import ciera.deepspeed as ciera_ds
+    from ciera import models
+
+    a = program.args
+    spec = models.ModelSpec(family=a.model, hidden=a.hidden, layers=a.layers, experts=a.experts,
+                            expert_intermediate=a.expert_intermediate, max_positions=max(1024, a.seq_len))
+    module = models.build(spec, a.seed).to(torch.bfloat16)
+    optimizer = torch.optim.Adam(module.parameters(), lr=a.lr)
+    engine, optimizer, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config(a))
+    if name == PLAIN:
+        handle = ciera_ds.time_gathers(engine)
+    else:
+        config = ciera.EngineConfig()
+        config.codec.block_values = a.block
+        config.warmup_steps = a.warmup
+        config.adaptive = a.codec == "auto"
+        config.worker_threads = a.threads
+        config.timeout_s = a.timeout
+        handle = ciera_ds.enable(engine, config, transport=a.transport, verify=a.verify,
+                                 overlap=a.overlap != "off")
+    run = Run(name, engine, a.lr, handle.take_records, optimizer=optimizer)
+    run.spec = spec
+    run.params = sum(int(p.ds_numel) for p in engine.module.parameters())
+    return run, handle
+
+
+def step(program, run: Run, step_index: int, tokens) -> dict:
+    """One optimizer step of `run`; returns its line of metrics.jsonl."""
+    engine = run.model
+    program.status.phase("forward pass")
+    start = program.clock()
+    loss = engine(input_ids=tokens, labels=tokens).loss
+    program.status.phase("backward pass")
+    engine.backward(loss)
+    program.status.phase("optimizer step")
+    engine.step()
+    end = program.clock()
+    records = run.take_records()
+    local = loss.detach().float()
+    mine = StepMetrics(
+        loss=float(local), iteration_s=end - start,
+        allgather_s=sum(r.seconds if r.exposed_s < 0 else r.exposed_s for r in records), reduce_scatter_s=0.0,
+        raw_bytes=sum(r.raw_bytes for r in records), wire_bytes=sum(r.wire_bytes for r in records),
+        changed_values=0, compared_values=0, encode_s=sum(r.encode_s for r in records),
+        gather_duration_s=sum(r.seconds for r in records))
+    program.status.phase("metrics all-reduce")
+    summed = mine.all_reduce(dist.ReduceOp.SUM)
+    peak = mine.all_reduce(dist.ReduceOp.MAX)
+    run.record(int(local.view(torch.int32).item()), summed, peak, mine, program.world)
+    record = {"run": run.name, "step": step_index, "loss": run.results["loss"][-1],
+              "iteration_ms": 1e3 * peak.iteration_s, "allgather_ms": 1e3 * peak.allgather_s,
+              "raw_bytes": mine.raw_bytes, "wire_bytes": mine.wire_bytes, "gathers": len(records)}
+    if run.name == CIERA:
+        record["ratio"] = mine.raw_bytes / max(1.0, mine.wire_bytes)
+        record["bits_per_value"] = 16.0 * mine.wire_bytes / max(1.0, mine.raw_bytes)
+    return record
+
+
+def partitions(engine) -> list[torch.Tensor]:
+    """This rank's state of a ZeRO-3 training: its partition of every BF16 parameter (ds_id order)
+    and of the optimizer's FP32 masters."""
+    params = sorted((p for p in engine.module.parameters() if hasattr(p, "ds_tensor")), key=lambda p: p.ds_id)
+    masters = getattr(engine.optimizer, "fp32_partitioned_groups_flat", [])
+    return [p.ds_tensor.detach().clone() for p in params] + [m.detach().clone() for m in masters]
+
+
+def digest(deepspeed, engine, rank: int) -> str | None:
+    """sha256 of the full BF16 parameters (names, shapes, bytes), gathered by DeepSpeed, on rank 0.
+    Collective."""
+    h = hashlib.sha256()
+    for name, p in engine.module.named_parameters():
+        with deepspeed.zero.GatheredParameters([p]):
+            if rank == 0:
+                h.update(f"{name} {tuple(p.ds_shape)} {p.dtype}\n".encode())
+                h.update(p.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest() if rank == 0 else None
+
+
+def train_deepspeed(program) -> None:
+    """Both trainings side by side, one step of each in turn (the order rotating every step),
+    then the comparison and the summary. Collective."""
+    from ciera import data
+
+    a = program.args
+    deepspeed = _deepspeed(program)
+    corpus = data.load_corpus()
+    built = {name: build(program, deepspeed, name) for name in (PLAIN, CIERA)}
+    runs = {name: run for name, (run, _) in built.items()}
+    handle = built[CIERA][1]
+    for step_index in range(a.steps):
+        tokens = data.batch(corpus, step_index, program.rank, a.batch, a.seq_len, a.seed).to(program.device)
+        order = list(runs.values())
+        shift = step_index % len(order)
+        for run in order[shift:] + order[:shift]:
+            program.status.update("training", run.name, step_index)
+            program.emit(step(program, run, step_index, tokens))
+        runs[CIERA].peak_cache_bytes = max(runs[CIERA].peak_cache_bytes, handle.cache_bytes)
+        done = step_index + 1
+        if done == 1 or done % a.rss_every == 0 or done == a.steps:
+            program.sample_memory(done, {CIERA: handle})
+    for run in runs.values():
+        run.final = partitions(run.model)
+        run.digest = digest(deepspeed, run.model, program.rank)
+    finish(program, runs, handle)
+    for _, h in built.values():
+        h.disable()
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def finish(program, runs: dict, handle) -> None:
+    """Compares the two trainings on every rank (losses, and each rank's partitions bit for bit),
+    and on rank 0 writes summary.json. Collective."""
+    a = program.args
+    base, ours = runs[PLAIN], runs[CIERA]
+    check = RunCheck()
+    differs = torch.tensor(_compare(base, ours, check), dtype=torch.int64)
+    check.wrong_bytes, check.verified_bytes = handle.wrong_bytes, handle.verified_bytes
+    total = RunCheck.sum_over_ranks([check])[0]
+    dist.all_reduce(differs, op=dist.ReduceOp.MAX)
+    counts = torch.tensor([ours.peak_cache_bytes, handle.passed_through], dtype=torch.int64)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    if program.rank != 0:
+        return
+    steady = slice(min(a.warmup, a.steps - 1), a.steps)
+    b, c = base.results, ours.results
+    raw, wire = sum(c["raw"][steady]), sum(c["wire"][steady])
+    ag_base, ag_ours = _median(b["allgather_s"][steady]), _median(c["allgather_s"][steady])
+    it_base, it_ours = _median(b["iteration_s"][steady]), _median(c["iteration_s"][steady])
+    import deepspeed
+
+    summary = {
+        "mode": "deepspeed", "framework": "deepspeed", "deepspeed_version": deepspeed.__version__,
+        "model": a.model, "spec": ours.spec.describe(), "params": ours.params, "ranks": program.world,
+        "links": f"{a.link_gbit:g} Gbit/s (link lab)" if a.link_gbit else f"unshaped ({a.launcher} on one host)",
+        "launcher": a.launcher, "device": a.device, "process_group": program.backend, "transport": a.transport,
+        "codec": a.codec, "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
+        "overlap": a.overlap != "off", "ds_config": ds_config(a), "baseline_run": PLAIN, "main_run": CIERA,
+        "buckets": len(handle.buckets),
+        "loss_first": c["loss"][0], "loss_last": c["loss"][-1],
+        "allgather_raw_bytes": int(statistics.median(c["raw"][steady])),
+        "allgather_wire_bytes": int(statistics.median(c["wire"][steady])),
+        "ratio": raw / wire if wire else None,
+        "bits_per_value": 16.0 * wire / raw if raw else None,
+        "allgather_ms_zero3": ag_base * 1e3, "allgather_ms_ciera": ag_ours * 1e3,
+        "allgather_speedup": ag_base / ag_ours if ag_ours else None,
+        "iteration_ms_zero3": it_base * 1e3, "iteration_ms_ciera": it_ours * 1e3,
+        "iteration_speedup": it_base / it_ours if it_ours else None,
+        "encode_ms_ciera": _median(c["encode_s"][steady]) * 1e3,
+        "cache_bytes": int(counts[0]), "passed_through": int(counts[1]),
+        "losses_identical": total.loss_mismatches == 0, "params_identical": total.param_bytes_mismatched == 0,
+        "loss_mismatches": total.loss_mismatches, "param_bytes_mismatched": total.param_bytes_mismatched,
+        "steps_compared": a.steps, "steps_identical": int((differs == 0).sum()),
+        "wrong_bytes": total.wrong_bytes, "verified_bytes": total.verified_bytes,
+        "losses": {name: run.results["loss"] for name, run in runs.items()},
+        "param_sha256": {name: run.digest for name, run in runs.items()},
+        "memory": program.memory,
+    }
+    (program.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def render(s: dict, run_dir) -> str:
+    """The table the launcher prints for a --framework deepspeed run."""
+    def speedup(x):
+        return "-" if x is None else f"{x:.3f}x"
+
+    identical = s["losses_identical"] and s["params_identical"]
+    rows = [
+        ("model", f"{s['model']} ({s['params']:,} BF16 parameters), {s['ranks']} ranks, DeepSpeed "
+                  f"{s['deepspeed_version']} ZeRO-3 ({s['buckets']} parameters, one engine bucket each)"),
+        ("links", s["links"]),
+        ("steps", f"{s['steps']} per run; steady state = steps {min(s['warmup'], s['steps'] - 1) + 1}..{s['steps']}"),
+        ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
+        ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  ratio "
+                                 f"{s['ratio'] or float('nan'):.3f}x ({s['bits_per_value'] or float('nan'):.3f} "
+                                 "bits/value)"),
+        ("allgather time/step", f"ZeRO-3 {s['allgather_ms_zero3']:.1f} ms  CIERA {s['allgather_ms_ciera']:.1f} ms  "
+                                f"speedup {speedup(s['allgather_speedup'])}"),
+        ("iteration time/step", f"ZeRO-3 {s['iteration_ms_zero3']:.1f} ms  CIERA {s['iteration_ms_ciera']:.1f} ms  "
+                                f"speedup {speedup(s['iteration_speedup'])}"),
+        ("codec state (peak)", f"{s['cache_bytes'] / 2**20:.2f} MiB per rank"),
+        ("identical", "yes: losses and every rank's parameter and FP32 master partitions bitwise identical to "
+                      "plain ZeRO-3's" if identical else
+                      f"NO: {s['loss_mismatches']} loss mismatches, {s['param_bytes_mismatched']:,} bytes differ"),
+    ]
+    if s["verified_bytes"]:
+        rows.append(("verify", f"{s['wrong_bytes']:,} wrong bytes of {s['verified_bytes']:,} compared with "
+                               "torch's all-gather"))
+    if s["passed_through"]:
+        rows.append(("passed through", f"{s['passed_through']} gathers went to DeepSpeed's own all-gather"))
+    rows.append(("run folder", str(run_dir)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -1,0 +1,125 @@
+"""Rank bodies for test_deepspeed.py (module-level so that spawned processes can import them).
+
+Each rank runs with torch.distributed already initialised (conftest.spawn, gloo); DeepSpeed
+wraps that group. Its CPU accelerator would JIT-build a shared-memory all-reduce it uses only for
+inference: switched off."""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+import ciera
+import ciera.deepspeed
+
+
+def _deepspeed(rank: int, world: int):
+    os.environ.update(DS_ACCELERATOR="cpu", RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_SIZE=str(world))
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    import logging
+
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    deepspeed.init_distributed(dist_backend="gloo")
+    return deepspeed
+
+
+def config(**zero) -> dict:
+    return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+            "zero_optimization": {"stage": 3, **zero}, "steps_per_print": 10**9}
+
+
+def engine(deepspeed, seed: int, cfg: dict):
+    from ciera import models
+
+    spec = models.ModelSpec(family="olmoe", hidden=64, layers=2, experts=4, expert_intermediate=96, vocab=256)
+    module = models.build(spec, seed).to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    ds_engine, *_ = deepspeed.initialize(model=module, optimizer=optimizer, config=cfg)
+    return ds_engine
+
+
+def batch(rank: int, step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(0, 256, (2, 16), generator=g)
+
+
+def train_step(ds_engine, tokens) -> int:
+    loss = ds_engine(input_ids=tokens, labels=tokens).loss
+    ds_engine.backward(loss)
+    ds_engine.step()
+    return int(loss.detach().float().view(torch.int32).item())
+
+
+def full_params(deepspeed, ds_engine) -> list[bytes]:
+    """Every parameter as ZeRO-3 holds it (gathered by DeepSpeed, bit patterns)."""
+    out = []
+    for p in ds_engine.module.parameters():
+        with deepspeed.zero.GatheredParameters([p]):
+            out.append(p.detach().clone().view(torch.int16).numpy().tobytes())
+    return out
+
+
+def exact_vs_plain(rank: int, world: int, zero: dict, steps: int, overlap: bool) -> dict:
+    """A plain ZeRO-3 engine and one with CIERA, same seed and batches, interleaved: losses and
+    final parameters, and what CIERA's gathers did."""
+    deepspeed = _deepspeed(rank, world)
+    cfg = config(**zero)
+    plain = engine(deepspeed, 0, cfg)
+    ours = engine(deepspeed, 0, cfg)
+    engine_config = ciera.EngineConfig()
+    engine_config.warmup_steps = 1
+    handle = ciera.deepspeed.enable(ours, engine_config, verify=True, overlap=overlap)
+    losses = {"plain": [], "ciera": []}
+    per_step = []
+    for step in range(steps):
+        tokens = batch(rank, step)
+        losses["plain"].append(train_step(plain, tokens))
+        losses["ciera"].append(train_step(ours, tokens))
+        records = handle.take_records()
+        per_step.append({"gathers": len(records), "raw": sum(r.raw_bytes for r in records),
+                         "wire": sum(r.wire_bytes for r in records),
+                         "compressed": sum(1 for r in records if r.compressed)})
+    result = {
+        "losses_equal": losses["plain"] == losses["ciera"],
+        "params_equal": full_params(deepspeed, plain) == full_params(deepspeed, ours),
+        "wrong_bytes": handle.wrong_bytes, "verified_bytes": handle.verified_bytes,
+        "passed_through": handle.passed_through, "per_step": per_step, "buckets": len(handle.buckets),
+        "cache_bytes": handle.cache_bytes,
+    }
+    handle.disable()
+    from deepspeed.runtime.zero import partition_parameters as pp
+
+    result["restored"] = pp._dist_allgather_fn.__module__ == pp.__name__
+    return result
+
+
+def refused(rank: int, world: int, cases: list) -> list[str]:
+    """What enable() raises for an engine configured with each case's `zero` (or given its
+    `kwargs`): one DeepSpeed start-up for all cases."""
+    deepspeed = _deepspeed(rank, world)
+    out = []
+    for zero, kwargs in cases:
+        ds_engine = engine(deepspeed, 0, config(**zero))
+        try:
+            ciera.deepspeed.enable(ds_engine, **kwargs).disable()
+            out.append("accepted")
+        except (ciera.ConfigError, ValueError, TypeError) as error:
+            out.append(f"{type(error).__name__}: {error}")
+    return out
+
+
+def mismatched(rank: int, world: int) -> str:
+    """Ranks that disagree on the engine configuration: ConfigError on every rank."""
+    deepspeed = _deepspeed(rank, world)
+    ds_engine = engine(deepspeed, 0, config(stage3_param_persistence_threshold=0))
+    engine_config = ciera.EngineConfig()
+    engine_config.codec.block_values = 512 if rank == 0 else 256
+    try:
+        ciera.deepspeed.enable(ds_engine, engine_config)
+    except ciera.ConfigError as error:
+        return str(error)
+    return "accepted"

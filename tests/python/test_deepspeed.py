@@ -1,0 +1,115 @@
+"""ciera.deepspeed: DeepSpeed ZeRO-3's parameter all-gathers through CIERA, bitwise identical to
+plain ZeRO-3 (two ranks, DeepSpeed's CPU accelerator on gloo); bad configurations refused on
+every rank with the setting named."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import all_ok, spawn
+
+pytest.importorskip("deepspeed")
+
+import deepspeed_workers as w  # noqa: E402
+
+
+@pytest.mark.parametrize("zero,overlap", [
+    # Every parameter fetched by the coordinator in forward and backward (coalesced and single).
+    ({"stage3_param_persistence_threshold": 0}, True),
+    # DeepSpeed's defaults: this small model's parameters are persistent, re-gathered after each
+    # optimizer step by param.all_gather() (the other path); gathers finished before returning.
+    ({}, False),
+])
+def test_gathers_are_bitwise_plain_zero3s(zero, overlap):
+    steps = 4
+    results = all_ok(spawn(w.exact_vs_plain, 2, zero, steps, overlap))
+    for rank, r in enumerate(results):
+        assert r["losses_equal"] and r["params_equal"], (rank, r)
+        assert r["wrong_bytes"] == 0 and r["verified_bytes"] > 0, (rank, r)
+        assert r["passed_through"] == 0, (rank, r)
+        assert r["restored"], "disable() must put DeepSpeed's own gather back"
+        # Every parameter is gathered every step; after the warmup step, every gather is coded
+        # and moves fewer bytes than raw.
+        assert all(s["gathers"] >= r["buckets"] for s in r["per_step"]), r["per_step"]
+        for s in r["per_step"][1:]:
+            assert s["compressed"] == s["gathers"] and s["wire"] < 0.75 * s["raw"], (rank, r["per_step"])
+        assert r["cache_bytes"] > 0
+    # Both ranks made the same gathers (the engine pairs them in order).
+    assert [s["gathers"] for s in results[0]["per_step"]] == [s["gathers"] for s in results[1]["per_step"]]
+
+
+REFUSED = [
+    ({"stage": 2}, {}, "the engine runs ZeRO stage 2; CIERA compresses ZeRO-3's parameter all-gathers"),
+    ({"stage3_use_all_reduce_for_fetch_params": True}, {},
+     "stage3_use_all_reduce_for_fetch_params is set; parameters are then fetched by all-reduce"),
+    ({"zero_hpz_partition_size": 2}, {}, "zero_hpz_partition_size is set"),
+    ({}, {"transport": "udp"}, "transport must be 'torch', 'mpi' or 'nccl', got 'udp'"),
+    ({}, {"reselect_every": 3}, "reselect_every=3 is for the selector; it needs cache_budget_bytes"),
+]
+
+
+def test_bad_configuration_is_refused_on_every_rank():
+    results = all_ok(spawn(w.refused, 2, [(zero, kwargs) for zero, kwargs, _ in REFUSED]))
+    for rank, texts in enumerate(results):
+        for (_, _, message), text in zip(REFUSED, texts, strict=True):
+            assert message in text, (rank, text)
+
+
+def test_ranks_with_different_options_fail_together():
+    results = all_ok(spawn(w.mismatched, 2))
+    for rank, text in enumerate(results):
+        assert "block_values" in text, (rank, text)
+
+
+def test_not_a_deepspeed_engine():
+    import torch
+
+    import ciera.deepspeed
+
+    with pytest.raises(TypeError, match="engine must be a DeepSpeedEngine"):
+        ciera.deepspeed.enable(torch.nn.Linear(2, 2))
+
+
+def _env():
+    import ciera
+
+    return dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
+
+
+TINY = ["--ranks", "2", "--steps", "4", "--warmup", "1", "--layers", "1", "--hidden", "64", "--experts", "4",
+        "--expert-intermediate", "64", "--seq-len", "32", "--batch", "2", "--launcher", "torchrun", "--json"]
+
+
+def test_ciera_train_framework_deepspeed_is_bitwise_identical_to_zero3(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ciera.train", "--framework", "deepspeed", "--verify", *TINY,
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["mode"] == "deepspeed" and summary["baseline_run"] == "zero3"
+    assert summary["losses_identical"] and summary["params_identical"], summary
+    assert summary["wrong_bytes"] == 0 and summary["verified_bytes"] > 0 and summary["passed_through"] == 0
+    assert 8 < summary["bits_per_value"] < 12 and summary["ratio"] > 1.3   # exponent reuse after warmup
+    assert summary["allgather_speedup"] > 0 and summary["iteration_speedup"] > 0
+    assert "bitwise identical to plain ZeRO-3's" in done.stdout
+    run_dir = next(tmp_path.iterdir())
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert {r["run"] for r in records} == {"zero3", "ciera"} and len(records) == 8
+    assert all(r["gathers"] > 0 and r["allgather_ms"] > 0 for r in records)
+    assert (run_dir / "loss.png").is_file()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--zero"], "--zero is for the FSDP2 comparison; it cannot run with --framework deepspeed"),
+    (["--baselines"], "--baselines is for the FSDP2 comparison; it cannot run with --framework deepspeed"),
+    (["--codec", "delta"], "--codec delta: --framework deepspeed compares exponent reuse"),
+    (["--device", "cuda"], "--framework deepspeed trains on DeepSpeed's CPU accelerator; not yet with --device cuda"),
+])
+def test_ciera_train_framework_deepspeed_refuses(tmp_path, capsys, args, message):
+    from ciera.train import options
+
+    with pytest.raises(SystemExit) as refused:
+        options.check(options.parser().parse_args(["--framework", "deepspeed", *args, "--out", str(tmp_path)]))
+    assert message in f"{refused.value.code} {capsys.readouterr().err}"
