@@ -33,7 +33,7 @@ TSAN_OPTIONS=halt_on_error=1 "$dir/tests/ciera_unit_tests" --gtest_brief=1 --gte
 
 echo "== Python package (pip install .) and its tests: FSDP2 on 2-4 ranks, ciera train"
 python=$("$root/scripts/python-env.sh")
-(cd "$root" && "$python" -m pytest -q tests/python)
+(cd "$root" && "$python" -m pytest -q --durations=15 tests/python)
 
 echo "== fuzzers, each from a copy of its committed corpus (fuzz/corpus/)"
 "$root/scripts/fuzz.sh" --check-corpus --seconds "${CIERA_FUZZ_SECONDS:-30}"

@@ -63,7 +63,7 @@ def full_params(deepspeed, ds_engine) -> list[bytes]:
     return out
 
 
-def exact_vs_plain(rank: int, world: int, zero: dict, steps: int, overlap: bool) -> dict:
+def exact_vs_plain(rank: int, world: int, zero: dict, steps: int, overlap: bool, options: dict | None = None) -> dict:
     """A plain ZeRO-3 engine and one with CIERA, same seed and batches, interleaved: losses and
     final parameters, and what CIERA's gathers did."""
     deepspeed = _deepspeed(rank, world)
@@ -72,7 +72,7 @@ def exact_vs_plain(rank: int, world: int, zero: dict, steps: int, overlap: bool)
     ours = engine(deepspeed, 0, cfg)
     engine_config = ciera.EngineConfig()
     engine_config.warmup_steps = 1
-    handle = ciera.deepspeed.enable(ours, engine_config, verify=True, overlap=overlap)
+    handle = ciera.deepspeed.enable(ours, engine_config, verify=True, overlap=overlap, **(options or {}))
     losses = {"plain": [], "ciera": []}
     per_step = []
     for step in range(steps):
@@ -89,6 +89,7 @@ def exact_vs_plain(rank: int, world: int, zero: dict, steps: int, overlap: bool)
         "wrong_bytes": handle.wrong_bytes, "verified_bytes": handle.verified_bytes,
         "passed_through": handle.passed_through, "per_step": per_step, "buckets": len(handle.buckets),
         "cache_bytes": handle.cache_bytes,
+        "selections": handle.selector.history if handle.selector is not None else None,
     }
     handle.disable()
     from deepspeed.runtime.zero import partition_parameters as pp

@@ -58,6 +58,18 @@ def test_bad_configuration_is_refused_on_every_rank():
             assert message in text, (rank, text)
 
 
+def test_selection_under_a_budget_stays_bitwise_plain_zero3s():
+    """The benefit-driven selector on ZeRO-3's parameters (one candidate each): warmup statistics
+    from CIERA's gathers, a selection at the same step on every rank, results still exact."""
+    options = {"cache_budget_bytes": 1 << 30, "select_after_steps": 2}
+    results = all_ok(spawn(w.exact_vs_plain, 2, {"stage3_param_persistence_threshold": 0}, 4, True, options))
+    for rank, r in enumerate(results):
+        assert r["losses_equal"] and r["params_equal"] and r["wrong_bytes"] == 0, (rank, r)
+        assert [s["step"] for s in r["selections"]] == [2], r["selections"]
+        assert all(s["compressed"] == 0 for s in r["per_step"][:2]), r["per_step"]   # raw while counting
+    assert results[0]["selections"] == results[1]["selections"]
+
+
 def test_ranks_with_different_options_fail_together():
     results = all_ok(spawn(w.mismatched, 2))
     for rank, text in enumerate(results):
