@@ -14,14 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 
 import torch
 import torch.distributed as dist
 
 import ciera
-from ciera.train.metrics import Run, RunCheck, StepMetrics
-from ciera.train.summary import _compare
+from ciera.train import pair
+from ciera.train.metrics import Run, StepMetrics
 
 PLAIN = "zero3"    # DeepSpeed ZeRO-3's own gathers: the baseline
 CIERA = "ciera"    # the same, its gathers through CIERA
@@ -72,8 +71,8 @@ def build(program, deepspeed, name: str):
         config.adaptive = a.codec == "auto"
         config.worker_threads = a.threads
         config.timeout_s = a.timeout
-        handle = ciera_ds.enable(engine, config, transport=a.transport, verify=a.verify,
-                                 overlap=a.overlap != "off")
+        # In flight, as DeepSpeed's own gathers are: its prefetching overlaps them with compute.
+        handle = ciera_ds.enable(engine, config, transport=a.transport, verify=a.verify, overlap=True)
     run = Run(name, engine, a.lr, handle.take_records, optimizer=optimizer)
     run.spec = spec
     run.params = sum(int(p.ds_numel) for p in engine.module.parameters())
@@ -133,95 +132,50 @@ def digest(deepspeed, engine, rank: int) -> str | None:
 
 
 def train_deepspeed(program) -> None:
-    """Both trainings side by side, one step of each in turn (the order rotating every step),
-    then the comparison and the summary. Collective."""
-    from ciera import data
-
-    a = program.args
+    """Both trainings side by side, one step of each in turn, then the comparison and the
+    summary. Collective."""
     deepspeed = _deepspeed(program)
-    corpus = data.load_corpus()
     built = {name: build(program, deepspeed, name) for name in (PLAIN, CIERA)}
     runs = {name: run for name, (run, _) in built.items()}
     handle = built[CIERA][1]
-    for step_index in range(a.steps):
-        tokens = data.batch(corpus, step_index, program.rank, a.batch, a.seq_len, a.seed).to(program.device)
-        order = list(runs.values())
-        shift = step_index % len(order)
-        for run in order[shift:] + order[:shift]:
-            program.status.update("training", run.name, step_index)
-            program.emit(step(program, run, step_index, tokens))
-        runs[CIERA].peak_cache_bytes = max(runs[CIERA].peak_cache_bytes, handle.cache_bytes)
-        done = step_index + 1
-        if done == 1 or done % a.rss_every == 0 or done == a.steps:
-            program.sample_memory(done, {CIERA: handle})
+    pair.train(program, runs, step, handle, CIERA)
     for run in runs.values():
         run.final = partitions(run.model)
         run.digest = digest(deepspeed, run.model, program.rank)
-    finish(program, runs, handle)
+    finish(program, runs, handle, deepspeed.__version__)
     for _, h in built.values():
         h.disable()
 
 
-def _median(xs):
-    return statistics.median(xs) if xs else None
-
-
-def finish(program, runs: dict, handle) -> None:
+def finish(program, runs: dict, handle, version: str) -> None:
     """Compares the two trainings on every rank (losses, and each rank's partitions bit for bit),
     and on rank 0 writes summary.json. Collective."""
-    a = program.args
     base, ours = runs[PLAIN], runs[CIERA]
-    check = RunCheck()
-    differs = torch.tensor(_compare(base, ours, check), dtype=torch.int64)
-    check.wrong_bytes, check.verified_bytes = handle.wrong_bytes, handle.verified_bytes
-    total = RunCheck.sum_over_ranks([check])[0]
-    dist.all_reduce(differs, op=dist.ReduceOp.MAX)
-    counts = torch.tensor([ours.peak_cache_bytes, handle.passed_through], dtype=torch.int64)
-    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    total, differs, (peak, passed_through) = pair.compare(base, ours, handle.wrong_bytes, handle.verified_bytes,
+                                                          (handle.passed_through,))
     if program.rank != 0:
         return
-    steady = slice(min(a.warmup, a.steps - 1), a.steps)
-    b, c = base.results, ours.results
-    raw, wire = sum(c["raw"][steady]), sum(c["wire"][steady])
-    ag_base, ag_ours = _median(b["allgather_s"][steady]), _median(c["allgather_s"][steady])
-    it_base, it_ours = _median(b["iteration_s"][steady]), _median(c["iteration_s"][steady])
-    import deepspeed
-
+    m = pair.steady_medians(program, base, ours)
     summary = {
-        "mode": "deepspeed", "framework": "deepspeed", "deepspeed_version": deepspeed.__version__,
-        "model": a.model, "spec": ours.spec.describe(), "params": ours.params, "ranks": program.world,
-        "links": f"{a.link_gbit:g} Gbit/s (link lab)" if a.link_gbit else f"unshaped ({a.launcher} on one host)",
-        "launcher": a.launcher, "device": a.device, "process_group": program.backend, "transport": a.transport,
-        "codec": a.codec, "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
-        "overlap": a.overlap != "off", "ds_config": ds_config(a), "baseline_run": PLAIN, "main_run": CIERA,
+        "mode": "deepspeed", **pair.common_summary(program, runs, ours, total, differs),
+        "framework": "deepspeed", "deepspeed_version": version, "params": ours.params,
+        "overlap": True, "ds_config": ds_config(program.args), "baseline_run": PLAIN, "main_run": CIERA,
         "buckets": len(handle.buckets),
-        "loss_first": c["loss"][0], "loss_last": c["loss"][-1],
-        "allgather_raw_bytes": int(statistics.median(c["raw"][steady])),
-        "allgather_wire_bytes": int(statistics.median(c["wire"][steady])),
-        "ratio": raw / wire if wire else None,
-        "bits_per_value": 16.0 * wire / raw if raw else None,
-        "allgather_ms_zero3": ag_base * 1e3, "allgather_ms_ciera": ag_ours * 1e3,
-        "allgather_speedup": ag_base / ag_ours if ag_ours else None,
-        "iteration_ms_zero3": it_base * 1e3, "iteration_ms_ciera": it_ours * 1e3,
-        "iteration_speedup": it_base / it_ours if it_ours else None,
-        "encode_ms_ciera": _median(c["encode_s"][steady]) * 1e3,
-        "cache_bytes": int(counts[0]), "passed_through": int(counts[1]),
-        "losses_identical": total.loss_mismatches == 0, "params_identical": total.param_bytes_mismatched == 0,
-        "loss_mismatches": total.loss_mismatches, "param_bytes_mismatched": total.param_bytes_mismatched,
-        "steps_compared": a.steps, "steps_identical": int((differs == 0).sum()),
-        "wrong_bytes": total.wrong_bytes, "verified_bytes": total.verified_bytes,
-        "losses": {name: run.results["loss"] for name, run in runs.items()},
-        "param_sha256": {name: run.digest for name, run in runs.items()},
-        "memory": program.memory,
+        "allgather_raw_bytes": m["raw"], "allgather_wire_bytes": m["wire"],
+        "ratio": m["ratio"], "bits_per_value": m["bits_per_value"],
+        "allgather_ms_zero3": m["comm_base"] * 1e3, "allgather_ms_ciera": m["comm_ours"] * 1e3,
+        "allgather_speedup": pair.ratio(m["comm_base"], m["comm_ours"]),
+        "iteration_ms_zero3": m["iteration_base"] * 1e3, "iteration_ms_ciera": m["iteration_ours"] * 1e3,
+        "iteration_speedup": pair.ratio(m["iteration_base"], m["iteration_ours"]),
+        "encode_ms_ciera": m["encode_ours"] * 1e3,
+        "cache_bytes": peak, "passed_through": passed_through,
     }
     (program.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def render(s: dict, run_dir) -> str:
     """The table the launcher prints for a --framework deepspeed run."""
-    def speedup(x):
-        return "-" if x is None else f"{x:.3f}x"
-
+    speedup = pair.speedup
     identical = s["losses_identical"] and s["params_identical"]
     rows = [
         ("model", f"{s['model']} ({s['params']:,} BF16 parameters), {s['ranks']} ranks, DeepSpeed "
@@ -247,5 +201,4 @@ def render(s: dict, run_dir) -> str:
     if s["passed_through"]:
         rows.append(("passed through", f"{s['passed_through']} gathers went to DeepSpeed's own all-gather"))
     rows.append(("run folder", str(run_dir)))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return pair.table(rows)

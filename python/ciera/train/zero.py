@@ -13,14 +13,13 @@ summary.json (``mode: zero``) as the FSDP2 comparison does."""
 from __future__ import annotations
 
 import json
-import statistics
 
 import torch
 import torch.distributed as dist
 
 import ciera
-from ciera.train.metrics import Run, RunCheck, StepMetrics
-from ciera.train.summary import _compare
+from ciera.train import pair
+from ciera.train.metrics import Run, StepMetrics
 
 PLAIN_ZERO = "zero"      # torch's ZeroRedundancyOptimizer: the baseline
 CIERA_ZERO = "ciera"     # the same, its parameter sync through CIERA
@@ -128,25 +127,11 @@ def step(program, run: Run, step_index: int, tokens) -> dict:
 
 
 def train_zero(program) -> None:
-    """Both trainings side by side, one step of each in turn (the order rotating every step,
-    as RankProgram.train_step does), then the comparison and the summary. Collective."""
-    from ciera import data
-
-    a = program.args
-    corpus = data.load_corpus()
+    """Both trainings side by side, one step of each in turn, then the comparison and the
+    summary. Collective."""
     runs = {name: build(program, name) for name in (PLAIN_ZERO, CIERA_ZERO)}
     optimizer = runs[CIERA_ZERO].optimizer
-    for step_index in range(a.steps):
-        tokens = data.batch(corpus, step_index, program.rank, a.batch, a.seq_len, a.seed).to(program.device)
-        order = list(runs.values())
-        shift = step_index % len(order)
-        for run in order[shift:] + order[:shift]:
-            program.status.update("training", run.name, step_index)
-            program.emit(step(program, run, step_index, tokens))
-        runs[CIERA_ZERO].peak_cache_bytes = max(runs[CIERA_ZERO].peak_cache_bytes, optimizer.cache_bytes)
-        done = step_index + 1
-        if done == 1 or done % a.rss_every == 0 or done == a.steps:
-            program.sample_memory(done, {CIERA_ZERO: optimizer})
+    pair.train(program, runs, step, optimizer, CIERA_ZERO)
     for run in runs.values():
         # ZeRO-1/2 replicate the parameters: every rank's copy is the whole model.
         run.final = program.local_params(run.model.module)
@@ -155,64 +140,36 @@ def train_zero(program) -> None:
     optimizer.close()
 
 
-def _median(xs):
-    return statistics.median(xs) if xs else None
-
-
 def finish(program, runs: dict) -> None:
     """Compares the two trainings on every rank (losses and all parameters, bit for bit), and
     on rank 0 writes summary.json. Collective."""
-    a = program.args
     base, ours = runs[PLAIN_ZERO], runs[CIERA_ZERO]
-    check = RunCheck()
-    differs = torch.tensor(_compare(base, ours, check), dtype=torch.int64)
-    total = RunCheck.sum_over_ranks([check])[0]
-    dist.all_reduce(differs, op=dist.ReduceOp.MAX)   # per step: whether any rank's loss differs
-    peak = torch.tensor([ours.peak_cache_bytes], dtype=torch.int64)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    total, differs, (peak,) = pair.compare(base, ours)
     if program.rank != 0:
         return
-    steady = slice(min(a.warmup, a.steps - 1), a.steps)
-    b, c = base.results, ours.results
-    raw, wire = sum(c["raw"][steady]), sum(c["wire"][steady])
-    sync_base, sync_ours = _median(b["allgather_s"][steady]), _median(c["allgather_s"][steady])
-    it_base, it_ours = _median(b["iteration_s"][steady]), _median(c["iteration_s"][steady])
+    m = pair.steady_medians(program, base, ours)
     values = ours.raw_bytes // 2   # BF16
     summary = {
-        "mode": "zero", "model": a.model, "spec": ours.spec.describe(), "params": values, "ranks": program.world,
-        "links": f"{a.link_gbit:g} Gbit/s (link lab)" if a.link_gbit else f"unshaped ({a.launcher} on one host)",
-        "launcher": a.launcher, "device": a.device, "process_group": program.backend, "transport": a.transport,
-        "codec": a.codec, "policy": ours.optimizer.policy, "steps": a.steps, "warmup": a.warmup, "lr": a.lr,
-        "block": a.block, "optimizer": "Adam on FP32 masters of BF16 parameters (ciera.zero.fp32_master)",
+        "mode": "zero", **pair.common_summary(program, runs, ours, total, differs), "params": values,
+        "policy": ours.optimizer.policy,
+        "optimizer": "Adam on FP32 masters of BF16 parameters (ciera.zero.fp32_master)",
         "values_per_rank": [int(n) for n in ours.optimizer._syncs[0].counts] if ours.optimizer._syncs else [],
-        "loss_first": c["loss"][0], "loss_last": c["loss"][-1],
-        "sync_raw_bytes": int(statistics.median(c["raw"][steady])),
-        "sync_wire_bytes": int(statistics.median(c["wire"][steady])),
-        "first_sync_wire_bytes": int(c["wire"][0]),
-        "ratio": raw / wire if wire else None,
-        "bits_per_value": 16.0 * wire / raw if raw else None,
-        "sync_ms_zero": sync_base * 1e3, "sync_ms_ciera": sync_ours * 1e3,
-        "sync_speedup": sync_base / sync_ours if sync_ours else None,
-        "iteration_ms_zero": it_base * 1e3, "iteration_ms_ciera": it_ours * 1e3,
-        "iteration_speedup": it_base / it_ours if it_ours else None,
-        "encode_ms_ciera": _median(c["encode_s"][steady]) * 1e3,
-        "cache_bytes": int(peak.item()),
-        "losses_identical": total.loss_mismatches == 0, "params_identical": total.param_bytes_mismatched == 0,
-        "loss_mismatches": total.loss_mismatches, "param_bytes_mismatched": total.param_bytes_mismatched,
-        "steps_compared": a.steps, "steps_identical": int((differs == 0).sum()),
-        "wrong_bytes": 0, "verified_bytes": 0,
-        "losses": {name: run.results["loss"] for name, run in runs.items()},
-        "param_sha256": {name: run.digest for name, run in runs.items()},
-        "memory": program.memory,
+        "sync_raw_bytes": m["raw"], "sync_wire_bytes": m["wire"],
+        "first_sync_wire_bytes": int(ours.results["wire"][0]),
+        "ratio": m["ratio"], "bits_per_value": m["bits_per_value"],
+        "sync_ms_zero": m["comm_base"] * 1e3, "sync_ms_ciera": m["comm_ours"] * 1e3,
+        "sync_speedup": pair.ratio(m["comm_base"], m["comm_ours"]),
+        "iteration_ms_zero": m["iteration_base"] * 1e3, "iteration_ms_ciera": m["iteration_ours"] * 1e3,
+        "iteration_speedup": pair.ratio(m["iteration_base"], m["iteration_ours"]),
+        "encode_ms_ciera": m["encode_ours"] * 1e3,
+        "cache_bytes": peak,
     }
     (program.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def render(s: dict, run_dir) -> str:
     """The table the launcher prints for a --zero run."""
-    def speedup(x):
-        return "-" if x is None else f"{x:.3f}x"
-
+    speedup = pair.speedup
     identical = s["losses_identical"] and s["params_identical"]
     rows = [
         ("model", f"{s['model']} ({s['params']:,} BF16 parameters), {s['ranks']} ranks, DDP + ZeRO-1/2 "
@@ -235,5 +192,4 @@ def render(s: dict, run_dir) -> str:
                                         f"{s['param_bytes_mismatched']:,} parameter bytes differ"),
         ("run folder", str(run_dir)),
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return pair.table(rows)

@@ -1,0 +1,105 @@
+"""What the two-training comparisons outside FSDP2 share (``ciera train --zero``: torch's ZeRO-1/2
+against CIERA's; ``--framework deepspeed``: plain ZeRO-3 against CIERA's): the interleaved
+training loop, the bitwise comparison over ranks, the summary fields every comparison has, and
+the printed table's layout."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from ciera.train.metrics import Run, RunCheck
+from ciera.train.summary import _compare
+
+
+def train(program, runs: dict[str, Run], step, handle, ours: str) -> None:
+    """Every step: one step of each training in turn (the order rotating every step, as
+    RankProgram.train_step does), all on the same batch; the peak of `handle.cache_bytes` on the
+    run `ours`, and resident memory every --rss-every steps. Collective."""
+    from ciera import data
+
+    a = program.args
+    corpus = data.load_corpus()
+    for step_index in range(a.steps):
+        tokens = data.batch(corpus, step_index, program.rank, a.batch, a.seq_len, a.seed).to(program.device)
+        order = list(runs.values())
+        shift = step_index % len(order)
+        for run in order[shift:] + order[:shift]:
+            program.status.update("training", run.name, step_index)
+            program.emit(step(program, run, step_index, tokens))
+        runs[ours].peak_cache_bytes = max(runs[ours].peak_cache_bytes, handle.cache_bytes)
+        done = step_index + 1
+        if done == 1 or done % a.rss_every == 0 or done == a.steps:
+            program.sample_memory(done, {ours: handle})
+
+
+def compare(base: Run, ours: Run, wrong_bytes: int = 0, verified_bytes: int = 0, counts: tuple = ()):
+    """The two trainings compared on every rank (loss bits per step, each rank's `final` tensors
+    byte for byte), summed over ranks. Returns the summed RunCheck, per step whether any rank's
+    loss differs, and `counts` (ours' peak codec state first, then any others) maxed over ranks.
+    Collective."""
+    check = RunCheck()
+    differs = torch.tensor(_compare(base, ours, check), dtype=torch.int64)
+    check.wrong_bytes, check.verified_bytes = wrong_bytes, verified_bytes
+    total = RunCheck.sum_over_ranks([check])[0]
+    dist.all_reduce(differs, op=dist.ReduceOp.MAX)
+    peaks = torch.tensor([ours.peak_cache_bytes, *counts], dtype=torch.int64)
+    dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+    return total, differs, [int(x) for x in peaks]
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def steady_medians(program, base: Run, ours: Run) -> dict:
+    """Steady-state (after --warmup) medians of both trainings: ours' raw and wire bytes per step,
+    both trainings' communication (`allgather_s`) and iteration seconds; ours' ratio and bits per
+    value over the steady steps together."""
+    a = program.args
+    steady = slice(min(a.warmup, a.steps - 1), a.steps)
+    b, c = base.results, ours.results
+    raw, wire = sum(c["raw"][steady]), sum(c["wire"][steady])
+    return {
+        "raw": int(statistics.median(c["raw"][steady])), "wire": int(statistics.median(c["wire"][steady])),
+        "ratio": raw / wire if wire else None, "bits_per_value": 16.0 * wire / raw if raw else None,
+        "comm_base": _median(b["allgather_s"][steady]), "comm_ours": _median(c["allgather_s"][steady]),
+        "iteration_base": _median(b["iteration_s"][steady]), "iteration_ours": _median(c["iteration_s"][steady]),
+        "encode_ours": _median(c["encode_s"][steady]),
+    }
+
+
+def common_summary(program, runs: dict[str, Run], ours: Run, total: RunCheck, differs) -> dict:
+    """The summary fields every two-training comparison has: where it ran, its losses and
+    whether the trainings are bitwise identical."""
+    a = program.args
+    c = ours.results
+    return {
+        "model": a.model, "spec": ours.spec.describe(), "ranks": program.world,
+        "links": f"{a.link_gbit:g} Gbit/s (link lab)" if a.link_gbit else f"unshaped ({a.launcher} on one host)",
+        "launcher": a.launcher, "device": a.device, "process_group": program.backend, "transport": a.transport,
+        "codec": a.codec, "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
+        "loss_first": c["loss"][0], "loss_last": c["loss"][-1],
+        "losses_identical": total.loss_mismatches == 0, "params_identical": total.param_bytes_mismatched == 0,
+        "loss_mismatches": total.loss_mismatches, "param_bytes_mismatched": total.param_bytes_mismatched,
+        "steps_compared": a.steps, "steps_identical": int((differs == 0).sum()),
+        "wrong_bytes": total.wrong_bytes, "verified_bytes": total.verified_bytes,
+        "losses": {name: run.results["loss"] for name, run in runs.items()},
+        "param_sha256": {name: run.digest for name, run in runs.items()},
+        "memory": program.memory,
+    }
+
+
+def ratio(base_s, ours_s):
+    return base_s / ours_s if base_s is not None and ours_s else None
+
+
+def speedup(x) -> str:
+    return "-" if x is None else f"{x:.3f}x"
+
+
+def table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
