@@ -48,7 +48,8 @@ inline void decode_envelope(Bucket& s, uint64_t step, uint32_t bucket, const std
   expected.bucket = bucket;
   expected.params = static_cast<uint32_t>(s.layout.params());
   expected.step = step;
-  ciera::decode_envelope(envelope, envelope_bytes, expected, s.layout, kSender, s.decoders, out,
+  ciera::decode_envelope(envelope, envelope_bytes, expected, s.layout, kSender, s.decoders,
+                         out + s.layout.rank_offset(kSender),
                          host_memory_ops(), [&verdict](int param, const std::string& reason) {
                            record_failure(verdict, kSender, param, reason);
                          });

@@ -218,6 +218,69 @@ TEST(Engine, WrongBufferSizeOnOneRankFailsEveryRank) {
   }
 }
 
+// Two buckets gathered at a slot stride into one interleaved buffer, in place, as DeepSpeed's
+// coalesced fetch lays them out: each rank's slot holds its part of A, then of B, then a gap.
+// Raw warmup (the direct allgatherv), key frames and compressed steps all land exactly at the
+// slots, and the gap bytes are never written.
+TEST(Engine, GathersIntoAnInterleavedOutputAtASlotStride) {
+  const int world = 3;
+  std::vector<BucketLayout> layouts = {BucketLayout::fsdp_split("A", DType::kBF16, {3000}, world),
+                                       BucketLayout::fsdp_split("B", DType::kBF16, {1200, 6}, world)};
+  constexpr uint64_t kGap = 10;
+  const uint64_t a = layouts[0].rank_bytes(0), b = layouts[1].rank_bytes(0);
+  const uint64_t slot = a + b + kGap;
+  const uint64_t offset[] = {0, a};
+  EngineConfig config;
+  config.warmup_steps = 4;
+  config.codec.block_values = 256;
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    BucketData data[] = {{layouts[0], Pattern::kSparse, 3}, {layouts[1], Pattern::kSparse, 4}};
+    CompressedAllgather engine(t, config, layouts);
+    std::vector<std::byte> out(world * slot, std::byte{0xA5});
+    for (int step = 0; step < 12; ++step) {
+      std::vector<CompressedAllgather::Ticket> tickets;
+      for (size_t k = 0; k < 2; ++k) {
+        if (step > 0) data[k].trajectory.step();
+        const auto input = data[k].input(rank);
+        std::byte* own = out.data() + rank * slot + offset[k];
+        std::memcpy(own, input.data(), input.size());
+        const std::span<std::byte> output(out.data() + offset[k], (world - 1) * slot + input.size());
+        tickets.push_back(engine.start(k, {own, input.size()}, output, 0, slot));
+      }
+      for (size_t k = 0; k < 2; ++k) {
+        const GatherStats stats = engine.wait(tickets[k]);
+        EXPECT_EQ(stats.compressed, step >= config.warmup_steps) << "step " << step;
+        for (int r = 0; r < world; ++r) {
+          const auto want = data[k].input(r);
+          ASSERT_EQ(std::memcmp(out.data() + r * slot + offset[k], want.data(), want.size()), 0)
+              << "rank " << rank << " bucket " << k << " part of rank " << r << " step " << step;
+        }
+      }
+      for (int r = 0; r < world; ++r) {
+        for (uint64_t i = a + b; i < slot; ++i) ASSERT_EQ(out[r * slot + i], std::byte{0xA5}) << "gap written";
+      }
+    }
+  });
+  expect_all_ok(errors);
+}
+
+TEST(Engine, ASlotStrideSmallerThanAPartFailsEveryRank) {
+  const int world = 2;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world);
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    CompressedAllgather engine(t, EngineConfig{}, {layout});
+    const uint64_t part = layout.rank_bytes(rank);
+    const uint64_t stride = rank == 1 ? part - 2 : part;
+    std::vector<std::byte> in(part), out((world - 1) * stride + part);
+    engine.run(0, in, out, 0, stride);
+  });
+  for (int r = 0; r < world; ++r) {
+    const std::string m = message_of(errors[r]);
+    EXPECT_NE(m.find("rank 1 rejected"), std::string::npos) << m;
+    EXPECT_NE(m.find("slot stride of 2998 bytes is less than rank 0's 3000 bytes"), std::string::npos) << m;
+  }
+}
+
 // Gathers started together share a round; one that a rank rejects fails alone on every rank,
 // and the gathers started with it (before and after it) complete exactly.
 TEST(Engine, ARejectedGatherFailsAloneInItsRound) {

@@ -69,13 +69,14 @@ class PyEngine {
 
   // start() or run(): `input`/`output` are data pointers with their sizes in bytes
   // (Tensor.data_ptr(): host memory, or device memory on a CUDA engine); `stream` a CUDA
-  // stream as an integer (torch.cuda.Stream.cuda_stream) or 0.
+  // stream as an integer (torch.cuda.Stream.cuda_stream) or 0; `slot_stride` as in
+  // CompressedAllgather::start.
   template <auto Method>
   auto gather(size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output,
-              uint64_t output_bytes, uintptr_t stream) {
+              uint64_t output_bytes, uintptr_t stream, uint64_t slot_stride) {
     return unlocked([&](CompressedAllgather& engine) {
       return (engine.*Method)(bucket, bytes_at<const std::byte>(input, input_bytes),
-                              bytes_at<std::byte>(output, output_bytes), stream);
+                              bytes_at<std::byte>(output, output_bytes), stream, slot_stride);
     });
   }
 
@@ -135,7 +136,7 @@ void bind_engine(py::module_& m) {
            "there; the transport must move device memory)")
       .def("start", &PyEngine::gather<&CompressedAllgather::start>, py::arg("bucket"),
            py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
-           py::arg("output_bytes"), py::arg("stream") = 0)
+           py::arg("output_bytes"), py::arg("stream") = 0, py::arg("slot_stride") = 0)
       .def(
           "wait",
           [](PyEngine& e, CompressedAllgather::Ticket ticket) {
@@ -144,7 +145,7 @@ void bind_engine(py::module_& m) {
           py::arg("ticket"))
       .def("run", &PyEngine::gather<&CompressedAllgather::run>, py::arg("bucket"),
            py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
-           py::arg("output_bytes"), py::arg("stream") = 0)
+           py::arg("output_bytes"), py::arg("stream") = 0, py::arg("slot_stride") = 0)
       .def("reset_caches",
            [](PyEngine& e) { e.unlocked([](CompressedAllgather& engine) { engine.reset_caches(); }); })
       .def(

@@ -127,9 +127,10 @@ class _State:
 
 
 class _Gather:
-    """A ZeRO-3 gather in flight: one engine gather per parameter, each into its own output (or
-    straight into DeepSpeed's, for a single parameter); wait() finishes them in order, places the
-    parameters' values into DeepSpeed's flat output rank by rank, and records them."""
+    """A ZeRO-3 gather in flight: one engine gather per parameter, each straight into its place in
+    DeepSpeed's flat output (every rank's slot holds its partitions of all the parameters, so a
+    parameter's parts lie one slot apart: the engine's slot stride); wait() finishes them in
+    order and records them."""
 
     def __init__(self, state: _State, pieces, input_tensor, output_tensor, group):
         runtime = state.runtime
@@ -137,42 +138,45 @@ class _Gather:
         self.input, self.output = input_tensor, output_tensor
         self.started = time.perf_counter()
         self.tickets = []
-        single = len(pieces) == 1
         stream = torch.cuda.current_stream(input_tensor.device).cuda_stream if input_tensor.is_cuda else 0
+        size = output_tensor.element_size()
+        slot = input_tensor.numel() * size          # one rank's slot of the output, in bytes
         for b, offset in pieces:
             bucket = runtime.buckets[b]
             shard = input_tensor.narrow(0, offset, bucket.numel)
-            out = output_tensor if single else torch.empty(bucket.numel * state.world, dtype=output_tensor.dtype,
-                                                              device=output_tensor.device)
             if runtime.selector is not None:
                 runtime.selector.tracker(b, shard)
-            ticket = runtime.engine.start(b, shard.data_ptr(), shard.numel() * shard.element_size(), out.data_ptr(),
-                                          out.numel() * out.element_size(), stream)
-            self.tickets.append((bucket, offset, shard, out, ticket))
+            ticket = runtime.engine.start(b, shard.data_ptr(), bucket.numel * size,
+                                          output_tensor.data_ptr() + offset * size,
+                                          (state.world - 1) * slot + bucket.numel * size, stream, slot)
+            self.tickets.append((bucket, offset, shard, ticket))
         self.done = False
+
+    def parts(self, offset: int, numel: int):
+        """Every rank's part of one parameter in the output: a (ranks, numel) view."""
+        return self.output.view(self.state.world, self.input.numel()).narrow(1, offset, numel)
 
     def wait(self, timeout=None) -> bool:
         if self.done:
             return True
         self.done = True
-        runtime, world = self.state.runtime, self.state.world
-        total = self.input.numel()
+        runtime = self.state.runtime
         # Each parameter's record holds its share of the call: together they add up to the
         # call's duration and, in flight, to the time DeepSpeed waited for it.
         before, waited = self.started, time.perf_counter()
-        for bucket, offset, shard, out, ticket in self.tickets:
+        for bucket, _, _, ticket in self.tickets:
             stats = runtime.engine.wait(ticket)
-            if out is not self.output:
-                # Every rank's partition of this parameter to its place in each rank's slot.
-                self.output.view(world, total).narrow(1, offset, bucket.numel).copy_(out.view(world, bucket.numel))
             now = time.perf_counter()
             exposed = now - waited if runtime.overlap else -1.0
             runtime.records.append(GatherRecord(bucket.index, now - before, stats.raw_bytes, stats.wire_bytes,
                                                 stats.compressed, stats.resynchronised, exposed, self.started,
                                                 stats.encode_s))
             before = waited = now
-        for bucket, _, shard, out, _ in self.tickets:
-            runtime.gathered(bucket, shard, out if out is not self.output else self.output, self.group)
+        if runtime.verify or runtime.on_gather is not None or runtime.on_output is not None:
+            for bucket, offset, shard, _ in self.tickets:
+                # verify and the observers take the gathered parameter contiguous, as torch's
+                # all-gather gives it (a copy, made only for them).
+                runtime.gathered(bucket, shard, self.parts(offset, bucket.numel).reshape(-1), self.group)
         self.tickets = []
         self.input = self.output = None
         return True

@@ -61,7 +61,7 @@ void CompressedAllgather::Impl::start_decode(Gather& g) {
   // Own shards: straight from the input (nothing to do when gathering in place), except that a
   // lossy parameter sent coded gathers what its receivers reconstruct, so that every rank holds
   // the same values (its encoder wrote them; encoding is done before decoding starts).
-  std::byte* own = g.out + s.layout.rank_offset(rank);
+  std::byte* own = g.slot(s.layout, rank);
   const uint64_t own_bytes = s.layout.rank_bytes(rank);
   const bool reconstruct = s.has_lossy && !g.sends_raw;
   if ((own != g.in || reconstruct) && own_bytes) {
@@ -100,7 +100,7 @@ void CompressedAllgather::Impl::decode_envelope(Gather& g, int peer, uint64_t en
   expected.params = static_cast<uint32_t>(s.layout.params());
   expected.step = g.step;
   ciera::decode_envelope(s.recv.data() + envelope_offset, envelope_bytes, expected, s.layout, peer,
-                         s.decoders[peer], warmup_raw_params(s, g.step), g.out, memory,
+                         s.decoders[peer], warmup_raw_params(s, g.step), g.slot(s.layout, peer), memory,
                          [&g, peer](int param, const std::string& reason) {
                            std::lock_guard lock(g.verdict_mutex);
                            record_failure(g.verdict, peer, param, reason);

@@ -4,6 +4,7 @@
 // unit), scheduler.cpp (rounds on the communication thread), codec_tasks.cpp (encoding and
 // decoding on worker threads), memory_ops.hpp (every payload byte moved).
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -194,6 +195,29 @@ std::shared_ptr<const CodecBackend> checked(std::shared_ptr<const CodecBackend> 
   return backend;
 }
 
+// start()'s output size: the parts back to back, or the last rank's part at its slot.
+uint64_t output_bytes(const BucketLayout& layout, uint64_t slot_stride) {
+  if (slot_stride == 0) return layout.total_bytes();
+  const int last = layout.ranks() - 1;
+  return static_cast<uint64_t>(last) * slot_stride + layout.rank_bytes(last);
+}
+
+// "" unless some rank's part would not fit its slot (slots overlapping).
+std::string slot_error(const BucketLayout& layout, uint64_t slot_stride) {
+  if (slot_stride == 0) return "";
+  const auto last = static_cast<uint64_t>(layout.ranks() - 1);
+  if (last > 0 && slot_stride > (UINT64_MAX - layout.rank_bytes(layout.ranks() - 1)) / last) {
+    return "slot stride of " + std::to_string(slot_stride) + " bytes overflows the output size";
+  }
+  for (int r = 0; r < layout.ranks(); ++r) {
+    if (layout.rank_bytes(r) > slot_stride) {
+      return "slot stride of " + std::to_string(slot_stride) + " bytes is less than rank " +
+             std::to_string(r) + "'s " + std::to_string(layout.rank_bytes(r)) + " bytes";
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 CompressedAllgather::CompressedAllgather(Transport& transport, EngineConfig config,
@@ -207,7 +231,7 @@ CompressedAllgather::~CompressedAllgather() = default;
 CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket,
                                                        std::span<const std::byte> input,
                                                        std::span<std::byte> output,
-                                                       uintptr_t stream) {
+                                                       uintptr_t stream, uint64_t slot_stride) {
   Impl& m = *impl_;
   check_bucket("start", bucket, m.buckets.size());
   BucketState& s = m.buckets[bucket];
@@ -216,6 +240,7 @@ CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket,
   g->bucket = bucket;
   g->in = input.data();
   g->out = output.data();
+  g->slot_stride = slot_stride;
   g->started = std::chrono::steady_clock::now();
   // Wrong sizes are not thrown here: the peers are about to gather with this rank, so every
   // rank learns of the problem in the control exchange and fails alike.
@@ -225,9 +250,12 @@ CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket,
     g->local_error = "input is " + std::to_string(input.size()) +
                      " bytes, the layout gives this rank " +
                      std::to_string(s.layout.rank_bytes(m.rank));
-  } else if (output.size() != s.layout.total_bytes()) {
+  } else if (std::string slots = slot_error(s.layout, slot_stride); !slots.empty()) {
+    g->local_error = slots;
+  } else if (output.size() != output_bytes(s.layout, slot_stride)) {
     g->local_error = "output is " + std::to_string(output.size()) + " bytes, the bucket gathers " +
-                     std::to_string(s.layout.total_bytes());
+                     std::to_string(output_bytes(s.layout, slot_stride)) +
+                     (slot_stride ? " at a slot stride of " + std::to_string(slot_stride) : "");
   }
   {
     std::lock_guard lock(m.mutex);
@@ -274,8 +302,9 @@ GatherStats CompressedAllgather::wait(Ticket ticket) {
 }
 
 GatherStats CompressedAllgather::run(size_t bucket, std::span<const std::byte> input,
-                                     std::span<std::byte> output, uintptr_t stream) {
-  return wait(start(bucket, input, output, stream));
+                                     std::span<std::byte> output, uintptr_t stream,
+                                     uint64_t slot_stride) {
+  return wait(start(bucket, input, output, stream, slot_stride));
 }
 
 void CompressedAllgather::reset_caches() {

@@ -111,7 +111,7 @@ bool EnvelopeReader::next(std::span<const std::byte>& payload) {
 void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
                      const EnvelopeHeader& expected, const BucketLayout& layout, int peer,
                      std::span<const std::unique_ptr<PayloadDecoder>> decoders,
-                     std::span<const uint8_t> raw_params, std::byte* out, const MemoryOps& memory,
+                     std::span<const uint8_t> raw_params, std::byte* dest, const MemoryOps& memory,
                      const EnvelopeFailure& fail) {
   // Worded only on failure: a steady-state gather builds no strings.
   auto who = [peer] { return "rank " + std::to_string(peer) + "'s envelope"; };
@@ -122,7 +122,6 @@ void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
   }
   const bool raw = reader.all_raw();
   const uint32_t value_bytes = dtype_info(layout.dtype).value_bytes;
-  std::byte* dest = out + layout.rank_offset(peer);
   for (size_t k = 0; k < layout.params(); ++k) {
     const uint64_t bytes = layout.shard_values[peer][k] * value_bytes;
     std::span<const std::byte> payload;

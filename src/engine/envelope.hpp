@@ -97,7 +97,7 @@ class EnvelopeReader {
 };
 
 // Decodes `peer`'s envelope (`envelope_bytes` at `envelope`, payload memory) for the gather
-// `expected` of `layout` into the peer's part of `out`: parameter k through decoders[k], or as
+// `expected` of `layout` into `dest`, the peer's part of the output: parameter k through decoders[k], or as
 // raw bytes where that is null, the envelope is all raw, or raw_params[k] is set (`raw_params`
 // is empty or has one entry per parameter: the ciera parameters of a raw-warmup gather whose
 // delta parameters travel coded). A problem is reported through
@@ -108,14 +108,14 @@ using EnvelopeFailure = std::function<void(int param, const std::string& reason)
 void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
                      const EnvelopeHeader& expected, const BucketLayout& layout, int peer,
                      std::span<const std::unique_ptr<PayloadDecoder>> decoders,
-                     std::span<const uint8_t> raw_params, std::byte* out, const MemoryOps& memory,
+                     std::span<const uint8_t> raw_params, std::byte* dest, const MemoryOps& memory,
                      const EnvelopeFailure& fail);
 // The same with no parameter raw by warmup.
 inline void decode_envelope(const std::byte* envelope, uint64_t envelope_bytes,
                             const EnvelopeHeader& expected, const BucketLayout& layout, int peer,
                             std::span<const std::unique_ptr<PayloadDecoder>> decoders,
-                            std::byte* out, const MemoryOps& memory, const EnvelopeFailure& fail) {
-  decode_envelope(envelope, envelope_bytes, expected, layout, peer, decoders, {}, out, memory, fail);
+                            std::byte* dest, const MemoryOps& memory, const EnvelopeFailure& fail) {
+  decode_envelope(envelope, envelope_bytes, expected, layout, peer, decoders, {}, dest, memory, fail);
 }
 
 }  // namespace ciera
