@@ -92,6 +92,18 @@ def common_summary(program, runs: dict[str, Run], ours: Run, total: RunCheck, di
     }
 
 
+def timing_fields(m: dict, comm: str, base: str) -> dict:
+    """The summary's times from steady_medians(): `{comm}_ms_{base}` and `{comm}_ms_ciera`, the
+    iteration's the same way, their speedups, and CIERA's encoding time."""
+    return {
+        f"{comm}_ms_{base}": m["comm_base"] * 1e3, f"{comm}_ms_ciera": m["comm_ours"] * 1e3,
+        f"{comm}_speedup": ratio(m["comm_base"], m["comm_ours"]),
+        f"iteration_ms_{base}": m["iteration_base"] * 1e3, "iteration_ms_ciera": m["iteration_ours"] * 1e3,
+        "iteration_speedup": ratio(m["iteration_base"], m["iteration_ours"]),
+        "encode_ms_ciera": m["encode_ours"] * 1e3,
+    }
+
+
 def ratio(base_s, ours_s):
     return base_s / ours_s if base_s is not None and ours_s else None
 

@@ -157,11 +157,7 @@ def finish(program, runs: dict) -> None:
         "sync_raw_bytes": m["raw"], "sync_wire_bytes": m["wire"],
         "first_sync_wire_bytes": int(ours.results["wire"][0]),
         "ratio": m["ratio"], "bits_per_value": m["bits_per_value"],
-        "sync_ms_zero": m["comm_base"] * 1e3, "sync_ms_ciera": m["comm_ours"] * 1e3,
-        "sync_speedup": pair.ratio(m["comm_base"], m["comm_ours"]),
-        "iteration_ms_zero": m["iteration_base"] * 1e3, "iteration_ms_ciera": m["iteration_ours"] * 1e3,
-        "iteration_speedup": pair.ratio(m["iteration_base"], m["iteration_ours"]),
-        "encode_ms_ciera": m["encode_ours"] * 1e3,
+        **pair.timing_fields(m, "sync", "zero"),
         "cache_bytes": peak,
     }
     (program.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
