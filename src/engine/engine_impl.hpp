@@ -76,10 +76,11 @@ struct Gather {
   const std::byte* in = nullptr;  // payload memory
   std::byte* out = nullptr;       // payload memory
   uint64_t slot_stride = 0;       // 0: ranks' parts back to back (layout.rank_offset)
-  // Where rank r's part of the output begins.
-  std::byte* slot(const BucketLayout& layout, int r) const {
-    return out + (slot_stride ? static_cast<uint64_t>(r) * slot_stride : layout.rank_offset(r));
+  // Where rank r's part of the output begins: bytes into `out`, and the address.
+  uint64_t slot_offset(const BucketLayout& layout, int r) const {
+    return slot_stride ? static_cast<uint64_t>(r) * slot_stride : layout.rank_offset(r);
   }
+  std::byte* slot(const BucketLayout& layout, int r) const { return out + slot_offset(layout, r); }
   // Waited for before anything reads `in` (the caller's stream reaching start()); null: ready.
   std::unique_ptr<InputFence> ready;
   void wait_for_input() const {

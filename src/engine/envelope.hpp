@@ -97,10 +97,10 @@ class EnvelopeReader {
 };
 
 // Decodes `peer`'s envelope (`envelope_bytes` at `envelope`, payload memory) for the gather
-// `expected` of `layout` into `dest`, the peer's part of the output: parameter k through decoders[k], or as
-// raw bytes where that is null, the envelope is all raw, or raw_params[k] is set (`raw_params`
-// is empty or has one entry per parameter: the ciera parameters of a raw-warmup gather whose
-// delta parameters travel coded). A problem is reported through
+// `expected` of `layout` into `dest`, the peer's part of the output: parameter k through
+// decoders[k], or as raw bytes where that is null, the envelope is all raw, or raw_params[k] is
+// set (`raw_params` is empty or has one entry per parameter: the ciera parameters of a
+// raw-warmup gather whose delta parameters travel coded). A problem is reported through
 // `fail(param, reason)` (param -1: the envelope as a whole), never thrown, so that every rank
 // can agree on it in the verdict exchange; decoding stops at a malformed envelope but goes on
 // past a parameter that fails to decode.

@@ -176,7 +176,7 @@ void CompressedAllgather::Impl::exchange_and_decode(std::span<Gather* const> gat
       // Every rank raw: the plain allgather of the inputs, exactly what MPI would do.
       for (int r = 0; r < world; ++r) {
         counts[i][r] = s.layout.rank_bytes(r);
-        displs[i][r] = static_cast<uint64_t>(g.slot(s.layout, r) - g.out);
+        displs[i][r] = g.slot_offset(s.layout, r);
       }
       g.stats.wire_bytes = s.layout.total_bytes();
       g.stats.local_payload_bytes = s.layout.rank_bytes(rank);
