@@ -72,7 +72,15 @@ def exact_vs_plain(rank: int, world: int, zero: dict, steps: int, overlap: bool,
     ours = engine(deepspeed, 0, cfg)
     engine_config = ciera.EngineConfig()
     engine_config.warmup_steps = 1
-    handle = ciera.deepspeed.enable(ours, engine_config, verify=True, overlap=overlap, **(options or {}))
+    options = dict(options or {})
+    if options.get("policy") == "delta":   # by name: a spawned rank's arguments are pickled
+        engine_config.warmup_steps = 0
+        options["policy"] = lambda bucket, param: ciera.ShardPolicy.delta
+    if options.get("cost_model") == "slow link":
+        from fsdp_workers import slow_link_model
+
+        options["cost_model"] = slow_link_model(world)
+    handle = ciera.deepspeed.enable(ours, engine_config, verify=True, overlap=overlap, **options)
     losses = {"plain": [], "ciera": []}
     per_step = []
     for step in range(steps):
@@ -90,6 +98,8 @@ def exact_vs_plain(rank: int, world: int, zero: dict, steps: int, overlap: bool,
         "passed_through": handle.passed_through, "per_step": per_step, "buckets": len(handle.buckets),
         "cache_bytes": handle.cache_bytes,
         "selections": handle.selector.history if handle.selector is not None else None,
+        "delta_shards": (sum(1 for x in handle.selector.selection.shards if x.policy == ciera.ShardPolicy.delta)
+                         if handle.selector is not None else None),
     }
     handle.disable()
     from deepspeed.runtime.zero import partition_parameters as pp

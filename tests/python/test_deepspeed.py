@@ -70,6 +70,36 @@ def test_selection_under_a_budget_stays_bitwise_plain_zero3s():
     assert results[0]["selections"] == results[1]["selections"]
 
 
+def test_value_delta_frames_are_bitwise_plain_zero3s():
+    """Every parameter in value-delta frames from the first step (each rank keeps its peers'
+    previous values): forward and backward gathers of every step exact."""
+    results = all_ok(spawn(w.exact_vs_plain, 2, {"stage3_param_persistence_threshold": 0}, 4, True,
+                           {"policy": "delta"}))
+    for rank, r in enumerate(results):
+        assert r["losses_equal"] and r["params_equal"] and r["wrong_bytes"] == 0, (rank, r)
+        assert r["verified_bytes"] > 0 and r["passed_through"] == 0, (rank, r)
+        # After the first frame (the values themselves), only the step's differences travel.
+        for s in r["per_step"][1:]:
+            assert s["compressed"] == s["gathers"] and s["wire"] < 0.75 * s["raw"], (rank, r["per_step"])
+        # The previous values of the peer's half of every parameter, two bytes each.
+        assert r["cache_bytes"] >= r["per_step"][0]["raw"] // 2 // max(1, r["per_step"][0]["gathers"]), r
+
+
+def test_selection_with_delta_under_a_budget_stays_bitwise_plain_zero3s():
+    """The selector offered value-delta frames on a slow link with room for every cache: it picks
+    delta for parameters, at the same step on every rank, and the training stays exact."""
+    options = {"cache_budget_bytes": 1 << 40, "select_after_steps": 2, "allow_delta": True, "cost_model": "slow link"}
+    results = all_ok(spawn(w.exact_vs_plain, 2, {"stage3_param_persistence_threshold": 0}, 4, True, options))
+    for rank, r in enumerate(results):
+        assert r["losses_equal"] and r["params_equal"] and r["wrong_bytes"] == 0, (rank, r)
+        assert r["delta_shards"] > 0, r
+        assert all(s["compressed"] == 0 for s in r["per_step"][:2]), r["per_step"]   # raw while counting
+        # From the selection on, the chosen parameters (not the tiny norms) travel coded.
+        assert all(0 < s["compressed"] and s["wire"] < s["raw"] for s in r["per_step"][2:]), r["per_step"]
+    assert results[0]["selections"] == results[1]["selections"]
+    assert results[0]["delta_shards"] == results[1]["delta_shards"]
+
+
 def test_ranks_with_different_options_fail_together():
     results = all_ok(spawn(w.mismatched, 2))
     for rank, text in enumerate(results):
@@ -116,7 +146,7 @@ def test_ciera_train_framework_deepspeed_is_bitwise_identical_to_zero3(tmp_path)
 @pytest.mark.parametrize("args,message", [
     (["--zero"], "--zero is for the FSDP2 comparison; it cannot run with --framework deepspeed"),
     (["--baselines"], "--baselines is for the FSDP2 comparison; it cannot run with --framework deepspeed"),
-    (["--codec", "delta"], "--codec delta: --framework deepspeed compares exponent reuse"),
+    (["--codec", "stateless"], "--codec stateless: --framework deepspeed compares CIERA's own codecs"),
     (["--device", "cuda"], "--framework deepspeed trains on DeepSpeed's CPU accelerator; not yet with --device cuda"),
 ])
 def test_ciera_train_framework_deepspeed_refuses(tmp_path, capsys, args, message):
@@ -125,3 +155,23 @@ def test_ciera_train_framework_deepspeed_refuses(tmp_path, capsys, args, message
     with pytest.raises(SystemExit) as refused:
         options.check(options.parser().parse_args(["--framework", "deepspeed", *args, "--out", str(tmp_path)]))
     assert message in f"{refused.value.code} {capsys.readouterr().err}"
+
+
+def test_ciera_train_framework_deepspeed_options_reach_enable():
+    """--codec delta and --budget-mb as ciera.deepspeed.enable() gets them, and the table's line."""
+    import ciera
+    from ciera.train import deepspeed as job
+    from ciera.train import options
+
+    def parsed(*args):
+        a = options.parser().parse_args(["--framework", "deepspeed", *args])
+        options.check(a)
+        return a
+
+    delta = job.gather_options(parsed("--codec", "delta"))
+    assert delta["policy"](None, None) == ciera.ShardPolicy.delta and job.engine_config(parsed("--codec", "delta")).warmup_steps == 0
+    budget = job.gather_options(parsed("--codec", "delta", "--budget-mb", "40", "--warmup", "5"))
+    assert budget == {"cache_budget_bytes": 40 << 20, "select_after_steps": 5, "reselect_every": 0, "allow_delta": True}
+    assert job.gather_options(parsed()) == {} and job.engine_config(parsed("--warmup", "7")).warmup_steps == 7
+    line = job._codec_line({"budget_bytes": 1, "codec": "delta", "selected_shards": 4, "candidate_shards": 25})
+    assert line == "the selector, after warmup, among raw, exponent reuse and value-delta frames: 4 of 25 parameters coded"

@@ -50,6 +50,36 @@ def ds_config(args) -> dict:
             "wall_clock_breakdown": False}
 
 
+def engine_config(a) -> ciera.EngineConfig:
+    config = ciera.EngineConfig()
+    config.codec.block_values = a.block
+    # Exponent reuse sends raw during warmup; value-delta frames start at once (their first frame
+    # carries the values), and under a budget the selector keeps every shard raw until it selects.
+    config.warmup_steps = a.warmup if a.codec in ("ciera", "auto") and a.budget_mb is None else 0
+    config.adaptive = a.codec == "auto"
+    config.worker_threads = a.threads
+    config.timeout_s = a.timeout
+    return config
+
+
+def gather_options(a) -> dict:
+    """What ciera.deepspeed.enable() is given beside the engine configuration, as for FSDP2:
+    --budget-mb: the selector, after --warmup steps, among raw and exponent reuse (and value-delta
+    frames with --codec delta); else --codec delta: every parameter in value-delta frames; else
+    exponent reuse after warmup. Always in flight, as DeepSpeed's own gathers are: its
+    prefetching overlaps them with compute."""
+    from ciera.train import schemes
+    from ciera.train.options import budget_bytes
+
+    if a.budget_mb is not None:
+        return {"cache_budget_bytes": budget_bytes(a.budget_mb), "select_after_steps": a.warmup,
+                "reselect_every": a.reselect_every, "allow_delta": a.codec == "delta"}
+    if a.codec == "delta":
+        delta = schemes.first_policy("delta")
+        return {"policy": lambda bucket, param: delta}
+    return {}
+
+
 def build(program, deepspeed, name: str):
     """One training: the model in BF16 from the seed, Adam, DeepSpeed ZeRO-3; its gathers timed
     (the baseline) or through CIERA. Returns the Run and the handle."""
@@ -65,14 +95,8 @@ def build(program, deepspeed, name: str):
     if name == PLAIN:
         handle = ciera_ds.time_gathers(engine)
     else:
-        config = ciera.EngineConfig()
-        config.codec.block_values = a.block
-        config.warmup_steps = a.warmup
-        config.adaptive = a.codec == "auto"
-        config.worker_threads = a.threads
-        config.timeout_s = a.timeout
-        # In flight, as DeepSpeed's own gathers are: its prefetching overlaps them with compute.
-        handle = ciera_ds.enable(engine, config, transport=a.transport, verify=a.verify, overlap=True)
+        handle = ciera_ds.enable(engine, engine_config(a), transport=a.transport, verify=a.verify,
+                                 overlap=True, **gather_options(a))
     run = Run(name, engine, a.lr, handle.take_records, optimizer=optimizer)
     run.spec = spec
     run.params = sum(int(p.ds_numel) for p in engine.module.parameters())
@@ -155,6 +179,10 @@ def finish(program, runs: dict, handle, version: str) -> None:
                                                           (handle.passed_through,))
     if program.rank != 0:
         return
+    from ciera.train.options import budget_bytes
+    from ciera.train.summary import selection_fields
+
+    a = program.args
     m = pair.steady_medians(program, base, ours)
     summary = {
         "mode": "deepspeed", **pair.common_summary(program, runs, ours, total, differs),
@@ -165,8 +193,19 @@ def finish(program, runs: dict, handle, version: str) -> None:
         "ratio": m["ratio"], "bits_per_value": m["bits_per_value"],
         **pair.timing_fields(m, "allgather", "zero3"),
         "cache_bytes": peak, "passed_through": passed_through,
+        "budget_bytes": budget_bytes(a.budget_mb) if a.budget_mb is not None else None,
+        **selection_fields(handle),
     }
     (program.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def _codec_line(s: dict) -> str:
+    if s["budget_bytes"] is None:
+        return {"ciera": "exponent reuse after warmup", "auto": "exponent reuse or raw, whichever is faster",
+                "delta": "value-delta frames from the first step"}[s["codec"]]
+    choices = "raw, exponent reuse and value-delta frames" if s["codec"] == "delta" else "raw and exponent reuse"
+    return (f"the selector, after warmup, among {choices}: {s['selected_shards']} of {s['candidate_shards']} "
+            "parameters coded")
 
 
 def render(s: dict, run_dir) -> str:
@@ -186,7 +225,9 @@ def render(s: dict, run_dir) -> str:
                                 f"speedup {speedup(s['allgather_speedup'])}"),
         ("iteration time/step", f"ZeRO-3 {s['iteration_ms_zero3']:.1f} ms  CIERA {s['iteration_ms_ciera']:.1f} ms  "
                                 f"speedup {speedup(s['iteration_speedup'])}"),
-        ("codec state (peak)", f"{s['cache_bytes'] / 2**20:.2f} MiB per rank"),
+        ("codec state (peak)", f"{s['cache_bytes'] / 2**20:.2f} MiB per rank" +
+                               (f" (budget {s['budget_bytes'] / 2**20:.2f} MiB)" if s["budget_bytes"] is not None else "")),
+        ("codec", _codec_line(s)),
         ("identical", "yes: losses and every rank's parameter and FP32 master partitions bitwise identical to "
                       "plain ZeRO-3's" if identical else
                       f"NO: {s['loss_mismatches']} loss mismatches, {s['param_bytes_mismatched']:,} bytes differ"),

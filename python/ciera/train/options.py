@@ -276,16 +276,16 @@ def _check_deepspeed(args) -> None:
     comparison it has no counterpart for are refused by name."""
     if args.framework != "deepspeed":
         return
-    unsupported = [("--zero", args.zero), ("--ablation", args.ablation), ("--budget-mb", args.budget_mb is not None),
-                   ("--reselect-every", args.reselect_every), ("--stats", args.stats),
+    unsupported = [("--zero", args.zero), ("--ablation", args.ablation), ("--stats", args.stats),
                    ("--save-checkpoints", args.save_checkpoints), ("--checkpoint-every", args.checkpoint_every),
                    ("--resume", args.resume), ("--trace", args.trace), ("--no-baseline", args.no_baseline),
                    ("--control", args.control), ("--baselines", args.baselines), ("--schemes", args.schemes)]
     for flag, given in unsupported:
         if given:
             _fail(f"{flag} is for the FSDP2 comparison; it cannot run with --framework deepspeed")
-    if args.codec not in ("ciera", "auto"):
-        _fail(f"--codec {args.codec}: --framework deepspeed compares exponent reuse (ciera, auto) with plain ZeRO-3")
+    if args.codec not in ("ciera", "auto", "delta"):
+        _fail(f"--codec {args.codec}: --framework deepspeed compares CIERA's own codecs (ciera, auto, delta) with "
+              "plain ZeRO-3; the alternatives run beside FSDP2 (--schemes)")
     if args.device == "cuda":
         _fail("--framework deepspeed trains on DeepSpeed's CPU accelerator; not yet with --device cuda")
     import importlib.util

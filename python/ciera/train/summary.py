@@ -81,7 +81,8 @@ def check_control(runs: dict) -> bool | None:
     return total.loss_mismatches == 0 and total.param_bytes_mismatched == 0
 
 
-def _selection_fields(handle) -> dict:
+def selection_fields(handle) -> dict:
+    """What the selector chose (every shard when there is none), for summary.json."""
     selection = handle.selector.selection if handle.selector else None
     if selection is None:
         n = sum(len(b.params) for b in handle.buckets)
@@ -147,7 +148,7 @@ def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None,
         "overlap": handle.overlap,
         "cache_bytes": peak,
         "budget_bytes": budget_bytes(run.budget_mb) if run.budget_mb is not None else None,
-        **_selection_fields(handle),
+        **selection_fields(handle),
     }
 
 
