@@ -1,7 +1,8 @@
 # The layers of the library (docs/architecture.md, "Layers"), each its own target that links only
 # downwards, and each compiled against an include root that holds only what it may see:
 #
-#   common <- {format, entropy} <- codec <- {engine, selection};  comm beside them (uses common);
+#   common <- {format, entropy} <- codec <- {engine, selection, collectives};  comm beside them
+#   (uses common; engine and collectives use it);
 #   analysis uses format;  sim uses selection and the codec's public size functions.
 #
 # A layer's include root (build/layers/<layer>/) is made of links: one to src/<dep> for the layer

@@ -16,7 +16,7 @@
 #include "ciera/engine.hpp"
 #include "ciera/error.hpp"
 #include "ciera/loopback.hpp"
-#include "engine/adaptive.hpp"
+#include "common/adaptive_switch.hpp"
 #include "engine_backend_suite.hpp"
 #include "engine_wire_bound.hpp"
 #include "test_util.hpp"
@@ -249,7 +249,7 @@ TEST(Engine, GathersIntoAnInterleavedOutputAtASlotStride) {
       }
       for (size_t k = 0; k < 2; ++k) {
         const GatherStats stats = engine.wait(tickets[k]);
-        EXPECT_EQ(stats.compressed, step >= config.warmup_steps) << "step " << step;
+        EXPECT_EQ(stats.compressed, static_cast<uint32_t>(step) >= config.warmup_steps) << "step " << step;
         for (int r = 0; r < world; ++r) {
           const auto want = data[k].input(r);
           ASSERT_EQ(std::memcmp(out.data() + r * slot + offset[k], want.data(), want.size()), 0)

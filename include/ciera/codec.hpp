@@ -201,6 +201,9 @@ PayloadInfo inspect_payload(std::span<const std::byte> payload);
 // Returns the payload length.
 size_t encode_stateless(const CodecConfig& config, std::span<const std::byte> shard,
                         std::span<std::byte> payload);
+// The same, with what the frame holds (its length is FrameStats::payload_bytes).
+FrameStats encode_stateless_frame(const CodecConfig& config, std::span<const std::byte> shard,
+                                  std::span<std::byte> payload);
 void decode_stateless(const CodecConfig& config, std::span<const std::byte> payload,
                       std::span<std::byte> shard);
 

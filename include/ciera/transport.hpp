@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "ciera/error.hpp"
@@ -57,6 +58,19 @@ class Transport {
       allgatherv(calls[i].in, calls[i].out, calls[i].counts, calls[i].displs);
       if (done) done(i);
     }
+  }
+
+  // Personalised exchange: this rank sends send_counts[p] bytes from in + send_displs[p] to each
+  // rank p (itself included) and receives recv_counts[p] bytes from p at out + recv_displs[p].
+  // recv_counts[p] must be what p sends here (callers agree on sizes first: the lossless
+  // collectives of collectives.hpp exchange them in a record). Not in place: `in` and `out` do
+  // not overlap. A transport without it throws CommError naming itself (the default).
+  virtual void alltoallv(const void* in, std::span<const uint64_t> send_counts,
+                         std::span<const uint64_t> send_displs, void* out,
+                         std::span<const uint64_t> recv_counts,
+                         std::span<const uint64_t> recv_displs) {
+    (void)in, (void)send_counts, (void)send_displs, (void)out, (void)recv_counts, (void)recv_displs;
+    throw CommError("the " + std::string(name()) + " transport has no alltoallv");
   }
 
   virtual void barrier() = 0;

@@ -22,6 +22,7 @@ void bind_transport(py::module_& m);  // transport.cpp: loopback, Python callabl
 void bind_engine(py::module_& m);     // engine.cpp: BucketLayout, GatherStats, Engine
 void bind_selection(py::module_& m);  // selection.cpp: cost model, change monitor, selector
 void bind_analysis(py::module_& m);   // analysis.cpp: shard types, exponent-change statistics
+void bind_collectives(py::module_& m);  // collectives.cpp: lossless reduce-scatter and alltoallv
 
 // `bytes` bytes of host memory at `address` (a data pointer from Python, e.g. Tensor.data_ptr()).
 template <typename T>

@@ -34,4 +34,5 @@ PYBIND11_MODULE(_ext, m) {
   cp::bind_engine(m);
   cp::bind_selection(m);
   cp::bind_analysis(m);
+  cp::bind_collectives(m);
 }

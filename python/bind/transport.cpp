@@ -30,19 +30,21 @@ namespace {
 class PythonTransport final : public Transport {
  public:
   PythonTransport(int rank, int size, py::object allgather, py::object allgatherv,
-                  py::object barrier, std::string name, bool device)
+                  py::object barrier, std::string name, bool device, py::object alltoallv)
       : rank_(rank),
         size_(size),
         device_(device),
         allgather_(std::move(allgather)),
         allgatherv_(std::move(allgatherv)),
         barrier_(std::move(barrier)),
+        alltoallv_(std::move(alltoallv)),
         name_(std::move(name)) {}
   ~PythonTransport() override {
     py::gil_scoped_acquire gil;
     allgather_ = py::object();
     allgatherv_ = py::object();
     barrier_ = py::object();
+    alltoallv_ = py::object();
   }
 
   int rank() const override { return rank_; }
@@ -61,6 +63,28 @@ class PythonTransport final : public Transport {
       allgatherv_(view(in, counts[rank_], true), view(out, total, false),
                   std::vector<uint64_t>(counts.begin(), counts.end()),
                   std::vector<uint64_t>(displs.begin(), displs.end()));
+    });
+  }
+
+  // The callable gets the whole input and output and the four count and displacement lists.
+  void alltoallv(const void* in, std::span<const uint64_t> send_counts,
+                 std::span<const uint64_t> send_displs, void* out,
+                 std::span<const uint64_t> recv_counts,
+                 std::span<const uint64_t> recv_displs) override {
+    if (alltoallv_.is_none())
+      Transport::alltoallv(in, send_counts, send_displs, out, recv_counts, recv_displs);
+    auto extent = [](std::span<const uint64_t> counts, std::span<const uint64_t> displs) {
+      uint64_t total = 0;
+      for (size_t r = 0; r < counts.size(); ++r) total = std::max(total, displs[r] + counts[r]);
+      return total;
+    };
+    auto list = [](std::span<const uint64_t> v) {
+      return std::vector<uint64_t>(v.begin(), v.end());
+    };
+    call("alltoallv", [&] {
+      alltoallv_(view(in, extent(send_counts, send_displs), true),
+                 view(out, extent(recv_counts, recv_displs), false), list(send_counts),
+                 list(send_displs), list(recv_counts), list(recv_displs));
     });
   }
 
@@ -92,7 +116,7 @@ class PythonTransport final : public Transport {
   int rank_;
   int size_;
   bool device_;
-  py::object allgather_, allgatherv_, barrier_;
+  py::object allgather_, allgatherv_, barrier_, alltoallv_;
   std::string name_;
   std::chrono::milliseconds timeout_{std::chrono::seconds(120)};
 };
@@ -123,14 +147,17 @@ void bind_transport(py::module_& m) {
   m.def(
       "python_transport",
       [](int rank, int size, py::object allgather, py::object allgatherv, py::object barrier,
-         std::string name, bool device) -> std::shared_ptr<Transport> {
+         std::string name, bool device, py::object alltoallv) -> std::shared_ptr<Transport> {
         return std::make_shared<PythonTransport>(rank, size, std::move(allgather),
                                                  std::move(allgatherv), std::move(barrier),
-                                                 std::move(name), device);
+                                                 std::move(name), device, std::move(alltoallv));
       },
       py::arg("rank"), py::arg("size"), py::arg("allgather"), py::arg("allgatherv"),
       py::arg("barrier"), py::arg("name") = "python", py::arg("device") = false,
-      "device: the callables get (address, bytes) of device memory instead of memoryviews");
+      py::arg("alltoallv") = py::none(),
+      "device: the callables get (address, bytes) of device memory instead of memoryviews; "
+      "alltoallv(input, output, send_counts, send_displs, recv_counts, recv_displs), if given, "
+      "serves the lossless collectives");
 #if defined(CIERA_WITH_NCCL)
   m.def(
       "nccl_unique_id",

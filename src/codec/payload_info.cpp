@@ -56,11 +56,16 @@ uint64_t values_in(const CodecConfig& config, size_t bytes, const char* who) {
 constexpr StreamIdentity kStatelessStream{.stream = 0, .epoch = 0};
 }  // namespace
 
-size_t encode_stateless(const CodecConfig& config, std::span<const std::byte> shard,
-                        std::span<std::byte> payload) {
+FrameStats encode_stateless_frame(const CodecConfig& config, std::span<const std::byte> shard,
+                                  std::span<std::byte> payload) {
   ShardEncoder encoder(config, values_in(config, shard.size(), "encode_stateless"),
                        kStatelessStream);
-  return encoder.encode(shard, payload).payload_bytes;
+  return encoder.encode(shard, payload);
+}
+
+size_t encode_stateless(const CodecConfig& config, std::span<const std::byte> shard,
+                        std::span<std::byte> payload) {
+  return encode_stateless_frame(config, shard, payload).payload_bytes;
 }
 
 void decode_stateless(const CodecConfig& config, std::span<const std::byte> payload,

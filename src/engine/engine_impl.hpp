@@ -18,7 +18,7 @@
 #include "ciera/backend.hpp"
 #include "ciera/codec.hpp"
 #include "ciera/engine.hpp"
-#include "engine/adaptive.hpp"
+#include "common/adaptive_switch.hpp"
 #include "engine/control.hpp"
 #include "engine/envelope.hpp"
 #include "engine/memory_ops.hpp"

@@ -9,7 +9,8 @@ set(allowed
   "engine:ciera/engine.hpp" "engine:codec/wire.hpp" "engine:ciera/transport.hpp"
   "selection:ciera/selection.hpp" "selection:ciera/codec.hpp" "selection:format/planes.hpp"
   "analysis:ciera/analysis.hpp" "analysis:format/planes.hpp"
-  "comm:ciera/transport.hpp" "sim:sim/sim.hpp" "sim:ciera/selection.hpp")
+  "comm:ciera/transport.hpp" "sim:sim/sim.hpp" "sim:ciera/selection.hpp"
+  "collectives:ciera/collectives.hpp" "collectives:codec/wire.hpp" "collectives:common/adaptive_switch.hpp")
 set(forbidden
   "common:format/planes.hpp" "common:ciera/codec.hpp"
   "format:codec/wire.hpp" "format:entropy/rans_core.hpp" "format:ciera/codec.hpp"
@@ -19,7 +20,9 @@ set(forbidden
   "selection:ciera/engine.hpp" "selection:engine/scheduler.hpp"
   "comm:codec/wire.hpp" "comm:ciera/engine.hpp"
   "analysis:codec/wire.hpp" "analysis:entropy/rans.hpp" "analysis:ciera/selection.hpp"
-  "sim:ciera/engine.hpp")
+  "sim:ciera/engine.hpp"
+  "collectives:ciera/engine.hpp" "collectives:engine/scheduler.hpp" "collectives:ciera/selection.hpp"
+  "engine:ciera/collectives.hpp" "engine:collectives/reduction.hpp")
 # The CUDA layer (src/cuda) sits on codec, beside engine and selection; its root exists when the
 # build found nvcc.
 if(EXISTS ${ROOTS}/cuda)

@@ -23,10 +23,10 @@ def tiny_spec(family, **overrides):
     return models.ModelSpec(**spec)
 
 
-def build(spec, world, seed=0, dtype=torch.bfloat16):
+def build(spec, world, seed=0, dtype=torch.bfloat16, reduce_dtype=torch.float32):
     model = models.build(spec, seed)
     mesh = init_device_mesh("cpu", (world,))
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
     for layer in models.decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)

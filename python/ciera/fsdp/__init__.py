@@ -16,6 +16,7 @@ from ciera.fsdp.baseline import (ReduceScatterRecord, TimedAllGather, TimedReduc
                                  time_reduce_scatters)
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
 from ciera.fsdp.lifecycle import open_engines
+from ciera.fsdp.reduce_scatter import LosslessReduceScatter, ReduceScatterHandle, enable_reduce_scatter
 from ciera.fsdp.layout import (DTYPES, Bucket, ParamSlice, all_gather_comm, describe_buckets, full_parameter,
                                prefetch_forward)
 from ciera.fsdp.selection import Selector, selection_table, shard_type
@@ -28,5 +29,5 @@ __all__ = [
     "ReduceScatterRecord", "Runtime", "Selector", "TimedAllGather", "TimedReduceScatter", "TorchTransport",
     "ZipnnHandle", "ZipnnUnavailable", "all_gather_comm", "describe_buckets", "enable", "enable_zipnn",
     "full_parameter", "open_engines", "prefetch_forward", "selection_table", "shard_type", "time_plain_all_gathers",
-    "time_reduce_scatters",
+    "time_reduce_scatters", "enable_reduce_scatter", "LosslessReduceScatter", "ReduceScatterHandle",
 ]

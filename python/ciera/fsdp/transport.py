@@ -69,11 +69,21 @@ class TorchTransport:
                            broadcast=lambda tensor, src: dist.broadcast(
                                tensor, src=dist.get_global_rank(self.group, src), group=self.group))
 
+    def alltoallv(self, inp: memoryview, out: memoryview, send_counts, send_displs, recv_counts, recv_displs) -> None:
+        """all_to_all_single with split sizes: CIERA lays the parts back to back in rank order."""
+        for counts, displs in ((send_counts, send_displs), (recv_counts, recv_displs)):
+            if list(displs) != [sum(counts[:r]) for r in range(len(counts))]:
+                raise ValueError("torch's all_to_all_single needs the parts back to back in rank order")
+        dist.all_to_all_single(_as_tensor(out)[: sum(recv_counts)], _as_tensor(inp)[: sum(send_counts)],
+                               output_split_sizes=list(recv_counts), input_split_sizes=list(send_counts),
+                               group=self.group)
+
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 
     def make(self):
-        return _ext.python_transport(self.rank, self.size, self.allgather, self.allgatherv, self.barrier, "torch-gloo")
+        return _ext.python_transport(self.rank, self.size, self.allgather, self.allgatherv, self.barrier, "torch-gloo",
+                                     alltoallv=self.alltoallv)
 
 
 class _DeviceBytes:

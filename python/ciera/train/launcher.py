@@ -57,7 +57,8 @@ def new_run_dir(args) -> Path:
     """A run folder of its own under --out, <time>-<model>-w<ranks>, with -2, -3, ... appended
     when runs started in the same second: mkdir is atomic, so two launchers never share one."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    mode = "-zero" if getattr(args, "zero", False) else "-deepspeed" if getattr(args, "framework", "") == "deepspeed" else ""
+    mode = ("-zero" if getattr(args, "zero", False) else "-deepspeed" if getattr(args, "framework", "") == "deepspeed"
+            else "-rs" if getattr(args, "reduce_scatter", "fsdp2") != "fsdp2" else "")
     base = f"{stamp}-{args.model}{mode}-w{args.ranks}"
     out = Path(args.out)
     try:
@@ -104,7 +105,7 @@ def launch(args, argv: list[str]) -> int:
         from ciera import plots
 
         # The plots draw the FSDP2 comparison; a --zero run has its numbers in the files.
-        summary["plots"] = [] if summary.get("mode") == "zero" else plots.write_all(run_dir)
+        summary["plots"] = [] if summary.get("mode") in ("zero", "reduce_scatter") else plots.write_all(run_dir)
     except Exception as e:  # plots are a convenience; the numbers are in the files
         summary["plots"] = []
         sys.stderr.write(f"ciera train: plots skipped: {e}\n")
@@ -122,7 +123,7 @@ def exit_status(summary: dict) -> int:
     gathers against torch's (--verify) and the baseline against its control (--control); else 3.
     A lossy scheme's drift is its result, not a failed comparison: a run of lossy schemes alone
     has nothing that must be exact. A --zero run: CIERA's ZeRO against torch's."""
-    if summary.get("mode") == "zero":
+    if summary.get("mode") in ("zero", "reduce_scatter"):
         return 0 if summary["losses_identical"] and summary["params_identical"] else 3
     if summary.get("mode") == "deepspeed":
         exact = summary["losses_identical"] and summary["params_identical"] and summary["wrong_bytes"] == 0
@@ -145,11 +146,15 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
 
     stall = Stall(watch, say)
     trained = len(options.scheme_names(args)) if args.schemes else (3 if args.ablation else 1)
-    runs = 2 if args.zero or args.framework == "deepspeed" else (0 if args.no_baseline else 1) + (1 if args.control else 0) + trained
-    total = (args.steps - checkpoint.resumed_steps(args)) * runs
     names = [CONTROL if args.control else "fsdp2", *(options.scheme_names(args) if args.schemes else ["ciera"])]
+    runs = 2 if args.zero or args.framework == "deepspeed" else (0 if args.no_baseline else 1) + (1 if args.control else 0) + trained
     if args.framework == "deepspeed":
         names = ["zero3", "ciera"]
+    if args.reduce_scatter != "fsdp2":
+        from ciera.train.reduce_scatter import TWIN
+
+        names, runs = ["fsdp2", TWIN, "ciera"], 3
+    total = (args.steps - checkpoint.resumed_steps(args)) * runs
     width = max(8, *map(len, names))   # the longest run name
     seen, last_line, offset, started = 0, "", 0, time.time()
     while True:
@@ -167,9 +172,12 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
                     frac = seen / total
                     bar = "#" * int(frac * 24) + "." * (24 - int(frac * 24))
                     extra = (f" ratio {rec['ratio']:.2f}x" if rec.get("ratio") else "")
-                    comm = "sync" if "sync_ms" in rec else "allgather"   # --zero: the parameter sync
+                    # --zero: the parameter sync; --reduce-scatter: the gradient reduce-scatter
+                    comm, ms = (("sync", rec["allgather_ms"]) if "sync_ms" in rec else
+                                ("reduce-scatter", rec["reduce_scatter_ms"]) if "reduce_scatters" in rec else
+                                ("allgather", rec["allgather_ms"]))
                     last_line = (f"{rec['run']:>{width}} [{bar}] {seen}/{total} step {rec['step'] + 1} "
-                                 f"loss {rec['loss']:.4f} {comm} {rec['allgather_ms']:.1f} ms{extra} "
+                                 f"loss {rec['loss']:.4f} {comm} {ms:.1f} ms{extra} "
                                  f"{time.time() - started:.0f}s")
                     if tty:
                         sys.stderr.write("\r" + last_line + "\033[K")
@@ -194,6 +202,10 @@ def render_summary(s: dict, run_dir: Path) -> str:
         return render(s, run_dir)
     if s.get("mode") == "deepspeed":
         from ciera.train.deepspeed import render
+
+        return render(s, run_dir)
+    if s.get("mode") == "reduce_scatter":
+        from ciera.train.reduce_scatter import render
 
         return render(s, run_dir)
 

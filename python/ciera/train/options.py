@@ -67,6 +67,15 @@ def parser() -> argparse.ArgumentParser:
                    help="the sharded training compared: PyTorch FSDP2 (fully_shard), or DeepSpeed ZeRO-3 (its CPU "
                         "accelerator; plain ZeRO-3 against the same through ciera.deepspeed, interleaved step by "
                         "step; needs pip install 'ciera[deepspeed]')")
+    p.add_argument("--reduce-scatter", default="fsdp2", choices=["fsdp2", "ciera", "auto"],
+                   help="ciera: FSDP2's gradient reduce-scatter through CIERA's lossless collectives (parts "
+                        "exponent-coded, added in a documented rank order), trained beside the same reduction "
+                        "uncompressed (plain-deterministic, which it must match bit for bit) and FSDP2's own; all "
+                        "three gather with FSDP2's own all-gather. auto: coded or raw, whichever is faster. "
+                        "Default fsdp2: FSDP2's own reduce-scatter in every training")
+    p.add_argument("--reduce-dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="with --reduce-scatter: the gradients' dtype in the reduce-scatter (FSDP2's "
+                        "MixedPrecisionPolicy.reduce_dtype; default fp32, as the main job)")
     p.add_argument("--launcher", default="auto", choices=["auto", "mpirun", "torchrun"],
                    help="what starts the ranks: Open MPI's mpirun or torch.distributed.run (torchrun); "
                         "auto: mpirun when it is on PATH (and for the link lab), else torchrun")
@@ -188,6 +197,7 @@ def _check_values(args) -> None:
     _check_combinations(args)
     _check_schemes(args)
     _check_zero(args)
+    _check_reduce_scatter(args)
     _check_deepspeed(args)
     _writable_folder("--out", args.out)
     if args.save_checkpoints:
@@ -216,6 +226,9 @@ def _defaults(args) -> None:
         except ValueError as e:
             _fail(str(e))
         args.schemes = ",".join(names)
+    if args.reduce_scatter != "fsdp2" and args.codec is not None:
+        _fail(f"--codec {args.codec}: --reduce-scatter compares reduce-scatters; every training there gathers "
+              "with FSDP2's own all-gather")
     if args.codec is None:
         args.codec = "delta" if args.zero and has_delta else "ciera"
     problem = schemes.unavailable(args.codec)
@@ -269,6 +282,28 @@ def _check_zero(args) -> None:
             _fail(f"{flag} is for the FSDP2 comparison; it cannot run with --zero")
     if args.device == "cuda":
         _fail("--zero trains with DDP on gloo on the CPU; not yet with --device cuda")
+
+
+def _check_reduce_scatter(args) -> None:
+    """--reduce-scatter compares CIERA's reduce-scatter with its uncompressed twin and FSDP2's own;
+    the options of the allgather comparison are refused by name."""
+    if args.reduce_scatter == "fsdp2":
+        if args.reduce_dtype != "fp32":
+            _fail("--reduce-dtype is for --reduce-scatter ciera/auto")
+        return
+    unsupported = [("--zero", args.zero), ("--framework deepspeed", args.framework == "deepspeed"),
+                   ("--ablation", args.ablation), ("--budget-mb", args.budget_mb is not None),
+                   ("--reselect-every", args.reselect_every), ("--stats", args.stats), ("--verify", args.verify),
+                   ("--save-checkpoints", args.save_checkpoints), ("--checkpoint-every", args.checkpoint_every),
+                   ("--resume", args.resume), ("--trace", args.trace), ("--no-baseline", args.no_baseline),
+                   ("--control", args.control), ("--baselines", args.baselines), ("--schemes", args.schemes)]
+    for flag, given in unsupported:
+        if given:
+            _fail(f"{flag} cannot run with --reduce-scatter {args.reduce_scatter}")
+    if args.device == "cuda":
+        _fail("--reduce-scatter runs CIERA's reduce-scatter on host memory; not yet with --device cuda")
+    if args.transport == "nccl":
+        _fail("--reduce-scatter moves host memory: use --transport torch or mpi")
 
 
 def _check_deepspeed(args) -> None:

@@ -50,14 +50,14 @@ def compare(base: Run, ours: Run, wrong_bytes: int = 0, verified_bytes: int = 0,
     return total, differs, [int(x) for x in peaks]
 
 
-def _median(xs):
+def median(xs):
     return statistics.median(xs) if xs else None
 
 
-def steady_medians(program, base: Run, ours: Run) -> dict:
+def steady_medians(program, base: Run, ours: Run, comm: str = "allgather_s") -> dict:
     """Steady-state (after --warmup) medians of both trainings: ours' raw and wire bytes per step,
-    both trainings' communication (`allgather_s`) and iteration seconds; ours' ratio and bits per
-    value over the steady steps together."""
+    both trainings' communication (`comm`: a Run.results key) and iteration seconds; ours' ratio
+    and bits per value over the steady steps together."""
     a = program.args
     steady = slice(min(a.warmup, a.steps - 1), a.steps)
     b, c = base.results, ours.results
@@ -65,9 +65,9 @@ def steady_medians(program, base: Run, ours: Run) -> dict:
     return {
         "raw": int(statistics.median(c["raw"][steady])), "wire": int(statistics.median(c["wire"][steady])),
         "ratio": raw / wire if wire else None, "bits_per_value": 16.0 * wire / raw if raw else None,
-        "comm_base": _median(b["allgather_s"][steady]), "comm_ours": _median(c["allgather_s"][steady]),
-        "iteration_base": _median(b["iteration_s"][steady]), "iteration_ours": _median(c["iteration_s"][steady]),
-        "encode_ours": _median(c["encode_s"][steady]),
+        "comm_base": median(b[comm][steady]), "comm_ours": median(c[comm][steady]),
+        "iteration_base": median(b["iteration_s"][steady]), "iteration_ours": median(c["iteration_s"][steady]),
+        "encode_ours": median(c["encode_s"][steady]),
     }
 
 

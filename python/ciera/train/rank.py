@@ -133,7 +133,7 @@ class RankProgram:
             with open(self.run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def build(self):
+    def build(self, reduce_dtype=torch.float32):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -145,7 +145,7 @@ class RankProgram:
         # Built on the CPU from the seed whatever the device, so every training starts from the same bits.
         model = models.build(spec, a.seed).to(self.device)
         mesh = init_device_mesh(self.device.type, (self.world,))
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
         for layer in models.decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
@@ -253,6 +253,10 @@ class RankProgram:
             from ciera.train.deepspeed import train_deepspeed
 
             return train_deepspeed(self)
+        if a.reduce_scatter != "fsdp2":
+            from ciera.train.reduce_scatter import train_reduce_scatter
+
+            return train_reduce_scatter(self)
         corpus = data.load_corpus()
         runs, handles = {}, {}
         if not a.no_baseline:

@@ -3,6 +3,7 @@
 // A rendezvous that times out poisons the world, so every rank fails instead of hanging.
 #include <condition_variable>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -58,10 +59,25 @@ class LoopbackWorld {
 
 namespace {
 
-enum Op { kAllgather = 1, kAllgatherv = 2, kBarrier = 3 };
+enum Op { kAllgather = 1, kAllgatherv = 2, kBarrier = 3, kAlltoallv = 4 };
 const char* op_name(int op) {
-  return op == kAllgather ? "allgather" : op == kAllgatherv ? "allgatherv" : "barrier";
+  switch (op) {
+    case kAllgather:
+      return "allgather";
+    case kAllgatherv:
+      return "allgatherv";
+    case kAlltoallv:
+      return "alltoallv";
+    default:
+      return "barrier";
+  }
 }
+
+// What a rank publishes for alltoallv: where its part for each peer is.
+struct AlltoallvSend {
+  const char* in;
+  std::span<const uint64_t> counts, displs;
+};
 
 class LoopbackTransport final : public Transport {
  public:
@@ -95,6 +111,25 @@ class LoopbackTransport final : public Transport {
                           std::to_string(rank_) + " expected " + std::to_string(counts[r]));
         }
         copy(static_cast<char*>(out) + displs[r], slots[r].in, counts[r]);
+      }
+    });
+  }
+
+  void alltoallv(const void* in, std::span<const uint64_t> send_counts,
+                 std::span<const uint64_t> send_displs, void* out,
+                 std::span<const uint64_t> recv_counts,
+                 std::span<const uint64_t> recv_displs) override {
+    const AlltoallvSend mine{static_cast<const char*>(in), send_counts, send_displs};
+    collective(kAlltoallv, &mine, 0, [&](const std::vector<LoopbackWorld::Slot>& slots) {
+      for (int r = 0; r < world_->size; ++r) {
+        const auto& peer = *static_cast<const AlltoallvSend*>(slots[r].in);
+        const uint64_t sent = peer.counts[rank_];
+        if (sent != recv_counts[r]) {
+          throw CommError("loopback alltoallv: rank " + std::to_string(r) + " sent " +
+                          std::to_string(sent) + " bytes but rank " + std::to_string(rank_) +
+                          " expected " + std::to_string(recv_counts[r]));
+        }
+        copy(static_cast<char*>(out) + recv_displs[r], peer.in + peer.displs[rank_], sent);
       }
     });
   }

@@ -325,6 +325,55 @@ class MpiTransport final : public Transport {
   }
 
  public:
+  // Point-to-point, every transfer in flight at once, each cut into pieces MPI's int counts hold.
+  // Sends go to rank + 1, rank + 2, ... and receives come from rank - 1, rank - 2, ..., so no
+  // rank is the first target of everyone. Messages between a pair match in posting order (MPI's
+  // non-overtaking rule), so one tag per piece is enough.
+  void alltoallv(const void* in, std::span<const uint64_t> send_counts,
+                 std::span<const uint64_t> send_displs, void* out,
+                 std::span<const uint64_t> recv_counts,
+                 std::span<const uint64_t> recv_displs) override {
+    constexpr uint64_t kPieceBytes = uint64_t{1} << 30;
+    auto* to = static_cast<char*>(out);
+    const auto* from = static_cast<const char*>(in);
+    const auto own = static_cast<size_t>(rank_);
+    if (send_counts[own] != recv_counts[own]) {
+      throw CommError("MPI alltoallv: rank " + std::to_string(rank_) + " sends itself " +
+                      std::to_string(send_counts[own]) + " bytes but expects " +
+                      std::to_string(recv_counts[own]));
+    }
+    if (send_counts[own] != 0)
+      std::memcpy(to + recv_displs[own], from + send_displs[own], send_counts[own]);
+    std::vector<MPI_Request> requests;
+    auto post = [&](bool receive, int peer, char* at, uint64_t bytes) {
+      for (uint64_t done = 0, piece = 0; done < bytes; done += kPieceBytes, ++piece) {
+        const int count = static_cast<int>(std::min(kPieceBytes, bytes - done));
+        requests.emplace_back();
+        const int tag = static_cast<int>(piece % 32768);
+        check(receive ? MPI_Irecv(at + done, count, MPI_BYTE, peer, tag, comm_, &requests.back())
+                      : MPI_Isend(at + done, count, MPI_BYTE, peer, tag, comm_, &requests.back()),
+              receive ? "MPI_Irecv" : "MPI_Isend");
+      }
+    };
+    for (int k = 1; k < size_; ++k) {
+      const auto source = static_cast<size_t>((rank_ - k + size_) % size_);
+      post(true, static_cast<int>(source), to + recv_displs[source], recv_counts[source]);
+    }
+    for (int k = 1; k < size_; ++k) {
+      const auto target = static_cast<size_t>((rank_ + k) % size_);
+      post(false, static_cast<int>(target), const_cast<char*>(from) + send_displs[target],
+           send_counts[target]);
+    }
+    poll(
+        [&]() -> bool {
+          int all = 0;
+          const int code = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &all,
+                                       MPI_STATUSES_IGNORE);
+          if (code != MPI_SUCCESS) fail(code, "alltoallv");
+          return all != 0;
+        },
+        "alltoallv");
+  }
 
   void barrier() override {
     MPI_Request request;

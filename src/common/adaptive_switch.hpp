@@ -1,14 +1,15 @@
-// Whether CIERA buckets should travel compressed or raw, from measured gather times. Where links
-// are fast and cores are few, coding can cost more than the bytes it saves (docs/benchmarks.md,
-// unshaped links); this switch finds out on the real system and keeps the faster way, probing the
-// other way now and then in case conditions changed.
+// Whether to send compressed or raw, from measured times. Where links are fast and cores are
+// few, coding can cost more than the bytes it saves (docs/benchmarks.md, unshaped links); this
+// switch finds out on the real system and keeps the faster way, probing the other way now and
+// then in case conditions changed. The engine keys it by bucket (its allgathers); the lossless
+// collectives by call shape (their reduce-scatters and alltoallvs).
 //
-// The choice is engine-wide and depends only on a bucket's gather index, so all buckets switch
-// together: gathers batched into one round share their exchange, and only same-mode rounds give
-// comparable times. Every rank feeds it the same agreed numbers (the slowest rank's time for each
-// gather), so every rank makes the same choice. Switching is free and exact: while a bucket goes
-// raw its encoders and decoders stay frozen at the same state, and its next compressed gather is
-// a delta against it.
+// In the engine the choice is engine-wide and depends only on a bucket's gather index, so all
+// buckets switch together: gathers batched into one round share their exchange, and only
+// same-mode rounds give comparable times. Every rank feeds it the same agreed numbers (the
+// slowest rank's time for each gather), so every rank makes the same choice. Switching is free
+// and exact: while a bucket goes raw its encoders and decoders stay frozen at the same state, and
+// its next compressed gather is a delta against it.
 #pragma once
 
 #include <algorithm>

@@ -1,0 +1,107 @@
+// Lossless compressed collectives beyond the allgather (ZipCCL's other two): a reduce-scatter of
+// gradients and an alltoallv of activations. Every part a rank sends a peer is coded with the
+// stateless exponent code (a CIERA key frame: the exponents entropy-coded with a table of the
+// part's own, sign and mantissa raw) when that makes it smaller, and sent raw otherwise; the
+// receiver gets the part back bit for bit. Gradients have no cross-step exponent reuse, but their
+// exponents are far from uniform, so even this one-shot code shrinks every part.
+//
+// The reduction is deterministic and documented (docs/format.md, "Lossless collectives"): a
+// reduce-scatter adds the ranks' parts in rank order 0, 1, ..., W - 1, whatever the transport or
+// the coding, so a compressed run and an uncompressed one (CollectiveCoding::kRaw, the same code
+// and order) are comparable bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "ciera/dtype.hpp"
+#include "ciera/transport.hpp"
+
+namespace ciera {
+
+enum class ReduceOp : uint8_t {
+  kSum = 0,
+  kAvg = 1,  // the sum divided by the number of ranks, before the one rounding
+};
+// "sum" | "avg"
+std::string_view reduce_op_name(ReduceOp op);
+
+enum class CollectiveCoding : uint8_t {
+  kRaw = 0,       // every part raw: the uncompressed twin of the same collective
+  kExponent = 1,  // every part exponent-coded where that is smaller
+  kAuto = 2,      // whichever of the two the ranks measure faster (AdaptiveSwitch), agreed
+};
+// "raw" | "exponent" | "auto"
+std::string_view collective_coding_name(CollectiveCoding coding);
+// Accepts the names above; throws ConfigError otherwise.
+CollectiveCoding parse_collective_coding(std::string_view name);
+
+struct CollectivesConfig {
+  CollectiveCoding coding = CollectiveCoding::kExponent;
+  // XXH3-64 of every coded part's values in its payload, checked by the receiver.
+  bool content_checksum = true;
+  // Values per block of the coded parts' frames (the stateless code ignores blocks but the
+  // frame header records them); any value CodecConfig accepts.
+  uint32_t block_values = 512;
+
+  // Throws ConfigError naming the offending field.
+  void validate() const;
+};
+
+// What one call did on this rank. Bytes count what it sent its peers (its own part excluded).
+struct CollectiveStats {
+  uint64_t raw_bytes = 0;    // the parts as values
+  uint64_t wire_bytes = 0;   // the parts as sent
+  uint32_t coded_parts = 0;  // parts sent coded (the others went raw)
+  // Over the parts sent coded: their values, the bytes of their frames beyond the raw sign and
+  // mantissa plane (exponent section, header, tables, checksum), and the order-0 entropy of their
+  // exponents (each part's own: each is coded with a table of its own), in bits.
+  uint64_t coded_values = 0;
+  uint64_t coded_exponent_bytes = 0;
+  double exponent_entropy_bits = 0;
+  bool compressed = false;  // whether this call coded its parts (kAuto decides per call)
+  double encode_s = 0;      // coding this rank's parts
+  double exchange_s = 0;    // the size agreement and the alltoallv
+  double decode_s = 0;      // decoding the peers' parts, and checking that every rank succeeded
+  double reduce_s = 0;      // the reduction (reduce-scatter only)
+};
+
+// Reduce-scatter and alltoallv among the ranks of `transport`. Collective: every rank makes the
+// same calls in the same order, with matching dtype, op and sizes; a disagreement, a part that
+// does not decode, or a dead peer raises on every rank (ConfigError, FormatError, CommError). A
+// failed reduce-scatter leaves its output untouched; a failed alltoallv's output holds whatever
+// parts arrived. Host memory only. Buffers grow to the largest call and are reused. One thread
+// at a time.
+class LosslessCollectives {
+ public:
+  LosslessCollectives(std::shared_ptr<Transport> transport, CollectivesConfig config = {});
+  ~LosslessCollectives();
+  LosslessCollectives(LosslessCollectives&&) noexcept;
+  LosslessCollectives& operator=(LosslessCollectives&&) noexcept;
+
+  // `in` holds size() parts of `out.size()` bytes each, rank-major (torch's reduce_scatter_tensor
+  // layout); `out` receives, on rank r, the sum (or average) of every rank's part r. BF16 and
+  // FP16 values are added in FP32, FP32 values in FP32; either way in rank order, and rounded to
+  // `dtype` once at the end.
+  CollectiveStats reduce_scatter(DType dtype, ReduceOp op, std::span<const std::byte> in,
+                                 std::span<std::byte> out);
+
+  // Sends send_values[p] values to each rank p (the parts lie back to back in `in`, rank order)
+  // and receives recv_values[p] values from p (back to back in `out`, rank order). recv_values[p]
+  // must equal what p sends here: checked, on every rank.
+  CollectiveStats alltoallv(DType dtype, std::span<const std::byte> in,
+                            std::span<const uint64_t> send_values, std::span<std::byte> out,
+                            std::span<const uint64_t> recv_values);
+
+  const CollectivesConfig& config() const;
+  int rank() const;
+  int size() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ciera

@@ -1,0 +1,73 @@
+// LosslessCollectives: the compressed reduce-scatter and alltoallv (include/ciera/collectives.hpp).
+// Buffers cross as the buffer protocol or CPU tensors (HostBuffer); each call releases the GIL.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <vector>
+
+#include "bind.hpp"
+#include "ciera/collectives.hpp"
+
+namespace ciera::python {
+
+void bind_collectives(py::module_& m) {
+  py::enum_<ReduceOp>(m, "ReduceOp").value("sum", ReduceOp::kSum).value("avg", ReduceOp::kAvg);
+  py::enum_<CollectiveCoding>(m, "CollectiveCoding")
+      .value("raw", CollectiveCoding::kRaw)
+      .value("exponent", CollectiveCoding::kExponent)
+      .value("auto", CollectiveCoding::kAuto);
+  m.def("parse_collective_coding",
+        [](const std::string& name) { return parse_collective_coding(name); });
+
+  py::class_<CollectivesConfig>(m, "CollectivesConfig")
+      .def(py::init<>())
+      .def_readwrite("coding", &CollectivesConfig::coding)
+      .def_readwrite("content_checksum", &CollectivesConfig::content_checksum)
+      .def_readwrite("block_values", &CollectivesConfig::block_values)
+      .def("validate", &CollectivesConfig::validate);
+
+  py::class_<CollectiveStats>(m, "CollectiveStats")
+      .def_readonly("raw_bytes", &CollectiveStats::raw_bytes)
+      .def_readonly("wire_bytes", &CollectiveStats::wire_bytes)
+      .def_readonly("coded_parts", &CollectiveStats::coded_parts)
+      .def_readonly("compressed", &CollectiveStats::compressed)
+      .def_readonly("coded_values", &CollectiveStats::coded_values)
+      .def_readonly("coded_exponent_bytes", &CollectiveStats::coded_exponent_bytes)
+      .def_readonly("exponent_entropy_bits", &CollectiveStats::exponent_entropy_bits)
+      .def_readonly("encode_s", &CollectiveStats::encode_s)
+      .def_readonly("exchange_s", &CollectiveStats::exchange_s)
+      .def_readonly("decode_s", &CollectiveStats::decode_s)
+      .def_readonly("reduce_s", &CollectiveStats::reduce_s);
+
+  py::class_<LosslessCollectives>(m, "LosslessCollectives")
+      .def(py::init([](std::shared_ptr<Transport> transport, const CollectivesConfig& config) {
+             return std::make_unique<LosslessCollectives>(std::move(transport), config);
+           }),
+           py::arg("transport"), py::arg("config") = CollectivesConfig{})
+      .def_property_readonly("rank", &LosslessCollectives::rank)
+      .def_property_readonly("size", &LosslessCollectives::size)
+      .def(
+          "reduce_scatter",
+          [](LosslessCollectives& self, DType dtype, ReduceOp op, py::handle in, py::handle out) {
+            const HostBuffer input(in, false, "reduce_scatter input");
+            const HostBuffer output(out, true, "reduce_scatter output");
+            py::gil_scoped_release release;
+            return self.reduce_scatter(dtype, op, input.bytes(), output.writable_bytes());
+          },
+          py::arg("dtype"), py::arg("op"), py::arg("input"), py::arg("output"),
+          "output (on rank r) = the rank-order sum (or average) of every rank's part r of input")
+      .def(
+          "alltoallv",
+          [](LosslessCollectives& self, DType dtype, py::handle in,
+             std::vector<uint64_t> send_values, py::handle out, std::vector<uint64_t> recv_values) {
+            const HostBuffer input(in, false, "alltoallv input");
+            const HostBuffer output(out, true, "alltoallv output");
+            py::gil_scoped_release release;
+            return self.alltoallv(dtype, input.bytes(), send_values, output.writable_bytes(),
+                                  recv_values);
+          },
+          py::arg("dtype"), py::arg("input"), py::arg("send_values"), py::arg("output"),
+          py::arg("recv_values"));
+}
+
+}  // namespace ciera::python

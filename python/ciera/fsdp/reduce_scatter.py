@@ -1,0 +1,110 @@
+"""FSDP2's gradient reduce-scatter through CIERA's lossless collectives (issue 20): each rank's
+part for a peer exponent-coded (stateless, ZipCCL's idea) where that is smaller, and the parts
+added in rank order (docs/format.md, "Reduction order"), so that a run is reproducible bit for bit
+and a compressed run equals its uncompressed twin (coding "raw": the same reduction, the parts
+sent as they are). The order differs from gloo's or NCCL's, so results differ from FSDP2's own
+reduction in the last bits; `ciera train --reduce-scatter` reports both comparisons."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ciera import _ext
+from ciera.fsdp.layout import DTYPES, ReduceScatter, describe_buckets
+from ciera.fsdp.transport import make_transport
+
+CODINGS = ("exponent", "raw", "auto")
+
+
+@dataclass
+class LosslessReduceScatterRecord:
+    """One gradient reduce-scatter of a bucket, as ciera train's metrics read it (the fields of
+    baseline.ReduceScatterRecord, and what the collective sent)."""
+    bucket: int
+    started: float
+    seconds: float
+    input_bytes: int
+    raw_bytes: int = 0      # this rank's parts for its peers, as values
+    wire_bytes: int = 0     # the same, as sent
+    compressed: bool = False
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+    reduce_s: float = 0.0
+    coded_values: int = 0              # over the parts sent coded: their values,
+    coded_exponent_bytes: int = 0      # their frames beyond the sign-mantissa plane,
+    exponent_entropy_bits: float = 0.0  # and the order-0 entropy of their exponents
+
+
+def _reduce_op(op) -> _ext.ReduceOp:
+    if op == dist.ReduceOp.SUM:
+        return _ext.ReduceOp.sum
+    if op == dist.ReduceOp.AVG:
+        return _ext.ReduceOp.avg
+    raise _ext.ConfigError(f"CIERA's reduce-scatter sums or averages; FSDP2 asked for {op} (a gradient divide "
+                           "factor other than the world size: set_gradient_divide_factor)")
+
+
+class LosslessReduceScatter(ReduceScatter):
+    """One FSDP2 module's reduce-scatter on the shared collectives (every module of a model
+    calls them in the same order on every rank, as FSDP2 calls its own)."""
+
+    def __init__(self, handle: "ReduceScatterHandle", index: int):
+        self.handle = handle
+        self.index = index
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        collectives = self.handle.collectives
+        if dist.get_world_size(group) != collectives.size:
+            raise _ext.ConfigError(f"FSDP2 reduce-scatters over {dist.get_world_size(group)} ranks; CIERA's "
+                                   f"collectives were set up for {collectives.size}")
+        if input_tensor.dtype not in DTYPES or output_tensor.dtype != input_tensor.dtype:
+            raise _ext.ConfigError(f"CIERA's reduce-scatter takes BF16, FP16 or FP32 gradients, got "
+                                   f"{input_tensor.dtype} -> {output_tensor.dtype}")
+        if input_tensor.device.type != "cpu":
+            raise _ext.ConfigError("CIERA's reduce-scatter runs on host memory; not yet on "
+                                   f"{input_tensor.device.type}")
+        start = time.perf_counter()
+        stats = collectives.reduce_scatter(DTYPES[input_tensor.dtype], _reduce_op(op), input_tensor, output_tensor)
+        self.handle.records.append(LosslessReduceScatterRecord(
+            self.index, start, time.perf_counter() - start, input_tensor.numel() * input_tensor.element_size(),
+            stats.raw_bytes, stats.wire_bytes, stats.compressed, stats.encode_s, stats.decode_s, stats.reduce_s,
+            stats.coded_values, stats.coded_exponent_bytes, stats.exponent_entropy_bits))
+        return None
+
+
+class ReduceScatterHandle:
+    """What enable_reduce_scatter() set up: the collectives and the records of every call."""
+
+    def __init__(self, collectives, coding: str):
+        self.collectives = collectives
+        self.coding = coding
+        self.records: list[LosslessReduceScatterRecord] = []   # appended to by every call
+
+
+def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, transport: str = "torch",
+                          process_group=None, timeout_s: float = 120.0) -> ReduceScatterHandle:
+    """Routes every FSDP2 gradient reduce-scatter of `model` (each fully_shard'ed module) through
+    CIERA's lossless reduce-scatter. `coding`: "exponent" (parts exponent-coded where smaller),
+    "raw" (the uncompressed twin: the same rank-order reduction) or "auto" (whichever the ranks
+    measure faster). `transport` as for enable(): "torch" (a gloo group of its own beside
+    `process_group`, default the world) or "mpi". Collective: every rank calls it with the same
+    model and coding. Host memory (CPU models) only."""
+    if coding not in CODINGS:
+        raise _ext.ConfigError(f"reduce-scatter coding must be one of {', '.join(CODINGS)}, got {coding!r}")
+    config = _ext.CollectivesConfig()
+    config.coding = _ext.parse_collective_coding(coding)
+    native = make_transport(transport, process_group, timeout_s)
+    handle = ReduceScatterHandle(_ext.LosslessCollectives(native, config), coding)
+    buckets = describe_buckets(model)
+    if not buckets:
+        raise _ext.ConfigError("enable_reduce_scatter(): the model has no fully_shard'ed module")
+    for module, bucket in buckets:
+        module.set_custom_reduce_scatter(LosslessReduceScatter(handle, bucket.index))
+    return handle

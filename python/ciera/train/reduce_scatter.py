@@ -1,0 +1,188 @@
+"""``ciera train --reduce-scatter ciera``: FSDP2's gradient reduce-scatter through CIERA's lossless
+collectives (ciera.fsdp.enable_reduce_scatter), measured against its uncompressed twin.
+
+Three trainings from the same seed on the same batches, one step of each in turn:
+
+* ``plain-deterministic``: the reduce-scatter in CIERA's documented rank order, parts sent raw;
+* ``ciera``: the same reduction, parts exponent-coded where smaller (``--reduce-scatter auto``:
+  coded or raw, whichever the ranks measure faster);
+* ``fsdp2``: FSDP2's own reduce-scatter (gloo), for reference.
+
+Every training gathers parameters with FSDP2's own all-gather, so the reduce-scatter is the only
+difference. ``losses_identical`` and ``params_identical`` compare ``ciera`` with
+``plain-deterministic``, which must match bit for bit; ``reduce_scatter_ratio`` and
+``reduce_scatter_speedup`` are that pair's byte and time ratios. FSDP2's own reduction adds in
+another order, so its results differ in the last bits: ``max_loss_diff_vs_fsdp2`` and
+``max_param_diff_vs_fsdp2`` say by how much."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.distributed as dist
+
+from ciera import fsdp
+from ciera.train import pair
+from ciera.train.metrics import BASELINE, Run, StepMetrics
+from ciera.train.summary import parameter_drift
+
+TWIN = "plain-deterministic"   # the same rank-order reduction, uncompressed: the baseline arm
+CIERA = "ciera"
+
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build(program, name: str) -> tuple[Run, object]:
+    """One training: FSDP2 with its own all-gathers (timed) and the reduce-scatter of `name`."""
+    a = program.args
+    model, spec = program.build(reduce_dtype=REDUCE_DTYPES[a.reduce_dtype])
+    gathers = fsdp.time_plain_all_gathers(model, overlap=a.overlap)
+
+    def take_gathers():
+        taken = list(gathers)
+        gathers.clear()
+        return taken
+
+    run = Run(name, model, a.lr, take_gathers)
+    run.spec = spec
+    run.coding = torch.zeros(3, dtype=torch.float64)   # coded values, their exponent bytes, entropy bits
+    handle = None
+    if name == BASELINE:
+        run.rs_records = fsdp.time_reduce_scatters(model)
+    else:
+        coding = "raw" if name == TWIN else {"ciera": "exponent", "auto": "auto"}[a.reduce_scatter]
+        handle = fsdp.enable_reduce_scatter(model, coding, transport=a.transport, timeout_s=a.timeout)
+        run.rs_records = handle.records
+    return run, handle
+
+
+def step(program, run: Run, step_index: int, tokens) -> dict:
+    """One optimizer step of `run`; returns its line of metrics.jsonl. Its bytes are the
+    reduce-scatter's: what this rank sent its peers, as values and as sent."""
+    start = program.clock()
+    program.status.phase("forward pass")
+    loss = run.model(input_ids=tokens, labels=tokens).loss
+    program.status.phase("backward pass")
+    loss.backward()
+    program.status.phase("optimizer step")
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    end = program.clock()
+    gathers = run.take_records()
+    scatters = list(run.rs_records)
+    run.rs_records.clear()
+    world = program.world
+    # FSDP2's own reduce-scatter sends (W - 1)/W of its input, uncoded.
+    raw = sum(getattr(r, "raw_bytes", r.input_bytes * (world - 1) // world) for r in scatters)
+    wire = sum(getattr(r, "wire_bytes", r.input_bytes * (world - 1) // world) for r in scatters)
+    local = loss.detach().float()
+    mine = StepMetrics(
+        loss=float(local), iteration_s=end - start,
+        allgather_s=sum(r.seconds if r.exposed_s < 0 else r.exposed_s for r in gathers),
+        reduce_scatter_s=sum(r.seconds for r in scatters), raw_bytes=raw, wire_bytes=wire,
+        changed_values=0, compared_values=0, encode_s=sum(getattr(r, "encode_s", 0.0) for r in scatters),
+        gather_duration_s=sum(r.seconds for r in gathers))
+    program.status.phase("metrics all-reduce")
+    summed = mine.all_reduce(dist.ReduceOp.SUM)
+    peak = mine.all_reduce(dist.ReduceOp.MAX)
+    run.record(int(local.view(torch.int32).item()), summed, peak, mine, world)
+    record = {"run": run.name, "step": step_index, "loss": run.results["loss"][-1],
+              "iteration_ms": 1e3 * peak.iteration_s, "allgather_ms": 1e3 * peak.allgather_s,
+              "reduce_scatter_ms": 1e3 * peak.reduce_scatter_s, "raw_bytes": raw, "wire_bytes": wire,
+              "reduce_scatters": len(scatters)}
+    if run.name == CIERA:
+        record["ratio"] = raw / max(1, wire)
+        if step_index >= program.args.warmup:   # this rank's coded parts over the steady state
+            for r in scatters:
+                run.coding += torch.tensor([r.coded_values, r.coded_exponent_bytes, r.exponent_entropy_bits],
+                                           dtype=torch.float64)
+    return record
+
+
+def train_reduce_scatter(program) -> None:
+    """The three trainings side by side, then the comparisons and the summary. Collective."""
+    built = {name: build(program, name) for name in (BASELINE, TWIN, CIERA)}
+    runs = {name: run for name, (run, _) in built.items()}
+    pair.train(program, runs, step, _NoCache(), CIERA)
+    for run in runs.values():
+        run.final = program.local_params(run.model)
+        run.digest = program.param_digest(run.model)
+    finish(program, runs)
+
+
+class _NoCache:
+    """The reduce-scatter keeps no codec state between calls (stateless coding)."""
+    cache_bytes = 0
+
+
+def finish(program, runs: dict) -> None:
+    """Compares ciera with its twin on every rank (losses, each rank's FP32 master partitions bit
+    for bit) and with FSDP2's own reduction; on rank 0 writes summary.json. Collective."""
+    a = program.args
+    twin, ours, own = runs[TWIN], runs[CIERA], runs[BASELINE]
+    total, differs, _ = pair.compare(twin, ours)
+    drift_vs_fsdp2 = parameter_drift(runs, [CIERA])[0]
+    coding = ours.coding.clone()
+    dist.all_reduce(coding)
+    if program.rank != 0:
+        return
+    values, exponent_bytes, entropy_bits = coding.tolist()
+    m = pair.steady_medians(program, twin, ours, comm="reduce_scatter_s")
+    steady = slice(min(a.warmup, a.steps - 1), a.steps)
+    own_rs = pair.median(own.results["reduce_scatter_s"][steady])
+    value_bits = 8 * torch.empty(0, dtype=REDUCE_DTYPES[a.reduce_dtype]).element_size()
+    summary = {
+        "mode": "reduce_scatter", **pair.common_summary(program, runs, ours, total, differs),
+        "baseline_run": TWIN, "main_run": CIERA, "reduce_scatter": a.reduce_scatter,
+        "reduce_dtype": a.reduce_dtype, "params": sum(p.numel() for p in ours.model.parameters()),
+        "reduce_scatter_raw_bytes": m["raw"], "reduce_scatter_wire_bytes": m["wire"],
+        "reduce_scatter_ratio": m["ratio"],
+        "reduce_scatter_bits_per_value": value_bits / m["ratio"] if m["ratio"] else None,
+        **pair.timing_fields(m, "reduce_scatter", "plain_deterministic"),
+        "reduce_scatter_ms_fsdp2": own_rs * 1e3 if own_rs is not None else None,
+        "iteration_ms_fsdp2": pair.median(own.results["iteration_s"][steady]) * 1e3,
+        "max_loss_diff_vs_fsdp2": max(abs(x - y) for x, y in zip(ours.results["loss"], own.results["loss"])),
+        "max_param_diff_vs_fsdp2": drift_vs_fsdp2,
+        "losses_identical_to_fsdp2": ours.results["loss_bits"] == own.results["loss_bits"],
+        # The exponents of the coded parts (every rank, steady state): bits per value as sent (the
+        # frame beyond the raw sign and mantissa: exponent section, header, tables, checksum) and
+        # their order-0 entropy, each part with its own table as the code has.
+        "coded_values": int(values),
+        "exponent_bits_per_value": 8 * exponent_bytes / values if values else None,
+        "exponent_entropy_per_value": entropy_bits / values if values else None,
+        "exponent_overhead_vs_entropy": 8 * exponent_bytes / entropy_bits - 1 if entropy_bits else None,
+    }
+    (program.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def render(s: dict, run_dir) -> str:
+    """The table the launcher prints for a --reduce-scatter run."""
+    speedup = pair.speedup
+    identical = s["losses_identical"] and s["params_identical"]
+    rows = [
+        ("model", f"{s['model']} ({s['params']:,} parameters), {s['ranks']} ranks, FSDP2 with its own all-gather; "
+                  f"{s['reduce_dtype'].upper()} gradients"),
+        ("links", s["links"]),
+        ("steps", f"{s['steps']} per run; steady state = steps {min(s['warmup'], s['steps'] - 1) + 1}..{s['steps']}"),
+        ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
+        ("reduce-scatter bytes/step", f"raw {s['reduce_scatter_raw_bytes']:,}  wire {s['reduce_scatter_wire_bytes']:,}"
+                                      f"  ratio {s['reduce_scatter_ratio'] or float('nan'):.3f}x "
+                                      f"({s['reduce_scatter_bits_per_value'] or float('nan'):.2f} bits/value)"),
+        ("gradient exponents", f"{s['exponent_bits_per_value'] or float('nan'):.3f} bits/value as sent, order-0 "
+                               f"entropy {s['exponent_entropy_per_value'] or float('nan'):.3f} "
+                               f"({100 * (s['exponent_overhead_vs_entropy'] or float('nan')):+.2f}%)"),
+        ("reduce-scatter time/step", f"deterministic raw {s['reduce_scatter_ms_plain_deterministic']:.1f} ms  CIERA "
+                                     f"{s['reduce_scatter_ms_ciera']:.1f} ms  speedup "
+                                     f"{speedup(s['reduce_scatter_speedup'])}  (FSDP2's own "
+                                     f"{s['reduce_scatter_ms_fsdp2']:.1f} ms)"),
+        ("iteration time/step", f"deterministic raw {s['iteration_ms_plain_deterministic']:.1f} ms  CIERA "
+                                f"{s['iteration_ms_ciera']:.1f} ms  speedup {speedup(s['iteration_speedup'])}"),
+        ("identical", "yes: losses and every rank's FP32 master partitions bitwise identical to the same "
+                      "reduction uncompressed" if identical else
+                      f"NO: {s['loss_mismatches']} loss mismatches, {s['param_bytes_mismatched']:,} bytes differ"),
+        ("vs FSDP2's reduction", f"max |loss diff| {s['max_loss_diff_vs_fsdp2']:.3g}, max |parameter diff| "
+                                 f"{s['max_param_diff_vs_fsdp2']:.3g} (another summation order)"),
+        ("run folder", str(run_dir)),
+    ]
+    return pair.table(rows)

@@ -1,0 +1,168 @@
+#include "collectives/call_record.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ciera/error.hpp"
+#include "common/bytes.hpp"
+
+namespace ciera::collectives {
+namespace {
+
+constexpr uint32_t kRecordMagic = 0x31434C43;  // "CLC1", little-endian
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeaderBytes = 24;
+constexpr size_t kPeerBytes = 24;
+constexpr size_t kVerdictMessageBytes = 240;
+
+uint8_t* at(std::span<std::byte> s, size_t offset) {
+  return reinterpret_cast<uint8_t*>(s.data()) + offset;
+}
+const uint8_t* at(std::span<const std::byte> s, size_t offset) {
+  return reinterpret_cast<const uint8_t*>(s.data()) + offset;
+}
+
+std::string describe(const CallRecord& r) {
+  std::string text =
+      std::string(call_kind_name(r.kind)) + " of " + std::string(dtype_name(r.dtype));
+  if (r.kind == CallKind::kReduceScatter) {
+    text += " (" + std::string(reduce_op_name(r.op)) + ", " +
+            std::to_string(r.part_values.front()) + " values per rank)";
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string_view call_kind_name(CallKind kind) {
+  return kind == CallKind::kReduceScatter ? "reduce_scatter" : "alltoallv";
+}
+
+size_t call_record_bytes(int world) {
+  return kHeaderBytes + kPeerBytes * static_cast<size_t>(world);
+}
+
+// Layout: magic u32, version u8, kind u8, dtype u8, op u8, world u32, flags u32 (bit 0: rejected),
+// sequence u64, then per peer: values sent u64, bytes sent u64, values expected u64.
+void write_call_record(const CallRecord& r, std::span<std::byte> out) {
+  const auto world = static_cast<uint32_t>(r.part_values.size());
+  store_le32(at(out, 0), kRecordMagic);
+  *at(out, 4) = kVersion;
+  *at(out, 5) = static_cast<uint8_t>(r.kind);
+  *at(out, 6) = static_cast<uint8_t>(r.dtype);
+  *at(out, 7) = static_cast<uint8_t>(r.op);
+  store_le32(at(out, 8), world);
+  store_le32(at(out, 12), r.rejected ? 1 : 0);
+  store_le64(at(out, 16), r.sequence);
+  for (uint32_t p = 0; p < world; ++p) {
+    uint8_t* peer = at(out, kHeaderBytes + kPeerBytes * p);
+    store_le64(peer, r.part_values[p]);
+    store_le64(peer + 8, r.part_bytes[p]);
+    store_le64(peer + 16, r.expected_values[p]);
+  }
+}
+
+CallRecord read_call_record(std::span<const std::byte> in, int world) {
+  if (in.size() != call_record_bytes(world) || load_le32(at(in, 0)) != kRecordMagic ||
+      *at(in, 4) != kVersion || load_le32(at(in, 8)) != static_cast<uint32_t>(world)) {
+    throw FormatError("lossless collectives: a peer's call record is not a version-1 record for " +
+                      std::to_string(world) +
+                      " ranks (a different CIERA build, or a transport "
+                      "shared with another protocol)");
+  }
+  const uint8_t kind = *at(in, 5), dtype = *at(in, 6), op = *at(in, 7);
+  if ((kind != 1 && kind != 2) || !is_valid_dtype_code(dtype) || op > 1) {
+    throw FormatError(
+        "lossless collectives: a peer's call record has an unknown kind, dtype or op");
+  }
+  CallRecord r;
+  r.kind = static_cast<CallKind>(kind);
+  r.dtype = static_cast<DType>(dtype);
+  r.op = static_cast<ReduceOp>(op);
+  r.rejected = (load_le32(at(in, 12)) & 1) != 0;
+  r.sequence = load_le64(at(in, 16));
+  r.part_values.resize(static_cast<size_t>(world));
+  r.part_bytes.resize(static_cast<size_t>(world));
+  r.expected_values.resize(static_cast<size_t>(world));
+  for (size_t p = 0; p < static_cast<size_t>(world); ++p) {
+    const uint8_t* peer = at(in, kHeaderBytes + kPeerBytes * p);
+    r.part_values[p] = load_le64(peer);
+    r.part_bytes[p] = load_le64(peer + 8);
+    r.expected_values[p] = load_le64(peer + 16);
+  }
+  return r;
+}
+
+void check_agreement(std::span<const CallRecord> records) {
+  for (size_t r = 0; r < records.size(); ++r) {
+    if (records[r].rejected) {
+      throw ConfigError("lossless collectives: rank " + std::to_string(r) +
+                        " refused its arguments to its " +
+                        std::string(call_kind_name(records[r].kind)) + " call " +
+                        std::to_string(records[r].sequence) + " (rank " + std::to_string(r) +
+                        "'s error says why)");
+    }
+  }
+  const CallRecord& first = records.front();
+  for (size_t r = 1; r < records.size(); ++r) {
+    const CallRecord& other = records[r];
+    if (other.sequence != first.sequence) {
+      throw ConfigError("lossless collectives: rank " + std::to_string(r) + " is at its call " +
+                        std::to_string(other.sequence) + ", rank 0 at its call " +
+                        std::to_string(first.sequence) +
+                        " (ranks must make the same calls in order)");
+    }
+    const bool same_size = first.kind != CallKind::kReduceScatter ||
+                           other.part_values.front() == first.part_values.front();
+    if (other.kind != first.kind || other.dtype != first.dtype || other.op != first.op ||
+        !same_size) {
+      throw ConfigError("lossless collectives: call " + std::to_string(first.sequence) +
+                        " differs between ranks: rank 0 runs a " + describe(first) + ", rank " +
+                        std::to_string(r) + " a " + describe(other));
+    }
+  }
+  for (size_t from = 0; from < records.size(); ++from) {
+    for (size_t to = 0; to < records.size(); ++to) {
+      const uint64_t sent = records[from].part_values[to],
+                     expected = records[to].expected_values[from];
+      const uint64_t raw_bytes = sent * dtype_info(first.dtype).value_bytes;
+      const bool own = from == to;  // never sent: 0 bytes
+      if (records[from].part_bytes[to] > raw_bytes ||
+          (own ? records[from].part_bytes[to] != 0
+               : (sent == 0) != (records[from].part_bytes[to] == 0))) {
+        throw FormatError("lossless collectives: rank " + std::to_string(from) +
+                          "'s record gives its part for rank " + std::to_string(to) + " " +
+                          std::to_string(records[from].part_bytes[to]) + " bytes for " +
+                          std::to_string(sent) + " values (a part is never larger than raw)");
+      }
+      if (sent != expected) {
+        throw ConfigError("lossless collectives: " + std::string(call_kind_name(first.kind)) +
+                          " call " + std::to_string(first.sequence) + ": rank " +
+                          std::to_string(from) + " sends rank " + std::to_string(to) + " " +
+                          std::to_string(sent) + " values, but rank " + std::to_string(to) +
+                          " expects " + std::to_string(expected) + " from it");
+      }
+    }
+  }
+}
+
+size_t verdict_bytes() { return 16 + kVerdictMessageBytes; }
+
+// Layout: ok u8, reserved 7 bytes (0), seconds f64, message (NUL-padded).
+void write_verdict(const Verdict& v, std::span<std::byte> out) {
+  std::memset(out.data(), 0, verdict_bytes());
+  *at(out, 0) = v.ok ? 1 : 0;
+  std::memcpy(at(out, 8), &v.seconds, sizeof v.seconds);
+  std::memcpy(at(out, 16), v.message.data(), std::min(v.message.size(), kVerdictMessageBytes - 1));
+}
+
+Verdict read_verdict(std::span<const std::byte> in) {
+  Verdict v;
+  v.ok = *at(in, 0) == 1;
+  std::memcpy(&v.seconds, at(in, 8), sizeof v.seconds);
+  const auto* text = reinterpret_cast<const char*>(at(in, 16));
+  v.message.assign(text, strnlen(text, kVerdictMessageBytes));
+  return v;
+}
+
+}  // namespace ciera::collectives

@@ -1,0 +1,58 @@
+// The records ranks exchange around each lossless collective (docs/format.md, "Lossless
+// collectives"): before the data, a call record per rank saying what it is doing and how many
+// bytes each part it sends takes; after it, a verdict per rank saying whether every part it
+// received decoded. Every rank reads every rank's record, so a disagreement is found, and named
+// the same way, on every rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ciera/collectives.hpp"
+#include "ciera/dtype.hpp"
+
+namespace ciera::collectives {
+
+enum class CallKind : uint8_t { kReduceScatter = 1, kAlltoallv = 2 };
+std::string_view call_kind_name(CallKind kind);
+
+struct CallRecord {
+  CallKind kind = CallKind::kReduceScatter;
+  DType dtype = DType::kBF16;
+  ReduceOp op = ReduceOp::kSum;       // reduce-scatter only (0 for alltoallv)
+  bool rejected = false;              // this rank refused its own arguments (it throws why)
+  uint64_t sequence = 0;              // this rank's count of earlier calls
+  std::vector<uint64_t> part_values;  // per peer: values of the part sent to it
+  // Per peer: bytes of the part as sent. A part is raw exactly when this is its values' size
+  // (the sender codes a part only when that is strictly smaller), so no flag is needed.
+  std::vector<uint64_t> part_bytes;
+  std::vector<uint64_t> expected_values;  // per peer: values this rank expects from it
+};
+
+// Bytes of one rank's record among `world` ranks.
+size_t call_record_bytes(int world);
+void write_call_record(const CallRecord& record, std::span<std::byte> out);
+// Throws FormatError if `in` is not a record of this version for `world` ranks.
+CallRecord read_call_record(std::span<const std::byte> in, int world);
+
+// Checks every rank's record (rank order) against the others: the same kind, dtype, op and
+// sequence on every rank, and what each rank sends each peer is what that peer expects (for a
+// reduce-scatter: parts of one size everywhere). Throws ConfigError with the same text on every
+// rank.
+void check_agreement(std::span<const CallRecord> records);
+
+// After the data: whether every part this rank received decoded (and why not), and this rank's
+// time for the call so far, so that every rank feeds the adaptive switch the same slowest time.
+struct Verdict {
+  bool ok = true;
+  double seconds = 0;
+  std::string message;  // cut to fit the record
+};
+size_t verdict_bytes();
+void write_verdict(const Verdict& verdict, std::span<std::byte> out);
+Verdict read_verdict(std::span<const std::byte> in);
+
+}  // namespace ciera::collectives

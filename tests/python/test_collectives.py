@@ -1,0 +1,124 @@
+"""CIERA's lossless collectives from Python: the binding on loopback threads, the torch transport
+(gloo) against torch's own collectives, FSDP2's gradient reduce-scatter through them (bitwise
+the uncompressed twin's), and ciera train --reduce-scatter."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import all_ok, spawn
+
+import ciera
+from ciera import _ext
+
+import collectives_workers as w
+
+
+def _loopback(world, body):
+    shared = _ext.loopback_world(world)
+    results, errors = [None] * world, [None] * world
+
+    def run(rank):
+        try:
+            results[rank] = body(rank, _ext.LosslessCollectives(_ext.loopback_transport(shared, rank)))
+        except Exception as e:   # noqa: BLE001 - reported below, per rank
+            errors[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_reduce_scatter_is_the_rank_order_sum_on_loopback(dtype):
+    world, n = 3, 5000
+    g = torch.Generator().manual_seed(0)
+    inputs = [(torch.randn(world * n, generator=g) * 1e-3).to(dtype) for _ in range(world)]
+    code = {torch.bfloat16: _ext.DType.bf16, torch.float32: _ext.DType.fp32}[dtype]
+
+    def body(rank, collectives):
+        out = torch.empty(n, dtype=dtype)
+        stats = collectives.reduce_scatter(code, _ext.ReduceOp.avg, inputs[rank], out)
+        return out, stats
+
+    results, errors = _loopback(world, body)
+    assert errors == [None] * world, errors
+    for rank, (out, stats) in enumerate(results):
+        total = inputs[0][rank * n:(rank + 1) * n].float()
+        for p in range(1, world):
+            total = total + inputs[p][rank * n:(rank + 1) * n].float()
+        expected = (total / world).to(dtype)
+        assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), rank
+        assert stats.coded_parts == world - 1 and stats.wire_bytes < stats.raw_bytes, rank
+
+
+def test_a_refused_call_names_the_rank_on_every_rank():
+    def body(rank, collectives):
+        out = torch.empty(8, dtype=torch.bfloat16)
+        collectives.reduce_scatter(_ext.DType.bf16, _ext.ReduceOp.sum, torch.zeros(16 + rank, dtype=torch.bfloat16), out)
+
+    _, errors = _loopback(2, body)
+    assert all(isinstance(e, ciera.ConfigError) for e in errors), errors
+    assert "rank 1 refused its arguments" in str(errors[0]) and "input must be 2 parts" in str(errors[1])
+
+
+def test_torch_transport_alltoallv_and_reduce_scatter_match_torch():
+    for rank, r in enumerate(all_ok(spawn(w.torch_alltoallv, 3))):
+        assert r["alltoallv_equal"] and r["reduce_scatter_equal"], (rank, r)
+        assert r["coded"] > 0 and r["wire"] < r["raw"], (rank, r)
+
+
+@pytest.mark.parametrize("coding,reduce_dtype", [("exponent", "fp32"), ("exponent", "bf16"), ("auto", "fp32")])
+def test_fsdp2_reduce_scatter_is_bitwise_its_uncompressed_twin(coding, reduce_dtype):
+    for rank, r in enumerate(all_ok(spawn(w.fsdp_reduce_scatter, 2, coding, reduce_dtype))):
+        assert r["losses_equal"] and r["params_equal"], (rank, r)
+        assert r["calls"] > 0 and r["twin_wire"] == r["twin_raw"] > 0, (rank, r)
+        if coding == "exponent":
+            # Gradient exponents take a few bits, not 8 (BF16: 16 -> ~11 bits; FP32: 32 -> ~27).
+            assert r["wire"] < (0.8 if reduce_dtype == "bf16" else 0.95) * r["raw"], (rank, r)
+        # Another summation order than gloo's: close to FSDP2's own, not equal in every bit.
+        assert r["max_loss_diff_vs_fsdp2"] < 1e-2, (rank, r)
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
+
+
+TINY = ["--ranks", "2", "--steps", "4", "--warmup", "1", "--layers", "1", "--hidden", "64", "--experts", "4",
+        "--expert-intermediate", "64", "--seq-len", "32", "--batch", "2", "--launcher", "torchrun", "--json"]
+
+
+def test_ciera_train_reduce_scatter_is_bitwise_its_twin(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ciera.train", "--reduce-scatter", "ciera", "--reduce-dtype", "bf16",
+                           *TINY, "--out", str(tmp_path)], capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    s = json.loads(done.stdout.strip().splitlines()[-1])
+    assert s["mode"] == "reduce_scatter" and s["baseline_run"] == "plain-deterministic"
+    assert s["losses_identical"] and s["params_identical"], s
+    assert s["reduce_scatter_ratio"] > 1.2 and s["reduce_scatter_speedup"] > 0, s
+    assert s["max_loss_diff_vs_fsdp2"] < 1e-2 and s["max_param_diff_vs_fsdp2"] is not None
+    assert "bitwise identical to the same reduction uncompressed" in done.stdout
+    records = [json.loads(line) for line in open(next(tmp_path.iterdir()) / "metrics.jsonl")]
+    assert {r["run"] for r in records} == {"fsdp2", "plain-deterministic", "ciera"} and len(records) == 12
+    assert all(r["reduce_scatters"] > 0 for r in records)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--reduce-scatter", "ciera", "--codec", "delta"], "--codec delta: --reduce-scatter compares reduce-scatters"),
+    (["--reduce-scatter", "ciera", "--zero"], "--zero cannot run with --reduce-scatter ciera"),
+    (["--reduce-dtype", "bf16"], "--reduce-dtype is for --reduce-scatter ciera/auto"),
+])
+def test_ciera_train_reduce_scatter_refuses(tmp_path, capsys, args, message):
+    from ciera.train import options
+
+    with pytest.raises(SystemExit) as refused:
+        options.check(options.parser().parse_args([*args, "--out", str(tmp_path)]))
+    assert message in f"{refused.value.code} {capsys.readouterr().err}"

@@ -1,0 +1,406 @@
+// The lossless collectives over the loopback transport (ranks as threads): a reduce-scatter whose
+// result is, bit for bit, the documented rank-order FP32 sum computed here independently, coded
+// or not; an alltoallv that delivers every part bit for bit; and the failures every rank must
+// see the same way (disagreeing calls, refused arguments, a corrupted part, a dead peer).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "ciera/collectives.hpp"
+#include "ciera/error.hpp"
+#include "ciera/loopback.hpp"
+#include "common/floats.hpp"
+#include "test_util.hpp"
+
+namespace ciera {
+namespace {
+
+using testing::get_value;
+using testing::put_value;
+
+// Runs `body(rank, transport)` on `world` threads; returns each rank's error text ("" if none).
+std::vector<std::string> run_ranks(
+    int world, const std::function<void(int, std::shared_ptr<Transport>)>& body,
+    std::chrono::milliseconds timeout = std::chrono::seconds(20),
+    const std::function<std::shared_ptr<Transport>(std::shared_ptr<Transport>, int)>& wrap = {}) {
+  auto shared = make_loopback_world(world);
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::shared_ptr<Transport> transport = make_loopback_transport(shared, r);
+        transport->set_timeout(timeout);
+        if (wrap) transport = wrap(transport, r);
+        body(r, transport);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Gradient-like values: N(0, scale) with a few specials where asked.
+std::vector<std::byte> gradients(DType dtype, size_t n, uint64_t seed, bool specials) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::byte> out(n * dtype_info(dtype).value_bytes);
+  const auto special = testing::special_bits(dtype);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t v = testing::weight_bits(dtype, rng);
+    if (specials && rng() % 7 == 0) v = special[rng() % special.size()];
+    put_value(dtype, out, i, v);
+  }
+  return out;
+}
+
+float widen(DType dtype, uint32_t bits) {
+  switch (dtype) {
+    case DType::kBF16:
+      return bf16_to_float(static_cast<uint16_t>(bits));
+    case DType::kFP16:
+      return fp16_to_float(static_cast<uint16_t>(bits));
+    case DType::kFP32:
+      break;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint32_t narrow(DType dtype, float f) {
+  switch (dtype) {
+    case DType::kBF16:
+      return float_to_bf16(f);
+    case DType::kFP16:
+      return float_to_fp16(f);
+    case DType::kFP32:
+      break;
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return bits;
+}
+
+// The documented reduction (docs/format.md, "Reduction order"), one value at a time.
+std::vector<std::byte> reference_reduction(DType dtype, ReduceOp op,
+                                           const std::vector<std::vector<std::byte>>& inputs,
+                                           int rank, size_t n) {
+  std::vector<std::byte> out(n * dtype_info(dtype).value_bytes);
+  for (size_t i = 0; i < n; ++i) {
+    volatile float sum =
+        widen(dtype, get_value(dtype, inputs[0], static_cast<size_t>(rank) * n + i));
+    for (size_t p = 1; p < inputs.size(); ++p) {
+      sum = sum + widen(dtype, get_value(dtype, inputs[p], static_cast<size_t>(rank) * n + i));
+    }
+    if (op == ReduceOp::kAvg) sum = sum / static_cast<float>(inputs.size());
+    put_value(dtype, out, i, narrow(dtype, sum));
+  }
+  return out;
+}
+
+using ReduceCase = std::tuple<DType, int, size_t, CollectiveCoding, ReduceOp>;
+
+class ReduceScatter : public ::testing::TestWithParam<ReduceCase> {};
+
+TEST_P(ReduceScatter, IsTheRankOrderSumBitForBit) {
+  const auto [dtype, world, n, coding, op] = GetParam();
+  const bool specials = n % 2 == 1;
+  std::vector<std::vector<std::byte>> inputs;
+  for (int r = 0; r < world; ++r)
+    inputs.push_back(gradients(dtype, n * static_cast<size_t>(world), 100 + r, specials));
+  std::vector<std::vector<std::byte>> outputs(static_cast<size_t>(world)),
+      twins(static_cast<size_t>(world));
+  std::vector<CollectiveStats> stats(static_cast<size_t>(world));
+  const auto errors = run_ranks(world, [&](int rank, std::shared_ptr<Transport> t) {
+    CollectivesConfig config;
+    config.coding = coding;
+    LosslessCollectives collectives(t, config);
+    auto& out = outputs[static_cast<size_t>(rank)];
+    out.assign(n * dtype_info(dtype).value_bytes, std::byte{0xAB});
+    // Twice: the second call reuses the buffers (and, with auto, may switch).
+    for (int call = 0; call < 2; ++call)
+      stats[static_cast<size_t>(rank)] =
+          collectives.reduce_scatter(dtype, op, inputs[static_cast<size_t>(rank)], out);
+    // The uncompressed twin on the same transport.
+    LosslessCollectives raw(t, {.coding = CollectiveCoding::kRaw});
+    twins[static_cast<size_t>(rank)].resize(out.size());
+    raw.reduce_scatter(dtype, op, inputs[static_cast<size_t>(rank)],
+                       twins[static_cast<size_t>(rank)]);
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    // Bit for bit the twin's, NaN payloads included; the independent reference too, but where two
+    // NaNs meet the hardware picks the payload (IEEE 754 leaves it open), so there any NaN does.
+    EXPECT_EQ(outputs[static_cast<size_t>(r)], twins[static_cast<size_t>(r)]) << "rank " << r;
+    const auto expected = reference_reduction(dtype, op, inputs, r, n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t got = get_value(dtype, outputs[static_cast<size_t>(r)], i),
+                     want = get_value(dtype, expected, i);
+      if (got != want && !(std::isnan(widen(dtype, got)) && std::isnan(widen(dtype, want)))) {
+        ADD_FAILURE() << "rank " << r << " value " << i << ": " << std::hex << got
+                      << " != " << want;
+        break;
+      }
+    }
+    const CollectiveStats& s = stats[static_cast<size_t>(r)];
+    EXPECT_EQ(s.raw_bytes, (static_cast<uint64_t>(world) - 1) * n * dtype_info(dtype).value_bytes);
+    if (coding == CollectiveCoding::kRaw || world == 1 || n == 0) {
+      EXPECT_EQ(s.wire_bytes, s.raw_bytes);
+    } else if (coding == CollectiveCoding::kExponent && n >= 4096) {
+      // Gradient-like exponents take a few bits, not 8: every part is coded, and smaller.
+      EXPECT_EQ(s.coded_parts, static_cast<uint32_t>(world - 1));
+      EXPECT_LT(s.wire_bytes, s.raw_bytes * 0.9);
+    }
+  }
+}
+
+std::string reduce_case_name(const ::testing::TestParamInfo<ReduceCase>& info) {
+  const auto [dtype, world, n, coding, op] = info.param;
+  return std::string(dtype_name(dtype)) + "_w" + std::to_string(world) + "_n" + std::to_string(n) +
+         "_" + std::string(collective_coding_name(coding)) + "_" + std::string(reduce_op_name(op));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sweep, ReduceScatter,
+    ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16, DType::kFP32),
+                       ::testing::Values(1, 2, 3, 4),
+                       ::testing::Values(size_t{0}, size_t{1}, size_t{777}, size_t{5000}),
+                       ::testing::Values(CollectiveCoding::kRaw, CollectiveCoding::kExponent,
+                                         CollectiveCoding::kAuto),
+                       ::testing::Values(ReduceOp::kSum, ReduceOp::kAvg)),
+    reduce_case_name);
+
+TEST(ReduceScatterOrder, IsRankOrderNotAnyOther) {
+  // 1 + 2^-24 + 2^-24 in FP32: rank order gives 1 (each tiny addend rounds away), the other
+  // order 1 + 2^-23. The result must be the rank-order one on every rank.
+  const int world = 3;
+  const float values[3] = {1.0f, 0x1p-24f, 0x1p-24f};
+  std::vector<std::vector<std::byte>> inputs(world);
+  for (int r = 0; r < world; ++r) {
+    inputs[r].resize(world * 4);
+    for (int p = 0; p < world; ++p) std::memcpy(inputs[r].data() + 4 * p, &values[r], 4);
+  }
+  std::vector<float> results(world);
+  const auto errors = run_ranks(world, [&](int rank, std::shared_ptr<Transport> t) {
+    LosslessCollectives collectives(t);
+    collectives.reduce_scatter(DType::kFP32, ReduceOp::kSum, inputs[rank],
+                               {reinterpret_cast<std::byte*>(&results[rank]), 4});
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[r], "");
+    EXPECT_EQ(results[r], 1.0f) << "rank " << r;
+  }
+}
+
+class Alltoallv : public ::testing::TestWithParam<std::tuple<DType, int, CollectiveCoding>> {};
+
+TEST_P(Alltoallv, DeliversEveryPartBitForBit) {
+  const auto [dtype, world, coding] = GetParam();
+  const uint32_t value_bytes = dtype_info(dtype).value_bytes;
+  // counts[from][to], zeros and odd sizes among them.
+  std::mt19937_64 rng(7);
+  std::vector<std::vector<uint64_t>> counts(world, std::vector<uint64_t>(world));
+  for (auto& row : counts)
+    for (auto& c : row) c = rng() % 4 == 0 ? 0 : rng() % 6000;
+  std::vector<std::vector<std::byte>> inputs;
+  for (int r = 0; r < world; ++r) {
+    uint64_t total = 0;
+    for (uint64_t c : counts[r]) total += c;
+    inputs.push_back(gradients(dtype, total, 300 + r, r % 2 == 0));
+  }
+  std::vector<std::vector<std::byte>> outputs(world);
+  const auto errors = run_ranks(world, [&](int rank, std::shared_ptr<Transport> t) {
+    CollectivesConfig config;
+    config.coding = coding;
+    LosslessCollectives collectives(t, config);
+    std::vector<uint64_t> recv(world);
+    uint64_t total = 0;
+    for (int p = 0; p < world; ++p) total += recv[p] = counts[p][rank];
+    outputs[rank].assign(total * value_bytes, std::byte{0});
+    collectives.alltoallv(dtype, inputs[rank], counts[rank], outputs[rank], recv);
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    std::vector<std::byte> expected;
+    for (int p = 0; p < world; ++p) {
+      uint64_t at = 0;
+      for (int q = 0; q < r; ++q) at += counts[p][q];
+      expected.insert(expected.end(), inputs[p].begin() + at * value_bytes,
+                      inputs[p].begin() + (at + counts[p][r]) * value_bytes);
+    }
+    EXPECT_EQ(outputs[r], expected) << "rank " << r;
+  }
+}
+
+using AlltoallvCase = std::tuple<DType, int, CollectiveCoding>;
+
+std::string alltoallv_case_name(const ::testing::TestParamInfo<AlltoallvCase>& info) {
+  const auto [dtype, world, coding] = info.param;
+  return std::string(dtype_name(dtype)) + "_w" + std::to_string(world) + "_" +
+         std::string(collective_coding_name(coding));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sweep, Alltoallv,
+    ::testing::Combine(::testing::Values(DType::kBF16, DType::kFP16, DType::kFP32),
+                       ::testing::Values(1, 2, 4),
+                       ::testing::Values(CollectiveCoding::kRaw, CollectiveCoding::kExponent)),
+    alltoallv_case_name);
+
+void expect_every_rank(const std::vector<std::string>& errors, const std::string& text) {
+  for (size_t r = 0; r < errors.size(); ++r)
+    EXPECT_NE(errors[r].find(text), std::string::npos) << "rank " << r << ": " << errors[r];
+}
+
+TEST(CollectiveFailures, RanksThatDisagreeOnTheCallFailTogether) {
+  const auto errors = run_ranks(3, [&](int rank, std::shared_ptr<Transport> t) {
+    LosslessCollectives collectives(t);
+    const DType dtype = rank == 2 ? DType::kFP16 : DType::kBF16;
+    std::vector<std::byte> in(3 * 64 * 2), out(64 * 2);
+    collectives.reduce_scatter(dtype, ReduceOp::kSum, in, out);
+  });
+  expect_every_rank(
+      errors,
+      "differs between ranks: rank 0 runs a reduce_scatter of bf16 (sum, 64 values per rank), "
+      "rank 2 a reduce_scatter of fp16");
+}
+
+TEST(CollectiveFailures, AlltoallvCountsThatDoNotMatchFailEveryRank) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Transport> t) {
+    LosslessCollectives collectives(t);
+    const std::vector<uint64_t> send = {10, rank == 0 ? 5u : 7u};
+    const std::vector<uint64_t> recv = {10, 6};  // rank 1 expects 6 from itself: it sends 7
+    std::vector<std::byte> in((send[0] + send[1]) * 4), out(16 * 4);
+    collectives.alltoallv(DType::kFP32, in, send, out, recv);
+  });
+  expect_every_rank(errors, "rank 0 sends rank 1 5 values, but rank 1 expects 10 from it");
+}
+
+TEST(CollectiveFailures, ARankThatRefusesItsArgumentsIsNamedOnEveryRankAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = run_ranks(3, [&](int rank, std::shared_ptr<Transport> t) {
+    LosslessCollectives collectives(t);
+    std::vector<std::byte> in(3 * 8 * 2 + (rank == 1 ? 2 : 0)), out(8 * 2);
+    collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));  // not a timeout
+  EXPECT_NE(errors[1].find("reduce_scatter: the input must be 3 parts of the output's 16 bytes"),
+            std::string::npos)
+      << errors[1];
+  for (int r : {0, 2})
+    EXPECT_NE(errors[r].find("rank 1 refused its arguments"), std::string::npos) << errors[r];
+}
+
+// Flips one byte of what rank `victim` receives in every alltoallv.
+class CorruptingTransport final : public Transport {
+ public:
+  CorruptingTransport(std::shared_ptr<Transport> inner, bool victim)
+      : inner_(std::move(inner)), victim_(victim) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string_view name() const override { return "corrupting"; }
+  void allgather(const void* in, size_t bytes, void* out) override {
+    inner_->allgather(in, bytes, out);
+  }
+  void allgatherv(const void* in, void* out, std::span<const uint64_t> c,
+                  std::span<const uint64_t> d) override {
+    inner_->allgatherv(in, out, c, d);
+  }
+  void alltoallv(const void* in, std::span<const uint64_t> sc, std::span<const uint64_t> sd,
+                 void* out, std::span<const uint64_t> rc, std::span<const uint64_t> rd) override {
+    inner_->alltoallv(in, sc, sd, out, rc, rd);
+    const size_t peer = static_cast<size_t>(1 - inner_->rank());
+    if (victim_ && rc[peer] > 100)
+      static_cast<std::byte*>(out)[rd[peer] + rc[peer] - 9] ^= std::byte{0x10};
+  }
+  void barrier() override { inner_->barrier(); }
+  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+
+ private:
+  std::shared_ptr<Transport> inner_;
+  bool victim_;
+};
+
+TEST(CollectiveFailures, ACorruptedPartIsAnErrorOnEveryRankAndTheOutputIsUntouched) {
+  const size_t n = 4096;
+  std::vector<std::vector<std::byte>> outputs(2);
+  const auto errors = run_ranks(
+      2,
+      [&](int rank, std::shared_ptr<Transport> t) {
+        LosslessCollectives collectives(t);
+        const auto in = gradients(DType::kBF16, 2 * n, 9 + rank, false);
+        outputs[rank].assign(n * 2, std::byte{0x5A});
+        collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, outputs[rank]);
+      },
+      std::chrono::seconds(20),
+      [](std::shared_ptr<Transport> inner, int rank) {
+        return std::make_shared<CorruptingTransport>(std::move(inner), rank == 1);
+      });
+  expect_every_rank(errors, "rank 1 could not decode the part from rank 0");
+  for (const auto& out : outputs) EXPECT_EQ(out, std::vector<std::byte>(n * 2, std::byte{0x5A}));
+}
+
+TEST(CollectiveFailures, ADeadPeerIsACommErrorOnTheOthersWithinTheTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = run_ranks(
+      3,
+      [&](int rank, std::shared_ptr<Transport> t) {
+        if (rank == 2) return;  // never calls
+        LosslessCollectives collectives(t);
+        std::vector<std::byte> in(3 * 64 * 2), out(64 * 2);
+        collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);
+      },
+      std::chrono::milliseconds(500));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  for (int r : {0, 1})
+    EXPECT_NE(errors[r].find("a peer is dead or stalled"), std::string::npos) << errors[r];
+}
+
+TEST(CollectiveFailures, ATransportWithoutAlltoallvSaysSo) {
+  class NoAlltoallv final : public Transport {
+   public:
+    int rank() const override { return 0; }
+    int size() const override { return 2; }
+    std::string_view name() const override { return "minimal"; }
+    void allgather(const void*, size_t, void*) override {}
+    void allgatherv(const void*, void*, std::span<const uint64_t>,
+                    std::span<const uint64_t>) override {}
+    void barrier() override {}
+    void set_timeout(std::chrono::milliseconds) override {}
+    std::chrono::milliseconds timeout() const override { return {}; }
+  } transport;
+  const uint64_t counts[2] = {0, 0};
+  EXPECT_THROW(
+      {
+        try {
+          transport.alltoallv(nullptr, counts, counts, nullptr, counts, counts);
+        } catch (const CommError& e) {
+          EXPECT_STREQ(e.what(), "the minimal transport has no alltoallv");
+          throw;
+        }
+      },
+      CommError);
+}
+
+TEST(CollectivesConfig, NamesAndValidation) {
+  EXPECT_EQ(parse_collective_coding("auto"), CollectiveCoding::kAuto);
+  EXPECT_THROW(parse_collective_coding("zip"), ConfigError);
+  CollectivesConfig config;
+  config.block_values = 3;
+  EXPECT_THROW(config.validate(), ConfigError);
+  EXPECT_THROW(LosslessCollectives(nullptr), ConfigError);
+}
+
+}  // namespace
+}  // namespace ciera
