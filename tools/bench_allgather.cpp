@@ -36,15 +36,9 @@
 #if defined(CIERA_WITH_NCCL)
 #include "bench_allgather_cuda.hpp"
 #endif
+#include "ranks.hpp"
 #include "report.hpp"
 #include "trajectory.hpp"
-
-#ifndef CIERA_SOURCE_DIR
-#define CIERA_SOURCE_DIR "."
-#endif
-#ifndef CIERA_MPIEXEC
-#define CIERA_MPIEXEC "mpirun"
-#endif
 
 namespace ciera::tools {
 namespace {
@@ -81,8 +75,6 @@ struct Request {
   DType dtype = DType::kBF16;
   uint32_t value_bytes = 2;
 };
-
-constexpr int kLinkLabMaxRanks = 253;
 
 void require(bool ok, const std::string& message) {
   if (!ok) throw ConfigError(message);
@@ -124,88 +116,6 @@ Request parse(const Options& o, const std::string& command) {
               std::to_string(kLinkLabMaxRanks) + " ranks");
   return r;
 }
-
-// ---- Launching the ranks -------------------------------------------------------------------
-
-bool under_mpi() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_RANK") != nullptr; }
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-std::string linklab_script() {
-  if (const char* p = std::getenv("CIERA_LINKLAB")) return p;
-  return std::string(CIERA_SOURCE_DIR) + "/scripts/linklab.sh";
-}
-
-// Re-executes this command under mpirun or the link lab with --child appended.
-[[noreturn]] void launch(const Options& o, int argc, char** argv) {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) throw Error("cannot find the ciera executable to launch ranks");
-  self[n] = '\0';
-  std::vector<std::string> child = {self};
-  for (int i = 1; i < argc; ++i) child.push_back(argv[i]);
-  child.push_back("--child");
-  std::vector<std::string> cmd;
-  if (o.link_gbit > 0 || o.link_lab) {
-    cmd = {linklab_script(), "--ranks", std::to_string(o.ranks), "--gbit", fixed(o.link_gbit, 3),
-           "--delay-ms", fixed(o.delay_ms, 3), "--"};
-  } else {
-    cmd = {CIERA_MPIEXEC, "--oversubscribe", "--allow-run-as-root", "--mca", "mpi_yield_when_idle", "1",
-           "-np", std::to_string(o.ranks)};
-  }
-  cmd.insert(cmd.end(), child.begin(), child.end());
-  std::vector<char*> args;
-  for (auto& a : cmd) args.push_back(a.data());
-  args.push_back(nullptr);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  execvp(args[0], args.data());
-  std::string shown;
-  for (auto& a : cmd) shown += shell_quote(a) + " ";
-  throw Error("could not launch ranks (" + std::string(std::strerror(errno)) + "): " + shown);
-}
-
-// Inside the link lab the links are what the lab says, whatever this rank was told.
-void apply_link_lab_environment(Options& o) {
-  if (const char* g = std::getenv("CIERA_LINKLAB_GBIT")) {
-    o.link_lab = true;
-    o.link_gbit = std::atof(g);
-    if (const char* d = std::getenv("CIERA_LINKLAB_DELAY_MS")) o.delay_ms = std::atof(d);
-  }
-}
-
-// ---- Measuring (every rank) ----------------------------------------------------------------
-
-// The benchmark's own MPI collectives (the plain-MPI baseline, barriers, reductions) wait no
-// longer than --timeout either, and the way the engine's transport waits (mpi_wait_all), so a
-// dead or stopped peer is a CommError on every other rank, never a hang, and both sides of the
-// comparison wait alike.
-double g_mpi_timeout_s = 60;
-
-void wait_all(std::span<MPI_Request> requests, const char* what) {
-  mpi_wait_all(requests, std::chrono::milliseconds(static_cast<int64_t>(g_mpi_timeout_s * 1000)), what);
-}
-
-void barrier() {
-  MPI_Request request;
-  MPI_Ibarrier(MPI_COMM_WORLD, &request);
-  wait_all({&request, 1}, "MPI_Ibarrier");
-}
-
-template <typename T>
-T reduce_over_ranks(T mine, MPI_Datatype type, MPI_Op op) {
-  T all{};
-  MPI_Request request;
-  MPI_Iallreduce(&mine, &all, 1, type, op, MPI_COMM_WORLD, &request);
-  wait_all({&request, 1}, "MPI_Iallreduce");
-  return all;
-}
-
-double max_over_ranks(double mine) { return reduce_over_ranks(mine, MPI_DOUBLE, MPI_MAX); }
 
 // The model: `buckets` layers of equal size, each one flat parameter sharded FSDP-style, or for
 // a broadcast held whole by the root (the other ranks hold none of it: an allgather of such a
@@ -355,7 +265,7 @@ class AllgatherBench {
         wrong += std::memcmp(raw_out_[b].data() + i, ciera_out_[b].data() + i, vb) != 0;
       }
     }
-    return reduce_over_ranks(wrong, MPI_UINT64_T, MPI_SUM);
+    return sum_over_ranks(wrong);
   }
 
  private:
@@ -452,7 +362,7 @@ void print_report(const Request& r, const nlohmann::json& j, std::ostream& out) 
   out << (o.broadcast ? "ciera bench broadcast (root " + std::to_string(o.root) + "): " : std::string("ciera bench allgather: "))
       << world << " ranks, " << o.params << " " << o.dtype << " params in "
       << o.buckets << " buckets, " << o.steps << " steps (" << o.warmup << " warmup), links "
-      << (o.link_gbit > 0 ? fixed(o.link_gbit, 2) + " Gbit/s (link lab)" : std::string(o.link_lab ? "unshaped (link lab)" : "unshaped (mpirun on one host)"))
+      << describe_links({o.link_gbit, o.delay_ms, o.link_lab})
       << "\nmachine: " << j["machine"].get<std::string>() << "\n\n";
   Table t({"", "time/step (ms)", "wire bytes", "algbw GB/s", "busbw GB/s"});
   t.add({o.broadcast ? "MPI_Bcast (raw)" : "MPI_Allgatherv (raw)", fixed(raw_ms, 2), std::to_string(raw_bytes), fixed(raw_algbw, 3), fixed(raw_algbw * bus, 3)});
@@ -473,7 +383,7 @@ int run_child(const Request& r) {
     throw ConfigError("launched with " + std::to_string(world) + " ranks but --ranks is " +
                       std::to_string(r.options.ranks));
   }
-  g_mpi_timeout_s = r.options.timeout_s;
+  set_mpi_timeout(r.options.timeout_s);
   const AllgatherResult result = measure(r, rank, world);
   if (rank == 0) {
     const nlohmann::json j = allgather_json(r, result);
@@ -485,26 +395,6 @@ int run_child(const Request& r) {
   }
   barrier();
   return result.wrong_total == 0 ? 0 : 1;
-}
-
-// One rank's life: MPI up, the benchmark (engine and transport gone before MPI is), MPI down.
-// An error is reported by the rank that sees it; the engine raises collective errors on every
-// rank, so each prints the same text.
-int run_rank(const Request& r) {
-  int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  try {
-    if (provided < MPI_THREAD_MULTIPLE) throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
-    const int status = run_child(r);
-    mpi_shutdown(2);
-    return status;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ciera (rank %d): error: %s\n", rank, e.what());
-    // Peers may be gone or stopped: MPI_Finalize could wait for them forever. Abort the job.
-    mpi_abort(2);
-  }
 }
 
 // --device cuda: ncclAllGather against the engine on device memory (bench_allgather_cuda.hpp).
@@ -568,9 +458,13 @@ void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
 // Checks the options, then (from the command line) launches the ranks, or (as one of them) runs.
 [[noreturn]] void run_cpu(const std::shared_ptr<Options>& o, const std::string& command, int argc, char** argv) {
   Request request = parse(*o, command);
-  if (!o->child && !under_mpi()) launch(*o, argc, argv);
-  apply_link_lab_environment(request.options);
-  throw CommandExit(run_rank(request));
+  Links links{o->link_gbit, o->delay_ms, o->link_lab};
+  if (!o->child && !under_mpi()) launch_ranks(o->ranks, links, argc, argv);
+  apply_link_lab_environment(links);
+  request.options.link_gbit = links.link_gbit;
+  request.options.delay_ms = links.delay_ms;
+  request.options.link_lab = links.link_lab;
+  throw CommandExit(run_mpi_rank([&] { return run_child(request); }));
 }
 
 }  // namespace

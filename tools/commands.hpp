@@ -19,6 +19,8 @@ struct CommandExit {
 void register_bench_codec(CLI::App& bench, const std::string& command);
 void register_bench_allgather(CLI::App& bench, const std::string& command, int argc, char** argv);
 void register_bench_broadcast(CLI::App& bench, const std::string& command, int argc, char** argv);
+// `bench alltoall` and `bench reduce-scatter` (bench_collectives.cpp)
+void register_bench_collectives(CLI::App& bench, const std::string& command, int argc, char** argv);
 void register_analyze(CLI::App& app, const std::string& command);
 void register_simulate(CLI::App& app, const std::string& command);
 

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
 #if defined(CIERA_WITH_MPI)
   register_bench_allgather(*bench, command, argc, argv);
   register_bench_broadcast(*bench, command, argc, argv);
+  register_bench_collectives(*bench, command, argc, argv);
 #endif
   register_analyze(app, command);
   register_simulate(app, command);

@@ -45,6 +45,13 @@ struct CollectivesConfig {
   // Values per block of the coded parts' frames (the stateless code ignores blocks but the
   // frame header records them); any value CodecConfig accepts.
   uint32_t block_values = 512;
+  // Parts move in rounds of slices of this many values (each slice a frame of its own), so that
+  // a worker thread codes the next round and decodes the previous one while the transport moves
+  // this one. Must match on every rank.
+  uint64_t slice_values = uint64_t{1} << 20;
+  // Threads that code and decode beside the caller's thread; 0: everything on the caller's
+  // thread, one round after another.
+  unsigned worker_threads = 1;
 
   // Throws ConfigError naming the offending field.
   void validate() const;
@@ -54,7 +61,7 @@ struct CollectivesConfig {
 struct CollectiveStats {
   uint64_t raw_bytes = 0;    // the parts as values
   uint64_t wire_bytes = 0;   // the parts as sent
-  uint32_t coded_parts = 0;  // parts sent coded (the others went raw)
+  uint32_t coded_slices = 0;  // slices of parts sent coded (the others went raw)
   // Over the parts sent coded: their values, the bytes of their frames beyond the raw sign and
   // mantissa plane (exponent section, header, tables, checksum), and the order-0 entropy of their
   // exponents (each part's own: each is coded with a table of its own), in bits.

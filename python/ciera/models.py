@@ -60,3 +60,9 @@ def build(spec: ModelSpec, seed: int) -> torch.nn.Module:
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(model.model.layers)
+
+
+def moe_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Each decoder layer's sparse MoE block (its input is what an expert-parallel layer would
+    send to the experts' ranks)."""
+    return [layer.mlp for layer in decoder_layers(model)]

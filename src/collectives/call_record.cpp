@@ -11,7 +11,7 @@ namespace {
 
 constexpr uint32_t kRecordMagic = 0x31434C43;  // "CLC1", little-endian
 constexpr uint8_t kVersion = 1;
-constexpr size_t kHeaderBytes = 24;
+constexpr size_t kHeaderBytes = 40;
 constexpr size_t kPeerBytes = 24;
 constexpr size_t kVerdictMessageBytes = 240;
 
@@ -34,6 +34,11 @@ std::string describe(const CallRecord& r) {
 
 }  // namespace
 
+uint64_t slice_of(uint64_t values, uint32_t round, uint64_t slice_values) {
+  const uint64_t begin = static_cast<uint64_t>(round) * slice_values;
+  return values > begin ? std::min(slice_values, values - begin) : 0;
+}
+
 std::string_view call_kind_name(CallKind kind) {
   return kind == CallKind::kReduceScatter ? "reduce_scatter" : "alltoallv";
 }
@@ -43,7 +48,8 @@ size_t call_record_bytes(int world) {
 }
 
 // Layout: magic u32, version u8, kind u8, dtype u8, op u8, world u32, flags u32 (bit 0: rejected),
-// sequence u64, then per peer: values sent u64, bytes sent u64, values expected u64.
+// sequence u64, round u32, reserved u32 (0), slice values u64, then per peer: values sent u64,
+// bytes of this round's slice sent u64, values expected u64.
 void write_call_record(const CallRecord& r, std::span<std::byte> out) {
   const auto world = static_cast<uint32_t>(r.part_values.size());
   store_le32(at(out, 0), kRecordMagic);
@@ -54,6 +60,9 @@ void write_call_record(const CallRecord& r, std::span<std::byte> out) {
   store_le32(at(out, 8), world);
   store_le32(at(out, 12), r.rejected ? 1 : 0);
   store_le64(at(out, 16), r.sequence);
+  store_le32(at(out, 24), r.round);
+  store_le32(at(out, 28), 0);
+  store_le64(at(out, 32), r.slice_values);
   for (uint32_t p = 0; p < world; ++p) {
     uint8_t* peer = at(out, kHeaderBytes + kPeerBytes * p);
     store_le64(peer, r.part_values[p]);
@@ -81,6 +90,8 @@ CallRecord read_call_record(std::span<const std::byte> in, int world) {
   r.op = static_cast<ReduceOp>(op);
   r.rejected = (load_le32(at(in, 12)) & 1) != 0;
   r.sequence = load_le64(at(in, 16));
+  r.round = load_le32(at(in, 24));
+  r.slice_values = load_le64(at(in, 32));
   r.part_values.resize(static_cast<size_t>(world));
   r.part_bytes.resize(static_cast<size_t>(world));
   r.expected_values.resize(static_cast<size_t>(world));
@@ -112,6 +123,14 @@ void check_agreement(std::span<const CallRecord> records) {
                         std::to_string(first.sequence) +
                         " (ranks must make the same calls in order)");
     }
+    if (other.round != first.round || other.slice_values != first.slice_values) {
+      throw ConfigError("lossless collectives: call " + std::to_string(first.sequence) + ": rank " +
+                        std::to_string(r) + " is in round " + std::to_string(other.round) +
+                        " of slices of " + std::to_string(other.slice_values) +
+                        " values, rank 0 in round " + std::to_string(first.round) + " of " +
+                        std::to_string(first.slice_values) +
+                        " (CollectivesConfig.slice_values must match)");
+    }
     const bool same_size = first.kind != CallKind::kReduceScatter ||
                            other.part_values.front() == first.part_values.front();
     if (other.kind != first.kind || other.dtype != first.dtype || other.op != first.op ||
@@ -123,24 +142,25 @@ void check_agreement(std::span<const CallRecord> records) {
   }
   for (size_t from = 0; from < records.size(); ++from) {
     for (size_t to = 0; to < records.size(); ++to) {
-      const uint64_t sent = records[from].part_values[to],
-                     expected = records[to].expected_values[from];
-      const uint64_t raw_bytes = sent * dtype_info(first.dtype).value_bytes;
-      const bool own = from == to;  // never sent: 0 bytes
-      if (records[from].part_bytes[to] > raw_bytes ||
-          (own ? records[from].part_bytes[to] != 0
-               : (sent == 0) != (records[from].part_bytes[to] == 0))) {
-        throw FormatError("lossless collectives: rank " + std::to_string(from) +
-                          "'s record gives its part for rank " + std::to_string(to) + " " +
-                          std::to_string(records[from].part_bytes[to]) + " bytes for " +
-                          std::to_string(sent) + " values (a part is never larger than raw)");
-      }
+      const uint64_t sent = records[from].part_values[to];
+      const uint64_t expected = records[to].expected_values[from];
       if (sent != expected) {
         throw ConfigError("lossless collectives: " + std::string(call_kind_name(first.kind)) +
                           " call " + std::to_string(first.sequence) + ": rank " +
                           std::to_string(from) + " sends rank " + std::to_string(to) + " " +
                           std::to_string(sent) + " values, but rank " + std::to_string(to) +
                           " expects " + std::to_string(expected) + " from it");
+      }
+      const uint64_t slice = slice_of(sent, first.round, first.slice_values);
+      const uint64_t bytes = records[from].part_bytes[to];
+      const bool own = from == to;  // never sent: 0 bytes
+      if (bytes > slice * dtype_info(first.dtype).value_bytes ||
+          (own ? bytes != 0 : (slice == 0) != (bytes == 0))) {
+        throw FormatError("lossless collectives: rank " + std::to_string(from) +
+                          "'s record gives its slice for rank " + std::to_string(to) + " " +
+                          std::to_string(bytes) + " bytes for " + std::to_string(slice) +
+                          " values in round " + std::to_string(first.round) +
+                          " (a slice is never larger than raw)");
       }
     }
   }

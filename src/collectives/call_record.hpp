@@ -25,9 +25,15 @@ struct CallRecord {
   ReduceOp op = ReduceOp::kSum;       // reduce-scatter only (0 for alltoallv)
   bool rejected = false;              // this rank refused its own arguments (it throws why)
   uint64_t sequence = 0;              // this rank's count of earlier calls
-  std::vector<uint64_t> part_values;  // per peer: values of the part sent to it
-  // Per peer: bytes of the part as sent. A part is raw exactly when this is its values' size
-  // (the sender codes a part only when that is strictly smaller), so no flag is needed.
+  // A call moves its parts in rounds: slice `round` of every part in round `round`, each slice
+  // `slice_values` values (a part's last slice the rest), so that coding one round overlaps the
+  // exchange of the previous one (docs/format.md, "Lossless collectives", "Rounds").
+  uint32_t round = 0;
+  uint64_t slice_values = 0;
+  std::vector<uint64_t> part_values;  // per peer: values of the whole part sent to it
+  // Per peer: bytes of this round's slice of the part as sent. A slice is raw exactly when this
+  // is its values' size (the sender codes a slice only when that is strictly smaller), so no
+  // flag is needed.
   std::vector<uint64_t> part_bytes;
   std::vector<uint64_t> expected_values;  // per peer: values this rank expects from it
 };
@@ -38,10 +44,13 @@ void write_call_record(const CallRecord& record, std::span<std::byte> out);
 // Throws FormatError if `in` is not a record of this version for `world` ranks.
 CallRecord read_call_record(std::span<const std::byte> in, int world);
 
-// Checks every rank's record (rank order) against the others: the same kind, dtype, op and
-// sequence on every rank, and what each rank sends each peer is what that peer expects (for a
-// reduce-scatter: parts of one size everywhere). Throws ConfigError with the same text on every
-// rank.
+// Values in slice `round` of a part of `values` values cut into slices of `slice_values`.
+uint64_t slice_of(uint64_t values, uint32_t round, uint64_t slice_values);
+
+// Checks every rank's record (rank order) against the others: the same kind, dtype, op,
+// sequence, round and slice size on every rank, what each rank sends each peer is what that peer
+// expects (for a reduce-scatter: parts of one size everywhere), and no slice larger than raw.
+// Throws ConfigError (FormatError for an impossible size) with the same text on every rank.
 void check_agreement(std::span<const CallRecord> records);
 
 // After the data: whether every part this rank received decoded (and why not), and this rank's

@@ -1,14 +1,18 @@
-// One call of a lossless collective, on every rank (docs/format.md, "Lossless collectives"):
-//   1. code each part for a peer (or keep it raw), into the send buffer;
+// One call of a lossless collective, on every rank (docs/format.md, "Lossless collectives"). The
+// parts move in rounds, slice k of every part in round k; for each round:
+//   1. code the slice for each peer (or keep it raw) into one of two send regions;
 //   2. exchange call records (allgather) and check them: same call everywhere, sizes that match;
-//   3. alltoallv of the parts as sent;
-//   4. decode the peers' parts; exchange verdicts (allgather), so a part that did not decode is
-//      an error on every rank, not a wrong result on one;
-//   5. reduce-scatter only: add the parts in rank order (reduction.hpp).
-// Both exchanges of records are small; the alltoallv carries the data.
+//   3. alltoallv of the slices as sent, into one of two receive regions;
+//   4. decode the peers' slices, then (reduce-scatter) add them in rank order (reduction.hpp).
+// A worker codes round k + 1 and decodes round k - 1 while the caller's thread runs round k's
+// exchanges, so only the first coding and the last decoding are not hidden behind the transport.
+// After the last round the ranks exchange verdicts (allgather), so a slice that did not decode
+// is an error on every rank, not a wrong result on one; a reduce-scatter's result reaches its
+// output only then.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <string>
@@ -21,6 +25,7 @@
 #include "collectives/call_record.hpp"
 #include "collectives/reduction.hpp"
 #include "common/adaptive_switch.hpp"
+#include "common/thread_pool.hpp"
 
 namespace ciera {
 
@@ -52,6 +57,7 @@ void CollectivesConfig::validate() const {
     throw ConfigError("CollectivesConfig.coding: unknown value " +
                       std::to_string(static_cast<int>(coding)));
   }
+  if (slice_values == 0) throw ConfigError("CollectivesConfig.slice_values must be at least 1");
   CodecConfig codec;
   codec.block_values = block_values;
   try {
@@ -86,7 +92,24 @@ std::vector<uint64_t> offsets_of(std::span<const uint64_t> sizes) {
 
 }  // namespace
 
+// One collective call as the rounds see it.
+struct Call {
+  CallKind kind;
+  DType dtype;
+  ReduceOp op;
+  const std::byte* in;                    // the parts for each peer, back to back in rank order
+  std::span<const uint64_t> send_values;  // per peer
+  std::span<const uint64_t> recv_values;  // per peer
+  bool compress;
+  // Where peer p's slice of round k is decoded to.
+  std::function<std::byte*(size_t p, uint32_t k)> destination;
+  // Round k is complete: `slices[p]` is peer p's slice (this rank's own in `in`).
+  std::function<void(uint32_t k, std::span<const std::byte* const> slices)> on_round;
+};
+
 struct LosslessCollectives::Impl {
+  explicit Impl(unsigned threads) : pool(threads) {}
+
   std::shared_ptr<Transport> transport;
   CollectivesConfig config;
   int rank = 0, world = 1;
@@ -95,8 +118,14 @@ struct LosslessCollectives::Impl {
   AdaptiveSwitch adaptive;
   std::map<std::tuple<CallKind, DType, uint64_t>, std::pair<size_t, uint64_t>>
       shapes;  // -> (key, calls)
-  std::vector<std::byte> send, recv, decoded, records, verdicts;
-  std::vector<uint64_t> send_at;  // where each peer's part starts in `send`
+  ThreadPool pool;
+  // Two regions each, round k in region k % 2; grown to the largest call, then reused.
+  std::vector<std::byte> send[2], recv[2];
+  std::vector<uint64_t> sent_bytes[2], send_at[2];  // per peer, of the slices in send[k % 2]
+  std::vector<std::byte> decoded, reduced, records, verdicts;
+  Verdict verdict;       // this rank's, written by decode tasks (one at a time)
+  double slowest_s = 0;  // the slowest rank's time for the current call, from the verdicts
+  double encode_s = 0, decode_s = 0, reduce_s = 0;  // this call's, summed over rounds
 
   CodecConfig codec(DType dtype) const {
     CodecConfig c;
@@ -115,76 +144,69 @@ struct LosslessCollectives::Impl {
     return {adaptive.compress(it->second.second), &it->second};
   }
 
-  // Room for each part in `send` (rank order; none for this rank's own part, never sent): its
-  // raw size, or the codec's bound where parts are coded.
-  std::vector<uint64_t> part_room(DType dtype, std::span<const uint64_t> values,
-                                  bool compress) const {
-    const uint32_t value_bytes = dtype_info(dtype).value_bytes;
-    std::vector<uint64_t> bound(values.size(), 0);
-    for (size_t p = 0; p < values.size(); ++p) {
-      if (static_cast<int>(p) == rank) continue;
-      bound[p] = values[p] * value_bytes;
-      if (compress)
-        bound[p] =
-            std::max<uint64_t>(bound[p], max_payload_bytes(dtype, values[p], config.block_values));
-    }
-    return bound;
+  uint64_t slice(uint64_t values, uint32_t k) const {
+    return collectives::slice_of(values, k, config.slice_values);
   }
 
-  // Step 1. Codes (or copies) the part for each peer into its room in `send`; `in` holds the
-  // parts back to back in rank order. Returns the bytes of each part as sent.
-  std::vector<uint64_t> code_parts(DType dtype, const std::byte* in,
-                                   std::span<const uint64_t> values, bool compress,
-                                   CollectiveStats& stats) {
+  // Codes (or copies) round k's slice of each part for a peer into send[k % 2], back to back in
+  // rank order (so that transports taking split sizes, as torch's all_to_all_single, need no
+  // copy). This rank's own part is never sent.
+  void code_round(const Call& call, std::span<const uint64_t> in_at, uint32_t k,
+                  CollectiveStats& stats) {
     const auto start = Clock::now();
-    const uint32_t value_bytes = dtype_info(dtype).value_bytes;
-    const CodecConfig c = codec(dtype);
-    const std::vector<uint64_t> bound = part_room(dtype, values, compress);
-    send_at = offsets_of(bound);
-    room(send, send_at.back() + bound.back());
-    std::vector<uint64_t> sent(values.size(), 0);
-    uint64_t offset = 0;
-    for (size_t p = 0; p < values.size(); ++p) {
-      const uint64_t raw = values[p] * value_bytes;
-      const std::byte* part = in + offset;
-      offset += raw;
-      if (static_cast<int>(p) == rank || raw == 0) continue;
-      std::byte* out = send.data() + send_at[p];
+    const uint32_t value_bytes = dtype_info(call.dtype).value_bytes;
+    const CodecConfig c = codec(call.dtype);
+    const size_t region = k % 2;
+    uint64_t room_needed = 0;
+    for (size_t p = 0; p < call.send_values.size(); ++p) {
+      const uint64_t m = slice(call.send_values[p], k);
+      room_needed += call.compress
+                         ? std::max<uint64_t>(m * value_bytes,
+                                              max_payload_bytes(call.dtype, m, c.block_values))
+                         : m * value_bytes;
+    }
+    room(send[region], room_needed);
+    sent_bytes[region].assign(call.send_values.size(), 0);
+    send_at[region].assign(call.send_values.size(), 0);
+    uint64_t at = 0;
+    for (size_t p = 0; p < call.send_values.size(); ++p) {
+      send_at[region][p] = at;
+      const uint64_t m = slice(call.send_values[p], k);
+      if (static_cast<int>(p) == rank || m == 0) continue;
+      const uint64_t raw = m * value_bytes;
+      const std::byte* part =
+          call.in + (in_at[p] + static_cast<uint64_t>(k) * config.slice_values) * value_bytes;
+      std::byte* out = send[region].data() + at;
       FrameStats frame;
       frame.payload_bytes = raw;
-      if (compress) frame = encode_stateless_frame(c, {part, raw}, {out, bound[p]});
+      if (call.compress) {
+        const uint64_t bound =
+            std::max<uint64_t>(raw, max_payload_bytes(call.dtype, m, c.block_values));
+        frame = encode_stateless_frame(c, {part, raw}, {out, bound});
+      }
       if (frame.payload_bytes >= raw) {  // not smaller: raw, and the receiver tells by the size
         std::memcpy(out, part, raw);
-        sent[p] = raw;
+        sent_bytes[region][p] = raw;
       } else {
-        sent[p] = frame.payload_bytes;
-        ++stats.coded_parts;
-        stats.coded_values += values[p];
+        sent_bytes[region][p] = frame.payload_bytes;
+        ++stats.coded_slices;
+        stats.coded_values += m;
         stats.coded_exponent_bytes += frame.payload_bytes - frame.sign_mantissa_bytes;
         stats.exponent_entropy_bits += frame.coded_symbols_entropy_bits;
       }
       stats.raw_bytes += raw;
-      stats.wire_bytes += sent[p];
+      stats.wire_bytes += sent_bytes[region][p];
+      at += sent_bytes[region][p];
     }
-    // Back to back, so that transports whose alltoallv takes split sizes (torch's
-    // all_to_all_single) need no copy: each part moves left, in order, within `send`.
-    uint64_t packed = 0;
-    for (size_t p = 0; p < values.size(); ++p) {
-      if (sent[p] != 0 && packed != send_at[p])
-        std::memmove(send.data() + packed, send.data() + send_at[p], sent[p]);
-      send_at[p] = packed;
-      packed += sent[p];
-    }
-    stats.compressed = compress;
-    stats.encode_s = seconds_since(start);
-    return sent;
+    encode_s += seconds_since(start);
   }
 
   // Arguments this rank refuses still take part in the record exchange, so that its peers fail
   // at once with an error naming it instead of waiting for it until the timeout.
   [[noreturn]] void reject(CallKind kind, DType dtype, const std::string& problem) {
     const std::vector<uint64_t> none(static_cast<size_t>(world), 0);
-    CallRecord mine{kind, dtype, ReduceOp::kSum, true, sequence, none, none, none};
+    CallRecord mine{kind, dtype, ReduceOp::kSum, true, sequence, 0, config.slice_values, none,
+                    none, none};
     share_record(mine);
     throw ConfigError(problem);
   }
@@ -197,8 +219,18 @@ struct LosslessCollectives::Impl {
     transport->allgather(own.data(), bytes, records.data());
   }
 
-  // Step 2: every rank's record; throws on every rank if they disagree.
-  std::vector<CallRecord> exchange_records(const CallRecord& mine) {
+  // Every rank's record of round k; throws on every rank if they disagree.
+  std::vector<CallRecord> exchange_records(const Call& call, uint32_t k) {
+    const CallRecord mine{call.kind,
+                          call.dtype,
+                          call.op,
+                          false,
+                          sequence,
+                          k,
+                          config.slice_values,
+                          {call.send_values.begin(), call.send_values.end()},
+                          sent_bytes[k % 2],
+                          {call.recv_values.begin(), call.recv_values.end()}};
     share_record(mine);
     const size_t bytes = collectives::call_record_bytes(world);
     std::vector<CallRecord> all;
@@ -210,61 +242,125 @@ struct LosslessCollectives::Impl {
     return all;
   }
 
-  // Step 3: the parts as sent, from `send` (laid out by code_parts) into `recv`, rank order.
-  // Returns where each peer's part starts in `recv`.
-  std::vector<uint64_t> exchange_parts(std::span<const CallRecord> all) {
+  // Round k's slices as sent, from send[k % 2] into recv[k % 2], rank order. Returns where each
+  // peer's slice starts there.
+  std::vector<uint64_t> exchange_slices(std::span<const CallRecord> all, uint32_t k) {
     const auto me = static_cast<size_t>(rank);
+    const size_t region = k % 2;
     std::vector<uint64_t> recv_counts(static_cast<size_t>(world));
     for (size_t p = 0; p < recv_counts.size(); ++p) recv_counts[p] = all[p].part_bytes[me];
     const std::vector<uint64_t> recv_at = offsets_of(recv_counts);
-    room(recv, recv_at.back() + recv_counts.back());
-    transport->alltoallv(send.data(), all[me].part_bytes, send_at, recv.data(), recv_counts,
-                         recv_at);
+    room(recv[region], recv_at.back() + recv_counts.back());
+    transport->alltoallv(send[region].data(), sent_bytes[region], send_at[region],
+                         recv[region].data(), recv_counts, recv_at);
     return recv_at;
   }
 
-  // Step 4: decodes (or copies) each peer's part into out + out_at[p]; then every rank's verdict.
-  // A part that does not decode, here or on any rank, throws FormatError on every rank.
-  void decode_parts(DType dtype, std::span<const CallRecord> all, std::span<const uint64_t> recv_at,
-                    std::span<std::byte* const> out, CollectiveStats& stats, double elapsed_s) {
+  // Decodes round k's slices (raw ones stay where they arrived), then hands them to on_round.
+  // After a slice that does not decode, nothing more is decoded; the verdict carries why.
+  void decode_round(const Call& call, std::span<const uint64_t> in_at, uint32_t k,
+                    const std::vector<CallRecord>& all, const std::vector<uint64_t>& recv_at) {
+    if (!verdict.ok) return;
     const auto start = Clock::now();
-    const uint32_t value_bytes = dtype_info(dtype).value_bytes;
-    const CodecConfig c = codec(dtype);
-    Verdict mine;
-    for (size_t p = 0; p < static_cast<size_t>(world) && mine.ok; ++p) {
-      if (static_cast<int>(p) == rank) continue;
-      const uint64_t raw = all[p].part_values[static_cast<size_t>(rank)] * value_bytes;
-      const uint64_t sent = all[p].part_bytes[static_cast<size_t>(rank)];
-      const std::byte* part = recv.data() + recv_at[p];
-      if (sent == raw) {
-        if (raw != 0 && out[p] != part) std::memcpy(out[p], part, raw);
+    const uint32_t value_bytes = dtype_info(call.dtype).value_bytes;
+    const CodecConfig c = codec(call.dtype);
+    std::vector<const std::byte*> slices(static_cast<size_t>(world));
+    for (size_t p = 0; p < static_cast<size_t>(world); ++p) {
+      const uint64_t offset = static_cast<uint64_t>(k) * config.slice_values;
+      if (static_cast<int>(p) == rank) {
+        slices[p] = call.in + (in_at[p] + offset) * value_bytes;
         continue;
       }
+      const uint64_t raw = slice(call.recv_values[p], k) * value_bytes;
+      const uint64_t sent = all[p].part_bytes[static_cast<size_t>(rank)];
+      slices[p] = recv[k % 2].data() + recv_at[p];
+      if (sent == raw) continue;
+      std::byte* to = call.destination(p, k);
       try {
-        decode_stateless(c, {part, sent}, {out[p], raw});
+        decode_stateless(c, {slices[p], sent}, {to, raw});
       } catch (const Error& e) {
-        mine.ok = false;
-        mine.message = "rank " + std::to_string(rank) + " could not decode the part from rank " +
-                       std::to_string(p) + ": " + e.what();
+        verdict.ok = false;
+        verdict.message = "rank " + std::to_string(rank) + " could not decode the part from rank " +
+                          std::to_string(p) + " (round " + std::to_string(k) + "): " + e.what();
+        decode_s += seconds_since(start);
+        return;
       }
+      slices[p] = to;
     }
-    stats.decode_s = seconds_since(start);
-    mine.seconds = elapsed_s + stats.decode_s;
+    decode_s += seconds_since(start);
+    call.on_round(k, slices);
+  }
+
+  // The rounds of one call (see the top of this file), then the verdicts. Throws on every rank
+  // if any rank could not decode a slice.
+  void run(const Call& call, CollectiveStats& stats) {
+    const auto start = Clock::now();
+    encode_s = decode_s = reduce_s = 0;
+    verdict = Verdict{};
+    const std::vector<uint64_t> in_at = offsets_of(call.send_values);
+    code_round(call, in_at, 0, stats);
+    TaskGroup coding, decoding;
+    double exchange_s = 0;
+    try {
+      auto exchange_start = Clock::now();
+      std::vector<CallRecord> all = exchange_records(call, 0);
+      uint64_t longest = 0;  // every rank sees every record: the same number of rounds everywhere
+      for (const CallRecord& r : all)
+        longest = std::max(longest, *std::max_element(r.part_values.begin(), r.part_values.end()));
+      const auto rounds =
+          static_cast<uint32_t>((longest + config.slice_values - 1) / config.slice_values);
+      for (uint32_t k = 0; k < rounds; ++k) {
+        if (k > 0) {
+          exchange_start = Clock::now();
+          all = exchange_records(call, k);
+        }
+        if (k + 1 < rounds) pool.submit(coding, [&, k] { code_round(call, in_at, k + 1, stats); });
+        std::vector<uint64_t> recv_at = exchange_slices(all, k);
+        exchange_s += seconds_since(exchange_start);
+        decoding.wait();  // round k - 1: its receive region is the next round's
+        pool.submit(decoding, [&, k, all, recv_at = std::move(recv_at)] {
+          decode_round(call, in_at, k, all, recv_at);
+        });
+        coding.wait();
+      }
+      decoding.wait();
+    } catch (...) {
+      // The tasks use this call's buffers: let them finish before the error leaves.
+      for (TaskGroup* group : {&coding, &decoding}) {
+        try {
+          group->wait();
+        } catch (...) {
+        }
+      }
+      throw;
+    }
+    stats.compressed = call.compress;
+    stats.encode_s = encode_s;
+    stats.exchange_s = exchange_s;
+    stats.reduce_s = reduce_s;
+    const auto verdict_start = Clock::now();
+    exchange_verdicts(seconds_since(start));
+    stats.decode_s = decode_s + seconds_since(verdict_start);
+  }
+
+  // Every rank's verdict; a rank that could not decode a slice makes every rank throw.
+  void exchange_verdicts(double elapsed_s) {
+    verdict.seconds = elapsed_s;
     const size_t bytes = collectives::verdict_bytes();
     std::vector<std::byte> own(bytes);
-    collectives::write_verdict(mine, own);
+    collectives::write_verdict(verdict, own);
     room(verdicts, bytes * static_cast<size_t>(world));
     transport->allgather(own.data(), bytes, verdicts.data());
     slowest_s = 0;
     for (int r = 0; r < world; ++r) {
       const Verdict v =
           collectives::read_verdict({verdicts.data() + bytes * static_cast<size_t>(r), bytes});
-      if (!v.ok)
+      if (!v.ok) {
         throw FormatError("lossless collectives, call " + std::to_string(sequence) + ": " +
                           v.message);
+      }
       slowest_s = std::max(slowest_s, v.seconds);
     }
-    stats.decode_s = seconds_since(start);
   }
 
   void record_time(std::pair<size_t, uint64_t>* shape, bool compressed) {
@@ -272,15 +368,13 @@ struct LosslessCollectives::Impl {
     adaptive.record(shape->first, compressed, slowest_s);
     ++shape->second;
   }
-
-  double slowest_s = 0;  // the slowest rank's time for the current call, from the verdicts
 };
 
 LosslessCollectives::LosslessCollectives(std::shared_ptr<Transport> transport,
-                                         CollectivesConfig config)
-    : impl_(std::make_unique<Impl>()) {
+                                         CollectivesConfig config) {
   if (!transport) throw ConfigError("LosslessCollectives: no transport");
   config.validate();
+  impl_ = std::make_unique<Impl>(config.worker_threads);
   impl_->transport = std::move(transport);
   impl_->config = config;
   impl_->rank = impl_->transport->rank();
@@ -308,31 +402,32 @@ CollectiveStats LosslessCollectives::reduce_scatter(DType dtype, ReduceOp op,
                  " bytes");
   }
   const uint64_t values = out.size() / value_bytes;
-  const auto start = Clock::now();
-  CollectiveStats stats;
+  const uint64_t slice_bytes = std::min<uint64_t>(values, m.config.slice_values) * value_bytes;
   const std::vector<uint64_t> per_peer(world, values);
   auto [compress, shape] = m.decide(CallKind::kReduceScatter, dtype, in.size());
-  CallRecord mine{CallKind::kReduceScatter, dtype, op, false, m.sequence, per_peer, {}, per_peer};
-  mine.part_bytes = m.code_parts(dtype, in.data(), per_peer, compress, stats);
-  const auto exchange_start = Clock::now();
-  const std::vector<CallRecord> all = m.exchange_records(mine);
-  const std::vector<uint64_t> recv_at = m.exchange_parts(all);
-  stats.exchange_s = seconds_since(exchange_start);
-
-  // Each peer's part decoded into its slot of `decoded` (raw parts are used where they arrived);
-  // this rank's own part straight from `in`.
-  room(m.decoded, out.size() * world);
-  std::vector<std::byte*> slots(world);
-  std::vector<const std::byte*> parts(world);
-  for (size_t p = 0; p < world; ++p) {
-    const bool raw = all[p].part_bytes[static_cast<size_t>(m.rank)] == out.size();
-    slots[p] = raw ? m.recv.data() + recv_at[p] : m.decoded.data() + p * out.size();
-    parts[p] = static_cast<int>(p) == m.rank ? in.data() + p * out.size() : slots[p];
-  }
-  m.decode_parts(dtype, all, recv_at, slots, stats, seconds_since(start));
-  const auto reduce_start = Clock::now();
-  collectives::reduce_in_rank_order(dtype, op, parts, out.data(), values);
-  stats.reduce_s = seconds_since(reduce_start);
+  // Each round's coded slices are decoded into `decoded` (one slice per peer), and the round's
+  // sums go to `reduced`: the output is written only once every rank has decoded everything.
+  room(m.decoded, slice_bytes * world);
+  room(m.reduced, out.size());
+  const Call call{CallKind::kReduceScatter,
+                  dtype,
+                  op,
+                  in.data(),
+                  per_peer,
+                  per_peer,
+                  compress,
+                  [&](size_t p, uint32_t) { return m.decoded.data() + p * slice_bytes; },
+                  [&](uint32_t k, std::span<const std::byte* const> slices) {
+                    const auto start = Clock::now();
+                    const uint64_t first = static_cast<uint64_t>(k) * m.config.slice_values;
+                    collectives::reduce_in_rank_order(dtype, op, slices,
+                                                      m.reduced.data() + first * value_bytes,
+                                                      m.slice(values, k));
+                    m.reduce_s += seconds_since(start);
+                  }};
+  CollectiveStats stats;
+  m.run(call, stats);
+  if (!out.empty()) std::memcpy(out.data(), m.reduced.data(), out.size());
   m.record_time(shape, compress);
   ++m.sequence;
   return stats;
@@ -360,35 +455,31 @@ CollectiveStats LosslessCollectives::alltoallv(DType dtype, std::span<const std:
                  std::to_string(sending) + " and " + std::to_string(receiving) + " " +
                  std::string(dtype_name(dtype)) + " values");
   }
-  const auto start = Clock::now();
-  CollectiveStats stats;
   auto [compress, shape] = m.decide(CallKind::kAlltoallv, dtype, in.size());
-  CallRecord mine{CallKind::kAlltoallv,
+  const std::vector<uint64_t> out_at = offsets_of(recv_values);  // in values
+  auto place = [&, out_at](size_t p, uint32_t k) {
+    return out.data() +
+           (out_at[p] + static_cast<uint64_t>(k) * m.config.slice_values) * value_bytes;
+  };
+  const Call call{CallKind::kAlltoallv,
                   dtype,
                   ReduceOp::kSum,
-                  false,
-                  m.sequence,
-                  {send_values.begin(), send_values.end()},
-                  {},
-                  {recv_values.begin(), recv_values.end()}};
-  mine.part_bytes = m.code_parts(dtype, in.data(), send_values, compress, stats);
-  const auto exchange_start = Clock::now();
-  const std::vector<CallRecord> all = m.exchange_records(mine);
-  const std::vector<uint64_t> recv_at = m.exchange_parts(all);
-  stats.exchange_s = seconds_since(exchange_start);
-
-  std::vector<uint64_t> recv_bytes(world);
-  for (size_t p = 0; p < world; ++p) recv_bytes[p] = recv_values[p] * value_bytes;
-  const std::vector<uint64_t> out_at = offsets_of(recv_bytes);
-  std::vector<std::byte*> slots(world);
-  for (size_t p = 0; p < world; ++p) slots[p] = out.data() + out_at[p];
-  // This rank's own part: a copy from the input (it is never sent).
-  const std::vector<uint64_t> in_at =
-      offsets_of(std::vector<uint64_t>(send_values.begin(), send_values.end()));
-  const auto own = static_cast<size_t>(m.rank);
-  if (recv_bytes[own] != 0)
-    std::memcpy(slots[own], in.data() + in_at[own] * value_bytes, recv_bytes[own]);
-  m.decode_parts(dtype, all, recv_at, slots, stats, seconds_since(start));
+                  in.data(),
+                  send_values,
+                  recv_values,
+                  compress,
+                  place,
+                  [&](uint32_t k, std::span<const std::byte* const> slices) {
+                    // Raw slices (and this rank's own part) are where they arrived: copied to their
+                    // place.
+                    for (size_t p = 0; p < world; ++p) {
+                      std::byte* to = place(p, k);
+                      const uint64_t bytes = m.slice(recv_values[p], k) * value_bytes;
+                      if (bytes != 0 && slices[p] != to) std::memcpy(to, slices[p], bytes);
+                    }
+                  }};
+  CollectiveStats stats;
+  m.run(call, stats);
   m.record_time(shape, compress);
   ++m.sequence;
   return stats;

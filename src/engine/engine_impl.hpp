@@ -23,7 +23,7 @@
 #include "engine/envelope.hpp"
 #include "engine/memory_ops.hpp"
 #include "engine/staged_transport.hpp"
-#include "engine/thread_pool.hpp"
+#include "common/thread_pool.hpp"
 
 namespace ciera {
 

@@ -53,7 +53,7 @@ TEST_P(MpiReduceScatter, IsTheRankOrderSumOfEveryRanksPart) {
         collectives.reduce_scatter(DType::kBF16, ReduceOp::kAvg, std::as_bytes(std::span(input)),
                                    std::as_writable_bytes(std::span(out)));
     if (GetParam() == CollectiveCoding::kExponent) {
-      EXPECT_EQ(stats.coded_parts, static_cast<uint32_t>(W - 1));
+      EXPECT_EQ(stats.coded_slices, static_cast<uint32_t>(W - 1));
       EXPECT_LT(stats.wire_bytes, stats.raw_bytes * 0.8);
     }
   }

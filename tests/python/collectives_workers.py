@@ -65,5 +65,5 @@ def torch_alltoallv(rank, world):
         reference += everyone[p][rank * 4099:(rank + 1) * 4099]   # rank order, FP32
     return {"alltoallv_equal": torch.equal(y.view(torch.int16), expected.view(torch.int16)),
             "reduce_scatter_equal": torch.equal(mine.view(torch.int32), reference.view(torch.int32)),
-            "coded": stats.coded_parts + rs.coded_parts, "wire": stats.wire_bytes + rs.wire_bytes,
+            "coded": stats.coded_slices + rs.coded_slices, "wire": stats.wire_bytes + rs.wire_bytes,
             "raw": stats.raw_bytes + rs.raw_bytes}

@@ -76,6 +76,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reduce-dtype", default="fp32", choices=["fp32", "bf16"],
                    help="with --reduce-scatter: the gradients' dtype in the reduce-scatter (FSDP2's "
                         "MixedPrecisionPolicy.reduce_dtype; default fp32, as the main job)")
+    p.add_argument("--capture-activations", metavar="FILE", default=None,
+                   help="write the inputs of every MoE layer (rank 0's tokens, BF16, the plain FSDP2 training's "
+                        "last 16 steps) to this safetensors file: the token activations an expert-parallel layer "
+                        "would exchange, for ciera bench alltoall --input")
     p.add_argument("--launcher", default="auto", choices=["auto", "mpirun", "torchrun"],
                    help="what starts the ranks: Open MPI's mpirun or torch.distributed.run (torchrun); "
                         "auto: mpirun when it is on PATH (and for the link lab), else torchrun")
@@ -200,6 +204,10 @@ def _check_values(args) -> None:
     _check_reduce_scatter(args)
     _check_deepspeed(args)
     _writable_folder("--out", args.out)
+    if args.capture_activations:
+        if args.zero or args.framework == "deepspeed" or args.reduce_scatter != "fsdp2" or args.no_baseline:
+            _fail("--capture-activations records the plain FSDP2 training of the main job")
+        _writable_folder("--capture-activations", str(Path(args.capture_activations).absolute().parent))
     if args.save_checkpoints:
         _writable_folder("--save-checkpoints", args.save_checkpoints)
     if args.trace:

@@ -58,6 +58,7 @@ class RankProgram:
         self.first_step = 0   # steps done before this run (--resume)
         self.memory: list[dict] = []   # resident memory samples (rank 0)
         self.checkpoints: list[str] = []
+        self.captured: dict[int, list] = {}   # --capture-activations: MoE block inputs per layer
 
     def run(self) -> int:
         torch.set_num_threads(1)
@@ -282,6 +283,7 @@ class RankProgram:
         for run in runs.values():
             run.final = self.local_params(run.model)
             run.digest = self.param_digest(run.model)
+        self.write_captured()
         finish(self, runs, handles, spec, sum(p.numel() for p in model.parameters()))
         for handle in handles.values():
             handle.disable()
@@ -329,8 +331,11 @@ class RankProgram:
     def step(self, run: Run, step: int, tokens, tracker) -> dict:
         """One optimizer step of `run`; returns its line of metrics.jsonl."""
         self.status.phase("forward pass")
+        capture = self.capture_hooks(run, step)
         start = self.clock()
         loss = run.model(input_ids=tokens, labels=tokens).loss
+        for hook in capture:
+            hook.remove()
         loss_done = self.clock()
         self.status.phase("backward pass")
         loss.backward()
@@ -373,6 +378,31 @@ class RankProgram:
             record["ratio"] = mine.raw_bytes / max(1.0, mine.wire_bytes)
             record["bits_per_value"] = 16.0 * mine.wire_bytes / max(1.0, mine.raw_bytes)
         return record
+
+    def capture_hooks(self, run: Run, step: int) -> list:
+        """--capture-activations: on rank 0, in the plain FSDP2 training's last 16 steps, hooks that
+        keep the input of every MoE block (its tokens' hidden states, BF16)."""
+        a = self.args
+        if not a.capture_activations or self.rank != 0 or run.name != BASELINE or step < a.steps - 16:
+            return []
+        from ciera import models
+
+        def keep(index):
+            def hook(module, args):
+                hidden = args[0].detach()
+                self.captured.setdefault(index, []).append(hidden.reshape(-1, hidden.shape[-1]).to(torch.bfloat16).cpu())
+            return hook
+
+        return [block.register_forward_pre_hook(keep(i)) for i, block in enumerate(models.moe_blocks(run.model))]
+
+    def write_captured(self) -> None:
+        if not self.captured:
+            return
+        from safetensors.torch import save_file
+
+        save_file({f"layer{i}": torch.cat(rows) for i, rows in sorted(self.captured.items())},
+                  self.args.capture_activations, metadata={"what": "inputs of the MoE blocks, rank 0",
+                                                           "model": self.args.model})
 
     def local_params(self, model) -> list:
         return [p.to_local().detach().clone() if hasattr(p, "to_local") else p.detach().clone()

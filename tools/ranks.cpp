@@ -1,0 +1,129 @@
+#include "ranks.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ciera/error.hpp"
+#include "ciera/mpi.hpp"
+#include "report.hpp"
+
+#ifndef CIERA_SOURCE_DIR
+#define CIERA_SOURCE_DIR "."
+#endif
+#ifndef CIERA_MPIEXEC
+#define CIERA_MPIEXEC "mpirun"
+#endif
+
+namespace ciera::tools {
+namespace {
+
+double g_mpi_timeout_s = 60;
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string linklab_script() {
+  if (const char* p = std::getenv("CIERA_LINKLAB")) return p;
+  return std::string(CIERA_SOURCE_DIR) + "/scripts/linklab.sh";
+}
+
+template <typename T>
+T reduce_over_ranks(T mine, MPI_Datatype type, MPI_Op op) {
+  T all{};
+  MPI_Request request;
+  MPI_Iallreduce(&mine, &all, 1, type, op, MPI_COMM_WORLD, &request);
+  wait_all({&request, 1}, "MPI_Iallreduce");
+  return all;
+}
+
+}  // namespace
+
+bool under_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_RANK") != nullptr;
+}
+
+void launch_ranks(int ranks, const Links& links, int argc, char** argv) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) throw Error("cannot find the ciera executable to launch ranks");
+  self[n] = '\0';
+  std::vector<std::string> child = {self};
+  for (int i = 1; i < argc; ++i) child.push_back(argv[i]);
+  child.push_back("--child");
+  std::vector<std::string> cmd;
+  if (links.link_gbit > 0 || links.link_lab) {
+    cmd = {linklab_script(),          "--ranks",    std::to_string(ranks),    "--gbit",
+           fixed(links.link_gbit, 3), "--delay-ms", fixed(links.delay_ms, 3), "--"};
+  } else {
+    cmd = {CIERA_MPIEXEC, "--oversubscribe",     "--allow-run-as-root",
+           "--mca",       "mpi_yield_when_idle", "1",
+           "-np",         std::to_string(ranks)};
+  }
+  cmd.insert(cmd.end(), child.begin(), child.end());
+  std::vector<char*> args;
+  for (auto& a : cmd) args.push_back(a.data());
+  args.push_back(nullptr);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  execvp(args[0], args.data());
+  std::string shown;
+  for (auto& a : cmd) shown += shell_quote(a) + " ";
+  throw Error("could not launch ranks (" + std::string(std::strerror(errno)) + "): " + shown);
+}
+
+void apply_link_lab_environment(Links& links) {
+  if (const char* g = std::getenv("CIERA_LINKLAB_GBIT")) {
+    links.link_lab = true;
+    links.link_gbit = std::atof(g);
+    if (const char* d = std::getenv("CIERA_LINKLAB_DELAY_MS")) links.delay_ms = std::atof(d);
+  }
+}
+
+std::string describe_links(const Links& links) {
+  if (links.link_gbit > 0) return fixed(links.link_gbit, 2) + " Gbit/s (link lab)";
+  return links.link_lab ? "unshaped (link lab)" : "unshaped (mpirun on one host)";
+}
+
+int run_mpi_rank(const std::function<int()>& body) {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  try {
+    if (provided < MPI_THREAD_MULTIPLE) throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
+    const int status = body();
+    mpi_shutdown(2);
+    return status;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ciera (rank %d): error: %s\n", rank, e.what());
+    mpi_abort(2);
+  }
+}
+
+void set_mpi_timeout(double seconds) { g_mpi_timeout_s = seconds; }
+
+void wait_all(std::span<MPI_Request> requests, const char* what) {
+  mpi_wait_all(requests, std::chrono::milliseconds(static_cast<int64_t>(g_mpi_timeout_s * 1000)),
+               what);
+}
+
+void barrier() {
+  MPI_Request request;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  wait_all({&request, 1}, "MPI_Ibarrier");
+}
+
+double max_over_ranks(double mine) { return reduce_over_ranks(mine, MPI_DOUBLE, MPI_MAX); }
+uint64_t sum_over_ranks(uint64_t mine) { return reduce_over_ranks(mine, MPI_UINT64_T, MPI_SUM); }
+
+}  // namespace ciera::tools
