@@ -458,9 +458,8 @@ void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
 // Checks the options, then (from the command line) launches the ranks, or (as one of them) runs.
 [[noreturn]] void run_cpu(const std::shared_ptr<Options>& o, const std::string& command, int argc, char** argv) {
   Request request = parse(*o, command);
-  Links links{o->link_gbit, o->delay_ms, o->link_lab};
-  if (!o->child && !under_mpi()) launch_ranks(o->ranks, links, argc, argv);
-  apply_link_lab_environment(links);
+  const Links links =
+      launch_or_join(o->ranks, {o->link_gbit, o->delay_ms, o->link_lab}, o->child, argc, argv);
   request.options.link_gbit = links.link_gbit;
   request.options.delay_ms = links.delay_ms;
   request.options.link_lab = links.link_lab;

@@ -173,13 +173,23 @@ struct Result {
   uint64_t wrong = 0, coded_values = 0, coded_exponent_bytes = 0;
   double entropy_bits = 0;
   uint32_t hidden = 0;
-};
 
-void add_coding(Result& result, const CollectiveStats& s) {
-  result.coded_values += s.coded_values;
-  result.coded_exponent_bytes += s.coded_exponent_bytes;
-  result.entropy_bits += s.exponent_entropy_bits;
-}
+  // One steady step: the three times (each the slowest rank's) and CIERA's stats.
+  void add_step(double raw, double twin, double ciera, const CollectiveStats& s) {
+    raw_s.push_back(raw);
+    twin_s.push_back(twin);
+    ciera_s.push_back(ciera);
+    raw_bytes.push_back(static_cast<double>(s.raw_bytes));
+    wire_bytes.push_back(static_cast<double>(s.wire_bytes));
+    encode_s.push_back(max_over_ranks(s.encode_s));
+    exchange_s.push_back(max_over_ranks(s.exchange_s));
+    decode_s.push_back(max_over_ranks(s.decode_s));
+    reduce_s.push_back(max_over_ranks(s.reduce_s));
+    coded_values += s.coded_values;
+    coded_exponent_bytes += s.coded_exponent_bytes;
+    entropy_bits += s.exponent_entropy_bits;
+  }
+};
 
 // One step's token exchange: this rank's tokens, routed to ranks by top-2 of 8 experts per rank.
 struct Exchange {
@@ -274,17 +284,7 @@ Result measure_alltoall(const Request& r, int rank, int world) {
     uint64_t wrong = 0;
     for (uint64_t i = 0; i < total; ++i) wrong += raw_out[i] != ciera_out[i];
     result.wrong += sum_over_ranks(wrong);
-    if (step >= r.o.warmup) {
-      result.raw_s.push_back(raw_s);
-      result.twin_s.push_back(twin_s);
-      result.ciera_s.push_back(ciera_s);
-      result.raw_bytes.push_back(static_cast<double>(s.raw_bytes));
-      result.wire_bytes.push_back(static_cast<double>(s.wire_bytes));
-      result.encode_s.push_back(max_over_ranks(s.encode_s));
-      result.exchange_s.push_back(max_over_ranks(s.exchange_s));
-      result.decode_s.push_back(max_over_ranks(s.decode_s));
-      add_coding(result, s);
-    }
+    if (step >= r.o.warmup) result.add_step(raw_s, twin_s, ciera_s, s);
     progress.update(step + 1, "raw " + fixed(raw_s * 1e3, 1) + " ms, ciera " +
                                   fixed(ciera_s * 1e3, 1) + " ms" +
                                   (result.wrong ? ", WRONG ELEMENTS" : ""));
@@ -332,18 +332,7 @@ Result measure_reduce_scatter(const Request& r, int rank, int world) {
       wrong += std::memcmp(ciera_out.data() + i * value_bytes, twin_out.data() + i * value_bytes,
                            value_bytes) != 0;
     result.wrong += sum_over_ranks(wrong);
-    if (step >= r.o.warmup) {
-      result.raw_s.push_back(raw_s);
-      result.twin_s.push_back(twin_s);
-      result.ciera_s.push_back(ciera_s);
-      result.raw_bytes.push_back(static_cast<double>(s.raw_bytes));
-      result.wire_bytes.push_back(static_cast<double>(s.wire_bytes));
-      result.encode_s.push_back(max_over_ranks(s.encode_s));
-      result.exchange_s.push_back(max_over_ranks(s.exchange_s));
-      result.decode_s.push_back(max_over_ranks(s.decode_s));
-      result.reduce_s.push_back(max_over_ranks(s.reduce_s));
-      add_coding(result, s);
-    }
+    if (step >= r.o.warmup) result.add_step(raw_s, twin_s, ciera_s, s);
     progress.update(step + 1, "twin " + fixed(twin_s * 1e3, 1) + " ms, ciera " +
                                   fixed(ciera_s * 1e3, 1) + " ms" +
                                   (result.wrong ? ", WRONG ELEMENTS" : ""));
@@ -498,9 +487,8 @@ void add_common_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
 [[noreturn]] void run(const std::shared_ptr<Options>& o, const std::string& command, int argc,
                       char** argv) {
   Request request = parse(*o, command);
-  Links links{o->link_gbit, o->delay_ms, o->link_lab};
-  if (!o->child && !under_mpi()) launch_ranks(o->ranks, links, argc, argv);
-  apply_link_lab_environment(links);
+  const Links links =
+      launch_or_join(o->ranks, {o->link_gbit, o->delay_ms, o->link_lab}, o->child, argc, argv);
   request.o.link_gbit = links.link_gbit;
   request.o.delay_ms = links.delay_ms;
   request.o.link_lab = links.link_lab;

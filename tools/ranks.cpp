@@ -46,13 +46,11 @@ T reduce_over_ranks(T mine, MPI_Datatype type, MPI_Op op) {
   return all;
 }
 
-}  // namespace
-
 bool under_mpi() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_RANK") != nullptr;
 }
 
-void launch_ranks(int ranks, const Links& links, int argc, char** argv) {
+[[noreturn]] void launch_ranks(int ranks, const Links& links, int argc, char** argv) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) throw Error("cannot find the ciera executable to launch ranks");
@@ -81,12 +79,16 @@ void launch_ranks(int ranks, const Links& links, int argc, char** argv) {
   throw Error("could not launch ranks (" + std::string(std::strerror(errno)) + "): " + shown);
 }
 
-void apply_link_lab_environment(Links& links) {
+}  // namespace
+
+Links launch_or_join(int ranks, Links links, bool child, int argc, char** argv) {
+  if (!child && !under_mpi()) launch_ranks(ranks, links, argc, argv);
   if (const char* g = std::getenv("CIERA_LINKLAB_GBIT")) {
     links.link_lab = true;
     links.link_gbit = std::atof(g);
     if (const char* d = std::getenv("CIERA_LINKLAB_DELAY_MS")) links.delay_ms = std::atof(d);
   }
+  return links;
 }
 
 std::string describe_links(const Links& links) {

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <span>
+#include <string>
 
 namespace ciera::tools {
 
@@ -21,12 +22,11 @@ struct Links {
   bool link_lab = false;  // in the lab even without shaping (TCP over veth)
 };
 
-bool under_mpi();
-// Re-executes this command as `ranks` ranks with --child appended: under mpirun, or under
-// scripts/linklab.sh when `links` asks for the lab.
-[[noreturn]] void launch_ranks(int ranks, const Links& links, int argc, char** argv);
-// Inside the link lab the links are what the lab says, whatever this rank was told.
-void apply_link_lab_environment(Links& links);
+// From the command line (not `child`, not under MPI): re-executes this command as `ranks` ranks
+// with --child appended, under mpirun or, when `links` asks for the lab, under
+// scripts/linklab.sh; does not return. As one of those ranks: returns the links, which inside
+// the link lab are what the lab says, whatever this rank was told.
+Links launch_or_join(int ranks, Links links, bool child, int argc, char** argv);
 std::string describe_links(const Links& links);
 
 // One rank's life: MPI up (MPI_THREAD_MULTIPLE), `body()` (everything MPI-backed gone before it

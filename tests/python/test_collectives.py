@@ -122,3 +122,19 @@ def test_ciera_train_reduce_scatter_refuses(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as refused:
         options.check(options.parser().parse_args([*args, "--out", str(tmp_path)]))
     assert message in f"{refused.value.code} {capsys.readouterr().err}"
+
+
+def test_ciera_train_captures_the_moe_inputs(tmp_path):
+    """--capture-activations: rank 0's inputs of every MoE block over the plain training's last
+    steps, BF16 [tokens, hidden], as ciera bench alltoall --input reads them."""
+    from safetensors.torch import load_file
+
+    target = tmp_path / "moe-inputs.safetensors"
+    args = [a for a in TINY if a != "--json"]
+    done = subprocess.run([sys.executable, "-m", "ciera.train", *args, "--capture-activations", str(target),
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    tensors = load_file(str(target))
+    # One layer; 4 steps of 2 sequences of 32 tokens; hidden 64.
+    assert list(tensors) == ["layer0"] and tensors["layer0"].shape == (4 * 2 * 32, 64)
+    assert tensors["layer0"].dtype == torch.bfloat16 and tensors["layer0"].abs().sum() > 0

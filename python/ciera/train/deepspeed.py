@@ -215,9 +215,7 @@ def render(s: dict, run_dir) -> str:
     rows = [
         ("model", f"{s['model']} ({s['params']:,} BF16 parameters), {s['ranks']} ranks, DeepSpeed "
                   f"{s['deepspeed_version']} ZeRO-3 ({s['buckets']} parameters, one engine bucket each)"),
-        ("links", s["links"]),
-        ("steps", f"{s['steps']} per run; steady state = steps {min(s['warmup'], s['steps'] - 1) + 1}..{s['steps']}"),
-        ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
+        *pair.run_rows(s),
         ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  ratio "
                                  f"{s['ratio'] or float('nan'):.3f}x ({s['bits_per_value'] or float('nan'):.3f} "
                                  "bits/value)"),

@@ -104,6 +104,15 @@ def timing_fields(m: dict, comm: str, base: str) -> dict:
     }
 
 
+def run_rows(s: dict, steps_note: str = "") -> list[tuple[str, str]]:
+    """The table rows every comparison's summary starts with after its model: links, steps (and
+    the steady state), loss."""
+    steady = min(s["warmup"], s["steps"] - 1) + 1
+    return [("links", s["links"]),
+            ("steps", f"{s['steps']} per run; steady state = steps {steady}..{s['steps']}{steps_note}"),
+            ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}")]
+
+
 def ratio(base_s, ours_s):
     return base_s / ours_s if base_s is not None and ours_s else None
 

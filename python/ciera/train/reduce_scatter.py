@@ -163,9 +163,7 @@ def render(s: dict, run_dir) -> str:
     rows = [
         ("model", f"{s['model']} ({s['params']:,} parameters), {s['ranks']} ranks, FSDP2 with its own all-gather; "
                   f"{s['reduce_dtype'].upper()} gradients"),
-        ("links", s["links"]),
-        ("steps", f"{s['steps']} per run; steady state = steps {min(s['warmup'], s['steps'] - 1) + 1}..{s['steps']}"),
-        ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
+        *pair.run_rows(s),
         ("reduce-scatter bytes/step", f"raw {s['reduce_scatter_raw_bytes']:,}  wire {s['reduce_scatter_wire_bytes']:,}"
                                       f"  ratio {s['reduce_scatter_ratio'] or float('nan'):.3f}x "
                                       f"({s['reduce_scatter_bits_per_value'] or float('nan'):.2f} bits/value)"),

@@ -170,10 +170,7 @@ def render(s: dict, run_dir) -> str:
     rows = [
         ("model", f"{s['model']} ({s['params']:,} BF16 parameters), {s['ranks']} ranks, DDP + ZeRO-1/2 "
                   f"(Adam on FP32 masters); values per rank {', '.join(f'{n:,}' for n in s['values_per_rank'])}"),
-        ("links", s["links"]),
-        ("steps", f"{s['steps']} per run; steady state = steps {min(s['warmup'], s['steps'] - 1) + 1}..{s['steps']}"
-                  + (" (step 1 carries the key frames)" if s["warmup"] == 1 else "")),
-        ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
+        *pair.run_rows(s, " (step 1 carries the key frames)" if s["warmup"] == 1 else ""),
         ("sync bytes/step", f"raw {s['sync_raw_bytes']:,}  wire {s['sync_wire_bytes']:,}  ratio "
                             f"{s['ratio'] or float('nan'):.3f}x ({s['bits_per_value'] or float('nan'):.3f} bits/value, "
                             f"policy {s['policy']}; first sync {s['first_sync_wire_bytes']:,})"),
