@@ -3,7 +3,7 @@
 #   1. release build: all GoogleTest suites through ctest; with nvcc on the machine the CUDA
 #      codec is compiled too (for sm_80/sm_90), and its GPU tests report "Skipped" without a GPU;
 #   2. AddressSanitizer + UBSan build: the unit and MPI tests again;
-#   3. ThreadSanitizer build: the engine tests;
+#   3. ThreadSanitizer build: the engine and lossless-collectives tests;
 #   4. the Python package, installed with pip into .venv, and its pytest suite;
 #   5. libFuzzer targets (clang): each fuzzer for CIERA_FUZZ_SECONDS (default 30) from its
 #      committed seed corpus (scripts/fuzz.sh).
@@ -27,9 +27,9 @@ dir=$("$root/scripts/build.sh" asan)
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
   ctest --test-dir "$dir" --output-on-failure -j "$jobs"
 
-echo "== ThreadSanitizer: the engine's threads (worker pool, communication thread, callers)"
+echo "== ThreadSanitizer: the engine's threads (worker pool, communication thread, callers) and the collectives' rounds"
 dir=$("$root/scripts/build.sh" tsan)
-TSAN_OPTIONS=halt_on_error=1 "$dir/tests/ciera_unit_tests" --gtest_brief=1 --gtest_filter='*Engine*:*Adaptive*'
+TSAN_OPTIONS=halt_on_error=1 "$dir/tests/ciera_unit_tests" --gtest_brief=1 --gtest_filter='*Engine*:*Adaptive*:*ReduceScatter*:*Alltoallv*:*Collective*'
 
 echo "== Python package (pip install .) and its tests: FSDP2 on 2-4 ranks, ciera train"
 python=$("$root/scripts/python-env.sh")
