@@ -24,6 +24,8 @@ void bind_collectives(py::module_& m) {
       .def_readwrite("coding", &CollectivesConfig::coding)
       .def_readwrite("content_checksum", &CollectivesConfig::content_checksum)
       .def_readwrite("block_values", &CollectivesConfig::block_values)
+      .def_readwrite("slice_values", &CollectivesConfig::slice_values)
+      .def_readwrite("worker_threads", &CollectivesConfig::worker_threads)
       .def("validate", &CollectivesConfig::validate);
 
   py::class_<CollectiveStats>(m, "CollectiveStats")
