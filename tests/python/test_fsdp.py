@@ -111,19 +111,16 @@ def test_reselection_every_few_steps_stays_exact_without_overlap():
         assert r["losses_equal"] and r["params_equal"] and r["wrong_bytes"] == 0, r
 
 
-def test_measured_cost_model_on_a_fast_local_link_selects_little_and_stays_exact():
+def test_measured_cost_model_selects_by_its_own_numbers_and_stays_exact():
     """Here the cost model is measured on loopback TCP between two processes sharing this machine's
-    few cores: a link faster than decoding, for buckets of a few KiB whose compressed rounds cost
-    two extra exchanges. Compression cannot pay for much of that, and whatever is chosen must follow
-    from the model's own numbers (no timing is asserted)."""
+    few cores. What it selects depends on what it measured (usually little: the link is faster
+    than decoding; but a loaded machine measures a slower link), so only that the selection follows
+    from the model's own numbers is asserted, never how much it takes (that would be a timing)."""
     results = all_ok(spawn(w.selection_vs_plain, 2, 10**12, 0, True, True))
     for r in results:
         assert r["losses_equal"] and r["params_equal"] and r["wrong_bytes"] == 0, r
         assert r["peak_cache_bytes"] <= r["selected_cache_bytes"], r
         shards, chosen = r["shards"], [s for s in r["shards"] if s["chosen"]]
-        # Little is selected: at most a quarter of the parameters and of the gathered bytes.
-        assert len(chosen) <= len(shards) // 4, [s["name"] for s in chosen]
-        assert sum(s["raw_bytes"] for s in chosen) <= 0.25 * sum(s["raw_bytes"] for s in shards), chosen
         # The selection follows from the cost model: g_i = dComm_i - T_decode (overlapped, so
         # encoding is off the critical path), only gains above zero are taken, a chosen shard is
         # expected to send fewer bytes, the cache is what the chosen shards hold, and the chosen gains pay for
