@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "analysis/safetensors.hpp"
@@ -124,6 +125,15 @@ CollectivesConfig config_of(const Request& r, CollectiveCoding coding) {
   c.slice_values = r.o.slice_values;
   c.worker_threads = r.o.threads;
   return c;
+}
+
+// CIERA's collectives with --coding and their uncoded twin, on one MPI transport that waits no
+// longer than --timeout.
+std::pair<LosslessCollectives, LosslessCollectives> contenders(const Request& r) {
+  std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
+  transport->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(r.o.timeout_s * 1000)));
+  return {LosslessCollectives(transport, config_of(r, r.coding)),
+          LosslessCollectives(transport, config_of(r, CollectiveCoding::kRaw))};
 }
 
 // ---- Data ------------------------------------------------------------------------------------
@@ -249,10 +259,7 @@ Exchange route(const Request& r, int rank, int world, uint32_t step) {
 }
 
 Result measure_alltoall(const Request& r, int rank, int world) {
-  std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
-  transport->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(r.o.timeout_s * 1000)));
-  LosslessCollectives ciera(transport, config_of(r, r.coding));
-  LosslessCollectives twin(transport, config_of(r, CollectiveCoding::kRaw));
+  auto [ciera, twin] = contenders(r);
   Result result;
   result.world = world;
   result.hidden = r.o.hidden;
@@ -294,10 +301,7 @@ Result measure_alltoall(const Request& r, int rank, int world) {
 }
 
 Result measure_reduce_scatter(const Request& r, int rank, int world) {
-  std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
-  transport->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(r.o.timeout_s * 1000)));
-  LosslessCollectives ciera(transport, config_of(r, r.coding));
-  LosslessCollectives twin(transport, config_of(r, CollectiveCoding::kRaw));
+  auto [ciera, twin] = contenders(r);
   const uint64_t n = r.o.values;
   const uint32_t value_bytes = dtype_info(r.dtype).value_bytes;
   std::vector<std::byte> ciera_out(n * value_bytes), twin_out(n * value_bytes),
