@@ -237,6 +237,70 @@ TEST(Selector, RejectsInconsistentCandidates) {
   EXPECT_THROW(select_shards(std::vector{negative}, model, SelectorOptions{}), ConfigError);
 }
 
+// FSDP2 with reshard_after_forward=N gathers a layer on two groups: the world (forward) and N
+// ranks of a node (backward). Each group's shards are priced on its own link; one budget covers
+// the codec state of both engines.
+TEST(SelectorGroups, EachGroupIsPricedOnItsOwnLinkUnderOneBudget) {
+  std::vector<CostModel> models = {linear_model(4), linear_model(2)};
+  models[1].allgather = CommCurve::fit({{0, 1e-5}, {1e8, 1e-5 + 0.001}});  // 100 GB/s inside a node
+  std::vector<ShardCandidate> shards;
+  for (size_t b = 0; b < 2; ++b) {
+    shards.push_back(candidate(b, 0, 1 << 18, 4, 0.0));  // group 0: a quarter of the layer per rank
+    ShardCandidate node = candidate(b, 0, 1 << 19, 2, 0.0);  // group 1: half of it per rank
+    node.group = 1;
+    shards.push_back(node);
+  }
+  SelectorOptions unlimited;
+  const Selection all = select_shards(shards, models, unlimited);
+  // Compressing saves ~1.3 ms per gather on the slow link, but ~1 us inside the node, less
+  // than decoding costs: only group 0's shards are worth it, whatever the budget.
+  EXPECT_EQ(all.chosen_count(), 2u);
+  for (size_t b = 0; b < 2; ++b) {
+    EXPECT_EQ(all.policy(0, b, 0), ShardPolicy::kCiera);
+    EXPECT_EQ(all.policy(1, b, 0), ShardPolicy::kRaw);
+  }
+  // The same shards once more, every group on the slow link: all four are worth it, and the budget
+  // (this rank's state in both engines) takes as many as fit.
+  models[1] = linear_model(2);
+  SelectorOptions budget;
+  budget.cache_budget_bytes = all.cache_bytes + 2 * (1 << 19);  // and one group-1 shard
+  const Selection some = select_shards(shards, models, budget);
+  EXPECT_LE(some.cache_bytes, budget.cache_budget_bytes);
+  EXPECT_EQ(some.chosen_count(), 3u);
+  uint64_t used = 0;
+  for (const ShardChoice& c : some.shards) used += c.chosen_memory_bytes;
+  EXPECT_EQ(used, some.cache_bytes);
+  // Same memory per shard (2^20 bytes) and the same bytes saved, but a group-1 rank decodes one
+  // peer's half where a group-0 rank decodes three quarters: group 1's shards rank first, then
+  // group 0's by bucket. Buckets are per group: group 0's bucket 1 is the one left out.
+  EXPECT_EQ(some.policy(1, 0, 0), ShardPolicy::kCiera);
+  EXPECT_EQ(some.policy(1, 1, 0), ShardPolicy::kCiera);
+  EXPECT_EQ(some.policy(0, 0, 0), ShardPolicy::kCiera);
+  EXPECT_EQ(some.policy(0, 1, 0), ShardPolicy::kRaw);
+}
+
+TEST(SelectorGroups, OneModelIsGroupZeroAndBadGroupsAreRejected) {
+  const CostModel model = linear_model(2);
+  const std::vector<ShardCandidate> shards = {candidate(0, 0, 1 << 18, 2, 0.0),
+                                              candidate(1, 0, 1 << 18, 2, 0.3)};
+  const Selection one = select_shards(shards, model, SelectorOptions{});
+  const Selection listed = select_shards(shards, std::vector{model}, SelectorOptions{});
+  ASSERT_EQ(one.shards.size(), listed.shards.size());
+  for (size_t i = 0; i < one.shards.size(); ++i) {
+    EXPECT_EQ(one.shards[i].policy, listed.shards[i].policy);
+    EXPECT_EQ(one.shards[i].gain_s, listed.shards[i].gain_s);
+  }
+  ShardCandidate stray = candidate(0, 0, 10, 2, 0.0);
+  stray.group = 1;
+  EXPECT_THROW(select_shards(std::vector{stray}, std::vector{model}, SelectorOptions{}),
+               ConfigError);
+  ShardCandidate wrong_world = candidate(0, 0, 10, 4, 0.0);
+  wrong_world.group = 1;
+  EXPECT_THROW(
+      select_shards(std::vector{wrong_world}, std::vector{model, model}, SelectorOptions{}),
+      ConfigError);
+}
+
 TEST(Selector, CacheBytesPredictionMatchesTheCodec) {
   for (ChangeDetection detection : {ChangeDetection::kExact, ChangeDetection::kHash}) {
     CodecConfig config;

@@ -175,6 +175,10 @@ double expected_delta_payload_bytes(uint64_t values, double section_bits_per_val
 
 // One parameter of one bucket, as the selector sees it. Every rank passes identical candidates.
 struct ShardCandidate {
+  // The engine (process group) the shard is gathered by: an index into the cost models given to
+  // select_shards. FSDP2 may gather a layer on more than one group (reshard_after_forward=N);
+  // each group's engine holds its own state, and one budget covers all of them.
+  size_t group = 0;
   size_t bucket = 0;
   size_t param = 0;
   std::string name;  // for the table
@@ -240,8 +244,10 @@ struct Selection {
   double gain_s = 0;                // sum of the chosen gains, minus bucket round overheads
 
   size_t chosen_count() const;
-  // The engine policy of `bucket`'s parameter `param` (raw when not a candidate).
+  // The engine policy of `bucket`'s parameter `param` (raw when not a candidate), in group 0
+  // or in `group`.
   ShardPolicy policy(size_t bucket, size_t param) const;
+  ShardPolicy policy(size_t group, size_t bucket, size_t param) const;
   size_t count(ShardPolicy policy) const;
 };
 
@@ -261,5 +267,10 @@ double compressed_round_overhead_s(const CostModel& model);
 // Deterministic: ties are broken by (bucket, param). Throws ConfigError on inconsistent input.
 Selection select_shards(std::span<const ShardCandidate> candidates, const CostModel& model,
                         const SelectorOptions& options);
+// The same over shards of several groups, each priced with its group's cost model
+// (models[candidate.group]: its transport and world size), ranked together under one budget:
+// the budget is this rank's codec state in all its engines. Buckets are per group.
+Selection select_shards(std::span<const ShardCandidate> candidates,
+                        std::span<const CostModel> models, const SelectorOptions& options);
 
 }  // namespace ciera

@@ -22,8 +22,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "ciera/error.hpp"
 #include "ciera/selection.hpp"
@@ -49,8 +52,13 @@ size_t Selection::chosen_count() const {
 }
 
 ShardPolicy Selection::policy(size_t bucket, size_t param) const {
+  return policy(0, bucket, param);
+}
+
+ShardPolicy Selection::policy(size_t group, size_t bucket, size_t param) const {
   for (const ShardChoice& c : shards) {
-    if (c.shard.bucket == bucket && c.shard.param == param) return c.policy;
+    if (c.shard.group == group && c.shard.bucket == bucket && c.shard.param == param)
+      return c.policy;
   }
   return ShardPolicy::kRaw;
 }
@@ -158,17 +166,29 @@ std::string chosen_reason(ShardPolicy policy) { return policy == ShardPolicy::kD
 
 Selection select_shards(std::span<const ShardCandidate> candidates, const CostModel& model,
                         const SelectorOptions& options) {
+  return select_shards(candidates, std::span<const CostModel>(&model, 1), options);
+}
+
+Selection select_shards(std::span<const ShardCandidate> candidates,
+                        std::span<const CostModel> models, const SelectorOptions& options) {
   options.codec.validate();
-  const size_t world = size_t(model.world_size);
   Selection selection;
   selection.budget_bytes = options.cache_budget_bytes;
   selection.shards.reserve(candidates.size());
 
-  size_t buckets = 0;
+  // Buckets are per group: (group, bucket) numbered densely, in that order.
+  std::map<std::pair<size_t, size_t>, size_t> bucket_ids;
   for (const ShardCandidate& c : candidates) {
+    if (c.group >= models.size()) {
+      throw ConfigError("select_shards: shard " + c.name + " is in group " +
+                        std::to_string(c.group) + ", but " + std::to_string(models.size()) +
+                        " cost model(s) were given");
+    }
+    const size_t world = size_t(models[c.group].world_size);
     if (c.shard_values.size() != world) {
-      throw ConfigError("select_shards: shard " + c.name + " lists " + std::to_string(c.shard_values.size()) +
-                        " ranks, the cost model " + std::to_string(world));
+      throw ConfigError("select_shards: shard " + c.name + " lists " +
+                        std::to_string(c.shard_values.size()) +
+                        " ranks, the cost model of its group " + std::to_string(world));
     }
     for (const double rate : {c.block_change_rate, c.value_change_rate}) {
       if (!(rate >= 0 && rate <= 1)) {
@@ -180,12 +200,21 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
       throw ConfigError("select_shards: shard " + c.name + " has delta_bits_per_value " +
                         std::to_string(c.delta_bits_per_value));
     }
-    buckets = std::max(buckets, c.bucket + 1);
+    bucket_ids.emplace(std::pair(c.group, c.bucket), 0);
   }
+  std::vector<double> round_overhead_s;  // per bucket id: its group's compressed-round overhead
+  for (auto& [key, id] : bucket_ids) {
+    id = round_overhead_s.size();
+    round_overhead_s.push_back(compressed_round_overhead_s(models[key.first]));
+  }
+  const size_t buckets = bucket_ids.size();
+  const auto bucket_of = [&](const ShardCandidate& c) {
+    return bucket_ids.at(std::pair(c.group, c.bucket));
+  };
   std::vector<double> bucket_raw_bytes(buckets, 0.0);
   for (const ShardCandidate& c : candidates) {
     const double vb = dtype_info(c.dtype).value_bytes;
-    for (const uint64_t n : c.shard_values) bucket_raw_bytes[c.bucket] += double(n) * vb;
+    for (const uint64_t n : c.shard_values) bucket_raw_bytes[bucket_of(c)] += double(n) * vb;
   }
 
   CodecConfig ciera_codec = options.codec;
@@ -193,12 +222,13 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
   CodecConfig delta_codec = options.codec;
   delta_codec.stream_kind = StreamKind::kValueDelta;
   for (const ShardCandidate& c : candidates) {
+    const CostModel& model = models[c.group];
     ShardChoice choice;
     choice.shard = c;
     const double vb = dtype_info(c.dtype).value_bytes;
     for (const uint64_t n : c.shard_values) choice.raw_bytes += double(n) * vb;
     const bool empty = choice.raw_bytes == 0;
-    const double bucket_bytes = bucket_raw_bytes[c.bucket];
+    const double bucket_bytes = bucket_raw_bytes[bucket_of(c)];
 
     ciera_codec.dtype = c.dtype;
     PolicyEstimate ciera = estimate(c, ciera_codec, model.throughput(c.dtype), model, bucket_bytes, [&](uint64_t n) {
@@ -229,7 +259,7 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
   }
 
   // Every shard's hull steps, ranked by incremental gain per incremental byte; ties by
-  // (bucket, param), then along the hull.
+  // (group, bucket, param), then along the hull.
   std::vector<std::vector<Option>> shard_options;
   std::vector<Step> steps;
   for (size_t i = 0; i < selection.shards.size(); ++i) {
@@ -240,8 +270,7 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
     if (x.score() != y.score()) return x.score() > y.score();
     const ShardCandidate& a = selection.shards[x.shard].shard;
     const ShardCandidate& b = selection.shards[y.shard].shard;
-    if (a.bucket != b.bucket) return a.bucket < b.bucket;
-    return a.param < b.param;
+    return std::tie(a.group, a.bucket, a.param) < std::tie(b.group, b.bucket, b.param);
   });
   // Upgrades off the ranking, tried in the same shard order.
   std::vector<size_t> shard_order;
@@ -249,20 +278,19 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
     if (s.from == 0) shard_order.push_back(s.shard);
   }
 
-  const double round_overhead_s = compressed_round_overhead_s(model);
   std::vector<bool> bucket_dropped(buckets, false);
   for (;;) {
     uint64_t used = 0;
     std::vector<size_t> at(selection.shards.size(), 0);  // the option each shard holds
     for (const Step& s : steps) {
       const ShardChoice& c = selection.shards[s.shard];
-      if (bucket_dropped[c.shard.bucket] || at[s.shard] != s.from) continue;
+      if (bucket_dropped[bucket_of(c.shard)] || at[s.shard] != s.from) continue;
       if (s.memory_bytes > options.cache_budget_bytes - used) continue;  // and its later steps
       used += s.memory_bytes;
       at[s.shard] = s.to;
     }
     for (const size_t i : shard_order) {
-      if (bucket_dropped[selection.shards[i].shard.bucket]) continue;
+      if (bucket_dropped[bucket_of(selection.shards[i].shard)]) continue;
       const std::vector<Option>& o = shard_options[i];
       size_t best = at[i];
       for (size_t k = 1; k < o.size(); ++k) {
@@ -285,25 +313,27 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
       c.chosen_memory_bytes = o.memory_bytes;
       c.chosen_gain_s = o.gain_s;
       if (shard_options[i].size() == 1) continue;  // no option: its reason says why
-      if (bucket_dropped[c.shard.bucket]) {
-        c.reason = "bucket gain below its round overhead (" + format_seconds(round_overhead_s) + ")";
+      if (bucket_dropped[bucket_of(c.shard)]) {
+        c.reason = "bucket gain below its round overhead (" +
+                   format_seconds(round_overhead_s[bucket_of(c.shard)]) + ")";
       } else if (c.chosen) {
         c.reason = chosen_reason(c.policy);
-        bucket_gain[c.shard.bucket] += o.gain_s;
-        bucket_chosen[c.shard.bucket] = true;
+        bucket_gain[bucket_of(c.shard)] += o.gain_s;
+        bucket_chosen[bucket_of(c.shard)] = true;
       } else {
         c.reason = "over budget";
       }
     }
     bool dropped_any = false;
     for (size_t b = 0; b < buckets; ++b) {
-      if (bucket_chosen[b] && bucket_gain[b] <= round_overhead_s) bucket_dropped[b] = dropped_any = true;
+      if (bucket_chosen[b] && bucket_gain[b] <= round_overhead_s[b])
+        bucket_dropped[b] = dropped_any = true;
     }
     if (dropped_any) continue;  // the freed budget may go to shards of other buckets
     selection.cache_bytes = used;
     selection.gain_s = 0;
     for (size_t b = 0; b < buckets; ++b) {
-      if (bucket_gain[b] > 0) selection.gain_s += bucket_gain[b] - round_overhead_s;
+      if (bucket_gain[b] > 0) selection.gain_s += bucket_gain[b] - round_overhead_s[b];
     }
     return selection;
   }
