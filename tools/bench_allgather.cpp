@@ -7,8 +7,11 @@
 // elements over ranks, as nccl-tests does.
 //
 // Run without MPI around it, the command launches itself: under mpirun, or under
-// scripts/linklab.sh when --link-gbit is given. Parse (every option checked, before any rank is
-// launched) -> measure on every rank (an AllgatherResult on rank 0) -> render (table or JSON).
+// scripts/linklab.sh when --link-gbit is given (with --nodes K --ranks-per-node R, the lab's
+// two-level network: R ranks per node, one shaped uplink per node). In the lab the report also
+// counts the bytes each contender puts on the uplinks: the inter-node traffic. Parse (every option
+// checked, before any rank is launched) -> measure on every rank (an AllgatherResult on rank 0) ->
+// render (table or JSON).
 #include <mpi.h>
 #include <sched.h>
 #include <unistd.h>
@@ -46,6 +49,10 @@ namespace {
 // The command line as CLI11 binds it: raw values, not yet checked.
 struct Options {
   int ranks = 4;
+  bool ranks_given = false;
+  int nodes = 0;  // with ranks_per_node: the link lab's two-level network
+  int ranks_per_node = 0;
+  bool nodes_given = false;  // either of the two
   uint64_t params = 16ull << 20;
   std::string dtype = "bf16";
   uint32_t steps = 60;
@@ -70,7 +77,8 @@ struct Options {
 };
 
 struct Request {
-  Options options;  // as given (the link lab's environment may override the links on a rank)
+  Options options;  // as given, ranks = nodes x ranks_per_node (the link lab's environment may
+                    // override the links on a rank)
   std::string command;
   DType dtype = DType::kBF16;
   uint32_t value_bytes = 2;
@@ -86,7 +94,26 @@ Request parse(const Options& o, const std::string& command) {
   r.command = command;
   r.dtype = parse_dtype(o.dtype);
   r.value_bytes = dtype_info(r.dtype).value_bytes;
-  require(o.ranks >= 1, "--ranks must be at least 1");
+  const bool lab = o.link_gbit > 0 || o.link_lab;
+  if (o.nodes_given) {
+    require(o.nodes >= 1 && o.ranks_per_node >= 1,
+            "--nodes and --ranks-per-node go together, each at least 1");
+    const int64_t world = int64_t{o.nodes} * o.ranks_per_node;
+    require(!o.ranks_given || o.ranks == world,
+            "--ranks " + std::to_string(o.ranks) + " disagrees with --nodes " +
+                std::to_string(o.nodes) + " --ranks-per-node " + std::to_string(o.ranks_per_node) +
+                " (" + std::to_string(world) + " ranks)");
+    // Without the lab every rank shares one host's memory: nodes would be a label only.
+    require(lab,
+            "--nodes and --ranks-per-node place the ranks on the link lab's nodes; add "
+            "--link-gbit G (or --link-lab)");
+    require(world <= kLinkLabMaxRanks, "--nodes " + std::to_string(o.nodes) + " --ranks-per-node " +
+                                           std::to_string(o.ranks_per_node) +
+                                           ": the link lab has room for at most " +
+                                           std::to_string(kLinkLabMaxRanks) + " ranks");
+    r.options.ranks = static_cast<int>(world);
+  }
+  require(r.options.ranks >= 1, "--ranks must be at least 1");
   require(o.params >= 1, "--params must be at least 1");
   require(o.buckets >= 1, "--buckets must be at least 1");
   require(o.buckets <= o.params, "--buckets must not exceed --params");
@@ -104,16 +131,17 @@ Request parse(const Options& o, const std::string& command) {
   codec.validate();
   require(o.codec == "raw" || o.codec == "ciera" || o.codec == "auto" || o.codec == "delta",
           "--codec must be raw, ciera, auto or delta");
-  require(!o.broadcast || (o.root >= 0 && o.root < o.ranks),
-          "--root " + std::to_string(o.root) + " is not a rank of " + std::to_string(o.ranks));
+  require(
+      !o.broadcast || (o.root >= 0 && o.root < r.options.ranks),
+      "--root " + std::to_string(o.root) + " is not a rank of " + std::to_string(r.options.ranks));
   require(std::isfinite(o.lr) && o.lr > 0, "--lr must be a finite number > 0");
   require(std::isfinite(o.timeout_s) && o.timeout_s > 0, "--timeout must be a number of seconds > 0");
   require(std::isfinite(o.link_gbit) && o.link_gbit >= 0, "--link-gbit must be >= 0");
   require(std::isfinite(o.delay_ms) && o.delay_ms >= 0, "--delay-ms must be >= 0");
   // The link lab puts the ranks on one /24 beside its hub (scripts/linklab.sh).
-  require(!(o.link_gbit > 0 || o.link_lab) || o.ranks <= kLinkLabMaxRanks,
-          "--ranks " + std::to_string(o.ranks) + ": the link lab has room for at most " +
-              std::to_string(kLinkLabMaxRanks) + " ranks");
+  require(!lab || o.ranks <= kLinkLabMaxRanks, "--ranks " + std::to_string(o.ranks) +
+                                                   ": the link lab has room for at most " +
+                                                   std::to_string(kLinkLabMaxRanks) + " ranks");
   return r;
 }
 
@@ -167,6 +195,9 @@ struct AllgatherResult {
   int world = 0;
   uint64_t raw_bytes = 0;  // one step's gathered output, all buckets
   std::vector<double> raw_s, ciera_s, wire_bytes, encode_s, decode_s, exchange_s;
+  // The link lab's inter-node bytes in each contender's part of a step (uplink_bytes_sent()),
+  // empty outside the lab.
+  std::vector<double> inter_node_raw_bytes, inter_node_ciera_bytes;
   uint64_t wrong_total = 0;
   size_t cache_bytes_per_rank = 0;
 };
@@ -286,12 +317,23 @@ AllgatherResult measure(const Request& r, int rank, int world) {
   result.world = world;
   result.raw_bytes = bench.raw_bytes();
   Progress progress(o.broadcast ? "bench broadcast" : "bench allgather", o.steps, rank == 0 && !o.quiet);
+  const bool counting_uplinks = rank == 0 && uplink_bytes_sent().has_value();
+  const auto uplink_bytes = [&] { return counting_uplinks ? uplink_bytes_sent().value_or(0) : 0; };
   for (uint32_t step = 0; step < o.steps; ++step) {
     if (step > 0) bench.advance();
     StepTimes t;
+    // Each reading follows a collective every rank has finished, so between two of them lie one
+    // contender's gathers plus a barrier and an allreduce (a few hundred bytes).
+    const uint64_t before_raw = uplink_bytes();
     t.raw_s = bench.gather_raw();
+    const uint64_t before_ciera = uplink_bytes();
     bench.gather_engine(t);
+    const uint64_t after = uplink_bytes();
     result.wrong_total += bench.wrong_elements();
+    if (step >= o.warmup && counting_uplinks) {
+      result.inter_node_raw_bytes.push_back(static_cast<double>(before_ciera - before_raw));
+      result.inter_node_ciera_bytes.push_back(static_cast<double>(after - before_ciera));
+    }
     if (step >= o.warmup) {
       result.raw_s.push_back(t.raw_s);
       result.ciera_s.push_back(t.ciera_s);
@@ -331,6 +373,8 @@ nlohmann::json allgather_json(const Request& r, const AllgatherResult& result) {
                  {"lr", o.lr},              {"seed", o.seed},
                  {"collective", o.broadcast ? "broadcast" : "allgather"}};
   if (o.broadcast) j["config"]["root"] = o.root;
+  j["config"]["nodes"] = o.nodes;  // ranks n*R .. n*R+R-1 share node n (Links)
+  j["config"]["ranks_per_node"] = o.ranks_per_node;
   j["raw_ms"] = raw_ms;
   j["ciera_ms"] = ciera_ms;
   j["speedup"] = raw_ms / ciera_ms;
@@ -347,6 +391,10 @@ nlohmann::json allgather_json(const Request& r, const AllgatherResult& result) {
   j["wrong_elements"] = result.wrong_total;
   j["verified"] = result.wrong_total == 0;
   j["cache_bytes_per_rank"] = result.cache_bytes_per_rank;
+  if (!result.inter_node_raw_bytes.empty()) {
+    j["inter_node_bytes_raw"] = median(result.inter_node_raw_bytes);
+    j["inter_node_bytes_ciera"] = median(result.inter_node_ciera_bytes);
+  }
   return j;
 }
 
@@ -359,10 +407,11 @@ void print_report(const Request& r, const nlohmann::json& j, std::ostream& out) 
   const double bus = o.broadcast ? 1.0 : static_cast<double>(world - 1) / world;
   const uint64_t raw_bytes = j["bytes_raw"].get<uint64_t>();
   const double wire = j["bytes_wire"].get<double>();
-  out << (o.broadcast ? "ciera bench broadcast (root " + std::to_string(o.root) + "): " : std::string("ciera bench allgather: "))
-      << world << " ranks, " << o.params << " " << o.dtype << " params in "
-      << o.buckets << " buckets, " << o.steps << " steps (" << o.warmup << " warmup), links "
-      << describe_links({o.link_gbit, o.delay_ms, o.link_lab})
+  out << (o.broadcast ? "ciera bench broadcast (root " + std::to_string(o.root) + "): "
+                      : std::string("ciera bench allgather: "))
+      << world << " ranks, " << o.params << " " << o.dtype << " params in " << o.buckets
+      << " buckets, " << o.steps << " steps (" << o.warmup << " warmup), links "
+      << describe_links({o.link_gbit, o.delay_ms, o.link_lab, o.nodes, o.ranks_per_node})
       << "\nmachine: " << j["machine"].get<std::string>() << "\n\n";
   Table t({"", "time/step (ms)", "wire bytes", "algbw GB/s", "busbw GB/s"});
   t.add({o.broadcast ? "MPI_Bcast (raw)" : "MPI_Allgatherv (raw)", fixed(raw_ms, 2), std::to_string(raw_bytes), fixed(raw_algbw, 3), fixed(raw_algbw * bus, 3)});
@@ -373,6 +422,13 @@ void print_report(const Request& r, const nlohmann::json& j, std::ostream& out) 
       << " ms (overlapped), exchange " << fixed(j["exchange_ms"].get<double>(), 2) << " ms, decode "
       << fixed(j["decode_ms"].get<double>(), 2) << " ms\n"
       << "wrong elements (all ranks, all steps): " << j["wrong_elements"].get<uint64_t>() << "\n";
+  if (j.contains("inter_node_bytes_raw")) {
+    const double raw_inter = j["inter_node_bytes_raw"].get<double>();
+    const double ciera_inter = j["inter_node_bytes_ciera"].get<double>();
+    out << "inter-node bytes per step (all node uplinks, frames whole, medians): "
+        << (o.broadcast ? "MPI_Bcast " : "MPI_Allgatherv ") << fixed(raw_inter, 0) << ", engine "
+        << fixed(ciera_inter, 0) << " (" << fixed(raw_inter / ciera_inter, 3) << "x fewer)\n";
+  }
 }
 
 int run_child(const Request& r) {
@@ -400,7 +456,8 @@ int run_child(const Request& r) {
 // --device cuda: ncclAllGather against the engine on device memory (bench_allgather_cuda.hpp).
 int run_cuda(const Options& o, const std::string& command) {
 #if defined(CIERA_WITH_NCCL)
-  require(o.link_gbit == 0 && !o.link_lab, "--link-gbit and --link-lab apply to --device cpu");
+  require(o.link_gbit == 0 && !o.link_lab && !o.nodes_given,
+          "--link-gbit, --link-lab, --nodes and --ranks-per-node apply to --device cpu");
   NcclBenchOptions d;
   d.ranks = o.ranks;
   d.dtype = o.dtype;
@@ -432,14 +489,26 @@ namespace {
 
 // The options `bench allgather` and `bench broadcast` share.
 void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
-  cmd->add_option("--ranks", o->ranks, "ranks (processes)")->capture_default_str();
+  cmd->add_option("--ranks", o->ranks, "ranks (processes)")
+      ->capture_default_str()
+      ->each([o](const std::string&) { o->ranks_given = true; });
+  cmd->add_option("--nodes", o->nodes,
+                  "link lab nodes, one shaped uplink each (with --ranks-per-node; ranks = "
+                  "nodes x ranks per node)")
+      ->each([o](const std::string&) { o->nodes_given = true; });
+  cmd->add_option("--ranks-per-node", o->ranks_per_node,
+                  "link lab ranks sharing each node's uplink (unshaped links between them)")
+      ->each([o](const std::string&) { o->nodes_given = true; });
   cmd->add_option("--params", o->params, "parameters in the model")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "bf16 | fp16 | fp32")->capture_default_str();
   cmd->add_option("--steps", o->steps, "optimizer steps, warmup included")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "engine warmup steps (raw) before exponent reuse")->capture_default_str();
   cmd->add_option("--buckets", o->buckets, "layers the parameters are split into")->capture_default_str();
   cmd->add_option("--block", o->block, "values per block")->capture_default_str();
-  cmd->add_option("--link-gbit", o->link_gbit, "shape every link to this rate (link lab; 0 = no lab)")->capture_default_str();
+  cmd->add_option("--link-gbit", o->link_gbit,
+                  "shape every link (with --nodes: every node's uplink) to this rate (link lab; "
+                  "0 = no lab)")
+      ->capture_default_str();
   cmd->add_option("--delay-ms", o->delay_ms, "one-way link delay in the link lab")->capture_default_str();
   cmd->add_flag("--link-lab", o->link_lab, "run in the link lab even without shaping (TCP over veth)");
   cmd->add_option("--codec", o->codec,
@@ -458,11 +527,15 @@ void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
 // Checks the options, then (from the command line) launches the ranks, or (as one of them) runs.
 [[noreturn]] void run_cpu(const std::shared_ptr<Options>& o, const std::string& command, int argc, char** argv) {
   Request request = parse(*o, command);
+  Options& r = request.options;
   const Links links =
-      launch_or_join(o->ranks, {o->link_gbit, o->delay_ms, o->link_lab}, o->child, argc, argv);
-  request.options.link_gbit = links.link_gbit;
-  request.options.delay_ms = links.delay_ms;
-  request.options.link_lab = links.link_lab;
+      launch_or_join(r.ranks, {r.link_gbit, r.delay_ms, r.link_lab, r.nodes, r.ranks_per_node},
+                     r.child, argc, argv);
+  r.link_gbit = links.link_gbit;
+  r.delay_ms = links.delay_ms;
+  r.link_lab = links.link_lab;
+  r.nodes = links.nodes;
+  r.ranks_per_node = links.ranks_per_node;
   throw CommandExit(run_mpi_rank([&] { return run_child(request); }));
 }
 

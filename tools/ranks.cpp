@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ciera/error.hpp"
@@ -60,8 +63,15 @@ bool under_mpi() {
   child.push_back("--child");
   std::vector<std::string> cmd;
   if (links.link_gbit > 0 || links.link_lab) {
-    cmd = {linklab_script(),          "--ranks",    std::to_string(ranks),    "--gbit",
-           fixed(links.link_gbit, 3), "--delay-ms", fixed(links.delay_ms, 3), "--"};
+    cmd = {linklab_script()};
+    if (links.nodes > 0) {
+      cmd.insert(cmd.end(), {"--nodes", std::to_string(links.nodes), "--ranks-per-node",
+                             std::to_string(links.ranks_per_node)});
+    } else {
+      cmd.insert(cmd.end(), {"--ranks", std::to_string(ranks)});
+    }
+    cmd.insert(cmd.end(),
+               {"--gbit", fixed(links.link_gbit, 3), "--delay-ms", fixed(links.delay_ms, 3), "--"});
   } else {
     cmd = {CIERA_MPIEXEC, "--oversubscribe",     "--allow-run-as-root",
            "--mca",       "mpi_yield_when_idle", "1",
@@ -83,17 +93,54 @@ bool under_mpi() {
 
 Links launch_or_join(int ranks, Links links, bool child, int argc, char** argv) {
   if (!child && !under_mpi()) launch_ranks(ranks, links, argc, argv);
+  links.nodes = 1;
+  links.ranks_per_node = ranks;
   if (const char* g = std::getenv("CIERA_LINKLAB_GBIT")) {
     links.link_lab = true;
     links.link_gbit = std::atof(g);
     if (const char* d = std::getenv("CIERA_LINKLAB_DELAY_MS")) links.delay_ms = std::atof(d);
+    const char* nodes = std::getenv("CIERA_LINKLAB_NODES");
+    const char* per_node = std::getenv("CIERA_LINKLAB_RANKS_PER_NODE");
+    links.nodes = nodes ? std::atoi(nodes) : ranks;
+    links.ranks_per_node = per_node ? std::atoi(per_node) : 1;
   }
   return links;
 }
 
 std::string describe_links(const Links& links) {
-  if (links.link_gbit > 0) return fixed(links.link_gbit, 2) + " Gbit/s (link lab)";
-  return links.link_lab ? "unshaped (link lab)" : "unshaped (mpirun on one host)";
+  if (!links.link_lab && links.link_gbit == 0) return "unshaped (mpirun on one host)";
+  const std::string speed =
+      links.link_gbit > 0 ? fixed(links.link_gbit, 2) + " Gbit/s" : "unshaped";
+  if (links.ranks_per_node <= 1) return speed + " (link lab)";
+  return speed + " per node uplink, " + std::to_string(links.nodes) + " nodes of " +
+         std::to_string(links.ranks_per_node) + " ranks (link lab)";
+}
+
+std::optional<uint64_t> uplink_bytes_sent() {
+  const char* hub_pid = std::getenv("CIERA_LINKLAB_HUB_PID");
+  const char* uplinks = std::getenv("CIERA_LINKLAB_UPLINKS");
+  if (!hub_pid || !uplinks) return std::nullopt;
+  std::vector<std::string> wanted;
+  for (std::string_view list = uplinks; !list.empty();) {
+    const size_t comma = std::min(list.find(','), list.size());
+    wanted.emplace_back(list.substr(0, comma));
+    list.remove_prefix(std::min(comma + 1, list.size()));
+  }
+  std::ifstream dev(std::string("/proc/") + hub_pid + "/net/dev");
+  // "  <name>: <rx bytes> <rx packets> ...": the hub's end receives what the node sends.
+  uint64_t sent = 0;
+  size_t found = 0;
+  for (std::string line; std::getline(dev, line);) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const size_t start = line.find_first_not_of(' ');
+    const std::string name = line.substr(start, colon - start);
+    if (std::find(wanted.begin(), wanted.end(), name) == wanted.end()) continue;
+    sent += std::strtoull(line.c_str() + colon + 1, nullptr, 10);
+    ++found;
+  }
+  if (found != wanted.size()) return std::nullopt;
+  return sent;
 }
 
 int run_mpi_rank(const std::function<int()>& body) {

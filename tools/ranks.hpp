@@ -7,7 +7,9 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -20,14 +22,26 @@ struct Links {
   double link_gbit = 0;  // 0: unshaped
   double delay_ms = 0;
   bool link_lab = false;  // in the lab even without shaping (TCP over veth)
+  // Ranks n*R .. n*R+R-1 share node n, and in the lab its one uplink (the link shaped, per node
+  // as the simulator's B_inter). Asked for: 0 is the flat lab, every rank its own node. As a rank
+  // is told: the lab's (flat: W nodes of 1), or under plain mpirun one host (1 node of W).
+  int nodes = 0;
+  int ranks_per_node = 0;
 };
 
 // From the command line (not `child`, not under MPI): re-executes this command as `ranks` ranks
 // with --child appended, under mpirun or, when `links` asks for the lab, under
-// scripts/linklab.sh; does not return. As one of those ranks: returns the links, which inside
-// the link lab are what the lab says, whatever this rank was told.
+// scripts/linklab.sh (two-level when links.nodes > 0, ranks = nodes x ranks_per_node); does not
+// return. As one of those ranks: returns the links, which inside the link lab are what the lab
+// says, whatever this rank was told.
 Links launch_or_join(int ranks, Links links, bool child, int argc, char** argv);
 std::string describe_links(const Links& links);
+
+// Inside the link lab: the bytes all nodes together have sent over their uplinks so far (Ethernet
+// frames whole, ACKs included), read from the hub's end of each uplink in
+// /proc/$CIERA_LINKLAB_HUB_PID/net/dev; the difference of two readings is the inter-node traffic
+// between them. nullopt outside the lab, or where the counters cannot be read (needs root).
+std::optional<uint64_t> uplink_bytes_sent();
 
 // One rank's life: MPI up (MPI_THREAD_MULTIPLE), `body()` (everything MPI-backed gone before it
 // returns), MPI down; returns body's status. An error is printed by the rank that sees it, and
