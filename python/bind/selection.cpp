@@ -136,6 +136,7 @@ void bind_change_monitor(py::module_& m) {
 void bind_selector(py::module_& m) {
   py::class_<ShardCandidate>(m, "ShardCandidate")
       .def(py::init<>())
+      .def_readwrite("group", &ShardCandidate::group)
       .def_readwrite("bucket", &ShardCandidate::bucket)
       .def_readwrite("param", &ShardCandidate::param)
       .def_readwrite("name", &ShardCandidate::name)
@@ -164,6 +165,7 @@ void bind_selector(py::module_& m) {
   // A choice also answers for its candidate's fields (bucket, param, name, type, rates).
   py::class_<ShardChoice>(m, "ShardChoice")
       .def_readonly("shard", &ShardChoice::shard)
+      .def_property_readonly("group", [](const ShardChoice& c) { return c.shard.group; })
       .def_property_readonly("bucket", [](const ShardChoice& c) { return c.shard.bucket; })
       .def_property_readonly("param", [](const ShardChoice& c) { return c.shard.param; })
       .def_property_readonly("name", [](const ShardChoice& c) { return c.shard.name; })
@@ -192,7 +194,10 @@ void bind_selector(py::module_& m) {
       .def_readonly("budget_bytes", &Selection::budget_bytes)
       .def_readonly("gain_s", &Selection::gain_s)
       .def("chosen_count", &Selection::chosen_count)
-      .def("policy", &Selection::policy, py::arg("bucket"), py::arg("param"))
+      .def("policy", py::overload_cast<size_t, size_t>(&Selection::policy, py::const_),
+           py::arg("bucket"), py::arg("param"))
+      .def("policy", py::overload_cast<size_t, size_t, size_t>(&Selection::policy, py::const_),
+           py::arg("group"), py::arg("bucket"), py::arg("param"))
       .def("count", &Selection::count, py::arg("policy"));
   m.def(
       "select_shards",
@@ -200,6 +205,13 @@ void bind_selector(py::module_& m) {
          const SelectorOptions& options) { return select_shards(candidates, model, options); },
       py::arg("candidates"), py::arg("model"), py::arg("options"),
       "Benefit-driven selection (paper §3.2): per-shard gains and choices.");
+  m.def(
+      "select_shards",
+      [](const std::vector<ShardCandidate>& candidates, const std::vector<CostModel>& models,
+         const SelectorOptions& options) { return select_shards(candidates, models, options); },
+      py::arg("candidates"), py::arg("models"), py::arg("options"),
+      "The same over the shards of several groups (candidate.group indexes `models`), one budget "
+      "for all.");
 }
 
 }  // namespace

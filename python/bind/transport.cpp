@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -206,8 +207,40 @@ void bind_transport(py::module_& m) {
         "Ends this process and the whole MPI job at once with exit status `code`.");
   m.def("mpi_communication_failed", &mpi_communication_failed,
         "Whether a collective of an MPI transport of this process failed or timed out.");
-  m.def("mpi_transport",
-        []() -> std::shared_ptr<Transport> { return make_mpi_transport(MPI_COMM_WORLD); });
+  m.def(
+      "mpi_transport",
+      [](std::optional<std::vector<int>> ranks) -> std::shared_ptr<Transport> {
+        if (!ranks) return make_mpi_transport(MPI_COMM_WORLD);
+        // A subgroup: every rank of the world calls this at once, each naming its own group's
+        // ranks (groups partition the world); MPI_Comm_split makes them, in the order given.
+        int me = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &me);
+        const auto at = std::find(ranks->begin(), ranks->end(), me);
+        if (at == ranks->end()) {
+          throw ConfigError("mpi_transport: rank " + std::to_string(me) +
+                            " is not in the ranks it was given");
+        }
+        const int color = *std::min_element(ranks->begin(), ranks->end());
+        MPI_Comm split = MPI_COMM_NULL;
+        if (MPI_Comm_split(MPI_COMM_WORLD, color, int(at - ranks->begin()), &split) !=
+            MPI_SUCCESS) {
+          throw CommError("mpi_transport: MPI_Comm_split failed");
+        }
+        int size = 0;
+        MPI_Comm_size(split, &size);
+        if (size_t(size) != ranks->size()) {
+          MPI_Comm_free(&split);
+          throw ConfigError("mpi_transport: rank " + std::to_string(me) + " named a group of " +
+                            std::to_string(ranks->size()) + " ranks, but " + std::to_string(size) +
+                            " ranks joined it (the ranks disagree on the groups)");
+        }
+        std::shared_ptr<Transport> transport = make_mpi_transport(split);  // a duplicate of it
+        MPI_Comm_free(&split);
+        return transport;
+      },
+      py::arg("ranks") = py::none(),
+      "Open MPI transport on the world, or with `ranks` (world ranks, this one among them) on that "
+      "subgroup: collective over the world, each rank naming its own group.");
 #endif
 }
 

@@ -11,10 +11,10 @@ import torch.distributed as dist
 from ciera import _ext
 from ciera.fsdp import lifecycle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
-from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, element_bytes,
-                               prefetch_forward)
+from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
+                               element_bytes, prefetch_forward)
 from ciera.fsdp.selection import Selector
-from ciera.fsdp.transport import make_transport
+from ciera.fsdp.transport import make_subgroup_transport, make_transport
 
 
 class Handle:
@@ -26,7 +26,19 @@ class Handle:
 
     @property
     def engine(self):
+        """The engine of the shard group (every forward gather)."""
         return self._runtime.engine
+
+    @property
+    def groups(self) -> list:
+        """One GatherGroup per kind of process group FSDP2 gathers on (the shard group; with
+        reshard_after_forward=N also the post-forward group), each with its engine."""
+        return self._runtime.groups
+
+    def set_policy(self, bucket: int, param: int, policy) -> None:
+        """Sets how parameter `param` of `bucket` travels, in every group's engine. Collective."""
+        for group in self._runtime.groups:
+            group.engine.set_policy(bucket, param, policy)
 
     @property
     def buckets(self) -> list[Bucket]:
@@ -59,7 +71,7 @@ class Handle:
     def cache_bytes(self) -> int:
         """Codec state this rank holds now (encoder copies and peers' exponent caches); a
         ValueError after disable()."""
-        return self._runtime.engine.cache_bytes
+        return sum(g.engine.cache_bytes for g in self._runtime.groups)
 
     @property
     def selector(self) -> Selector | None:
@@ -73,12 +85,13 @@ class Handle:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        lifecycle.close_engine(self._runtime.engine)
+        for group in self._runtime.groups:
+            lifecycle.close_engine(group.engine)
 
 
-def _layouts(described: list, world: int, selecting: bool, policy) -> list:
+def _layouts(buckets: list, world: int, selecting: bool, policy) -> list:
     layouts = []
-    for _, bucket in described:
+    for bucket in buckets:
         layout = _ext.BucketLayout()
         layout.name = bucket.module_name or "<root>"
         layout.dtype = DTYPES[bucket.dtype]
@@ -89,6 +102,38 @@ def _layouts(described: list, world: int, selecting: bool, policy) -> list:
             layout.policy = [policy(bucket, p) if policy else _ext.ShardPolicy.ciera for p in bucket.params]
         layouts.append(layout)
     return layouts
+
+
+def _agree_across_groups(process_group, group, failure, groups) -> None:
+    """Every rank learns whether every rank set up its engine on `group`'s kind; if one did not,
+    a ConfigError on every rank naming the first that failed (its engines are closed)."""
+    everyone = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(everyone, None if failure is None else f"{type(failure).__name__}: {failure}",
+                           group=process_group)
+    failed = [(rank, text) for rank, text in enumerate(everyone) if text is not None]
+    if not failed:
+        return
+    for g in groups:
+        if g.engine is not None:
+            lifecycle.close_engine(g.engine)
+    rank, text = failed[0]
+    raise _ext.ConfigError(f"enable(): rank {rank} could not set up CIERA on its {group.size}-rank gather group "
+                           f"(kind {group.kind}): {text}")
+
+
+def _cost_model(given, native, group, config):
+    """The selector's cost model for `group`'s shards: `given` (a CostModel, or a dict from group
+    size to CostModel when the model gathers on groups of several sizes), or measured on the
+    group's transport before its engine takes it over: Comm() up to the largest bucket."""
+    if given is None:
+        largest = max(b.numel * group.size * element_bytes(b.dtype) for b in group.buckets)
+        dtypes = sorted({DTYPES[b.dtype] for b in group.buckets}, key=int)
+        return _ext.measure_cost_model(native, largest, dtypes, config.codec)
+    model = given.get(group.size) if isinstance(given, dict) else given
+    if model is None or model.world_size != group.size:
+        raise _ext.ConfigError(f"enable(): no cost model for the {group.size}-rank group {group.ranks} (cost_model "
+                               f"is for {sorted(given) if isinstance(given, dict) else given.world_size} ranks)")
+    return model
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -187,21 +232,40 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     if any(type(all_gather_comm(module)).__module__.startswith("ciera.fsdp.") for module, _ in described):
         raise ValueError("enable(): the model's all-gathers already go through CIERA or ZipNN; call disable() "
                          "on the Handle of that enable() first")
-    world = dist.get_world_size(process_group)
     device = _model_device(model)
     if device.type == "cuda" and selecting and cost_model is None:
         raise ValueError("enable(): on CUDA the selector needs cost_model= (the start-up measurement "
                          "times host coders and host-memory transfers, not the GPU's)")
-    layouts = _layouts(described, world, selecting, policy)
-    native = make_transport(transport, process_group, config.timeout_s, device)
-    if selecting and cost_model is None:
-        # Measured before the engine takes the transport over: Comm() up to the largest bucket.
-        largest = max(b.numel * world * element_bytes(b.dtype) for _, b in described)
-        dtypes = sorted({DTYPES[b.dtype] for _, b in described}, key=int)
-        cost_model = _ext.measure_cost_model(native, largest, dtypes, config.codec)
-    engine = _ext.Engine(native, config, layouts, device=device.index if device.type == "cuda" else -1)
-    lifecycle.register_engine(engine)
-    runtime = Runtime(engine, [b for _, b in described], [m for m, _ in described], verify, overlap=overlap)
+    groups = describe_groups(described)
+    if groups[0].partition == (tuple(range(dist.get_world_size())),):
+        if dist.get_world_size(process_group) != groups[0].size:
+            raise _ext.ConfigError(f"enable(): process_group has {dist.get_world_size(process_group)} ranks, the "
+                                   f"model is sharded over {groups[0].size}")
+    models = []
+    for group in groups:
+        # One engine per kind of group, on this rank's group of that kind (created by every rank
+        # at once, kind after kind, so groups of one kind form together). An engine agrees its
+        # configuration inside its group; the world then agrees that every group succeeded, so a
+        # failure in one node's group is an error on every rank, not a hang in the next kind.
+        failure = None
+        try:
+            if len(group.partition) == 1:
+                native = make_transport(transport, process_group, config.timeout_s, device)
+            else:
+                native = make_subgroup_transport(transport, group.partition, group.ranks, config.timeout_s, device)
+            if selecting:
+                models.append(_cost_model(cost_model, native, group, config))
+            layouts = _layouts(group.buckets, group.size, selecting, policy)
+            group.engine = _ext.Engine(native, config, layouts, device=device.index if device.type == "cuda" else -1)
+            lifecycle.register_engine(group.engine)
+        except (_ext.ConfigError, _ext.CommError) as e:
+            failure = e
+        if len(groups) > 1 or len(group.partition) > 1:
+            _agree_across_groups(process_group, group, failure, groups)
+        elif failure is not None:
+            raise failure
+    runtime = Runtime(groups[0].engine, [b for _, b in described], [m for m, _ in described], verify,
+                      overlap=overlap, groups=groups)
     for module, bucket in described:
         module.set_custom_all_gather(CieraAllGather(runtime, bucket))
     if overlap:
@@ -209,7 +273,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     hook = None
     if selecting:
         after = config.warmup_steps if select_after_steps is None else select_after_steps
-        runtime.selector = Selector(runtime, cost_model, int(cache_budget_bytes), after, reselect_every,
+        runtime.selector = Selector(runtime, models, int(cache_budget_bytes), after, reselect_every,
                                     overlap, config.codec, process_group, allow_delta=bool(allow_delta))
         # Prepended: the step must be counted before FSDP's own pre-forward hook gathers the root.
         hook = model.register_forward_pre_hook(runtime.selector.on_step, prepend=True)

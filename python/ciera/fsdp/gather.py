@@ -28,6 +28,9 @@ class GatherRecord:
     exposed_s: float = -1.0   # time the caller waited for it (overlapped gathers); -1: all of it
     started: float = 0.0      # time.perf_counter() when FSDP asked for it
     encode_s: float = 0.0     # change detection + encoding on this rank (the engine's encode_s)
+    group: int = 0            # the kind of group it ran on (layout.GatherGroup.kind)
+    ranks: tuple = ()         # that group's world ranks
+    payload_bytes: int = 0    # what this rank sent (its own payload)
 
 
 @dataclass
@@ -44,19 +47,36 @@ class Runtime:
     on_output: object = None   # optional callback(Bucket, gathered output) for statistics
     selector: object = None    # ciera.fsdp.selection.Selector when selecting under a budget
     overlap: bool = False      # return gathers in flight to FSDP (CCP) instead of finishing them
+    groups: list = field(default_factory=list)   # layout.GatherGroup per kind, each with its engine
+    _by_group: dict = field(default_factory=dict)  # id(process group) -> GatherGroup
+
+    def group_of(self, process_group):
+        """The GatherGroup (and engine) of the process group FSDP2 gathers on. ConfigError for a
+        group enable() did not find in the model's meshes."""
+        found = self._by_group.get(id(process_group))
+        if found is None:
+            ranks = tuple(dist.get_process_group_ranks(process_group))
+            found = next((g for g in self.groups if g.ranks == ranks), None)
+            if found is None:
+                raise _ext.ConfigError(f"FSDP gathers on ranks {ranks}, a group enable() did not find in the "
+                                       f"model's meshes ({', '.join(str(g.ranks) for g in self.groups)})")
+            self._by_group[id(process_group)] = found
+        return found
 
     def take_records(self) -> list[GatherRecord]:
         records, self.records = self.records, []
         return records
 
-    def gathered(self, bucket: Bucket, input_tensor, output_tensor, group) -> None:
+    def gathered(self, bucket: Bucket, input_tensor, output_tensor, group, observe: bool = True) -> None:
         """After a gather of `bucket`: with `verify`, compare the output with torch's all-gather
-        on `group` byte for byte; then tell the observers."""
+        on `group` byte for byte; then (`observe`) tell the observers."""
         if self.verify:
             reference = torch.empty_like(output_tensor)
             dist.all_gather_into_tensor(reference, input_tensor, group=group)
             self.wrong_bytes += int((reference.view(torch.uint8) != output_tensor.view(torch.uint8)).sum())
             self.verified_bytes += reference.numel() * reference.element_size()
+        if not observe:
+            return
         if self.on_gather is not None:
             self.on_gather(bucket.index, input_tensor)
         if self.on_output is not None:
@@ -82,21 +102,22 @@ class CieraAllGather(AllGather):
         return torch.empty(size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        b = self.bucket
+        gathering = self.runtime.group_of(group)
+        b = gathering.buckets[self.bucket.index]
         check_input(b, input_tensor, "CIERA")
         if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
             raise _ext.ConfigError("CIERA needs contiguous all-gather buffers")
         nbytes = input_tensor.numel() * input_tensor.element_size()
         if self.runtime.selector is not None:
-            self.runtime.selector.tracker(b.index, input_tensor)
+            self.runtime.selector.observe(gathering.kind, b.index, input_tensor)
         start = time.perf_counter()
         # On CUDA, FSDP calls this on its all-gather stream, where the copy-in of the input is
         # ordered: the engine starts encoding once that stream gets here (an event), and this
         # thread does not wait for it.
         stream = torch.cuda.current_stream(input_tensor.device).cuda_stream if input_tensor.is_cuda else 0
-        ticket = self.runtime.engine.start(b.index, input_tensor.data_ptr(), nbytes, output_tensor.data_ptr(),
-                                           output_tensor.numel() * output_tensor.element_size(), stream)
-        work = _GatherWork(self, ticket, start, output_tensor, input_tensor, group)
+        ticket = gathering.engine.start(b.index, input_tensor.data_ptr(), nbytes, output_tensor.data_ptr(),
+                                        output_tensor.numel() * output_tensor.element_size(), stream)
+        work = _GatherWork(self, gathering, ticket, start, output_tensor, input_tensor, group)
         if self.runtime.overlap:
             return work  # FSDP waits on it right before the module runs (CCP, paper §3.3)
         work.wait()
@@ -108,9 +129,9 @@ class _GatherWork(dist.distributed_c10d.Work):
     FSDP2 goes on (prefetching gathers overlap the previous module's compute); FSDP waits on this
     before it reads the output. Waiting twice is harmless."""
 
-    def __init__(self, gather: CieraAllGather, ticket, start: float, output_tensor, input_tensor, group):
+    def __init__(self, gather: CieraAllGather, gathering, ticket, start: float, output_tensor, input_tensor, group):
         super().__init__()
-        self.gather, self.ticket, self.start = gather, ticket, start
+        self.gather, self.gathering, self.ticket, self.start = gather, gathering, ticket, start
         self.output_tensor, self.input_tensor, self.group = output_tensor, input_tensor, group
         self.done = False
 
@@ -120,7 +141,7 @@ class _GatherWork(dist.distributed_c10d.Work):
         self.done = True
         runtime, b = self.gather.runtime, self.gather.bucket
         waited = time.perf_counter()
-        stats = runtime.engine.wait(self.ticket)
+        stats = self.gathering.engine.wait(self.ticket)
         now = time.perf_counter()
         if _DEBUG_TIMING and dist.get_rank() == 0:
             print(f"ciera gather bucket {b.index}: {(now - self.start)*1e3:.1f} ms (waited {(now - waited)*1e3:.1f})"
@@ -131,8 +152,10 @@ class _GatherWork(dist.distributed_c10d.Work):
         exposed = now - waited if runtime.overlap else -1.0
         runtime.records.append(GatherRecord(b.index, now - self.start, stats.raw_bytes, stats.wire_bytes,
                                             stats.compressed, stats.resynchronised, exposed, self.start,
-                                            stats.encode_s))
+                                            stats.encode_s, self.gathering.kind, self.gathering.ranks,
+                                            stats.local_payload_bytes))
         output_tensor, input_tensor = self.output_tensor, self.input_tensor
         self.output_tensor = self.input_tensor = None
-        runtime.gathered(b, input_tensor, output_tensor, self.group)
+        # Observers see the shard group's layout: a post-forward gather only when verifying.
+        runtime.gathered(b, input_tensor, output_tensor, self.group, observe=self.gathering.kind == 0)
         return True

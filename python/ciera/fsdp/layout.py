@@ -91,6 +91,76 @@ def describe_buckets(model: torch.nn.Module) -> list[tuple[FSDPModule, Bucket]]:
     return out
 
 
+@dataclass
+class GatherGroup:
+    """One kind of process group FSDP2 gathers on, as CIERA sees it. Kind 0 is the shard group
+    (every forward gather, and backward ones without partial resharding); with
+    `reshard_after_forward=N`, FSDP2 reshards a layer to N ranks after its forward, and the backward
+    re-gather runs on those N (kind 1). Each rank is in one group of each kind; `partition` lists
+    them all (they split the world), the same on every rank. CIERA runs one engine per kind on
+    this rank's group: its transport, caches and selection state are that group's."""
+    kind: int
+    ranks: tuple[int, ...]                    # this rank's group: world ranks, in group rank order
+    partition: tuple[tuple[int, ...], ...]    # every group of this kind
+    factor: int                               # values per rank, relative to the shard group's
+    buckets: list[Bucket]                     # every bucket, its shards as this kind holds them
+    gathered: set[int]                        # indices of the buckets FSDP gathers on this kind
+    engine: object = None
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+def _partition(mesh_info) -> tuple[tuple[int, ...], ...]:
+    """Every shard group of `mesh_info`'s mesh (rows of ranks along its shard dimension)."""
+    ranks = mesh_info.mesh.mesh.movedim(mesh_info.shard_mesh_dim, -1)
+    return tuple(tuple(int(r) for r in row) for row in ranks.reshape(-1, ranks.shape[-1]).tolist())
+
+
+def _scaled(bucket: Bucket, factor: int) -> Bucket:
+    """`bucket` as a group `factor` times smaller holds it: each rank's shard of every parameter
+    `factor` times longer (FSDP2 cuts the post-forward shard out of the padded unsharded
+    parameter, so the padding scales too)."""
+    params = [ParamSlice(p.name, p.numel * factor, p.offset * factor, p.full_numel) for p in bucket.params]
+    return Bucket(bucket.index, bucket.module_name, bucket.dtype, params, bucket.numel * factor)
+
+
+def describe_groups(described: list[tuple[FSDPModule, Bucket]]) -> list[GatherGroup]:
+    """The process groups FSDP2 gathers the buckets on: the shard group (kind 0), then each
+    distinct post-forward group (reshard_after_forward=N), in module order. ConfigError unless
+    every parameter group is sharded on the same mesh."""
+    import torch.distributed as dist
+
+    kinds: list[GatherGroup] = []
+    for module, bucket in described:
+        group = _param_group(module)
+        infos = [group.mesh_info]
+        if group._use_post_forward_mesh:
+            infos.append(group.post_forward_mesh_info)
+        for depth, info in enumerate(infos):
+            partition = _partition(info)
+            match = next((k for k in kinds if k.partition == partition), None)
+            if depth == 0 and kinds and match is not kinds[0]:
+                raise _ext.ConfigError(
+                    f"{bucket.module_name or 'root'} is sharded on ranks {partition}, other FSDP modules on "
+                    f"{kinds[0].partition}: CIERA needs every module on the same mesh")
+            if match is None:
+                shard_size = len(partition[0]) if not kinds else kinds[0].size
+                if shard_size % len(partition[0]):
+                    raise _ext.ConfigError(f"post-forward groups of {len(partition[0])} ranks do not divide the "
+                                           f"shard group of {shard_size}")
+                factor = shard_size // len(partition[0])
+                mine = tuple(dist.get_process_group_ranks(info.shard_process_group))
+                if mine not in partition:
+                    raise _ext.ConfigError(f"this rank's FSDP group {mine} is not one of the mesh's {partition}")
+                match = GatherGroup(len(kinds), mine, partition, factor,
+                                    [_scaled(b, factor) for _, b in described], set())
+                kinds.append(match)
+            match.gathered.add(bucket.index)
+    return kinds
+
+
 def all_gather_comm(module: FSDPModule):
     """The all-gather FSDP2 currently uses for `module`'s parameter group (for tests)."""
     return _param_group(module)._all_gather_comm

@@ -26,8 +26,17 @@ class Selector:
 
     def __init__(self, runtime, cost_model, budget_bytes: int, select_after: int,
                  reselect_every: int, overlap: bool, codec, group=None, allow_delta: bool = False):
+        """`cost_model`: one CostModel for runtime.engine's gathers, or with runtime.groups (FSDP2
+        gathering on several groups) one per group, in their order: each group's shards are priced
+        on its own link, and all of them share the budget."""
         self.runtime = runtime
-        self.cost_model = cost_model
+        self.models = list(cost_model) if isinstance(cost_model, (list, tuple)) else [cost_model]
+        groups = runtime.groups or [None]
+        if len(self.models) != len(groups):
+            raise _ext.ConfigError(f"Selector: {len(self.models)} cost models for {len(groups)} groups")
+        # Per group: (its buckets, its engine, the buckets FSDP gathers on it).
+        self.kinds = [(runtime.buckets, runtime.engine, {b.index for b in runtime.buckets}) if g is None
+                      else (g.buckets, g.engine, g.gathered) for g in groups]
         self.budget_bytes = budget_bytes
         self.select_after = select_after
         self.reselect_every = reselect_every
@@ -35,63 +44,88 @@ class Selector:
         self.codec = codec
         self.group = group
         self.allow_delta = allow_delta
-        self.tracker = ExponentTracker(runtime.buckets, codec.block_values, track_values=allow_delta)
+        self.trackers = [ExponentTracker(buckets, codec.block_values, track_values=allow_delta)
+                         for buckets, _, _ in self.kinds]
         self.step = 0
-        self.policies = {(b.index, k): _ext.ShardPolicy.raw for b in runtime.buckets for k in range(len(b.params))}
+        self.policies = {(kind, b.index, k): _ext.ShardPolicy.raw for kind, (buckets, _, _) in enumerate(self.kinds)
+                         for b in buckets for k in range(len(b.params))}
         self.selection: _ext.Selection | None = None   # the latest
         self.selection_step: int | None = None         # the training step it was made at
         self.history: list[dict] = []   # one entry per selection: step, chosen count, cache bytes
-        self.selected_from: list[list] | None = None   # merged counts the latest selection was made from
-        self.carried: list[list] | None = None   # counts a resumed training brought from its checkpoint
+        self.selected_from: list | None = None   # merged counts the latest selection was made from, per group
+        self.carried: list | None = None   # counts a resumed training brought from its checkpoint, per group
+
+    @property
+    def cost_model(self):
+        """The shard group's cost model."""
+        return self.models[0]
+
+    @property
+    def tracker(self) -> ExponentTracker:
+        """The shard group's tracker (call it with (bucket, shard) for each gather)."""
+        return self.trackers[0]
+
+    def observe(self, kind: int, bucket: int, shard) -> None:
+        """Counts a gather of `bucket` on the group of `kind` (its first of the step)."""
+        self.trackers[kind](bucket, shard)
 
     @property
     def monitor_bytes(self) -> int:
-        return self.tracker.memory_bytes
+        return sum(t.memory_bytes for t in self.trackers)
 
     def on_step(self, module, args) -> None:
         if not module.training:
             return
-        self.tracker.new_step()
+        for tracker in self.trackers:
+            tracker.new_step()
         done = self.step
         self.step += 1
         if done == self.select_after or (self.reselect_every > 0 and done > self.select_after
                                          and (done - self.select_after) % self.reselect_every == 0):
             self.select()
 
-    def candidates(self, merged: list[list]) -> list:
-        """Every parameter as the selector sees it, from the statistics merged over ranks."""
-        world = dist.get_world_size(self.group)
+    def candidates(self, merged: list) -> list:
+        """Every parameter of every group as the selector sees it, from the statistics merged over
+        ranks (per group, per bucket, per parameter)."""
         out = []
-        for b in self.runtime.buckets:
-            for k, p in enumerate(b.params):
-                counts = merged[b.index][k]
-                c = _ext.ShardCandidate()
-                c.bucket, c.param, c.name, c.type = b.index, k, p.name, shard_type(p.name)
-                c.dtype = DTYPES[b.dtype]
-                c.shard_values = [p.numel] * world
-                # No statistics yet: assume every block changes, so nothing is selected blindly.
-                c.block_change_rate = counts.block_change_rate if counts.observations else 1.0
-                c.value_change_rate = counts.value_change_rate if counts.observations else 1.0
-                # -1: not measured, so delta is not considered for it.
-                c.delta_bits_per_value = (counts.delta_bits_per_value
-                                          if self.allow_delta and counts.observations else -1.0)
-                out.append(c)
+        for kind, (buckets, _, gathered) in enumerate(self.kinds):
+            world = self.models[kind].world_size
+            for b in buckets:
+                if b.index not in gathered:
+                    continue
+                for k, p in enumerate(b.params):
+                    counts = merged[kind][b.index][k]
+                    c = _ext.ShardCandidate()
+                    c.group, c.bucket, c.param, c.name, c.type = kind, b.index, k, p.name, shard_type(p.name)
+                    c.dtype = DTYPES[b.dtype]
+                    c.shard_values = [p.numel] * world
+                    # No statistics yet: assume every block changes, so nothing is selected blindly.
+                    c.block_change_rate = counts.block_change_rate if counts.observations else 1.0
+                    c.value_change_rate = counts.value_change_rate if counts.observations else 1.0
+                    # -1: not measured, so delta is not considered for it.
+                    c.delta_bits_per_value = (counts.delta_bits_per_value
+                                              if self.allow_delta and counts.observations else -1.0)
+                    out.append(c)
         return out
 
-    def counts_since_selection(self) -> list[list]:
-        """Per bucket, per parameter: the statistics since the latest selection, merged over ranks,
-        plus those a resumed training carried over. Collective."""
-        merged = self.tracker.merged_counts(self.runtime.buckets, self.group)
+    def counts_since_selection(self) -> list:
+        """Per group, per bucket, per parameter: the statistics since the latest selection, merged
+        over ranks (over the world: every rank has a group of each kind, of the same shape), plus
+        those a resumed training carried over. Collective."""
+        merged = [tracker.merged_counts(buckets, self.group) for tracker, (buckets, _, _) in zip(self.trackers, self.kinds)]
         if self.carried is not None:
             # Counts of successive steps add up, observations included (merge() is for ranks).
-            merged = [[_counts(tuple(x + y for x, y in zip(now.__getstate__(), before.__getstate__())))
-                       for now, before in zip(row, carried)] for row, carried in zip(merged, self.carried)]
+            merged = [rows if kept is None else
+                      [[_counts(tuple(x + y for x, y in zip(now.__getstate__(), before.__getstate__())))
+                        for now, before in zip(row, carried)] for row, carried in zip(rows, kept)]
+                      for rows, kept in zip(merged, self.carried)]
         return merged
 
     def select(self) -> _ext.Selection:
         """Runs the selector on the statistics since the last selection and applies it. Collective."""
         selection = self.choose(self.counts_since_selection())
-        self.tracker.clear_counts()
+        for tracker in self.trackers:
+            tracker.clear_counts()
         self.carried = None
         self.selection_step = self.step - 1
         self.history.append({"step": self.selection_step, "chosen": selection.chosen_count(),
@@ -99,31 +133,37 @@ class Selector:
                              "cache_bytes": selection.cache_bytes})
         return selection
 
-    def choose(self, merged: list[list]) -> _ext.Selection:
+    def choose(self, merged: list) -> _ext.Selection:
         """Selects from `merged` statistics (the same on every rank) and applies the choice."""
         options = _ext.SelectorOptions()
         options.cache_budget_bytes = self.budget_bytes
         options.overlap = self.overlap
         options.codec = self.codec
         options.allow_delta = self.allow_delta
-        selection = _ext.select_shards(self.candidates(merged), self.cost_model, options)
+        selection = _ext.select_shards(self.candidates(merged), self.models, options)
         for shard in selection.shards:
-            key = (shard.bucket, shard.param)
+            key = (shard.group, shard.bucket, shard.param)
             wanted = shard.policy
             if self.policies[key] != wanted:
-                self.runtime.engine.set_policy(key[0], key[1], wanted)
+                self.kinds[shard.group][1].set_policy(shard.bucket, shard.param, wanted)
                 self.policies[key] = wanted
         self.selection, self.selected_from = selection, merged
         return selection
 
     def state_dict(self) -> dict:
         """What a resumed training needs to go on selecting as this one would (plain data, for
-        JSON). Collective: the statistics are merged over ranks."""
+        JSON; the shard group's counts under "counts" and "selected_from", as a one-group training
+        writes them, the other groups' under "group_counts" and "group_selected_from"). Collective:
+        the statistics are merged over ranks."""
         def plain(rows):
             return None if rows is None else [[list(c.__getstate__()) for c in row] for row in rows]
 
+        counts = self.counts_since_selection()
+        chosen_from = self.selected_from or [None] * len(self.kinds)
         return {"step": self.step, "selection_step": self.selection_step, "history": list(self.history),
-                "counts": plain(self.counts_since_selection()), "selected_from": plain(self.selected_from)}
+                "counts": plain(counts[0]), "selected_from": plain(chosen_from[0]),
+                "group_counts": [plain(rows) for rows in counts[1:]],
+                "group_selected_from": [plain(rows) for rows in chosen_from[1:]]}
 
     def load_state_dict(self, state: dict) -> None:
         """Continues a checkpointed selector in a fresh engine, the same on every rank: the same step
@@ -133,20 +173,31 @@ class Selector:
         next selection. The monitors' last exponents are not kept, so that selection misses the one
         change across the checkpoint. Selected shards start with key frames: the codec is lossless,
         so training results do not depend on any of this."""
-        shape = [len(b.params) for b in self.runtime.buckets]
+        extra = len(self.kinds) - 1
+        for key in ("group_counts", "group_selected_from"):
+            if len(state.get(key) or [None] * extra) != extra:
+                raise _ext.ConfigError(f"Selector.load_state_dict: the state is for {len(state[key]) + 1} groups, "
+                                       f"this training gathers on {extra + 1}")
 
-        def counts(rows):
+        def counts(kind, rows):
             if rows is None:
                 return None
-            if [len(row) for row in rows] != shape:
+            if [len(row) for row in rows] != [len(b.params) for b in self.kinds[kind][0]]:
                 raise _ext.ConfigError("Selector.load_state_dict: the state is for other parameter groups")
             return [[_counts(tuple(c)) for c in row] for row in rows]
 
+        def per_group(first, rest):
+            rows = [counts(0, state[first])] + [counts(k + 1, r) for k, r in enumerate(state.get(rest) or [None] * extra)]
+            return None if all(r is None for r in rows) else rows
+
         self.step = state["step"]
         self.history = list(state["history"])
-        self.carried = counts(state["counts"])
-        if state["selected_from"] is not None:
-            self.choose(counts(state["selected_from"]))
+        self.carried = per_group("counts", "group_counts")
+        selected_from = per_group("selected_from", "group_selected_from")
+        if selected_from is not None:
+            if any(rows is None for rows in selected_from):
+                raise _ext.ConfigError("Selector.load_state_dict: a selection without statistics for every group")
+            self.choose(selected_from)
             self.selection_step = state["selection_step"]
 
 

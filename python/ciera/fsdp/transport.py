@@ -173,6 +173,35 @@ def _nccl_transport(process_group, device: torch.device, timeout_s: float):
     return _ext.nccl_transport(box[0], rank, size, device.index, timeout_s)
 
 
+def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, device: torch.device | None = None):
+    """The native transport on this rank's group `ranks`, one of the groups in `partition` (they
+    split the world; every rank names the same partition). Collective over the world: every rank
+    creates its group at once. As make_transport otherwise."""
+    if len(partition) == 1:
+        if tuple(partition[0]) != tuple(range(dist.get_world_size())):
+            raise _ext.ConfigError(f"the ranks {tuple(partition[0])} are not the world in rank order")
+        return make_transport(kind, None, timeout_s, device)
+    cuda = device is not None and device.type == "cuda"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    lists = [list(p) for p in partition]
+    if kind == "mpi":
+        if cuda:
+            raise _ext.ConfigError("transport 'mpi' moves host memory; for a CUDA model use 'torch' or 'nccl'")
+        if not _ext.with_mpi:
+            raise _ext.ConfigError("this build of CIERA has no MPI transport")
+        lifecycle.init_mpi_once()
+        return _ext.mpi_transport(list(ranks))
+    if kind == "torch":
+        backend = _cuda_backend(None) if cuda else "gloo"
+        group, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout, backend=backend)
+        return TorchCudaTransport(group, device, backend).make() if cuda else TorchTransport(group).make()
+    if kind == "nccl":
+        # A gloo group of our own carries the NCCL unique id.
+        group, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout, backend="gloo")
+        return make_transport(kind, group, timeout_s, device)
+    raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")
+
+
 def make_transport(kind: str, process_group, timeout_s: float, device: torch.device | None = None):
     """The native transport for enable(transport=kind), for a model on `device` (CPU when None).
     "torch": a dedicated group beside `process_group` (default the world), gloo for a CPU model

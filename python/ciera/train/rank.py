@@ -308,7 +308,7 @@ class RankProgram:
                 if handle.selector is None and schemes.switches_after_warmup(self.scheme_of(name)):
                     for bucket in handle.buckets:
                         for k in range(len(bucket.params)):
-                            handle.engine.set_policy(bucket.index, k, ciera.ShardPolicy.ciera)
+                            handle.set_policy(bucket.index, k, ciera.ShardPolicy.ciera)
         # Whichever model steps first after the previous pair is measurably slower on an
         # oversubscribed machine (caches and schedulers settle); rotating the order every
         # step gives every run the same share of that cost.

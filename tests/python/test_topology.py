@@ -1,0 +1,67 @@
+"""CIERA inside FSDP2's hierarchical layouts: partial resharding (reshard_after_forward=N: the
+backward re-gather of a layer runs on N ranks) and HSDP (a 2-D mesh, sharded inside nodes), one
+engine per process group, bitwise identical to the same layout without CIERA."""
+
+import pytest
+
+import topology_workers as w
+from conftest import all_ok, spawn
+
+
+def check_exact(r):
+    assert r["losses_equal"] and r["params_equal"]
+    assert r["wrong_bytes"] == 0 and r["verified_bytes"] > 0
+
+
+def test_partial_resharding_gathers_backward_on_the_node_group_and_stays_exact():
+    results = all_ok(spawn(w.hierarchical_vs_plain, 4, "partial"))
+    for rank, r in enumerate(results):
+        check_exact(r)
+        world_group, node_group = r["groups"]
+        assert world_group["partition"] == [[0, 1, 2, 3]] and world_group["factor"] == 1
+        assert node_group["partition"] == [[0, 1], [2, 3]] and node_group["factor"] == 2
+        assert node_group["ranks"] == ([0, 1] if rank < 2 else [2, 3])
+        # Every layer is re-gathered in backward on the node; the root is not resharded.
+        assert node_group["gathered"] == [1, 2] and world_group["gathered"] == [0, 1, 2]
+        assert r["per_kind"][1]["ranks"] == node_group["ranks"]
+        assert r["per_kind"][1]["gathers"] == 2 * 8          # two layers, eight steps
+        assert r["per_kind"][0]["gathers"] == 3 * 8
+        # Exponent reuse after warmup on both groups.
+        assert r["per_kind"][0]["compressed"] > 0 and r["per_kind"][1]["compressed"] > 0
+
+
+def test_hsdp_gathers_inside_each_node_and_stays_exact():
+    results = all_ok(spawn(w.hierarchical_vs_plain, 4, "hsdp"))
+    for rank, r in enumerate(results):
+        check_exact(r)
+        assert len(r["groups"]) == 1
+        group = r["groups"][0]
+        assert group["partition"] == [[0, 1], [2, 3]]
+        assert group["ranks"] == ([0, 1] if rank < 2 else [2, 3])
+        assert r["per_kind"][0]["compressed"] > 0
+
+
+@pytest.mark.parametrize("allow_delta", [False, True])
+def test_one_budget_covers_every_groups_engine(allow_delta):
+    budget = 60_000
+    results = all_ok(spawn(w.hierarchical_vs_plain, 4, "partial", budget, allow_delta))
+    for r in results:
+        check_exact(r)
+        assert r["peak_cache_bytes"] <= budget
+        assert 0 < r["selected_cache_bytes"] <= budget
+    # The selection is made from statistics merged over the world: every rank chose alike.
+    assert len({tuple(r["chosen_by_group"]) for r in results}) == 1
+    assert sum(results[0]["chosen_by_group"]) > 0
+
+
+def test_a_failure_in_one_nodes_group_is_an_error_on_every_rank():
+    messages = all_ok(spawn(w.engine_failure_in_one_group, 4))
+    for m in messages:
+        assert "rank 2 could not set up CIERA" in m or "rank 3 could not set up CIERA" in m, m
+        assert "block" in m
+    assert len(set(messages)) == 1
+
+
+def test_a_gather_on_an_unknown_group_is_refused():
+    for m in all_ok(spawn(w.unknown_group_is_refused, 4)):
+        assert "a group enable() did not find" in m
