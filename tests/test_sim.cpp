@@ -1,6 +1,7 @@
 // The simulator: collective formulas and the schedule on hand-computed cases, ZeRO++, SDP4Bit,
-// stateless coding and CIERA byte counts, the codec figures of `ciera bench codec --json`, the
-// model zoo against published parameter counts, and input errors that name their problem.
+// stateless coding and CIERA byte counts, the lossless topologies (flat, partial resharding,
+// HSDP) in projections and traces, the codec figures of `ciera bench codec --json`, the model zoo
+// against published parameter counts, and input errors that name their problem.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -68,6 +69,11 @@ TEST(SimCollectives, HierarchicalIsInterNodeRingOverNodesThenIntraNodeRing) {
   const double intra = 3 * 1e-6 + 0.75 * 1e9 / 1e11;  // 4 GPUs per node
   EXPECT_NEAR(allgather_seconds(c, 8, 1e9, Algorithm::kHierarchical), inter + intra, 1e-12);
   EXPECT_NEAR(reduce_scatter_seconds(c, 8, 1e9, Algorithm::kHierarchical), inter + intra, 1e-12);
+}
+
+TEST(SimCollectives, AllReduceIsAReduceScatterRingThenAnAllgatherRing) {
+  EXPECT_NEAR(allreduce_seconds(2, 1e9, {10, 1e-5}), 2 * (1e-5 + 0.5 * 1e9 / 1e10), 1e-12);
+  EXPECT_EQ(allreduce_seconds(1, 1e9, {10, 1e-5}), 0.0);
 }
 
 TEST(SimCollectives, PartialNodesAreRejected) {
@@ -217,6 +223,43 @@ TEST(SimSchedule, AUnitNotRegatheredInBackwardWaitsForNothing) {
   EXPECT_NEAR(b.allgather_busy_s, 1.5, 1e-12);
 }
 
+TEST(SimSchedule, AllReduceFollowsTheReduceScatterOnTheChannel) {
+  // As NoPrefetchSerialisesGathersAndCompute, with an all-reduce of 0.5 after each reduce-scatter
+  // (HSDP). Backward: unit 1's reduce-scatter 5.5-5.75, all-reduce -6.25; unit 0's gather waits for
+  // both (exposed 0.75, of which 0.5 all-reduce), runs 6.25-6.75; compute -8.75; reduce-scatter
+  // -9.0, all-reduce -9.5, exposed before the optimizer; optimizer 0.1.
+  UnitCost u = simple_unit();
+  u.allreduce_s = 0.5;
+  u.allreduce_bytes = 100;
+  u.allgather_forward_inter_node = true;  // forward gathers across nodes, backward inside one
+  ScheduleOptions options;
+  options.prefetch_depth = 0;
+  const Breakdown b = simulate_iteration({u, u}, 0.1, options);
+  EXPECT_NEAR(b.total_s, 9.6, 1e-12);
+  EXPECT_NEAR(b.exposed_reduce_scatter_s, 1.5, 1e-12);
+  EXPECT_NEAR(b.exposed_allreduce_s, 1.0, 1e-12);
+  EXPECT_NEAR(b.reduce_scatter_busy_s, 0.5, 1e-12);
+  EXPECT_NEAR(b.allreduce_busy_s, 1.0, 1e-12);
+  EXPECT_NEAR(b.allreduce_bytes, 200, 1e-12);
+  EXPECT_NEAR(b.exposed_allgather_s, 2.0, 1e-12);
+  EXPECT_NEAR(b.exposed_allgather_forward_s, 1.0, 1e-12);
+  EXPECT_NEAR(b.exposed_allgather_backward_s, 1.0, 1e-12);
+  EXPECT_NEAR(b.exposed_allgather_inter_node_s, 1.0, 1e-12);
+  EXPECT_NEAR(b.allgather_inter_node_busy_s, 1.0, 1e-12);
+  EXPECT_NEAR(b.compute_s + b.exposed_allgather_s + b.exposed_reduce_scatter_s + b.optimizer_s,
+              b.total_s, 1e-12);
+}
+
+TEST(SimSchedule, CodecBusyTimesCountEveryGathersPreAndPostWork) {
+  UnitCost u = simple_unit();
+  u.pre_forward_s = 0.1;
+  u.pre_backward_s = 0.05;
+  u.post_forward_s = u.post_backward_s = 0.2;
+  const Breakdown b = simulate_iteration({u, u, u}, 0, ScheduleOptions{});
+  EXPECT_NEAR(b.encode_busy_s, 3 * 0.15, 1e-12);
+  EXPECT_NEAR(b.decode_busy_s, 6 * 0.2, 1e-12);
+}
+
 // ---- Systems --------------------------------------------------------------------------------
 
 ModelShape tiny_model() {
@@ -350,6 +393,186 @@ TEST(SimSystems, SelectionSkipsTypesThatChangeEveryBlock) {
   const Projection q = project(m, slow_decode, w, rates, System::kCiera);
   for (ShardType type : kAllShardTypes)
     EXPECT_FALSE(q.selected[static_cast<size_t>(type)]) << to_string(type);
+}
+
+// ---- Topologies: flat, partial resharding, HSDP -----------------------------------------------
+
+Projection project_on(const ModelShape& m, const Cluster& c, int world, System system,
+                      Topology topology, const ChangeRates& rates = ChangeRates{}) {
+  Workload w;
+  w.world = world;
+  w.topology = topology;
+  return project(m, c, w, rates, system);
+}
+
+double unit_sum(const ModelShape& m, double (*per_unit)(const GatherUnit&)) {
+  double sum = 0;
+  for (const GatherUnit& unit : model_units(m, 0, 1024)) sum += per_unit(unit);
+  return sum;
+}
+
+TEST(SimTopology, FlatIsTheDefaultAndReproducesThePublishedProjection) {
+  // docs/simulator.md, "First projection against the paper": OLMoE at 16 GPUs on a100-hdr.
+  const ModelShape& m = find_model("olmoe-1b-7b");
+  const Cluster c = load_cluster(builtin_cluster_config(), "a100-hdr");
+  const ChangeRates rates = paper_rates(m);
+  Workload w;
+  w.world = 16;
+  EXPECT_EQ(w.topology, Topology::kFlat);
+  EXPECT_NEAR(project(m, c, w, rates, System::kZero3).breakdown.total_s, 4.880, 5e-4);
+  EXPECT_NEAR(project(m, c, w, rates, System::kCiera).breakdown.total_s, 3.292, 5e-4);
+  w.dtype = DType::kFP16;
+  EXPECT_NEAR(project(m, c, w, rates, System::kZeroPP).breakdown.total_s, 1.181, 5e-4);
+  EXPECT_NEAR(project(m, c, w, rates, System::kCiera).breakdown.total_s, 3.900, 5e-4);
+}
+
+TEST(SimTopology, PartialReshardingKeepsOnlyForwardGathersAcrossNodes) {
+  const ModelShape m = tiny_model();
+  const Cluster c = two_tier_cluster();  // 2 nodes of 4 GPUs
+  const double raw =
+      2 * unit_sum(m, [](const GatherUnit& u) { return static_cast<double>(u.gathered_values()); });
+  const Projection flat = project_on(m, c, 8, System::kZero3, Topology::kFlat);
+  const Projection partial = project_on(m, c, 8, System::kZero3, Topology::kPartial);
+  EXPECT_NEAR(flat.breakdown.allgather_inter_node_bytes, 2 * raw, 1e-6);  // both gathers
+  EXPECT_NEAR(partial.breakdown.allgather_bytes, 2 * raw, 1e-6);
+  EXPECT_NEAR(partial.breakdown.allgather_inter_node_bytes, raw, 1e-6);  // forward only
+  EXPECT_EQ(partial.breakdown.exposed_allgather_inter_node_s,
+            partial.breakdown.exposed_allgather_forward_s);
+  EXPECT_NEAR(partial.breakdown.reduce_scatter_bytes, flat.breakdown.reduce_scatter_bytes, 1e-6);
+  EXPECT_EQ(partial.breakdown.allreduce_bytes, 0.0);
+  // Backward gathers on NVLink instead of the slow link: busy time drops, the forward's stays.
+  double intra = 0, inter = 0;
+  for (const GatherUnit& unit : model_units(m, 0, 1024)) {
+    intra += ring_seconds(4, 2.0 * unit.gathered_values(), c.intra);
+    inter += allgather_seconds(c, 8, 2.0 * unit.gathered_values(), Algorithm::kRing);
+  }
+  EXPECT_NEAR(partial.breakdown.allgather_busy_s, inter + intra, 1e-12);
+  EXPECT_NEAR(partial.breakdown.allgather_inter_node_busy_s, inter, 1e-12);
+  EXPECT_LT(partial.breakdown.total_s, flat.breakdown.total_s);
+  // Memory: the model states over 8 GPUs, plus the 1/4 of every unit kept from forward to backward.
+  const double params =
+      unit_sum(m, [](const GatherUnit& u) { return static_cast<double>(u.grad_values); });
+  EXPECT_NEAR(flat.state_bytes_per_gpu, params * 16 / 8, 1e-6);
+  EXPECT_NEAR(partial.state_bytes_per_gpu, params * 16 / 8 + params * 2 / 4, 1e-6);
+}
+
+TEST(SimTopology, CieraPartialSendsTheNodesOwnFramesInBackward) {
+  // Slow links everywhere: every type worth compressing is, on both groups. Forward frames over the
+  // 8 GPUs of the world; backward frames over the 4 GPUs of the node, with a step's exponent
+  // changes (the node's engine last gathered the unit a step ago).
+  const ModelShape m = tiny_model();
+  Cluster c = two_tier_cluster();
+  c.inter.GBps = 0.001;
+  c.intra.GBps = 0.001;
+  ChangeRates rates;
+  for (ShardType type : kAllShardTypes) rates.of(type).block = 0.25;
+  const Projection p = project_on(m, c, 8, System::kCiera, Topology::kPartial, rates);
+  ASSERT_TRUE(p.backward_on_node);
+  EXPECT_TRUE(p.selected[static_cast<size_t>(ShardType::kExpertFfn)]);
+  EXPECT_TRUE(p.selected_backward_on_node[static_cast<size_t>(ShardType::kExpertFfn)]);
+  auto frames = [](double values, int ranks, double q) {
+    const double n = std::ceil(values / ranks);
+    const double blocks = std::ceil(n / 512);
+    return ranks * (head_bytes(n, blocks) + n + q * n);
+  };
+  double forward = 0, backward = 0;
+  for (const GatherUnit& unit : model_units(m, 0, 1024)) {
+    for (const ShardGroup& s : unit.shards) {
+      const double n = static_cast<double>(s.values);
+      const auto t = static_cast<size_t>(s.type);
+      forward += p.selected[t] ? frames(n, 8, 0.25) : 2 * n;
+      backward += p.selected_backward_on_node[t] ? frames(n, 4, 0.25) : 2 * n;
+    }
+  }
+  EXPECT_NEAR(p.breakdown.allgather_inter_node_bytes, forward, 1e-6);
+  EXPECT_NEAR(p.breakdown.allgather_bytes, forward + backward, 1e-6);
+}
+
+TEST(SimTopology, SelectionInsideTheNodeIsItsOwn) {
+  // A decoder slower than NVLink: compressing the node's backward gathers costs more than it
+  // saves, while the forward gathers across the slow link still gain.
+  const ModelShape m = tiny_model();
+  Cluster c = two_tier_cluster();
+  c.inter.GBps = 0.001;
+  c.intra.GBps = 1000;
+  c.decode_GBps = 10;
+  ChangeRates rates;
+  for (ShardType type : kAllShardTypes) rates.of(type).block = 0.0;
+  const Projection p = project_on(m, c, 8, System::kCiera, Topology::kPartial, rates);
+  EXPECT_TRUE(p.selected[static_cast<size_t>(ShardType::kExpertFfn)]);
+  for (ShardType type : kAllShardTypes)
+    EXPECT_FALSE(p.selected_backward_on_node[static_cast<size_t>(type)]) << to_string(type);
+}
+
+TEST(SimTopology, HsdpGathersInsideTheNodeAndAllReducesAcrossNodes) {
+  const ModelShape m = tiny_model();
+  const Cluster c = two_tier_cluster();
+  for (System system : {System::kZero3, System::kCiera}) {
+    const Projection flat = project_on(m, c, 8, system, Topology::kFlat);
+    const Projection hsdp = project_on(m, c, 8, system, Topology::kHsdp);
+    EXPECT_GT(hsdp.breakdown.allgather_bytes, 0.0);
+    EXPECT_EQ(hsdp.breakdown.allgather_inter_node_bytes, 0.0);
+    EXPECT_EQ(hsdp.breakdown.allgather_inter_node_busy_s, 0.0);
+    EXPECT_EQ(hsdp.breakdown.exposed_allgather_inter_node_s, 0.0);
+    // The optimizer steps 1/4 of the parameters instead of 1/8; the states are sharded 4 ways.
+    EXPECT_NEAR(hsdp.breakdown.optimizer_s, 2 * flat.breakdown.optimizer_s, 1e-15);
+    EXPECT_NEAR(hsdp.state_bytes_per_gpu, 2 * flat.state_bytes_per_gpu, 1e-6);
+  }
+  const Projection z = project_on(m, c, 8, System::kZero3, Topology::kHsdp);
+  double grads = 0, allreduce = 0, reduce_scatter = 0;
+  for (const GatherUnit& unit : model_units(m, 0, 1024)) {
+    const double g = 2.0 * unit.grad_values;
+    grads += g;
+    if (g > 0) allreduce += allreduce_seconds(2, g, c.inter);
+    reduce_scatter += ring_seconds(4, g, c.intra);
+  }
+  EXPECT_NEAR(z.breakdown.reduce_scatter_bytes, grads, 1e-6);  // over the node
+  EXPECT_NEAR(z.breakdown.allreduce_bytes, grads / 4, 1e-6);   // the node's 1/4, per GPU
+  EXPECT_NEAR(z.breakdown.reduce_scatter_busy_s, reduce_scatter, 1e-12);
+  EXPECT_NEAR(z.breakdown.allreduce_busy_s, allreduce, 1e-12);
+}
+
+TEST(SimTopology, OnOneNodeEveryTopologyIsFlat) {
+  const ModelShape m = tiny_model();
+  const Cluster c = two_tier_cluster();
+  for (System system : {System::kZero3, System::kCiera}) {
+    const Projection flat = project_on(m, c, 4, system, Topology::kFlat);
+    for (Topology t : {Topology::kPartial, Topology::kHsdp}) {
+      const Projection p = project_on(m, c, 4, system, t);
+      EXPECT_EQ(p.breakdown.total_s, flat.breakdown.total_s) << topology_name(t);
+      EXPECT_EQ(p.state_bytes_per_gpu, flat.state_bytes_per_gpu);
+      EXPECT_FALSE(p.backward_on_node);
+    }
+  }
+}
+
+TEST(SimTopology, BadTopologiesAreRejected) {
+  const ModelShape m = tiny_model();
+  const Cluster c = two_tier_cluster();
+  expect_error([&] { project_on(m, c, 6, System::kZero3, Topology::kHsdp); },
+               {"6 GPUs", "nodes of 4"});
+  expect_error([&] { project_on(m, c, 8, System::kZeroPP, Topology::kPartial); },
+               {"topology partial", "ZeRO-3 and CIERA only", "ZeRO++"});
+  expect_error([] { parse_topology("ring"); }, {"\"ring\"", "flat, partial or hsdp"});
+  EXPECT_EQ(parse_topology("hsdp"), Topology::kHsdp);
+  EXPECT_EQ(topology_name(Topology::kPartial), "partial");
+}
+
+TEST(SimTopology, ZeroPlusPlusKeepsItsSecondaryCopyInTheNode) {
+  const ModelShape m = tiny_model();
+  const Cluster c = two_tier_cluster();
+  Workload w;
+  w.world = 8;
+  w.dtype = DType::kFP16;
+  const Projection p = project(m, c, w, ChangeRates{}, System::kZeroPP);
+  double forward = 0, params = 0;
+  for (const GatherUnit& unit : model_units(m, 0, w.seq_len)) {
+    const double n = static_cast<double>(unit.gathered_values());
+    forward += n + std::ceil(n / 4096) * 4;
+    params += static_cast<double>(unit.grad_values);
+  }
+  EXPECT_NEAR(p.breakdown.allgather_inter_node_bytes, forward, 1e-6);  // qwZ only; hpZ inside
+  EXPECT_NEAR(p.state_bytes_per_gpu, params * 16 / 8 + params * 2 / 4, 1e-6);
 }
 
 // ---- Gather schemes: SDP4Bit and stateless exponent coding -----------------------------------
@@ -834,6 +1057,175 @@ TEST(SimTrace, BadOptionalFieldsAreNamed) {
                     "trace t.json");
       },
       {"\"comm_probe.allgather[0].bytes\"", ">= 0"});
+}
+
+// trace_text() with `top` inserted among the top-level fields, `comm` among comm's curves and
+// `bucket` among the bucket's fields.
+std::string trace_with(const std::string& top, const std::string& comm = "",
+                       const std::string& bucket = "") {
+  std::string text = trace_text(bucket);
+  if (!top.empty()) text.replace(text.find(R"("optimizer_s")"), 13, top + R"(, "optimizer_s")");
+  const std::string rs = R"("reduce_scatter": [{"bytes": 1000000, "seconds": 0.5}])";
+  if (!comm.empty()) text.replace(text.find(rs), rs.size(), rs + ", " + comm);
+  return text;
+}
+
+const std::string kPartialTopology =
+    R"("topology": {"nodes": 2, "ranks_per_node": 2, "reshard_after_forward": 2})";
+const std::string kPostForwardCurve =
+    R"("allgather_post_forward": [{"bytes": 1000000, "seconds": 0.1}, {"bytes": 2000000, "seconds": 0.2}])";
+
+TEST(SimTrace, PostForwardGroupTakesTheBackwardGathers) {
+  // W = 4 on 2 nodes, resharded to 2 after forward: the backward gather runs on the post-forward
+  // curve (1e7 B/s), the forward one on comm.allgather (2e6 B/s), sequentially.
+  const Trace t = parse_trace(
+      trace_with(kPartialTopology, kPostForwardCurve, R"(, "post_forward_wire_bytes": 600000)"),
+      "trace t.json");
+  ASSERT_TRUE(t.topology.has_value());
+  EXPECT_EQ(t.topology->reshard_after_forward, 2);
+  EXPECT_TRUE(t.topology->post_forward_group(t.world_size));
+  ASSERT_TRUE(t.buckets[0].post_forward_wire_bytes.has_value());
+  const TracePrediction p = predict_trace(t);
+  ASSERT_TRUE(p.post_forward_allgather.has_value());
+  // Baseline: forward gather 0.5, backward 0.1, compute 3, reduce-scatter 0.5, optimizer 0.1.
+  EXPECT_NEAR(p.baseline.total_s, 4.2, 1e-12);
+  EXPECT_NEAR(p.baseline.allgather_bytes, 2e6, 1e-6);
+  EXPECT_NEAR(p.baseline.allgather_inter_node_bytes, 1e6, 1e-6);  // the forward gather only
+  EXPECT_NEAR(p.baseline.exposed_allgather_backward_s, 0.1, 1e-12);
+  // CIERA: forward Comm(500 kB) = 0.25, encode 1/4 and decode 3/4 of 1 MB; backward
+  // Comm_pf(600 kB) = 0.06, encode 1/2 and decode 1/2 of 1 MB (a group of 2), at 1000 GB/s.
+  const double codec = 1e6 / 1e12;
+  EXPECT_NEAR(p.ciera.total_s, 0.25 + 0.06 + 2 * codec + 3 + 0.5 + 0.1, 1e-12);
+  EXPECT_NEAR(p.ciera.allgather_bytes, 5e5 + 6e5, 1e-6);
+  EXPECT_NEAR(p.ciera_comm_s, 0.31, 1e-12);
+  EXPECT_NEAR(p.ciera_encode_s, 0.25e6 / 1e12 + 0.5e6 / 1e12, 1e-15);
+  EXPECT_NEAR(p.ciera_decode_s, 0.75e6 / 1e12 + 0.5e6 / 1e12, 1e-15);
+  // Without post_forward_wire_bytes CIERA sends the backward gather raw: Comm_pf(1 MB), no codec.
+  const TracePrediction raw =
+      predict_trace(parse_trace(trace_with(kPartialTopology, kPostForwardCurve), "trace t.json"));
+  EXPECT_NEAR(raw.ciera.total_s, 0.25 + 0.1 + codec + 3 + 0.5 + 0.1, 1e-12);
+  EXPECT_NEAR(raw.ciera.allgather_bytes, 5e5 + 1e6, 1e-6);
+}
+
+TEST(SimTrace, HsdpAllReducesAfterEachReduceScatter) {
+  // HSDP on 2 nodes of 2: shard group of 2 (no gather crosses nodes), an all-reduce of 500 kB
+  // (0.25 s on its curve) after the reduce-scatter.
+  const Trace t =
+      parse_trace(trace_with(R"("topology": {"nodes": 2, "ranks_per_node": 2, "hsdp": true})",
+                             R"("allreduce": [{"bytes": 1000000, "seconds": 0.5}])",
+                             R"(, "allreduce_bytes": 500000)"),
+                  "trace t.json");
+  EXPECT_TRUE(t.topology->hsdp);
+  EXPECT_EQ(t.topology->shard_group(t.world_size), 2);
+  EXPECT_DOUBLE_EQ(t.buckets[0].allreduce_bytes, 5e5);
+  const TracePrediction p = predict_trace(t);
+  ASSERT_TRUE(p.allreduce.has_value());
+  EXPECT_NEAR(p.baseline.total_s, 4.6 + 0.25, 1e-12);
+  EXPECT_NEAR(p.baseline.exposed_reduce_scatter_s, 0.75, 1e-12);
+  EXPECT_NEAR(p.baseline.exposed_allreduce_s, 0.25, 1e-12);
+  EXPECT_NEAR(p.baseline.allreduce_bytes, 5e5, 1e-6);
+  EXPECT_EQ(p.baseline.allgather_inter_node_bytes, 0.0);
+  EXPECT_EQ(p.ciera.allgather_inter_node_bytes, 0.0);
+  // CIERA's codec over the shard group of 2: encode and decode half of 1 MB each, per gather.
+  const double codec = 1e6 / 1e12;
+  EXPECT_NEAR(p.ciera.total_s, 0.5 + 2 * codec + 3 + 0.5 + 0.25 + 0.1, 1e-12);
+  EXPECT_NEAR(p.ciera_encode_s, 2 * 0.5e6 / 1e12, 1e-15);
+}
+
+TEST(SimTrace, AbsentOrNeutralTopologyFieldsChangeNothing) {
+  const TracePrediction plain = predict_trace(parse_trace(trace_text(), "trace t.json"));
+  const std::vector<std::string> neutral = {
+      R"("topology": {"nodes": 4, "ranks_per_node": 1})",
+      R"("topology": {"nodes": 2, "ranks_per_node": 2, "reshard_after_forward": 0, "hsdp": false})",
+      R"("topology": {"nodes": 1, "ranks_per_node": 4, "reshard_after_forward": 4})"};
+  for (const std::string& top : neutral) {
+    const TracePrediction p = predict_trace(parse_trace(trace_with(top), "trace t.json"));
+    EXPECT_EQ(p.baseline.total_s, plain.baseline.total_s) << top;
+    EXPECT_EQ(p.ciera.total_s, plain.ciera.total_s) << top;
+    EXPECT_EQ(p.ciera_comm_s, plain.ciera_comm_s) << top;
+    EXPECT_EQ(p.ciera_encode_s, plain.ciera_encode_s) << top;
+    EXPECT_EQ(p.ciera_allgather_s, plain.ciera_allgather_s) << top;
+  }
+  // An all-reduce curve with no bucket all-reducing (allreduce_bytes 0) adds nothing either.
+  const TracePrediction curve = predict_trace(
+      parse_trace(trace_with("", R"("allreduce": [{"bytes": 1000000, "seconds": 0.5}])",
+                             R"(, "allreduce_bytes": 0)"),
+                  "trace t.json"));
+  EXPECT_EQ(curve.baseline.total_s, plain.baseline.total_s);
+  EXPECT_EQ(curve.ciera.total_s, plain.ciera.total_s);
+  // Without a topology every rank is its own node: every gather crosses nodes.
+  EXPECT_EQ(plain.baseline.allgather_inter_node_bytes, plain.baseline.allgather_bytes);
+  const Trace t = parse_trace(trace_text(), "trace t.json");
+  EXPECT_FALSE(t.topology.has_value());
+  EXPECT_FALSE(t.buckets[0].post_forward_wire_bytes.has_value());
+  EXPECT_EQ(t.buckets[0].allreduce_bytes, 0.0);
+  EXPECT_TRUE(t.post_forward_allgather_points.empty());
+  EXPECT_TRUE(t.allreduce_points.empty());
+}
+
+TEST(SimTrace, BadTopologyFieldsAreNamed) {
+  auto parse = [](const std::string& text) { parse_trace(text, "trace t.json"); };
+  expect_error([&] { parse(trace_with(R"("topology": {"nodes": 3, "ranks_per_node": 2})")); },
+               {"trace t.json", "\"topology.nodes\"", "world_size", "3 x 2"});
+  expect_error([&] { parse(trace_with(R"("topology": {"ranks_per_node": 2})")); },
+               {"missing field \"topology.nodes\""});
+  expect_error(
+      [&] {
+        parse(trace_with(
+            R"("topology": {"nodes": 1, "ranks_per_node": 4, "reshard_after_forward": 3})",
+            kPostForwardCurve));
+      },
+      {"\"topology.reshard_after_forward\"", "divide the shard group of 4", "got 3"});
+  expect_error(
+      [&] {
+        parse(trace_with(
+            R"("topology": {"nodes": 2, "ranks_per_node": 2, "reshard_after_forward": 4, "hsdp": true})"));
+      },
+      {"\"topology.reshard_after_forward\"", "shard group of 2"});
+  expect_error(
+      [&] {
+        parse(trace_with(
+            R"("topology": {"nodes": 1, "ranks_per_node": 4, "reshard_after_forward": -2})"));
+      },
+      {"\"topology.reshard_after_forward\"", "non-negative integer"});
+  expect_error(
+      [&] { parse(trace_with(R"("topology": {"nodes": 1, "ranks_per_node": 4, "hsdp": "yes"})")); },
+      {"\"topology.hsdp\"", "true or false"});
+  expect_error([&] { parse(trace_with(R"("topology": [2, 2])")); },
+               {"\"topology\"", "must be an object"});
+  expect_error([&] { parse(trace_with(kPartialTopology)); },
+               {"missing field \"comm.allgather_post_forward\"", "reshard_after_forward is 2"});
+  expect_error([&] { parse(trace_with("", kPostForwardCurve)); },
+               {"\"comm.allgather_post_forward\"", "is given", "no \"topology\""});
+  expect_error([&] { parse(trace_with(kPartialTopology, R"("allgather_post_forward": [])")); },
+               {"\"comm.allgather_post_forward\"", "at least one"});
+  expect_error(
+      [&] {
+        parse(trace_with(kPartialTopology,
+                         R"("allgather_post_forward": [{"bytes": 1000000, "seconds": -1}])"));
+      },
+      {"\"comm.allgather_post_forward[0].seconds\"", ">= 0"});
+  expect_error([&] { parse(trace_with("", "", R"(, "post_forward_wire_bytes": 1000)")); },
+               {"\"buckets[0].post_forward_wire_bytes\"", "is given"});
+  expect_error(
+      [&] {
+        parse(
+            trace_with(kPartialTopology, kPostForwardCurve, R"(, "post_forward_wire_bytes": -5)"));
+      },
+      {"\"buckets[0].post_forward_wire_bytes\"", ">= 0"});
+  expect_error([&] { parse(trace_with("", "", R"(, "allreduce_bytes": 1000)")); },
+               {"missing field \"comm.allreduce\"", "buckets[0].allreduce_bytes"});
+  expect_error([&] { parse(trace_with("", "", R"(, "allreduce_bytes": "lots")")); },
+               {"\"buckets[0].allreduce_bytes\"", "must be a number"});
+  expect_error([&] { parse(trace_with("", R"("allreduce": {"bytes": 1})")); },
+               {"\"comm.allreduce\"", "must be an array"});
+  // A curve that cannot be fitted is named when the prediction fits it.
+  const Trace flat = parse_trace(
+      trace_with(
+          kPartialTopology,
+          R"("allgather_post_forward": [{"bytes": 1000000, "seconds": 0.2}, {"bytes": 2000000, "seconds": 0.1}])"),
+      "trace t.json");
+  expect_error([&] { predict_trace(flat); }, {"comm.allgather_post_forward", "does not increase"});
 }
 
 TEST(SimTrace, RatesPerShardTypeAreValueWeighted) {

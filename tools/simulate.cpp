@@ -31,6 +31,24 @@ std::string baseline_list(const std::string& last_word) {
   return list;
 }
 
+// --topology: at least one, each once.
+std::vector<Topology> parse_topologies(const std::vector<std::string>& names) {
+  if (names.empty()) throw ConfigError("--topology needs at least one of flat, partial or hsdp");
+  std::vector<Topology> topologies;
+  for (const std::string& name : names) {
+    Topology topology;
+    try {
+      topology = parse_topology(name);
+    } catch (const ConfigError&) {
+      throw ConfigError("unknown --topology \"" + name + "\" (expected flat, partial or hsdp)");
+    }
+    if (std::find(topologies.begin(), topologies.end(), topology) != topologies.end())
+      throw ConfigError("--topology: " + name + " is given twice");
+    topologies.push_back(topology);
+  }
+  return topologies;
+}
+
 // The checks that need no input file, whatever the mode.
 void check_values(const Options& o) {
   if (o.gpus.empty()) throw ConfigError("--gpus needs at least one GPU count");
@@ -70,6 +88,13 @@ void check_values(const Options& o) {
     throw ConfigError("--gpus-per-node must be at least 1");
   if (o.mfu && !(*o.mfu > 0 && *o.mfu <= 1)) throw ConfigError("--mfu must be in (0, 1]");
   parse_algorithm(o.algorithm);
+  parse_topologies(o.topologies);
+  const bool predicts_traces = !o.validate.empty() || (!o.trace_file.empty() && o.model.empty());
+  if (predicts_traces && o.topologies != std::vector<std::string>{"flat"}) {
+    throw ConfigError(
+        "--topology applies to projections (--model); a trace's placement is its \"topology\" "
+        "field");
+  }
 }
 
 Cluster resolve_cluster(const Options& o) {
@@ -99,6 +124,11 @@ TraceInput load_trace_input(const std::string& path) {
   const Trace& t = input.trace;
   fit_cost_curve(t.allgather_points, t.origin + ": comm.allgather");
   fit_cost_curve(t.reduce_scatter_points, t.origin + ": comm.reduce_scatter");
+  if (!t.post_forward_allgather_points.empty()) {
+    fit_cost_curve(t.post_forward_allgather_points, t.origin + ": comm.allgather_post_forward");
+  }
+  if (!t.allreduce_points.empty())
+    fit_cost_curve(t.allreduce_points, t.origin + ": comm.allreduce");
   return input;
 }
 
@@ -171,6 +201,7 @@ ProjectionRequest parse_projection(const Options& o) {
   p.workload.prefetch_depth = o.prefetch;
   p.workload.activation_checkpointing = !o.no_checkpointing;
   p.workload.algorithm = parse_algorithm(o.algorithm);
+  p.topologies = parse_topologies(o.topologies);
   std::optional<Trace> trace;
   if (!o.trace_file.empty()) trace = load_trace(o.trace_file);
   p.models = resolve_models(o, trace);
@@ -232,7 +263,17 @@ nlohmann::json breakdown_json(const Breakdown& b) {
           {"allgather_busy_s", b.allgather_busy_s},
           {"reduce_scatter_busy_s", b.reduce_scatter_busy_s},
           {"allgather_bytes", b.allgather_bytes},
-          {"reduce_scatter_bytes", b.reduce_scatter_bytes}};
+          {"reduce_scatter_bytes", b.reduce_scatter_bytes},
+          {"exposed_allgather_forward_s", b.exposed_allgather_forward_s},
+          {"exposed_allgather_backward_s", b.exposed_allgather_backward_s},
+          {"exposed_allgather_inter_node_s", b.exposed_allgather_inter_node_s},
+          {"allgather_inter_node_busy_s", b.allgather_inter_node_busy_s},
+          {"allgather_inter_node_bytes", b.allgather_inter_node_bytes},
+          {"exposed_allreduce_s", b.exposed_allreduce_s},
+          {"allreduce_busy_s", b.allreduce_busy_s},
+          {"allreduce_bytes", b.allreduce_bytes},
+          {"encode_busy_s", b.encode_busy_s},
+          {"decode_busy_s", b.decode_busy_s}};
 }
 
 std::vector<std::string> breakdown_cells(const Breakdown& b) {
@@ -283,6 +324,12 @@ void register_simulate(CLI::App& app, const std::string& command) {
   cmd->add_option("--gpus-per-node", o->gpus_per_node, "GPUs per node (overrides the preset)");
   cmd->add_option("--mfu", o->mfu, "model FLOPs utilisation (overrides the preset)");
   cmd->add_option("--algo", o->algorithm, "ZeRO-3/CIERA collectives: ring | hierarchical")
+      ->capture_default_str();
+  cmd->add_option("--topology", o->topologies,
+                  "ZeRO-3's and CIERA's placements, comma-separated: flat | partial "
+                  "(reshard_after_forward = GPUs per node) | hsdp (shard in a node, replicate "
+                  "across nodes)")
+      ->delimiter(',')
       ->capture_default_str();
   cmd->add_flag("--no-checkpointing", o->no_checkpointing,
                 "backward without recomputing the forward");

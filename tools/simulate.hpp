@@ -29,6 +29,7 @@ struct Options {
   std::optional<double> gbit, latency_ms, mfu;
   std::optional<int> gpus_per_node;
   std::string algorithm = "ring";
+  std::vector<std::string> topologies = {"flat"};
   bool no_checkpointing = false;
   std::string rates_file;
   std::string codec_bench_file;
@@ -60,6 +61,9 @@ struct ProjectionRequest {
   sim::Workload workload;  // world and dtype are set per configuration; its schemes are the
                            // built-in ones or --codec-bench's
   std::string algorithm;   // as given, for the report
+  // ZeRO-3's and CIERA's placements (--topology); the other baselines are projected once, as
+  // their own design places them (ZeRO++'s hpZ, flat otherwise).
+  std::vector<sim::Topology> topologies = {sim::Topology::kFlat};
   std::vector<int> gpus;
   std::vector<Baseline> baselines;
   std::vector<ModelInput> models;
@@ -75,11 +79,13 @@ struct ProjectionRun {
   sim::Projection projection;
 };
 
-// CIERA against one baseline on one configuration.
+// CIERA on one topology against one baseline (ZeRO-3: on the same topology) on one
+// configuration.
 struct Comparison {
   const Baseline* baseline;
   const ModelInput* model;
   int gpus;
+  sim::Topology topology;
   double speedup;
   double byte_ratio;
   double allgather_share;  // busy share of the baseline iteration

@@ -3,6 +3,8 @@
 // bound and breakdown tables or as one JSON object.
 #include <iostream>
 #include <map>
+#include <optional>
+#include <tuple>
 #include <utility>
 
 #include "report.hpp"
@@ -15,7 +17,7 @@ using namespace ciera::sim;
 
 Comparison compare(const Baseline& baseline, const ModelInput& model, int gpus,
                    const Projection& base, const Projection& ciera) {
-  Comparison c{&baseline, &model, gpus, 0, 0, 0, 0};
+  Comparison c{&baseline, &model, gpus, ciera.topology, 0, 0, 0, 0};
   c.speedup = base.breakdown.total_s / ciera.breakdown.total_s;
   c.byte_ratio = base.breakdown.allgather_bytes / ciera.breakdown.allgather_bytes;
   // The allgathers' busy share, not their exposed share: shrinking work by x can shorten a
@@ -92,14 +94,42 @@ nlohmann::json rates_json(const ChangeRates& rates) {
   return j;
 }
 
-std::string selected_text(const Projection& p) {
+std::string types_text(const std::array<bool, kShardTypeCount>& selected) {
   std::string s;
   for (ShardType type : kAllShardTypes) {
-    if (!p.selected[static_cast<size_t>(type)]) continue;
+    if (!selected[static_cast<size_t>(type)]) continue;
     if (!s.empty()) s += ',';
     s += to_string(type);
   }
   return s.empty() ? "none" : s;
+}
+
+std::string selected_text(const Projection& p) {
+  if (!p.backward_on_node) return types_text(p.selected);
+  return "forward " + types_text(p.selected) + "; backward on node " +
+         types_text(p.selected_backward_on_node);
+}
+
+// Only the default (flat alone) leaves the topology out of the tables, as before --topology.
+bool flat_only(const ProjectionRequest& p) {
+  return p.topologies == std::vector<Topology>{Topology::kFlat};
+}
+
+// Where a run's collectives ran: ZeRO-3's and CIERA's topology, or the baseline's own design.
+std::string placement_text(const Projection& p) {
+  if (p.system == System::kZeroPP) return "hpZ";
+  return std::string(topology_name(p.topology));
+}
+
+std::string system_text(const ProjectionRequest& request, const ProjectionRun& run) {
+  std::string s(system_name(run.system));
+  const bool placed = run.system == System::kZero3 || run.system == System::kCiera;
+  return placed && !flat_only(request) ? s + " " + placement_text(run.projection) : s;
+}
+
+std::string gradient_collective_text(const Projection& p) {
+  if (p.system == System::kZeroPP) return "qgZ int4 all-to-all";
+  return p.breakdown.allreduce_bytes > 0 ? "RS in node + AR" : "reduce-scatter";
 }
 
 // The scheme figures a baseline is projected with (SDP4Bit, stateless coding), or nullptr.
@@ -161,7 +191,10 @@ nlohmann::json projection_json(const Request& request, const ProjectionResult& r
                    {"activation_checkpointing", w.activation_checkpointing},
                    {"algorithm", p.algorithm},
                    {"optimizer_bytes_per_param", w.optimizer_bytes_per_param},
+                   {"state_bytes_per_param", w.state_bytes_per_param},
                    {"zeropp_block_values", w.zeropp_block_values}};
+  j["topologies"] = nlohmann::json::array();
+  for (Topology t : p.topologies) j["topologies"].push_back(topology_name(t));
   for (const Baseline& b : p.baselines) {  // SDP4Bit's and stateless coding's codec figures
     if (const SchemeFigures* f = scheme_of(b, w))
       j["schemes"][b.key] = scheme_json(b, *f, p.cluster);
@@ -181,7 +214,14 @@ nlohmann::json projection_json(const Request& request, const ProjectionResult& r
                           {"dtype", dtype_name(run.dtype)},
                           {"system", run.key},
                           {"breakdown", breakdown_json(run.projection.breakdown)}};
-    if (run.system == System::kCiera) row["selected"] = selected_text(run.projection);
+    if (run.system == System::kCiera) {
+      row["selected"] = types_text(run.projection.selected);
+      if (run.projection.backward_on_node)
+        row["selected_backward_on_node"] = types_text(run.projection.selected_backward_on_node);
+    }
+    row["topology"] = placement_text(run.projection);
+    row["gradient_collective"] = gradient_collective_text(run.projection);
+    row["state_bytes_per_gpu"] = run.projection.state_bytes_per_gpu;
     j["results"].push_back(row);
   }
   j["comparisons"] = nlohmann::json::array();
@@ -190,6 +230,7 @@ nlohmann::json projection_json(const Request& request, const ProjectionResult& r
                                 {"dtype", dtype_name(c.baseline->dtype)},
                                 {"model", c.model->model->name},
                                 {"gpus", c.gpus},
+                                {"topology", topology_name(c.topology)},
                                 {"speedup", c.speedup},
                                 {"allgather_byte_ratio", c.byte_ratio},
                                 {"allgather_share", c.allgather_share},
@@ -211,6 +252,19 @@ void print_header(const Request& request, std::ostream& out) {
       << fixed(w.optimizer_bytes_per_param, 0)
       << " B/param at memory bandwidth; ZeRO++ int8/int4 blocks of " << w.zeropp_block_values
       << " values\n";
+  if (!flat_only(p)) {
+    const int g = p.cluster.gpus_per_node;
+    out << "ZeRO-3 and CIERA on each of:";
+    for (Topology t : p.topologies) {
+      out << " " << topology_name(t)
+          << (t == Topology::kFlat      ? " (all collectives over the W GPUs)"
+              : t == Topology::kPartial ? " (reshard_after_forward = " + std::to_string(g) +
+                                              ": backward gathers in the node)"
+                                        : " (shard over the node's " + std::to_string(g) +
+                                              " GPUs, all-reduce across nodes)")
+          << (t == p.topologies.back() ? "\n" : ";");
+    }
+  }
   for (const Baseline& b : p.baselines) {
     if (const SchemeFigures* f = scheme_of(b, w)) out << scheme_text(b, *f, p.cluster) << "\n";
   }
@@ -228,6 +282,7 @@ void print_header(const Request& request, std::ostream& out) {
 
 // Per baseline, a title and a table of one row per model and one column per GPU count, each
 // cell made by `cell` from that configuration's comparison.
+// With several topologies, one table per baseline and topology of CIERA's (ZeRO-3's too).
 template <typename Title, typename Cell>
 void print_per_baseline(const Request& request, const ProjectionResult& result, Title title,
                         Cell cell, std::ostream& out) {
@@ -235,25 +290,32 @@ void print_per_baseline(const Request& request, const ProjectionResult& result, 
   std::vector<std::string> header = {"model"};
   for (int w : p.gpus) header.push_back(std::to_string(w));
   for (const Baseline& b : p.baselines) {
-    Table table(header);
-    for (const ModelInput& m : p.models) {
-      std::vector<std::string> row = {m.model->display};
-      for (const Comparison& c : result.comparisons) {
-        if (c.baseline == &b && c.model == &m) row.push_back(cell(c));
+    for (Topology t : p.topologies) {
+      Table table(header);
+      for (const ModelInput& m : p.models) {
+        std::vector<std::string> row = {m.model->display};
+        for (const Comparison& c : result.comparisons) {
+          if (c.baseline == &b && c.model == &m && c.topology == t) row.push_back(cell(c));
+        }
+        table.add(row);
       }
-      table.add(row);
+      std::string topology;
+      if (!flat_only(p)) {
+        topology = b.system == System::kZero3 ? " [both " + std::string(topology_name(t)) + "]"
+                                              : " [CIERA " + std::string(topology_name(t)) + "]";
+      }
+      out << title(b) << topology << "\n" << table.render() << "\n";
     }
-    out << title(b) << "\n" << table.render() << "\n";
   }
 }
 
-void print_breakdown(const ProjectionResult& result, std::ostream& out) {
+void print_breakdown(const ProjectionRequest& request, const ProjectionResult& result,
+                     std::ostream& out) {
   Table breakdown({"model", "GPUs", "dtype", "system", "total s", "compute", "exposed AG",
                    "exposed RS", "codec", "optimizer", "AG GB/iter", "CIERA compresses"});
   for (const ProjectionRun& run : result.runs) {
     std::vector<std::string> row = {run.model->model->display, std::to_string(run.gpus),
-                                    std::string(dtype_name(run.dtype)),
-                                    std::string(system_name(run.system))};
+                                    std::string(dtype_name(run.dtype)), system_text(request, run)};
     for (auto& cell : breakdown_cells(run.projection.breakdown)) row.push_back(cell);
     row.push_back(fixed(run.projection.breakdown.allgather_bytes / 1e9, 2));
     row.push_back(run.system == System::kCiera ? selected_text(run.projection) : "");
@@ -263,29 +325,70 @@ void print_breakdown(const ProjectionResult& result, std::ostream& out) {
       << breakdown.render();
 }
 
+// The breakdown's terms split further: which pass waited on its gathers, how much of that wait was
+// on gathers across nodes, the gradient collective, the codec's busy time, and what each GPU holds.
+void print_time_split(const ProjectionResult& result, std::ostream& out) {
+  Table split({"model", "GPUs", "dtype", "system", "topology", "total s", "compute", "fwd AG",
+               "bwd AG", "AG inter-node", "grads", "of which AR", "gradient collective", "codec",
+               "encode busy", "decode busy", "optimizer", "AG GB inter/intra", "states GB/GPU"});
+  for (const ProjectionRun& run : result.runs) {
+    const Breakdown& b = run.projection.breakdown;
+    split.add(
+        {run.model->model->display, std::to_string(run.gpus), std::string(dtype_name(run.dtype)),
+         std::string(system_name(run.system)), placement_text(run.projection),
+         seconds_text(b.total_s), seconds_text(b.compute_s),
+         seconds_text(b.exposed_allgather_forward_s), seconds_text(b.exposed_allgather_backward_s),
+         seconds_text(b.exposed_allgather_inter_node_s), seconds_text(b.exposed_reduce_scatter_s),
+         seconds_text(b.exposed_allreduce_s), gradient_collective_text(run.projection),
+         seconds_text(b.exposed_codec_s), seconds_text(b.encode_busy_s),
+         seconds_text(b.decode_busy_s), seconds_text(b.optimizer_s),
+         fixed(b.allgather_inter_node_bytes / 1e9, 2) + " / " +
+             fixed((b.allgather_bytes - b.allgather_inter_node_bytes) / 1e9, 2),
+         fixed(run.projection.state_bytes_per_gpu / 1e9, 2)});
+  }
+  out << "\nWhere the time goes (seconds per iteration; fwd/bwd AG: exposed allgather by pass, "
+         "AG inter-node: the part of it waited on gathers across nodes; grads: exposed gradient "
+         "collectives, AR = HSDP's all-reduce; busy = hidden or not; states: parameters, "
+         "gradients and Adam states per GPU, with partial resharding's and hpZ's node copy)\n"
+      << split.render();
+}
+
 }  // namespace
 
 ProjectionResult compute_projection(const ProjectionRequest& p) {
   ProjectionResult result;
   for (const ModelInput& m : p.models) {
-    // CIERA's projection depends on the GPU count and dtype only, not on the baseline.
-    std::map<std::pair<int, DType>, size_t> ciera_run;
+    // CIERA's projection depends on the GPU count, dtype and topology, not on the baseline.
+    std::map<std::tuple<int, DType, Topology>, size_t> ciera_run;
     for (const Baseline& b : p.baselines) {
       for (int w : p.gpus) {
         Workload work = p.workload;
         work.world = w;
         work.dtype = b.dtype;
-        Projection base = project(*m.model, p.cluster, work, m.rates, b.system);
-        auto cached = ciera_run.find({w, b.dtype});
-        if (cached == ciera_run.end()) {
-          result.runs.push_back({&m, w, b.dtype, System::kCiera, "ciera",
-                                 project(*m.model, p.cluster, work, m.rates, System::kCiera)});
-          cached = ciera_run.emplace(std::pair{w, b.dtype}, result.runs.size() - 1).first;
+        // ZeRO-3 runs on each topology, against CIERA on the same; another baseline runs once, as
+        // its design places it, against CIERA on each topology.
+        std::optional<size_t> own_placement;
+        for (Topology t : p.topologies) {
+          work.topology = t;
+          auto cached = ciera_run.find({w, b.dtype, t});
+          if (cached == ciera_run.end()) {
+            result.runs.push_back({&m, w, b.dtype, System::kCiera, "ciera",
+                                   project(*m.model, p.cluster, work, m.rates, System::kCiera)});
+            cached = ciera_run.emplace(std::tuple{w, b.dtype, t}, result.runs.size() - 1).first;
+          }
+          size_t base = 0;
+          if (b.system == System::kZero3 || !own_placement) {
+            if (b.system != System::kZero3) work.topology = Topology::kFlat;
+            result.runs.push_back({&m, w, b.dtype, b.system, b.key,
+                                   project(*m.model, p.cluster, work, m.rates, b.system)});
+            base = result.runs.size() - 1;
+            if (b.system != System::kZero3) own_placement = base;
+          } else {
+            base = *own_placement;
+          }
+          result.comparisons.push_back(compare(b, m, w, result.runs[base].projection,
+                                               result.runs[cached->second].projection));
         }
-        result.runs.push_back({&m, w, b.dtype, b.system, b.key, std::move(base)});
-        const ProjectionRun& ciera = result.runs[cached->second];
-        result.comparisons.push_back(
-            compare(b, m, w, result.runs.back().projection, ciera.projection));
       }
     }
   }
@@ -320,7 +423,8 @@ void render_projection(const Request& request, const ProjectionResult& result,
                fixed(c.bound, 2) + "x";
       },
       out);
-  print_breakdown(result, out);
+  print_breakdown(request.projection, result, out);
+  print_time_split(result, out);
 }
 
 }  // namespace ciera::tools::simulate

@@ -1,9 +1,10 @@
 // `ciera simulate --trace FILE` and `--validate TRACE...`: baseline and CIERA iteration times
 // predicted from traces of our own runs, and their error against the traces' measurements.
+#include <array>
 #include <cmath>
 #include <iostream>
-#include <array>
 #include <tuple>
+#include <utility>
 
 #include "report.hpp"
 #include "simulate.hpp"
@@ -24,6 +25,21 @@ std::string percent_text(double error) {
 nlohmann::json fit_json(const std::optional<CostCurve>& c) {
   if (!c) return nullptr;
   return {{"alpha_s", c->alpha_s}, {"GBps", c->bytes_per_s / 1e9}};
+}
+
+nlohmann::json topology_json(const Trace& t) {
+  if (!t.topology) return nullptr;
+  const TraceTopology& g = *t.topology;
+  return {{"nodes", g.nodes},
+          {"ranks_per_node", g.ranks_per_node},
+          {"reshard_after_forward", g.reshard_after_forward},
+          {"hsdp", g.hsdp},
+          {"shard_group", g.shard_group(t.world_size)},
+          {"post_forward_group", g.post_forward_group(t.world_size)}};
+}
+
+std::string curve_text(const CostCurve& c) {
+  return fixed(c.alpha_s * 1e3, 3) + " ms + bytes / " + fixed(c.bytes_per_s / 1e9, 4) + " GB/s";
 }
 
 nlohmann::json measured_json(const std::optional<MeasuredRun>& m, const Breakdown& b,
@@ -49,6 +65,9 @@ nlohmann::json trace_json(const TraceResult& r) {
         {"block_values", t.block_values}}},
       {"allgather_fit", fit_json(p.allgather)},
       {"reduce_scatter_fit", fit_json(p.reduce_scatter)},
+      {"allgather_post_forward_fit", fit_json(p.post_forward_allgather)},
+      {"allreduce_fit", fit_json(p.allreduce)},
+      {"topology", topology_json(t)},
       {"probe_allgather_fit", fit_json(p.probe_allgather)},
       {"probe_reduce_scatter_fit", fit_json(p.probe_reduce_scatter)},
       {"predicted", {{"baseline", breakdown_json(p.baseline)}, {"ciera", breakdown_json(p.ciera)}}},
@@ -78,6 +97,31 @@ std::array<SystemCheck, 2> system_checks(const TraceResult& r) {
           SystemCheck{"CIERA", t.measured_ciera, p.ciera, p.ciera_allgather_s, p.ciera_overlap}};
 }
 
+// The trace's placement and the curves that go with it; empty without a "topology" or curves.
+std::string topology_text(const Trace& t, const TracePrediction& p) {
+  std::string s;
+  if (t.topology) {
+    const TraceTopology& g = *t.topology;
+    s += "topology: " + std::to_string(g.nodes) + " node(s) x " + std::to_string(g.ranks_per_node) +
+         " ranks; shard group of " + std::to_string(g.shard_group(t.world_size)) + " ranks" +
+         (g.hsdp ? " (HSDP: replicated across nodes)" : "") + "; backward gathers on " +
+         (g.post_forward_group(t.world_size)
+              ? "post-forward groups of " + std::to_string(g.reshard_after_forward) + " ranks"
+              : std::string("the shard group")) +
+         "\n";
+  }
+  if (p.post_forward_allgather) {
+    s += "post-forward allgather cost curve fitted to " +
+         std::to_string(t.post_forward_allgather_points.size()) +
+         " points: " + curve_text(*p.post_forward_allgather) + "\n";
+  }
+  if (p.allreduce) {
+    s += "all-reduce cost curve fitted to " + std::to_string(t.allreduce_points.size()) +
+         " points: " + curve_text(*p.allreduce) + "\n";
+  }
+  return s;
+}
+
 void print_trace_setup(const Request& request, const TraceResult& r, std::ostream& out) {
   const Trace& t = r.input->trace;
   const TracePrediction& p = r.prediction;
@@ -88,7 +132,7 @@ void print_trace_setup(const Request& request, const TraceResult& r, std::ostrea
       << fixed(p.allgather.bytes_per_s / 1e9, 4) << " GB/s\nreduce-scatter cost curve fitted to "
       << t.reduce_scatter_points.size() << " points: " << fixed(p.reduce_scatter.alpha_s * 1e3, 3)
       << " ms + bytes / " << fixed(p.reduce_scatter.bytes_per_s / 1e9, 4) << " GB/s\n"
-      << "codec (of raw shard bytes): encode " << fixed(t.encode_GBps, 2)
+      << topology_text(t, p) << "codec (of raw shard bytes): encode " << fixed(t.encode_GBps, 2)
       << " GB/s (detection included), decode " << fixed(t.decode_GBps, 2) << " GB/s\n"
       << "schedule: baseline " << (p.baseline_overlap ? "overlapped" : "sequential") << ", CIERA "
       << (p.ciera_overlap ? "overlapped" : "sequential") << " (overlapped: prefetch depth "
@@ -98,9 +142,19 @@ void print_trace_setup(const Request& request, const TraceResult& r, std::ostrea
         << fixed(p.probe_allgather->alpha_s * 1e3, 3) << " ms + bytes / "
         << fixed(p.probe_allgather->bytes_per_s / 1e9, 4) << " GB/s\n";
   }
-  out << "CIERA gather terms per step: Comm(wire) " << seconds_text(p.ciera_comm_s)
-      << " s, encode " << seconds_text(p.ciera_encode_s) << " s, decode "
-      << seconds_text(p.ciera_decode_s) << " s\n\n";
+  out << "CIERA gather terms per step: Comm(wire) " << seconds_text(p.ciera_comm_s) << " s, encode "
+      << seconds_text(p.ciera_encode_s) << " s, decode " << seconds_text(p.ciera_decode_s)
+      << " s\n";
+  if (t.topology) {  // where the exposed gathers and gradient collectives went
+    for (const auto& [label, b] : {std::pair{"baseline", &p.baseline}, {"CIERA", &p.ciera}}) {
+      out << label << ": exposed allgather forward " << seconds_text(b->exposed_allgather_forward_s)
+          << " s, backward " << seconds_text(b->exposed_allgather_backward_s) << " s (across nodes "
+          << seconds_text(b->exposed_allgather_inter_node_s) << " s); exposed gradient collectives "
+          << seconds_text(b->exposed_reduce_scatter_s) << " s (all-reduce "
+          << seconds_text(b->exposed_allreduce_s) << " s)\n";
+    }
+  }
+  out << "\n";
 }
 
 void print_trace_prediction(const TraceResult& r, std::ostream& out) {

@@ -51,6 +51,10 @@ double reduce_scatter_seconds(const Cluster& cluster, int world, double total_by
   return allgather_seconds(cluster, world, total_bytes, algorithm);
 }
 
+double allreduce_seconds(int ranks, double total_bytes, const Link& link) {
+  return 2 * ring_seconds(ranks, total_bytes, link);
+}
+
 CostCurve fit_cost_curve(const std::vector<CostPoint>& points, const std::string& what) {
   if (points.empty()) throw ConfigError(what + ": no measured points to fit a cost curve to");
   // Identical buckets give points of the same size: average them, so that every size counts once.

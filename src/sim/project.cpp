@@ -36,30 +36,73 @@ double quantized_bytes(uint64_t values, double bits, uint32_t block_values) {
   return n * bits / 8.0 + std::ceil(n / block_values) * 4.0;
 }
 
+// The groups a unit's collectives run on under the workload's topology (docs/simulator.md,
+// "Topologies"), in GPUs. A group of at most one node's GPUs runs on the intra-node link.
+struct Placement {
+  int forward_ranks = 1;   // forward gathers: the shard group
+  int backward_ranks = 1;  // backward gathers: the shard group, or the node (partial resharding)
+  int shard_ranks = 1;     // reduce-scatter, and the model states' sharding
+  int replicas = 1;        // HSDP: nodes that all-reduce each gradient shard
+  int per_node = 1;
+  bool crosses_nodes(int ranks) const { return ranks > per_node; }
+  bool backward_on_node() const { return backward_ranks < forward_ranks; }
+};
+
+Placement placement(const Cluster& cluster, int world, Topology topology) {
+  Placement p;
+  p.per_node = std::max(1, cluster.gpus_per_node);
+  const int node = std::min(world, p.per_node);
+  p.forward_ranks = p.backward_ranks = p.shard_ranks = world;
+  if (topology == Topology::kFlat || world <= node) return p;
+  if (world % node != 0) {  // as allgather_seconds says it
+    throw ConfigError(std::to_string(world) + " GPUs do not fill whole nodes of " +
+                      std::to_string(node) + " GPUs (cluster " + cluster.name + ")");
+  }
+  p.backward_ranks = node;
+  if (topology == Topology::kHsdp) {
+    p.forward_ranks = p.shard_ranks = node;
+    p.replicas = world / node;
+  }
+  return p;
+}
+
 struct Context {
   const ModelShape& model;
   const Cluster& cluster;
   const Workload& work;
   double value_bytes;
   double tokens;
+  Placement place;
 };
 
 double compute_seconds(const Context& c, double flops_per_token) {
   return flops_per_token * c.tokens / (c.cluster.peak_tflops * 1e12 * c.cluster.mfu);
 }
 
+// Allgather of `bytes` (output per rank) over a group of `ranks` GPUs: the world, or one node
+// (allgather_seconds runs a group that fits in a node on the intra-node link).
+double group_allgather_seconds(const Context& c, int ranks, double bytes) {
+  return allgather_seconds(c.cluster, ranks, bytes, c.work.algorithm);
+}
+
 UnitCost baseline_cost(const Context& c, const GatherUnit& unit) {
   UnitCost cost;
-  const int w = c.work.world;
+  const Placement& p = c.place;
   cost.forward_s = compute_seconds(c, unit.forward_flops_per_token);
   cost.backward_s = cost.forward_s * (c.work.activation_checkpointing ? 3.0 : 2.0);
   const double raw = unit.gathered_values() * c.value_bytes;
   const double grads = unit.grad_values * c.value_bytes;
   cost.allgather_forward_bytes = cost.allgather_backward_bytes = raw;
-  cost.allgather_forward_s = cost.allgather_backward_s =
-      allgather_seconds(c.cluster, w, raw, c.work.algorithm);
+  cost.allgather_forward_s = group_allgather_seconds(c, p.forward_ranks, raw);
+  cost.allgather_backward_s = group_allgather_seconds(c, p.backward_ranks, raw);
+  cost.allgather_forward_inter_node = p.crosses_nodes(p.forward_ranks);
+  cost.allgather_backward_inter_node = p.crosses_nodes(p.backward_ranks);
   cost.reduce_scatter_bytes = grads;
-  cost.reduce_scatter_s = reduce_scatter_seconds(c.cluster, w, grads, c.work.algorithm);
+  cost.reduce_scatter_s = reduce_scatter_seconds(c.cluster, p.shard_ranks, grads, c.work.algorithm);
+  if (p.replicas > 1 && grads > 0) {  // HSDP: each GPU all-reduces its 1/G of the gradients
+    cost.allreduce_bytes = grads / p.shard_ranks;
+    cost.allreduce_s = allreduce_seconds(p.replicas, grads, c.cluster.inter);
+  }
   return cost;
 }
 
@@ -76,6 +119,7 @@ UnitCost zeropp_cost(const Context& c, const GatherUnit& unit) {
   cost.post_forward_s = raw / (cl.dequantize_GBps * kGB);
   // hpZ: the backward gather reads the full-precision secondary copy inside the node.
   cost.allgather_backward_s = ring_seconds(std::min(w, cl.gpus_per_node), raw, cl.intra);
+  cost.allgather_backward_inter_node = false;
   // qgZ: int4 gradients, hierarchical all-to-all (intra-node, then inter-node on 1/G of the data),
   // quantised before each step and dequantised after it.
   const double grads = unit.grad_values * c.value_bytes;
@@ -131,20 +175,36 @@ UnitCost stateless_cost(const Context& c, const GatherUnit& unit, const GatherCo
   return cost;
 }
 
-// Bytes of one unit's gathers under CIERA; `forward` gathers send the changed exponents, the
-// backward gather of the same step finds none changed (values are unchanged since the forward).
+// One kind of CIERA gather of a unit: on which group, and whether the exponents changed since
+// that group's engine last gathered the unit. The forward gather finds a step's changes. The
+// backward gather on the same group finds none (the values are the forward's). On a group of its
+// own (the node, partial resharding) the engine last saw the unit in the previous step's backward
+// gather, so it finds a step's changes again: the engine as it is, one exponent cache per group
+// (docs/simulator.md, "Topologies").
+struct CieraGather {
+  bool forward = true;
+  int ranks = 1;
+  bool exponents_changed = true;
+};
+
+// The kinds of gather of a unit, forward first, each with the selection that applies to it.
+std::vector<CieraGather> ciera_gathers(const Placement& p) {
+  return {{true, p.forward_ranks, true}, {false, p.backward_ranks, p.backward_on_node()}};
+}
+
+// Bytes of one gather of a unit under CIERA: the selected types' frames, the others raw.
 double ciera_unit_bytes(const Context& c, const GatherUnit& unit, const ChangeRates& rates,
-                        const std::array<bool, kShardTypeCount>& selected, bool forward) {
+                        const std::array<bool, kShardTypeCount>& selected,
+                        const CieraGather& gather) {
   double bytes = 0;
   for (const ShardGroup& s : unit.shards) {
     if (!selected[static_cast<int>(s.type)]) {
       bytes += s.values * c.value_bytes;
       continue;
     }
-    // The backward gather of the same step finds no exponent changed since the forward one.
-    const double q = forward ? rates.block_rate(s.type) : 0.0;
-    const double e = forward ? rates.of(s.type).element : 0.0;
-    bytes += ciera_payload_bytes(s.values, c.work.dtype, rates.block_values, c.work.world, q, e);
+    const double q = gather.exponents_changed ? rates.block_rate(s.type) : 0.0;
+    const double e = gather.exponents_changed ? rates.of(s.type).element : 0.0;
+    bytes += ciera_payload_bytes(s.values, c.work.dtype, rates.block_values, gather.ranks, q, e);
   }
   return bytes;
 }
@@ -157,33 +217,43 @@ double selected_raw_bytes(const Context& c, const GatherUnit& unit,
   return bytes;
 }
 
+// `selected` applies to the gathers of the shard group, `on_node` to backward gathers on the node.
 UnitCost ciera_cost(const Context& c, const GatherUnit& unit, const ChangeRates& rates,
-                    const std::array<bool, kShardTypeCount>& selected) {
+                    const std::array<bool, kShardTypeCount>& selected,
+                    const std::array<bool, kShardTypeCount>& on_node) {
   UnitCost cost = baseline_cost(c, unit);
   const Cluster& cl = c.cluster;
-  const int w = c.work.world;
-  for (bool forward : {true, false}) {
-    const double bytes = ciera_unit_bytes(c, unit, rates, selected, forward);
-    (forward ? cost.allgather_forward_bytes : cost.allgather_backward_bytes) = bytes;
-    (forward ? cost.allgather_forward_s : cost.allgather_backward_s) =
-        allgather_seconds(cl, w, bytes, c.work.algorithm);
+  for (const CieraGather& g : ciera_gathers(c.place)) {
+    const auto& chosen = g.forward || !c.place.backward_on_node() ? selected : on_node;
+    const double bytes = ciera_unit_bytes(c, unit, rates, chosen, g);
+    const double coded = selected_raw_bytes(c, unit, chosen);
+    const double own_shard = coded / g.ranks;
+    double pre = own_shard / (cl.encode_GBps * kGB);
+    if (cl.detect_GBps > 0) pre += own_shard / (cl.detect_GBps * kGB);
+    const double post = coded * (g.ranks - 1) / g.ranks / (cl.decode_GBps * kGB);
+    (g.forward ? cost.allgather_forward_bytes : cost.allgather_backward_bytes) = bytes;
+    (g.forward ? cost.allgather_forward_s : cost.allgather_backward_s) =
+        group_allgather_seconds(c, g.ranks, bytes);
+    (g.forward ? cost.pre_forward_s : cost.pre_backward_s) = pre;
+    (g.forward ? cost.post_forward_s : cost.post_backward_s) = post;
   }
-  const double coded = selected_raw_bytes(c, unit, selected);
-  const double own_shard = coded / w;
-  double pre = own_shard / (cl.encode_GBps * kGB);
-  if (cl.detect_GBps > 0) pre += own_shard / (cl.detect_GBps * kGB);
-  cost.pre_forward_s = cost.pre_backward_s = pre;
-  cost.post_forward_s = cost.post_backward_s = coded * (w - 1) / w / (cl.decode_GBps * kGB);
   return cost;
 }
 
 // Benefit-driven selection (paper §3.2): compress a shard type when the collective time it saves
 // exceeds its decode time, which stays on the critical path; detect and encode are overlapped.
+// One decision per group of GPUs the engine runs on, over the gathers of that group: `forward`
+// and `backward` say which of a unit's gathers it carries. Inside a node (fast links) the gain
+// is thin and decoding may cost more than it saves; the decision says so per group.
 std::array<bool, kShardTypeCount> select_types(const Context& c,
                                                const std::vector<GatherUnit>& units,
-                                               const ChangeRates& rates) {
+                                               const ChangeRates& rates, bool forward,
+                                               bool backward) {
   std::array<bool, kShardTypeCount> selected{};
-  const int w = c.work.world;
+  std::vector<CieraGather> gathers;
+  for (const CieraGather& g : ciera_gathers(c.place)) {
+    if (g.forward ? forward : backward) gathers.push_back(g);
+  }
   for (ShardType type : kAllShardTypes) {
     std::array<bool, kShardTypeCount> only{};
     only[static_cast<int>(type)] = true;
@@ -192,11 +262,10 @@ std::array<bool, kShardTypeCount> select_types(const Context& c,
       const double coded = selected_raw_bytes(c, unit, only);
       if (coded == 0) continue;
       const double raw = unit.gathered_values() * c.value_bytes;
-      for (bool forward : {true, false}) {
-        const double saved =
-            coded - (ciera_unit_bytes(c, unit, rates, only, forward) - (raw - coded));
-        gain += allgather_seconds(c.cluster, w, raw, c.work.algorithm) -
-                allgather_seconds(c.cluster, w, raw - saved, c.work.algorithm);
+      for (const CieraGather& g : gathers) {
+        const int w = g.ranks;
+        const double saved = coded - (ciera_unit_bytes(c, unit, rates, only, g) - (raw - coded));
+        gain += group_allgather_seconds(c, w, raw) - group_allgather_seconds(c, w, raw - saved);
         gain -= coded * (w - 1) / w / (c.cluster.decode_GBps * kGB);
       }
     }
@@ -223,17 +292,51 @@ std::string_view system_name(System system) {
   return "?";
 }
 
+Topology parse_topology(std::string_view name) {
+  if (name == "flat") return Topology::kFlat;
+  if (name == "partial") return Topology::kPartial;
+  if (name == "hsdp") return Topology::kHsdp;
+  throw ConfigError("unknown topology \"" + std::string(name) +
+                    "\" (expected flat, partial or hsdp)");
+}
+
+std::string_view topology_name(Topology topology) {
+  switch (topology) {
+    case Topology::kFlat:
+      return "flat";
+    case Topology::kPartial:
+      return "partial";
+    case Topology::kHsdp:
+      return "hsdp";
+  }
+  return "?";
+}
+
 Projection project(const ModelShape& model, const Cluster& cluster, const Workload& work,
                    const ChangeRates& rates, System system) {
   if (work.world < 1) throw ConfigError("the number of GPUs must be at least 1");
   if (work.seq_len < 1 || work.micro_batch < 1)
     throw ConfigError("--seq-len and --micro-batch must be at least 1");
-  const Context c{model, cluster, work, static_cast<double>(dtype_info(work.dtype).value_bytes),
-                  static_cast<double>(work.seq_len) * work.micro_batch};
+  if (work.topology != Topology::kFlat && system != System::kZero3 && system != System::kCiera) {
+    throw ConfigError("topology " + std::string(topology_name(work.topology)) +
+                      " applies to ZeRO-3 and CIERA only, not " + std::string(system_name(system)));
+  }
+  const Context c{model,
+                  cluster,
+                  work,
+                  static_cast<double>(dtype_info(work.dtype).value_bytes),
+                  static_cast<double>(work.seq_len) * work.micro_batch,
+                  placement(cluster, work.world, work.topology)};
   const std::vector<GatherUnit> units = model_units(model, work.layers, work.seq_len);
   Projection result;
   result.system = system;
-  if (system == System::kCiera) result.selected = select_types(c, units, rates);
+  result.topology = work.topology;
+  if (system == System::kCiera) {
+    result.backward_on_node = c.place.backward_on_node();
+    result.selected = select_types(c, units, rates, true, !result.backward_on_node);
+    if (result.backward_on_node)
+      result.selected_backward_on_node = select_types(c, units, rates, false, true);
+  }
   GatherCodec codec;
   if (system == System::kSdp4Bit) codec = gather_codec(work.schemes.sdp4bit, cluster, work.dtype);
   if (system == System::kStateless)
@@ -251,7 +354,8 @@ Projection project(const ModelShape& model, const Cluster& cluster, const Worklo
         costs.push_back(zeropp_cost(c, unit));
         break;
       case System::kCiera:
-        costs.push_back(ciera_cost(c, unit, rates, result.selected));
+        costs.push_back(
+            ciera_cost(c, unit, rates, result.selected, result.selected_backward_on_node));
         break;
       case System::kSdp4Bit:
         costs.push_back(sdp4bit_cost(c, unit, codec));
@@ -261,8 +365,17 @@ Projection project(const ModelShape& model, const Cluster& cluster, const Worklo
         break;
     }
   }
-  const double optimizer_s = static_cast<double>(params) / work.world *
+  // Each GPU steps the parameters of its shard: 1/W of them, HSDP's 1/G.
+  const double optimizer_s = static_cast<double>(params) / c.place.shard_ranks *
                              work.optimizer_bytes_per_param / (cluster.hbm_GBps * kGB);
+  result.state_bytes_per_gpu =
+      static_cast<double>(params) * work.state_bytes_per_param / c.place.shard_ranks;
+  // Kept besides, in 16-bit: partial resharding's 1/G of every unit from its forward to its
+  // backward (at the end of the forward pass, all of them), ZeRO++'s hpZ secondary copy.
+  const bool node_copy =
+      system == System::kZeroPP ? work.world > c.place.per_node : c.place.backward_on_node();
+  if (node_copy)
+    result.state_bytes_per_gpu += static_cast<double>(params) * c.value_bytes / c.place.per_node;
   ScheduleOptions options;
   options.prefetch_depth = work.prefetch_depth;
   options.pre_from_start = system == System::kCiera || system == System::kStateless;

@@ -80,6 +80,11 @@ double allgather_seconds(const Cluster& cluster, int world, double total_bytes,
 // Reduce-scatter has the same cost as allgather of the same bytes (reduction arithmetic ignored).
 double reduce_scatter_seconds(const Cluster& cluster, int world, double total_bytes,
                               Algorithm algorithm);
+// Ring all-reduce of `total_bytes` per rank over `ranks` peers on `link`: a reduce-scatter ring,
+// then an allgather ring, 2 x ring_seconds. HSDP's replicate all-reduce runs G of them at once, one
+// per local rank, each on 1/G of the gradients; they share their node's link, so together they
+// cost one all-reduce of the whole gradient over the nodes (as the hierarchical allgather's rings).
+double allreduce_seconds(int ranks, double total_bytes, const Link& link);
 
 // seconds = alpha_s + bytes / bytes_per_s, fitted by least squares to measured points.
 struct CostPoint {
@@ -175,9 +180,14 @@ struct UnitCost {
   double forward_s = 0, backward_s = 0;  // compute
   double allgather_forward_s = 0, allgather_backward_s = 0;
   double reduce_scatter_s = 0;  // gradient collective incl. its kernels
+  double allreduce_s = 0;       // HSDP: the replicate all-reduce after the reduce-scatter
   double pre_forward_s = 0, pre_backward_s = 0;
   double post_forward_s = 0, post_backward_s = 0;
   double allgather_forward_bytes = 0, allgather_backward_bytes = 0, reduce_scatter_bytes = 0;
+  double allreduce_bytes = 0;  // all-reduce input per rank
+  // Whether the gather's group spans nodes (its bytes cross the inter-node link), for the
+  // breakdown's inter-node share; the times above already say what each gather costs.
+  bool allgather_forward_inter_node = false, allgather_backward_inter_node = false;
 };
 
 struct ScheduleOptions {
@@ -191,17 +201,30 @@ struct ScheduleOptions {
                                          // issued when the backward pass reaches its unit
 };
 
+// total = compute + exposed allgather + exposed reduce-scatter + exposed codec + optimizer; the
+// other fields split those terms or count work whether exposed or hidden ("busy").
 struct Breakdown {
   double total_s = 0;
   double compute_s = 0;
   double exposed_allgather_s = 0;
-  double exposed_reduce_scatter_s = 0;
+  double exposed_reduce_scatter_s = 0;  // every gradient collective (HSDP's all-reduce included)
   double exposed_codec_s = 0;  // CIERA codec or ZeRO++ (de)quantisation on the critical path
   double optimizer_s = 0;
   double allgather_busy_s = 0;  // sum of allgather durations, hidden or not
   double reduce_scatter_busy_s = 0;
   double allgather_bytes = 0;  // per iteration, forward + backward
   double reduce_scatter_bytes = 0;
+  // Splits of exposed_allgather_s: by the pass whose unit waited, and the part waited on gathers
+  // whose group spans nodes.
+  double exposed_allgather_forward_s = 0, exposed_allgather_backward_s = 0;
+  double exposed_allgather_inter_node_s = 0;
+  double allgather_inter_node_busy_s = 0;  // of allgather_busy_s
+  double allgather_inter_node_bytes = 0;   // of allgather_bytes
+  double exposed_allreduce_s = 0;          // of exposed_reduce_scatter_s: HSDP's all-reduce
+  double allreduce_busy_s = 0;             // not in reduce_scatter_busy_s
+  double allreduce_bytes = 0;              // all-reduce input per rank, per iteration
+  double encode_busy_s = 0;  // "pre" work: CIERA's detect + encode, ZeRO++'s quantise, ...
+  double decode_busy_s = 0;  // "post" work: CIERA's decode, ZeRO++'s dequantise, ...
 };
 
 // Forward over units in order, then backward in reverse; one collective channel served in issue
@@ -261,6 +284,19 @@ GatherCodec gather_codec(const SchemeFigures& figures, const Cluster& cluster, D
 enum class System { kZero3, kZeroPP, kCiera, kSdp4Bit, kStateless };
 std::string_view system_name(System system);
 
+// Where the lossless systems (ZeRO-3/FSDP2 and CIERA) run their collectives on N nodes of G GPUs
+// (docs/simulator.md, "Topologies"):
+// * flat: every gather and reduce-scatter over all W GPUs;
+// * partial: FSDP2's reshard_after_forward = G: forward gathers over W, backward gathers over the
+//   node's G GPUs (the 1/G shards kept after forward), reduce-scatter over W;
+// * hsdp: shard within the node, replicate across nodes: every gather and the reduce-scatter over
+//   the node's G GPUs, then an all-reduce of the 1/G gradient shard over the N nodes.
+// On one node all three are the same.
+enum class Topology { kFlat, kPartial, kHsdp };
+// Throws ConfigError naming the accepted names.
+Topology parse_topology(std::string_view name);
+std::string_view topology_name(Topology topology);  // "flat", "partial", "hsdp"
+
 struct Workload {
   int world = 8;
   DType dtype = DType::kBF16;
@@ -273,14 +309,27 @@ struct Workload {
   uint32_t zeropp_block_values = 4096;     // ZeRO++ int8 weight quantisation group
   uint32_t zeropp_grad_block_values = 4096;
   double optimizer_bytes_per_param = 32;  // mixed-precision Adam traffic per parameter
+  // Mixed-precision Adam's model states in memory per parameter (ZeRO's 2 + 2 + 12: 16-bit
+  // parameter and gradient, FP32 master weight and two moments), sharded over the shard group.
+  double state_bytes_per_param = 16;
+  Topology topology = Topology::kFlat;  // ZeRO-3 and CIERA only; the others have their own
   GatherSchemes schemes = default_gather_schemes();  // SDP4Bit's and stateless coding's codecs
 };
 
 struct Projection {
   System system;
+  Topology topology = Topology::kFlat;
   Breakdown breakdown;
-  // CIERA only: which shard types benefit-driven selection compressed (paper §3.2).
+  // CIERA only: which shard types benefit-driven selection compressed (paper §3.2) in the gathers
+  // of the shard group, and (partial resharding across nodes) in the backward gathers on the node,
+  // a group of its own whose gains and costs are its own.
   std::array<bool, kShardTypeCount> selected{};
+  std::array<bool, kShardTypeCount> selected_backward_on_node{};
+  bool backward_on_node = false;  // partial resharding across nodes: backward gathers on the node
+  // Per GPU: the model states over the shard group, plus what the configuration keeps besides
+  // (partial resharding's 1/G post-forward copy, ZeRO++'s hpZ secondary copy), in bytes. CIERA's
+  // exponent caches and activations are not counted.
+  double state_bytes_per_gpu = 0;
 };
 
 Projection project(const ModelShape& model, const Cluster& cluster, const Workload& workload,
@@ -307,7 +356,25 @@ struct TraceBucket {
   // Gathers of this bucket per step (optional, default 2: forward and backward; the FSDP root is
   // gathered once). The first is placed in the forward pass, the rest in the backward pass.
   double gathers_per_step = 2;
+  // Optional: CIERA's mean bytes per backward gather on the post-forward group (all its payloads;
+  // nullopt: raw_bytes, sent raw), and HSDP's all-reduce input per rank (0: none).
+  std::optional<double> post_forward_wire_bytes;
+  double allreduce_bytes = 0;
   std::vector<TraceShard> shards;
+};
+// "topology" (optional): how the traced ranks were placed and sharded. Absent: every rank its own
+// node (the link lab), one shard group of all ranks, no post-forward group, no HSDP.
+struct TraceTopology {
+  int nodes = 0, ranks_per_node = 0;  // nodes x ranks_per_node = world_size
+  // FSDP2's reshard_after_forward as an integer: 0 = the whole shard group (no post-forward
+  // group); else the size of the group the backward gathers run on.
+  int reshard_after_forward = 0;
+  bool hsdp = false;  // shard within a node, replicate (all-reduce) across nodes
+  int shard_group(int world_size) const { return hsdp ? ranks_per_node : world_size; }
+  // The backward gathers run on a smaller group than the forward ones.
+  bool post_forward_group(int world_size) const {
+    return reshard_after_forward > 0 && reshard_after_forward < shard_group(world_size);
+  }
 };
 struct MeasuredRun {
   double iteration_s = 0;
@@ -323,6 +390,10 @@ struct Trace {
   double link_gbit = 0, link_latency_ms = 0;
   double encode_GBps = 0, decode_GBps = 0, detect_GBps = 0;
   std::vector<CostPoint> allgather_points, reduce_scatter_points;
+  // Optional: the in-situ curves of the backward gathers on the post-forward group (required with
+  // one) and of HSDP's all-reduce (required when a bucket has allreduce_bytes > 0).
+  std::vector<CostPoint> post_forward_allgather_points, allreduce_points;
+  std::optional<TraceTopology> topology;
   // "comm_probe" (optional): a micro-benchmark of the same collectives outside the training;
   // reported, not used for the prediction.
   std::vector<CostPoint> probe_allgather_points, probe_reduce_scatter_points;
@@ -350,15 +421,19 @@ void apply_trace_rates(ChangeRates& rates, const Trace& trace);
 struct TracePrediction {
   Breakdown baseline, ciera;
   CostCurve allgather, reduce_scatter;
+  std::optional<CostCurve> post_forward_allgather, allreduce;      // when the trace has them
   std::optional<CostCurve> probe_allgather, probe_reduce_scatter;  // from comm_probe, if fittable
   bool baseline_overlap = false, ciera_overlap = false;            // the schedules simulated
   // Comparable to MeasuredRun::allgather_s: the time the training loop spent in (sequential) or
   // waiting for (overlapped) gathers per step, codec included.
   double baseline_allgather_s = 0, ciera_allgather_s = 0;
   // CIERA's gather terms summed over a step's gathers (busy time, hidden or not): Comm(wire bytes)
-  // (raw bytes for buckets sent raw), encode of the own shard, decode of the W-1 peer shards.
+  // (raw bytes for buckets sent raw), encode of the own shard, decode of the peer shards.
   double ciera_comm_s = 0, ciera_encode_s = 0, ciera_decode_s = 0;
 };
+// Forward gathers (the first of gathers_per_step) take comm.allgather; the backward ones take
+// comm.allgather_post_forward when the trace has a post-forward group; each bucket's reduce-
+// scatter is followed by its all-reduce on comm.allreduce when allreduce_bytes > 0.
 // The traced run's schedule (Trace::overlap / ciera_overlap); `prefetch_depth` applies to the
 // overlapped one. Sequential: iteration = sum over gathers (Comm + codec) + compute +
 // reduce-scatters + optimizer.

@@ -61,6 +61,36 @@ TraceShard read_shard(const Fields& s) {
   return shard;
 }
 
+// "topology": nodes x ranks_per_node must be the world; reshard_after_forward must divide the
+// shard group (FSDP2 asks the same of its integer), which HSDP makes the node.
+TraceTopology read_topology(const Fields& t, int world_size) {
+  TraceTopology topology;
+  const uint64_t nodes = t.count("nodes"), ranks_per_node = t.count("ranks_per_node");
+  if (nodes < 1 || nodes > (1u << 20))
+    t.fail("field \"" + t.path_of("nodes") + "\"", "must be at least 1");
+  if (ranks_per_node < 1 || ranks_per_node > (1u << 20))
+    t.fail("field \"" + t.path_of("ranks_per_node") + "\"", "must be at least 1");
+  if (nodes * ranks_per_node != static_cast<uint64_t>(world_size)) {
+    t.fail("field \"" + t.path_of("nodes") + "\"",
+           "x ranks_per_node must be world_size (got " + std::to_string(nodes) + " x " +
+               std::to_string(ranks_per_node) + ", world_size " + std::to_string(world_size) + ")");
+  }
+  topology.nodes = static_cast<int>(nodes);
+  topology.ranks_per_node = static_cast<int>(ranks_per_node);
+  if (t.has("hsdp")) topology.hsdp = t.boolean("hsdp");
+  if (t.has("reshard_after_forward")) {
+    const uint64_t group = t.count("reshard_after_forward");
+    const int shard = topology.shard_group(world_size);
+    if (group > 0 && (group > static_cast<uint64_t>(shard) || shard % group != 0)) {
+      t.fail("field \"" + t.path_of("reshard_after_forward") + "\"",
+             "must be 0 or divide the shard group of " + std::to_string(shard) + " ranks (got " +
+                 std::to_string(group) + ")");
+    }
+    topology.reshard_after_forward = static_cast<int>(group);
+  }
+  return topology;
+}
+
 TraceBucket read_bucket(const Fields& b) {
   TraceBucket bucket;
   bucket.name = b.string("name");
@@ -70,10 +100,47 @@ TraceBucket read_bucket(const Fields& b) {
   bucket.wire_bytes = b.non_negative("wire_bytes");
   bucket.grad_bytes = b.non_negative("grad_bytes");
   if (b.has("gathers_per_step")) bucket.gathers_per_step = b.non_negative("gathers_per_step");
+  if (b.has("post_forward_wire_bytes"))
+    bucket.post_forward_wire_bytes = b.non_negative("post_forward_wire_bytes");
+  if (b.has("allreduce_bytes")) bucket.allreduce_bytes = b.non_negative("allreduce_bytes");
   const Json& shards = b.array("shards");
   for (size_t k = 0; k < shards.size(); ++k)
     bucket.shards.push_back(read_shard(b.element(shards, "shards", k)));
   return bucket;
+}
+
+// The post-forward group's fields go with a post-forward group, the all-reduce curve with the
+// buckets' all-reduces: a curve that the prediction would need and lacks, or one given where the
+// topology says it is not used, is an error naming it.
+void check_groups(const Trace& trace, const Fields& comm) {
+  const bool regroup = trace.topology && trace.topology->post_forward_group(trace.world_size);
+  const std::string why =
+      trace.topology
+          ? "topology.reshard_after_forward is " +
+                std::to_string(trace.topology->reshard_after_forward) + " with a shard group of " +
+                std::to_string(trace.topology->shard_group(trace.world_size)) + " ranks"
+          : "the trace has no \"topology\"";
+  const std::string curve = "field \"" + comm.path_of("allgather_post_forward") + "\"";
+  if (regroup && trace.post_forward_allgather_points.empty()) {
+    throw ConfigError(trace.origin + ": missing " + curve +
+                      " (the backward gathers run on the post-forward group: " + why + ")");
+  }
+  if (!regroup && !trace.post_forward_allgather_points.empty())
+    comm.fail(curve, "is given, but no gather runs on a post-forward group (" + why + ")");
+  for (size_t i = 0; i < trace.buckets.size(); ++i) {
+    const TraceBucket& b = trace.buckets[i];
+    const std::string path = "buckets[" + std::to_string(i) + "]";
+    if (b.post_forward_wire_bytes && !regroup) {
+      throw ConfigError(trace.origin + ": field \"" + path +
+                        ".post_forward_wire_bytes\" is given, but no gather runs on a post-forward "
+                        "group (" +
+                        why + ")");
+    }
+    if (b.allreduce_bytes > 0 && trace.allreduce_points.empty()) {
+      throw ConfigError(trace.origin + ": missing field \"comm.allreduce\" (needed by \"" + path +
+                        ".allreduce_bytes\" > 0)");
+    }
+  }
 }
 
 }  // namespace
@@ -115,6 +182,11 @@ Trace parse_trace(const std::string& json_text, const std::string& origin) {
   const Fields comm = top.object("comm");
   trace.allgather_points = read_points(comm, "allgather");
   trace.reduce_scatter_points = read_points(comm, "reduce_scatter");
+  if (comm.has("allgather_post_forward"))
+    trace.post_forward_allgather_points = read_points(comm, "allgather_post_forward");
+  if (comm.has("allreduce")) trace.allreduce_points = read_points(comm, "allreduce");
+  // Optional (absent: every rank its own node, one shard group, no HSDP).
+  if (top.has("topology")) trace.topology = read_topology(top.object("topology"), trace.world_size);
   if (top.has("comm_probe")) {
     const Fields probe = top.object("comm_probe");
     trace.probe_allgather_points = read_optional_points(probe, "allgather");
@@ -129,6 +201,7 @@ Trace parse_trace(const std::string& json_text, const std::string& origin) {
   if (buckets.empty()) top.fail("field \"buckets\"", "must hold at least one bucket");
   for (size_t i = 0; i < buckets.size(); ++i)
     trace.buckets.push_back(read_bucket(top.element(buckets, "buckets", i)));
+  check_groups(trace, comm);
 
   if (top.has("measured")) {
     const Fields measured = top.object("measured");
@@ -150,6 +223,12 @@ std::string Trace::describe() const {
     out << " " << link_gbit << " Gbit/s";
   } else {
     out << " unshaped";
+  }
+  if (topology) {
+    out << " " << topology->nodes << "x" << topology->ranks_per_node;
+    if (topology->hsdp) out << " hsdp";
+    if (topology->post_forward_group(world_size))
+      out << " reshard " << topology->reshard_after_forward;
   }
   return out.str();
 }
@@ -183,6 +262,13 @@ TracePrediction predict_trace(const Trace& trace, int prefetch_depth) {
   p.allgather = fit_cost_curve(trace.allgather_points, trace.origin + ": comm.allgather");
   p.reduce_scatter =
       fit_cost_curve(trace.reduce_scatter_points, trace.origin + ": comm.reduce_scatter");
+  const bool regroup = trace.topology && trace.topology->post_forward_group(trace.world_size);
+  if (regroup) {
+    p.post_forward_allgather = fit_cost_curve(trace.post_forward_allgather_points,
+                                              trace.origin + ": comm.allgather_post_forward");
+  }
+  if (!trace.allreduce_points.empty())
+    p.allreduce = fit_cost_curve(trace.allreduce_points, trace.origin + ": comm.allreduce");
   // The micro-benchmark is only reported; one that cannot be fitted is left out.
   try {
     if (!trace.probe_allgather_points.empty())
@@ -195,7 +281,12 @@ TracePrediction predict_trace(const Trace& trace, int prefetch_depth) {
   }
   p.baseline_overlap = trace.overlap;
   p.ciera_overlap = trace.ciera_overlap;
-  const double w = trace.world_size;
+  // Without a topology every rank is its own node (the link lab): every group spans nodes.
+  const int shard =
+      trace.topology ? trace.topology->shard_group(trace.world_size) : trace.world_size;
+  const int per_node = trace.topology ? trace.topology->ranks_per_node : 1;
+  const int backward_ranks = regroup ? trace.topology->reshard_after_forward : shard;
+  const CostCurve& backward_curve = regroup ? *p.post_forward_allgather : p.allgather;
   std::vector<UnitCost> baseline, ciera;
   for (const TraceBucket& b : trace.buckets) {
     // The first gather of a step serves the forward pass, any others the backward pass.
@@ -208,31 +299,51 @@ TracePrediction predict_trace(const Trace& trace, int prefetch_depth) {
     raw.allgather_forward_bytes = in_forward * b.raw_bytes;
     raw.allgather_backward_bytes = in_backward * b.raw_bytes;
     raw.allgather_forward_s = in_forward * raw_s;
-    raw.allgather_backward_s = in_backward * raw_s;
+    raw.allgather_backward_s = in_backward * backward_curve.seconds(b.raw_bytes);
+    raw.allgather_forward_inter_node = shard > per_node;
+    raw.allgather_backward_inter_node = backward_ranks > per_node;
     raw.reduce_scatter_bytes = b.grad_bytes;
     raw.reduce_scatter_s = p.reduce_scatter.seconds(b.grad_bytes);
+    if (b.allreduce_bytes > 0) {  // HSDP: after the reduce-scatter, on the same channel
+      raw.allreduce_bytes = b.allreduce_bytes;
+      raw.allreduce_s = p.allreduce->seconds(b.allreduce_bytes);
+    }
     baseline.push_back(raw);
 
+    // One CIERA gather of `wire` bytes on a group of `ranks` (its curve): each rank encodes its own
+    // shard (the engine's encode includes change detection) and decodes its peers' shards. A
+    // bucket that is not smaller than raw was sent raw.
+    struct Gather {
+      double bytes, comm_s, encode_s = 0, decode_s = 0;
+    };
+    auto gather = [&](const CostCurve& curve, double wire, double ranks) {
+      if (wire >= b.raw_bytes) return Gather{b.raw_bytes, curve.seconds(b.raw_bytes)};
+      return Gather{wire, curve.seconds(wire), b.raw_bytes / ranks / (trace.encode_GBps * 1e9),
+                    b.raw_bytes * (ranks - 1) / ranks / (trace.decode_GBps * 1e9)};
+    };
+    const Gather forward = gather(p.allgather, b.wire_bytes, shard);
+    const Gather backward =
+        regroup ? gather(backward_curve, b.post_forward_wire_bytes.value_or(b.raw_bytes),
+                         backward_ranks)
+                : forward;
     UnitCost coded = raw;
-    double comm_s = raw_s;
-    if (b.wire_bytes < b.raw_bytes) {  // else the engine sent this bucket raw
-      comm_s = p.allgather.seconds(b.wire_bytes);
-      // Each rank encodes its own shard (the engine's encode includes change detection) and
-      // decodes its W-1 peers' shards, every gather.
-      const double encode = b.raw_bytes / w / (trace.encode_GBps * 1e9);
-      const double decode = b.raw_bytes * (w - 1) / w / (trace.decode_GBps * 1e9);
-      coded.allgather_forward_bytes = in_forward * b.wire_bytes;
-      coded.allgather_backward_bytes = in_backward * b.wire_bytes;
-      coded.allgather_forward_s = in_forward * comm_s;
-      coded.allgather_backward_s = in_backward * comm_s;
-      coded.pre_forward_s = in_forward * encode;
-      coded.pre_backward_s = in_backward * encode;
-      coded.post_forward_s = in_forward * decode;
-      coded.post_backward_s = in_backward * decode;
-      p.ciera_encode_s += b.gathers_per_step * encode;
-      p.ciera_decode_s += b.gathers_per_step * decode;
+    coded.allgather_forward_bytes = in_forward * forward.bytes;
+    coded.allgather_backward_bytes = in_backward * backward.bytes;
+    coded.allgather_forward_s = in_forward * forward.comm_s;
+    coded.allgather_backward_s = in_backward * backward.comm_s;
+    coded.pre_forward_s = in_forward * forward.encode_s;
+    coded.pre_backward_s = in_backward * backward.encode_s;
+    coded.post_forward_s = in_forward * forward.decode_s;
+    coded.post_backward_s = in_backward * backward.decode_s;
+    if (regroup) {
+      p.ciera_comm_s += in_forward * forward.comm_s + in_backward * backward.comm_s;
+      p.ciera_encode_s += in_forward * forward.encode_s + in_backward * backward.encode_s;
+      p.ciera_decode_s += in_forward * forward.decode_s + in_backward * backward.decode_s;
+    } else {  // every gather on one group
+      p.ciera_comm_s += b.gathers_per_step * forward.comm_s;
+      p.ciera_encode_s += b.gathers_per_step * forward.encode_s;
+      p.ciera_decode_s += b.gathers_per_step * forward.decode_s;
     }
-    p.ciera_comm_s += b.gathers_per_step * comm_s;
     ciera.push_back(coded);
   }
   // Sequential: no gather in flight ahead of compute, each codec step in turn (encode starts when
