@@ -464,7 +464,7 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
         if selecting and cost_model is None:
             raise ValueError("ciera.deepspeed.enable(): on CUDA the selector needs cost_model=")
     buckets = _buckets(engine, params)
-    layouts = api._layouts([(None, b) for b in buckets], world, selecting, policy)
+    layouts = api._layouts(buckets, world, selecting, policy)
     native = make_transport(transport, group, config.timeout_s, device)
     if selecting and cost_model is None:
         largest = max(b.numel * world * element_bytes(b.dtype) for b in buckets)

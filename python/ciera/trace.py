@@ -23,8 +23,9 @@ class StepEvents:
     loss_done: float
     backward_done: float
     end: float
-    gathers: list        # GatherRecord (with .started, .seconds, .bucket)
+    gathers: list        # GatherRecord (with .started, .seconds, .bucket, .ranks)
     reduce_scatters: list  # ReduceScatterRecord
+    all_reduces: list = field(default_factory=list)  # HSDP's all-reduces across replicas (ReduceScatterRecord)
 
 
 def compute_times(ev: StepEvents, buckets: int, root: int = 0) -> tuple[list[float], list[float], float]:
@@ -32,7 +33,8 @@ def compute_times(ev: StepEvents, buckets: int, root: int = 0) -> tuple[list[flo
     forward = [0.0] * buckets
     backward = [0.0] * buckets
     comm = sorted([(g.started, g.started + g.seconds, "ag", g.bucket) for g in ev.gathers] +
-                  [(r.started, r.started + r.seconds, "rs", r.bucket) for r in ev.reduce_scatters])
+                  [(r.started, r.started + r.seconds, "rs", r.bucket) for r in ev.reduce_scatters] +
+                  [(r.started, r.started + r.seconds, "ar", r.bucket) for r in ev.all_reduces])
     fwd = [e for e in comm if e[0] < ev.loss_done]
     bwd = [e for e in comm if ev.loss_done <= e[0] < ev.backward_done]
     # Forward: the gap after each gather belongs to the gathered group; before the first gather
@@ -42,8 +44,8 @@ def compute_times(ev: StepEvents, buckets: int, root: int = 0) -> tuple[list[flo
         forward[owner] += max(0.0, began - cursor)
         cursor, owner = ended, bucket
     forward[owner] += max(0.0, ev.loss_done - cursor)
-    # Backward: the gap before each reduce-scatter belongs to that group; gathers only advance
-    # the cursor. A tail after the last reduce-scatter (none in FSDP2) goes to the root.
+    # Backward: the gap before each reduce-scatter belongs to that group; gathers (and HSDP's
+    # all-reduces, which follow their reduce-scatter at once) only advance the cursor. A tail after the last reduce-scatter (none in FSDP2) goes to the root.
     # Before the first reduce-scatter, gaps before gathers are the root's head backward.
     cursor, pending, seen_rs = ev.loss_done, 0.0, False
     for began, ended, kind, bucket in bwd:
@@ -61,13 +63,18 @@ def compute_times(ev: StepEvents, buckets: int, root: int = 0) -> tuple[list[flo
 
 @dataclass
 class Tracer:
-    """Accumulates the steady-state steps of the baseline run and writes the trace."""
+    """Accumulates the steady-state steps of the baseline run and writes the trace. Gathers on
+    the shard group (`shard_ranks` ranks) and on a smaller post-forward group
+    (reshard_after_forward=N) are kept apart: they run on different links."""
     buckets: int
+    shard_ranks: int = 0   # size of the shard group; 0: every gather is on it
     forward: list = field(default_factory=list)    # per step: list per bucket
     backward: list = field(default_factory=list)
     optimizer: list = field(default_factory=list)
     gathers: dict = field(default_factory=dict)    # bucket -> [(bytes, seconds)] of every gather
+    post_forward_gathers: dict = field(default_factory=dict)  # the same, on the post-forward group
     reduce_scatters: dict = field(default_factory=dict)
+    all_reduces: dict = field(default_factory=dict)  # HSDP: bucket -> [(bytes per rank, seconds)]
 
     def add(self, ev: StepEvents) -> None:
         f, b, o = compute_times(ev, self.buckets)
@@ -75,21 +82,36 @@ class Tracer:
         self.backward.append(b)
         self.optimizer.append(o)
         for g in ev.gathers:
-            self.gathers.setdefault(g.bucket, []).append((g.raw_bytes, g.seconds))
+            post_forward = self.shard_ranks and g.ranks and len(g.ranks) < self.shard_ranks
+            kept = self.post_forward_gathers if post_forward else self.gathers
+            kept.setdefault(g.bucket, []).append((g.raw_bytes, g.seconds))
         for r in ev.reduce_scatters:
             self.reduce_scatters.setdefault(r.bucket, []).append((r.input_bytes, r.seconds))
+        for r in ev.all_reduces:
+            self.all_reduces.setdefault(r.bucket, []).append((r.input_bytes, r.seconds))
 
     def gathers_per_step(self, bucket: int) -> float:
-        return len(self.gathers.get(bucket, [])) / max(1, len(self.forward))
+        gathers = len(self.gathers.get(bucket, [])) + len(self.post_forward_gathers.get(bucket, []))
+        return gathers / max(1, len(self.forward))
+
+    def all_reduce_bytes(self, bucket: int) -> int:
+        samples = self.all_reduces.get(bucket)
+        return samples[0][0] if samples else 0
 
     def in_situ_curves(self) -> dict:
         """Comm() points as the training saw them: per bucket, its size and the mean time of its
         collectives (with the ranks' real arrival skew, which micro-benchmarks do not have; the
-        mean, because a step's total is a sum and rare slow gathers belong in it)."""
+        mean, because a step's total is a sum and rare slow gathers belong in it). The
+        post-forward and all-reduce curves only when the run had them."""
         def points(by_bucket):
             return [{"bytes": samples[0][0], "seconds": statistics.fmean(t for _, t in samples)}
                     for _, samples in sorted(by_bucket.items())]
-        return {"allgather": points(self.gathers), "reduce_scatter": points(self.reduce_scatters)}
+        curves = {"allgather": points(self.gathers), "reduce_scatter": points(self.reduce_scatters)}
+        if self.post_forward_gathers:
+            curves["allgather_post_forward"] = points(self.post_forward_gathers)
+        if self.all_reduces:
+            curves["allreduce"] = points(self.all_reduces)
+        return curves
 
     def medians(self) -> tuple[list[float], list[float], float]:
         med = statistics.median

@@ -29,6 +29,10 @@ class Handle:
         """The engine of the shard group (every forward gather)."""
         return self._runtime.engine
 
+    def _engines(self) -> list:
+        """Every engine of this enable(): one per group (DeepSpeed's runtime has one, no groups)."""
+        return [g.engine for g in self._runtime.groups] or [self._runtime.engine]
+
     @property
     def groups(self) -> list:
         """One GatherGroup per kind of process group FSDP2 gathers on (the shard group; with
@@ -37,8 +41,8 @@ class Handle:
 
     def set_policy(self, bucket: int, param: int, policy) -> None:
         """Sets how parameter `param` of `bucket` travels, in every group's engine. Collective."""
-        for group in self._runtime.groups:
-            group.engine.set_policy(bucket, param, policy)
+        for engine in self._engines():
+            engine.set_policy(bucket, param, policy)
 
     @property
     def buckets(self) -> list[Bucket]:
@@ -71,7 +75,7 @@ class Handle:
     def cache_bytes(self) -> int:
         """Codec state this rank holds now (encoder copies and peers' exponent caches); a
         ValueError after disable()."""
-        return sum(g.engine.cache_bytes for g in self._runtime.groups)
+        return sum(engine.cache_bytes for engine in self._engines())
 
     @property
     def selector(self) -> Selector | None:
@@ -85,8 +89,8 @@ class Handle:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        for group in self._runtime.groups:
-            lifecycle.close_engine(group.engine)
+        for engine in self._engines():
+            lifecycle.close_engine(engine)
 
 
 def _layouts(buckets: list, world: int, selecting: bool, policy) -> list:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ciera.fsdp.gather import GatherRecord
-from ciera.fsdp.layout import DefaultAllGather, ReduceScatter, describe_buckets, prefetch_forward
+from ciera.fsdp.layout import DefaultAllGather, ReduceScatter, describe_buckets, is_hsdp, prefetch_forward
 
 
 class TimedAllGather(DefaultAllGather):
@@ -22,21 +22,29 @@ class TimedAllGather(DefaultAllGather):
         self.index = index
         self.observer = observer
         self.overlap = overlap
+        self.groups: dict = {}   # id(process group) -> its world ranks
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         start = time.perf_counter()
         work = dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=self.overlap)
         nbytes = output_tensor.numel() * output_tensor.element_size()
+        record = GatherRecord(self.index, 0.0, nbytes, nbytes, False, False, started=start,
+                              ranks=self._ranks(group), payload_bytes=input_tensor.numel() * input_tensor.element_size())
         if not self.overlap:
             _until_done(output_tensor)
-            elapsed = time.perf_counter() - start
-            self.records.append(GatherRecord(self.index, elapsed, nbytes, nbytes, False, False, elapsed, start))
+            record.seconds = record.exposed_s = time.perf_counter() - start
+            self.records.append(record)
         if self.observer is not None:  # statistics, outside the timed part (as CIERA's)
             self.observer(self.index, input_tensor)
         if not self.overlap:
             return None
-        return _TimedWork(work, self.records, GatherRecord(self.index, 0.0, nbytes, nbytes, False, False,
-                                                           started=start), start, output_tensor)
+        return _TimedWork(work, self.records, record, start, output_tensor)
+
+    def _ranks(self, group) -> tuple:
+        ranks = self.groups.get(id(group))
+        if ranks is None:
+            ranks = self.groups[id(group)] = tuple(dist.get_process_group_ranks(group))
+        return ranks
 
 
 # torch 2.13 names it reduce_scatter_single (reduce_scatter_tensor is its deprecated alias);
@@ -92,16 +100,37 @@ class TimedReduceScatter(ReduceScatter):
         start = time.perf_counter()
         _reduce_scatter(output_tensor, input_tensor, group=group, op=op)
         _until_done(output_tensor)
-        self.records.append(ReduceScatterRecord(self.index, start, time.perf_counter() - start,
+        self.ended = time.perf_counter()
+        self.records.append(ReduceScatterRecord(self.index, start, self.ended - start,
                                                 input_tensor.numel() * input_tensor.element_size()))
         return None
 
 
-def time_reduce_scatters(model: torch.nn.Module) -> list:
-    """Times FSDP2's gradient reduce-scatters; returns the list records accumulate in."""
+class _TimedAllReduce:
+    """HSDP's all-reduce of a group's reduced gradients across replicas, timed: FSDP2 runs it right
+    after the reduce-scatter and calls the all-reduce hook right after it (on CPU ranks both are
+    synchronous), so it took from the reduce-scatter's end to the hook."""
+
+    def __init__(self, records: list, scatter: TimedReduceScatter):
+        self.records, self.scatter = records, scatter
+
+    def __call__(self, reduce_output: torch.Tensor) -> None:
+        _until_done(reduce_output)
+        now = time.perf_counter()
+        self.records.append(ReduceScatterRecord(self.scatter.index, self.scatter.ended, now - self.scatter.ended,
+                                                reduce_output.numel() * reduce_output.element_size()))
+
+
+def time_reduce_scatters(model: torch.nn.Module, all_reduces: list | None = None) -> list:
+    """Times FSDP2's gradient reduce-scatters; returns the list records accumulate in. With
+    `all_reduces`, HSDP's all-reduces across replicas are timed into it too (as
+    ReduceScatterRecords whose bytes are the all-reduce's per rank)."""
     records: list = []
     for module, bucket in describe_buckets(model):
-        module.set_custom_reduce_scatter(TimedReduceScatter(records, bucket.index))
+        scatter = TimedReduceScatter(records, bucket.index)
+        module.set_custom_reduce_scatter(scatter)
+        if all_reduces is not None and is_hsdp(module):
+            module.set_all_reduce_hook(_TimedAllReduce(all_reduces, scatter))
     return records
 
 

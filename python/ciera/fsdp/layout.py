@@ -161,6 +161,12 @@ def describe_groups(described: list[tuple[FSDPModule, Bucket]]) -> list[GatherGr
     return kinds
 
 
+def is_hsdp(module: FSDPModule) -> bool:
+    """Whether `module`'s parameters are sharded on an HSDP mesh (replicated across its first dimension)."""
+    group = _param_group(module)
+    return group is not None and group._is_hsdp
+
+
 def all_gather_comm(module: FSDPModule):
     """The all-gather FSDP2 currently uses for `module`'s parameter group (for tests)."""
     return _param_group(module)._all_gather_comm

@@ -44,7 +44,9 @@ def rank_launcher(args) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                 "--nproc-per-node", str(args.ranks), "--max-restarts", "0", "-m", "ciera.train"]
     if args.link_gbit > 0:
-        return [linklab_script(), "--ranks", str(args.ranks), "--gbit", str(args.link_gbit), "--", *program]
+        ranks = (["--nodes", str(args.nodes), "--ranks-per-node", str(args.ranks_per_node)] if args.nodes
+                 else ["--ranks", str(args.ranks)])
+        return [linklab_script(), *ranks, "--gbit", str(args.link_gbit), "--", *program]
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise SystemExit("ciera train: mpirun not found (apt-get install openmpi-bin)")
@@ -88,6 +90,8 @@ def launch(args, argv: list[str]) -> int:
     # A fixed 1 MiB threshold returns them to the OS: 0.8 -> 1.3 GB over 16 steps instead of 2.2.
     env.setdefault("MALLOC_MMAP_THRESHOLD_", "1048576")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT.parent), env.get("PYTHONPATH")]))
+    # The link lab writes what crossed the links between nodes (the uplinks), all trainings together.
+    env["CIERA_LINKLAB_COUNTERS"] = str((run_dir / "uplinks.json").resolve())
     cmd = [*launcher, *child]
     log_path = run_dir / "log.txt"
     watch = Watch(run_dir, args.ranks)
@@ -101,6 +105,9 @@ def launch(args, argv: list[str]) -> int:
                          f"(the ranks' output: {log_path})\n")
         return status or 1
     summary = json.loads(summary_path.read_text())
+    uplinks = run_dir / "uplinks.json"
+    if uplinks.is_file():
+        summary["uplinks"] = json.loads(uplinks.read_text())
     try:
         from ciera import plots
 
@@ -230,9 +237,14 @@ def render_summary(s: dict, run_dir: Path) -> str:
                   f"{max(s['warmup'], s.get('steps_before', 0)) + 1}..{s['steps']}"
                   + (" (step 1 carries the key frames)" if delta and s["warmup"] == 1 else "")
                   + (f"; resumed after step {s['steps_before']} from {s['resumed_from']}" if s.get("resumed_from") else "")),
+        *([("layout", layout_text(s["topology"]))] if s.get("topology") else []),
         ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
         ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  "
                                  f"ratio {s['ratio']:.3f}x ({s['bits_per_value']:.3f} bits/value)"),
+        *([("inter-node allgather", f"FSDP2 {s['inter_node_allgather_bytes_fsdp2']:,}  {who} "
+                                    f"{s['inter_node_allgather_bytes']:,} bytes/step = "
+                                    f"{s['inter_node_fraction'] or float('nan'):.3f} of FSDP2's")]
+          if s.get("inter_node_allgather_bytes_fsdp2") else []),
         ("allgather time/step", f"FSDP2 {ms(s['allgather_ms_fsdp2'])} ms  {who} {ms(s['allgather_ms_ciera'])} ms  "
                                 f"speedup {s['allgather_speedup'] or float('nan'):.3f}x"),
         ("iteration time/step", f"FSDP2 {ms(s['iteration_ms_fsdp2'])} ms  {who} {ms(s['iteration_ms_ciera'])} ms  "
@@ -279,6 +291,16 @@ def render_summary(s: dict, run_dir: Path) -> str:
                      f"{row['iteration_ms_ciera']:>12.1f} {row['iteration_speedup'] or 0:>8.3f} "
                      f"{row['ratio'] or 0:>6.3f} {row['cache_bytes'] / 2**20:>9.2f} {row['selected_shards']:>6}")
     return text
+
+
+def layout_text(t: dict) -> str:
+    """The nodes and FSDP2 layout of a run, in words."""
+    nodes = f"{t['nodes']} nodes of {t['ranks_per_node']} ranks"
+    if t["hsdp"]:
+        return f"{nodes}; HSDP (replicated across nodes, sharded inside each)"
+    if t["reshard_after_forward"]:
+        return f"{nodes}; FSDP2 reshard_after_forward={t['reshard_after_forward']} (backward gathers on that many ranks)"
+    return f"{nodes}; FSDP2, one shard group"
 
 
 def exactness_text(s: dict) -> str:

@@ -29,6 +29,7 @@ class StepMetrics:
     compared_values: float
     encode_s: float             # detection + encoding
     gather_duration_s: float    # from each gather's start to its end, hidden or not
+    inter_node_bytes: float = 0.0   # what this rank's gathers sent to ranks on other nodes
 
     def __post_init__(self) -> None:
         for f in fields(self):  # what a float64 tensor holds, whatever the caller passed
@@ -96,9 +97,11 @@ class Run:
         self.budget_mb = None
         self.peak_cache_bytes = 0
         self.rs_records: list = []
-        self.bucket_wire: dict[int, list] = {}   # steady-state wire bytes per gather, per bucket
+        self.ar_records: list = []   # HSDP's all-reduces across replicas (the baseline's, timed)
+        # Steady-state wire bytes per gather, per (kind of group, bucket) (fsdp.GatherRecord.group).
+        self.bucket_wire: dict[tuple[int, int], list] = {}
         self.results = {"loss_bits": [], "loss": [], "allgather_s": [], "reduce_scatter_s": [], "iteration_s": [],
-                        "raw": [], "wire": [], "encode_s": [], "gather_duration_s": []}
+                        "raw": [], "wire": [], "encode_s": [], "gather_duration_s": [], "inter_node": []}
 
     def record(self, loss_bits: int, summed: StepMetrics, peak: StepMetrics, mine: StepMetrics, world: int) -> None:
         out = self.results
@@ -111,3 +114,4 @@ class Run:
         out["gather_duration_s"].append(peak.gather_duration_s)
         out["raw"].append(mine.raw_bytes)
         out["wire"].append(mine.wire_bytes)
+        out["inter_node"].append(summed.inter_node_bytes)

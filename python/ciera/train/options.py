@@ -30,7 +30,21 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ciera train", description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="olmoe", choices=["olmoe", "mixtral", "qwen2_moe", "deepseek"])
-    p.add_argument("--ranks", type=int, default=4, help="data-parallel ranks (processes)")
+    p.add_argument("--ranks", type=int, default=None, help="data-parallel ranks (processes); default 4, or "
+                                                               "--nodes x --ranks-per-node")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="simulated nodes (with --ranks-per-node, instead of --ranks): in the link lab only the links "
+                        "between nodes are shaped (--link-gbit per node); the summary counts the allgather bytes "
+                        "that cross them")
+    p.add_argument("--ranks-per-node", type=int, default=None, help="ranks on each node of --nodes")
+    p.add_argument("--reshard-after-forward", type=int, default=None, metavar="N",
+                   help="FSDP2's partial resharding (fully_shard(reshard_after_forward=N)) for every decoder layer "
+                        "in every training: after forward a layer is resharded to N ranks, and its backward "
+                        "re-gather runs on those N (a node: N = --ranks-per-node)")
+    p.add_argument("--hsdp", action="store_true",
+                   help="HSDP in every training: a 2-D mesh, replicated across --nodes and sharded over the "
+                        "--ranks-per-node ranks of each (gathers stay inside a node; gradients are all-reduced "
+                        "across nodes)")
     p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
     p.add_argument("--warmup", type=int, default=None,
                    help="steps before exponent reuse starts, and outside the steady state the summary reports "
@@ -169,8 +183,44 @@ def _check_model(args) -> None:
     _at_least("--batch", args.batch, 1)
 
 
+def _check_topology(args) -> None:
+    """--ranks, or --nodes and --ranks-per-node (which imply it), and the FSDP2 layouts that use
+    them: --reshard-after-forward and --hsdp."""
+    if (args.nodes is None) != (args.ranks_per_node is None):
+        _fail("--nodes and --ranks-per-node go together (K nodes of R ranks each)")
+    if args.nodes is not None:
+        _at_least("--nodes", args.nodes, 1)
+        _at_least("--ranks-per-node", args.ranks_per_node, 1)
+        if args.ranks is not None and args.ranks != args.nodes * args.ranks_per_node:
+            _fail(f"--ranks {args.ranks} disagrees with --nodes {args.nodes} --ranks-per-node "
+                  f"{args.ranks_per_node} ({args.nodes * args.ranks_per_node} ranks)")
+        args.ranks = args.nodes * args.ranks_per_node
+    elif args.ranks is None:
+        args.ranks = 4
+    layouts = [flag for flag, on in (("--reshard-after-forward", args.reshard_after_forward is not None),
+                                     ("--hsdp", args.hsdp)) if on]
+    if layouts and (args.zero or args.framework == "deepspeed" or args.reduce_scatter != "fsdp2"):
+        _fail(f"{layouts[0]} is an FSDP2 layout: it is for the main job, not --zero, --framework deepspeed "
+              "or --reduce-scatter")
+    if args.reshard_after_forward is not None:
+        n = args.reshard_after_forward
+        if n < 1 or args.ranks % n:
+            _fail(f"--reshard-after-forward {n} must divide the {args.ranks} ranks")
+        if args.hsdp and args.ranks_per_node % n:
+            _fail(f"--reshard-after-forward {n} must divide the {args.ranks_per_node} ranks HSDP shards over")
+    if args.hsdp and (args.nodes is None or args.nodes < 2 or args.ranks_per_node < 2):
+        _fail("--hsdp replicates across nodes and shards inside each: give --nodes K --ranks-per-node R, both >= 2")
+
+
+def topology(args) -> dict:
+    """The run's nodes and FSDP2 layout, for the summary and the trace."""
+    return {"nodes": args.nodes or args.ranks, "ranks_per_node": args.ranks_per_node or 1,
+            "reshard_after_forward": args.reshard_after_forward or 0, "hsdp": bool(args.hsdp)}
+
+
 def _check_values(args) -> None:
     """Every option on its own, and the pairs that only make sense together."""
+    _check_topology(args)
     _at_least("--ranks", args.ranks, 2, " (one rank has nobody to gather from)")
     _at_least("--steps", args.steps, 1)
     _at_least("--warmup", args.warmup, 0)
@@ -422,7 +472,7 @@ def check(args) -> None:
 
 def resolved_argv(args) -> list[str]:
     """The options resolve() decided, for the ranks' command line (given last, they win)."""
-    resolved = ["--launcher", args.launcher, "--transport", args.transport,
+    resolved = ["--launcher", args.launcher, "--transport", args.transport, "--ranks", str(args.ranks),
                 "--control" if args.control else "--no-control", "--warmup", str(args.warmup)]
     # The ranks get the resolved scheme list, never --baselines (what is installed is decided here).
     return resolved + ["--codec", args.codec] + (["--schemes", args.schemes] if args.schemes else [])

@@ -145,12 +145,25 @@ class RankProgram:
                                 expert_intermediate=a.expert_intermediate, max_positions=max(1024, a.seq_len))
         # Built on the CPU from the seed whatever the device, so every training starts from the same bits.
         model = models.build(spec, a.seed).to(self.device)
-        mesh = init_device_mesh(self.device.type, (self.world,))
+        if a.hsdp:   # replicated across nodes, sharded inside each
+            mesh = init_device_mesh(self.device.type, (a.nodes, a.ranks_per_node),
+                                    mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(self.device.type, (self.world,))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+        reshard = a.reshard_after_forward if a.reshard_after_forward is not None else True
         for layer in models.decoder_layers(model):
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         return model, spec
+
+    def inter_node_bytes(self, records) -> int:
+        """Bytes this rank's gathers sent across node boundaries: its payload once per receiver on
+        another node (--nodes; without it every rank is a node). Summed over ranks, what a gather
+        moves between nodes when each payload goes straight to each receiver."""
+        per_node = self.args.ranks_per_node or 1
+        mine = self.rank // per_node
+        return sum(r.payload_bytes * sum(1 for k in r.ranks if k // per_node != mine) for r in records)
 
     def variants(self) -> list[tuple[str, float | None, bool]]:
         """(name, cache budget in MiB or None for every shard, overlap) of each CIERA training:
@@ -179,11 +192,12 @@ class RankProgram:
             return taken
 
         runs[name] = Run(name, plain, a.lr, take_plain_records)
-        runs[name].rs_records = fsdp.time_reduce_scatters(plain)
+        runs[name].rs_records = fsdp.time_reduce_scatters(plain, all_reduces=runs[name].ar_records)
         if a.trace and name == BASELINE:
             from ciera import trace
 
-            self.tracer = trace.Tracer(len(fsdp.describe_buckets(plain)))
+            shard_ranks = a.ranks_per_node if a.hsdp else self.world
+            self.tracer = trace.Tracer(len(fsdp.describe_buckets(plain)), shard_ranks)
 
     def scheme_of(self, name: str) -> str:
         """The gather scheme of the training `name` (--schemes names them by it; else --codec's)."""
@@ -345,17 +359,18 @@ class RankProgram:
         run.optimizer.zero_grad(set_to_none=True)
         end = self.clock()
         records = run.take_records()
-        rs_records = list(run.rs_records)
+        rs_records, ar_records = list(run.rs_records), list(run.ar_records)
         run.rs_records.clear()
+        run.ar_records.clear()
         for r in rs_records:
             self.grad_bytes[r.bucket] = r.input_bytes
         if step >= self.args.warmup:
             for r in records:
-                run.bucket_wire.setdefault(r.bucket, []).append(r.wire_bytes)
+                run.bucket_wire.setdefault((r.group, r.bucket), []).append(r.wire_bytes)
             if self.tracer is not None and run.name == BASELINE:
                 from ciera import trace
 
-                self.tracer.add(trace.StepEvents(start, loss_done, backward_done, end, records, rs_records))
+                self.tracer.add(trace.StepEvents(start, loss_done, backward_done, end, records, rs_records, ar_records))
         local = loss.detach().float()
         mine = StepMetrics(
             loss=float(local), iteration_s=end - start,
@@ -363,7 +378,8 @@ class RankProgram:
             reduce_scatter_s=sum(r.seconds for r in rs_records),
             raw_bytes=sum(r.raw_bytes for r in records), wire_bytes=sum(r.wire_bytes for r in records),
             changed_values=tracker.changed, compared_values=tracker.total,
-            encode_s=sum(r.encode_s for r in records), gather_duration_s=sum(r.seconds for r in records))
+            encode_s=sum(r.encode_s for r in records), gather_duration_s=sum(r.seconds for r in records),
+            inter_node_bytes=self.inter_node_bytes(records))
         # Two small all-reduces per step: the mean loss, and each time's slowest rank.
         self.status.phase("metrics all-reduce")
         summed = mine.all_reduce(dist.ReduceOp.SUM)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ciera import fsdp
 from ciera.train.metrics import BASELINE, CONTROL, PLAIN, Run, RunCheck
-from ciera.train import schemes
+from ciera.train import options, schemes
 from ciera.train.options import budget_bytes
 
 
@@ -131,7 +131,11 @@ def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None,
     ag, it = _median(r["allgather_s"][steady]), _median(r["iteration_s"][steady])
     ag_base = _median(base.results["allgather_s"][steady]) if base else None
     it_base = _median(base.results["iteration_s"][steady]) if base else None
+    inter = int(_median(r["inter_node"][steady]))
+    inter_base = int(_median(base.results["inter_node"][steady])) if base else None
     return {
+        "inter_node_allgather_bytes": inter,
+        "inter_node_fraction": inter / inter_base if inter_base else None,
         "allgather_raw_bytes": int(statistics.median(r["raw"][steady])),
         "allgather_wire_bytes": int(statistics.median(r["wire"][steady])),
         "ratio": raw / wire if wire else None,
@@ -162,6 +166,14 @@ def _communication_shares(runs: dict, steady: slice) -> dict:
             out[f"allgather_share_{name}"] = ag_s / (ag_s + rs_s) if ag_s + rs_s > 0 else None
             out[f"reduce_scatter_ms_{name}"] = rs_s * 1e3
     return out
+
+
+def _links_text(a) -> str:
+    if not a.link_gbit:
+        return f"unshaped ({a.launcher} on one host)"
+    if a.nodes and a.ranks_per_node > 1:
+        return f"{a.link_gbit:g} Gbit/s per node between nodes, unshaped inside a node (link lab)"
+    return f"{a.link_gbit:g} Gbit/s (link lab)"
 
 
 def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
@@ -201,8 +213,9 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     exact_names = [name for name in names if a.ablation or not schemes.is_lossy(program.scheme_of(name))]
     summary = {
         "model": a.model, "spec": spec.describe(), "params": params, "ranks": program.world,
-        "buckets": len(handles[main_name].buckets), "links": (f"{a.link_gbit:g} Gbit/s (link lab)" if a.link_gbit
-                                                             else f"unshaped ({a.launcher} on one host)"),
+        "buckets": len(handles[main_name].buckets), "links": _links_text(a),
+        "topology": options.topology(a),
+        "inter_node_allgather_bytes_fsdp2": int(_median(base.results["inter_node"][steady])) if base else None,
         "launcher": a.launcher, "device": a.device, "process_group": program.backend,
         "transport": a.transport, "codec": a.codec,
         "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
