@@ -77,6 +77,52 @@ TEST(SelectorDelta, AnExactSmallCaseByHand) {
   EXPECT_EQ(expected_delta_payload_bytes(0, 0.5), 0);
 }
 
+// FSDP2 gathers a layer again in backward with nothing changed since forward: a delta frame of a
+// header only, but exponent reuse's sign and mantissa again. The per-step estimate adds it.
+TEST(SelectorDelta, ARegatherCostsDeltaAHeaderAndExponentReuseItsMantissas) {
+  const int world = 2;
+  const CostModel model = linear_model(world);
+  const uint64_t n = 1 << 16;
+  ShardCandidate once = candidate(0, 0, n, world, 0.5);
+  ShardCandidate twice = once;
+  twice.regathers = 1;
+  const Selection a = select_shards(std::vector{once}, model, with_delta(UINT64_MAX));
+  const Selection b = select_shards(std::vector{twice}, model, with_delta(UINT64_MAX));
+  const ShardChoice& x = a.shards[0];
+  const ShardChoice& y = b.shards[0];
+  const double raw = 2.0 * 2 * n;
+  const double header_only = 2.0 * 80;
+  EXPECT_NEAR(y.delta.expected_wire_bytes, x.delta.expected_wire_bytes + header_only, 1e-9);
+  EXPECT_NEAR(y.delta.comm_saved_s, x.delta.comm_saved_s + (raw - header_only) / 1e8, 1e-12);
+  EXPECT_NEAR(y.delta.decode_s, 2 * x.delta.decode_s, 1e-15);
+  const double er_again = 2 * expected_payload_bytes(CodecConfig{}, DType::kBF16, n, 0.0, 0.0);
+  EXPECT_NEAR(y.expected_wire_bytes, x.expected_wire_bytes + er_again, 1e-9);
+  EXPECT_NEAR(y.comm_saved_s, x.comm_saved_s + (raw - er_again) / 1e8, 1e-12);
+  EXPECT_GT(er_again, raw / 2.1);  // the mantissas again: about half the raw bytes
+  // Memory is the same; the gains are per step, and delta's grows by more.
+  EXPECT_EQ(y.delta.memory_bytes, x.delta.memory_bytes);
+  EXPECT_EQ(y.memory_bytes, x.memory_bytes);
+  EXPECT_GT(y.delta.gain_s - x.delta.gain_s, 1.8 * (y.gain_s - x.gain_s));
+}
+
+// A costly delta section (10 bits per value) gains less per gather than exponent reuse's 8 bits
+// and a few exponents: with one gather per step exponent reuse is chosen, even with room for
+// delta's cache. Counting the backward re-gather (a header for delta, the mantissas again for
+// exponent reuse) turns the choice to delta.
+TEST(SelectorDelta, CountingTheRegatherCanTurnTheChoiceToDelta) {
+  const int world = 2;
+  const CostModel model = linear_model(world);
+  const uint64_t n = 1 << 16;
+  ShardCandidate c = candidate(0, 0, n, world, 10.0);
+  const Selection once = select_shards(std::vector{c}, model, with_delta(UINT64_MAX));
+  EXPECT_EQ(once.shards[0].policy, ShardPolicy::kCiera);
+  EXPECT_LT(once.shards[0].delta.gain_s, once.shards[0].gain_s);
+  c.regathers = 1;
+  const Selection twice = select_shards(std::vector{c}, model, with_delta(UINT64_MAX));
+  EXPECT_EQ(twice.shards[0].policy, ShardPolicy::kDelta);
+  EXPECT_GT(twice.shards[0].delta.gain_s, twice.shards[0].gain_s);
+}
+
 TEST(SelectorDelta, DeltaWhenTheBudgetAllowsCieraWhenItAllowsAByteRawWhenNothingPays) {
   const int world = 4;
   const CostModel model = linear_model(world);

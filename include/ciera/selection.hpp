@@ -191,6 +191,11 @@ struct ShardCandidate {
   // delta_bits_per_value from a monitor that tracks values); negative: not measured, and the
   // delta policy is not considered for this shard.
   double delta_bits_per_value = -1;
+  // Further gathers of the shard in a step on this group with its values unchanged since the
+  // previous one (FSDP2's backward re-gather of a layer resharded after forward to the same
+  // group: 1; the root, or a post-forward group: 0). Exponent reuse sends sign and mantissa
+  // again for them, delta frames only a header; the estimates (ShardChoice) are then per step.
+  uint32_t regathers = 0;
 };
 
 struct SelectorOptions {
@@ -217,6 +222,8 @@ struct PolicyEstimate {
   std::string unavailable;    // why this policy is not an option ("" if it is)
 };
 
+// Times and bytes are per gather, or per step (the first gather and shard.regathers more) when
+// the shard is gathered again in the step; raw_bytes is always one gather's.
 struct ShardChoice {
   ShardCandidate shard;
   double raw_bytes = 0;            // all ranks' shards of the parameter: S_i
@@ -224,7 +231,7 @@ struct ShardChoice {
   double comm_saved_s = 0;         // Comm(bucket) - Comm(bucket with this shard compressed)
   double encode_s = 0;             // detection + encoding of the slowest rank's shard
   double decode_s = 0;             // decoding the peers' shards on the slowest rank
-  double gain_s = 0;               // g_i (seconds per gather)
+  double gain_s = 0;               // g_i (seconds)
   uint64_t memory_bytes = 0;       // M_i: codec state on the rank that holds the most
   double score = 0;                // g_i / M_i (seconds per byte)
   // The fields above are the ciera policy's (exponent reuse); these the delta policy's, computed

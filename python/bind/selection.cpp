@@ -145,7 +145,8 @@ void bind_selector(py::module_& m) {
       .def_readwrite("shard_values", &ShardCandidate::shard_values)
       .def_readwrite("block_change_rate", &ShardCandidate::block_change_rate)
       .def_readwrite("value_change_rate", &ShardCandidate::value_change_rate)
-      .def_readwrite("delta_bits_per_value", &ShardCandidate::delta_bits_per_value);
+      .def_readwrite("delta_bits_per_value", &ShardCandidate::delta_bits_per_value)
+      .def_readwrite("regathers", &ShardCandidate::regathers);
   py::class_<SelectorOptions>(m, "SelectorOptions")
       .def(py::init<>())
       .def_readwrite("cache_budget_bytes", &SelectorOptions::cache_budget_bytes)

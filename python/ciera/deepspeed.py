@@ -145,7 +145,7 @@ class _Gather:
             bucket = runtime.buckets[b]
             shard = input_tensor.narrow(0, offset, bucket.numel)
             if runtime.selector is not None:
-                runtime.selector.tracker(b, shard)
+                runtime.selector.observe(0, b, shard)
             ticket = runtime.engine.start(b, shard.data_ptr(), bucket.numel * size,
                                           output_tensor.data_ptr() + offset * size,
                                           (state.world - 1) * slot + bucket.numel * size, stream, slot)

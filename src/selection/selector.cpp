@@ -100,6 +100,16 @@ PolicyEstimate estimate(const ShardCandidate& c, const CodecConfig& codec, const
   return e;
 }
 
+// A shard gathered `times` more times in the step with its values unchanged since its previous
+// gather on the same engine (FSDP2's backward re-gather of a layer resharded to the forward's
+// group): `e` becomes per step, adding `again`, the estimate of one such gather, `times` times.
+void add_regathers(PolicyEstimate& e, uint32_t times, const PolicyEstimate& again) {
+  e.expected_wire_bytes += times * again.expected_wire_bytes;
+  e.comm_saved_s += times * again.comm_saved_s;
+  e.encode_s += times * again.encode_s;
+  e.decode_s += times * again.decode_s;
+}
+
 void finish_estimate(PolicyEstimate& e, bool overlap, bool empty, const CodecThroughput& speed, DType dtype) {
   e.gain_s = e.comm_saved_s - e.decode_s - (overlap ? 0.0 : e.encode_s);
   e.score = e.memory_bytes ? e.gain_s / double(e.memory_bytes) : 0.0;
@@ -211,6 +221,12 @@ Selection select_shards(std::span<const ShardCandidate> candidates,
   const auto bucket_of = [&](const ShardCandidate& c) {
     return bucket_ids.at(std::pair(c.group, c.bucket));
   };
+  // Every gather of a bucket in the step pays the overhead (gains are per step too).
+  std::vector<uint32_t> bucket_regathers(buckets, 0);
+  for (const ShardCandidate& c : candidates) {
+    bucket_regathers[bucket_of(c)] = std::max(bucket_regathers[bucket_of(c)], c.regathers);
+  }
+  for (size_t b = 0; b < buckets; ++b) round_overhead_s[b] *= 1 + bucket_regathers[b];
   std::vector<double> bucket_raw_bytes(buckets, 0.0);
   for (const ShardCandidate& c : candidates) {
     const double vb = dtype_info(c.dtype).value_bytes;
@@ -234,6 +250,12 @@ Selection select_shards(std::span<const ShardCandidate> candidates,
     PolicyEstimate ciera = estimate(c, ciera_codec, model.throughput(c.dtype), model, bucket_bytes, [&](uint64_t n) {
       return expected_payload_bytes(options.codec, c.dtype, n, c.block_change_rate, c.value_change_rate);
     });
+    // A re-gather finds no exponent changed: sign and mantissa travel again, with an empty bitmap.
+    add_regathers(
+        ciera, c.regathers,
+        estimate(c, ciera_codec, model.throughput(c.dtype), model, bucket_bytes, [&](uint64_t n) {
+          return expected_payload_bytes(options.codec, c.dtype, n, 0.0, 0.0);
+        }));
     finish_estimate(ciera, options.overlap, empty, model.throughput(c.dtype), c.dtype);
     choice.expected_wire_bytes = ciera.expected_wire_bytes;
     choice.comm_saved_s = ciera.comm_saved_s;
@@ -252,6 +274,10 @@ Selection select_shards(std::span<const ShardCandidate> candidates,
       choice.delta = estimate(c, delta_codec, speed, model, bucket_bytes, [&](uint64_t n) {
         return expected_delta_payload_bytes(n, c.delta_bits_per_value);
       });
+      // A re-gather finds no value changed: a frame of nothing but its header.
+      add_regathers(choice.delta, c.regathers,
+                    estimate(c, delta_codec, speed, model, bucket_bytes,
+                             [&](uint64_t n) { return expected_delta_payload_bytes(n, 0.0); }));
       if (c.delta_bits_per_value < 0) choice.delta.unavailable = "value changes not measured";
       finish_estimate(choice.delta, options.overlap, empty, speed, c.dtype);
     }

@@ -213,8 +213,10 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     frame). With `allow_delta`, a parameter may also go in value-delta frames (ShardPolicy.delta:
     its receivers keep its previous values, two bytes per BF16 value, and take the exact
     step-to-step differences; the backward re-gather of an unchanged layer is then nearly free):
-    the selector ranks raw, exponent reuse and delta by gain per byte of cache, and the warmup
-    also keeps each shard's previous values to measure what delta frames would cost.
+    the selector ranks raw, exponent reuse and delta by gain per byte of cache (per step: it counts
+    how often FSDP2 gathers each layer in a step, and a re-gather of unchanged values costs delta
+    a header, exponent reuse the mantissas again), and the warmup also keeps each shard's previous
+    values to measure what delta frames would cost.
 
     With `overlap` (CCP, paper §3.3), a gather is handed back to FSDP in flight: encoding,
     exchange and decoding run on the engine's threads while the previous module computes

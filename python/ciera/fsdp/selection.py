@@ -47,6 +47,9 @@ class Selector:
         self.trackers = [ExponentTracker(buckets, codec.block_values, track_values=allow_delta)
                          for buckets, _, _ in self.kinds]
         self.step = 0
+        self.gathers: dict = {}      # (kind, bucket) -> gathers since the last selection
+        self.counted_steps = 0       # training steps those gathers came from
+        self.selected_regathers: dict = {}   # (kind, bucket) -> re-gathers the latest selection counted
         self.policies = {(kind, b.index, k): _ext.ShardPolicy.raw for kind, (buckets, _, _) in enumerate(self.kinds)
                          for b in buckets for k in range(len(b.params))}
         self.selection: _ext.Selection | None = None   # the latest
@@ -66,8 +69,18 @@ class Selector:
         return self.trackers[0]
 
     def observe(self, kind: int, bucket: int, shard) -> None:
-        """Counts a gather of `bucket` on the group of `kind` (its first of the step)."""
+        """Counts a gather of `bucket` on the group of `kind`: how many there are per step, and
+        (its first of the step) the changes since the previous step."""
+        self.gathers[(kind, bucket)] = self.gathers.get((kind, bucket), 0) + 1
         self.trackers[kind](bucket, shard)
+
+    def regathers(self, kind: int, bucket: int) -> int:
+        """Gathers of `bucket` per step on the group of `kind` beyond the first (FSDP2's backward
+        re-gather of a layer resharded to the same group: its values unchanged since forward),
+        from the steps since the last selection."""
+        if not self.counted_steps:
+            return 0
+        return max(0, round(self.gathers.get((kind, bucket), 0) / self.counted_steps) - 1)
 
     @property
     def monitor_bytes(self) -> int:
@@ -83,10 +96,12 @@ class Selector:
         if done == self.select_after or (self.reselect_every > 0 and done > self.select_after
                                          and (done - self.select_after) % self.reselect_every == 0):
             self.select()
+        self.counted_steps += 1   # the step starting now
 
-    def candidates(self, merged: list) -> list:
+    def candidates(self, merged: list, regathers: dict) -> list:
         """Every parameter of every group as the selector sees it, from the statistics merged over
-        ranks (per group, per bucket, per parameter)."""
+        ranks (per group, per bucket, per parameter) and the re-gathers per step of each
+        (kind, bucket)."""
         out = []
         for kind, (buckets, _, gathered) in enumerate(self.kinds):
             world = self.models[kind].world_size
@@ -105,6 +120,7 @@ class Selector:
                     # -1: not measured, so delta is not considered for it.
                     c.delta_bits_per_value = (counts.delta_bits_per_value
                                               if self.allow_delta and counts.observations else -1.0)
+                    c.regathers = regathers.get((kind, b.index), 0)
                     out.append(c)
         return out
 
@@ -126,6 +142,7 @@ class Selector:
         selection = self.choose(self.counts_since_selection())
         for tracker in self.trackers:
             tracker.clear_counts()
+        self.gathers, self.counted_steps = {}, 0
         self.carried = None
         self.selection_step = self.step - 1
         self.history.append({"step": self.selection_step, "chosen": selection.chosen_count(),
@@ -133,14 +150,19 @@ class Selector:
                              "cache_bytes": selection.cache_bytes})
         return selection
 
-    def choose(self, merged: list) -> _ext.Selection:
-        """Selects from `merged` statistics (the same on every rank) and applies the choice."""
+    def choose(self, merged: list, regathers: dict | None = None) -> _ext.Selection:
+        """Selects from `merged` statistics (the same on every rank) and the re-gathers per step
+        (default: those counted since the last selection), and applies the choice."""
+        if regathers is None:
+            regathers = {(kind, b.index): self.regathers(kind, b.index)
+                         for kind, (buckets, _, _) in enumerate(self.kinds) for b in buckets}
+        self.selected_regathers = {key: n for key, n in regathers.items() if n}
         options = _ext.SelectorOptions()
         options.cache_budget_bytes = self.budget_bytes
         options.overlap = self.overlap
         options.codec = self.codec
         options.allow_delta = self.allow_delta
-        selection = _ext.select_shards(self.candidates(merged), self.models, options)
+        selection = _ext.select_shards(self.candidates(merged, regathers), self.models, options)
         for shard in selection.shards:
             key = (shard.group, shard.bucket, shard.param)
             wanted = shard.policy
@@ -163,7 +185,8 @@ class Selector:
         return {"step": self.step, "selection_step": self.selection_step, "history": list(self.history),
                 "counts": plain(counts[0]), "selected_from": plain(chosen_from[0]),
                 "group_counts": [plain(rows) for rows in counts[1:]],
-                "group_selected_from": [plain(rows) for rows in chosen_from[1:]]}
+                "group_selected_from": [plain(rows) for rows in chosen_from[1:]],
+                "regathers": [[kind, bucket, n] for (kind, bucket), n in sorted(self.selected_regathers.items())]}
 
     def load_state_dict(self, state: dict) -> None:
         """Continues a checkpointed selector in a fresh engine, the same on every rank: the same step
@@ -197,7 +220,7 @@ class Selector:
         if selected_from is not None:
             if any(rows is None for rows in selected_from):
                 raise _ext.ConfigError("Selector.load_state_dict: a selection without statistics for every group")
-            self.choose(selected_from)
+            self.choose(selected_from, {(kind, bucket): n for kind, bucket, n in state.get("regathers", [])})
             self.selection_step = state["selection_step"]
 
 
