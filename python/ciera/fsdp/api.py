@@ -264,7 +264,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
             layouts = _layouts(group.buckets, group.size, selecting, policy)
             group.engine = _ext.Engine(native, config, layouts, device=device.index if device.type == "cuda" else -1)
             lifecycle.register_engine(group.engine)
-        except (_ext.ConfigError, _ext.CommError) as e:
+        except Exception as e:  # any failure: the other ranks must hear of it, not wait for this one
             failure = e
         if len(groups) > 1 or len(group.partition) > 1:
             _agree_across_groups(process_group, group, failure, groups)
