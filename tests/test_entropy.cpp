@@ -1,6 +1,7 @@
 // rANS and symbol streams: exact round trips, size close to the entropy bound, strict parsing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <random>
@@ -135,6 +136,29 @@ TEST(SymbolStream, RansIsWithinOnePercentOfTheEntropyBound) {
 
 // Streams of more than one segment round-trip at every length around a segment boundary, in
 // chunks that straddle boundaries, and each segment starts with its own states.
+// A histogram taken chunk by chunk is the histogram of all the chunks, however they are cut,
+// and take() starts the next one.
+TEST(Histogram, SymbolCounterCountsWhatHistogramCounts) {
+  std::mt19937_64 rng(23);
+  SymbolCounter<64> counter;
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{100003}}) {
+    std::vector<uint8_t> v(n);
+    for (auto& s : v) s = static_cast<uint8_t>(rng() % 64);
+    if (n > 10) std::fill(v.begin(), v.begin() + 10, uint8_t{63});  // a run of one symbol
+    Histogram want;
+    want.add(v.data(), n);
+    for (size_t i = 0; i < n;) {
+      const size_t piece = std::min<size_t>(n - i, 1 + rng() % 3000);
+      counter.add(v.data() + i, piece);
+      i += piece;
+    }
+    const Histogram got = counter.take();
+    EXPECT_EQ(got.total, want.total) << n;
+    EXPECT_EQ(got.count, want.count) << n;
+  }
+  EXPECT_EQ(counter.take().total, 0u);
+}
+
 TEST(SymbolStream, MultiSegmentRansRoundTrips) {
   for (const size_t n : {kRansSegmentSymbols - 1, kRansSegmentSymbols, kRansSegmentSymbols + 1,
                          3 * kRansSegmentSymbols + 17}) {
@@ -156,6 +180,33 @@ TEST(SymbolStream, MultiSegmentRansRoundTrips) {
     bad[at] ^= 0x10;
     EXPECT_THROW(decode_all(bad, v.size(), 255, 4096), FormatError) << "byte " << at;
     EXPECT_THROW(decode_all(bad, v.size(), 255, v.size()), FormatError) << "byte " << at;
+  }
+}
+
+// The encoder codes two whole segments at once where a chunk holds them and the room allows;
+// the stream is byte for byte the one coded a segment at a time (chunks of 1000 symbols never
+// hold two), near the packed limit too, where the pairs stop for want of room.
+TEST(SymbolStream, SegmentsCodedInPairsAreTheBytesOfSegmentsCodedOneByOne) {
+  std::mt19937_64 rng(22);
+  for (const double skew : {0.5, 0.93, 0.985}) {
+    std::vector<double> weights(64);
+    for (unsigned s = 0; s < 64; ++s) weights[s] = std::pow(skew, s);
+    std::discrete_distribution<unsigned> pick(weights.begin(), weights.end());
+    for (const size_t n :
+         {2 * kRansSegmentSymbols, 2 * kRansSegmentSymbols + 1, 4 * kRansSegmentSymbols + 17,
+          5 * kRansSegmentSymbols, 9 * kRansSegmentSymbols - 16}) {
+      std::vector<uint8_t> v(n);
+      for (auto& s : v) s = static_cast<uint8_t>(pick(rng));
+      StreamStats whole_stats, chunked_stats;
+      const auto whole = encode(v, 6, n, &whole_stats);
+      const auto chunked = encode(v, 6, 1000, &chunked_stats);
+      EXPECT_EQ(whole_stats.method, chunked_stats.method) << skew << " " << n;
+      EXPECT_EQ(whole, chunked) << skew << " " << n;
+      if (skew < 0.95) {
+        EXPECT_EQ(whole_stats.method, StreamMethod::kRans) << skew << " " << n;
+      }
+      EXPECT_EQ(decode_all(whole, n, 63, n), v) << skew << " " << n;
+    }
   }
 }
 

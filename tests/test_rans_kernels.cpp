@@ -17,7 +17,8 @@ namespace {
 using ciera::testing::kernels_of_every_target;
 
 // Every target's group rANS encoder leaves the words and final states that rans_put, one symbol
-// at a time, leaves (the decoder and docs/format.md follow rans_put's order).
+// at a time, leaves (the decoder and docs/format.md follow rans_put's order); so does its
+// two-stream encoder, for each stream.
 TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
   std::mt19937_64 rng(34);
   for (const unsigned alphabet : {2u, 13u, 33u, 64u}) {
@@ -37,34 +38,63 @@ TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
       tables.bias[s] = constants[s].bias;
       tables.cmpl_shift[s] = constants[s].cmpl_shift;
     }
-    for (const size_t groups : {size_t{1}, size_t{3}, size_t{257}}) {
-      std::vector<uint8_t> symbols(kRansStates * groups);
-      for (auto& s : symbols) {
-        do s = static_cast<uint8_t>(rng() % alphabet); while (model.freq[s] == 0);
-      }
+    // One stream's symbols and start states, and the words and states rans_put leaves.
+    struct Coded {
+      std::vector<uint8_t> symbols;
       uint32_t start[kRansStates];
-      for (uint32_t& x : start) x = kRansLowerBound + static_cast<uint32_t>(rng() % (1u << 30));
-      std::vector<uint8_t> want(2 * symbols.size() + 16, 0x5A);
-      uint32_t want_states[kRansStates];
-      std::copy(start, start + kRansStates, want_states);
-      uint8_t* want_out = want.data() + want.size();
-      for (size_t g = groups; g-- > 0;) {
-        for (unsigned j = kRansStates; j-- > 0;) {
-          rans_put(want_states[j], constants[symbols[kRansStates * g + j]], want_out);
-        }
+      std::vector<uint8_t> words;
+      uint32_t states[kRansStates];
+    };
+    const auto code = [&](size_t groups) {
+      Coded c;
+      c.symbols.resize(kRansStates * groups);
+      for (auto& s : c.symbols) {
+        do s = static_cast<uint8_t>(rng() % alphabet);
+        while (model.freq[s] == 0);
       }
-      const size_t want_bytes = static_cast<size_t>(want.data() + want.size() - want_out);
+      for (uint32_t& x : c.start) x = kRansLowerBound + static_cast<uint32_t>(rng() % (1u << 30));
+      std::vector<uint8_t> out(2 * c.symbols.size() + 16);
+      std::copy(c.start, c.start + kRansStates, c.states);
+      uint8_t* at = out.data() + out.size();
+      for (size_t g = groups; g-- > 0;) {
+        for (unsigned j = kRansStates; j-- > 0;)
+          rans_put(c.states[j], constants[c.symbols[kRansStates * g + j]], at);
+      }
+      c.words.assign(at, out.data() + out.size());
+      return c;
+    };
+    for (const size_t groups : {size_t{1}, size_t{3}, size_t{257}}) {
+      const Coded a = code(groups), b = code(groups);
       for (const RansKernels* k : kernels_of_every_target(rans_kernels_for)) {
-        std::vector<uint8_t> got(want.size(), 0x5A);
-        uint32_t states[kRansStates];
-        std::copy(start, start + kRansStates, states);
-        uint8_t* out = got.data() + got.size();
-        k->encode_groups(tables, states, symbols.data(), groups, &out);
         const std::string where = std::string(k->target) + " alphabet " + std::to_string(alphabet) +
                                   " groups " + std::to_string(groups);
-        ASSERT_EQ(static_cast<size_t>(got.data() + got.size() - out), want_bytes) << where;
-        EXPECT_TRUE(std::equal(out, got.data() + got.size(), want_out)) << where;
-        EXPECT_TRUE(std::equal(states, states + kRansStates, want_states)) << where;
+        const size_t room = 2 * a.symbols.size() + 16;
+        std::vector<uint8_t> got(room, 0x5A);
+        uint32_t states[kRansStates];
+        std::copy(a.start, a.start + kRansStates, states);
+        uint8_t* out = got.data() + got.size();
+        k->encode_groups(tables, states, a.symbols.data(), groups, &out);
+        EXPECT_EQ(std::vector<uint8_t>(out, got.data() + got.size()), a.words) << where;
+        EXPECT_TRUE(std::equal(states, states + kRansStates, a.states)) << where;
+        // Two streams at once: each the words and states it leaves alone, nothing written
+        // far outside them.
+        std::vector<uint8_t> got_a(room, 0x5A), got_b(room, 0x5A);
+        uint32_t states_a[kRansStates], states_b[kRansStates];
+        std::copy(a.start, a.start + kRansStates, states_a);
+        std::copy(b.start, b.start + kRansStates, states_b);
+        uint8_t* out_a = got_a.data() + room;
+        uint8_t* out_b = got_b.data() + room;
+        k->encode_groups2(tables, states_a, a.symbols.data(), &out_a, states_b, b.symbols.data(),
+                          &out_b, groups);
+        EXPECT_EQ(std::vector<uint8_t>(out_a, got_a.data() + room), a.words)
+            << where << " (two streams, first)";
+        EXPECT_EQ(std::vector<uint8_t>(out_b, got_b.data() + room), b.words)
+            << where << " (two streams, second)";
+        EXPECT_TRUE(std::equal(states_a, states_a + kRansStates, a.states)) << where;
+        EXPECT_TRUE(std::equal(states_b, states_b + kRansStates, b.states)) << where;
+        // (rans_put stores a word before it knows whether it sheds one: 2 bytes below may change.)
+        EXPECT_TRUE(std::all_of(got_a.data(), out_a - 2, [](uint8_t v) { return v == 0x5A; })) << where;
+        EXPECT_TRUE(std::all_of(got_b.data(), out_b - 2, [](uint8_t v) { return v == 0x5A; })) << where;
       }
     }
   }

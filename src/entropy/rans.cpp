@@ -123,6 +123,13 @@ bool RansEncoder::put_reverse(const uint8_t* symbols, size_t n) {
   // segment's states, stored below its words once its first symbol is coded.
   constexpr size_t kBatch = 256;
   for (size_t end = n; end > 0;) {
+    // Two whole segments of this chunk, the first of them not started: coded together.
+    if (group_kernel_ && next_index_ % kRansSegmentSymbols == 0 && end >= 2 * kRansSegmentSymbols &&
+        static_cast<size_t>(out_ - limit_) >= 2 * kSegmentRoom) {
+      encode_pair(symbols + end - 2 * kRansSegmentSymbols);
+      end -= 2 * kRansSegmentSymbols;
+      continue;
+    }
     const uint64_t segment_first = (next_index_ - 1) / kRansSegmentSymbols * kRansSegmentSymbols;
     const size_t in_segment = static_cast<size_t>(next_index_ - segment_first);
     const size_t batch = std::min({kBatch, end, in_segment});
@@ -159,6 +166,28 @@ bool RansEncoder::encode_checked(const uint8_t* symbols, size_t n) {
     x = x + e.bias + q * (e.cmpl_shift & 0xFFFF);
   }
   return true;
+}
+
+// Segments a (the later one, next below the words written so far) and b (the one before it),
+// whose states are fresh: b's words are coded below a's room and moved up under a's states once
+// a is closed, so both come out exactly as coded one after the other.
+void RansEncoder::encode_pair(const uint8_t* symbols) {
+  uint32_t b_state[kRansStates];
+  std::fill(b_state, b_state + kRansStates, kRansLowerBound);
+  uint8_t* a_out = out_;
+  uint8_t* const b_end = out_ - kSegmentRoom;
+  uint8_t* b_out = b_end;
+  rans_kernels().encode_groups2(group_, state_, symbols + kRansSegmentSymbols, &a_out, b_state,
+                                symbols, &b_out, kRansSegmentSymbols / kRansStates);
+  out_ = a_out;
+  next_index_ -= kRansSegmentSymbols;
+  close_segment();
+  const auto b_words = static_cast<size_t>(b_end - b_out);
+  out_ -= b_words;
+  std::memmove(out_, b_out, b_words);
+  std::copy(b_state, b_state + kRansStates, state_);
+  next_index_ -= kRansSegmentSymbols;
+  close_segment();
 }
 
 void RansEncoder::close_segment() {

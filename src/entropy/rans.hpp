@@ -54,7 +54,12 @@ class RansEncoder {
   uint8_t* bytes_begin() const { return out_; }
 
  private:
+  // A segment's words take at most 2 bytes a symbol, then its states.
+  static constexpr size_t kSegmentRoom = 2 * kRansSegmentSymbols + kRansStateBytes;
   void encode_batch(const uint8_t* symbols, size_t n);
+  // The two whole segments at `symbols` (2 * kRansSegmentSymbols), coded together; the later one's
+  // states are fresh and 2 * kSegmentRoom bytes are free below the words.
+  void encode_pair(const uint8_t* symbols);
   bool encode_checked(const uint8_t* symbols, size_t n);
   // Stores the states below the words of the segment just finished and restarts them.
   void close_segment();

@@ -19,6 +19,11 @@ struct RansKernels {
   // bytes of room per symbol.
   void (*encode_groups)(const RansGroupTables& tables, uint32_t* states, const uint8_t* symbols,
                         size_t groups, uint8_t** out);
+  // encode_groups on two independent streams at once (two segments of one stream), `groups`
+  // groups of each: the same words and states as two encode_groups calls.
+  void (*encode_groups2)(const RansGroupTables& tables, uint32_t* states_a,
+                         const uint8_t* symbols_a, uint8_t** out_a, uint32_t* states_b,
+                         const uint8_t* symbols_b, uint8_t** out_b, size_t groups);
   // rANS-decodes `groups` groups of kRansStates symbols: symbol kRansStates * g + j from
   // states[j], through the decoder's 4096-slot table (symbol | (freq - 1) << 8 | start << 20).
   // Renormalisation words are read from *in, which moves forward; the caller guarantees 32
