@@ -178,7 +178,9 @@ TEST(DifferenceMap, EscapeBucketsFollowTheFormat) {
 
 // ---- the kernels against the format ------------------------------------------------------------
 
-const size_t kLengths[] = {0, 1, 2, 3, 4, 5, 31, 32, 33, 47, 48, 49, 64, 100, 1000 + 7, 6145};
+// 192 values are 64 groups, what the VBMI passes take at once.
+const size_t kLengths[] = {0,  1,  2,   3,   4,   5,   31,  32,  33,       47,  48,
+                           49, 64, 100, 191, 192, 193, 383, 384, 1000 + 7, 6145};
 
 enum class ZMix { kNoEscapes, kFewEscapes, kManyEscapes, kAllEscapes, kZeros };
 const ZMix kMixes[] = {ZMix::kNoEscapes, ZMix::kFewEscapes, ZMix::kManyEscapes, ZMix::kAllEscapes,
@@ -341,6 +343,30 @@ TEST(DifferenceKernels, CountEscapesCountsClassThreeOfEverySymbol) {
         for (unsigned j = 0; j < 3; ++j) want += ((s >> (2 * j)) & 3) == 3;
       }
       EXPECT_EQ(k->count_escapes(g.data(), n), want) << k->target << " n=" << n;
+    }
+  }
+}
+
+// The extra bits of escape symbols: bucket - 1 for buckets 2..32, none for 0 and 1.
+TEST(DifferenceKernels, EscapeExtraBitsTotalSumsEveryBucketsExtraBits) {
+  std::mt19937_64 rng(5);
+  for (const CodecKernels* k : kernels_of_every_target(codec_kernels_for)) {
+    for (unsigned b = 0; b <= kMaxEscapeBucket; ++b) {
+      const auto bucket = static_cast<uint8_t>(b);
+      EXPECT_EQ(k->escape_extra_bits_total(&bucket, 1), escape_extra_bits(b))
+          << k->target << " " << b;
+    }
+    for (const size_t m : kLengths) {
+      for (const unsigned top : {1u, 16u, 32u}) {
+        std::vector<uint8_t> buckets(m);
+        uint64_t want = 0;
+        for (auto& b : buckets) {
+          b = static_cast<uint8_t>(rng() % (top + 1));
+          want += escape_extra_bits(b);
+        }
+        EXPECT_EQ(k->escape_extra_bits_total(buckets.data(), m), want)
+            << k->target << " m=" << m << " top=" << top;
+      }
     }
   }
 }

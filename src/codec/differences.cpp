@@ -11,6 +11,7 @@
 #include "codec/stream_stats.hpp"
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
+#include "entropy/rans_core.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/kernels.hpp"
 
@@ -21,6 +22,10 @@ namespace {
 // differences stay in L1/L2 between the steps of the pass.
 constexpr uint64_t kChunkValues = 3 * 2048;
 static_assert(kChunkValues % kGroupValues == 0);
+// Symbols per piece of a stream decoded in open(): four rANS segments (decoded two at a time),
+// whole chunks of the pass.
+constexpr uint64_t kOpenPieceGroups = 4 * entropy::kRansSegmentSymbols;
+static_assert(kOpenPieceGroups % (kChunkValues / kGroupValues) == 0);
 
 }  // namespace
 
@@ -57,6 +62,7 @@ void DifferenceWriter::scan(const U* values, U* base, uint64_t n,
       std::fill(z + count, z + group_count(count) * kGroupValues, U{0});
       escaped = k.group_symbols32(z, count, g);
     }
+    group_counter_.add(g, group_count(count));
     if (checksum) checksum->update(v, count * sizeof(U));
     if (escaped == 0) continue;
     reserve_escapes(escaped, 8 * sizeof(U) - 1, extra);
@@ -77,6 +83,7 @@ void DifferenceWriter::scan(const U* values, U* base, uint64_t n,
         extra.put_wide(value - escape_base(bucket), escape_extra_bits(bucket));
       }
     }
+    escape_counter_.add(symbols, escaped);
     escape_count_ += escaped;
   }
   extra_bits_ = extra.bits();
@@ -100,6 +107,8 @@ DifferenceWriter::Result DifferenceWriter::write(DType dtype, const uint8_t* val
   escape_count_ = 0;
   changed_ = 0;
   extra_bits_ = 0;
+  group_counter_.clear();
+  escape_counter_.clear();
   if (value_bytes == 2) {
     scan(reinterpret_cast<const uint16_t*>(values), reinterpret_cast<uint16_t*>(base), n, checksum);
   } else {
@@ -107,11 +116,14 @@ DifferenceWriter::Result DifferenceWriter::write(DType dtype, const uint8_t* val
   }
   Result result;
   result.changed = changed_;
+  const entropy::Histogram group_histogram = group_counter_.take();
+  const entropy::Histogram escape_histogram = escape_counter_.take();
   if (changed_ == 0) return result;  // the 'unchanged' section: empty
 
   const uint64_t extra_bytes = (extra_bits_ + 7) / 8;
-  const std::initializer_list<SectionStream> streams = {{{groups_.data(), groups}, kGroupSymbolBits},
-                                                         {{escapes_.data(), escape_count_}, kEscapeSymbolBits}};
+  const std::initializer_list<SectionStream> streams = {
+      {{groups_.data(), groups}, kGroupSymbolBits, &group_histogram},
+      {{escapes_.data(), escape_count_}, kEscapeSymbolBits, &escape_histogram}};
   if (streams_then_extra_bound(streams, extra_bytes) > capacity) {
     result.fits = false;
     return result;
@@ -212,34 +224,40 @@ void DifferenceReader::open(const uint8_t* section, uint64_t size, uint64_t n,
   if (groups_.size() < groups) groups_.resize(groups);
   if (chunk_z_.size() < kChunkValues) chunk_z_.resize(kChunkValues);
   if (chunk_escaped_.size() < kChunkValues + 32) chunk_escaped_.resize(kChunkValues + 32);
+  // The group symbols, decoded a piece at a time and their escapes counted (per chunk of the
+  // reconstruction pass) while the piece is in cache.
+  constexpr uint64_t kChunkGroups = kChunkValues / kGroupValues;
+  chunk_escapes_.resize((groups + kChunkGroups - 1) / kChunkGroups);
   entropy::SymbolStreamReader group_stream;
   group_stream.open(in, groups, (1u << kGroupSymbolBits) - 1, "difference groups stream");
-  group_stream.get(groups_.data(), groups);
+  uint64_t escapes = 0;
+  for (uint64_t first = 0; first < groups; first += kOpenPieceGroups) {
+    const uint64_t piece = std::min<uint64_t>(kOpenPieceGroups, groups - first);
+    group_stream.get(groups_.data() + first, piece);
+    for (uint64_t g = first; g < first + piece; g += kChunkGroups) {
+      const uint64_t e = codec_kernels().count_escapes(
+          groups_.data() + g, std::min<uint64_t>(kChunkGroups, groups - g));
+      chunk_escapes_[g / kChunkGroups] = static_cast<uint32_t>(e);
+      escapes += e;
+    }
+  }
   group_stream.finish();
   // The missing values of a last partial group are unchanged: class 0.
   const uint64_t tail = groups * kGroupValues - n;
   if (tail != 0 && (groups_[groups - 1] >> (2 * (kGroupValues - tail))) != 0) {
     throw FormatError("difference groups stream gives a class to values past the end of the shard");
   }
-  // Escaped values, per chunk of the reconstruction pass and in all.
-  constexpr uint64_t kChunkGroups = kChunkValues / kGroupValues;
-  chunk_escapes_.resize((groups + kChunkGroups - 1) / kChunkGroups);
-  uint64_t escapes = 0;
-  for (uint64_t c = 0; c < chunk_escapes_.size(); ++c) {
-    const uint64_t first = c * kChunkGroups;
-    const uint64_t e = codec_kernels().count_escapes(groups_.data() + first,
-                                                     std::min<uint64_t>(kChunkGroups, groups - first));
-    chunk_escapes_[c] = static_cast<uint32_t>(e);
-    escapes += e;
-  }
   escapes_.resize(escapes + 1);  // +1: data() stays valid when there are none
   entropy::SymbolStreamReader escape_stream;
   // A zigzagged difference is below 2^bits; minus the escape class, its bucket is at most bits.
   escape_stream.open(in, escapes, value_bits, "difference escapes stream");
-  escape_stream.get(escapes_.data(), escapes);
-  escape_stream.finish();
   uint64_t extra_bits = 0;
-  for (uint64_t e = 0; e < escapes; ++e) extra_bits += escape_extra_bits(escapes_[e]);
+  for (uint64_t first = 0; first < escapes; first += kOpenPieceGroups) {
+    const uint64_t piece = std::min<uint64_t>(kOpenPieceGroups, escapes - first);
+    escape_stream.get(escapes_.data() + first, piece);
+    extra_bits += codec_kernels().escape_extra_bits_total(escapes_.data() + first, piece);
+  }
+  escape_stream.finish();
   const uint64_t extra_bytes = in.u64();
   if (extra_bytes != (extra_bits + 7) / 8) {
     throw FormatError("difference section has " + std::to_string(extra_bytes) +

@@ -13,6 +13,7 @@
 #include "ciera/codec.hpp"
 #include "ciera/dtype.hpp"
 #include "common/host_device.hpp"
+#include "entropy/histogram.hpp"
 #include "format/content_checksum.hpp"
 
 namespace ciera {
@@ -83,7 +84,9 @@ class DifferenceWriter {
   void reserve_escapes(uint64_t escaped, unsigned max_extra_bits, SlackBitWriter& extra);
 
   std::vector<uint8_t> groups_;
+  entropy::SymbolCounter<1u << kGroupSymbolBits> group_counter_;  // of groups_, chunk by chunk
   std::vector<uint8_t> escapes_;
+  entropy::SymbolCounter<1u << kEscapeSymbolBits> escape_counter_;  // of escapes_, chunk by chunk
   std::vector<uint8_t> extra_;
   std::vector<uint8_t> scratch_;
   std::vector<uint32_t> chunk_z_;

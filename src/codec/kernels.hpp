@@ -71,6 +71,9 @@ struct CodecKernels {
   void (*place_escapes32)(uint32_t* z, size_t n, const uint32_t* escaped);
   // Escaped values among the 3 * n values of n group symbols.
   uint64_t (*count_escapes)(const uint8_t* groups, size_t n);
+  // The extra bits of `m` escape symbols (buckets, each at most 32): the sum of
+  // escape_extra_bits over them.
+  uint64_t (*escape_extra_bits_total)(const uint8_t* buckets, size_t m);
   // The escape symbols (buckets of z - 3) of `m` escaped 16-bit z, to `symbols`, and their
   // extra bits, appended to `extra`.
   void (*escape_symbols16)(const uint16_t* escaped, size_t m, uint8_t* symbols, SlackBitWriter& extra);

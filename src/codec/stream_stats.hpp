@@ -25,10 +25,12 @@ inline void add_stream_stats(FrameStats& stats, const entropy::StreamStats& s) {
   }
 }
 
-// One symbol stream of a section: its symbols and their width.
+// One symbol stream of a section: its symbols, their width and, when the caller took it while
+// making them, their histogram (else it is taken here, in another pass over them).
 struct SectionStream {
   std::span<const uint8_t> symbols;
   unsigned symbol_bits;
+  const entropy::Histogram* histogram = nullptr;
 };
 
 // The most bytes `streams` then `extra_bytes` of extra bits can take.
@@ -46,7 +48,8 @@ inline uint64_t write_streams_then_extra(std::initializer_list<SectionStream> st
   uint8_t* at = out;
   for (const SectionStream& stream : streams) {
     const entropy::ArraySource source(stream.symbols);
-    const entropy::Histogram hist = entropy::histogram_of(source, scratch);
+    const entropy::Histogram hist =
+        stream.histogram ? *stream.histogram : entropy::histogram_of(source, scratch);
     const entropy::StreamStats s = entropy::write_symbol_stream(
         source, hist, stream.symbol_bits, at, capacity - static_cast<uint64_t>(at - out), scratch);
     add_stream_stats(stats, s);
