@@ -208,6 +208,15 @@ TEST(SymbolStream, SegmentsCodedInPairsAreTheBytesOfSegmentsCodedOneByOne) {
       EXPECT_EQ(decode_all(whole, n, 63, n), v) << skew << " " << n;
     }
   }
+  // Byte symbols beyond the 64-entry tables (exponents): the gathered-table kernels.
+  for (const size_t n : {2 * kRansSegmentSymbols, 5 * kRansSegmentSymbols + 3}) {
+    const auto v = exponent_like(n, n + 1);
+    StreamStats whole_stats;
+    const auto whole = encode(v, 8, n, &whole_stats);
+    ASSERT_EQ(whole_stats.method, StreamMethod::kRans) << n;
+    EXPECT_EQ(whole, encode(v, 8, 1000)) << n;
+    EXPECT_EQ(decode_all(whole, n, 255, n), v) << n;
+  }
 }
 
 // Whether a stream is coded with rANS depends only on its symbols (docs/architecture.md,

@@ -16,12 +16,12 @@ namespace {
 
 using ciera::testing::kernels_of_every_target;
 
-// Every target's group rANS encoder leaves the words and final states that rans_put, one symbol
-// at a time, leaves (the decoder and docs/format.md follow rans_put's order); so does its
-// two-stream encoder, for each stream.
+// Every target's group rANS encoders (64-entry register tables, 256-entry gathered table) leave
+// the words and final states that rans_put, one symbol at a time, leaves (the decoder and
+// docs/format.md follow rans_put's order); so do their two-stream forms, for each stream.
 TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
   std::mt19937_64 rng(34);
-  for (const unsigned alphabet : {2u, 13u, 33u, 64u}) {
+  for (const unsigned alphabet : {2u, 13u, 33u, 64u, 65u, 200u, 256u}) {
     Histogram hist;
     for (unsigned s = 0; s < alphabet; ++s) {
       hist.count[s] = (s % 5 == 4) ? 0 : 1 + rng() % (s < 3 ? 5000 : 40);
@@ -29,10 +29,11 @@ TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
     }
     const RansModel model = RansModel::from_histogram(hist);
     RansGroupTables tables{};
-    std::vector<RansEncSymbol> constants(kRansGroupSymbols);
+    std::vector<RansEncSymbol> constants(256);
     for (unsigned s = 0; s < alphabet; ++s) {
       if (model.freq[s] == 0) continue;
       constants[s] = rans_enc_symbol(model, s);
+      if (s >= kRansGroupSymbols) continue;
       tables.x_max[s] = constants[s].x_max;
       tables.rcp_freq[s] = constants[s].rcp_freq;
       tables.bias[s] = constants[s].bias;
@@ -65,15 +66,14 @@ TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
     };
     for (const size_t groups : {size_t{1}, size_t{3}, size_t{257}}) {
       const Coded a = code(groups), b = code(groups);
-      for (const RansKernels* k : kernels_of_every_target(rans_kernels_for)) {
-        const std::string where = std::string(k->target) + " alphabet " + std::to_string(alphabet) +
-                                  " groups " + std::to_string(groups);
+      // One kernel pair (one stream, two at once) against rans_put.
+      const auto check = [&](const std::string& where, const auto& one, const auto& two) {
         const size_t room = 2 * a.symbols.size() + 16;
         std::vector<uint8_t> got(room, 0x5A);
         uint32_t states[kRansStates];
         std::copy(a.start, a.start + kRansStates, states);
         uint8_t* out = got.data() + got.size();
-        k->encode_groups(tables, states, a.symbols.data(), groups, &out);
+        one(states, a.symbols.data(), &out);
         EXPECT_EQ(std::vector<uint8_t>(out, got.data() + got.size()), a.words) << where;
         EXPECT_TRUE(std::equal(states, states + kRansStates, a.states)) << where;
         // Two streams at once: each the words and states it leaves alone, nothing written
@@ -84,8 +84,7 @@ TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
         std::copy(b.start, b.start + kRansStates, states_b);
         uint8_t* out_a = got_a.data() + room;
         uint8_t* out_b = got_b.data() + room;
-        k->encode_groups2(tables, states_a, a.symbols.data(), &out_a, states_b, b.symbols.data(),
-                          &out_b, groups);
+        two(states_a, a.symbols.data(), &out_a, states_b, b.symbols.data(), &out_b);
         EXPECT_EQ(std::vector<uint8_t>(out_a, got_a.data() + room), a.words)
             << where << " (two streams, first)";
         EXPECT_EQ(std::vector<uint8_t>(out_b, got_b.data() + room), b.words)
@@ -95,6 +94,39 @@ TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
         // (rans_put stores a word before it knows whether it sheds one: 2 bytes below may change.)
         EXPECT_TRUE(std::all_of(got_a.data(), out_a - 2, [](uint8_t v) { return v == 0x5A; })) << where;
         EXPECT_TRUE(std::all_of(got_b.data(), out_b - 2, [](uint8_t v) { return v == 0x5A; })) << where;
+      };
+      for (const RansKernels* k : kernels_of_every_target(rans_kernels_for)) {
+        const std::string where = std::string(k->target) + " alphabet " + std::to_string(alphabet) +
+                                  " groups " + std::to_string(groups);
+        if (alphabet <= kRansGroupSymbols) {
+          check(
+              where + " (64-entry tables)",
+              [&](uint32_t* x, const uint8_t* sym, uint8_t** out) {
+                k->encode_groups(tables, x, sym, groups, out);
+              },
+              [&](uint32_t* xa, const uint8_t* sa, uint8_t** oa, uint32_t* xb, const uint8_t* sb,
+                  uint8_t** ob) { k->encode_groups2(tables, xa, sa, oa, xb, sb, ob, groups); });
+        }
+        // The wide kernels, their 64-symbol window anywhere: symbols outside it (many here, the
+        // symbols are drawn uniformly) take the slow path.
+        for (const unsigned base : {0u, 37u, 192u}) {
+          RansWideTables wide{};
+          wide.base = base;
+          wide.all = constants.data();
+          for (unsigned s = 0; s < kRansGroupSymbols; ++s) {
+            wide.window.x_max[s] = constants[base + s].x_max;
+            wide.window.rcp_freq[s] = constants[base + s].rcp_freq;
+            wide.window.bias[s] = constants[base + s].bias;
+            wide.window.cmpl_shift[s] = constants[base + s].cmpl_shift;
+          }
+          check(
+              where + " (wide, window at " + std::to_string(base) + ")",
+              [&](uint32_t* x, const uint8_t* sym, uint8_t** out) {
+                k->encode_wide_groups(wide, x, sym, groups, out);
+              },
+              [&](uint32_t* xa, const uint8_t* sa, uint8_t** oa, uint32_t* xb, const uint8_t* sb,
+                  uint8_t** ob) { k->encode_wide_groups2(wide, xa, sa, oa, xb, sb, ob, groups); });
+        }
       }
     }
   }

@@ -23,6 +23,7 @@
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
 #include "common/huge_pages.hpp"
+#include "entropy/rans_core.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/content_checksum.hpp"
 #include "format/planes.hpp"
@@ -255,6 +256,9 @@ struct ShardDecoder::Impl {
   // process had allocated before: `ciera bench codec` decoded 16M BF16 values at 10.6 or at
   // 6.8 GB/s depending on the length of the program's path (docs/benchmarks.md).
   std::vector<uint8_t, HugePageAllocator<uint8_t>> chunk_exponents;
+  // A full exponent section is read kFullPiece symbols at a time where chunks tile that.
+  static constexpr uint64_t kFullPiece = 2 * entropy::kRansSegmentSymbols;
+  std::vector<uint8_t> full_piece;
   std::vector<uint8_t, HugePageAllocator<uint8_t>> chunk_output;  // assembled in L1 (streaming)
   std::vector<uint32_t> changed_blocks;
   std::vector<uint16_t> changes_per_block;
@@ -503,6 +507,9 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
                       " trailing bytes");
   }
 
+  const bool full_in_pieces =
+      h.section == ExponentSection::kFull && kFullPiece % grid.chunk_values == 0;
+  if (full_in_pieces && full_piece.size() < kFullPiece) full_piece.resize(kFullPiece);
   size_t next_changed = 0;
   FineCursor fine_at;
   // A large shard is assembled chunk by chunk in an L1 buffer (merged, patched, checksummed
@@ -514,7 +521,14 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
         static_cast<size_t>(std::min<uint64_t>(grid.chunk_values, grid.num_values - chunk_first));
     uint8_t* chunk_out = streaming ? chunk_output.data() : out + chunk_first * value_bytes;
     const uint8_t* exps = value_delta ? nullptr : cache.data() + chunk_first;  // kFull: decoded
-    if (h.section == ExponentSection::kFull) {
+    if (h.section == ExponentSection::kFull && full_in_pieces) {
+      // Two rANS segments at a time, which the stream decodes together; chunks tile the piece.
+      const uint64_t at = chunk_first % kFullPiece;
+      if (at == 0)
+        stream.get(full_piece.data(),
+                   std::min<uint64_t>(kFullPiece, grid.num_values - chunk_first));
+      exps = full_piece.data() + at;
+    } else if (h.section == ExponentSection::kFull) {
       stream.get(chunk_exponents.data(), count);
       exps = chunk_exponents.data();
     } else if (h.section == ExponentSection::kBlock) {

@@ -20,6 +20,7 @@
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
 #include "common/huge_pages.hpp"
+#include "entropy/rans_core.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/content_checksum.hpp"
 #include "format/planes.hpp"
@@ -38,6 +39,9 @@ using entropy::SymbolSource;
 constexpr unsigned kBucketBits = 4;        // count symbols are at most wire::kMaxBucket = 12
 constexpr unsigned kChangeSymbolBits = 6;  // change symbols are at most wire::kMaxChangeSymbol = 38
 
+// Chunks of these sources hold whole pairs of rANS segments, which the encoder codes together.
+constexpr uint64_t kSegmentPairSymbols = 2 * entropy::kRansSegmentSymbols;
+
 // Every exponent of a shard, read from the sender's exact copy (a view, no copying).
 class PlaneSource final : public SymbolSource {
  public:
@@ -50,7 +54,7 @@ class PlaneSource final : public SymbolSource {
   }
 
  private:
-  static constexpr uint64_t kSourceChunk = format::kMaxChunkValues;
+  static constexpr uint64_t kSourceChunk = 32 * kSegmentPairSymbols;
   const uint8_t* plane_;
   uint64_t n_;
 };
@@ -70,7 +74,7 @@ class ValuesSource final : public SymbolSource {
   }
 
  private:
-  static constexpr uint64_t kSourceChunk = format::kMaxChunkValues;
+  static constexpr uint64_t kSourceChunk = kSegmentPairSymbols;
   DType dtype_;
   const format::PlaneKernels& k_;
   const uint8_t* values_;

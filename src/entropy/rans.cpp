@@ -97,11 +97,29 @@ RansEncoder::RansEncoder(const RansModel& model) {
     if (model.freq[s] != 0) symbols_[s] = rans_enc_symbol(model, s);
   }
   group_kernel_ = model.last < kRansGroupSymbols;
+  // The wide kernels' window: the 64 consecutive symbols of the largest total frequency (the
+  // first such), so that few symbols take their slow path.
+  uint32_t mass = 0;
+  for (unsigned s = 0; s < kRansGroupSymbols; ++s) mass += model.freq[s];
+  uint32_t best = mass;
+  for (unsigned base = 1; base + kRansGroupSymbols <= 256; ++base) {
+    mass += model.freq[base + kRansGroupSymbols - 1] - model.freq[base - 1];
+    if (mass > best) {
+      best = mass;
+      wide_.base = base;
+    }
+  }
+  wide_.all = symbols_.data();
+  fill_group_tables(group_, 0);
+  fill_group_tables(wide_.window, wide_.base);
+}
+
+void RansEncoder::fill_group_tables(RansGroupTables& tables, unsigned base) const {
   for (unsigned s = 0; s < kRansGroupSymbols; ++s) {
-    group_.x_max[s] = symbols_[s].x_max;
-    group_.rcp_freq[s] = symbols_[s].rcp_freq;
-    group_.bias[s] = symbols_[s].bias;
-    group_.cmpl_shift[s] = symbols_[s].cmpl_shift;
+    tables.x_max[s] = symbols_[base + s].x_max;
+    tables.rcp_freq[s] = symbols_[base + s].rcp_freq;
+    tables.bias[s] = symbols_[base + s].bias;
+    tables.cmpl_shift[s] = symbols_[base + s].cmpl_shift;
   }
 }
 
@@ -124,7 +142,7 @@ bool RansEncoder::put_reverse(const uint8_t* symbols, size_t n) {
   constexpr size_t kBatch = 256;
   for (size_t end = n; end > 0;) {
     // Two whole segments of this chunk, the first of them not started: coded together.
-    if (group_kernel_ && next_index_ % kRansSegmentSymbols == 0 && end >= 2 * kRansSegmentSymbols &&
+    if (next_index_ % kRansSegmentSymbols == 0 && end >= 2 * kRansSegmentSymbols &&
         static_cast<size_t>(out_ - limit_) >= 2 * kSegmentRoom) {
       encode_pair(symbols + end - 2 * kRansSegmentSymbols);
       end -= 2 * kRansSegmentSymbols;
@@ -177,8 +195,15 @@ void RansEncoder::encode_pair(const uint8_t* symbols) {
   uint8_t* a_out = out_;
   uint8_t* const b_end = out_ - kSegmentRoom;
   uint8_t* b_out = b_end;
-  rans_kernels().encode_groups2(group_, state_, symbols + kRansSegmentSymbols, &a_out, b_state,
-                                symbols, &b_out, kRansSegmentSymbols / kRansStates);
+  const uint8_t* a_symbols = symbols + kRansSegmentSymbols;
+  constexpr size_t kGroups = kRansSegmentSymbols / kRansStates;
+  if (group_kernel_) {
+    rans_kernels().encode_groups2(group_, state_, a_symbols, &a_out, b_state, symbols, &b_out,
+                                  kGroups);
+  } else {
+    rans_kernels().encode_wide_groups2(wide_, state_, a_symbols, &a_out, b_state, symbols, &b_out,
+                                       kGroups);
+  }
   out_ = a_out;
   next_index_ -= kRansSegmentSymbols;
   close_segment();
@@ -222,15 +247,7 @@ void RansEncoder::encode_batch(const uint8_t* symbols, size_t n) {
     if (group_kernel_) {
       rans_kernels().encode_groups(group_, state_, symbols + k, groups, &out);
     } else {
-      // States live in locals: `out` is a byte pointer and would otherwise force every state
-      // back to memory after each store.
-      uint32_t x[kRansStates];
-      for (unsigned j = 0; j < kRansStates; ++j) x[j] = state_[j];
-      for (size_t g = groups; g-- > 0;) {
-        const uint8_t* group = symbols + k + g * kRansStates;
-        for (unsigned j = kRansStates; j-- > 0;) rans_put(x[j], symbols_[group[j]], out);
-      }
-      for (unsigned j = 0; j < kRansStates; ++j) state_[j] = x[j];
+      rans_kernels().encode_wide_groups(wide_, state_, symbols + k, groups, &out);
     }
   }
   while (k > 0) {

@@ -41,6 +41,9 @@ RansEncSymbol rans_enc_symbol(const RansModel& model, unsigned s);
 class RansEncoder {
  public:
   explicit RansEncoder(const RansModel& model);
+  // Not copied: its wide tables point into its own constants.
+  RansEncoder(const RansEncoder&) = delete;
+  RansEncoder& operator=(const RansEncoder&) = delete;
 
   // Starts a stream of `total_symbols`; bytes are written downwards from `out_end`, never below
   // `out_limit`. The byte length of every segment but the last goes to `lengths` (u32 each,
@@ -67,6 +70,8 @@ class RansEncoder {
   std::array<RansEncSymbol, 256> symbols_{};
   RansGroupTables group_{};
   bool group_kernel_ = false;  // every symbol of the model is below kRansGroupSymbols
+  RansWideTables wide_{};      // otherwise: the 64 most frequent consecutive symbols, and all
+  void fill_group_tables(RansGroupTables& tables, unsigned base) const;
   uint32_t state_[kRansStates] = {};
   uint64_t next_index_ = 0;
   uint8_t* out_ = nullptr;

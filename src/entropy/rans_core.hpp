@@ -53,6 +53,15 @@ struct RansGroupTables {
   uint32_t cmpl_shift[kRansGroupSymbols];
 };
 
+// The constants of any byte symbols for the wide kernels: the 64 symbols [base, base + 64) in
+// group tables (window.x_max[s - base], ...), every symbol in `all` (256 entries). The window is
+// where most of a stream's symbols fall; the others are looked up one by one.
+struct RansWideTables {
+  RansGroupTables window;
+  uint32_t base = 0;
+  const RansEncSymbol* all = nullptr;
+};
+
 // The encoding constants of a symbol of frequency `freq` (>= 1) and cumulative start `start`.
 CIERA_HD inline RansEncSymbol rans_enc_symbol_of(uint32_t freq, uint32_t start) {
   RansEncSymbol e;

@@ -24,6 +24,13 @@ struct RansKernels {
   void (*encode_groups2)(const RansGroupTables& tables, uint32_t* states_a,
                          const uint8_t* symbols_a, uint8_t** out_a, uint32_t* states_b,
                          const uint8_t* symbols_b, uint8_t** out_b, size_t groups);
+  // encode_groups and encode_groups2 for any byte symbols (tables.all set for every symbol
+  // present, tables.window for those in it).
+  void (*encode_wide_groups)(const RansWideTables& tables, uint32_t* states, const uint8_t* symbols,
+                             size_t groups, uint8_t** out);
+  void (*encode_wide_groups2)(const RansWideTables& tables, uint32_t* states_a,
+                              const uint8_t* symbols_a, uint8_t** out_a, uint32_t* states_b,
+                              const uint8_t* symbols_b, uint8_t** out_b, size_t groups);
   // rANS-decodes `groups` groups of kRansStates symbols: symbol kRansStates * g + j from
   // states[j], through the decoder's 4096-slot table (symbol | (freq - 1) << 8 | start << 20).
   // Renormalisation words are read from *in, which moves forward; the caller guarantees 32
