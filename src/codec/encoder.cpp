@@ -177,6 +177,7 @@ struct ShardEncoder::Impl {
 
   // Per-frame scratch, grown on demand and kept, so steady-state frames do not allocate.
   std::vector<uint8_t> chunk_exponents;
+  entropy::SymbolCounter<256> key_exponents;  // a key frame's exponents, counted by scan()
   std::vector<uint32_t> changed_blocks;
   std::vector<uint16_t> change_positions;  // tagged (format::tag_change), in block order
   std::vector<uint8_t> change_steps;       // find_changes' steps (unfused detection)
@@ -250,6 +251,7 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
   // enough to start on a cache line, docs/format.md "Padding").
   static_assert(format::kStreamingBytes >= wire::kAlignedPlaneBytes);
   const bool stream = layout.total_bytes() >= format::kStreamingBytes;
+  key_exponents.clear();
   for (uint64_t chunk_first = 0; chunk_first < grid.num_values; chunk_first += grid.chunk_values) {
     const size_t count =
         static_cast<size_t>(std::min<uint64_t>(grid.chunk_values, grid.num_values - chunk_first));
@@ -274,6 +276,7 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
     format::split_values(layout, kernels, chunk_values, chunk_first, count, exps, sm_plane);
     if (checksum) checksum->update(chunk_values, count * value_bytes);
     if (key) {
+      key_exponents.add(exps, count);  // the full section's histogram, while the chunk is in L1
       if (value_delta) continue;  // the values themselves are kept after the frame
       if (config.detection == ChangeDetection::kExact) {
         std::memcpy(sent_exponents.data() + chunk_first, exps, count);
@@ -459,7 +462,7 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
     const PlaneSource plane_source(plane, grid.num_values);
     const ValuesSource values_source(config.dtype, kernels, values, grid.num_values);
     const SymbolSource& source = plane ? static_cast<const SymbolSource&>(plane_source) : values_source;
-    const Histogram hist = entropy::histogram_of(source, stream_scratch);
+    const Histogram hist = key_exponents.take();
     const StreamStats s = entropy::write_symbol_stream(source, hist, info.exponent_bits,
                                                        exponent_section, exponent_capacity,
                                                        stream_scratch);
