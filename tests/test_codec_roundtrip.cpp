@@ -234,6 +234,51 @@ TEST(Codec, StatelessRoundTripAndInspect) {
   }
 }
 
+// A one-shot encoder's frame is the first frame of an ordinary encoder of the same stream, byte
+// for byte, without the cache; a one-shot decoder takes that frame and nothing else.
+TEST(Codec, OneShotCodersKeepNoStateAndCodeOneKeyFrame) {
+  for (DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    for (StreamKind kind : {StreamKind::kExponentReuse, StreamKind::kValueDelta}) {
+      for (ChangeDetection detection : {ChangeDetection::kExact, ChangeDetection::kHash}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + std::string(stream_kind_name(kind)) +
+                     (detection == ChangeDetection::kHash ? " hash" : " exact"));
+        CodecConfig config;
+        config.dtype = dtype;
+        config.stream_kind = kind;
+        config.detection = detection;
+        config.warmup_steps = 0;  // the ordinary encoder's second frame is a delta frame
+        const size_t n = 70000;   // more than two rANS segments
+        const StreamIdentity id{.stream = 3, .epoch = 9};
+        Trajectory t(dtype, n, Pattern::kSpecial, 4);
+        ShardEncoder ordinary(config, n, id);
+        ShardEncoder once = ShardEncoder::one_shot(config, n, id);
+        EXPECT_EQ(once.cache_bytes(), 0u);
+        std::vector<std::byte> want(ordinary.max_payload_bytes()), got(once.max_payload_bytes());
+        const size_t want_len = ordinary.encode(t.span(), want).payload_bytes;
+        const size_t got_len = once.encode(t.span(), got).payload_bytes;
+        ASSERT_EQ(got_len, want_len);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got_len), 0);
+        EXPECT_EQ(once.cache_bytes(), 0u);
+        EXPECT_THROW(once.encode(t.span(), got), std::logic_error);
+
+        ShardDecoder decoder = ShardDecoder::one_shot(config, n, id);
+        EXPECT_EQ(decoder.cache_bytes(), 0u);
+        std::vector<std::byte> out(t.values().size());
+        decoder.decode({got.data(), got_len}, out);
+        EXPECT_EQ(out, t.values());
+        EXPECT_EQ(decoder.cache_bytes(), 0u);
+        EXPECT_THROW(decoder.decode({got.data(), got_len}, out), FormatError);  // a second frame
+        // The ordinary encoder's next frame (a delta frame) is refused by a fresh one-shot decoder
+        // too, with nothing read from a cache it does not have.
+        t.step();
+        const size_t next_len = ordinary.encode(t.span(), want).payload_bytes;
+        ShardDecoder fresh = ShardDecoder::one_shot(config, n, id);
+        EXPECT_THROW(fresh.decode({want.data(), next_len}, out), FormatError);
+      }
+    }
+  }
+}
+
 TEST(Codec, ChecksumCanBeTurnedOff) {
   CodecConfig config;
   config.content_checksum = false;

@@ -111,6 +111,11 @@ class ShardEncoder {
  public:
   // Every payload carries `identity`; its epoch is incremented by each request_key_frame().
   ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity = {});
+  // An encoder of one key frame and nothing after it (stateless coding: encode_stateless): it
+  // keeps no copy of what it sends, so it allocates no cache; a second encode() is a
+  // std::logic_error.
+  static ShardEncoder one_shot(const CodecConfig& config, uint64_t num_values,
+                               StreamIdentity identity);
   ~ShardEncoder();
   ShardEncoder(ShardEncoder&&) noexcept;
   ShardEncoder& operator=(ShardEncoder&&) noexcept;
@@ -136,6 +141,8 @@ class ShardEncoder {
 
  private:
   struct Impl;
+  ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity,
+               bool one_shot);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -145,6 +152,10 @@ class ShardDecoder {
   // Receives the stream `expected` names: its first frame must be a key frame of exactly that
   // epoch (any sequence number), unless request_resync() lets it be a later one.
   ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected = {});
+  // A decoder of one key frame and nothing after it (stateless coding: decode_stateless): it
+  // keeps no cache; any other frame, or a second one, is a FormatError.
+  static ShardDecoder one_shot(const CodecConfig& config, uint64_t num_values,
+                               StreamIdentity expected);
   ~ShardDecoder();
   ShardDecoder(ShardDecoder&&) noexcept;
   ShardDecoder& operator=(ShardDecoder&&) noexcept;
@@ -177,6 +188,8 @@ class ShardDecoder {
 
  private:
   struct Impl;
+  ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected,
+               bool one_shot);
   std::unique_ptr<Impl> impl_;
 };
 

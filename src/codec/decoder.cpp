@@ -194,12 +194,21 @@ void decode_fine(const codec::CodecKernels& fine, const uint8_t* section, uint64
 }  // namespace
 
 struct ShardDecoder::Impl {
-  Impl(const CodecConfig& c, uint64_t n, StreamIdentity id)
-      : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
-        fine_coding(codec::codec_kernels()), info(dtype_info(c.dtype)), stream_id(id.stream),
-        epoch(id.epoch), value_delta(c.stream_kind == StreamKind::kValueDelta) {
+  Impl(const CodecConfig& c, uint64_t n, StreamIdentity id, bool single)
+      : one_shot(single),
+        config(c),
+        grid(n, c.block_values),
+        layout(c.dtype, n),
+        kernels(format::kernels()),
+        fine_coding(codec::codec_kernels()),
+        info(dtype_info(c.dtype)),
+        stream_id(id.stream),
+        epoch(id.epoch),
+        value_delta(c.stream_kind == StreamKind::kValueDelta) {
     config.validate();
-    if (value_delta) {
+    if (one_shot) {
+      // Nothing is kept: the one frame is a key frame.
+    } else if (value_delta) {
       values_cache.resize(n * info.value_bytes);
     } else {
       cache.resize(n);
@@ -228,6 +237,7 @@ struct ShardDecoder::Impl {
   void apply_fine_changes(uint64_t chunk_first, size_t count, FineCursor& at);
   void revert_fine_changes(const FineCursor& at);
 
+  bool one_shot;  // one key frame, no cache kept (ShardDecoder::one_shot)
   CodecConfig config;
   BlockGrid grid;
   format::SignMantissaLayout layout;
@@ -318,6 +328,10 @@ void ShardDecoder::Impl::check_stream(const wire::Header& h) const {
   if (h.stream != stream_id) {
     throw FormatError("misrouted payload: " + frame() + " but this decoder receives stream " +
                       std::to_string(stream_id));
+  }
+  if (one_shot && (decoded_any || h.kind != FrameKind::kKey)) {
+    throw FormatError(frame() + " cannot be decoded: a one-shot decoder takes one key frame" +
+                      (decoded_any ? std::string(" and has decoded it") : std::string()));
   }
   const bool next_in_epoch =
       h.epoch == epoch && (!decoded_any || h.sequence == last_sequence + 1);
@@ -520,7 +534,8 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
     const size_t count =
         static_cast<size_t>(std::min<uint64_t>(grid.chunk_values, grid.num_values - chunk_first));
     uint8_t* chunk_out = streaming ? chunk_output.data() : out + chunk_first * value_bytes;
-    const uint8_t* exps = value_delta ? nullptr : cache.data() + chunk_first;  // kFull: decoded
+    const uint8_t* exps =
+        value_delta || one_shot ? nullptr : cache.data() + chunk_first;  // kFull: decoded
     if (h.section == ExponentSection::kFull && full_in_pieces) {
       // Two rANS segments at a time, which the stream decodes together; chunks tile the piece.
       const uint64_t at = chunk_first % kFullPiece;
@@ -572,7 +587,8 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
       if (value_delta) {
         if (!values_cache.empty()) std::memcpy(values_cache.data(), out, values_cache.size());
       } else {
-        format::extract_exponents(config.dtype, kernels, out, grid.num_values, cache.data());
+        if (!one_shot)
+          format::extract_exponents(config.dtype, kernels, out, grid.num_values, cache.data());
       }
       break;
     case ExponentSection::kBlock:
@@ -592,9 +608,15 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   return stats;
 }
 
-ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values,
-                           StreamIdentity expected)
-    : impl_(std::make_unique<Impl>(config, num_values, expected)) {}
+ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected)
+    : ShardDecoder(config, num_values, expected, false) {}
+ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected,
+                           bool one_shot)
+    : impl_(std::make_unique<Impl>(config, num_values, expected, one_shot)) {}
+ShardDecoder ShardDecoder::one_shot(const CodecConfig& config, uint64_t num_values,
+                                    StreamIdentity expected) {
+  return ShardDecoder(config, num_values, expected, true);
+}
 ShardDecoder::~ShardDecoder() = default;
 ShardDecoder::ShardDecoder(ShardDecoder&&) noexcept = default;
 ShardDecoder& ShardDecoder::operator=(ShardDecoder&&) noexcept = default;

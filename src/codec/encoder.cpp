@@ -125,15 +125,23 @@ size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values
 }
 
 struct ShardEncoder::Impl {
-  Impl(const CodecConfig& c, uint64_t n, StreamIdentity id)
-      : config(c), grid(n, c.block_values), layout(c.dtype, n), kernels(format::kernels()),
-        fine_coding(codec::codec_kernels()), info(dtype_info(c.dtype)), stream_id(id.stream),
+  Impl(const CodecConfig& c, uint64_t n, StreamIdentity id, bool single)
+      : one_shot(single),
+        config(c),
+        grid(n, c.block_values),
+        layout(c.dtype, n),
+        kernels(format::kernels()),
+        fine_coding(codec::codec_kernels()),
+        info(dtype_info(c.dtype)),
+        stream_id(id.stream),
         value_delta(c.stream_kind == StreamKind::kValueDelta),
         // A value-delta stream needs no warmup of key frames: its differences are small from
         // the second frame on, however often exponents still change.
         schedule{.warmup = value_delta ? 0 : c.warmup_steps, .epoch = id.epoch} {
     config.validate();
-    if (value_delta) {
+    if (one_shot) {
+      // Nothing is kept: the one frame is a key frame, coded from the values.
+    } else if (value_delta) {
       sent_values.resize(n * info.value_bytes);
     } else if (config.detection == ChangeDetection::kExact) {
       sent_exponents.resize(n);
@@ -158,6 +166,7 @@ struct ShardEncoder::Impl {
   // encoder must make the same choice, docs/architecture.md, "Deterministic encoding").
   uint64_t estimate_block_bits_q16(const uint8_t* values, const uint8_t* bitmap) const;
 
+  bool one_shot;  // one key frame, no state kept (ShardEncoder::one_shot)
   CodecConfig config;
   BlockGrid grid;
   format::SignMantissaLayout layout;
@@ -277,7 +286,7 @@ void ShardEncoder::Impl::scan(const uint8_t* values, bool key, uint8_t* bitmap, 
     if (checksum) checksum->update(chunk_values, count * value_bytes);
     if (key) {
       key_exponents.add(exps, count);  // the full section's histogram, while the chunk is in L1
-      if (value_delta) continue;  // the values themselves are kept after the frame
+      if (value_delta || one_shot) continue;  // the values themselves are kept, or nothing is
       if (config.detection == ChangeDetection::kExact) {
         std::memcpy(sent_exponents.data() + chunk_first, exps, count);
       } else {
@@ -405,7 +414,10 @@ FrameStats ShardEncoder::Impl::encode_differences(const uint8_t* values, uint8_t
 }
 
 FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, uint64_t capacity) {
-  bool key = schedule.next_is_key();
+  if (one_shot && schedule.sequence != 0) {
+    throw std::logic_error("ShardEncoder: a one-shot encoder codes one frame; this is its second");
+  }
+  bool key = one_shot || schedule.next_is_key();
   if (value_delta && !key) {
     // The differences, unless they would not fit where a key frame fits (values that jumped
     // far, as after a reinitialisation): then a key frame, which the receiver takes too. The
@@ -445,8 +457,9 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   format::ContentChecksum checksum(kernels);
   scan(values, key, bitmap, sm_plane, config.content_checksum ? &checksum : nullptr);
 
-  const uint8_t* plane =
-      !value_delta && config.detection == ChangeDetection::kExact ? sent_exponents.data() : nullptr;
+  const uint8_t* plane = !value_delta && !one_shot && config.detection == ChangeDetection::kExact
+                             ? sent_exponents.data()
+                             : nullptr;
   auto write_block = [&]() {
     const ChangedBlocksSource source(grid, changed_blocks, plane, config.dtype, kernels, values);
     const Histogram hist = entropy::histogram_of(source, stream_scratch);
@@ -511,9 +524,15 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   return stats;
 }
 
-ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values,
-                           StreamIdentity identity)
-    : impl_(std::make_unique<Impl>(config, num_values, identity)) {}
+ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity)
+    : ShardEncoder(config, num_values, identity, false) {}
+ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity,
+                           bool one_shot)
+    : impl_(std::make_unique<Impl>(config, num_values, identity, one_shot)) {}
+ShardEncoder ShardEncoder::one_shot(const CodecConfig& config, uint64_t num_values,
+                                    StreamIdentity identity) {
+  return ShardEncoder(config, num_values, identity, true);
+}
 ShardEncoder::~ShardEncoder() = default;
 ShardEncoder::ShardEncoder(ShardEncoder&&) noexcept = default;
 ShardEncoder& ShardEncoder::operator=(ShardEncoder&&) noexcept = default;

@@ -58,8 +58,8 @@ constexpr StreamIdentity kStatelessStream{.stream = 0, .epoch = 0};
 
 FrameStats encode_stateless_frame(const CodecConfig& config, std::span<const std::byte> shard,
                                   std::span<std::byte> payload) {
-  ShardEncoder encoder(config, values_in(config, shard.size(), "encode_stateless"),
-                       kStatelessStream);
+  ShardEncoder encoder = ShardEncoder::one_shot(
+      config, values_in(config, shard.size(), "encode_stateless"), kStatelessStream);
   return encoder.encode(shard, payload);
 }
 
@@ -70,8 +70,8 @@ size_t encode_stateless(const CodecConfig& config, std::span<const std::byte> sh
 
 void decode_stateless(const CodecConfig& config, std::span<const std::byte> payload,
                       std::span<std::byte> shard) {
-  ShardDecoder decoder(config, values_in(config, shard.size(), "decode_stateless"),
-                       kStatelessStream);
+  ShardDecoder decoder = ShardDecoder::one_shot(
+      config, values_in(config, shard.size(), "decode_stateless"), kStatelessStream);
   decoder.decode(payload, shard);
 }
 
