@@ -267,13 +267,21 @@ TEST(Codec, OneShotCodersKeepNoStateAndCodeOneKeyFrame) {
         decoder.decode({got.data(), got_len}, out);
         EXPECT_EQ(out, t.values());
         EXPECT_EQ(decoder.cache_bytes(), 0u);
-        EXPECT_THROW(decoder.decode({got.data(), got_len}, out), FormatError);  // a second frame
-        // The ordinary encoder's next frame (a delta frame) is refused by a fresh one-shot decoder
-        // too, with nothing read from a cache it does not have.
+        EXPECT_FALSE(decoder.has_cache());
+        EXPECT_THROW(decoder.decode({got.data(), got_len}, out), FormatError);  // the same again
+        // The ordinary encoder's next frame (a delta frame, the next in sequence, which an
+        // ordinary decoder would take) is refused: the one-shot decoder has no cache to read. So
+        // is a fresh one-shot decoder.
         t.step();
         const size_t next_len = ordinary.encode(t.span(), want).payload_bytes;
+        EXPECT_THROW(decoder.decode({want.data(), next_len}, out), FormatError);
         ShardDecoder fresh = ShardDecoder::one_shot(config, n, id);
         EXPECT_THROW(fresh.decode({want.data(), next_len}, out), FormatError);
+        // (An ordinary decoder of the same stream takes both frames.)
+        ShardDecoder control(config, n, id);
+        control.decode({got.data(), got_len}, out);
+        control.decode({want.data(), next_len}, out);
+        EXPECT_EQ(out, t.values());
       }
     }
   }

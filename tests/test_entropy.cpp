@@ -183,18 +183,18 @@ TEST(SymbolStream, MultiSegmentRansRoundTrips) {
   }
 }
 
-// The encoder codes two whole segments at once where a chunk holds them and the room allows;
-// the stream is byte for byte the one coded a segment at a time (chunks of 1000 symbols never
-// hold two), near the packed limit too, where the pairs stop for want of room.
+// The encoder codes two whole segments at once where a chunk holds them and the room allows
+// (2 * (2 * 16384 + 64) bytes above the packed limit: streams from about 6 segments of 6-bit
+// symbols, 5 of 8-bit ones); the stream is byte for byte the one coded a segment at a time
+// (chunks of 1000 symbols never hold two), near the packed limit too, where the pairs stop.
 TEST(SymbolStream, SegmentsCodedInPairsAreTheBytesOfSegmentsCodedOneByOne) {
   std::mt19937_64 rng(22);
   for (const double skew : {0.5, 0.93, 0.985}) {
     std::vector<double> weights(64);
     for (unsigned s = 0; s < 64; ++s) weights[s] = std::pow(skew, s);
     std::discrete_distribution<unsigned> pick(weights.begin(), weights.end());
-    for (const size_t n :
-         {2 * kRansSegmentSymbols, 2 * kRansSegmentSymbols + 1, 4 * kRansSegmentSymbols + 17,
-          5 * kRansSegmentSymbols, 9 * kRansSegmentSymbols - 16}) {
+    for (const size_t n : {2 * kRansSegmentSymbols, 4 * kRansSegmentSymbols + 17,
+                           9 * kRansSegmentSymbols - 16, 16 * kRansSegmentSymbols + 5}) {
       std::vector<uint8_t> v(n);
       for (auto& s : v) s = static_cast<uint8_t>(pick(rng));
       StreamStats whole_stats, chunked_stats;
@@ -209,7 +209,8 @@ TEST(SymbolStream, SegmentsCodedInPairsAreTheBytesOfSegmentsCodedOneByOne) {
     }
   }
   // Byte symbols beyond the 64-entry tables (exponents): the gathered-table kernels.
-  for (const size_t n : {2 * kRansSegmentSymbols, 5 * kRansSegmentSymbols + 3}) {
+  for (const size_t n :
+       {2 * kRansSegmentSymbols, 5 * kRansSegmentSymbols + 3, 8 * kRansSegmentSymbols}) {
     const auto v = exponent_like(n, n + 1);
     StreamStats whole_stats;
     const auto whole = encode(v, 8, n, &whole_stats);

@@ -470,7 +470,7 @@ FrameStats ShardDecoder::Impl::decode_differences(const wire::Header& h, const u
 }
 
 void ShardDecoder::Impl::commit(const wire::Header& h) {
-  has_cache = true;
+  has_cache = !one_shot;  // a one-shot decoder keeps nothing to decode a delta frame against
   epoch = h.epoch;
   last_sequence = h.sequence;
   decoded_any = true;

@@ -1,7 +1,9 @@
 // Byte-symbol histograms and their order-0 entropy.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 
@@ -28,6 +30,8 @@ class SymbolCounter {
 
  public:
   void add(const uint8_t* symbols, size_t n) {
+    // (The mask keeps a stray symbol inside the tables; callers only pass symbols below Alphabet.)
+    assert(std::all_of(symbols, symbols + n, [](uint8_t s) { return s < Alphabet; }));
     size_t i = 0;
     for (; i + 4 <= n; i += 4) {
       ++sub_[0][symbols[i] & (Alphabet - 1)];
