@@ -5,21 +5,9 @@
 namespace ciera::entropy {
 
 void Histogram::add(const uint8_t* symbols, size_t n) {
-  // Four sub-histograms break the store-to-load dependency on runs of equal symbols (exponent
-  // planes are full of them).
-  uint32_t sub[4][256] = {};
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    ++sub[0][symbols[i]];
-    ++sub[1][symbols[i + 1]];
-    ++sub[2][symbols[i + 2]];
-    ++sub[3][symbols[i + 3]];
-  }
-  for (; i < n; ++i) ++sub[0][symbols[i]];
-  for (unsigned s = 0; s < 256; ++s) {
-    count[s] += uint64_t{sub[0][s]} + sub[1][s] + sub[2][s] + sub[3][s];
-  }
-  total += n;
+  SymbolCounter<256> counter;
+  counter.add(symbols, n);
+  counter.add_to(*this);
 }
 
 unsigned Histogram::distinct() const {

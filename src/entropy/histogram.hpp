@@ -22,8 +22,8 @@ struct Histogram {
 
 // A histogram taken chunk by chunk while the symbols are made (each chunk still in L1), of
 // symbols below `Alphabet` (a power of two; larger bits are ignored). Four sub-tables break the
-// store-to-load dependency on runs of equal symbols, and stay between chunks: a chunk costs its
-// symbols only.
+// store-to-load dependency on runs of equal symbols (exponent planes are full of them), and stay
+// between chunks: a chunk costs its symbols only. Histogram::add counts through one too.
 template <unsigned Alphabet>
 class SymbolCounter {
   static_assert(Alphabet > 0 && Alphabet <= 256 && (Alphabet & (Alphabet - 1)) == 0);
@@ -44,6 +44,13 @@ class SymbolCounter {
     if (pending_ >= kFoldAt) fold();  // before a 32-bit count could wrap
   }
   void clear() { (void)take(); }
+  // Adds everything added since the last take() to `h` (this counter unchanged).
+  void add_to(Histogram& h) const {
+    for (unsigned s = 0; s < Alphabet; ++s) {
+      h.count[s] += hist_.count[s] + sub_[0][s] + sub_[1][s] + sub_[2][s] + sub_[3][s];
+    }
+    h.total += hist_.total + pending_;
+  }
   // Everything added since the last take(), which starts the next histogram.
   Histogram take() {
     fold();

@@ -98,7 +98,8 @@ RansEncoder::RansEncoder(const RansModel& model) {
   }
   group_kernel_ = model.last < kRansGroupSymbols;
   // The wide kernels' window: the 64 consecutive symbols of the largest total frequency (the
-  // first such), so that few symbols take their slow path.
+  // first such), so that few symbols take their slow path. When every symbol is below 64 that
+  // is symbols 0..63, the group kernels' tables.
   uint32_t mass = 0;
   for (unsigned s = 0; s < kRansGroupSymbols; ++s) mass += model.freq[s];
   uint32_t best = mass;
@@ -109,17 +110,14 @@ RansEncoder::RansEncoder(const RansModel& model) {
       wide_.base = base;
     }
   }
+  assert(!group_kernel_ || wide_.base == 0);
   wide_.all = symbols_.data();
-  fill_group_tables(group_, 0);
-  fill_group_tables(wide_.window, wide_.base);
-}
-
-void RansEncoder::fill_group_tables(RansGroupTables& tables, unsigned base) const {
   for (unsigned s = 0; s < kRansGroupSymbols; ++s) {
-    tables.x_max[s] = symbols_[base + s].x_max;
-    tables.rcp_freq[s] = symbols_[base + s].rcp_freq;
-    tables.bias[s] = symbols_[base + s].bias;
-    tables.cmpl_shift[s] = symbols_[base + s].cmpl_shift;
+    const RansEncSymbol& e = symbols_[wide_.base + s];
+    wide_.window.x_max[s] = e.x_max;
+    wide_.window.rcp_freq[s] = e.rcp_freq;
+    wide_.window.bias[s] = e.bias;
+    wide_.window.cmpl_shift[s] = e.cmpl_shift;
   }
 }
 
@@ -198,7 +196,7 @@ void RansEncoder::encode_pair(const uint8_t* symbols) {
   const uint8_t* a_symbols = symbols + kRansSegmentSymbols;
   constexpr size_t kGroups = kRansSegmentSymbols / kRansStates;
   if (group_kernel_) {
-    rans_kernels().encode_groups2(group_, state_, a_symbols, &a_out, b_state, symbols, &b_out,
+    rans_kernels().encode_groups2(wide_.window, state_, a_symbols, &a_out, b_state, symbols, &b_out,
                                   kGroups);
   } else {
     rans_kernels().encode_wide_groups2(wide_, state_, a_symbols, &a_out, b_state, symbols, &b_out,
@@ -245,7 +243,7 @@ void RansEncoder::encode_batch(const uint8_t* symbols, size_t n) {
     k -= groups * kRansStates;
     index -= groups * kRansStates;
     if (group_kernel_) {
-      rans_kernels().encode_groups(group_, state_, symbols + k, groups, &out);
+      rans_kernels().encode_groups(wide_.window, state_, symbols + k, groups, &out);
     } else {
       rans_kernels().encode_wide_groups(wide_, state_, symbols + k, groups, &out);
     }

@@ -68,10 +68,10 @@ class RansEncoder {
   void close_segment();
 
   std::array<RansEncSymbol, 256> symbols_{};
-  RansGroupTables group_{};
   bool group_kernel_ = false;  // every symbol of the model is below kRansGroupSymbols
-  RansWideTables wide_{};      // otherwise: the 64 most frequent consecutive symbols, and all
-  void fill_group_tables(RansGroupTables& tables, unsigned base) const;
+  // The 64 most frequent consecutive symbols (symbols 0..63, the group kernels' tables, when
+  // group_kernel_), and all of them.
+  RansWideTables wide_{};
   uint32_t state_[kRansStates] = {};
   uint64_t next_index_ = 0;
   uint8_t* out_ = nullptr;
