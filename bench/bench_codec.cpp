@@ -233,3 +233,44 @@ void BM_RansChangeSymbols(benchmark::State& state) {
 }
 BENCHMARK(BM_RansChangeSymbols)->Unit(benchmark::kMicrosecond);
 }  // namespace
+
+#include "collectives/kernels.hpp"
+#include "collectives/reduction.hpp"
+#include "common/simd_targets.hpp"
+namespace {
+// The reduce-scatter's rank-order reduction (collectives/kernels.hpp) of four parts of 2^20
+// values, as one round of a W = 4 reduce-scatter adds them, for every SIMD target this CPU runs
+// (argument: the index in common::available_simd_targets(), fastest first). Bytes per second
+// count the parts read.
+void BM_ReduceRankOrder(benchmark::State& state) {
+  constexpr uint64_t kPartValues = 1u << 20;
+  const auto targets = ciera::common::available_simd_targets();
+  if (static_cast<size_t>(state.range(1)) >= targets.size()) {
+    state.SkipWithError("no such SIMD target on this CPU");
+    return;
+  }
+  const auto& kernels = ciera::collectives::reduction_kernels_for(targets[state.range(1)]);
+  const auto dtype = state.range(0) == 0 ? ciera::DType::kBF16 : ciera::DType::kFP32;
+  const uint64_t bytes = kPartValues * ciera::dtype_info(dtype).value_bytes;
+  const auto& s = steps();  // BF16 weights; as FP32 values, pairs of them (finite, varied)
+  std::vector<std::vector<std::byte>> parts(4);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    parts[p].assign(s.a.begin() + static_cast<std::ptrdiff_t>(p * bytes),
+                    s.a.begin() + static_cast<std::ptrdiff_t>((p + 1) * bytes));
+  }
+  const std::byte* pointers[4] = {parts[0].data(), parts[1].data(), parts[2].data(),
+                                  parts[3].data()};
+  Buffer out(bytes);
+  for (auto _ : state) {
+    ciera::collectives::reduce_in_rank_order(kernels, dtype, ciera::ReduceOp::kAvg, pointers,
+                                             out.data(), kPartValues);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(state.iterations() * 4 * bytes);
+  state.SetLabel(std::string(kernels.target) + (dtype == ciera::DType::kBF16 ? " bf16" : " fp32"));
+}
+BENCHMARK(BM_ReduceRankOrder)
+    ->ArgsProduct({{0, 1}, {0, 1, 2, 3}})
+    ->ArgNames({"fp32", "target"})
+    ->Unit(benchmark::kMillisecond);
+}  // namespace

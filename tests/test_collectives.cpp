@@ -17,6 +17,8 @@
 #include "ciera/collectives.hpp"
 #include "ciera/error.hpp"
 #include "ciera/loopback.hpp"
+#include "collectives/kernels.hpp"
+#include "collectives/reduction.hpp"
 #include "common/floats.hpp"
 #include "test_util.hpp"
 
@@ -203,6 +205,61 @@ TEST(ReduceScatterOrder, IsRankOrderNotAnyOther) {
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(errors[r], "");
     EXPECT_EQ(results[r], 1.0f) << "rank " << r;
+  }
+}
+
+// Every SIMD target's reduction kernels against the one-value definition, bit for bit: lengths
+// around the vector widths and the 2048-value passes, one to five parts, the output in place of
+// the first part or apart, sums and averages, specials among the values. Where two or more NaNs
+// meet, IEEE 754 leaves the payload to the hardware (docs/format.md): the result must be a NaN.
+TEST(ReductionKernels, EveryTargetIsTheRankOrderDefinition) {
+  std::mt19937_64 rng(20261202);
+  for (const collectives::ReductionKernels* kernels :
+       testing::kernels_of_every_target(collectives::reduction_kernels_for)) {
+    for (DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+      for (size_t count = 1; count <= 5; ++count) {
+        for (size_t n : {0, 1, 7, 15, 16, 17, 31, 33, 64, 2047, 2048, 2049, 4100}) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+            for (bool in_place : {false, true}) {
+              std::vector<std::vector<std::byte>> parts;
+              for (size_t p = 0; p < count; ++p)
+                parts.push_back(gradients(dtype, n, rng(), /*specials=*/p % 2 == 1));
+              std::vector<std::byte> expected(n * dtype_info(dtype).value_bytes);
+              std::vector<int> nans(n, 0);
+              for (size_t i = 0; i < n; ++i) {
+                volatile float sum = widen(dtype, get_value(dtype, parts[0], i));
+                nans[i] += std::isnan(sum) ? 1 : 0;
+                for (size_t p = 1; p < count; ++p) {
+                  const float x = widen(dtype, get_value(dtype, parts[p], i));
+                  nans[i] += std::isnan(x) ? 1 : 0;
+                  sum = sum + x;
+                }
+                if (op == ReduceOp::kAvg) sum = sum / static_cast<float>(count);
+                put_value(dtype, expected, i, narrow(dtype, sum));
+              }
+              std::vector<std::byte> separate(expected.size());
+              std::byte* out = in_place ? parts[0].data() : separate.data();
+              std::vector<const std::byte*> pointers;
+              for (const auto& part : parts) pointers.push_back(part.data());
+              collectives::reduce_in_rank_order(*kernels, dtype, op, pointers, out, n);
+              const std::vector<std::byte> got(out, out + expected.size());
+              for (size_t i = 0; i < n; ++i) {
+                const uint32_t want = get_value(dtype, expected, i),
+                               have = get_value(dtype, got, i);
+                if (nans[i] >= 2) {
+                  ASSERT_TRUE(std::isnan(widen(dtype, have)))
+                      << kernels->target << " " << dtype_name(dtype) << " value " << i;
+                } else {
+                  ASSERT_EQ(have, want) << kernels->target << " " << dtype_name(dtype) << ", "
+                                        << count << " parts of " << n << ", value " << i << ", "
+                                        << reduce_op_name(op) << (in_place ? ", in place" : "");
+                }
+              }
+            }
+          }
+        }
+      }
+    }
   }
 }
 

@@ -19,4 +19,9 @@ namespace ciera::collectives {
 void reduce_in_rank_order(DType dtype, ReduceOp op, std::span<const std::byte* const> parts,
                           std::byte* out, uint64_t values);
 
+struct ReductionKernels;
+// The same with one SIMD target's kernels (collectives/kernels.hpp; tests run every target).
+void reduce_in_rank_order(const ReductionKernels& kernels, DType dtype, ReduceOp op,
+                          std::span<const std::byte* const> parts, std::byte* out, uint64_t values);
+
 }  // namespace ciera::collectives
