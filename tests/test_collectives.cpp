@@ -4,6 +4,7 @@
 // see the same way (disagreeing calls, refused arguments, a corrupted part, a dead peer).
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "collectives/kernels.hpp"
 #include "collectives/reduction.hpp"
 #include "common/floats.hpp"
+#include "common/thread_pool.hpp"
 #include "test_util.hpp"
 
 namespace ciera {
@@ -475,7 +477,40 @@ TEST(CollectivesConfig, NamesAndValidation) {
   config.block_values = 3;
   EXPECT_THROW(config.validate(), ConfigError);
   EXPECT_THROW(LosslessCollectives(nullptr), ConfigError);
+  for (int niceness : {-1, 20}) {
+    CollectivesConfig bad;
+    bad.worker_niceness = niceness;
+    try {
+      bad.validate();
+      ADD_FAILURE() << "worker_niceness " << niceness << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("worker_niceness must be 0..19"), std::string::npos)
+          << e.what();
+    }
+  }
 }
+
+#if defined(__linux__)
+// The pool's workers run at the nice value asked for (the collectives' workers give way to the
+// transport's thread), and the submitting thread keeps its own.
+TEST(ThreadPool, WorkersRunAtTheirNiceness) {
+  auto niceness_here = [] {
+    errno = 0;
+    return getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
+  };
+  const int caller = niceness_here();
+  for (int asked : {0, 7, 19}) {
+    ThreadPool pool(2, asked);
+    TaskGroup group;
+    std::vector<int> seen(4, -100);
+    for (size_t i = 0; i < seen.size(); ++i)
+      pool.submit(group, [&, i] { seen[i] = niceness_here(); });
+    group.wait();
+    for (int s : seen) EXPECT_EQ(s, std::max(caller, asked)) << "asked for " << asked;
+    EXPECT_EQ(niceness_here(), caller);
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace ciera

@@ -51,6 +51,7 @@ struct Options {
   std::string coding = "exponent";
   uint64_t slice_values = CollectivesConfig{}.slice_values;
   unsigned threads = CollectivesConfig{}.worker_threads;
+  int niceness = CollectivesConfig{}.worker_niceness;
   uint32_t steps = 20;
   uint32_t warmup = 3;
   double link_gbit = 0, delay_ms = 0;
@@ -124,6 +125,7 @@ CollectivesConfig config_of(const Request& r, CollectiveCoding coding) {
   c.coding = coding;
   c.slice_values = r.o.slice_values;
   c.worker_threads = r.o.threads;
+  c.worker_niceness = r.o.niceness;
   return c;
 }
 
@@ -360,6 +362,9 @@ nlohmann::json to_json(const Request& r, const Result& x) {
                  {"coding", o.coding},         {"steps", o.steps},       {"warmup", o.warmup},
                  {"link_gbit", o.link_gbit},   {"delay_ms", o.delay_ms}, {"seed", o.seed},
                  {"transport", "mpi"}};
+  j["config"]["slice_values"] = o.slice_values;
+  j["config"]["threads"] = o.threads;
+  j["config"]["worker_niceness"] = o.niceness;
   if (alltoall) {
     j["config"]["tokens"] = o.tokens;
     j["config"]["hidden"] = x.hidden;
@@ -469,6 +474,9 @@ void add_common_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
          "exchange")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "worker threads coding beside the exchange (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--worker-niceness", o->niceness,
+                  "the workers' nice value, 0..19: above 0 they give way to the transport's thread")
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "exchanges, warmup included")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "exchanges left out of the medians")

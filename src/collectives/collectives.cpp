@@ -58,6 +58,12 @@ void CollectivesConfig::validate() const {
                       std::to_string(static_cast<int>(coding)));
   }
   if (slice_values == 0) throw ConfigError("CollectivesConfig.slice_values must be at least 1");
+  if (worker_niceness < 0 || worker_niceness > 19) {
+    throw ConfigError(
+        "CollectivesConfig.worker_niceness must be 0..19 (a nice value at or below "
+        "the caller's priority), got " +
+        std::to_string(worker_niceness));
+  }
   CodecConfig codec;
   codec.block_values = block_values;
   try {
@@ -108,7 +114,7 @@ struct Call {
 };
 
 struct LosslessCollectives::Impl {
-  explicit Impl(unsigned threads) : pool(threads) {}
+  explicit Impl(const CollectivesConfig& c) : pool(c.worker_threads, c.worker_niceness) {}
 
   std::shared_ptr<Transport> transport;
   CollectivesConfig config;
@@ -374,7 +380,7 @@ LosslessCollectives::LosslessCollectives(std::shared_ptr<Transport> transport,
                                          CollectivesConfig config) {
   if (!transport) throw ConfigError("LosslessCollectives: no transport");
   config.validate();
-  impl_ = std::make_unique<Impl>(config.worker_threads);
+  impl_ = std::make_unique<Impl>(config);
   impl_->transport = std::move(transport);
   impl_->config = config;
   impl_->rank = impl_->transport->rank();

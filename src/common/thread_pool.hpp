@@ -1,6 +1,7 @@
 // A fixed pool of worker threads for encode/decode tasks, and a latch for a group of tasks.
 #pragma once
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -9,6 +10,12 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace ciera {
 
@@ -58,9 +65,17 @@ class TaskGroup {
 
 class ThreadPool {
  public:
-  // With zero threads, tasks run inline in the submitting thread.
-  explicit ThreadPool(unsigned threads) {
-    for (unsigned i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  // With zero threads, tasks run inline in the submitting thread. With `niceness` above the
+  // creating thread's nice value, the workers run at that lower priority (Linux; elsewhere
+  // ignored), so that where cores are shared the threads they work beside, a transport's
+  // progress above all, get a core as soon as they wake.
+  explicit ThreadPool(unsigned threads, int niceness = 0) {
+    for (unsigned i = 0; i < threads; ++i) {
+      workers_.emplace_back([this, niceness] {
+        lower_priority(niceness);
+        work();
+      });
+    }
   }
   ~ThreadPool() {
     {
@@ -94,6 +109,20 @@ class ThreadPool {
   }
 
  private:
+  static void lower_priority(int niceness) {
+#if defined(__linux__)
+    // Linux keeps a nice value per thread (inherited from the thread that made the pool); only
+    // ever raised here, which needs no privilege. Best effort: workers that keep their priority
+    // still compute the same results.
+    const auto thread = static_cast<id_t>(syscall(SYS_gettid));
+    errno = 0;
+    const int current = getpriority(PRIO_PROCESS, thread);
+    if (errno == 0 && niceness > current) setpriority(PRIO_PROCESS, thread, niceness);
+#else
+    (void)niceness;
+#endif
+  }
+
   void work() {
     for (;;) {
       std::function<void()> task;

@@ -117,6 +117,8 @@ def test_ciera_train_reduce_scatter_is_bitwise_its_twin(tmp_path):
     (["--reduce-scatter", "ciera", "--codec", "delta"], "--codec delta: --reduce-scatter compares reduce-scatters"),
     (["--reduce-scatter", "ciera", "--zero"], "--zero cannot run with --reduce-scatter ciera"),
     (["--reduce-dtype", "bf16"], "--reduce-dtype is for --reduce-scatter ciera/auto"),
+    (["--worker-niceness", "5"], "--worker-niceness is for --reduce-scatter ciera/auto"),
+    (["--reduce-scatter", "ciera", "--worker-niceness", "20"], "--worker-niceness must be 0..19, got 20"),
 ])
 def test_ciera_train_reduce_scatter_refuses(tmp_path, capsys, args, message):
     from ciera.train import options

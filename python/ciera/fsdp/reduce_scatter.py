@@ -89,17 +89,21 @@ class ReduceScatterHandle:
 
 
 def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, transport: str = "torch",
-                          process_group=None, timeout_s: float = 120.0) -> ReduceScatterHandle:
+                          process_group=None, timeout_s: float = 120.0,
+                          worker_niceness: int | None = None) -> ReduceScatterHandle:
     """Routes every FSDP2 gradient reduce-scatter of `model` (each fully_shard'ed module) through
     CIERA's lossless reduce-scatter. `coding`: "exponent" (parts exponent-coded where smaller),
     "raw" (the uncompressed twin: the same rank-order reduction) or "auto" (whichever the ranks
     measure faster). `transport` as for enable(): "torch" (a gloo group of its own beside
-    `process_group`, default the world) or "mpi". Collective: every rank calls it with the same
+    `process_group`, default the world) or "mpi". `worker_niceness`: the coding threads' nice value
+    (0..19; default the library's, 19, so that they give way to the transport's thread). Collective: every rank calls it with the same
     model and coding. Host memory (CPU models) only."""
     if coding not in CODINGS:
         raise _ext.ConfigError(f"reduce-scatter coding must be one of {', '.join(CODINGS)}, got {coding!r}")
     config = _ext.CollectivesConfig()
     config.coding = _ext.parse_collective_coding(coding)
+    if worker_niceness is not None:
+        config.worker_niceness = worker_niceness
     native = make_transport(transport, process_group, timeout_s)
     handle = ReduceScatterHandle(_ext.LosslessCollectives(native, config), coding)
     buckets = describe_buckets(model)

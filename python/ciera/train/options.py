@@ -90,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reduce-dtype", default="fp32", choices=["fp32", "bf16"],
                    help="with --reduce-scatter: the gradients' dtype in the reduce-scatter (FSDP2's "
                         "MixedPrecisionPolicy.reduce_dtype; default fp32, as the main job)")
+    p.add_argument("--worker-niceness", type=int, default=None, metavar="N",
+                   help="with --reduce-scatter: the nice value (0..19) of the threads that code beside the "
+                        "transport; default the library's (19: they give way to the transport's thread)")
     p.add_argument("--capture-activations", metavar="FILE", default=None,
                    help="write the inputs of every MoE layer (rank 0's tokens, BF16, the plain FSDP2 training's "
                         "last 16 steps) to this safetensors file: the token activations an expert-parallel layer "
@@ -348,7 +351,11 @@ def _check_reduce_scatter(args) -> None:
     if args.reduce_scatter == "fsdp2":
         if args.reduce_dtype != "fp32":
             _fail("--reduce-dtype is for --reduce-scatter ciera/auto")
+        if args.worker_niceness is not None:
+            _fail("--worker-niceness is for --reduce-scatter ciera/auto")
         return
+    if args.worker_niceness is not None and not 0 <= args.worker_niceness <= 19:
+        _fail(f"--worker-niceness must be 0..19, got {args.worker_niceness}")
     unsupported = [("--zero", args.zero), ("--framework deepspeed", args.framework == "deepspeed"),
                    ("--ablation", args.ablation), ("--budget-mb", args.budget_mb is not None),
                    ("--reselect-every", args.reselect_every), ("--stats", args.stats), ("--verify", args.verify),

@@ -52,7 +52,8 @@ def build(program, name: str) -> tuple[Run, object]:
         run.rs_records = fsdp.time_reduce_scatters(model)
     else:
         coding = "raw" if name == TWIN else {"ciera": "exponent", "auto": "auto"}[a.reduce_scatter]
-        handle = fsdp.enable_reduce_scatter(model, coding, transport=a.transport, timeout_s=a.timeout)
+        handle = fsdp.enable_reduce_scatter(model, coding, transport=a.transport, timeout_s=a.timeout,
+                                            worker_niceness=a.worker_niceness)
         run.rs_records = handle.records
     return run, handle
 
