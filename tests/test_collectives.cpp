@@ -265,6 +265,25 @@ TEST(ReductionKernels, EveryTargetIsTheRankOrderDefinition) {
   }
 }
 
+// arrival_wait_s is the wait for the last rank to enter the call: long on the ranks that came
+// early, short on the one that came last.
+TEST(ReduceScatterStats, ArrivalWaitIsTheWaitForTheLastRank) {
+  const int world = 3;
+  std::vector<double> waits(world, -1);
+  const auto errors = run_ranks(world, [&](int rank, std::shared_ptr<Transport> t) {
+    LosslessCollectives collectives(t);
+    const auto in = gradients(DType::kBF16, 64 * world, 7 + rank, false);
+    std::vector<std::byte> out(64 * 2);
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    waits[rank] = collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out).arrival_wait_s;
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  EXPECT_GE(waits[0], 0.2);
+  EXPECT_GE(waits[1], 0.2);
+  EXPECT_GE(waits[2], 0.0);
+  EXPECT_LT(waits[2], std::min(waits[0], waits[1]));
+}
+
 class Alltoallv : public ::testing::TestWithParam<std::tuple<DType, int, CollectiveCoding>> {};
 
 TEST_P(Alltoallv, DeliversEveryPartBitForBit) {

@@ -79,6 +79,10 @@ struct CollectiveStats {
   double exchange_s = 0;    // the size agreement and the alltoallv
   double decode_s = 0;      // decoding the peers' parts, and checking that every rank succeeded
   double reduce_s = 0;      // the reduction (reduce-scatter only)
+  // The first record exchange: until the last rank entered the call (and the exchange's own
+  // round trip). What is left of the call's time without it is the collective's own, from the
+  // moment every rank was in it; in a training job the rest is other ranks' compute.
+  double arrival_wait_s = 0;
 };
 
 // Reduce-scatter and alltoallv among the ranks of `transport`. Collective: every rank makes the

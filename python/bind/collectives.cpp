@@ -40,7 +40,8 @@ void bind_collectives(py::module_& m) {
       .def_readonly("encode_s", &CollectiveStats::encode_s)
       .def_readonly("exchange_s", &CollectiveStats::exchange_s)
       .def_readonly("decode_s", &CollectiveStats::decode_s)
-      .def_readonly("reduce_s", &CollectiveStats::reduce_s);
+      .def_readonly("reduce_s", &CollectiveStats::reduce_s)
+      .def_readonly("arrival_wait_s", &CollectiveStats::arrival_wait_s);
 
   py::class_<LosslessCollectives>(m, "LosslessCollectives")
       .def(py::init([](std::shared_ptr<Transport> transport, const CollectivesConfig& config) {

@@ -310,6 +310,7 @@ struct LosslessCollectives::Impl {
     try {
       auto exchange_start = Clock::now();
       std::vector<CallRecord> all = exchange_records(call, 0);
+      stats.arrival_wait_s = seconds_since(exchange_start);
       uint64_t longest = 0;  // every rank sees every record: the same number of rounds everywhere
       for (const CallRecord& r : all)
         longest = std::max(longest, *std::max_element(r.part_values.begin(), r.part_values.end()));

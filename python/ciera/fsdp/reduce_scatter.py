@@ -37,6 +37,7 @@ class LosslessReduceScatterRecord:
     coded_values: int = 0              # over the parts sent coded: their values,
     coded_exponent_bytes: int = 0      # their frames beyond the sign-mantissa plane,
     exponent_entropy_bits: float = 0.0  # and the order-0 entropy of their exponents
+    arrival_wait_s: float = 0.0  # of `seconds`: waiting for the last rank to enter the call
 
 
 def _reduce_op(op) -> _ext.ReduceOp:
@@ -75,7 +76,7 @@ class LosslessReduceScatter(ReduceScatter):
         self.handle.records.append(LosslessReduceScatterRecord(
             self.index, start, time.perf_counter() - start, input_tensor.numel() * input_tensor.element_size(),
             stats.raw_bytes, stats.wire_bytes, stats.compressed, stats.encode_s, stats.decode_s, stats.reduce_s,
-            stats.coded_values, stats.coded_exponent_bytes, stats.exponent_entropy_bits))
+            stats.coded_values, stats.coded_exponent_bytes, stats.exponent_entropy_bits, stats.arrival_wait_s))
         return None
 
 
