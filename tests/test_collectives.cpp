@@ -4,11 +4,13 @@
 // see the same way (disagreeing calls, refused arguments, a corrupted part, a dead peer).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -212,8 +214,9 @@ TEST(ReduceScatterOrder, IsRankOrderNotAnyOther) {
 
 // Every SIMD target's reduction kernels against the one-value definition, bit for bit: lengths
 // around the vector widths and the 2048-value passes, one to five parts, the output in place of
-// the first part or apart, sums and averages, specials among the values. Where two or more NaNs
-// meet, IEEE 754 leaves the payload to the hardware (docs/format.md): the result must be a NaN.
+// the first part or apart, sums and averages, specials among the values. Where two NaNs meet in
+// an addition, IEEE 754 leaves the payload to the hardware (docs/format.md): a NaN is all that
+// is asked there.
 TEST(ReductionKernels, EveryTargetIsTheRankOrderDefinition) {
   std::mt19937_64 rng(20261202);
   for (const collectives::ReductionKernels* kernels :
@@ -230,10 +233,9 @@ TEST(ReductionKernels, EveryTargetIsTheRankOrderDefinition) {
               std::vector<int> nans(n, 0);
               for (size_t i = 0; i < n; ++i) {
                 volatile float sum = widen(dtype, get_value(dtype, parts[0], i));
-                nans[i] += std::isnan(sum) ? 1 : 0;
                 for (size_t p = 1; p < count; ++p) {
                   const float x = widen(dtype, get_value(dtype, parts[p], i));
-                  nans[i] += std::isnan(x) ? 1 : 0;
+                  nans[i] += std::isnan(sum) && std::isnan(x) ? 1 : 0;  // an inf - inf NaN too
                   sum = sum + x;
                 }
                 if (op == ReduceOp::kAvg) sum = sum / static_cast<float>(count);
@@ -248,7 +250,7 @@ TEST(ReductionKernels, EveryTargetIsTheRankOrderDefinition) {
               for (size_t i = 0; i < n; ++i) {
                 const uint32_t want = get_value(dtype, expected, i),
                                have = get_value(dtype, got, i);
-                if (nans[i] >= 2) {
+                if (nans[i] > 0) {
                   ASSERT_TRUE(std::isnan(widen(dtype, have)))
                       << kernels->target << " " << dtype_name(dtype) << " value " << i;
                 } else {
@@ -274,12 +276,12 @@ TEST(ReduceScatterStats, ArrivalWaitIsTheWaitForTheLastRank) {
     LosslessCollectives collectives(t);
     const auto in = gradients(DType::kBF16, 64 * world, 7 + rank, false);
     std::vector<std::byte> out(64 * 2);
-    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(400));
     waits[rank] = collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out).arrival_wait_s;
   });
   for (int r = 0; r < world; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
-  EXPECT_GE(waits[0], 0.2);
-  EXPECT_GE(waits[1], 0.2);
+  EXPECT_GE(waits[0], 0.3);
+  EXPECT_GE(waits[1], 0.3);
   EXPECT_GE(waits[2], 0.0);
   EXPECT_LT(waits[2], std::min(waits[0], waits[1]));
 }
@@ -509,6 +511,33 @@ TEST(CollectivesConfig, NamesAndValidation) {
   }
 }
 
+// A task no worker has started when the caller waits for its group, the caller runs itself: with
+// the only worker held up, waiting for another group's task returns, the task having run on the
+// caller's thread, and the held-up task's group is still waited for as before.
+TEST(ThreadPool, TheCallerRunsTheWaitedTasksNoWorkerStarted) {
+  ThreadPool pool(1, 19);
+  TaskGroup held, other;
+  std::mutex gate;
+  std::unique_lock closed(gate);
+  std::atomic<bool> worker_started{false};
+  pool.submit(held, [&] {
+    worker_started = true;
+    std::lock_guard wait_for_the_gate(gate);
+  });
+  while (!worker_started) std::this_thread::yield();
+  std::thread::id ran_on;
+  pool.submit(other, [&] { ran_on = std::this_thread::get_id(); });
+  pool.wait(other);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_FALSE(held.done());
+  closed.unlock();
+  pool.wait(held);
+  EXPECT_TRUE(held.done());
+  // A failing task's exception reaches the waiter either way.
+  pool.submit(other, [] { throw ConfigError("task failed"); });
+  EXPECT_THROW(pool.wait(other), ConfigError);
+}
+
 #if defined(__linux__)
 // The pool's workers run at the nice value asked for (the collectives' workers give way to the
 // transport's thread), and the submitting thread keeps its own.
@@ -518,6 +547,11 @@ TEST(ThreadPool, WorkersRunAtTheirNiceness) {
     return getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
   };
   const int caller = niceness_here();
+  bool settable = false;  // where setpriority is refused (a sandbox), the pool keeps priorities
+  std::thread([&] {
+    settable = setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), caller + 1) == 0;
+  }).join();
+  if (!settable) GTEST_SKIP() << "setpriority is refused here";
   for (int asked : {0, 7, 19}) {
     ThreadPool pool(2, asked);
     TaskGroup group;

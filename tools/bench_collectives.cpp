@@ -477,6 +477,7 @@ void add_common_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
       ->capture_default_str();
   cmd->add_option("--worker-niceness", o->niceness,
                   "the workers' nice value, 0..19: above 0 they give way to the transport's thread")
+      ->check(CLI::Range(0, 19))
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "exchanges, warmup included")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "exchanges left out of the medians")

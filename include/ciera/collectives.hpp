@@ -54,7 +54,8 @@ struct CollectivesConfig {
   unsigned worker_threads = 1;
   // The workers' nice value (Linux; 0..19, higher is lower priority). Above 0 they give way to
   // the thread that drives the transport: where ranks share cores, coding that holds a core
-  // while a rank's transport waits to be scheduled leaves its links idle. Four ranks on two
+  // while a rank's transport waits to be scheduled leaves its links idle. A task the workers
+  // have not started when the caller needs it, the caller runs itself. Four ranks on two
   // cores at 1 Gbit/s, BF16: speedup over the uncoded twin 1.13x at 0, 1.25-1.31x at 19
   // (docs/benchmarks.md).
   int worker_niceness = 19;
@@ -79,9 +80,10 @@ struct CollectiveStats {
   double exchange_s = 0;    // the size agreement and the alltoallv
   double decode_s = 0;      // decoding the peers' parts, and checking that every rank succeeded
   double reduce_s = 0;      // the reduction (reduce-scatter only)
-  // The first record exchange: until the last rank entered the call (and the exchange's own
-  // round trip). What is left of the call's time without it is the collective's own, from the
-  // moment every rank was in it; in a training job the rest is other ranks' compute.
+  // The first record exchange: until the last rank entered the call and coded its first round
+  // (and the exchange's own round trip). What is left of the call's time without it is the
+  // collective's own, from the moment every rank was in it; in a training job the rest is other
+  // ranks' compute.
   double arrival_wait_s = 0;
 };
 

@@ -6,9 +6,11 @@
 //   4. decode the peers' slices, then (reduce-scatter) add them in rank order (reduction.hpp).
 // A worker codes round k + 1 and decodes round k - 1 while the caller's thread runs round k's
 // exchanges, so only the first coding and the last decoding are not hidden behind the transport.
-// After the last round the ranks exchange verdicts (allgather), so a slice that did not decode
-// is an error on every rank, not a wrong result on one; a reduce-scatter's result reaches its
-// output only then.
+// The worker runs at a lower priority (worker_niceness); a task it has not started when the
+// caller needs it, the caller runs itself (ThreadPool::wait), so a starved worker never holds a
+// round up. After the last round the ranks exchange verdicts (allgather), so a slice that did not
+// decode is an error on every rank, not a wrong result on one; a reduce-scatter's result reaches
+// its output only then.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -60,8 +62,8 @@ void CollectivesConfig::validate() const {
   if (slice_values == 0) throw ConfigError("CollectivesConfig.slice_values must be at least 1");
   if (worker_niceness < 0 || worker_niceness > 19) {
     throw ConfigError(
-        "CollectivesConfig.worker_niceness must be 0..19 (a nice value at or below "
-        "the caller's priority), got " +
+        "CollectivesConfig.worker_niceness must be 0..19 (a nice value; 19 is the lowest "
+        "priority), got " +
         std::to_string(worker_niceness));
   }
   CodecConfig codec;
@@ -324,18 +326,18 @@ struct LosslessCollectives::Impl {
         if (k + 1 < rounds) pool.submit(coding, [&, k] { code_round(call, in_at, k + 1, stats); });
         std::vector<uint64_t> recv_at = exchange_slices(all, k);
         exchange_s += seconds_since(exchange_start);
-        decoding.wait();  // round k - 1: its receive region is the next round's
+        pool.wait(decoding);  // round k - 1: its receive region is the next round's
         pool.submit(decoding, [&, k, all, recv_at = std::move(recv_at)] {
           decode_round(call, in_at, k, all, recv_at);
         });
-        coding.wait();
+        pool.wait(coding);
       }
-      decoding.wait();
+      pool.wait(decoding);
     } catch (...) {
       // The tasks use this call's buffers: let them finish before the error leaves.
       for (TaskGroup* group : {&coding, &decoding}) {
         try {
-          group->wait();
+          pool.wait(*group);
         } catch (...) {
         }
       }

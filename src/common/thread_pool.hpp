@@ -1,6 +1,7 @@
 // A fixed pool of worker threads for encode/decode tasks, and a latch for a group of tasks.
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -103,9 +104,29 @@ class ThreadPool {
     }
     {
       std::lock_guard lock(mutex_);
-      queue_.push_back(std::move(wrapped));
+      queue_.push_back({&group, std::move(wrapped)});
     }
     ready_.notify_one();
+  }
+
+  // Waits for every task of `group`, first running on the calling thread those no worker has
+  // started yet; rethrows the first exception. With workers of a lower priority than the caller,
+  // a caller that would otherwise wait on a worker starved by busier threads does the work
+  // itself; where the workers keep up, their tasks have started and the caller only waits.
+  void wait(TaskGroup& group) {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::lock_guard lock(mutex_);
+        auto it = std::find_if(queue_.begin(), queue_.end(),
+                               [&](const Queued& q) { return q.group == &group; });
+        if (it == queue_.end()) break;
+        task = std::move(it->task);
+        queue_.erase(it);
+      }
+      task();
+    }
+    group.wait();
   }
 
  private:
@@ -130,7 +151,7 @@ class ThreadPool {
         std::unique_lock lock(mutex_);
         ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;
-        task = std::move(queue_.front());
+        task = std::move(queue_.front().task);
         queue_.pop_front();
       }
       task();
@@ -139,7 +160,11 @@ class ThreadPool {
 
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::deque<std::function<void()>> queue_;
+  struct Queued {
+    TaskGroup* group;
+    std::function<void()> task;
+  };
+  std::deque<Queued> queue_;
   std::vector<std::thread> workers_;
   bool stopping_ = false;
 };
