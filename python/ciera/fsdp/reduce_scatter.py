@@ -96,9 +96,9 @@ def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, t
     CIERA's lossless reduce-scatter. `coding`: "exponent" (parts exponent-coded where smaller),
     "raw" (the uncompressed twin: the same rank-order reduction) or "auto" (whichever the ranks
     measure faster). `transport` as for enable(): "torch" (a gloo group of its own beside
-    `process_group`, default the world) or "mpi". `worker_niceness`: the coding threads' nice value
-    (0..19; default the library's, 19, so that they give way to the transport's thread). Collective: every rank calls it with the same
-    model and coding. Host memory (CPU models) only."""
+    `process_group`, default the world) or "mpi". `worker_niceness`: the coding threads' nice
+    value (0..19; default the library's, 19, so that they give way to the transport's thread).
+    Collective: every rank calls it with the same model and coding. Host memory (CPU models) only."""
     if coding not in CODINGS:
         raise _ext.ConfigError(f"reduce-scatter coding must be one of {', '.join(CODINGS)}, got {coding!r}")
     config = _ext.CollectivesConfig()
