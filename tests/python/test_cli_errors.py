@@ -324,3 +324,14 @@ def test_native_version_has_the_same_form():
     m = VERSION.match(done.stdout.strip())
     assert m, done.stdout
     assert m.group(1) == _ext.__version__
+
+
+def test_the_train_launcher_refuses_without_importing_torch():
+    """`ciera train` checks its options before anything imports torch (about 1.5 s here), so a
+    refusal is immediate; torch is imported by the ranks."""
+    probe = ("import sys, ciera.train.launcher, ciera.train.options; "
+             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_env(),
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

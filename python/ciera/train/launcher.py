@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 from ciera.train import checkpoint, options
-from ciera.train.metrics import CONTROL
-from ciera.train.options import budget_text
+from ciera.train.options import BASELINE, CONTROL, budget_text
 from ciera.train.watch import Stall, Watch
 
 ROOT = Path(__file__).resolve().parents[1]   # the ciera package
@@ -153,7 +152,7 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
 
     stall = Stall(watch, say)
     trained = len(options.scheme_names(args)) if args.schemes else (3 if args.ablation else 1)
-    names = [CONTROL if args.control else "fsdp2", *(options.scheme_names(args) if args.schemes else ["ciera"])]
+    names = [CONTROL if args.control else BASELINE, *(options.scheme_names(args) if args.schemes else ["ciera"])]
     runs = 2 if args.zero or args.framework == "deepspeed" else (0 if args.no_baseline else 1) + (1 if args.control else 0) + trained
     if args.framework == "deepspeed":
         names = ["zero3", "ciera"]

@@ -10,9 +10,7 @@ from dataclasses import astuple, dataclass, fields
 import torch
 import torch.distributed as dist
 
-BASELINE = "fsdp2"             # plain FSDP2, which every CIERA training is compared with
-CONTROL = "fsdp2-control"      # --control: plain FSDP2 again, which must match BASELINE bit for bit
-PLAIN = (BASELINE, CONTROL)    # the trainings without CIERA
+from ciera.train.options import BASELINE, CONTROL, PLAIN  # noqa: F401 (the trainings' names, here too)
 
 
 @dataclass

@@ -15,6 +15,12 @@ from ciera.models import ModelSpec
 from ciera.paths import folder_problem
 from ciera.train import checkpoint, schemes
 
+# The trainings' names. Here, not in metrics (which imports torch), so that the launcher refuses
+# a bad option before anything imports torch.
+BASELINE = "fsdp2"             # plain FSDP2, which every CIERA training is compared with
+CONTROL = "fsdp2-control"      # --control: plain FSDP2 again, which must match BASELINE bit for bit
+PLAIN = (BASELINE, CONTROL)    # the trainings without CIERA
+
 LINK_LAB_MAX_RANKS = 253  # scripts/linklab.sh puts the ranks on one /24 beside its hub
 
 
