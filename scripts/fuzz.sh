@@ -7,7 +7,8 @@
 #   fuzz.sh (--seconds S | --runs N) [--parallel] [--check-corpus] [target...]
 #
 # --seconds: each target for S seconds (scripts/test.sh); --runs: each for N executions
-# (scripts/fuzz-long.sh). --parallel runs the targets side by side, one core each.
+# (scripts/fuzz-long.sh). --parallel runs the targets side by side, one core each, as many at
+# a time as there are cores.
 # --check-corpus first fails if fuzz/corpus/ is not what make_corpus writes from the library as
 # it now is (a format change without scripts/fuzz-corpus.sh would leave seeds that the decoders
 # reject at the first check).
@@ -57,14 +58,14 @@ run_one() {
 
 declare -A status
 if [[ $parallel -eq 1 ]]; then
-  declare -A pids
+  # At most one target per core at a time: each still gets a core for its whole time or run count.
+  slots=$(nproc)
   for target in "${targets[@]}"; do
-    run_one "$target" &
-    pids[$target]=$!
+    while [[ $(jobs -rp | wc -l) -ge $slots ]]; do wait -n || true; done
+    (if run_one "$target"; then echo 0; else echo $?; fi >"$runs/$target.status") &
   done
-  for target in "${targets[@]}"; do
-    if wait "${pids[$target]}"; then status[$target]=0; else status[$target]=$?; fi
-  done
+  wait
+  for target in "${targets[@]}"; do status[$target]=$(cat "$runs/$target.status"); done
 else
   for target in "${targets[@]}"; do
     if run_one "$target"; then status[$target]=0; else status[$target]=$?; fi

@@ -6,7 +6,7 @@
 #   3. ThreadSanitizer build: the engine and lossless-collectives tests;
 #   4. the Python package, installed with pip into .venv, and its pytest suite;
 #   5. libFuzzer targets (clang): each fuzzer for CIERA_FUZZ_SECONDS (default 30) from its
-#      committed seed corpus (scripts/fuzz.sh).
+#      committed seed corpus, one per core at a time (scripts/fuzz.sh --parallel).
 # Tests assert correctness only; no test asserts a timing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,7 +28,7 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
   ctest --test-dir "$dir" --output-on-failure -j "$jobs"
 
 echo "== ThreadSanitizer: the engine's threads (worker pool, communication thread, callers) and the collectives' rounds"
-dir=$("$root/scripts/build.sh" tsan)
+dir=$("$root/scripts/build.sh" tsan ciera_unit_tests)
 TSAN_OPTIONS=halt_on_error=1 "$dir/tests/ciera_unit_tests" --gtest_brief=1 --gtest_filter='*Engine*:*Adaptive*:*ReduceScatter*:*Alltoallv*:*Collective*'
 
 echo "== Python package (pip install .) and its tests: FSDP2 on 2-4 ranks, ciera train"
@@ -36,5 +36,5 @@ python=$("$root/scripts/python-env.sh")
 (cd "$root" && "$python" -m pytest -q --durations=15 tests/python)
 
 echo "== fuzzers, each from a copy of its committed corpus (fuzz/corpus/)"
-"$root/scripts/fuzz.sh" --check-corpus --seconds "${CIERA_FUZZ_SECONDS:-30}"
+"$root/scripts/fuzz.sh" --check-corpus --parallel --seconds "${CIERA_FUZZ_SECONDS:-30}"
 echo "== all tests passed"
