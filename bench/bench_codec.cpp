@@ -274,3 +274,35 @@ BENCHMARK(BM_ReduceRankOrder)
     ->ArgNames({"fp32", "target"})
     ->Unit(benchmark::kMillisecond);
 }  // namespace
+
+namespace {
+// One stateless frame (a key frame of its own, as the lossless collectives code every slice) of
+// a 2^20-value slice, BF16 or FP32 (args: fp32, decode). Bytes per second of the slice.
+void BM_StatelessFrame(benchmark::State& state) {
+  constexpr uint64_t kSliceValues = 1u << 20;
+  const auto dtype = state.range(0) == 0 ? ciera::DType::kBF16 : ciera::DType::kFP32;
+  const bool decode = state.range(1) != 0;
+  const uint64_t bytes = kSliceValues * ciera::dtype_info(dtype).value_bytes;
+  const auto& s = steps();  // BF16 weights; as FP32 values, pairs of them (finite, varied)
+  const std::span<const std::byte> slice(s.a.data(), bytes);
+  ciera::CodecConfig c;
+  c.dtype = dtype;
+  Buffer payload(ciera::max_payload_bytes(dtype, kSliceValues, c.block_values));
+  const ciera::FrameStats f = ciera::encode_stateless_frame(c, slice, payload);
+  Buffer out(bytes);
+  for (auto _ : state) {
+    if (decode) {
+      ciera::decode_stateless(c, {payload.data(), f.payload_bytes}, out);
+      benchmark::DoNotOptimize(out.data());
+    } else {
+      benchmark::DoNotOptimize(ciera::encode_stateless_frame(c, slice, payload));
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["bits_per_value"] = 8.0 * f.payload_bytes / kSliceValues;
+}
+BENCHMARK(BM_StatelessFrame)
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->ArgNames({"fp32", "decode"})
+    ->Unit(benchmark::kMillisecond);
+}  // namespace
