@@ -46,8 +46,9 @@ struct CollectivesConfig {
   // frame header records them); any value CodecConfig accepts.
   uint32_t block_values = 512;
   // Parts move in rounds of slices of this many values (each slice a frame of its own), so that
-  // a worker thread codes the next round and decodes the previous one while the transport moves
-  // this one. Must match on every rank.
+  // a worker thread codes the rounds ahead (up to two) and decodes the rounds behind while the
+  // transport moves this one. Each rank keeps three rounds' slices of every peer in each
+  // direction (send, receive and, for a reduce-scatter, decoded). Must match on every rank.
   uint64_t slice_values = uint64_t{1} << 20;
   // Threads that code and decode beside the caller's thread; 0: everything on the caller's
   // thread, one round after another.

@@ -1,11 +1,13 @@
 // One call of a lossless collective, on every rank (docs/format.md, "Lossless collectives"). The
 // parts move in rounds, slice k of every part in round k; for each round:
-//   1. code the slice for each peer (or keep it raw) into one of two send regions;
+//   1. code the slice for each peer (or keep it raw) into send region k % kRegions;
 //   2. exchange call records (allgather) and check them: same call everywhere, sizes that match;
-//   3. alltoallv of the slices as sent, into one of two receive regions;
+//   3. alltoallv of the slices as sent, into receive region k % kRegions;
 //   4. decode the peers' slices, then (reduce-scatter) add them in rank order (reduction.hpp).
-// A worker codes round k + 1 and decodes round k - 1 while the caller's thread runs round k's
-// exchanges, so only the first coding and the last decoding are not hidden behind the transport.
+// A worker codes up to kRegions - 1 rounds ahead and decodes the rounds behind while the caller's
+// thread runs round k's exchanges, so only the first coding and the last decoding are not hidden
+// behind the transport, and a round whose coding runs late (the worker shares its core) is
+// absorbed by the rounds queued ahead instead of holding up that round's exchange.
 // The worker runs at a lower priority (worker_niceness); a task it has not started when the
 // caller needs it, the caller runs itself (ThreadPool::wait), so a starved worker never holds a
 // round up. After the last round the ranks exchange verdicts (allgather), so a slice that did not
@@ -16,6 +18,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -115,6 +118,11 @@ struct Call {
   std::function<void(uint32_t k, std::span<const std::byte* const> slices)> on_round;
 };
 
+// Rounds in flight: round k codes into send region k % kRegions and is received into receive
+// region k % kRegions, so the worker may code kRegions - 1 rounds ahead of the exchange and
+// decode up to kRegions - 1 rounds behind it.
+constexpr uint32_t kRegions = 3;
+
 struct LosslessCollectives::Impl {
   explicit Impl(const CollectivesConfig& c) : pool(c.worker_threads, c.worker_niceness) {}
 
@@ -127,11 +135,16 @@ struct LosslessCollectives::Impl {
   std::map<std::tuple<CallKind, DType, uint64_t>, std::pair<size_t, uint64_t>>
       shapes;  // -> (key, calls)
   ThreadPool pool;
-  // Two regions each, round k in region k % 2; grown to the largest call, then reused.
-  std::vector<std::byte> send[2], recv[2];
-  std::vector<uint64_t> sent_bytes[2], send_at[2];  // per peer, of the slices in send[k % 2]
+  // Round k in region k % kRegions; grown to the largest call, then reused.
+  std::vector<std::byte> send[kRegions], recv[kRegions];
+  // Per peer, of the slices in send[k % kRegions].
+  std::vector<uint64_t> sent_bytes[kRegions], send_at[kRegions];
   std::vector<std::byte> decoded, reduced, records, verdicts;
-  Verdict verdict;       // this rank's, written by decode tasks (one at a time)
+  // Tasks of different rounds may run at once (the worker's and the caller's, ThreadPool::wait):
+  // what they add to the call's stats and verdict, they add under this lock.
+  std::mutex tally;
+  Verdict verdict;  // this rank's; on failures in several rounds, the earliest round's
+  uint32_t failed_round = 0;
   double slowest_s = 0;  // the slowest rank's time for the current call, from the verdicts
   double encode_s = 0, decode_s = 0, reduce_s = 0;  // this call's, summed over rounds
 
@@ -160,11 +173,12 @@ struct LosslessCollectives::Impl {
   // rank order (so that transports taking split sizes, as torch's all_to_all_single, need no
   // copy). This rank's own part is never sent.
   void code_round(const Call& call, std::span<const uint64_t> in_at, uint32_t k,
-                  CollectiveStats& stats) {
+                  CollectiveStats& call_stats) {
     const auto start = Clock::now();
+    CollectiveStats stats;  // this round's, added to the call's at the end
     const uint32_t value_bytes = dtype_info(call.dtype).value_bytes;
     const CodecConfig c = codec(call.dtype);
-    const size_t region = k % 2;
+    const size_t region = k % kRegions;
     uint64_t room_needed = 0;
     for (size_t p = 0; p < call.send_values.size(); ++p) {
       const uint64_t m = slice(call.send_values[p], k);
@@ -206,6 +220,13 @@ struct LosslessCollectives::Impl {
       stats.wire_bytes += sent_bytes[region][p];
       at += sent_bytes[region][p];
     }
+    std::lock_guard lock(tally);
+    call_stats.coded_slices += stats.coded_slices;
+    call_stats.coded_values += stats.coded_values;
+    call_stats.coded_exponent_bytes += stats.coded_exponent_bytes;
+    call_stats.exponent_entropy_bits += stats.exponent_entropy_bits;
+    call_stats.raw_bytes += stats.raw_bytes;
+    call_stats.wire_bytes += stats.wire_bytes;
     encode_s += seconds_since(start);
   }
 
@@ -237,7 +258,7 @@ struct LosslessCollectives::Impl {
                           k,
                           config.slice_values,
                           {call.send_values.begin(), call.send_values.end()},
-                          sent_bytes[k % 2],
+                          sent_bytes[k % kRegions],
                           {call.recv_values.begin(), call.recv_values.end()}};
     share_record(mine);
     const size_t bytes = collectives::call_record_bytes(world);
@@ -250,11 +271,11 @@ struct LosslessCollectives::Impl {
     return all;
   }
 
-  // Round k's slices as sent, from send[k % 2] into recv[k % 2], rank order. Returns where each
-  // peer's slice starts there.
+  // Round k's slices as sent, from send[k % kRegions] into recv[k % kRegions], rank order.
+  // Returns where each peer's slice starts there.
   std::vector<uint64_t> exchange_slices(std::span<const CallRecord> all, uint32_t k) {
     const auto me = static_cast<size_t>(rank);
-    const size_t region = k % 2;
+    const size_t region = k % kRegions;
     std::vector<uint64_t> recv_counts(static_cast<size_t>(world));
     for (size_t p = 0; p < recv_counts.size(); ++p) recv_counts[p] = all[p].part_bytes[me];
     const std::vector<uint64_t> recv_at = offsets_of(recv_counts);
@@ -265,10 +286,13 @@ struct LosslessCollectives::Impl {
   }
 
   // Decodes round k's slices (raw ones stay where they arrived), then hands them to on_round.
-  // After a slice that does not decode, nothing more is decoded; the verdict carries why.
+  // After a slice that does not decode, no later round is decoded; the verdict carries why.
   void decode_round(const Call& call, std::span<const uint64_t> in_at, uint32_t k,
                     const std::vector<CallRecord>& all, const std::vector<uint64_t>& recv_at) {
-    if (!verdict.ok) return;
+    {
+      std::lock_guard lock(tally);
+      if (!verdict.ok && failed_round < k) return;
+    }
     const auto start = Clock::now();
     const uint32_t value_bytes = dtype_info(call.dtype).value_bytes;
     const CodecConfig c = codec(call.dtype);
@@ -281,22 +305,29 @@ struct LosslessCollectives::Impl {
       }
       const uint64_t raw = slice(call.recv_values[p], k) * value_bytes;
       const uint64_t sent = all[p].part_bytes[static_cast<size_t>(rank)];
-      slices[p] = recv[k % 2].data() + recv_at[p];
+      slices[p] = recv[k % kRegions].data() + recv_at[p];
       if (sent == raw) continue;
       std::byte* to = call.destination(p, k);
       try {
         decode_stateless(c, {slices[p], sent}, {to, raw});
       } catch (const Error& e) {
-        verdict.ok = false;
-        verdict.message = "rank " + std::to_string(rank) + " could not decode the part from rank " +
-                          std::to_string(p) + " (round " + std::to_string(k) + "): " + e.what();
+        std::lock_guard lock(tally);
+        if (verdict.ok || k < failed_round) {
+          verdict.ok = false;
+          failed_round = k;
+          verdict.message = "rank " + std::to_string(rank) +
+                            " could not decode the part from rank " + std::to_string(p) +
+                            " (round " + std::to_string(k) + "): " + e.what();
+        }
         decode_s += seconds_since(start);
         return;
       }
       slices[p] = to;
     }
-    decode_s += seconds_since(start);
+    const double seconds = seconds_since(start);
     call.on_round(k, slices);
+    std::lock_guard lock(tally);
+    decode_s += seconds;
   }
 
   // The rounds of one call (see the top of this file), then the verdicts. Throws on every rank
@@ -305,9 +336,12 @@ struct LosslessCollectives::Impl {
     const auto start = Clock::now();
     encode_s = decode_s = reduce_s = 0;
     verdict = Verdict{};
+    failed_round = 0;
     const std::vector<uint64_t> in_at = offsets_of(call.send_values);
     code_round(call, in_at, 0, stats);
-    TaskGroup coding, decoding;
+    // Round k's tasks are in coding[k % kRegions] and decoding[k % kRegions]; the worker takes
+    // them in the order submitted, so a round's decoding goes before the codings queued after it.
+    TaskGroup coding[kRegions], decoding[kRegions];
     double exchange_s = 0;
     try {
       auto exchange_start = Clock::now();
@@ -316,29 +350,37 @@ struct LosslessCollectives::Impl {
       uint64_t longest = 0;  // every rank sees every record: the same number of rounds everywhere
       for (const CallRecord& r : all)
         longest = std::max(longest, *std::max_element(r.part_values.begin(), r.part_values.end()));
-      const auto rounds =
+      const auto count =
           static_cast<uint32_t>((longest + config.slice_values - 1) / config.slice_values);
-      for (uint32_t k = 0; k < rounds; ++k) {
+      auto code = [&](uint32_t k) {
+        pool.submit(coding[k % kRegions], [&, k] { code_round(call, in_at, k, stats); });
+      };
+      for (uint32_t k = 1; k < std::min(count, kRegions); ++k) code(k);
+      for (uint32_t k = 0; k < count; ++k) {
+        const size_t region = k % kRegions;
         if (k > 0) {
+          pool.wait(coding[region]);  // round k's sizes go into its record
           exchange_start = Clock::now();
           all = exchange_records(call, k);
         }
-        if (k + 1 < rounds) pool.submit(coding, [&, k] { code_round(call, in_at, k + 1, stats); });
+        // Round k - kRegions decoded: its receive region is round k's.
+        if (k >= kRegions) pool.wait(decoding[region]);
         std::vector<uint64_t> recv_at = exchange_slices(all, k);
         exchange_s += seconds_since(exchange_start);
-        pool.wait(decoding);  // round k - 1: its receive region is the next round's
-        pool.submit(decoding, [&, k, all, recv_at = std::move(recv_at)] {
+        pool.submit(decoding[region], [&, k, all, recv_at = std::move(recv_at)] {
           decode_round(call, in_at, k, all, recv_at);
         });
-        pool.wait(coding);
+        if (k + kRegions < count) code(k + kRegions);  // into the send region round k freed
       }
-      pool.wait(decoding);
+      for (TaskGroup& group : decoding) pool.wait(group);
     } catch (...) {
       // The tasks use this call's buffers: let them finish before the error leaves.
-      for (TaskGroup* group : {&coding, &decoding}) {
-        try {
-          pool.wait(*group);
-        } catch (...) {
+      for (size_t r = 0; r < kRegions; ++r) {
+        for (TaskGroup* group : {&coding[r], &decoding[r]}) {
+          try {
+            pool.wait(*group);
+          } catch (...) {
+          }
         }
       }
       throw;
@@ -414,9 +456,10 @@ CollectiveStats LosslessCollectives::reduce_scatter(DType dtype, ReduceOp op,
   const uint64_t slice_bytes = std::min<uint64_t>(values, m.config.slice_values) * value_bytes;
   const std::vector<uint64_t> per_peer(world, values);
   auto [compress, shape] = m.decide(CallKind::kReduceScatter, dtype, in.size());
-  // Each round's coded slices are decoded into `decoded` (one slice per peer), and the round's
-  // sums go to `reduced`: the output is written only once every rank has decoded everything.
-  room(m.decoded, slice_bytes * world);
+  // Each round's coded slices are decoded into its region of `decoded` (one slice per peer), and
+  // the round's sums go to `reduced`: the output is written only once every rank has decoded
+  // everything.
+  room(m.decoded, slice_bytes * world * kRegions);
   room(m.reduced, out.size());
   const Call call{CallKind::kReduceScatter,
                   dtype,
@@ -425,14 +468,18 @@ CollectiveStats LosslessCollectives::reduce_scatter(DType dtype, ReduceOp op,
                   per_peer,
                   per_peer,
                   compress,
-                  [&](size_t p, uint32_t) { return m.decoded.data() + p * slice_bytes; },
+                  [&](size_t p, uint32_t k) {
+                    return m.decoded.data() + ((k % kRegions) * world + p) * slice_bytes;
+                  },
                   [&](uint32_t k, std::span<const std::byte* const> slices) {
                     const auto start = Clock::now();
                     const uint64_t first = static_cast<uint64_t>(k) * m.config.slice_values;
                     collectives::reduce_in_rank_order(dtype, op, slices,
                                                       m.reduced.data() + first * value_bytes,
                                                       m.slice(values, k));
-                    m.reduce_s += seconds_since(start);
+                    const double seconds = seconds_since(start);
+                    std::lock_guard lock(m.tally);
+                    m.reduce_s += seconds;
                   }};
   CollectiveStats stats;
   m.run(call, stats);
