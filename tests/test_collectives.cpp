@@ -138,7 +138,7 @@ TEST_P(ReduceScatter, IsTheRankOrderSumBitForBit) {
     config.coding = coding;
     config.slice_values = 1000;         // 5000 values: five rounds
     // Every round on the caller's thread, one worker, or two (rounds' tasks running at once).
-    config.worker_threads = world % 3;
+    config.worker_threads = static_cast<unsigned>(world + static_cast<int>(op)) % 3;
     LosslessCollectives collectives(t, config);
     auto& out = outputs[static_cast<size_t>(rank)];
     out.assign(n * dtype_info(dtype).value_bytes, std::byte{0xAB});
@@ -304,6 +304,7 @@ TEST_P(Alltoallv, DeliversEveryPartBitForBit) {
     CollectivesConfig config;
     config.coding = coding;
     config.slice_values = 1024;  // parts of up to 6000 values: up to six rounds, uneven
+    config.worker_threads = static_cast<unsigned>(world + static_cast<int>(dtype)) % 3;
     LosslessCollectives collectives(t, config);
     std::vector<uint64_t> recv(world);
     uint64_t total = 0;
@@ -395,11 +396,11 @@ TEST(CollectiveFailures, ARankThatRefusesItsArgumentsIsNamedOnEveryRankAtOnce) {
     EXPECT_NE(errors[r].find("rank 1 refused its arguments"), std::string::npos) << errors[r];
 }
 
-// Flips one byte of what rank `victim` receives in every alltoallv.
+// Flips one byte of what rank `victim` receives in every alltoallv from the `first`-th on.
 class CorruptingTransport final : public Transport {
  public:
-  CorruptingTransport(std::shared_ptr<Transport> inner, bool victim)
-      : inner_(std::move(inner)), victim_(victim) {}
+  CorruptingTransport(std::shared_ptr<Transport> inner, bool victim, int first = 0)
+      : inner_(std::move(inner)), victim_(victim), first_(first) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string_view name() const override { return "corrupting"; }
@@ -414,7 +415,7 @@ class CorruptingTransport final : public Transport {
                  void* out, std::span<const uint64_t> rc, std::span<const uint64_t> rd) override {
     inner_->alltoallv(in, sc, sd, out, rc, rd);
     const size_t peer = static_cast<size_t>(1 - inner_->rank());
-    if (victim_ && rc[peer] > 100)
+    if (victim_ && calls_++ >= first_ && rc[peer] > 100)
       static_cast<std::byte*>(out)[rd[peer] + rc[peer] - 9] ^= std::byte{0x10};
   }
   void barrier() override { inner_->barrier(); }
@@ -424,6 +425,7 @@ class CorruptingTransport final : public Transport {
  private:
   std::shared_ptr<Transport> inner_;
   bool victim_;
+  int first_, calls_ = 0;
 };
 
 TEST(CollectiveFailures, ACorruptedPartIsAnErrorOnEveryRankAndTheOutputIsUntouched) {
@@ -444,6 +446,32 @@ TEST(CollectiveFailures, ACorruptedPartIsAnErrorOnEveryRankAndTheOutputIsUntouch
       });
   expect_every_rank(errors, "rank 1 could not decode the part from rank 0 (round 0)");
   for (const auto& out : outputs) EXPECT_EQ(out, std::vector<std::byte>(n * 2, std::byte{0x5A}));
+}
+
+// Rounds decode out of order when tasks of several rounds run at once (two workers, and the
+// caller running what they have not started): the verdict still names the earliest round that
+// failed, and a lone failure in the last round is not lost.
+TEST(CollectiveFailures, TheVerdictNamesTheEarliestCorruptedRound) {
+  const size_t n = 4096;
+  for (const unsigned workers : {1u, 2u}) {
+    for (const int first : {1, 3}) {
+      const auto errors = run_ranks(
+          2,
+          [&](int rank, std::shared_ptr<Transport> t) {
+            // Four rounds; rank 1's from round `first` on corrupted.
+            LosslessCollectives collectives(t, {.slice_values = 1024, .worker_threads = workers});
+            const auto in = gradients(DType::kBF16, 2 * n, 9 + rank, false);
+            std::vector<std::byte> out(n * 2);
+            collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);
+          },
+          std::chrono::seconds(20),
+          [first](std::shared_ptr<Transport> inner, int rank) {
+            return std::make_shared<CorruptingTransport>(std::move(inner), rank == 1, first);
+          });
+      expect_every_rank(errors, "rank 1 could not decode the part from rank 0 (round " +
+                                    std::to_string(first) + ")");
+    }
+  }
 }
 
 TEST(CollectiveFailures, ADeadPeerIsACommErrorOnTheOthersWithinTheTimeout) {

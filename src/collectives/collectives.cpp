@@ -169,9 +169,9 @@ struct LosslessCollectives::Impl {
     return collectives::slice_of(values, k, config.slice_values);
   }
 
-  // Codes (or copies) round k's slice of each part for a peer into send[k % 2], back to back in
-  // rank order (so that transports taking split sizes, as torch's all_to_all_single, need no
-  // copy). This rank's own part is never sent.
+  // Codes (or copies) round k's slice of each part for a peer into send[k % kRegions], back to
+  // back in rank order (so that transports taking split sizes, as torch's all_to_all_single, need
+  // no copy). This rank's own part is never sent.
   void code_round(const Call& call, std::span<const uint64_t> in_at, uint32_t k,
                   CollectiveStats& call_stats) {
     const auto start = Clock::now();
@@ -286,7 +286,8 @@ struct LosslessCollectives::Impl {
   }
 
   // Decodes round k's slices (raw ones stay where they arrived), then hands them to on_round.
-  // After a slice that does not decode, no later round is decoded; the verdict carries why.
+  // A round that starts after an earlier round failed to decode is skipped (one already under
+  // way finishes); the verdict names the earliest round that failed, whatever order they ran in.
   void decode_round(const Call& call, std::span<const uint64_t> in_at, uint32_t k,
                     const std::vector<CallRecord>& all, const std::vector<uint64_t>& recv_at) {
     {
