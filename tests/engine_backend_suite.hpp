@@ -13,12 +13,12 @@
 #include <random>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ciera/backend.hpp"
 #include "ciera/engine.hpp"
 #include "ciera/loopback.hpp"
+#include "rank_threads.hpp"
 #include "test_util.hpp"
 
 namespace ciera::testing {
@@ -64,24 +64,14 @@ inline std::vector<std::string> run_backend_ranks(int world, const BackendOf& ba
                                                   const WrapTransport& wrap = {},
                                                   const MemoryOps* loopback_memory = nullptr) {
   auto shared = make_loopback_world(world);
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto backend = backend_of(r);
-        std::unique_ptr<Transport> transport = make_loopback_transport(
-            shared, r, loopback_memory ? *loopback_memory : backend->memory());
-        if (wrap) transport = wrap(std::move(transport), r);
-        transport->set_timeout(std::chrono::seconds(30));
-        body(r, *transport, backend);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return on_rank_threads(world, [&](int r) {
+    auto backend = backend_of(r);
+    std::unique_ptr<Transport> transport =
+        make_loopback_transport(shared, r, loopback_memory ? *loopback_memory : backend->memory());
+    if (wrap) transport = wrap(std::move(transport), r);
+    transport->set_timeout(std::chrono::seconds(30));
+    body(r, *transport, backend);
+  });
 }
 
 inline void expect_no_errors(const std::vector<std::string>& errors) {

@@ -24,6 +24,7 @@
 #include "collectives/reduction.hpp"
 #include "common/floats.hpp"
 #include "common/thread_pool.hpp"
+#include "rank_threads.hpp"
 #include "test_util.hpp"
 
 namespace ciera {
@@ -38,22 +39,12 @@ std::vector<std::string> run_ranks(
     std::chrono::milliseconds timeout = std::chrono::seconds(20),
     const std::function<std::shared_ptr<Transport>(std::shared_ptr<Transport>, int)>& wrap = {}) {
   auto shared = make_loopback_world(world);
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        std::shared_ptr<Transport> transport = make_loopback_transport(shared, r);
-        transport->set_timeout(timeout);
-        if (wrap) transport = wrap(transport, r);
-        body(r, transport);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return testing::on_rank_threads(world, [&](int r) {
+    std::shared_ptr<Transport> transport = make_loopback_transport(shared, r);
+    transport->set_timeout(timeout);
+    if (wrap) transport = wrap(transport, r);
+    body(r, transport);
+  });
 }
 
 // Gradient-like values: N(0, scale) with a few specials where asked.

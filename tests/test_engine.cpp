@@ -10,7 +10,6 @@
 #include <future>
 #include <random>
 #include <stdexcept>
-#include <thread>
 #include <vector>
 
 #include "ciera/engine.hpp"
@@ -19,6 +18,7 @@
 #include "common/adaptive_switch.hpp"
 #include "engine_backend_suite.hpp"
 #include "engine_wire_bound.hpp"
+#include "rank_threads.hpp"
 #include "test_util.hpp"
 
 namespace ciera {
@@ -28,40 +28,23 @@ using testing::Pattern;
 using testing::Trajectory;
 using testing::sparse_delta_wire_bound;
 
-// Runs `body(rank, transport)` on `world` threads; returns each rank's exception (or null).
-std::vector<std::exception_ptr> run_ranks(
+// Runs `body(rank, transport)` on `world` threads; returns each rank's error text ("" if none).
+std::vector<std::string> run_ranks(
     int world, const std::function<void(int, Transport&)>& body,
     const std::function<std::unique_ptr<Transport>(std::shared_ptr<LoopbackWorld>, int)>& make =
-        [](std::shared_ptr<LoopbackWorld> w, int r) { return make_loopback_transport(std::move(w), r); }) {
+        [](std::shared_ptr<LoopbackWorld> w, int r) {
+          return make_loopback_transport(std::move(w), r);
+        }) {
   auto shared = make_loopback_world(world);
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto transport = make(shared, r);
-        transport->set_timeout(std::chrono::seconds(20));
-        body(r, *transport);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
+  return testing::on_rank_threads(world, [&](int r) {
+    auto transport = make(shared, r);
+    transport->set_timeout(std::chrono::seconds(20));
+    body(r, *transport);
+  });
 }
 
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    if (e) std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
-  return "";
-}
-
-void expect_all_ok(const std::vector<std::exception_ptr>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(message_of(errors[r]), "") << "rank " << r;
+void expect_all_ok(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
 // The bucket's full contents at every step: a trajectory over all parameters of all ranks,
@@ -177,11 +160,11 @@ TEST(Engine, MismatchedConfigurationFailsOnEveryRankNamingTheDifference) {
     CompressedAllgather engine(t, config, {BucketLayout::fsdp_split("b", DType::kBF16, {1000}, world)});
   });
   for (int r = 0; r < world; ++r) {
-    const std::string m = message_of(errors[r]);
+    const std::string m = errors[r];
     EXPECT_NE(m.find("block_values"), std::string::npos) << m;
     EXPECT_NE(m.find("'512' on ranks 0,1"), std::string::npos) << m;
     EXPECT_NE(m.find("'256' on rank 2"), std::string::npos) << m;
-    EXPECT_EQ(m, message_of(errors[0])) << "every rank reports the same difference";
+    EXPECT_EQ(m, errors[0]) << "every rank reports the same difference";
   }
 }
 
@@ -191,18 +174,19 @@ TEST(Engine, MismatchedShardSizesAndDtypesAreNamed) {
     CompressedAllgather engine(t, EngineConfig{},
                                {BucketLayout::fsdp_split("layer0", DType::kBF16, {rank == 0 ? 1000u : 1002u}, world)});
   });
-  for (int r = 0; r < world; ++r) EXPECT_NE(message_of(errors[r]).find("shard_values"), std::string::npos);
+  for (int r = 0; r < world; ++r) EXPECT_NE(errors[r].find("shard_values"), std::string::npos);
   errors = run_ranks(world, [&](int rank, Transport& t) {
     CompressedAllgather engine(t, EngineConfig{},
                                {BucketLayout::fsdp_split("layer0", rank ? DType::kFP16 : DType::kBF16, {1000}, world)});
   });
-  for (int r = 0; r < world; ++r) EXPECT_NE(message_of(errors[r]).find("dtype"), std::string::npos);
+  for (int r = 0; r < world; ++r) EXPECT_NE(errors[r].find("dtype"), std::string::npos);
   // A layout that is wrong on one rank only is still reported by every rank.
   errors = run_ranks(world, [&](int rank, Transport& t) {
     CompressedAllgather engine(t, EngineConfig{},
                                {BucketLayout::fsdp_split("layer0", DType::kBF16, {1000}, rank ? 3 : world)});
   });
-  for (int r = 0; r < world; ++r) EXPECT_NE(message_of(errors[r]).find("rejected on rank 1"), std::string::npos) << message_of(errors[r]);
+  for (int r = 0; r < world; ++r)
+    EXPECT_NE(errors[r].find("rejected on rank 1"), std::string::npos) << errors[r];
 }
 
 TEST(Engine, WrongBufferSizeOnOneRankFailsEveryRank) {
@@ -214,7 +198,7 @@ TEST(Engine, WrongBufferSizeOnOneRankFailsEveryRank) {
     engine.run(0, in, out);
   });
   for (int r = 0; r < world; ++r) {
-    EXPECT_NE(message_of(errors[r]).find("rank 1 rejected"), std::string::npos) << message_of(errors[r]);
+    EXPECT_NE(errors[r].find("rank 1 rejected"), std::string::npos) << errors[r];
   }
 }
 
@@ -275,7 +259,7 @@ TEST(Engine, ASlotStrideSmallerThanAPartFailsEveryRank) {
     engine.run(0, in, out, 0, stride);
   });
   for (int r = 0; r < world; ++r) {
-    const std::string m = message_of(errors[r]);
+    const std::string m = errors[r];
     EXPECT_NE(m.find("rank 1 rejected"), std::string::npos) << m;
     EXPECT_NE(m.find("slot stride of 2998 bytes is less than rank 0's 3000 bytes"), std::string::npos) << m;
   }
@@ -315,7 +299,7 @@ TEST(Engine, ARejectedGatherFailsAloneInItsRound) {
     }
   });
   for (int r = 0; r < world; ++r) {
-    ASSERT_EQ(message_of(errors[r]), "");
+    ASSERT_EQ(errors[r], "");
     ASSERT_EQ(outcome[r].size(), 9u);
     for (size_t i = 0; i < 9; ++i) {
       if (i == 4) {  // step 1, bucket B
@@ -433,10 +417,10 @@ TEST(Engine, PersistentCorruptionFailsOnEveryRank) {
                                                               [r](int call) { return r == 1 && call >= 1; });
       });
   for (int r = 0; r < world; ++r) {
-    const std::string m = message_of(errors[r]);
+    const std::string m = errors[r];
     EXPECT_NE(m.find("again after a key-frame round"), std::string::npos) << m;
     EXPECT_NE(m.find("checksum"), std::string::npos) << m;
-    EXPECT_EQ(m, message_of(errors[0]));
+    EXPECT_EQ(m, errors[0]);
   }
 }
 
@@ -459,9 +443,9 @@ TEST(Engine, DeadPeerMakesOthersFailWithinTheTimeout) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   EXPECT_LT(seconds, 10.0);
   for (int r : {0, 1}) {
-    EXPECT_NE(message_of(errors[r]).find("dead or stalled"), std::string::npos) << message_of(errors[r]);
+    EXPECT_NE(errors[r].find("dead or stalled"), std::string::npos) << errors[r];
   }
-  EXPECT_EQ(message_of(errors[2]), "");
+  EXPECT_EQ(errors[2], "");
 }
 
 TEST(Engine, SetPolicyMustMatchAcrossRanks) {
@@ -481,7 +465,7 @@ TEST(Engine, SetPolicyMustMatchAcrossRanks) {
     if (rank == 0) engine.set_policy(0, 0, ShardPolicy::kRaw);
     engine.run(0, data.input(rank), out);
   });
-  for (int r = 0; r < world; ++r) EXPECT_NE(message_of(errors[r]).find("policies"), std::string::npos);
+  for (int r = 0; r < world; ++r) EXPECT_NE(errors[r].find("policies"), std::string::npos);
 }
 
 // Misuse of the API that a rank can see alone is std::invalid_argument, thrown at once, and

@@ -3,13 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
 #include "ciera/loopback.hpp"
 #include "ciera/selection.hpp"
+#include "rank_threads.hpp"
 
 namespace ciera {
 namespace {
@@ -365,26 +365,23 @@ TEST(CostModel, MeasuredOnLoopbackAgreesOnEveryRank) {
   auto shared = make_loopback_world(world);
   std::vector<CommCurve> curves(world);
   std::vector<ShardChangeCounts> merged;
-  std::vector<std::thread> threads;
   std::vector<double> agreed(world);
   std::vector<CostModel> models(world);
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      const std::unique_ptr<Transport> transport = make_loopback_transport(shared, r);
-      Transport& t = *transport;
-      const std::vector<uint64_t> sizes = {3000, 30000, 300000};
-      curves[size_t(r)] = measure_allgather(t, sizes, 2);
-      agreed[size_t(r)] = agree_max(t, double(r) + 0.5);
-      const DType dtypes[] = {DType::kBF16, DType::kFP32};
-      models[size_t(r)] = measure_cost_model(t, 30000, dtypes, CodecConfig{}, 1);
-      std::vector<ShardChangeCounts> counts(2);
-      counts[0] = {4, 100 * uint64_t(r + 1), 10, uint64_t(r), 1};
-      counts[1] = {4, 50, 5, 0, 0};
-      merge_counts_across_ranks(t, counts);
-      if (r == 0) merged = counts;
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = testing::on_rank_threads(world, [&](int r) {
+    const std::unique_ptr<Transport> transport = make_loopback_transport(shared, r);
+    Transport& t = *transport;
+    const std::vector<uint64_t> sizes = {3000, 30000, 300000};
+    curves[size_t(r)] = measure_allgather(t, sizes, 2);
+    agreed[size_t(r)] = agree_max(t, double(r) + 0.5);
+    const DType dtypes[] = {DType::kBF16, DType::kFP32};
+    models[size_t(r)] = measure_cost_model(t, 30000, dtypes, CodecConfig{}, 1);
+    std::vector<ShardChangeCounts> counts(2);
+    counts[0] = {4, 100 * uint64_t(r + 1), 10, uint64_t(r), 1};
+    counts[1] = {4, 50, 5, 0, 0};
+    merge_counts_across_ranks(t, counts);
+    if (r == 0) merged = counts;
+  });
+  for (int r = 0; r < world; ++r) ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
   for (int r = 1; r < world; ++r) {
     ASSERT_EQ(curves[size_t(r)].samples().size(), curves[0].samples().size());
     for (size_t i = 0; i < curves[0].samples().size(); ++i) {
