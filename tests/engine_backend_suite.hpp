@@ -74,10 +74,6 @@ inline std::vector<std::string> run_backend_ranks(int world, const BackendOf& ba
   });
 }
 
-inline void expect_no_errors(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
-
 // One rank's part of a multi-bucket run: every bucket of `layouts` gathered together for `steps`
 // steps, each from its own trajectory (seed `seed` + bucket; bucket 2 of special values, the
 // others sparse), in place or not. Every rank's output is the rank-major concatenation of every

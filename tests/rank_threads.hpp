@@ -2,6 +2,8 @@
 // multi-rank tests (collectives, engine, backends, selection) share.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <exception>
 #include <functional>
 #include <string>
@@ -32,6 +34,11 @@ inline std::vector<std::string> on_rank_threads(int world,
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// Each rank's body returned: one failure per rank that threw, naming it and its error.
+inline void expect_no_errors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
 }  // namespace ciera::testing

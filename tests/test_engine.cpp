@@ -43,10 +43,6 @@ std::vector<std::string> run_ranks(
   });
 }
 
-void expect_all_ok(const std::vector<std::string>& errors) {
-  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
-}
-
 // The bucket's full contents at every step: a trajectory over all parameters of all ranks,
 // laid out rank-major exactly as the gathered output must be.
 struct BucketData {
@@ -141,7 +137,7 @@ TEST_P(EngineRoundTrip, HundredsOfStepsAreBitwiseExactOnEveryRank) {
     }
     EXPECT_GT(engine.cache_bytes(), 0u);
   });
-  expect_all_ok(errors);
+  testing::expect_no_errors(errors);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -245,7 +241,7 @@ TEST(Engine, GathersIntoAnInterleavedOutputAtASlotStride) {
       }
     }
   });
-  expect_all_ok(errors);
+  testing::expect_no_errors(errors);
 }
 
 TEST(Engine, ASlotStrideSmallerThanAPartFailsEveryRank) {
@@ -335,7 +331,7 @@ TEST(Engine, ColdRankIsResynchronisedAndStaysExact) {
     }
     EXPECT_EQ(resyncs, 1);
   });
-  expect_all_ok(errors);
+  testing::expect_no_errors(errors);
 }
 
 // A key-frame round in raw warmup moves every encoder's epoch on while no decoder sees a frame;
@@ -366,7 +362,7 @@ TEST(Engine, CodecsReplacedAfterAResyncInRawWarmupTakeTheNextKeyFrame) {
     }
     EXPECT_EQ(resyncs, 1) << "rank " << rank << ": only the cold rank's round";
   });
-  expect_all_ok(errors);
+  testing::expect_no_errors(errors);
 }
 
 // Corrupts the gathered payload of one rank at chosen calls: the decoder rejects it, every rank
@@ -395,7 +391,7 @@ TEST(Engine, CorruptedPayloadIsCaughtAndResent) {
                                                               host_memory_ops(),
                                                               [r](int call) { return r == 2 && call == 5; });
       });
-  expect_all_ok(errors);
+  testing::expect_no_errors(errors);
 }
 
 TEST(Engine, PersistentCorruptionFailsOnEveryRank) {
@@ -511,12 +507,12 @@ class EngineMisuse : public ::testing::Test {
         EXPECT_TRUE(std::equal(out[b].begin(), out[b].end(), data[b]->trajectory.values().begin()));
       }
     });
-    expect_all_ok(errors);
+    testing::expect_no_errors(errors);
   }
 
   // Runs `body(engine)` on a one-rank engine.
   void alone(const std::function<void(CompressedAllgather&)>& body) {
-    expect_all_ok(run_ranks(1, [&](int, Transport& t) {
+    testing::expect_no_errors(run_ranks(1, [&](int, Transport& t) {
       CompressedAllgather engine(t, EngineConfig{},
                                  {BucketLayout::fsdp_split("a", DType::kBF16, {100, 50}, 1)});
       body(engine);
@@ -634,7 +630,7 @@ TEST(Engine, AdaptiveSwitchingStaysExact) {
     EXPECT_GE(compressed, static_cast<int>(AdaptiveSwitch::kProbeGathers));
     EXPECT_GE(raw, static_cast<int>(AdaptiveSwitch::kProbeGathers));
   });
-  expect_all_ok(errors);
+  testing::expect_no_errors(errors);
 }
 
 TEST(Engine, FsdpSplitMatchesTorchSharding) {
