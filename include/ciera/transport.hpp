@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -71,6 +72,33 @@ class Transport {
                          std::span<const uint64_t> recv_displs) {
     (void)in, (void)send_counts, (void)send_displs, (void)out, (void)recv_counts, (void)recv_displs;
     throw CommError("the " + std::string(name()) + " transport has no alltoallv");
+  }
+
+  // An alltoallv started by start_alltoallv. finish() returns once it has completed on this
+  // rank (its `out` written, its `in` free again) and throws what alltoallv would. Destroying
+  // one that was not finished waits for it, up to the timeout, and swallows its error: only
+  // error paths should.
+  class PendingExchange {
+   public:
+    virtual ~PendingExchange() = default;
+    virtual void finish() = 0;
+  };
+
+  // alltoallv, started: it may return while the bytes still move, so that an exchange can be in
+  // flight while the caller makes other calls of this transport (the lossless collectives keep
+  // the next round's exchange in flight behind the current one's, so that no link idles
+  // between rounds). Until finish() returns, the caller leaves `in` and `out` alone. Every rank
+  // starts and finishes its exchanges in the same order as its other calls, and finishes them
+  // in the order started. The count and displacement spans need not outlive the call. The
+  // default runs alltoallv at once and returns it finished.
+  virtual std::unique_ptr<PendingExchange> start_alltoallv(
+      const void* in, std::span<const uint64_t> send_counts, std::span<const uint64_t> send_displs,
+      void* out, std::span<const uint64_t> recv_counts, std::span<const uint64_t> recv_displs) {
+    alltoallv(in, send_counts, send_displs, out, recv_counts, recv_displs);
+    struct Finished final : PendingExchange {
+      void finish() override {}
+    };
+    return std::make_unique<Finished>();
   }
 
   virtual void barrier() = 0;
