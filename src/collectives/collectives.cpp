@@ -2,10 +2,11 @@
 // parts move in rounds, slice k of every part in round k; for each round:
 //   1. code the slice for each peer (or keep it raw) into send region k % kRegions;
 //   2. exchange call records (allgather) and check them: same call everywhere, sizes that match;
-//   3. alltoallv of the slices as sent, into receive region k % kRegions;
+//   3. alltoallv of the slices as sent, into receive region k % kRegions, started
+//      (Transport::start_alltoallv) behind round k - 1's while that one still moves;
 //   4. decode the peers' slices, then (reduce-scatter) add them in rank order (reduction.hpp).
 // A worker codes up to kRegions - 1 rounds ahead and decodes the rounds behind while the caller's
-// thread runs round k's exchanges, so only the first coding and the last decoding are not hidden
+// thread runs the exchanges, so only the first coding and the last decoding are not hidden
 // behind the transport, and a round whose coding runs late (the worker shares its core) is
 // absorbed by the rounds queued ahead instead of holding up that round's exchange.
 // The worker runs at a lower priority (worker_niceness); a task it has not started when the
@@ -119,9 +120,9 @@ struct Call {
 };
 
 // Rounds in flight: round k codes into send region k % kRegions and is received into receive
-// region k % kRegions, so the worker may code kRegions - 1 rounds ahead of the exchange and
-// decode up to kRegions - 1 rounds behind it.
-constexpr uint32_t kRegions = 3;
+// region k % kRegions. Two rounds' exchanges may be in flight at once, so the worker may code
+// kRegions - 2 rounds ahead of them and decode the rounds behind.
+constexpr uint32_t kRegions = 4;
 
 struct LosslessCollectives::Impl {
   explicit Impl(const CollectivesConfig& c) : pool(c.worker_threads, c.worker_niceness) {}
@@ -271,18 +272,20 @@ struct LosslessCollectives::Impl {
     return all;
   }
 
-  // Round k's slices as sent, from send[k % kRegions] into recv[k % kRegions], rank order.
-  // Returns where each peer's slice starts there.
-  std::vector<uint64_t> exchange_slices(std::span<const CallRecord> all, uint32_t k) {
+  // Round k's slices as sent, from send[k % kRegions] into recv[k % kRegions], rank order:
+  // started, finished by the caller (Transport::start_alltoallv). Sets where each peer's slice
+  // starts there.
+  std::unique_ptr<Transport::PendingExchange> start_slices(std::span<const CallRecord> all,
+                                                           uint32_t k,
+                                                           std::vector<uint64_t>& recv_at) {
     const auto me = static_cast<size_t>(rank);
     const size_t region = k % kRegions;
     std::vector<uint64_t> recv_counts(static_cast<size_t>(world));
     for (size_t p = 0; p < recv_counts.size(); ++p) recv_counts[p] = all[p].part_bytes[me];
-    const std::vector<uint64_t> recv_at = offsets_of(recv_counts);
+    recv_at = offsets_of(recv_counts);
     room(recv[region], recv_at.back() + recv_counts.back());
-    transport->alltoallv(send[region].data(), sent_bytes[region], send_at[region],
-                         recv[region].data(), recv_counts, recv_at);
-    return recv_at;
+    return transport->start_alltoallv(send[region].data(), sent_bytes[region], send_at[region],
+                                      recv[region].data(), recv_counts, recv_at);
   }
 
   // Decodes round k's slices (raw ones stay where they arrived), then hands them to on_round.
@@ -357,21 +360,46 @@ struct LosslessCollectives::Impl {
         pool.submit(coding[k % kRegions], [&, k] { code_round(call, in_at, k, stats); });
       };
       for (uint32_t k = 1; k < std::min(count, kRegions); ++k) code(k);
-      for (uint32_t k = 0; k < count; ++k) {
-        const size_t region = k % kRegions;
-        if (k > 0) {
-          pool.wait(coding[region]);  // round k's sizes go into its record
-          exchange_start = Clock::now();
-          all = exchange_records(call, k);
-        }
-        // Round k - kRegions decoded: its receive region is round k's.
-        if (k >= kRegions) pool.wait(decoding[region]);
-        std::vector<uint64_t> recv_at = exchange_slices(all, k);
+      // Round k's exchange in flight, and from the second round on round k + 1's behind it:
+      // started as soon as its record is agreed, so that a rank whose round k ends early sends
+      // on instead of waiting for the slowest rank to finish that round (each round would
+      // otherwise leave the links idle for the spread of its ends plus the record exchange).
+      struct Round {
+        std::vector<CallRecord> all;
+        std::vector<uint64_t> recv_at;
+        std::unique_ptr<Transport::PendingExchange> exchange;
+      };
+      Round current{std::move(all), {}, nullptr}, next;
+      current.exchange = start_slices(current.all, 0, current.recv_at);
+      exchange_s += seconds_since(exchange_start);  // round 0's record and start
+      // Starts round k + 1's exchange: its record agreed, its receive region free.
+      auto start_next = [&](uint32_t k) {
+        const size_t region = (k + 1) % kRegions;
+        pool.wait(coding[region]);  // round k + 1's sizes go into its record
+        exchange_start = Clock::now();
+        next.all = exchange_records(call, k + 1);
+        // Round k + 1 - kRegions decoded: its receive region is round k + 1's.
+        if (k + 1 >= kRegions) pool.wait(decoding[region]);
+        next.exchange = start_slices(next.all, k + 1, next.recv_at);
         exchange_s += seconds_since(exchange_start);
-        pool.submit(decoding[region], [&, k, all, recv_at = std::move(recv_at)] {
-          decode_round(call, in_at, k, all, recv_at);
-        });
+      };
+      for (uint32_t k = 0; k < count; ++k) {
+        // Behind round k only if round k + 1 is coded: coding it here would leave round k's
+        // transfer without the polling that moves it (ranks may choose differently: every rank
+        // starts the exchanges in the same order, and a start does not wait for the peers).
+        const bool behind = k + 1 < count && coding[(k + 1) % kRegions].done();
+        if (behind) start_next(k);
+        const auto x0 = Clock::now();
+        current.exchange->finish();
+        exchange_s += seconds_since(x0);
+        pool.submit(decoding[k % kRegions],
+                    [&, k, all = std::move(current.all), recv_at = std::move(current.recv_at)] {
+                      decode_round(call, in_at, k, all, recv_at);
+                    });
         if (k + kRegions < count) code(k + kRegions);  // into the send region round k freed
+        if (!behind && k + 1 < count) start_next(k);
+        current = std::move(next);
+        next = Round{};
       }
       for (TaskGroup& group : decoding) pool.wait(group);
     } catch (...) {

@@ -42,29 +42,34 @@ TEST_P(MpiReduceScatter, IsTheRankOrderSumOfEveryRanksPart) {
   const int W = size_of_world(), rank = rank_of_world();
   const size_t n = 300001;  // several rANS segments per part, odd
   std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
-  LosslessCollectives collectives(transport, {.coding = GetParam()});
   const auto input = bf16_gradients(n * W, 40 + rank);
   std::vector<uint16_t> everyone(n * W * W);
   MPI_Allgather(input.data(), static_cast<int>(n * W), MPI_UINT16_T, everyone.data(),
                 static_cast<int>(n * W), MPI_UINT16_T, MPI_COMM_WORLD);
-  std::vector<uint16_t> out(n);
-  for (int call = 0; call < 3; ++call) {
-    const CollectiveStats stats =
-        collectives.reduce_scatter(DType::kBF16, ReduceOp::kAvg, std::as_bytes(std::span(input)),
-                                   std::as_writable_bytes(std::span(out)));
-    if (GetParam() == CollectiveCoding::kExponent) {
-      EXPECT_EQ(stats.coded_slices, static_cast<uint32_t>(W - 1));
-      EXPECT_LT(stats.wire_bytes, stats.raw_bytes * 0.8);
+  // One round, and five (more than the rounds in flight, the last one short): from the second
+  // round on, each round's exchange starts while the previous one still moves.
+  for (const uint64_t slice : {uint64_t{1} << 20, uint64_t{1} << 16}) {
+    const uint32_t rounds = static_cast<uint32_t>((n + slice - 1) / slice);
+    LosslessCollectives collectives(transport, {.coding = GetParam(), .slice_values = slice});
+    std::vector<uint16_t> out(n);
+    for (int call = 0; call < 3; ++call) {
+      const CollectiveStats stats =
+          collectives.reduce_scatter(DType::kBF16, ReduceOp::kAvg, std::as_bytes(std::span(input)),
+                                     std::as_writable_bytes(std::span(out)));
+      if (GetParam() == CollectiveCoding::kExponent) {
+        EXPECT_EQ(stats.coded_slices, static_cast<uint32_t>(W - 1) * rounds) << slice;
+        EXPECT_LT(stats.wire_bytes, stats.raw_bytes * 0.8);
+      }
     }
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) {
+      float sum = bf16_to_float(everyone[static_cast<size_t>(rank) * n + i]);
+      for (int p = 1; p < W; ++p)
+        sum += bf16_to_float(everyone[static_cast<size_t>(p) * n * W + rank * n + i]);
+      wrong += float_to_bf16(sum / static_cast<float>(W)) != out[i];
+    }
+    EXPECT_EQ(wrong, 0u) << slice;
   }
-  size_t wrong = 0;
-  for (size_t i = 0; i < n; ++i) {
-    float sum = bf16_to_float(everyone[static_cast<size_t>(rank) * n + i]);
-    for (int p = 1; p < W; ++p)
-      sum += bf16_to_float(everyone[static_cast<size_t>(p) * n * W + rank * n + i]);
-    wrong += float_to_bf16(sum / static_cast<float>(W)) != out[i];
-  }
-  EXPECT_EQ(wrong, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Codings, MpiReduceScatter,
@@ -95,6 +100,49 @@ TEST(MpiAlltoallv, UnevenPartsMatchMpiAlltoallv) {
   MPI_Alltoallv(input.data(), send_counts.data(), send_displs.data(), MPI_UINT16_T, expected.data(),
                 recv_counts.data(), recv_displs.data(), MPI_UINT16_T, MPI_COMM_WORLD);
   EXPECT_EQ(out, expected);
+}
+
+// Two exchanges in flight at once with an allgather between them, finished in the order started
+// (as the lossless collectives run their rounds): each lands whole where its counts say.
+TEST(MpiTransport, ExchangesInFlightTogetherLandWhole) {
+  const int W = size_of_world(), rank = rank_of_world();
+  std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
+  std::vector<std::unique_ptr<Transport::PendingExchange>> pending;
+  std::vector<std::vector<uint8_t>> in(2), out(2), expected(2);
+  for (int e = 0; e < 2; ++e) {
+    std::vector<uint64_t> send(W), send_at(W), recv(W), recv_at(W);
+    uint64_t sent = 0, received = 0;
+    for (int p = 0; p < W; ++p) {
+      send[p] = 200000 + 977 * ((rank + 3 * p + e) % 5);  // several of MPI's fragments
+      recv[p] = 200000 + 977 * ((p + 3 * rank + e) % 5);
+      send_at[p] = sent;
+      recv_at[p] = received;
+      sent += send[p];
+      received += recv[p];
+    }
+    in[e].resize(sent);
+    for (int p = 0; p < W; ++p) {
+      for (uint64_t i = 0; i < send[p]; ++i)
+        in[e][send_at[p] + i] = static_cast<uint8_t>(i * 131 + rank * 17 + p * 7 + e * 3);
+    }
+    out[e].assign(received, 0);
+    expected[e].resize(received);
+    for (int p = 0; p < W; ++p) {
+      for (uint64_t i = 0; i < recv[p]; ++i)
+        expected[e][recv_at[p] + i] = static_cast<uint8_t>(i * 131 + p * 17 + rank * 7 + e * 3);
+    }
+    pending.push_back(
+        transport->start_alltoallv(in[e].data(), send, send_at, out[e].data(), recv, recv_at));
+    if (e == 0) {
+      const int mine = rank * 10 + 1;
+      std::vector<int> all(static_cast<size_t>(W));
+      transport->allgather(&mine, sizeof mine, all.data());
+      for (int p = 0; p < W; ++p) EXPECT_EQ(all[p], p * 10 + 1);
+    }
+  }
+  for (auto& exchange : pending) exchange->finish();
+  EXPECT_EQ(out[0], expected[0]);
+  EXPECT_EQ(out[1], expected[1]);
 }
 
 }  // namespace
