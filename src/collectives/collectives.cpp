@@ -5,10 +5,10 @@
 //   3. alltoallv of the slices as sent, into receive region k % kRegions, started
 //      (Transport::start_alltoallv) behind round k - 1's while that one still moves;
 //   4. decode the peers' slices, then (reduce-scatter) add them in rank order (reduction.hpp).
-// A worker codes up to kRegions - 1 rounds ahead and decodes the rounds behind while the caller's
-// thread runs the exchanges, so only the first coding and the last decoding are not hidden
-// behind the transport, and a round whose coding runs late (the worker shares its core) is
-// absorbed by the rounds queued ahead instead of holding up that round's exchange.
+// A worker codes the rounds ahead and decodes the rounds behind while the caller's thread runs
+// the exchanges, so only the first coding and the last decoding are not hidden behind the
+// transport, and a round whose coding runs late (the worker shares its core) is absorbed by the
+// rounds queued ahead instead of holding up that round's exchange.
 // The worker runs at a lower priority (worker_niceness); a task it has not started when the
 // caller needs it, the caller runs itself (ThreadPool::wait), so a starved worker never holds a
 // round up. After the last round the ranks exchange verdicts (allgather), so a slice that did not
@@ -370,7 +370,7 @@ struct LosslessCollectives::Impl {
         std::unique_ptr<Transport::PendingExchange> exchange;
       };
       Round current{std::move(all), {}, nullptr}, next;
-      current.exchange = start_slices(current.all, 0, current.recv_at);
+      if (count > 0) current.exchange = start_slices(current.all, 0, current.recv_at);
       exchange_s += seconds_since(exchange_start);  // round 0's record and start
       // Starts round k + 1's exchange: its record agreed, its receive region free.
       auto start_next = [&](uint32_t k) {
