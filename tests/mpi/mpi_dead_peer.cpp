@@ -4,12 +4,12 @@
 // wait for the stopped peer forever). Run by ctest as
 //   mpirun -np 3 --mca orte_abort_on_non_zero_status 0 mpi_dead_peer exit|kill|stop
 //   [reduce-scatter]
-// With `reduce-scatter` the ranks run coded reduce-scatters of many rounds instead of the engine's
-// allgather, and the last rank's fault comes from a timer while a call is under way, so that it
-// strikes with round exchanges in flight (two at a time: collectives.cpp).
 // (so that mpirun leaves the survivors to notice by themselves); passes when each survivor
 // prints "survivor <rank> failed cleanly" and mpirun exits non-zero within the test's TIMEOUT,
-// with nothing killing leftovers before that.
+// with nothing killing leftovers before that. With `reduce-scatter` the ranks run coded
+// reduce-scatters of many rounds back to back instead of the engine's allgather, and the last
+// rank's fault comes from a timer 2 ms into step 5's call, so that it strikes inside a call, with
+// round exchanges in flight (two at a time: collectives.cpp).
 #include <mpi.h>
 #include <signal.h>
 #include <unistd.h>
@@ -51,7 +51,7 @@ void allgathers(ciera::Transport& transport, int rank, int world, const std::str
   }
 }
 
-// Coded reduce-scatters of 16 rounds each; the last rank fails from a timer during step 5's.
+// Coded reduce-scatters of 16 rounds each; the last rank fails from a timer 2 ms into step 5's.
 void reduce_scatters(const std::shared_ptr<ciera::Transport>& transport, int rank, int world,
                      const std::string& fault) {
   transport->set_timeout(std::chrono::seconds(3));
@@ -61,14 +61,12 @@ void reduce_scatters(const std::shared_ptr<ciera::Transport>& transport, int ran
   std::vector<uint16_t> in(part * static_cast<size_t>(world)), out(part);
   for (size_t i = 0; i < in.size(); ++i)
     in[i] = static_cast<uint16_t>(0x3C00 + (i * 2654435761u) % 512);
-  std::thread timer;
   for (int step = 0; step < 100; ++step) {
     if (rank == world - 1 && step == 5) {
-      timer = std::thread([rank, fault] {
+      std::thread([rank, fault] {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
         fail_now(rank, fault);
-      });
-      timer.detach();
+      }).detach();
     }
     collectives.reduce_scatter(ciera::DType::kBF16, ciera::ReduceOp::kSum,
                                std::as_bytes(std::span(in)),
