@@ -16,15 +16,6 @@ jobs=$(nproc)
 stage() { echo "== $* [${SECONDS}s]"; }
 "$root/scripts/install-deps.sh"
 
-stage "release build + tests (unit, MPI under mpirun -np 2/3/4, link lab)"
-dir=$("$root/scripts/build.sh" release)
-ctest --test-dir "$dir" --output-on-failure -j "$jobs"
-if command -v nvcc >/dev/null; then
-  echo "== CUDA compile check: ciera::cuda and its tests were built by nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
-  test -f "$dir/src/cuda/libciera_cuda.a" && test -x "$dir/tests/ciera_cuda_tests"
-  "$dir/tests/ciera_cuda_tests" --gtest_brief=1 | tail -n 3
-fi
-
 # Runs a GoogleTest binary as $jobs shards side by side, one process each (environment as the
 # caller's); prints each shard's result, and a failed shard's output.
 gtest_shards() {
@@ -49,16 +40,31 @@ gtest_shards() {
   return $failed
 }
 
+# Every GoogleTest suite of a build tree (ctest label gtest) through gtest_shards: one process
+# per shard, not per test. ctest starts a process for each of the 2,300 tests, which cost the
+# release stage about two of its three minutes of tests, and a third of the sanitizer stage.
+gtest_suites() {
+  local binary failed=0
+  for binary in $(ctest --test-dir "$1" -L gtest --show-only=json-v1 |
+    python3 -c 'import json, sys; print("\n".join(sorted({t["command"][0] for t in json.load(sys.stdin)["tests"]})))'); do
+    gtest_shards "$binary" || failed=1
+  done
+  return $failed
+}
+
+stage "release build + tests (unit, MPI under mpirun -np 2/3/4, link lab)"
+dir=$("$root/scripts/build.sh" release)
+gtest_suites "$dir"
+ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gtest
+if command -v nvcc >/dev/null; then
+  echo "== CUDA compile check: ciera::cuda and its tests were built by nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+  test -f "$dir/src/cuda/libciera_cuda.a" && test -x "$dir/tests/ciera_cuda_tests"
+  "$dir/tests/ciera_cuda_tests" --gtest_brief=1 | tail -n 3
+fi
+
 stage "AddressSanitizer + UBSan"
 dir=$("$root/scripts/build.sh" asan)
-# The GoogleTest suites as one process per shard, not per test: under the sanitizers each
-# process costs about 0.1 s to start and leak-check, a third of this stage when ctest ran each
-# of the 2,200 tests alone. The rest (MPI under mpirun, the layering check) through ctest.
-gtest_binaries=$(ctest --test-dir "$dir" -L gtest --show-only=json-v1 |
-  python3 -c 'import json, sys; print("\n".join(sorted({t["command"][0] for t in json.load(sys.stdin)["tests"]})))')
-for binary in $gtest_binaries; do
-  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 gtest_shards "$binary"
-done
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 gtest_suites "$dir"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
   ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gtest
 
@@ -68,7 +74,9 @@ TSAN_OPTIONS=halt_on_error=1 "$dir/tests/ciera_unit_tests" --gtest_brief=1 --gte
 
 stage "Python package (pip install .) and its tests: FSDP2 on 2-4 ranks, ciera train"
 python=$("$root/scripts/python-env.sh")
-(cd "$root" && "$python" -m pytest -q --durations=15 tests/python)
+# Two tests at a time (pytest-xdist): a test spends much of its time waiting on its ranks and
+# their timeouts. --dist loadgroup keeps the tests sharing a module fixture on one worker.
+(cd "$root" && "$python" -m pytest -q -n 2 --dist loadgroup --durations=15 tests/python)
 
 stage "fuzzers, each from a copy of its committed corpus (fuzz/corpus/)"
 "$root/scripts/fuzz.sh" --check-corpus --parallel --seconds "${CIERA_FUZZ_SECONDS:-30}"

@@ -13,6 +13,10 @@ from conftest import all_ok, spawn
 
 import fsdp_workers as w
 
+# The tests share one uninterrupted run (a module fixture): under pytest-xdist (test.sh runs
+# `-n 2 --dist loadgroup`) they stay on one worker, which trains it once.
+pytestmark = pytest.mark.xdist_group("resume")
+
 # Small enough for 2 shared cores: 2 ranks, 12 steps of a one-layer OLMoE, a checkpoint at step 6.
 TINY = ["--ranks", "2", "--warmup", "3", "--layers", "1", "--hidden", "32", "--experts", "4",
         "--expert-intermediate", "32", "--seq-len", "16", "--batch", "2", "--rss-every", "5"]
