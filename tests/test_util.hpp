@@ -25,7 +25,7 @@ inline std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
 }
 
 // One layer's kernel tables for every SIMD target this CPU runs (kernels_for: the layer's
-// format::kernels_for, entropy::rans_kernels_for or codec::codec_kernels_for): tests run every
+// format::kernels_for, entropy::entropy_kernels_for or codec::codec_kernels_for): tests run every
 // kernel of every target, as Highway's do.
 template <class Kernels>
 std::vector<const Kernels*> kernels_of_every_target(const Kernels& (*kernels_for)(common::SimdTarget)) {

@@ -4,8 +4,8 @@
 
 #include "common/kernel_prelude.hpp"
 #include "common/bytes.hpp"
-#include "entropy/rans_kernels.hpp"
+#include "entropy/kernels.hpp"
 
 namespace ciera::entropy {
-using Kernels = RansKernels;
+using Kernels = EntropyKernels;
 }  // namespace ciera::entropy

@@ -8,7 +8,7 @@
 
 #include "ciera/error.hpp"
 #include "entropy/model_math.hpp"
-#include "entropy/rans_kernels.hpp"
+#include "entropy/kernels.hpp"
 
 namespace ciera::entropy {
 
@@ -196,10 +196,10 @@ void RansEncoder::encode_pair(const uint8_t* symbols) {
   const uint8_t* a_symbols = symbols + kRansSegmentSymbols;
   constexpr size_t kGroups = kRansSegmentSymbols / kRansStates;
   if (group_kernel_) {
-    rans_kernels().encode_groups2(wide_.window, state_, a_symbols, &a_out, b_state, symbols, &b_out,
+    entropy_kernels().encode_groups2(wide_.window, state_, a_symbols, &a_out, b_state, symbols, &b_out,
                                   kGroups);
   } else {
-    rans_kernels().encode_wide_groups2(wide_, state_, a_symbols, &a_out, b_state, symbols, &b_out,
+    entropy_kernels().encode_wide_groups2(wide_, state_, a_symbols, &a_out, b_state, symbols, &b_out,
                                        kGroups);
   }
   out_ = a_out;
@@ -243,9 +243,9 @@ void RansEncoder::encode_batch(const uint8_t* symbols, size_t n) {
     k -= groups * kRansStates;
     index -= groups * kRansStates;
     if (group_kernel_) {
-      rans_kernels().encode_groups(wide_.window, state_, symbols + k, groups, &out);
+      entropy_kernels().encode_groups(wide_.window, state_, symbols + k, groups, &out);
     } else {
-      rans_kernels().encode_wide_groups(wide_, state_, symbols + k, groups, &out);
+      entropy_kernels().encode_wide_groups(wide_, state_, symbols + k, groups, &out);
     }
   }
   while (k > 0) {
@@ -341,7 +341,7 @@ size_t RansDecoder::get_two_segments(uint8_t* out) {
                                     next_symbols - next_index, static_cast<uint64_t>(next_end - next_in) / 2});
     const size_t groups = static_cast<size_t>(room / kRansStates);
     if (groups == 0) break;
-    rans_kernels().decode_groups2(slots_.data(), state_, &in_, out + index_, next_state, &next_in,
+    entropy_kernels().decode_groups2(slots_.data(), state_, &in_, out + index_, next_state, &next_in,
                                   next_out + next_index, groups);
     index_ += kRansStates * groups;
     next_index += kRansStates * groups;
@@ -397,7 +397,7 @@ void RansDecoder::get_in_segment(uint8_t* out, size_t n) {
 }
 
 void RansDecoder::get_unchecked(uint8_t* out, size_t n) {
-  rans_kernels().decode_groups(slots_.data(), state_, &in_, out, n / kRansStates);
+  entropy_kernels().decode_groups(slots_.data(), state_, &in_, out, n / kRansStates);
   index_ += n;
 }
 

@@ -1,6 +1,6 @@
 // The format layer's kernel table: splitting and merging the bit fields of BF16/FP16/FP32
 // values, finding changed exponents, streaming copies and the content checksum, compiled once
-// per SIMD target (kernels_impl.inc). The entropy layer (entropy/rans_kernels.hpp) and the codec
+// per SIMD target (kernels_impl.inc). The entropy layer (entropy/kernels.hpp) and the codec
 // (codec/kernels.hpp) own their kernels; all three follow common::chosen_simd_target().
 #pragma once
 

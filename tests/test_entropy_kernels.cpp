@@ -1,4 +1,4 @@
-// The entropy layer's group rANS kernels (entropy/rans_kernels.hpp) on every SIMD target this CPU
+// The entropy layer's group rANS kernels (entropy/kernels.hpp) on every SIMD target this CPU
 // runs, against the one-symbol-at-a-time coder they vectorise.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "entropy/rans.hpp"
-#include "entropy/rans_kernels.hpp"
+#include "entropy/kernels.hpp"
 #include "test_util.hpp"
 
 namespace ciera::entropy {
@@ -19,7 +19,7 @@ using ciera::testing::kernels_of_every_target;
 // Every target's group rANS encoders (64-entry register tables, 256-entry gathered table) leave
 // the words and final states that rans_put, one symbol at a time, leaves (the decoder and
 // docs/format.md follow rans_put's order); so do their two-stream forms, for each stream.
-TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
+TEST(EntropyKernels, GroupsMatchSymbolBySymbolEncoding) {
   std::mt19937_64 rng(34);
   for (const unsigned alphabet : {2u, 13u, 33u, 64u, 65u, 200u, 256u}) {
     Histogram hist;
@@ -95,7 +95,7 @@ TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
         EXPECT_TRUE(std::all_of(got_a.data(), out_a - 2, [](uint8_t v) { return v == 0x5A; })) << where;
         EXPECT_TRUE(std::all_of(got_b.data(), out_b - 2, [](uint8_t v) { return v == 0x5A; })) << where;
       };
-      for (const RansKernels* k : kernels_of_every_target(rans_kernels_for)) {
+      for (const EntropyKernels* k : kernels_of_every_target(entropy_kernels_for)) {
         const std::string where = std::string(k->target) + " alphabet " + std::to_string(alphabet) +
                                   " groups " + std::to_string(groups);
         if (alphabet <= kRansGroupSymbols) {
@@ -134,7 +134,7 @@ TEST(RansKernels, GroupsMatchSymbolBySymbolEncoding) {
 
 // Every target's group rANS decoder reads back what the encoder wrote: the symbols, the start
 // states, and exactly the words it emitted; so does its two-stream decoder, for each stream.
-TEST(RansKernels, GroupsDecodeWhatWasEncoded) {
+TEST(EntropyKernels, GroupsDecodeWhatWasEncoded) {
   std::mt19937_64 rng(35);
   for (const unsigned alphabet : {2u, 40u, 256u}) {
     Histogram hist;
@@ -175,7 +175,7 @@ TEST(RansKernels, GroupsDecodeWhatWasEncoded) {
     for (const size_t groups : {size_t{1}, size_t{5}, size_t{300}}) {
       // Two different segments: decode_groups reads the first, decode_groups2 both at once.
       const Encoded one = encode(groups), two = encode(groups);
-      for (const RansKernels* k : kernels_of_every_target(rans_kernels_for)) {
+      for (const EntropyKernels* k : kernels_of_every_target(entropy_kernels_for)) {
         const std::string where = std::string(k->target) + " alphabet " + std::to_string(alphabet) +
                                   " groups " + std::to_string(groups);
         uint32_t states[kRansStates];

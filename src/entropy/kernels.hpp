@@ -11,7 +11,7 @@
 
 namespace ciera::entropy {
 
-struct RansKernels {
+struct EntropyKernels {
   const char* target;  // common::simd_target_name()
   // rANS-encodes `groups` groups of kRansStates symbols, the last group first, exactly as
   // rans_put would one symbol at a time: symbols[kRansStates * g + j] uses states[j] and is
@@ -44,8 +44,8 @@ struct RansKernels {
 };
 
 // The kernels of the process's SIMD target.
-const RansKernels& rans_kernels();
+const EntropyKernels& entropy_kernels();
 // The kernels of `target`, which must be available (tests run every available target).
-const RansKernels& rans_kernels_for(common::SimdTarget target);
+const EntropyKernels& entropy_kernels_for(common::SimdTarget target);
 
 }  // namespace ciera::entropy
