@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <random>
@@ -157,6 +158,34 @@ TEST(Histogram, SymbolCounterCountsWhatHistogramCounts) {
     EXPECT_EQ(got.count, want.count) << n;
   }
   EXPECT_EQ(counter.take().total, 0u);
+}
+
+// Byte symbols go through the kernels' vector window, placed from the counts so far and placed
+// again every 2^16 symbols: the counts are a plain count's wherever the symbols cluster, when
+// the cluster moves (the window must follow it), and for symbols the window never holds.
+TEST(Histogram, ByteSymbolCounterCountsEverySymbolWhereverTheWindowIs) {
+  std::mt19937_64 rng(41);
+  SymbolCounter<256> counter;
+  for (const unsigned spread : {4u, 40u, 256u}) {
+    std::vector<uint8_t> v(300000);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const unsigned centre = i < v.size() / 2 ? 120 : 60;  // the cluster moves halfway
+      v[i] = static_cast<uint8_t>(spread == 256 ? rng() % 256 : centre + rng() % spread);
+    }
+    std::array<uint64_t, 256> want{};
+    for (uint8_t s : v) ++want[s];
+    for (size_t i = 0; i < v.size();) {
+      const size_t piece = std::min<size_t>(v.size() - i, 1 + rng() % 5000);
+      counter.add(v.data() + i, piece);
+      i += piece;
+    }
+    const Histogram got = counter.take();
+    EXPECT_EQ(got.total, v.size()) << spread;
+    EXPECT_EQ(got.count, want) << spread;
+    Histogram whole;
+    whole.add(v.data(), v.size());
+    EXPECT_EQ(whole.count, want) << spread;
+  }
 }
 
 TEST(SymbolStream, MultiSegmentRansRoundTrips) {

@@ -1,8 +1,10 @@
-// The entropy layer's group rANS kernels (entropy/kernels.hpp) on every SIMD target this CPU
-// runs, against the one-symbol-at-a-time coder they vectorise.
+// The entropy layer's kernels (entropy/kernels.hpp) on every SIMD target this CPU runs: symbol
+// counting against a plain count, the group rANS coders against the one-symbol-at-a-time coder
+// they vectorise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +17,37 @@ namespace ciera::entropy {
 namespace {
 
 using ciera::testing::kernels_of_every_target;
+
+// Every target's symbol counting adds a plain count to the tables, for any window (only its
+// speed depends on it), any length around the 64-symbol vectors, and symbols in and out of the
+// window.
+TEST(EntropyKernels, CountSymbolsAddsAPlainCount) {
+  std::mt19937_64 rng(40);
+  for (const EntropyKernels* k : kernels_of_every_target(entropy_kernels_for)) {
+    for (const size_t n :
+         {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, size_t{4097}}) {
+      for (const unsigned window : {0u, 100u, 256u - kCountWindow}) {
+        std::vector<uint8_t> v(n);
+        for (auto& s : v) s = static_cast<uint8_t>(rng() % 3 == 0 ? rng() % 256 : 100 + rng() % 20);
+        uint32_t tables[4][256];
+        std::array<uint64_t, 256> want{};
+        for (unsigned t = 0; t < 4; ++t) {
+          for (unsigned s = 0; s < 256; ++s) {
+            tables[t][s] = static_cast<uint32_t>(rng() % 1000);  // counts already there stay
+            want[s] += tables[t][s];
+          }
+        }
+        for (uint8_t s : v) ++want[s];
+        k->count_symbols(v.data(), n, window, tables);
+        std::array<uint64_t, 256> got{};
+        for (unsigned t = 0; t < 4; ++t) {
+          for (unsigned s = 0; s < 256; ++s) got[s] += tables[t][s];
+        }
+        EXPECT_EQ(got, want) << k->target << " n=" << n << " window=" << window;
+      }
+    }
+  }
+}
 
 // Every target's group rANS encoders (64-entry register tables, 256-entry gathered table) leave
 // the words and final states that rans_put, one symbol at a time, leaves (the decoder and

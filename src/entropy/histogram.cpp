@@ -10,6 +10,25 @@ void Histogram::add(const uint8_t* symbols, size_t n) {
   counter.add_to(*this);
 }
 
+unsigned densest_count_window(const uint32_t (*tables)[256]) {
+  uint64_t count[256];
+  for (unsigned s = 0; s < 256; ++s) {
+    count[s] = uint64_t{tables[0][s]} + tables[1][s] + tables[2][s] + tables[3][s];
+  }
+  uint64_t mass = 0;
+  for (unsigned s = 0; s < kCountWindow; ++s) mass += count[s];
+  uint64_t best = mass;
+  unsigned window = 0;
+  for (unsigned first = 1; first + kCountWindow <= 256; ++first) {
+    mass += count[first + kCountWindow - 1] - count[first - 1];
+    if (mass > best) {
+      best = mass;
+      window = first;
+    }
+  }
+  return window;
+}
+
 unsigned Histogram::distinct() const {
   unsigned d = 0;
   for (uint64_t c : count) d += c != 0;

@@ -1,6 +1,7 @@
-// The entropy layer's kernel table: sixteen interleaved rANS states coded in one register,
-// compiled once per SIMD target (kernels_impl.inc) and chosen as every layer's kernels are
-// (common::chosen_simd_target()). Symbols and words only: the entropy coder never sees a float.
+// The entropy layer's kernel table: byte-symbol counting, and sixteen interleaved rANS states
+// coded in one register, compiled once per SIMD target (kernels_impl.inc) and chosen as every
+// layer's kernels are (common::chosen_simd_target()). Symbols and words only: the entropy coder
+// never sees a float.
 #pragma once
 
 #include <cstddef>
@@ -11,8 +12,17 @@
 
 namespace ciera::entropy {
 
+// How many consecutive byte values EntropyKernels::count_symbols counts by vector.
+inline constexpr unsigned kCountWindow = 16;
+
 struct EntropyKernels {
   const char* target;  // common::simd_target_name()
+  // Adds how often each byte value occurs among symbols[0, n) to the four tables together (how
+  // the counts are split among them is the kernel's; SymbolCounter sums them). Symbols in
+  // [window, window + kCountWindow) may be counted by vector, the others one by one: `window`
+  // (at most 256 - kCountWindow) changes the speed, never the counts. The caller keeps every
+  // table entry below 2^32 (SymbolCounter folds them into 64 bits first).
+  void (*count_symbols)(const uint8_t* symbols, size_t n, unsigned window, uint32_t (*tables)[256]);
   // rANS-encodes `groups` groups of kRansStates symbols, the last group first, exactly as
   // rans_put would one symbol at a time: symbols[kRansStates * g + j] uses states[j] and is
   // below kRansGroupSymbols. Words go below *out, which moves down; the caller guarantees 2

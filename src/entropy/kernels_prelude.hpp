@@ -2,8 +2,9 @@
 // target's copy is compiled in (cmake/kernels_target.cpp.in).
 #pragma once
 
-#include "common/kernel_prelude.hpp"
 #include "common/bytes.hpp"
+#include "common/kernel_prelude.hpp"
+#include "entropy/histogram.hpp"
 #include "entropy/kernels.hpp"
 
 namespace ciera::entropy {
