@@ -7,6 +7,7 @@
 #include <array>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "entropy/rans.hpp"
@@ -140,20 +141,26 @@ TEST(EntropyKernels, GroupsMatchSymbolBySymbolEncoding) {
               [&](uint32_t* xa, const uint8_t* sa, uint8_t** oa, uint32_t* xb, const uint8_t* sb,
                   uint8_t** ob) { k->encode_groups2(tables, xa, sa, oa, xb, sb, ob, groups); });
         }
-        // The wide kernels, their 64-symbol window anywhere: symbols outside it (many here, the
-        // symbols are drawn uniformly) take the slow path.
-        for (const unsigned base : {0u, 37u, 192u}) {
+        // The wide kernels, their 64- or 32-symbol window anywhere: symbols outside it (many
+        // here, the symbols are drawn uniformly) take the slow path.
+        for (const auto [base, width] : {std::pair{0u, kRansGroupSymbols},
+                                         {37u, kRansGroupSymbols},
+                                         {192u, kRansGroupSymbols},
+                                         {0u, kRansNarrowSymbols},
+                                         {37u, kRansNarrowSymbols},
+                                         {224u, kRansNarrowSymbols}}) {
           RansWideTables wide{};
           wide.base = base;
+          wide.width = width;
           wide.all = constants.data();
-          for (unsigned s = 0; s < kRansGroupSymbols; ++s) {
+          for (unsigned s = 0; s < width; ++s) {
             wide.window.x_max[s] = constants[base + s].x_max;
             wide.window.rcp_freq[s] = constants[base + s].rcp_freq;
             wide.window.bias[s] = constants[base + s].bias;
             wide.window.cmpl_shift[s] = constants[base + s].cmpl_shift;
           }
           check(
-              where + " (wide, window at " + std::to_string(base) + ")",
+              where + " (wide, " + std::to_string(width) + " at " + std::to_string(base) + ")",
               [&](uint32_t* x, const uint8_t* sym, uint8_t** out) {
                 k->encode_wide_groups(wide, x, sym, groups, out);
               },

@@ -35,7 +35,7 @@ struct EntropyKernels {
                          const uint8_t* symbols_a, uint8_t** out_a, uint32_t* states_b,
                          const uint8_t* symbols_b, uint8_t** out_b, size_t groups);
   // encode_groups and encode_groups2 for any byte symbols (tables.all set for every symbol
-  // present, tables.window for those in it).
+  // present, tables.window for those in [tables.base, tables.base + tables.width)).
   void (*encode_wide_groups)(const RansWideTables& tables, uint32_t* states, const uint8_t* symbols,
                              size_t groups, uint8_t** out);
   void (*encode_wide_groups2)(const RansWideTables& tables, uint32_t* states_a,

@@ -97,22 +97,39 @@ RansEncoder::RansEncoder(const RansModel& model) {
     if (model.freq[s] != 0) symbols_[s] = rans_enc_symbol(model, s);
   }
   group_kernel_ = model.last < kRansGroupSymbols;
-  // The wide kernels' window: the 64 consecutive symbols of the largest total frequency (the
-  // first such), so that few symbols take their slow path. When every symbol is below 64 that
-  // is symbols 0..63, the group kernels' tables.
-  uint32_t mass = 0;
-  for (unsigned s = 0; s < kRansGroupSymbols; ++s) mass += model.freq[s];
-  uint32_t best = mass;
-  for (unsigned base = 1; base + kRansGroupSymbols <= 256; ++base) {
-    mass += model.freq[base + kRansGroupSymbols - 1] - model.freq[base - 1];
-    if (mass > best) {
-      best = mass;
-      wide_.base = base;
+  // The wide kernels' window: the consecutive symbols of the largest total frequency (the first
+  // such), so that few symbols take their slow path. 32 of them where the symbols outside those
+  // are about as rare as outside the best 64 (an exponent plane's usually are): half the
+  // permutes per symbol. When every symbol is below 64 the window is symbols 0..63, the group
+  // kernels' tables. Only the speed depends on the window, never a word of the stream.
+  const auto densest = [&](unsigned width, uint32_t& best) {
+    uint32_t mass = 0;
+    for (unsigned s = 0; s < width; ++s) mass += model.freq[s];
+    best = mass;
+    unsigned first = 0;
+    for (unsigned base = 1; base + width <= 256; ++base) {
+      mass += model.freq[base + width - 1] - model.freq[base - 1];
+      if (mass > best) {
+        best = mass;
+        first = base;
+      }
     }
+    return first;
+  };
+  constexpr uint32_t kNarrowSlack = 16;  // of kRansTotal slots, more outside a narrow window
+  uint32_t wide_mass = 0, narrow_mass = 0;
+  const unsigned wide_base = densest(kRansGroupSymbols, wide_mass);
+  const unsigned narrow_base = densest(kRansNarrowSymbols, narrow_mass);
+  if (!group_kernel_ && wide_mass - narrow_mass <= kNarrowSlack) {
+    wide_.base = narrow_base;
+    wide_.width = kRansNarrowSymbols;
+  } else {
+    wide_.base = wide_base;
+    wide_.width = kRansGroupSymbols;
   }
   assert(!group_kernel_ || wide_.base == 0);
   wide_.all = symbols_.data();
-  for (unsigned s = 0; s < kRansGroupSymbols; ++s) {
+  for (unsigned s = 0; s < wide_.width; ++s) {
     const RansEncSymbol& e = symbols_[wide_.base + s];
     wide_.window.x_max[s] = e.x_max;
     wide_.window.rcp_freq[s] = e.rcp_freq;

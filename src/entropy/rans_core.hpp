@@ -53,12 +53,15 @@ struct RansGroupTables {
   uint32_t cmpl_shift[kRansGroupSymbols];
 };
 
-// The constants of any byte symbols for the wide kernels: the 64 symbols [base, base + 64) in
-// group tables (window.x_max[s - base], ...), every symbol in `all` (256 entries). The window is
-// where most of a stream's symbols fall; the others are looked up one by one.
+// The constants of any byte symbols for the wide kernels: the `width` symbols [base, base +
+// width) in group tables (window.x_max[s - base], ...), every symbol in `all` (256 entries). The
+// window is where most of a stream's symbols fall; the others are looked up one by one. A window
+// of 32 (kRansNarrowSymbols) is looked up with half the permutes of one of 64.
+inline constexpr unsigned kRansNarrowSymbols = 32;
 struct RansWideTables {
   RansGroupTables window;
   uint32_t base = 0;
+  uint32_t width = kRansGroupSymbols;  // kRansGroupSymbols or kRansNarrowSymbols
   const RansEncSymbol* all = nullptr;
 };
 
