@@ -16,17 +16,7 @@ unsigned densest_count_window(const uint32_t (*tables)[256]) {
     count[s] = uint64_t{tables[0][s]} + tables[1][s] + tables[2][s] + tables[3][s];
   }
   uint64_t mass = 0;
-  for (unsigned s = 0; s < kCountWindow; ++s) mass += count[s];
-  uint64_t best = mass;
-  unsigned window = 0;
-  for (unsigned first = 1; first + kCountWindow <= 256; ++first) {
-    mass += count[first + kCountWindow - 1] - count[first - 1];
-    if (mass > best) {
-      best = mass;
-      window = first;
-    }
-  }
-  return window;
+  return densest_window(count, kCountWindow, &mass);
 }
 
 unsigned Histogram::distinct() const {

@@ -36,8 +36,27 @@ inline void count_four_ways(const uint8_t* symbols, size_t n, uint32_t (*tables)
   for (; i < n; ++i) ++tables[0][symbols[i] & (Alphabet - 1)];
 }
 
-// The first of the kCountWindow consecutive symbols that the four tables count most of (the
-// lowest such): the window EntropyKernels::count_symbols counts by vector.
+// The first of `width` consecutive entries of count[0, 256) whose sum is the largest (the lowest
+// such), that sum in *mass: where a window of symbols holds most of them.
+template <class Count>
+unsigned densest_window(const Count* count, unsigned width, uint64_t* mass) {
+  uint64_t sum = 0;
+  for (unsigned s = 0; s < width; ++s) sum += count[s];
+  *mass = sum;
+  unsigned first = 0;
+  for (unsigned base = 1; base + width <= 256; ++base) {
+    sum += count[base + width - 1];
+    sum -= count[base - 1];
+    if (sum > *mass) {
+      *mass = sum;
+      first = base;
+    }
+  }
+  return first;
+}
+
+// The densest_window of kCountWindow symbols over the four tables' counts together: the window
+// EntropyKernels::count_symbols counts by vector.
 unsigned densest_count_window(const uint32_t (*tables)[256]);
 
 // A histogram taken chunk by chunk while the symbols are made (each chunk still in L1), of

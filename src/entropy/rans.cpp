@@ -102,24 +102,10 @@ RansEncoder::RansEncoder(const RansModel& model) {
   // are about as rare as outside the best 64 (an exponent plane's usually are): half the
   // permutes per symbol. When every symbol is below 64 the window is symbols 0..63, the group
   // kernels' tables. Only the speed depends on the window, never a word of the stream.
-  const auto densest = [&](unsigned width, uint32_t& best) {
-    uint32_t mass = 0;
-    for (unsigned s = 0; s < width; ++s) mass += model.freq[s];
-    best = mass;
-    unsigned first = 0;
-    for (unsigned base = 1; base + width <= 256; ++base) {
-      mass += model.freq[base + width - 1] - model.freq[base - 1];
-      if (mass > best) {
-        best = mass;
-        first = base;
-      }
-    }
-    return first;
-  };
-  constexpr uint32_t kNarrowSlack = 16;  // of kRansTotal slots, more outside a narrow window
-  uint32_t wide_mass = 0, narrow_mass = 0;
-  const unsigned wide_base = densest(kRansGroupSymbols, wide_mass);
-  const unsigned narrow_base = densest(kRansNarrowSymbols, narrow_mass);
+  constexpr uint64_t kNarrowSlack = 16;  // of kRansTotal slots, more outside a narrow window
+  uint64_t wide_mass = 0, narrow_mass = 0;
+  const unsigned wide_base = densest_window(model.freq.data(), kRansGroupSymbols, &wide_mass);
+  const unsigned narrow_base = densest_window(model.freq.data(), kRansNarrowSymbols, &narrow_mass);
   if (!group_kernel_ && wide_mass - narrow_mass <= kNarrowSlack) {
     wide_.base = narrow_base;
     wide_.width = kRansNarrowSymbols;
