@@ -306,3 +306,36 @@ BENCHMARK(BM_StatelessFrame)
     ->ArgNames({"fp32", "decode"})
     ->Unit(benchmark::kMillisecond);
 }  // namespace
+
+#include "collectives/slice_coding.hpp"
+namespace {
+// A 2^20-value BF16 slice coded as the lossless collectives code it: frames of `frame_values`
+// values (2^20: one frame, as BM_StatelessFrame; 2^18: the default) back to back (args:
+// frame_values, decode). Bytes per second of the slice.
+void BM_CodedSlice(benchmark::State& state) {
+  constexpr uint64_t kSliceValues = 1u << 20;
+  const auto frame_values = static_cast<uint64_t>(state.range(0));
+  const bool decode = state.range(1) != 0;
+  ciera::CodecConfig c;
+  c.dtype = ciera::DType::kBF16;
+  const uint64_t bytes = kSliceValues * 2;
+  const std::span<const std::byte> slice(steps().a.data(), bytes);
+  Buffer payload(ciera::collectives::coded_slice_bound(c, kSliceValues, frame_values));
+  const ciera::FrameStats f = ciera::collectives::encode_slice(c, frame_values, slice, payload);
+  Buffer out(bytes);
+  for (auto _ : state) {
+    if (decode) {
+      ciera::collectives::decode_slice(c, {payload.data(), f.payload_bytes}, out);
+      benchmark::DoNotOptimize(out.data());
+    } else {
+      benchmark::DoNotOptimize(ciera::collectives::encode_slice(c, frame_values, slice, payload));
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.counters["bits_per_value"] = 8.0 * f.payload_bytes / kSliceValues;
+}
+BENCHMARK(BM_CodedSlice)
+    ->ArgsProduct({{1 << 20, 1 << 18, 1 << 16}, {0, 1}})
+    ->ArgNames({"frame_values", "decode"})
+    ->Unit(benchmark::kMillisecond);
+}  // namespace

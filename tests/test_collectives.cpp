@@ -188,6 +188,36 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(ReduceOp::kSum, ReduceOp::kAvg)),
     reduce_case_name);
 
+// Slices of several frames each (collectives/slice_coding.hpp), the last of a slice shorter and
+// frame sizes that differ between ranks (they need not match): the twin's result bit for bit,
+// every part's frames read as each sender cut them.
+TEST(ReduceScatterFrames, SlicesOfSeveralFramesAreTheTwinsResultBitForBit) {
+  const int world = 3;
+  const size_t n = 10000;  // three rounds of 4096-value slices
+  std::vector<std::vector<std::byte>> inputs, outputs(world), twins(world);
+  for (int r = 0; r < world; ++r)  // rank 1's with specials (NaN payloads, infinities, ...)
+    inputs.push_back(gradients(DType::kBF16, n * world, 300 + r, r == 1));
+  std::vector<CollectiveStats> stats(world);
+  const auto errors = run_ranks(world, [&](int rank, std::shared_ptr<Transport> t) {
+    CollectivesConfig config;
+    config.slice_values = 4096;
+    config.frame_values = rank == 2 ? 1500 : 1000;
+    LosslessCollectives collectives(t, config);
+    outputs[rank].resize(n * 2);
+    stats[rank] =
+        collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, inputs[rank], outputs[rank]);
+    LosslessCollectives raw(t, {.coding = CollectiveCoding::kRaw, .slice_values = 4096});
+    twins[rank].resize(n * 2);
+    raw.reduce_scatter(DType::kBF16, ReduceOp::kSum, inputs[rank], twins[rank]);
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(outputs[r], twins[r]) << "rank " << r;
+    EXPECT_EQ(stats[r].coded_slices, 2u * 3u) << "rank " << r;  // every slice coded
+    if (r != 1) EXPECT_LT(stats[r].wire_bytes, stats[r].raw_bytes * 0.85) << "rank " << r;
+  }
+}
+
 TEST(ReduceScatterOrder, IsRankOrderNotAnyOther) {
   // 1 + 2^-24 + 2^-24 in FP32: rank order gives 1 (each tiny addend rounds away), the other
   // order 1 + 2^-23. The result must be the rank-order one on every rank.
@@ -514,6 +544,9 @@ TEST(CollectivesConfig, NamesAndValidation) {
   config.block_values = 3;
   EXPECT_THROW(config.validate(), ConfigError);
   EXPECT_THROW(LosslessCollectives(nullptr), ConfigError);
+  EXPECT_THROW(
+      LosslessCollectives(make_loopback_transport(make_loopback_world(1), 0), {.frame_values = 0}),
+      ConfigError);
   for (int niceness : {-1, 20}) {
     CollectivesConfig bad;
     bad.worker_niceness = niceness;

@@ -50,6 +50,7 @@ struct Options {
   std::string input;  // alltoall: safetensors of [tokens, hidden] BF16 activations
   std::string coding = "exponent";
   uint64_t slice_values = CollectivesConfig{}.slice_values;
+  uint64_t frame_values = CollectivesConfig{}.frame_values;
   unsigned threads = CollectivesConfig{}.worker_threads;
   int niceness = CollectivesConfig{}.worker_niceness;
   uint32_t steps = 20;
@@ -83,6 +84,7 @@ Request parse(const Options& o, const std::string& command) {
           "--coding raw is the baseline this benchmark runs anyway");
   require(o.ranks >= 1, "--ranks must be at least 1");
   require(o.slice_values >= 1, "--slice-values must be at least 1");
+  require(o.frame_values >= 1, "--frame-values must be at least 1");
   require(o.steps > o.warmup, "--steps must exceed --warmup to measure a steady state");
   require(std::isfinite(o.timeout_s) && o.timeout_s > 0,
           "--timeout must be a number of seconds > 0");
@@ -124,6 +126,7 @@ CollectivesConfig config_of(const Request& r, CollectiveCoding coding) {
   CollectivesConfig c;
   c.coding = coding;
   c.slice_values = r.o.slice_values;
+  c.frame_values = r.o.frame_values;
   c.worker_threads = r.o.threads;
   c.worker_niceness = r.o.niceness;
   return c;
@@ -363,6 +366,7 @@ nlohmann::json to_json(const Request& r, const Result& x) {
                  {"link_gbit", o.link_gbit},   {"delay_ms", o.delay_ms}, {"seed", o.seed},
                  {"transport", "mpi"}};
   j["config"]["slice_values"] = o.slice_values;
+  j["config"]["frame_values"] = o.frame_values;
   j["config"]["threads"] = o.threads;
   j["config"]["worker_niceness"] = o.niceness;
   if (alltoall) {
@@ -472,6 +476,9 @@ void add_common_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
          "--slice-values", o->slice_values,
          "values per slice: parts move in rounds of one slice each, coding overlapping the "
          "exchange")
+      ->capture_default_str();
+  cmd->add_option("--frame-values", o->frame_values,
+                  "values per coded frame within a slice, each with an rANS table of its own")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "worker threads coding beside the exchange (0: none)")
       ->capture_default_str();

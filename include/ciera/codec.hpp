@@ -208,6 +208,9 @@ struct PayloadInfo {
   uint64_t payload_bytes;  // as the header's section lengths add up
 };
 PayloadInfo inspect_payload(std::span<const std::byte> payload);
+// The same for the payload at the start of `bytes`, which more bytes may follow (payloads back
+// to back): its sections must lie within `bytes`; payload_bytes is where it ends.
+PayloadInfo inspect_leading_payload(std::span<const std::byte> bytes);
 
 // Stateless one-shot coding: a key frame with every exponent entropy-coded (in the spirit of
 // ZipCCL's exponent coding). `config.dtype` and `config.block_values` must match on both sides.

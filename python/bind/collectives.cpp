@@ -25,6 +25,7 @@ void bind_collectives(py::module_& m) {
       .def_readwrite("content_checksum", &CollectivesConfig::content_checksum)
       .def_readwrite("block_values", &CollectivesConfig::block_values)
       .def_readwrite("slice_values", &CollectivesConfig::slice_values)
+      .def_readwrite("frame_values", &CollectivesConfig::frame_values)
       .def_readwrite("worker_threads", &CollectivesConfig::worker_threads)
       .def_readwrite("worker_niceness", &CollectivesConfig::worker_niceness)
       .def("validate", &CollectivesConfig::validate);

@@ -34,11 +34,21 @@ uint32_t new_stream_epoch() {
   return entropy();
 }
 
-PayloadInfo inspect_payload(std::span<const std::byte> payload) {
-  const wire::Header h =
-      wire::read_header(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
+namespace {
+PayloadInfo info_of(const wire::Header& h) {
   return {h.dtype,  h.kind,     h.section,  h.block_values,           h.num_values,
           h.stream, h.epoch,    h.sequence, h.has_content_checksum(), h.payload_bytes()};
+}
+}  // namespace
+
+PayloadInfo inspect_payload(std::span<const std::byte> payload) {
+  return info_of(
+      wire::read_header(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()));
+}
+
+PayloadInfo inspect_leading_payload(std::span<const std::byte> bytes) {
+  return info_of(
+      wire::read_leading_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
 }
 
 namespace {

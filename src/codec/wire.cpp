@@ -39,7 +39,10 @@ void write_header(const Header& h, uint8_t* out) {
   store_le32(out + 76, 0);
 }
 
-Header read_header(const uint8_t* p, size_t size) {
+namespace {
+
+// read_header(), or with `trailing` the header of a payload that more bytes may follow.
+Header parse_header(const uint8_t* p, size_t size, bool trailing) {
   static_assert(kVersion == kFormatVersion);
   if (size < kHeaderBytes) {
     throw FormatError("payload truncated: " + std::to_string(size) + " bytes, the header alone needs " +
@@ -115,7 +118,7 @@ Header read_header(const uint8_t* p, size_t size) {
   take(h.padding_bytes());
   take(h.sign_mantissa_bytes);
   take(h.exponent_bytes);
-  if (left != 0) {
+  if (left != 0 && !trailing) {
     throw FormatError("payload has " + std::to_string(left) + " trailing bytes after its sections");
   }
   for (uint64_t at = kHeaderBytes + h.bitmap_bytes; at < h.sign_mantissa_at(); ++at) {
@@ -126,5 +129,11 @@ Header read_header(const uint8_t* p, size_t size) {
   }
   return h;
 }
+
+}  // namespace
+
+Header read_header(const uint8_t* p, size_t size) { return parse_header(p, size, false); }
+
+Header read_leading_header(const uint8_t* p, size_t size) { return parse_header(p, size, true); }
 
 }  // namespace ciera::wire

@@ -58,6 +58,9 @@ void write_header(const Header& header, uint8_t* out);
 // known codes, zero reserved fields, consistent section lengths, zero padding, exact payload
 // length). Does not compare against any configuration. Throws FormatError.
 Header read_header(const uint8_t* payload, size_t size);
+// The same for the payload at the start of `bytes`, which more bytes may follow: its sections
+// must lie within `size`, and payload_bytes() is where it ends.
+Header read_leading_header(const uint8_t* bytes, size_t size);
 
 inline uint64_t block_count(uint64_t num_values, uint32_t block_values) {
   return (num_values + block_values - 1) / block_values;

@@ -10,7 +10,7 @@ namespace ciera::collectives {
 namespace {
 
 constexpr uint32_t kRecordMagic = 0x31434C43;  // "CLC1", little-endian
-constexpr uint8_t kVersion = 1;
+constexpr uint8_t kVersion = 2;                // 2: a coded slice is frames of frame_values values
 constexpr size_t kHeaderBytes = 40;
 constexpr size_t kPeerBytes = 24;
 constexpr size_t kVerdictMessageBytes = 240;
@@ -74,8 +74,8 @@ void write_call_record(const CallRecord& r, std::span<std::byte> out) {
 CallRecord read_call_record(std::span<const std::byte> in, int world) {
   if (in.size() != call_record_bytes(world) || load_le32(at(in, 0)) != kRecordMagic ||
       *at(in, 4) != kVersion || load_le32(at(in, 8)) != static_cast<uint32_t>(world)) {
-    throw FormatError("lossless collectives: a peer's call record is not a version-1 record for " +
-                      std::to_string(world) +
+    throw FormatError("lossless collectives: a peer's call record is not a version-" +
+                      std::to_string(kVersion) + " record for " + std::to_string(world) +
                       " ranks (a different CIERA build, or a transport "
                       "shared with another protocol)");
   }

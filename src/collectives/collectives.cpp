@@ -30,6 +30,7 @@
 #include "ciera/error.hpp"
 #include "collectives/call_record.hpp"
 #include "collectives/reduction.hpp"
+#include "collectives/slice_coding.hpp"
 #include "common/adaptive_switch.hpp"
 #include "common/thread_pool.hpp"
 
@@ -64,6 +65,7 @@ void CollectivesConfig::validate() const {
                       std::to_string(static_cast<int>(coding)));
   }
   if (slice_values == 0) throw ConfigError("CollectivesConfig.slice_values must be at least 1");
+  if (frame_values == 0) throw ConfigError("CollectivesConfig.frame_values must be at least 1");
   if (worker_niceness < 0 || worker_niceness > 19) {
     throw ConfigError(
         "CollectivesConfig.worker_niceness must be 0..19 (a nice value; 19 is the lowest "
@@ -184,8 +186,8 @@ struct LosslessCollectives::Impl {
     for (size_t p = 0; p < call.send_values.size(); ++p) {
       const uint64_t m = slice(call.send_values[p], k);
       room_needed += call.compress
-                         ? std::max<uint64_t>(m * value_bytes,
-                                              max_payload_bytes(call.dtype, m, c.block_values))
+                         ? std::max<uint64_t>(m * value_bytes, collectives::coded_slice_bound(
+                                                                   c, m, config.frame_values))
                          : m * value_bytes;
     }
     room(send[region], room_needed);
@@ -204,8 +206,8 @@ struct LosslessCollectives::Impl {
       frame.payload_bytes = raw;
       if (call.compress) {
         const uint64_t bound =
-            std::max<uint64_t>(raw, max_payload_bytes(call.dtype, m, c.block_values));
-        frame = encode_stateless_frame(c, {part, raw}, {out, bound});
+            std::max<uint64_t>(raw, collectives::coded_slice_bound(c, m, config.frame_values));
+        frame = collectives::encode_slice(c, config.frame_values, {part, raw}, {out, bound});
       }
       if (frame.payload_bytes >= raw) {  // not smaller: raw, and the receiver tells by the size
         std::memcpy(out, part, raw);
@@ -313,7 +315,7 @@ struct LosslessCollectives::Impl {
       if (sent == raw) continue;
       std::byte* to = call.destination(p, k);
       try {
-        decode_stateless(c, {slices[p], sent}, {to, raw});
+        collectives::decode_slice(c, {slices[p], sent}, {to, raw});
       } catch (const Error& e) {
         std::lock_guard lock(tally);
         if (verdict.ok || k < failed_round) {
