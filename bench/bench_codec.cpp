@@ -307,19 +307,44 @@ BENCHMARK(BM_StatelessFrame)
     ->Unit(benchmark::kMillisecond);
 }  // namespace
 
+#include <cmath>
+#include <random>
+
 #include "collectives/slice_coding.hpp"
+#include "common/floats.hpp"
 namespace {
+// A 2^20-value BF16 slice as a reduce-scatter's slice runs over a gradient buffer: four
+// parameters' gradients back to back, each N(0, scale) with its own scale (1e-2, 1e-4, 1e-6,
+// 1e-3), so that the slice's exponents spread over four clusters and each quarter's over one.
+const std::vector<std::byte>& gradient_slice() {
+  static const std::vector<std::byte> slice = [] {
+    constexpr uint64_t kValues = 1u << 20;
+    std::vector<std::byte> out(kValues * 2);
+    std::mt19937_64 rng(7);
+    const double scales[] = {1e-2, 1e-4, 1e-6, 1e-3};
+    for (uint64_t i = 0; i < kValues; ++i) {
+      std::normal_distribution<float> normal(0.0f, static_cast<float>(scales[i * 4 / kValues]));
+      const uint16_t bits = ciera::float_to_bf16(normal(rng));
+      std::memcpy(out.data() + 2 * i, &bits, 2);
+    }
+    return out;
+  }();
+  return slice;
+}
+
 // A 2^20-value BF16 slice coded as the lossless collectives code it: frames of `frame_values`
-// values (2^20: one frame, as BM_StatelessFrame; 2^18: the default) back to back (args:
-// frame_values, decode). Bytes per second of the slice.
+// values back to back (2^20: one frame, as BM_StatelessFrame; 2^17: the default), of the bench
+// trajectory's weights (gradients:0) or of gradient_slice() (gradients:1); args frame_values,
+// gradients, decode. Bytes per second of the slice.
 void BM_CodedSlice(benchmark::State& state) {
   constexpr uint64_t kSliceValues = 1u << 20;
   const auto frame_values = static_cast<uint64_t>(state.range(0));
-  const bool decode = state.range(1) != 0;
+  const bool decode = state.range(2) != 0;
   ciera::CodecConfig c;
   c.dtype = ciera::DType::kBF16;
   const uint64_t bytes = kSliceValues * 2;
-  const std::span<const std::byte> slice(steps().a.data(), bytes);
+  const std::span<const std::byte> slice(
+      state.range(1) != 0 ? gradient_slice().data() : steps().a.data(), bytes);
   Buffer payload(ciera::collectives::coded_slice_bound(c, kSliceValues, frame_values));
   const ciera::FrameStats f = ciera::collectives::encode_slice(c, frame_values, slice, payload);
   Buffer out(bytes);
@@ -335,7 +360,7 @@ void BM_CodedSlice(benchmark::State& state) {
   state.counters["bits_per_value"] = 8.0 * f.payload_bytes / kSliceValues;
 }
 BENCHMARK(BM_CodedSlice)
-    ->ArgsProduct({{1 << 20, 1 << 18, 1 << 16}, {0, 1}})
-    ->ArgNames({"frame_values", "decode"})
+    ->ArgsProduct({{1 << 20, 1 << 18, 1 << 17}, {0, 1}, {0, 1}})
+    ->ArgNames({"frame_values", "gradients", "decode"})
     ->Unit(benchmark::kMillisecond);
 }  // namespace
