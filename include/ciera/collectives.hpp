@@ -52,11 +52,11 @@ struct CollectivesConfig {
   // A coded slice is frames of at most this many values, each with an rANS table of its own
   // (docs/format.md, "Lossless collectives"), so that the tables follow exponent statistics that
   // change along a buffer, as a gradient's do from one parameter to the next: the BF16
-  // gradients of the FSDP2 training in docs/benchmarks.md take 10.07 bits per value in frames of
-  // 2^18 values against 10.58 in one frame per 2^20-value slice, and code faster (narrower
-  // symbol windows), for some 120 bytes per frame. At least 1; need not match across ranks
-  // (every frame carries its size).
-  uint64_t frame_values = uint64_t{1} << 18;
+  // gradients of the FSDP2 training in docs/benchmarks.md take 9.95 bits per value in frames of
+  // 2^17 values (10.07 in frames of 2^18) against 10.58 in one frame per 2^20-value slice, and
+  // encoding them took about half the time there, for some 120 bytes per frame. At least 1;
+  // need not match across ranks (every frame carries its size).
+  uint64_t frame_values = uint64_t{1} << 17;
   // Threads that code and decode beside the caller's thread; 0: everything on the caller's
   // thread, one round after another.
   unsigned worker_threads = 1;
