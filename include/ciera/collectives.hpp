@@ -46,8 +46,9 @@ struct CollectivesConfig {
   // frame header records them); any value CodecConfig accepts.
   uint32_t block_values = 512;
   // Parts move in rounds of slices of this many values, so that a worker thread codes the
-  // rounds ahead (up to two) and decodes the rounds behind while the transport moves this one. Each rank keeps three rounds' slices of every peer in each
-  // direction (send, receive and, for a reduce-scatter, decoded). Must match on every rank.
+  // rounds ahead (up to two) and decodes the rounds behind while the transport moves this one.
+  // Each rank keeps three rounds' slices of every peer in each direction (send, receive and, for
+  // a reduce-scatter, decoded). Must match on every rank.
   uint64_t slice_values = uint64_t{1} << 20;
   // A coded slice is frames of at most this many values, each with an rANS table of its own
   // (docs/format.md, "Lossless collectives"), so that the tables follow exponent statistics that
