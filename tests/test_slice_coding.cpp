@@ -67,7 +67,9 @@ TEST(SliceCoding, FramesOfFrameValuesDecodeBitForBit) {
     c.dtype = dtype;
     for (const size_t n : {size_t{1}, size_t{999}, size_t{1000}, size_t{1001}, size_t{5000}}) {
       const auto slice = normal_values(dtype, n, 0.02, n);
-      for (const uint64_t frame_values : {uint64_t{1000}, uint64_t{333}, uint64_t{1} << 18}) {
+      // 2^63 too (one frame per slice), whose size in bytes does not fit 64 bits.
+      for (const uint64_t frame_values :
+           {uint64_t{1000}, uint64_t{333}, uint64_t{1} << 18, uint64_t{1} << 63}) {
         SCOPED_TRACE(std::string(dtype_name(dtype)) + " n " + std::to_string(n) + " frames of " +
                      std::to_string(frame_values));
         const Coded coded = code(c, frame_values, slice);

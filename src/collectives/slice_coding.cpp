@@ -16,12 +16,13 @@ uint64_t coded_slice_bound(const CodecConfig& c, uint64_t values, uint64_t frame
 FrameStats encode_slice(const CodecConfig& c, uint64_t frame_values,
                         std::span<const std::byte> slice, std::span<std::byte> out) {
   const uint32_t value_bytes = dtype_info(c.dtype).value_bytes;
-  const uint64_t frame_bytes = frame_values * value_bytes;
+  const uint64_t values = slice.size() / value_bytes;
   FrameStats total;
-  for (uint64_t at = 0; at < slice.size(); at += frame_bytes) {
-    const FrameStats f =
-        encode_stateless_frame(c, slice.subspan(at, std::min(frame_bytes, slice.size() - at)),
-                               out.subspan(total.payload_bytes));
+  // Counted in values, not bytes: frame_values * value_bytes may not fit 64 bits.
+  for (uint64_t first = 0; first < values; first += frame_values) {
+    const uint64_t m = std::min(frame_values, values - first);
+    const FrameStats f = encode_stateless_frame(
+        c, slice.subspan(first * value_bytes, m * value_bytes), out.subspan(total.payload_bytes));
     total.payload_bytes += f.payload_bytes;
     total.sign_mantissa_bytes += f.sign_mantissa_bytes;
     total.coded_symbols_entropy_bits += f.coded_symbols_entropy_bits;
