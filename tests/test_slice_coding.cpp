@@ -12,6 +12,7 @@
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
 #include "collectives/slice_coding.hpp"
+#include "common/floats.hpp"
 #include "test_util.hpp"
 
 namespace ciera {
@@ -22,7 +23,7 @@ using collectives::decode_slice;
 using collectives::encode_slice;
 using testing::put_value;
 
-// N(0, scale) values of `dtype` (FP16 needs scales near 1: its exponents are few).
+// N(0, scale) values rounded into `dtype`.
 std::vector<std::byte> normal_values(DType dtype, size_t n, double scale, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, static_cast<float>(scale));
@@ -31,7 +32,9 @@ std::vector<std::byte> normal_values(DType dtype, size_t n, double scale, uint64
     const float f = normal(rng);
     uint32_t bits;
     std::memcpy(&bits, &f, 4);
-    put_value(dtype, out, i, dtype == DType::kFP32 ? bits : testing::weight_bits(dtype, rng));
+    if (dtype == DType::kBF16) bits = float_to_bf16(f);
+    if (dtype == DType::kFP16) bits = float_to_fp16(f);
+    put_value(dtype, out, i, bits);
   }
   return out;
 }
