@@ -77,6 +77,8 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_in_one_line(uninterru
         ([*TINY, "--steps", 12, "--ablation", "--resume", step6], "not er, bsc"),
         ([*TINY, "--steps", 12, "--checkpoint-every", 0], "--checkpoint-every must be >= 1"),
         ([*TINY, "--steps", 12, "--rss-every", 0], "--rss-every must be >= 1"),
+        ([*TINY, "--steps", 12, "--checkpoint-every", 6, "--checkpoint-timeout", 0],
+         "--checkpoint-timeout must be"),
     ]
     for args, reason in cases:
         done = _train(*args, "--out", tmp_path / "runs", timeout=120)

@@ -75,3 +75,23 @@ def test_a_rank_seen_gone_that_wrote_its_failure_is_no_culprit(tmp_path):
     watch.read_statuses()
     assert watch.failure_line(1, "") == ("ciera train: ranks 0, 1 failed in the backward pass of step 5 of the "
                                          "ciera run: RuntimeError: gave up")
+
+
+def test_work_between_steps_is_told_as_itself_not_as_the_last_steps_phase(tmp_path):
+    # A checkpoint (or the final comparison) after the last step's metrics all-reduce: a stall or
+    # a failure there must name it (a CI run once blamed "the metrics all-reduce of step 12").
+    writing = _status(tmp_path, 0, step=11, phase="metrics all-reduce")
+    writing.between_steps("checkpoint write", 12)
+    loading = _status(tmp_path, 1)
+    loading.between_steps("checkpoint load", 0)
+    loading.failed(RuntimeError("Timed out waiting 600000ms for send operation to complete"))
+    watch = Watch(tmp_path, 2)
+    watch.read_statuses()
+    assert watch.waiting_line(30) == ("ciera train: no progress for 30 s: rank 0 in the checkpoint write after "
+                                      "step 12; rank 1 in the checkpoint load before the first step")
+    assert watch.failure_line(1, "") == ("ciera train: rank 1 failed in the checkpoint load before the first step: "
+                                         "RuntimeError: Timed out waiting 600000ms for send operation to complete")
+    # The next step's update takes the place back.
+    writing.update("training", "fsdp2", 12)
+    watch.read_statuses()
+    assert watch.waiting_line(10).startswith("ciera train: no progress for 10 s: rank 0 in step 13 of the fsdp2 run;")

@@ -105,11 +105,14 @@ def save(program, runs: dict, handles: dict, steps_done: int) -> Path:
     import torch.distributed.checkpoint as dcp
 
     a = program.args
+    program.status.between_steps("checkpoint write", steps_done)
     folder = folder_for(program.run_dir, steps_done)
-    dcp.save({name: _training_state(run) for name, run in runs.items()}, checkpoint_id=str(folder))
+    group = program.checkpoint_group   # --checkpoint-timeout (RankProgram.init_process_group)
+    dcp.save({name: _training_state(run) for name, run in runs.items()}, checkpoint_id=str(folder),
+             process_group=group)
     torch.save(torch.get_rng_state(), folder / f"rng-rank{program.rank}.pt")
     selectors = {name: h.selector.state_dict() for name, h in handles.items() if h.selector is not None}
-    dist.barrier()  # every rank's files are complete before the metadata says so
+    dist.barrier(group=group)  # every rank's files are complete before the metadata says so
     if program.rank == 0:
         meta = {"version": VERSION, "steps_done": steps_done, "ranks": program.world,
                 "trainings": list(runs), "config": {key: getattr(a, key) for key in _SAME},
@@ -128,8 +131,9 @@ def load(program, runs: dict, handles: dict, folder: Path) -> int:
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     meta = read_metadata(folder)
+    program.status.between_steps("checkpoint load", int(meta["steps_done"]))
     state = {name: _training_state(run) for name, run in runs.items()}
-    dcp.load(state, checkpoint_id=str(folder))
+    dcp.load(state, checkpoint_id=str(folder), process_group=program.checkpoint_group)
     for name, run in runs.items():
         set_state_dict(run.model, run.optimizer, model_state_dict=state[name]["model"],
                        optim_state_dict=state[name]["optimizer"])

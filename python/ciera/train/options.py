@@ -149,6 +149,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a collective may wait for peers before every rank fails (a stopped or dead rank)")
+    p.add_argument("--checkpoint-timeout", type=float, default=600.0,
+                   help="seconds the ranks may wait for each other while they write or read a checkpoint "
+                        "(--checkpoint-every, --resume): a busy disk can hold a rank far longer than a step")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--run-dir", help=argparse.SUPPRESS)
     return p
@@ -245,6 +248,7 @@ def _check_values(args) -> None:
         _fail(f"--block {args.block}: {e}")
     _at_least("--threads", args.threads, 0, " (0: encode and decode on the gathering thread)")
     _finite_above("--timeout", args.timeout, 0, unit=" seconds")
+    _finite_above("--checkpoint-timeout", args.checkpoint_timeout, 0, unit=" seconds")
     _finite_above("--link-gbit", args.link_gbit, 0, inclusive=True, unit=" (0: no link lab)")
     if not 0 <= args.seed < 2**32:
         _fail(f"--seed must be in 0..{2**32 - 1}, got {args.seed}")

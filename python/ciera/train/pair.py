@@ -33,6 +33,7 @@ def train(program, runs: dict[str, Run], step, handle, ours: str) -> None:
         done = step_index + 1
         if done == 1 or done % a.rss_every == 0 or done == a.steps:
             program.sample_memory(done, {ours: handle})
+    program.status.between_steps("final comparison", a.steps)
 
 
 def compare(base: Run, ours: Run, wrong_bytes: int = 0, verified_bytes: int = 0, counts: tuple = ()):

@@ -58,6 +58,7 @@ class RankProgram:
         self.first_step = 0   # steps done before this run (--resume)
         self.memory: list[dict] = []   # resident memory samples (rank 0)
         self.checkpoints: list[str] = []
+        self.checkpoint_group = None   # --checkpoint-every / --resume: the checkpoints' gloo group
         self.captured: dict[int, list] = {}   # --capture-activations: MoE block inputs per layer
 
     def run(self) -> int:
@@ -92,6 +93,13 @@ class RankProgram:
             self.use_gpu()
         dist.init_process_group(self.backend, init_method=init_method, rank=self.rank, world_size=self.world,
                                 timeout=_dt.timedelta(seconds=self.args.timeout))
+        if self.args.checkpoint_every or self.args.resume:
+            # A checkpoint writes and fsyncs every rank's files between its collectives, and a
+            # busy disk can hold one rank there far longer than any step takes (a CI run saw
+            # the ranks give up after the default 60 s). So its collectives wait on a gloo group
+            # of their own with --checkpoint-timeout; the training's keep --timeout.
+            self.checkpoint_group = dist.new_group(
+                backend="gloo", timeout=_dt.timedelta(seconds=self.args.checkpoint_timeout))
 
     def use_gpu(self) -> None:
         """--device cuda: this rank's GPU (ranks may share one), deterministic algorithms in every
@@ -294,6 +302,7 @@ class RankProgram:
                 self.sample_memory(done, handles)
             if a.checkpoint_every and done % a.checkpoint_every == 0:
                 self.checkpoints.append(str(checkpoint.save(self, kept, handles, done)))
+        self.status.between_steps("final comparison", a.steps)
         for run in runs.values():
             run.final = self.local_params(run.model)
             run.digest = self.param_digest(run.model)
@@ -309,7 +318,8 @@ class RankProgram:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model, optimizer = get_state_dict(control.model, control.optimizer)
-        dcp.load({BASELINE: {"model": model, "optimizer": optimizer}}, checkpoint_id=str(folder))
+        dcp.load({BASELINE: {"model": model, "optimizer": optimizer}}, checkpoint_id=str(folder),
+                 process_group=self.checkpoint_group)
         set_state_dict(control.model, control.optimizer, model_state_dict=model, optim_state_dict=optimizer)
 
     def train_step(self, runs: dict, handles: dict, step: int, tokens) -> None:
@@ -439,6 +449,7 @@ class RankProgram:
         """Every rank's resident memory (now and its peak) and codec state after `steps_done` steps;
         rank 0 keeps them and appends them to memory.jsonl. The trainings share each rank's
         process, so the resident numbers are all of them together. Collective."""
+        self.status.between_steps("memory sample", steps_done)
         rss, peak = resident_bytes()
         codec_bytes = sum(h.cache_bytes for h in handles.values())
         gpu = [torch.cuda.max_memory_allocated()] if self.device.type == "cuda" else []

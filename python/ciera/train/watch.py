@@ -36,6 +36,12 @@ class RankStatus:
         self.state.update(state=state, run=run, step=step, phase=phase)
         self._write()
 
+    def between_steps(self, phase: str, steps_done: int) -> None:
+        """Work of every training after `steps_done` steps (0: before the first), outside any
+        step: a checkpoint, a memory sample, the final comparison. Written at once, so that a
+        failure or a stall in it is told as what it is, not as the last step's last phase."""
+        self.update("training", None, steps_done - 1 if steps_done > 0 else None, phase)
+
     def phase(self, phase: str) -> None:
         """Where in the current step (forward, backward, ...): what a failure was waiting in. Kept
         in memory and written with the failure, so that no file is written inside a timed step."""
@@ -174,6 +180,9 @@ class Watch:
     @staticmethod
     def _place(status: dict) -> str:
         if status.get("run") is None:
+            if status.get("phase"):   # between steps (RankStatus.between_steps)
+                after = "before the first step" if status.get("step") is None else f"after step {status['step'] + 1}"
+                return f"in the {status['phase']} {after}"
             return {"starting": "setting up", "done": "done"}.get(status["state"], f"({status['state']})")
         phase = f"in the {status['phase']} of " if status.get("phase") else "in "
         return f"{phase}step {status['step'] + 1} of the {status['run']} run"
