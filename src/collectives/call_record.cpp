@@ -10,7 +10,8 @@ namespace ciera::collectives {
 namespace {
 
 constexpr uint32_t kRecordMagic = 0x31434C43;  // "CLC1", little-endian
-constexpr uint8_t kVersion = 2;                // 2: a coded slice is frames of frame_values values
+// 2: a coded slice is frames of frame_values values; 3: short first and last slices (slice_of).
+constexpr uint8_t kVersion = 3;
 constexpr size_t kHeaderBytes = 40;
 constexpr size_t kPeerBytes = 24;
 constexpr size_t kVerdictMessageBytes = 240;
@@ -32,11 +33,28 @@ std::string describe(const CallRecord& r) {
   return text;
 }
 
+uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
 }  // namespace
 
-uint64_t slice_of(uint64_t values, uint32_t round, uint64_t slice_values) {
-  const uint64_t begin = static_cast<uint64_t>(round) * slice_values;
-  return values > begin ? std::min(slice_values, values - begin) : 0;
+uint64_t rounds_of(uint64_t values, uint64_t slice_values) {
+  const uint64_t edge = std::max<uint64_t>(1, slice_values / 4);
+  if (values <= 2 * edge) return ceil_div(values, edge);  // 0, 1 or 2
+  return 2 + ceil_div(values - 2 * edge, slice_values);
+}
+
+Slice slice_of(uint64_t values, uint32_t round, uint64_t slice_values) {
+  const uint64_t edge = std::max<uint64_t>(1, slice_values / 4);
+  const uint64_t rounds = rounds_of(values, slice_values);
+  if (round >= rounds) return {values, 0};
+  if (round == 0) return {0, std::min(values, edge)};
+  if (round == rounds - 1) {  // the last edge (of a part of up to 2E values: the rest after E)
+    const uint64_t last = std::min(values - edge, edge);
+    return {values - last, last};
+  }
+  const uint64_t body = values - 2 * edge, slices = rounds - 2, j = round - 1;
+  const uint64_t even = body / slices, longer = body % slices;  // the first `longer` get one more
+  return {edge + j * even + std::min(j, longer), even + (j < longer ? 1 : 0)};
 }
 
 std::string_view call_kind_name(CallKind kind) {
@@ -151,7 +169,7 @@ void check_agreement(std::span<const CallRecord> records) {
                           std::to_string(sent) + " values, but rank " + std::to_string(to) +
                           " expects " + std::to_string(expected) + " from it");
       }
-      const uint64_t slice = slice_of(sent, first.round, first.slice_values);
+      const uint64_t slice = slice_of(sent, first.round, first.slice_values).values;
       const uint64_t bytes = records[from].part_bytes[to];
       const bool own = from == to;  // never sent: 0 bytes
       if (bytes > slice * dtype_info(first.dtype).value_bytes ||

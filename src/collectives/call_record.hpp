@@ -25,9 +25,9 @@ struct CallRecord {
   ReduceOp op = ReduceOp::kSum;       // reduce-scatter only (0 for alltoallv)
   bool rejected = false;              // this rank refused its own arguments (it throws why)
   uint64_t sequence = 0;              // this rank's count of earlier calls
-  // A call moves its parts in rounds: slice `round` of every part in round `round`, each slice
-  // `slice_values` values (a part's last slice the rest), so that coding one round overlaps the
-  // exchange of the previous one (docs/format.md, "Lossless collectives", "Rounds").
+  // A call moves its parts in rounds: slice `round` of every part in round `round` (slice_of),
+  // so that coding one round overlaps the exchange of the previous one (docs/format.md,
+  // "Lossless collectives", "Rounds").
   uint32_t round = 0;
   uint64_t slice_values = 0;
   std::vector<uint64_t> part_values;  // per peer: values of the whole part sent to it
@@ -44,8 +44,19 @@ void write_call_record(const CallRecord& record, std::span<std::byte> out);
 // Throws FormatError if `in` is not a record of this version for `world` ranks.
 CallRecord read_call_record(std::span<const std::byte> in, int world);
 
-// Values in slice `round` of a part of `values` values cut into slices of `slice_values`.
-uint64_t slice_of(uint64_t values, uint32_t round, uint64_t slice_values);
+// Slice `round` of a part of `values` values (docs/format.md, "Rounds"): with S = slice_values
+// and an edge E = max(1, S / 4), a part of more than 2E values is a first slice of E values,
+// ceil((values - 2E) / S) slices of at most S between them (as even as whole values allow: the
+// first ones one value longer) and a last slice of E; a shorter part is E values and the rest.
+// The edges are short because only the first slice's coding and the last one's decoding and
+// reduction are not hidden behind the transport (collectives.cpp).
+struct Slice {
+  uint64_t begin = 0;   // of the part's values
+  uint64_t values = 0;  // 0: the part has no slice in this round
+};
+Slice slice_of(uint64_t values, uint32_t round, uint64_t slice_values);
+// Rounds a part of `values` values takes (0 for none); a call takes its longest part's.
+uint64_t rounds_of(uint64_t values, uint64_t slice_values);
 
 // Checks every rank's record (rank order) against the others: the same kind, dtype, op,
 // sequence, round and slice size on every rank, what each rank sends each peer is what that peer

@@ -1,5 +1,6 @@
 // One call of a lossless collective, on every rank (docs/format.md, "Lossless collectives"). The
-// parts move in rounds, slice k of every part in round k; for each round:
+// parts move in rounds, slice k of every part in round k (collectives::slice_of: short first and
+// last slices, since only their coding and decoding are not hidden); for each round:
 //   1. code the slice for each peer (or keep it raw) into send region k % kRegions;
 //   2. exchange call records (allgather) and check them: same call everywhere, sizes that match;
 //   3. alltoallv of the slices as sent, into receive region k % kRegions, started
@@ -16,6 +17,7 @@
 // its output only then.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -168,7 +170,7 @@ struct LosslessCollectives::Impl {
     return {adaptive.compress(it->second.second), &it->second};
   }
 
-  uint64_t slice(uint64_t values, uint32_t k) const {
+  collectives::Slice slice(uint64_t values, uint32_t k) const {
     return collectives::slice_of(values, k, config.slice_values);
   }
 
@@ -184,7 +186,7 @@ struct LosslessCollectives::Impl {
     const size_t region = k % kRegions;
     uint64_t room_needed = 0;
     for (size_t p = 0; p < call.send_values.size(); ++p) {
-      const uint64_t m = slice(call.send_values[p], k);
+      const uint64_t m = slice(call.send_values[p], k).values;
       room_needed += call.compress
                          ? std::max<uint64_t>(m * value_bytes, collectives::coded_slice_bound(
                                                                    c, m, config.frame_values))
@@ -196,11 +198,10 @@ struct LosslessCollectives::Impl {
     uint64_t at = 0;
     for (size_t p = 0; p < call.send_values.size(); ++p) {
       send_at[region][p] = at;
-      const uint64_t m = slice(call.send_values[p], k);
+      const auto [begin, m] = slice(call.send_values[p], k);
       if (static_cast<int>(p) == rank || m == 0) continue;
       const uint64_t raw = m * value_bytes;
-      const std::byte* part =
-          call.in + (in_at[p] + static_cast<uint64_t>(k) * config.slice_values) * value_bytes;
+      const std::byte* part = call.in + (in_at[p] + begin) * value_bytes;
       std::byte* out = send[region].data() + at;
       FrameStats frame;
       frame.payload_bytes = raw;
@@ -304,12 +305,11 @@ struct LosslessCollectives::Impl {
     const CodecConfig c = codec(call.dtype);
     std::vector<const std::byte*> slices(static_cast<size_t>(world));
     for (size_t p = 0; p < static_cast<size_t>(world); ++p) {
-      const uint64_t offset = static_cast<uint64_t>(k) * config.slice_values;
-      if (static_cast<int>(p) == rank) {
-        slices[p] = call.in + (in_at[p] + offset) * value_bytes;
+      if (static_cast<int>(p) == rank) {  // its own part, as sent to itself
+        slices[p] = call.in + (in_at[p] + slice(call.send_values[p], k).begin) * value_bytes;
         continue;
       }
-      const uint64_t raw = slice(call.recv_values[p], k) * value_bytes;
+      const uint64_t raw = slice(call.recv_values[p], k).values * value_bytes;
       const uint64_t sent = all[p].part_bytes[static_cast<size_t>(rank)];
       slices[p] = recv[k % kRegions].data() + recv_at[p];
       if (sent == raw) continue;
@@ -356,8 +356,13 @@ struct LosslessCollectives::Impl {
       uint64_t longest = 0;  // every rank sees every record: the same number of rounds everywhere
       for (const CallRecord& r : all)
         longest = std::max(longest, *std::max_element(r.part_values.begin(), r.part_values.end()));
-      const auto count =
-          static_cast<uint32_t>((longest + config.slice_values - 1) / config.slice_values);
+      const uint64_t rounds = collectives::rounds_of(longest, config.slice_values);
+      if (rounds > UINT32_MAX) {
+        throw ConfigError("lossless collectives: a part of " + std::to_string(longest) +
+                          " values in slices of " + std::to_string(config.slice_values) +
+                          " takes more than 2^32 rounds (raise CollectivesConfig.slice_values)");
+      }
+      const auto count = static_cast<uint32_t>(rounds);
       auto code = [&](uint32_t k) {
         pool.submit(coding[k % kRegions], [&, k] { code_round(call, in_at, k, stats); });
       };
@@ -504,10 +509,9 @@ CollectiveStats LosslessCollectives::reduce_scatter(DType dtype, ReduceOp op,
                   },
                   [&](uint32_t k, std::span<const std::byte* const> slices) {
                     const auto start = Clock::now();
-                    const uint64_t first = static_cast<uint64_t>(k) * m.config.slice_values;
-                    collectives::reduce_in_rank_order(dtype, op, slices,
-                                                      m.reduced.data() + first * value_bytes,
-                                                      m.slice(values, k));
+                    const auto [first, count] = m.slice(values, k);
+                    collectives::reduce_in_rank_order(
+                        dtype, op, slices, m.reduced.data() + first * value_bytes, count);
                     const double seconds = seconds_since(start);
                     std::lock_guard lock(m.tally);
                     m.reduce_s += seconds;
@@ -545,8 +549,7 @@ CollectiveStats LosslessCollectives::alltoallv(DType dtype, std::span<const std:
   auto [compress, shape] = m.decide(CallKind::kAlltoallv, dtype, in.size());
   const std::vector<uint64_t> out_at = offsets_of(recv_values);  // in values
   auto place = [&, out_at](size_t p, uint32_t k) {
-    return out.data() +
-           (out_at[p] + static_cast<uint64_t>(k) * m.config.slice_values) * value_bytes;
+    return out.data() + (out_at[p] + m.slice(recv_values[p], k).begin) * value_bytes;
   };
   const Call call{CallKind::kAlltoallv,
                   dtype,
@@ -561,7 +564,7 @@ CollectiveStats LosslessCollectives::alltoallv(DType dtype, std::span<const std:
                     // place.
                     for (size_t p = 0; p < world; ++p) {
                       std::byte* to = place(p, k);
-                      const uint64_t bytes = m.slice(recv_values[p], k) * value_bytes;
+                      const uint64_t bytes = m.slice(recv_values[p], k).values * value_bytes;
                       if (bytes != 0 && slices[p] != to) std::memcpy(to, slices[p], bytes);
                     }
                   }};

@@ -12,6 +12,7 @@
 #include "../test_util.hpp"
 #include "ciera/collectives.hpp"
 #include "ciera/mpi.hpp"
+#include "collectives/call_record.hpp"
 #include "common/floats.hpp"
 
 namespace ciera {
@@ -46,10 +47,12 @@ TEST_P(MpiReduceScatter, IsTheRankOrderSumOfEveryRanksPart) {
   std::vector<uint16_t> everyone(n * W * W);
   MPI_Allgather(input.data(), static_cast<int>(n * W), MPI_UINT16_T, everyone.data(),
                 static_cast<int>(n * W), MPI_UINT16_T, MPI_COMM_WORLD);
-  // One round, and five (more than the rounds in flight, the last one short): from the second
-  // round on, each round's exchange starts while the previous one still moves.
+  // Two rounds (an edge of 2^18 values and the rest), and seven (more than the rounds in
+  // flight): from the second round on, each round's exchange starts while the previous one
+  // still moves.
   for (const uint64_t slice : {uint64_t{1} << 20, uint64_t{1} << 16}) {
-    const uint32_t rounds = static_cast<uint32_t>((n + slice - 1) / slice);
+    const auto rounds = static_cast<uint32_t>(collectives::rounds_of(n, slice));
+    ASSERT_EQ(rounds, slice == uint64_t{1} << 20 ? 2U : 7U);
     LosslessCollectives collectives(transport, {.coding = GetParam(), .slice_values = slice});
     std::vector<uint16_t> out(n);
     for (int call = 0; call < 3; ++call) {
