@@ -196,9 +196,6 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(ReduceOp::kSum, ReduceOp::kAvg)),
     reduce_case_name);
 
-// Slices of several frames each (collectives/slice_coding.hpp), the last of a slice shorter and
-// frame sizes that differ between ranks (they need not match): the twin's result bit for bit,
-// every part's frames read as each sender cut them.
 // The rounds' slices (docs/format.md, "Rounds"): an edge of S / 4 values first and last, the
 // values between them in slices of at most S, as even as whole values allow; short parts are an
 // edge and the rest. Every part is covered once, in order.
@@ -249,6 +246,9 @@ TEST(Rounds, ShortEdgesAroundEvenSlices) {
   }
 }
 
+// Slices of several frames each (collectives/slice_coding.hpp), the last of a slice shorter and
+// frame sizes that differ between ranks (they need not match): the twin's result bit for bit,
+// every part's frames read as each sender cut them.
 TEST(ReduceScatterFrames, SlicesOfSeveralFramesAreTheTwinsResultBitForBit) {
   const int world = 3;
   const size_t n = 10000;  // four rounds in slices of 4096: 1024, two of 3976, 1024

@@ -35,16 +35,19 @@ std::string describe(const CallRecord& r) {
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
+// The first and last slices' length (docs/format.md, "Rounds").
+uint64_t edge_of(uint64_t slice_values) { return std::max<uint64_t>(1, slice_values / 4); }
+
 }  // namespace
 
 uint64_t rounds_of(uint64_t values, uint64_t slice_values) {
-  const uint64_t edge = std::max<uint64_t>(1, slice_values / 4);
+  const uint64_t edge = edge_of(slice_values);
   if (values <= 2 * edge) return ceil_div(values, edge);  // 0, 1 or 2
   return 2 + ceil_div(values - 2 * edge, slice_values);
 }
 
 Slice slice_of(uint64_t values, uint32_t round, uint64_t slice_values) {
-  const uint64_t edge = std::max<uint64_t>(1, slice_values / 4);
+  const uint64_t edge = edge_of(slice_values);
   const uint64_t rounds = rounds_of(values, slice_values);
   if (round >= rounds) return {values, 0};
   if (round == 0) return {0, std::min(values, edge)};
