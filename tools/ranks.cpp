@@ -144,8 +144,7 @@ std::optional<uint64_t> uplink_bytes_sent() {
 }
 
 int run_mpi_rank(const std::function<int()>& body) {
-  int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  const int provided = mpi_init();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {

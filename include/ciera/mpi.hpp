@@ -12,6 +12,14 @@
 
 namespace ciera {
 
+// Initialises MPI the way CIERA needs it and returns the thread level MPI provides (the caller
+// checks it against MPI_THREAD_MULTIPLE, which the engine's threads need); if MPI is initialised
+// already, only returns that level. Before MPI_Init_thread it turns on Open MPI's TCP progress
+// thread (OMPI_MCA_btl_tcp_progress_thread=1) unless the caller chose that parameter: without it
+// the last fragment of a large message can wait in a rank's send queue until that rank next
+// calls MPI, and a peer still polling for it stalls (docs/reliability.md, row 21).
+int mpi_init(int* argc = nullptr, char*** argv = nullptr);
+
 // Duplicates `comm`, so CIERA's collectives never interleave with the caller's, and sets
 // MPI_ERRORS_RETURN on the duplicate. MPI must be initialised; if several threads use MPI, with
 // MPI_THREAD_MULTIPLE.

@@ -191,14 +191,8 @@ void bind_transport(py::module_& m) {
 #endif
 #if defined(CIERA_WITH_MPI)
   m.def("mpi_init", [] {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      if (provided < MPI_THREAD_MULTIPLE)
-        throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
-    }
+    if (mpi_init() < MPI_THREAD_MULTIPLE)
+      throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
   });
   m.def("mpi_shutdown", [](int abort_code) { mpi_shutdown(abort_code); }, py::arg("abort_code") = 1,
         "MPI_Finalize, or after a failed collective of this process MPI_Abort (which ends the job "

@@ -79,8 +79,7 @@ void reduce_scatters(const std::shared_ptr<ciera::Transport>& transport, int ran
 int main(int argc, char** argv) {
   const std::string fault = argc > 1 ? argv[1] : "exit";
   const bool reduce_scatter = argc > 2 && std::string(argv[2]) == "reduce-scatter";
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  ciera::mpi_init(&argc, &argv);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -5,9 +5,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "ciera/mpi.hpp"
+
 inline int run_all_tests_under_mpi(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  ciera::mpi_init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

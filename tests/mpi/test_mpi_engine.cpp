@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -32,6 +33,18 @@ int world_size() {
   int w;
   MPI_Comm_size(MPI_COMM_WORLD, &w);
   return w;
+}
+
+// mpi_init (run_all_tests_under_mpi called it) asked Open MPI for the TCP BTL's progress thread,
+// since the launcher set no value of its own, and a second call only reports the thread level.
+TEST(MpiInit, AsksForTheTcpProgressThreadAndInitialisesOnce) {
+  const char* value = std::getenv("OMPI_MCA_btl_tcp_progress_thread");
+  ASSERT_NE(value, nullptr);
+  EXPECT_STREQ(value, "1");
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  EXPECT_EQ(mpi_init(), provided);
+  EXPECT_EQ(provided, MPI_THREAD_MULTIPLE);
 }
 
 // The reference: plain MPI_Allgatherv of each rank's input.

@@ -523,6 +523,27 @@ void mpi_wait_all(std::span<MPI_Request> requests, std::chrono::milliseconds tim
   }
 }
 
+int mpi_init(int* argc, char*** argv) {
+  int initialized = 0, provided = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    MPI_Query_thread(&provided);
+    return provided;
+  }
+  // Over TCP, Open MPI 4.1's ob1 sends a message of btl_tcp_min_rdma_pipeline_size (196,608)
+  // bytes or more as emulated PUTs closed by a FIN fragment. The sender's request can complete
+  // while that FIN still waits in its user-space send queue for a full socket to drain, and only
+  // the sender's own progress engine writes it out: a rank that has finished its part of an
+  // exchange and waits elsewhere (in gloo, in compute) leaves its peer polling for the FIN until
+  // the deadline. The TCP BTL's progress thread writes queued fragments whenever the socket can
+  // take them. It only exists in the TCP BTL, so nothing changes where shared memory or another
+  // network carries the bytes; a value the caller set (environment, mpirun --mca) is kept. The
+  // variable is read by Open MPI's MCA base during MPI_Init_thread, in this process only.
+  setenv("OMPI_MCA_btl_tcp_progress_thread", "1", /*overwrite=*/0);
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  return provided;
+}
+
 void mpi_shutdown(int abort_code) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
