@@ -537,8 +537,9 @@ int mpi_init(int* argc, char*** argv) {
   // exchange and waits elsewhere (in gloo, in compute) leaves its peer polling for the FIN until
   // the deadline. The TCP BTL's progress thread writes queued fragments whenever the socket can
   // take them. It only exists in the TCP BTL, so nothing changes where shared memory or another
-  // network carries the bytes; a value the caller set (environment, mpirun --mca) is kept. The
-  // variable is read by Open MPI's MCA base during MPI_Init_thread, in this process only.
+  // network carries the bytes; a value the caller set (environment, mpirun --mca) is kept. Open
+  // MPI's MCA base reads the variable during MPI_Init_thread (processes started later from this
+  // one inherit it, as they would any setting of the launcher's).
   setenv("OMPI_MCA_btl_tcp_progress_thread", "1", /*overwrite=*/0);
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   return provided;
