@@ -272,7 +272,9 @@ TEST(ReduceScatterFrames, SlicesOfSeveralFramesAreTheTwinsResultBitForBit) {
     ASSERT_EQ(errors[r], "") << "rank " << r;
     EXPECT_EQ(outputs[r], twins[r]) << "rank " << r;
     EXPECT_EQ(stats[r].coded_slices, 2u * 4u) << "rank " << r;  // every slice coded
-    if (r != 1) EXPECT_LT(stats[r].wire_bytes, stats[r].raw_bytes * 0.85) << "rank " << r;
+    if (r != 1) {
+      EXPECT_LT(stats[r].wire_bytes, stats[r].raw_bytes * 0.85) << "rank " << r;
+    }
   }
 }
 
@@ -621,28 +623,57 @@ TEST(CollectivesConfig, NamesAndValidation) {
 // A task no worker has started when the caller waits for its group, the caller runs itself: with
 // the only worker held up, waiting for another group's task returns, the task having run on the
 // caller's thread, and the held-up task's group is still waited for as before.
+// Holds a one-worker pool's worker in a task of `group` until release().
+class HeldWorker {
+ public:
+  HeldWorker(ThreadPool& pool, TaskGroup& group) {
+    pool.submit(group, [this] {
+      started_ = true;
+      std::lock_guard wait_for_the_gate(gate_);
+    });
+    while (!started_) std::this_thread::yield();
+  }
+  void release() { closed_.unlock(); }
+
+ private:
+  std::mutex gate_;
+  std::unique_lock<std::mutex> closed_{gate_};
+  std::atomic<bool> started_{false};
+};
+
 TEST(ThreadPool, TheCallerRunsTheWaitedTasksNoWorkerStarted) {
   ThreadPool pool(1, 19);
   TaskGroup held, other;
-  std::mutex gate;
-  std::unique_lock closed(gate);
-  std::atomic<bool> worker_started{false};
-  pool.submit(held, [&] {
-    worker_started = true;
-    std::lock_guard wait_for_the_gate(gate);
-  });
-  while (!worker_started) std::this_thread::yield();
+  HeldWorker worker(pool, held);
   std::thread::id ran_on;
   pool.submit(other, [&] { ran_on = std::this_thread::get_id(); });
   pool.wait(other);
   EXPECT_EQ(ran_on, std::this_thread::get_id());
   EXPECT_FALSE(held.done());
-  closed.unlock();
+  worker.release();
   pool.wait(held);
   EXPECT_TRUE(held.done());
   // A failing task's exception reaches the waiter either way.
   pool.submit(other, [] { throw ConfigError("task failed"); });
   EXPECT_THROW(pool.wait(other), ConfigError);
+}
+
+// run_queued runs on the caller the group's tasks no worker has started, without waiting for
+// the one a worker holds, and says whether it ran any.
+TEST(ThreadPool, RunQueuedTakesOnlyTheTasksNoWorkerStarted) {
+  ThreadPool pool(1, 19);
+  TaskGroup group;
+  HeldWorker worker(pool, group);
+  EXPECT_FALSE(pool.run_queued(group));  // the only task is the worker's
+  std::thread::id ran_on;
+  pool.submit(group, [&] { ran_on = std::this_thread::get_id(); });
+  EXPECT_TRUE(pool.run_queued(group));
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_FALSE(group.done());  // the worker's task still holds the group
+  worker.release();
+  pool.wait(group);
+  EXPECT_TRUE(group.done());
+  EXPECT_FALSE(pool.run_queued(group));
 }
 
 #if defined(__linux__)

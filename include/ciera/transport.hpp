@@ -82,6 +82,11 @@ class Transport {
    public:
     virtual ~PendingExchange() = default;
     virtual void finish() = 0;
+    // Whether the exchange has completed on this rank, without waiting (a transport that moves
+    // bytes only when called moves them on here); throws what finish() would. finish() must
+    // still be called. The default, for exchanges that cannot tell, says false: a caller
+    // polling it then waits for its own work instead, and finish() for the exchange.
+    virtual bool test() { return false; }
   };
 
   // alltoallv, started: it may return while the bytes still move, so that an exchange can be in
@@ -97,6 +102,7 @@ class Transport {
     alltoallv(in, send_counts, send_displs, out, recv_counts, recv_displs);
     struct Finished final : PendingExchange {
       void finish() override {}
+      bool test() override { return true; }
     };
     return std::make_unique<Finished>();
   }

@@ -34,6 +34,7 @@
 #include "collectives/reduction.hpp"
 #include "collectives/slice_coding.hpp"
 #include "common/adaptive_switch.hpp"
+#include "common/poll.hpp"
 #include "common/thread_pool.hpp"
 
 namespace ciera {
@@ -391,12 +392,13 @@ struct LosslessCollectives::Impl {
         exchange_s += seconds_since(exchange_start);
       };
       for (uint32_t k = 0; k < count; ++k) {
-        // Behind round k only if round k + 1 is coded: coding it here would leave round k's
-        // transfer without the polling that moves it (ranks may choose differently: every rank
-        // starts the exchanges in the same order, and a start does not wait for the peers).
-        const bool behind = k + 1 < count && coding[(k + 1) % kRegions].done();
-        if (behind) start_next(k);
+        // Round k + 1 goes in behind round k as soon as it is coded, or after round k if round
+        // k ends first (ranks may choose differently: every rank starts the exchanges in the
+        // same order, and a start does not wait for the peers).
         const auto x0 = Clock::now();
+        const bool behind =
+            k + 1 < count && coded_first(*current.exchange, coding[(k + 1) % kRegions]);
+        if (behind) start_next(k);
         current.exchange->finish();
         exchange_s += seconds_since(x0);
         pool.submit(decoding[k % kRegions],
@@ -428,6 +430,25 @@ struct LosslessCollectives::Impl {
     const auto verdict_start = Clock::now();
     exchange_verdicts(seconds_since(start));
     stats.decode_s = decode_s + seconds_since(verdict_start);
+  }
+
+  // Waits until the round in `next` is coded (true) or `exchange` has completed (false),
+  // whichever comes first, so that the next round's exchange starts behind this one's while its
+  // bytes still move, not once they have (deciding once, when this round started, left the
+  // links idle between rounds whenever the coding ended a little later: docs/benchmarks.md,
+  // "The next round as soon as it is coded"). A coding no worker has started yet, this thread
+  // runs itself: the transport moves the bytes meanwhile (Open MPI's TCP progress thread,
+  // ciera::mpi_init).
+  bool coded_first(Transport::PendingExchange& exchange, TaskGroup& next) {
+    bool coded = false;
+    poll_until(
+        [&] {
+          pool.run_queued(next);
+          if (next.done()) return coded = true;
+          return exchange.test();
+        },
+        std::chrono::milliseconds(0));
+    return coded;
   }
 
   // Every rank's verdict; a rank that could not decode a slice makes every rank throw.

@@ -114,19 +114,27 @@ class ThreadPool {
   // a caller that would otherwise wait on a worker starved by busier threads does the work
   // itself; where the workers keep up, their tasks have started and the caller only waits.
   void wait(TaskGroup& group) {
+    run_queued(group);
+    group.wait();
+  }
+
+  // Runs on the calling thread the tasks of `group` that no worker has started yet (their
+  // exceptions go to the group, as on a worker); returns whether there were any.
+  bool run_queued(TaskGroup& group) {
+    bool ran = false;
     for (;;) {
       std::function<void()> task;
       {
         std::lock_guard lock(mutex_);
         auto it = std::find_if(queue_.begin(), queue_.end(),
                                [&](const Queued& q) { return q.group == &group; });
-        if (it == queue_.end()) break;
+        if (it == queue_.end()) return ran;
         task = std::move(it->task);
         queue_.erase(it);
       }
       task();
+      ran = true;
     }
-    group.wait();
   }
 
  private:

@@ -2,7 +2,6 @@
 // or stalled peer then surfaces as a CommError on every surviving rank instead of a hang
 // (Open MPI reports nothing by itself when a peer vanishes mid-collective). Polling backs off
 // from yielding to short sleeps, so oversubscribed ranks do not steal each other's cores.
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,13 +9,13 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ciera/mpi.hpp"
+#include "common/poll.hpp"
 
 namespace ciera {
 namespace {
@@ -24,32 +23,6 @@ namespace {
 // Set when any MPI transport of this process fails: from then on MPI_Finalize, which waits for
 // every peer, could block forever on the one that is gone or stopped (mpi_shutdown()).
 std::atomic<bool> g_communication_failed{false};
-
-// Calls `test` until it returns true (then true) or `timeout` passes (then false; 0: no
-// deadline). Between calls it yields, then sleeps with growing pauses up to 200 us, so that
-// oversubscribed ranks do not steal each other's cores, unless `*progress` changed (something
-// moved: look again soon).
-template <typename Test>
-bool poll_until(Test&& test, std::chrono::milliseconds timeout, const uint64_t* progress) {
-  const auto start = std::chrono::steady_clock::now();
-  auto pause = std::chrono::microseconds(0);
-  uint64_t seen = progress ? *progress : 0;
-  for (;;) {
-    if (test()) return true;
-    if (progress && *progress != seen) {
-      seen = *progress;
-      pause = std::chrono::microseconds(0);
-    }
-    if (timeout.count() > 0 && std::chrono::steady_clock::now() - start > timeout) return false;
-    if (pause.count() == 0) {
-      sched_yield();
-      pause = std::chrono::microseconds(1);
-    } else {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(200));
-    }
-  }
-}
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -462,15 +435,15 @@ class MpiTransport final : public Transport {
     void finish() override {
       if (finished) return;
       finished = true;
-      transport.poll(
-          [&]() -> bool {
-            int all = 0;
-            const int code = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &all,
-                                         MPI_STATUSES_IGNORE);
-            if (code != MPI_SUCCESS) transport.fail(code, "alltoallv");
-            return all != 0;
-          },
-          "alltoallv");
+      transport.poll([&] { return completed(); }, "alltoallv");
+    }
+    bool test() override { return finished || completed(); }
+    bool completed() {
+      int all = 0;
+      const int code = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &all,
+                                   MPI_STATUSES_IGNORE);
+      if (code != MPI_SUCCESS) transport.fail(code, "alltoallv");
+      return all != 0;
     }
     MpiTransport& transport;
     std::vector<MPI_Request> requests;
