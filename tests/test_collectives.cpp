@@ -620,9 +620,6 @@ TEST(CollectivesConfig, NamesAndValidation) {
   }
 }
 
-// A task no worker has started when the caller waits for its group, the caller runs itself: with
-// the only worker held up, waiting for another group's task returns, the task having run on the
-// caller's thread, and the held-up task's group is still waited for as before.
 // Holds a one-worker pool's worker in a task of `group` until release().
 class HeldWorker {
  public:
@@ -641,6 +638,9 @@ class HeldWorker {
   std::atomic<bool> started_{false};
 };
 
+// A task no worker has started when the caller waits for its group, the caller runs itself: with
+// the only worker held up, waiting for another group's task returns, the task having run on the
+// caller's thread, and the held-up task's group is still waited for as before.
 TEST(ThreadPool, TheCallerRunsTheWaitedTasksNoWorkerStarted) {
   ThreadPool pool(1, 19);
   TaskGroup held, other;
