@@ -26,7 +26,8 @@ struct EntropyKernels {
   // rANS-encodes `groups` groups of kRansStates symbols, the last group first, exactly as
   // rans_put would one symbol at a time: symbols[kRansStates * g + j] uses states[j] and is
   // below kRansGroupSymbols. Words go below *out, which moves down; the caller guarantees 2
-  // bytes of room per symbol.
+  // bytes of room per symbol, and any of that room below the words may be written (a kernel
+  // may store a vector's worth ending where its words end).
   void (*encode_groups)(const RansGroupTables& tables, uint32_t* states, const uint8_t* symbols,
                         size_t groups, uint8_t** out);
   // encode_groups on two independent streams at once (two segments of one stream), `groups`

@@ -2,6 +2,9 @@
 // target's copy is compiled in (cmake/kernels_target.cpp.in).
 #pragma once
 
+#include <bit>
+#include <cstddef>
+
 #include "common/bytes.hpp"
 #include "common/kernel_prelude.hpp"
 #include "entropy/histogram.hpp"
