@@ -106,8 +106,10 @@ class SymbolCounter {
  private:
   static constexpr uint64_t kFoldAt = uint64_t{1} << 31;
   // The window is chosen again after this many symbols: the kernel's speed depends on it, its
-  // counts never do.
-  static constexpr uint64_t kRechooseWindowAfter = uint64_t{1} << 16;
+  // counts never do. Gradients whose scale changes along a frame left 6% of their exponents
+  // outside a window chosen every 2^16, 0.7% every 2^13, for 0.39 against 0.47 ns a symbol
+  // (AVX2 EPYC; 2^12 is slower again, the choosing costing more than it saves).
+  static constexpr uint64_t kRechooseWindowAfter = uint64_t{1} << 13;
   static constexpr size_t kWindowProbe = 1024;
 
   void count_bytes(const uint8_t* symbols, size_t n) {
