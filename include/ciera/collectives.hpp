@@ -48,8 +48,12 @@ struct CollectivesConfig {
   // Parts move in rounds of slices of this many values, so that a worker thread codes the
   // rounds ahead (up to two) and decodes the rounds behind while the transport moves this one.
   // Each rank keeps three rounds' slices of every peer in each direction (send, receive and, for
-  // a reduce-scatter, decoded). Must match on every rank.
-  uint64_t slice_values = uint64_t{1} << 20;
+  // a reduce-scatter, decoded). Must match on every rank. 2^18 (from 2^20 until 2026-12-04): a
+  // first and last slice of 2^16 leave less coding and decoding outside the transfers, which
+  // on four ranks sharing two cores at 1 Gbit/s took the synthetic BF16 reduce-scatter of a
+  // training call from 114-119 to 99-102 ms coded, its uncoded twin from 136-139 to 132-134
+  // (docs/benchmarks.md, "Slices of 2^18"); 2^17 and 2^16 slowed the twin with their rounds.
+  uint64_t slice_values = uint64_t{1} << 18;
   // A coded slice is frames of at most this many values, each with an rANS table of its own
   // (docs/format.md, "Lossless collectives"), so that the tables follow exponent statistics that
   // change along a buffer, as a gradient's do from one parameter to the next: the BF16
