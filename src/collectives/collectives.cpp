@@ -345,12 +345,26 @@ struct LosslessCollectives::Impl {
     verdict = Verdict{};
     failed_round = 0;
     const std::vector<uint64_t> in_at = offsets_of(call.send_values);
-    code_round(call, in_at, 0, stats);
     // Round k's tasks are in coding[k % kRegions] and decoding[k % kRegions]; the worker takes
     // them in the order submitted, so a round's decoding goes before the codings queued after it.
     TaskGroup coding[kRegions], decoding[kRegions];
+    auto code = [&](uint32_t k) {
+      pool.submit(coding[k % kRegions], [&, k] { code_round(call, in_at, k, stats); });
+    };
     double exchange_s = 0;
     try {
+      // The worker starts on the rounds after round 0 while this thread codes round 0 and waits
+      // for the last rank to enter: so many of them as this rank's own parts take (each is a
+      // round of the call, whose longest part is at least as long), up to kRegions - 1. A rank
+      // that enters early enters with them coded, and the last one codes rounds 0 and 1 at once.
+      const uint64_t own_longest =
+          call.send_values.empty()
+              ? 0
+              : *std::max_element(call.send_values.begin(), call.send_values.end());
+      const auto ahead = static_cast<uint32_t>(
+          std::min<uint64_t>(collectives::rounds_of(own_longest, config.slice_values), kRegions));
+      for (uint32_t k = 1; k < ahead; ++k) code(k);
+      code_round(call, in_at, 0, stats);
       auto exchange_start = Clock::now();
       std::vector<CallRecord> all = exchange_records(call, 0);
       stats.arrival_wait_s = seconds_since(exchange_start);
@@ -364,10 +378,7 @@ struct LosslessCollectives::Impl {
                           " takes more than 2^32 rounds (raise CollectivesConfig.slice_values)");
       }
       const auto count = static_cast<uint32_t>(rounds);
-      auto code = [&](uint32_t k) {
-        pool.submit(coding[k % kRegions], [&, k] { code_round(call, in_at, k, stats); });
-      };
-      for (uint32_t k = 1; k < std::min(count, kRegions); ++k) code(k);
+      for (uint32_t k = std::max(ahead, 1u); k < std::min(count, kRegions); ++k) code(k);
       // Round k's exchange in flight, and from the second round on round k + 1's behind it:
       // started as soon as its record is agreed, so that a rank whose round k ends early sends
       // on instead of waiting for the slowest rank to finish that round (each round would
