@@ -33,8 +33,8 @@ TEST(EntropyKernels, CountSymbolsAddsAPlainCount) {
         std::vector<uint8_t> v(n);
         const bool one_symbol = n % 2 == 0;
         for (auto& s : v) {
-          s = static_cast<uint8_t>(one_symbol ? window + 7
-                                              : rng() % 3 == 0 ? rng() % 256 : 100 + rng() % 20);
+          const uint64_t mixed = rng() % 3 == 0 ? rng() % 256 : 100 + rng() % 20;
+          s = static_cast<uint8_t>(one_symbol ? window + 7 : mixed);
         }
         uint32_t tables[4][256];
         std::array<uint64_t, 256> want{};
