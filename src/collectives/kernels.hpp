@@ -13,8 +13,8 @@
 namespace ciera::collectives {
 
 // One SIMD target's reductions: out[i] = round(parts[0][i] + ... + parts[count - 1][i]), divided
-// by `count` before the rounding when `average` (reduction.hpp). `parts` holds `count` pointers
-// to `n` values each; `out` may be one of them. Pointers carry no alignment requirement.
+// by `count` before the rounding when `average` (reduction.hpp). `parts` holds `count` (at least 1)
+// pointers to `n` values each; `out` may be one of them. Pointers carry no alignment requirement.
 struct ReductionKernels {
   const char* target;  // common::simd_target_name()
   void (*reduce_bf16)(const std::byte* const* parts, size_t count, bool average, std::byte* out,
