@@ -19,7 +19,7 @@
 # namespace before COMMAND starts; the ranks reach mpirun's PMIx server at the hub's address.
 #
 # The ranks see CIERA_LINKLAB_NODES=K and CIERA_LINKLAB_RANKS_PER_NODE=R (flat: W and 1), so a
-# program can tell which ranks share a node, and CIERA_LINKLAB_UPLINKS, the hub's end of each
+# program can tell which ranks share a node, CIERA_LINKLAB_CC (below), and CIERA_LINKLAB_UPLINKS, the hub's end of each
 # uplink in node order, with CIERA_LINKLAB_HUB_PID, a process in the hub's namespace: as root a
 # rank can read the uplinks' counters while it runs from /proc/$CIERA_LINKLAB_HUB_PID/net/dev
 # (what the hub's end receives is what that node sent).
@@ -31,6 +31,13 @@
 # from each uplink's node end (/sys/class/net/<dev>/statistics; tx: what the node sent to other
 # nodes, rx: what it received, Ethernet frames whole, ACKs and launcher traffic included), counted
 # from just before COMMAND started. A line on stderr sums them either way.
+#
+# TCP congestion control: every rank's connections use CUBIC (Linux's default), pinned on the
+# rank's route (`ip route ... congctl`, which a namespace may set whatever the host allows it by
+# sysctl), so that the lab's links behave the same on every host. CIERA_LINKLAB_CC=NAME picks
+# another the kernel offers; CIERA_LINKLAB_CC=default keeps the host's. Why: on a host whose
+# default is BBR, BBR over tbf-shaped links stopped every flow of a call for 40-60 ms in about one
+# call in ten, the links idle and the cores idle (docs/benchmarks.md, "The link lab's TCP").
 #
 # Only addresses inside these namespaces are used, and everything is removed on exit, including
 # on failure or Ctrl-C. Needs root (CAP_NET_ADMIN), iproute2 and Open MPI.
@@ -55,6 +62,14 @@ while [[ $# -gt 0 ]]; do
     *) echo "linklab: unknown option $1" >&2; exit 2 ;;
   esac
 done
+cc=${CIERA_LINKLAB_CC:-cubic}
+if [[ "$cc" != default ]] &&
+   ! grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
+  echo "linklab: the kernel offers no TCP congestion control '$cc' (it has:" \
+       "$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null));" \
+       "set CIERA_LINKLAB_CC to one of them, or to 'default' for the host's own" >&2
+  exit 2
+fi
 # Numbers may arrive as "1.000"; zero means "off".
 is_zero() { awk -v x="$1" 'BEGIN { exit !(x + 0 == 0) }'; }
 is_count() { [[ $1 =~ ^[1-9][0-9]{0,5}$ ]]; }
@@ -182,6 +197,10 @@ add_rank() {  # rank switch_ns switch_dev
   ip netns exec "$ns" ip link set "cl${id}r${r}" name eth0
   ip netns exec "$ns" ip addr add "${subnet}.$((r + 1))/24" dev eth0
   ip netns exec "$ns" ip link set eth0 up
+  if [[ "$cc" != default ]]; then
+    ip netns exec "$ns" ip route replace "${subnet}.0/24" dev eth0 proto kernel scope link \
+      src "${subnet}.$((r + 1))" congctl "$cc"
+  fi
   ip netns exec "$switch_ns" ip link set "$switch_dev" master br0
   ip netns exec "$switch_ns" ip link set "$switch_dev" up
 }
@@ -222,7 +241,7 @@ for ((n = 0; n < nodes; n++)); do
 done
 
 speed=$(is_zero "$gbit" && echo unshaped || echo "${gbit} Gbit/s per $( ((per_node == 1)) && echo link || echo "node uplink")")
-echo "linklab: ${ranks} ranks$( ((per_node == 1)) || echo " on ${nodes} nodes of ${per_node}"), ${speed}$(is_zero "$delay_ms" || echo ", ${delay_ms} ms delay")" >&2
+echo "linklab: ${ranks} ranks$( ((per_node == 1)) || echo " on ${nodes} nodes of ${per_node}"), ${speed}$(is_zero "$delay_ms" || echo ", ${delay_ms} ms delay"), TCP ${cc}" >&2
 
 for ((n = 0; n < nodes; n++)); do
   now=$(read_uplink "$n")
@@ -235,7 +254,7 @@ export CIERA_LINKLAB_PREFIX="ciera${id}"
 ip netns exec "$hub" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   CIERA_LINKLAB_GBIT="$gbit" CIERA_LINKLAB_DELAY_MS="$delay_ms" \
   CIERA_LINKLAB_NODES="$nodes" CIERA_LINKLAB_RANKS_PER_NODE="$per_node" \
-  CIERA_LINKLAB_UPLINKS="$uplinks" \
+  CIERA_LINKLAB_UPLINKS="$uplinks" CIERA_LINKLAB_CC="$cc" \
   PMIX_MCA_ptl_tcp_if_include="${subnet}.0/24" \
   bash -c 'export CIERA_LINKLAB_HUB_PID=$$; exec "$@"' linklab-hub \
   mpirun --allow-run-as-root --oversubscribe -np "$ranks" \
@@ -243,5 +262,5 @@ ip netns exec "$hub" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
   --mca mpi_yield_when_idle 1 \
   -x CIERA_LINKLAB_PREFIX -x CIERA_LINKLAB_GBIT -x CIERA_LINKLAB_DELAY_MS \
   -x CIERA_LINKLAB_NODES -x CIERA_LINKLAB_RANKS_PER_NODE -x CIERA_LINKLAB_UPLINKS \
-  -x CIERA_LINKLAB_HUB_PID \
+  -x CIERA_LINKLAB_HUB_PID -x CIERA_LINKLAB_CC \
   "$here/linklab-agent.sh" "$@"

@@ -10,10 +10,12 @@ below) and others to ranks on other nodes. The counters file must then show, for
 least the inter-node payload it sent and received, and no more than that plus header and ACK
 overhead. Each rank first binds its listening socket to 10.231.0.<rank+1> (which only succeeds in
 its own namespace) and checks the CIERA_LINKLAB_NODES / _RANKS_PER_NODE it was given, so rank
-placement is checked too. Exit 77 (skipped) where the lab cannot run.
+placement is checked too. Every sender checks its connection's TCP congestion control: CUBIC, the
+lab's own (whatever the host's default), in the two-level run; Reno, chosen by CIERA_LINKLAB_CC,
+in the flat one. Exit 77 (skipped) where the lab cannot run.
 
 Run by mpirun inside the lab (OMPI_COMM_WORLD_RANK set), the same file is one rank:
-    uplink_counters.py --rank NODES RANKS_PER_NODE PLAN   (PLAN: src:dst:bytes,...)
+    uplink_counters.py --rank NODES RANKS_PER_NODE PLAN CC   (PLAN: src:dst:bytes,...)
 """
 import json
 import os
@@ -53,7 +55,7 @@ def receive(listener: socket.socket, senders: dict[int, int], failures: list[str
                 failures.append(f"from rank {sender}: {got} bytes, expected {senders.get(sender)}")
 
 
-def send(me: int, peer: int, count: int) -> None:
+def send(me: int, peer: int, count: int, cc: str) -> None:
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -64,6 +66,10 @@ def send(me: int, peer: int, count: int) -> None:
                 raise
             time.sleep(0.05)
     with conn:
+        used = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
+        if used != cc:
+            raise SystemExit(f"rank {me}: its connection to rank {peer} uses TCP congestion control "
+                             f"{used}, expected {cc}")
         conn.sendall(me.to_bytes(4, "little"))
         block = bytes(1 << 20)
         while count > 0:
@@ -73,7 +79,7 @@ def send(me: int, peer: int, count: int) -> None:
         conn.recv(1)  # the receiver's close: everything arrived
 
 
-def run_rank(nodes: int, per_node: int, plan: list[tuple[int, int, int]]) -> int:
+def run_rank(nodes: int, per_node: int, plan: list[tuple[int, int, int]], cc: str) -> int:
     me = int(os.environ["OMPI_COMM_WORLD_RANK"])
     seen = (os.environ.get("CIERA_LINKLAB_NODES"), os.environ.get("CIERA_LINKLAB_RANKS_PER_NODE"))
     if seen != (str(nodes), str(per_node)):
@@ -94,7 +100,7 @@ def run_rank(nodes: int, per_node: int, plan: list[tuple[int, int, int]]) -> int
     receiver.start()
     for src, dst, count in plan:
         if src == me:
-            send(me, dst, count)
+            send(me, dst, count, cc)
     receiver.join()
     for failure in failures:
         print(f"rank {me}: {failure}", file=sys.stderr)
@@ -102,14 +108,18 @@ def run_rank(nodes: int, per_node: int, plan: list[tuple[int, int, int]]) -> int
 
 
 def check_lab(linklab: str, topology: list[str], nodes: int, per_node: int,
-              plan: list[tuple[int, int, int]]) -> list[str]:
-    """Runs the plan in the lab; returns what the counters file got wrong (77: skip)."""
+              plan: list[tuple[int, int, int]], cc: str | None = None) -> list[str]:
+    """Runs the plan in the lab (CIERA_LINKLAB_CC=cc if given); returns what the counters file got
+    wrong (77: skip)."""
     with tempfile.TemporaryDirectory() as tmp:
         counters_file = os.path.join(tmp, "counters.json")
         env = dict(os.environ, CIERA_LINKLAB_COUNTERS=counters_file)
+        env.pop("CIERA_LINKLAB_CC", None)
+        if cc is not None:
+            env["CIERA_LINKLAB_CC"] = cc
         plan_text = ",".join(f"{s}:{d}:{c}" for s, d, c in plan)
         cmd = [linklab, *topology, "--gbit", "1", "--", sys.executable, os.path.abspath(__file__),
-               "--rank", str(nodes), str(per_node), plan_text]
+               "--rank", str(nodes), str(per_node), plan_text, cc or "cubic"]
         print("+", " ".join(cmd), flush=True)
         status = subprocess.run(cmd, env=env, timeout=300).returncode
         if status == 77:
@@ -142,14 +152,14 @@ def check_lab(linklab: str, topology: list[str], nodes: int, per_node: int,
 
 def main() -> int:
     if sys.argv[1:2] == ["--rank"]:
-        return run_rank(int(sys.argv[2]), int(sys.argv[3]), parse_plan(sys.argv[4]))
+        return run_rank(int(sys.argv[2]), int(sys.argv[3]), parse_plan(sys.argv[4]), sys.argv[5])
     linklab = sys.argv[1]
     problems = []
     # Two nodes of two: ranks 0,1 on node 0, ranks 2,3 on node 1.
     problems += check_lab(linklab, ["--nodes", "2", "--ranks-per-node", "2"], 2, 2,
                           [(1, 0, INTRA_BYTES), (3, 2, INTRA_BYTES), (2, 0, INTER_BYTES)])
     # Flat: every rank its own node, so every flow is inter-node; rank 2 stays idle.
-    problems += check_lab(linklab, ["--ranks", "3"], 3, 1, [(1, 0, INTER_BYTES)])
+    problems += check_lab(linklab, ["--ranks", "3"], 3, 1, [(1, 0, INTER_BYTES)], cc="reno")
     for problem in problems:
         print("FAIL:", problem)
     if not problems:
