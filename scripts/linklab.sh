@@ -36,8 +36,8 @@
 # rank's route (`ip route ... congctl`, which a namespace may set whatever the host allows it by
 # sysctl), so that the lab's links behave the same on every host. CIERA_LINKLAB_CC=NAME picks
 # another the kernel offers; CIERA_LINKLAB_CC=default keeps the host's. Why: on a host whose
-# default is BBR, BBR over tbf-shaped links stopped every flow of a call for 40-60 ms in about one
-# call in ten, the links idle and the cores idle (docs/benchmarks.md, "The link lab's TCP").
+# default is BBR, BBR over tbf-shaped links stopped every flow of a call for 40-60 ms in up to one
+# call in four, the links idle and the cores idle (docs/benchmarks.md, "The link lab's TCP").
 #
 # Only addresses inside these namespaces are used, and everything is removed on exit, including
 # on failure or Ctrl-C. Needs root (CAP_NET_ADMIN), iproute2 and Open MPI.
