@@ -111,9 +111,16 @@ std::string describe_links(const Links& links) {
   if (!links.link_lab && links.link_gbit == 0) return "unshaped (mpirun on one host)";
   const std::string speed =
       links.link_gbit > 0 ? fixed(links.link_gbit, 2) + " Gbit/s" : "unshaped";
-  if (links.ranks_per_node <= 1) return speed + " (link lab)";
+  // The congestion control the lab gave the ranks' connections (scripts/linklab.sh).
+  const char* cc = std::getenv("CIERA_LINKLAB_CC");
+  const std::string lab = std::string(" (link lab, ") +
+                          (cc != nullptr && std::string_view(cc) == "default"
+                               ? std::string("the host's TCP")
+                               : "TCP " + std::string(cc != nullptr ? cc : "cubic")) +
+                          ")";
+  if (links.ranks_per_node <= 1) return speed + lab;
   return speed + " per node uplink, " + std::to_string(links.nodes) + " nodes of " +
-         std::to_string(links.ranks_per_node) + " ranks (link lab)";
+         std::to_string(links.ranks_per_node) + " ranks" + lab;
 }
 
 std::optional<uint64_t> uplink_bytes_sent() {

@@ -35,6 +35,8 @@ struct Links {
 // return. As one of those ranks: returns the links, which inside the link lab are what the lab
 // says, whatever this rank was told.
 Links launch_or_join(int ranks, Links links, bool child, int argc, char** argv);
+// The links as a report names them; in the link lab with the TCP congestion control the lab gave
+// the ranks' connections (CIERA_LINKLAB_CC, CUBIC when unset).
 std::string describe_links(const Links& links);
 
 // Inside the link lab: the bytes all nodes together have sent over their uplinks so far (Ethernet

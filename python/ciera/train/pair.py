@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ciera.train.metrics import Run, RunCheck
-from ciera.train.summary import _compare
+from ciera.train.summary import _compare, _links_text
 
 
 def train(program, runs: dict[str, Run], step, handle, ours: str) -> None:
@@ -79,7 +79,7 @@ def common_summary(program, runs: dict[str, Run], ours: Run, total: RunCheck, di
     c = ours.results
     return {
         "model": a.model, "spec": ours.spec.describe(), "ranks": program.world,
-        "links": f"{a.link_gbit:g} Gbit/s (link lab)" if a.link_gbit else f"unshaped ({a.launcher} on one host)",
+        "links": _links_text(a),
         "launcher": a.launcher, "device": a.device, "process_group": program.backend, "transport": a.transport,
         "codec": a.codec, "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
         "loss_first": c["loss"][0], "loss_last": c["loss"][-1],

@@ -4,6 +4,7 @@ other tools and docs read its keys, so they stay as they are."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 
 import torch
@@ -169,11 +170,15 @@ def _communication_shares(runs: dict, steady: slice) -> dict:
 
 
 def _links_text(a) -> str:
+    """Where the ranks ran; for the link lab, with the TCP congestion control it gave their
+    connections (scripts/linklab.sh: CUBIC unless CIERA_LINKLAB_CC says otherwise)."""
     if not a.link_gbit:
         return f"unshaped ({a.launcher} on one host)"
+    cc = os.environ.get("CIERA_LINKLAB_CC", "cubic")
+    tcp = "the host's TCP" if cc == "default" else f"TCP {cc}"
     if a.nodes and a.ranks_per_node > 1:
-        return f"{a.link_gbit:g} Gbit/s per node between nodes, unshaped inside a node (link lab)"
-    return f"{a.link_gbit:g} Gbit/s (link lab)"
+        return f"{a.link_gbit:g} Gbit/s per node between nodes, unshaped inside a node (link lab, {tcp})"
+    return f"{a.link_gbit:g} Gbit/s (link lab, {tcp})"
 
 
 def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
