@@ -19,10 +19,10 @@
 # namespace before COMMAND starts; the ranks reach mpirun's PMIx server at the hub's address.
 #
 # The ranks see CIERA_LINKLAB_NODES=K and CIERA_LINKLAB_RANKS_PER_NODE=R (flat: W and 1), so a
-# program can tell which ranks share a node, CIERA_LINKLAB_CC (below), and CIERA_LINKLAB_UPLINKS, the hub's end of each
-# uplink in node order, with CIERA_LINKLAB_HUB_PID, a process in the hub's namespace: as root a
-# rank can read the uplinks' counters while it runs from /proc/$CIERA_LINKLAB_HUB_PID/net/dev
-# (what the hub's end receives is what that node sent).
+# program can tell which ranks share a node, CIERA_LINKLAB_CC (below), and CIERA_LINKLAB_UPLINKS,
+# the hub's end of each uplink in node order, with CIERA_LINKLAB_HUB_PID, a process in the hub's
+# namespace: as root a rank can read the uplinks' counters while it runs from
+# /proc/$CIERA_LINKLAB_HUB_PID/net/dev (what the hub's end receives is what that node sent).
 #
 # Inter-node bytes: when CIERA_LINKLAB_COUNTERS names a file, the lab writes there at exit
 # (COMMAND's failure and Ctrl-C included, once COMMAND has started)
@@ -63,8 +63,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 cc=${CIERA_LINKLAB_CC:-cubic}
-if [[ "$cc" != default ]] &&
-   ! grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
+if [[ "$cc" != default ]] && { [[ ! "$cc" =~ ^[a-z0-9_]+$ ]] ||
+     ! grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; }; then
   echo "linklab: the kernel offers no TCP congestion control '$cc' (it has:" \
        "$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null));" \
        "set CIERA_LINKLAB_CC to one of them, or to 'default' for the host's own" >&2

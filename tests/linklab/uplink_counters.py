@@ -9,10 +9,10 @@ ranks on the same node (4x as many as the rest, so any of it on an uplink would 
 below) and others to ranks on other nodes. The counters file must then show, for every node, at
 least the inter-node payload it sent and received, and no more than that plus header and ACK
 overhead. Each rank first binds its listening socket to 10.231.0.<rank+1> (which only succeeds in
-its own namespace) and checks the CIERA_LINKLAB_NODES / _RANKS_PER_NODE it was given, so rank
-placement is checked too. Every sender checks its connection's TCP congestion control: CUBIC, the
-lab's own (whatever the host's default), in the two-level run; Reno, chosen by CIERA_LINKLAB_CC,
-in the flat one. Exit 77 (skipped) where the lab cannot run.
+its own namespace) and checks the CIERA_LINKLAB_NODES / _RANKS_PER_NODE / _CC it was given, so
+rank placement is checked too. Every sender checks its connection's TCP congestion control:
+CUBIC, the lab's own (whatever the host's default), in the two-level run; Reno, chosen by
+CIERA_LINKLAB_CC, in the flat one. Exit 77 (skipped) where the lab cannot run.
 
 Run by mpirun inside the lab (OMPI_COMM_WORLD_RANK set), the same file is one rank:
     uplink_counters.py --rank NODES RANKS_PER_NODE PLAN CC   (PLAN: src:dst:bytes,...)
@@ -66,10 +66,11 @@ def send(me: int, peer: int, count: int, cc: str) -> None:
                 raise
             time.sleep(0.05)
     with conn:
-        used = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
+        used = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+        used = used.split(b"\0")[0].decode()
         if used != cc:
-            raise SystemExit(f"rank {me}: its connection to rank {peer} uses TCP congestion control "
-                             f"{used}, expected {cc}")
+            raise SystemExit(f"rank {me}: its connection to rank {peer} uses TCP congestion "
+                             f"control {used}, expected {cc}")
         conn.sendall(me.to_bytes(4, "little"))
         block = bytes(1 << 20)
         while count > 0:
@@ -81,10 +82,11 @@ def send(me: int, peer: int, count: int, cc: str) -> None:
 
 def run_rank(nodes: int, per_node: int, plan: list[tuple[int, int, int]], cc: str) -> int:
     me = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    seen = (os.environ.get("CIERA_LINKLAB_NODES"), os.environ.get("CIERA_LINKLAB_RANKS_PER_NODE"))
-    if seen != (str(nodes), str(per_node)):
-        print(f"rank {me}: CIERA_LINKLAB_NODES/_RANKS_PER_NODE are {seen}, expected "
-              f"{(nodes, per_node)}", file=sys.stderr)
+    seen = (os.environ.get("CIERA_LINKLAB_NODES"), os.environ.get("CIERA_LINKLAB_RANKS_PER_NODE"),
+            os.environ.get("CIERA_LINKLAB_CC"))
+    if seen != (str(nodes), str(per_node), cc):
+        print(f"rank {me}: CIERA_LINKLAB_NODES/_RANKS_PER_NODE/_CC are {seen}, "
+              f"expected {(nodes, per_node, cc)}", file=sys.stderr)
         return 1
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
