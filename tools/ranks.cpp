@@ -112,12 +112,9 @@ std::string describe_links(const Links& links) {
   const std::string speed =
       links.link_gbit > 0 ? fixed(links.link_gbit, 2) + " Gbit/s" : "unshaped";
   // The congestion control the lab gave the ranks' connections (scripts/linklab.sh).
-  const char* cc = std::getenv("CIERA_LINKLAB_CC");
-  const std::string lab = std::string(" (link lab, ") +
-                          (cc != nullptr && std::string_view(cc) == "default"
-                               ? std::string("the host's TCP")
-                               : "TCP " + std::string(cc != nullptr ? cc : "cubic")) +
-                          ")";
+  const char* set = std::getenv("CIERA_LINKLAB_CC");
+  const std::string cc = set != nullptr ? set : "cubic";
+  const std::string lab = " (link lab, " + (cc == "default" ? "the host's TCP" : "TCP " + cc) + ")";
   if (links.ranks_per_node <= 1) return speed + lab;
   return speed + " per node uplink, " + std::to_string(links.nodes) + " nodes of " +
          std::to_string(links.ranks_per_node) + " ranks" + lab;
