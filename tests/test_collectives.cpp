@@ -364,6 +364,55 @@ TEST(ReduceScatterStats, ArrivalWaitIsTheWaitForTheLastRank) {
   EXPECT_LT(waits[2], std::min(waits[0], waits[1]));
 }
 
+// busiest_link_*: the most bytes one rank sent or received in the call, as sent and raw, the
+// same on every rank. Parts for rank 0 are random bits (they go raw), the rest zeros (they code
+// to little more than their sign-mantissa plane): rank 0's incoming link is the busiest, raw,
+// while the byte ratio of the mean link is above 1.4; with every part zero, every link carries
+// the same, and the busiest is the largest sender's.
+TEST(ReduceScatterStats, BusiestLinkIsTheMostOneRankSentOrReceived) {
+  const int world = 4;
+  const uint64_t n = 5000;  // values per part: several rounds of 1024
+  for (const bool random_to_zero : {true, false}) {
+    for (const CollectiveCoding coding : {CollectiveCoding::kExponent, CollectiveCoding::kRaw}) {
+      std::vector<CollectiveStats> stats(world);
+      const auto errors = run_ranks(world, [&](int rank, std::shared_ptr<Transport> t) {
+        CollectivesConfig config;
+        config.coding = coding;
+        config.slice_values = 1024;
+        LosslessCollectives collectives(t, config);
+        std::vector<std::byte> in(world * n * 2, std::byte{0}), out(n * 2);
+        std::mt19937_64 rng(11 + rank);
+        if (random_to_zero) {
+          for (uint64_t i = 0; i < n; ++i) put_value(DType::kBF16, in, i, rng() & 0xffff);
+        }
+        stats[rank] = collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);
+      });
+      const std::string what = std::string(random_to_zero ? "random parts to rank 0" : "zeros") +
+                               ", " + std::string(collective_coding_name(coding));
+      uint64_t raw = 0, wire = 0, most_sent = 0;
+      for (int r = 0; r < world; ++r) {
+        ASSERT_EQ(errors[r], "") << what << ", rank " << r;
+        raw += stats[r].raw_bytes;
+        wire += stats[r].wire_bytes;
+        most_sent = std::max(most_sent, stats[r].wire_bytes);
+        EXPECT_EQ(stats[r].busiest_link_raw_bytes, (world - 1) * n * 2) << what << ", rank " << r;
+        EXPECT_EQ(stats[r].busiest_link_wire_bytes, stats[0].busiest_link_wire_bytes)
+            << what << ", rank " << r;
+      }
+      const uint64_t busiest = stats[0].busiest_link_wire_bytes;
+      if (coding == CollectiveCoding::kRaw) {
+        EXPECT_EQ(busiest, (world - 1) * n * 2) << what;
+      } else if (random_to_zero) {
+        EXPECT_EQ(busiest, (world - 1) * n * 2) << what;  // rank 0 receives three raw parts
+        EXPECT_GT(10 * raw, 14 * wire) << what;           // while the mean link's is above 1.4
+      } else {
+        EXPECT_EQ(busiest, most_sent) << what;  // every part alike: the senders are the busiest
+        EXPECT_LT(10 * busiest, 6 * (world - 1) * n * 2) << what;  // the exponents, gone
+      }
+    }
+  }
+}
+
 class Alltoallv : public ::testing::TestWithParam<std::tuple<DType, int, CollectiveCoding>> {};
 
 TEST_P(Alltoallv, DeliversEveryPartBitForBit) {

@@ -186,6 +186,7 @@ struct Result {
   std::vector<double> raw_s, twin_s, ciera_s, raw_bytes, wire_bytes, encode_s, decode_s, reduce_s,
       exchange_s;
   uint64_t wrong = 0, coded_values = 0, coded_exponent_bytes = 0;
+  uint64_t busiest_raw = 0, busiest_wire = 0;  // over the steps: each call's busiest link
   double entropy_bits = 0;
   uint32_t hidden = 0;
 
@@ -202,6 +203,8 @@ struct Result {
     reduce_s.push_back(max_over_ranks(s.reduce_s));
     coded_values += s.coded_values;
     coded_exponent_bytes += s.coded_exponent_bytes;
+    busiest_raw += s.busiest_link_raw_bytes;
+    busiest_wire += s.busiest_link_wire_bytes;
     entropy_bits += s.exponent_entropy_bits;
   }
 };
@@ -392,6 +395,9 @@ nlohmann::json to_json(const Request& r, const Result& x) {
   j["bits_per_value"] = raw > 0 ? 8.0 * dtype_info(r.dtype).value_bytes * wire / raw : 0.0;
   j["speedup_over_ratio"] =
       j["ratio"].get<double>() > 0 ? j["speedup"].get<double>() / j["ratio"].get<double>() : 0.0;
+  // The slowest link's ratio (CollectiveStats::busiest_link_*): the speedup the links allow.
+  j["busiest_link_ratio"] =
+      x.busiest_wire > 0 ? static_cast<double>(x.busiest_raw) / x.busiest_wire : 0.0;
   j["encode_ms"] = median(x.encode_s) * 1e3;
   j["decode_ms"] = median(x.decode_s) * 1e3;
   j["exchange_ms"] = median(x.exchange_s) * 1e3;
@@ -435,7 +441,9 @@ void print_report(const Request& r, const nlohmann::json& j, std::ostream& out) 
   out << t.render() << "\nspeedup " << fixed(j["speedup"].get<double>(), 3) << "x over "
       << (alltoall ? "MPI" : "the twin") << ", byte ratio " << fixed(j["ratio"].get<double>(), 3)
       << "x (" << fixed(j["bits_per_value"].get<double>(), 2) << " bits/value); speedup / ratio "
-      << fixed(j["speedup_over_ratio"].get<double>(), 3)
+      << fixed(j["speedup_over_ratio"].get<double>(), 3) << "\nbusiest link: byte ratio "
+      << fixed(j["busiest_link_ratio"].get<double>(), 3)
+      << "x (the most one rank sent or received in a call; the ratio above is the mean link's)"
       << "\ncoded exponents: " << fixed(j["exponent_bits_per_value"].get<double>(), 3)
       << " bits/value as sent, order-0 entropy "
       << fixed(j["exponent_entropy_per_value"].get<double>(), 3) << " ("

@@ -98,6 +98,14 @@ struct CollectiveStats {
   // collective's own, from the moment every rank was in it; in a training job the rest is other
   // ranks' compute.
   double arrival_wait_s = 0;
+  // The call's busiest link: the most bytes one rank sent, or one rank received, in it (the same
+  // on every rank: every rank reads every record), as sent and had every part gone raw. A call
+  // takes at least its busiest link's bytes over the link rate, so where the parts compress
+  // unevenly (one rank's shard of a gradient better than another's) the speedup the links allow
+  // is busiest_link_raw_bytes / busiest_link_wire_bytes, below the byte ratio of the mean link
+  // (raw_bytes / wire_bytes summed over ranks).
+  uint64_t busiest_link_raw_bytes = 0;
+  uint64_t busiest_link_wire_bytes = 0;
 };
 
 // Reduce-scatter and alltoallv among the ranks of `transport`. Collective: every rank makes the

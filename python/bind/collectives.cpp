@@ -42,7 +42,9 @@ void bind_collectives(py::module_& m) {
       .def_readonly("exchange_s", &CollectiveStats::exchange_s)
       .def_readonly("decode_s", &CollectiveStats::decode_s)
       .def_readonly("reduce_s", &CollectiveStats::reduce_s)
-      .def_readonly("arrival_wait_s", &CollectiveStats::arrival_wait_s);
+      .def_readonly("arrival_wait_s", &CollectiveStats::arrival_wait_s)
+      .def_readonly("busiest_link_raw_bytes", &CollectiveStats::busiest_link_raw_bytes)
+      .def_readonly("busiest_link_wire_bytes", &CollectiveStats::busiest_link_wire_bytes);
 
   py::class_<LosslessCollectives>(m, "LosslessCollectives")
       .def(py::init([](std::shared_ptr<Transport> transport, const CollectivesConfig& config) {

@@ -101,6 +101,27 @@ std::byte* room(std::vector<std::byte>& buffer, uint64_t bytes) {
   return buffer.data();
 }
 
+// Bytes each rank sends and receives over the rounds of one call (CollectiveStats::busiest_link_*).
+struct LinkLoad {
+  std::vector<uint64_t> sent, received;  // per rank
+
+  void reset(int world) {
+    sent.assign(static_cast<size_t>(world), 0);
+    received.assign(static_cast<size_t>(world), 0);
+  }
+  void add(size_t from, size_t to, uint64_t bytes) {
+    if (from == to) return;  // a rank's own part stays on it
+    sent[from] += bytes;
+    received[to] += bytes;
+  }
+  uint64_t busiest() const {
+    uint64_t most = 0;
+    for (const auto* side : {&sent, &received})
+      for (uint64_t bytes : *side) most = std::max(most, bytes);
+    return most;
+  }
+};
+
 std::vector<uint64_t> offsets_of(std::span<const uint64_t> sizes) {
   std::vector<uint64_t> offsets(sizes.size());
   std::exclusive_scan(sizes.begin(), sizes.end(), offsets.begin(), uint64_t{0});
@@ -146,6 +167,7 @@ struct LosslessCollectives::Impl {
   // Per peer, of the slices in send[k % kRegions].
   std::vector<uint64_t> sent_bytes[kRegions], send_at[kRegions];
   std::vector<std::byte> decoded, reduced, records, verdicts;
+  LinkLoad wire_links;  // this call's, from every round's records
   // Tasks of different rounds may run at once (the worker's and the caller's, ThreadPool::wait):
   // what they add to the call's stats and verdict, they add under this lock.
   std::mutex tally;
@@ -286,6 +308,9 @@ struct LosslessCollectives::Impl {
     const size_t region = k % kRegions;
     std::vector<uint64_t> recv_counts(static_cast<size_t>(world));
     for (size_t p = 0; p < recv_counts.size(); ++p) recv_counts[p] = all[p].part_bytes[me];
+    for (size_t from = 0; from < all.size(); ++from) {
+      for (size_t to = 0; to < all.size(); ++to) wire_links.add(from, to, all[from].part_bytes[to]);
+    }
     recv_at = offsets_of(recv_counts);
     room(recv[region], recv_at.back() + recv_counts.back());
     return transport->start_alltoallv(send[region].data(), sent_bytes[region], send_at[region],
@@ -342,6 +367,7 @@ struct LosslessCollectives::Impl {
   void run(const Call& call, CollectiveStats& stats) {
     const auto start = Clock::now();
     encode_s = decode_s = reduce_s = 0;
+    wire_links.reset(world);
     verdict = Verdict{};
     failed_round = 0;
     const std::vector<uint64_t> in_at = offsets_of(call.send_values);
@@ -369,8 +395,15 @@ struct LosslessCollectives::Impl {
       std::vector<CallRecord> all = exchange_records(call, 0);
       stats.arrival_wait_s = seconds_since(exchange_start);
       uint64_t longest = 0;  // every rank sees every record: the same number of rounds everywhere
-      for (const CallRecord& r : all)
-        longest = std::max(longest, *std::max_element(r.part_values.begin(), r.part_values.end()));
+      LinkLoad raw_links;
+      raw_links.reset(world);
+      for (size_t from = 0; from < all.size(); ++from) {
+        const std::vector<uint64_t>& values = all[from].part_values;
+        longest = std::max(longest, *std::max_element(values.begin(), values.end()));
+        for (size_t to = 0; to < values.size(); ++to)
+          raw_links.add(from, to, values[to] * dtype_info(call.dtype).value_bytes);
+      }
+      stats.busiest_link_raw_bytes = raw_links.busiest();
       const uint64_t rounds = collectives::rounds_of(longest, config.slice_values);
       if (rounds > UINT32_MAX) {
         throw ConfigError("lossless collectives: a part of " + std::to_string(longest) +
@@ -435,6 +468,7 @@ struct LosslessCollectives::Impl {
       throw;
     }
     stats.compressed = call.compress;
+    stats.busiest_link_wire_bytes = wire_links.busiest();
     stats.encode_s = encode_s;
     stats.exchange_s = exchange_s;
     stats.reduce_s = reduce_s;

@@ -111,6 +111,9 @@ def test_ciera_train_reduce_scatter_is_bitwise_its_twin(tmp_path):
     for arm in ("plain_deterministic", "ciera"):
         assert 0 < s[f"reduce_scatter_after_arrival_ms_{arm}"] <= s[f"reduce_scatter_ms_{arm}"], s
     assert s["reduce_scatter_after_arrival_speedup"] > 0, s
+    # The busiest link carries at least the mean link's coded bytes and, raw, the same as every link.
+    assert 1 <= s["reduce_scatter_busiest_link_ratio"] <= s["reduce_scatter_ratio"], s
+    assert "busiest link" in done.stdout
     assert s["max_loss_diff_vs_fsdp2"] < 1e-2 and s["max_param_diff_vs_fsdp2"] is not None
     assert "bitwise identical to the same reduction uncompressed" in done.stdout
     records = [json.loads(line) for line in open(next(tmp_path.iterdir()) / "metrics.jsonl")]

@@ -38,6 +38,8 @@ class LosslessReduceScatterRecord:
     coded_exponent_bytes: int = 0      # their frames beyond the sign-mantissa plane,
     exponent_entropy_bits: float = 0.0  # and the order-0 entropy of their exponents
     arrival_wait_s: float = 0.0  # of `seconds`: waiting for the last rank to enter the call
+    busiest_link_raw_bytes: int = 0   # the call's busiest link (CollectiveStats), had every part gone raw
+    busiest_link_wire_bytes: int = 0  # and as sent: the same on every rank
 
 
 def _reduce_op(op) -> _ext.ReduceOp:
@@ -76,7 +78,8 @@ class LosslessReduceScatter(ReduceScatter):
         self.handle.records.append(LosslessReduceScatterRecord(
             self.index, start, time.perf_counter() - start, input_tensor.numel() * input_tensor.element_size(),
             stats.raw_bytes, stats.wire_bytes, stats.compressed, stats.encode_s, stats.decode_s, stats.reduce_s,
-            stats.coded_values, stats.coded_exponent_bytes, stats.exponent_entropy_bits, stats.arrival_wait_s))
+            stats.coded_values, stats.coded_exponent_bytes, stats.exponent_entropy_bits, stats.arrival_wait_s,
+            stats.busiest_link_raw_bytes, stats.busiest_link_wire_bytes))
         return None
 
 

@@ -95,6 +95,10 @@ def step(program, run: Run, step_index: int, tokens) -> dict:
                                  dtype=torch.float64)
     dist.all_reduce(after_arrival, op=dist.ReduceOp.MAX)
     run.results.setdefault("reduce_scatter_after_arrival_s", []).append(float(after_arrival))
+    # Each call's busiest link (every rank has the same: every rank reads every call record).
+    run.results.setdefault("reduce_scatter_busiest_link_bytes", []).append(
+        (sum(getattr(r, "busiest_link_raw_bytes", 0) for r in scatters),
+         sum(getattr(r, "busiest_link_wire_bytes", 0) for r in scatters)))
     record = {"run": run.name, "step": step_index, "loss": run.results["loss"][-1],
               "iteration_ms": 1e3 * peak.iteration_s, "allgather_ms": 1e3 * peak.allgather_s,
               "reduce_scatter_ms": 1e3 * peak.reduce_scatter_s, "raw_bytes": raw, "wire_bytes": wire,
@@ -150,6 +154,8 @@ def finish(program, runs: dict) -> None:
         **pair.timing_fields(m, "reduce_scatter", "plain_deterministic"),
         # Each call's time from the moment every rank was in it (the slowest rank's sum per step).
         **after_arrival_fields(twin, ours, steady),
+        # The slowest link's byte ratio: what the links allow where ranks' shards compress unevenly.
+        "reduce_scatter_busiest_link_ratio": busiest_link_ratio(ours, steady),
         "reduce_scatter_ms_fsdp2": own_rs * 1e3 if own_rs is not None else None,
         "iteration_ms_fsdp2": pair.median(own.results["iteration_s"][steady]) * 1e3,
         "max_loss_diff_vs_fsdp2": max(abs(x - y) for x, y in zip(ours.results["loss"], own.results["loss"])),
@@ -174,6 +180,13 @@ def after_arrival_fields(twin, ours, steady) -> dict:
             "reduce_scatter_after_arrival_speedup": pair.ratio(base, mine)}
 
 
+def busiest_link_ratio(run, steady) -> float | None:
+    """Over the steady steps, each call's busiest link raw over the same as sent (CollectiveStats)."""
+    pairs = run.results["reduce_scatter_busiest_link_bytes"][steady]
+    raw, wire = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    return raw / wire if wire else None
+
+
 def render(s: dict, run_dir) -> str:
     """The table the launcher prints for a --reduce-scatter run."""
     speedup = pair.speedup
@@ -185,6 +198,9 @@ def render(s: dict, run_dir) -> str:
         ("reduce-scatter bytes/step", f"raw {s['reduce_scatter_raw_bytes']:,}  wire {s['reduce_scatter_wire_bytes']:,}"
                                       f"  ratio {s['reduce_scatter_ratio'] or float('nan'):.3f}x "
                                       f"({s['reduce_scatter_bits_per_value'] or float('nan'):.2f} bits/value)"),
+        ("  busiest link", f"ratio {s['reduce_scatter_busiest_link_ratio'] or float('nan'):.3f}x (the most one rank sent or "
+                           "received in each call: the speedup the links allow; the byte ratio above is the mean "
+                           "link's)"),
         ("gradient exponents", f"{s['exponent_bits_per_value'] or float('nan'):.3f} bits/value as sent, order-0 "
                                f"entropy {s['exponent_entropy_per_value'] or float('nan'):.3f} "
                                f"({100 * (s['exponent_overhead_vs_entropy'] or float('nan')):+.2f}%)"),
