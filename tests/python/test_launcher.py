@@ -4,6 +4,7 @@ line, and option pairs no run can use are refused before anything starts."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,16 +39,44 @@ def test_torchrun_ranks_train_bitwise_identically_with_a_deterministic_control(t
     assert summary["losses"]["fsdp2-control"] == summary["losses"]["fsdp2"]
     assert summary["param_sha256"]["fsdp2-control"] == summary["param_sha256"]["fsdp2"]
     assert "the harness itself is deterministic" in done.stdout
+    # --pin-cores (the default): each rank on its own share of the cores torchrun gave it.
+    from ciera.train.rank import core_share
+    cores = sorted(os.sched_getaffinity(0))
+    assert summary["pin_cores"] is True
+    assert summary["rank_cores"] == [core_share(cores, 0, 2), core_share(cores, 1, 2)] != [cores, cores]
+    assert "pinned (--pin-cores): rank 0 on core" in done.stdout
     run_dir = next(tmp_path.iterdir())
     records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     assert {r["run"] for r in records} == {"fsdp2", "fsdp2-control", "ciera"} and len(records) == 12
     assert sorted(p.name for p in (run_dir / "ranks").glob("*.json")) == ["0.json", "1.json"]
 
 
+def test_core_share_gives_each_rank_its_own_cores():
+    from ciera.train.rank import core_share
+
+    assert [core_share([0, 1], r, 4) for r in range(4)] == [[0], [1], [0], [1]]
+    assert [core_share([0, 1, 2, 3], r, 2) for r in range(2)] == [[0, 1], [2, 3]]
+    assert [core_share(list(range(8)), r, 3) for r in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
+    assert [core_share([4, 6, 9], r, 3) for r in range(3)] == [[4], [6], [9]]
+    assert core_share([3], 0, 1) == [3]
+
+
+def test_unpinned_mpirun_ranks_keep_every_core(tmp_path):
+    """--no-pin-cores leaves the ranks where mpirun put them: on every core, as this process is."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed")
+    done = _train(*SMALL, "--launcher", "mpirun", "--steps", "2", "--warmup", "1", "--no-baseline", "--no-pin-cores",
+                  "--json", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    cores = sorted(os.sched_getaffinity(0))
+    assert summary["pin_cores"] is False and summary["rank_cores"] == [cores, cores]
+    assert "not pinned: rank 0 on " in done.stdout
+
+
 def test_auto_launcher_and_transport(monkeypatch, tmp_path):
     """auto: mpirun (and the MPI transport) where mpirun is on PATH, torchrun (torch) where not;
     the control defaults to on for cuda only."""
-    import shutil
 
     from ciera import _ext
     from ciera.train import options

@@ -227,7 +227,7 @@ def render_summary(s: dict, run_dir: Path) -> str:
 
     rows = [
         ("model", f"{s['model']} ({s['params']:,} parameters, {s['buckets']} FSDP groups), {s['ranks']} ranks"),
-        ("links", s["links"]),
+        ("links", s["links"]), ("cores", options.cores_text(s)),
         *([("device", f"cuda: process group {s['process_group']}, deterministic algorithms")]
           if s.get("device") == "cuda" else []),
         ("steps", f"{s['steps']} per run, "

@@ -115,6 +115,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--control", action=argparse.BooleanOptionalAction, default=None,
                    help="also train plain FSDP2 a second time (fsdp2-control), which must match the first bit for "
                         "bit: shows that the harness itself is deterministic (default: on with --device cuda)")
+    p.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
+                   help="give each rank on this host its own share of the cores it may use (fewer cores than "
+                        "ranks: rank i shares core i mod cores): the ranks stand in for nodes, and a scheduler "
+                        "moving them between cores scatters their arrival at each collective")
     p.add_argument("--threads", type=int, default=2, help="CIERA encode/decode threads per rank")
     p.add_argument("--budget-mb", type=float, default=None,
                    help="benefit-driven selection (paper §3.2) with this cache budget per rank, MiB; "
@@ -502,3 +506,13 @@ def budget_bytes(budget_mb: float) -> int:
 
 def budget_text(nbytes: int) -> str:
     return "an unlimited" if nbytes >= 2**63 else f"a {nbytes / 2**20:.2f} MiB"
+
+
+def cores_text(s: dict) -> str:
+    """The summary's rank_cores for people: "pinned: rank 0 on core 0, rank 1 on cores 2-3, ..."."""
+    def cores(c: list[int]) -> str:
+        if len(c) > 1 and c == list(range(c[0], c[-1] + 1)):
+            return f"cores {c[0]}-{c[-1]}"
+        return ("core " if len(c) == 1 else "cores ") + ",".join(map(str, c))
+    ranks = ", ".join(f"rank {r} on {cores(c)}" for r, c in enumerate(s.get("rank_cores") or []))
+    return f"pinned (--pin-cores): {ranks}" if s.get("pin_cores") else f"not pinned: {ranks}"

@@ -10,6 +10,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from ciera.train import options
 from ciera.train.metrics import Run, RunCheck
 from ciera.train.summary import _compare, _links_text
 
@@ -79,7 +80,7 @@ def common_summary(program, runs: dict[str, Run], ours: Run, total: RunCheck, di
     c = ours.results
     return {
         "model": a.model, "spec": ours.spec.describe(), "ranks": program.world,
-        "links": _links_text(a),
+        "links": _links_text(a), "rank_cores": program.rank_cores, "pin_cores": a.pin_cores,
         "launcher": a.launcher, "device": a.device, "process_group": program.backend, "transport": a.transport,
         "codec": a.codec, "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
         "loss_first": c["loss"][0], "loss_last": c["loss"][-1],
@@ -109,7 +110,7 @@ def run_rows(s: dict, steps_note: str = "") -> list[tuple[str, str]]:
     """The table rows every comparison's summary starts with after its model: links, steps (and
     the steady state), loss."""
     steady = min(s["warmup"], s["steps"] - 1) + 1
-    return [("links", s["links"]),
+    return [("links", s["links"]), ("cores", options.cores_text(s)),
             ("steps", f"{s['steps']} per run; steady state = steps {steady}..{s['steps']}{steps_note}"),
             ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}")]
 

@@ -35,6 +35,30 @@ def placement(launcher: str) -> tuple[int, int, int, int]:
             int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
 
 
+def core_share(cores: list[int], local_rank: int, local_ranks: int) -> list[int]:
+    """Rank `local_rank`'s cores among `local_ranks` ranks on `cores`: disjoint shares, at most
+    a core apart in size, where there are enough; else core local_rank mod len(cores), so that
+    ranks share cores as evenly as whole ranks allow."""
+    if len(cores) < local_ranks:
+        return [cores[local_rank % len(cores)]]
+    return cores[local_rank * len(cores) // local_ranks:(local_rank + 1) * len(cores) // local_ranks]
+
+
+def pin_to_cores(local_rank: int, local_ranks: int) -> list[int]:
+    """Confines every thread of this process to its core_share() of the cores it may run on now.
+    With ranks free to move, the scheduler keeps migrating them between the cores, and on a host
+    with fewer cores than ranks, where they stand in for nodes, one rank then falls behind the
+    others for a while: the others wait for it at the next collective (docs/benchmarks.md,
+    "Ranks pinned to cores"). Threads started later inherit the share."""
+    share = core_share(sorted(os.sched_getaffinity(0)), local_rank, local_ranks)
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), share)
+        except (ProcessLookupError, FileNotFoundError):   # a thread that ended meanwhile
+            pass
+    return share
+
+
 def nccl_shares_gpus() -> bool:
     """Whether NCCL lets several ranks use one GPU here: NCCL 2.30 or later, asked to with
     NCCL_MULTI_RANK_GPU_ENABLE=1 (earlier ones refuse: "Duplicate GPU detected")."""
@@ -60,9 +84,13 @@ class RankProgram:
         self.checkpoints: list[str] = []
         self.checkpoint_group = None   # --checkpoint-every / --resume: the checkpoints' gloo group
         self.captured: dict[int, list] = {}   # --capture-activations: MoE block inputs per layer
+        self.cores: list[int] = []            # the cores this rank may run on (--pin-cores: its share)
+        self.rank_cores: list[list[int]] = []  # every rank's, after init_process_group
 
     def run(self) -> int:
         torch.set_num_threads(1)
+        self.cores = (pin_to_cores(self.local_rank, self.local_ranks) if self.args.pin_cores
+                      else sorted(os.sched_getaffinity(0)))
         self.status = RankStatus(self.run_dir, self.rank)
         try:
             self.init_process_group()
@@ -93,6 +121,8 @@ class RankProgram:
             self.use_gpu()
         dist.init_process_group(self.backend, init_method=init_method, rank=self.rank, world_size=self.world,
                                 timeout=_dt.timedelta(seconds=self.args.timeout))
+        self.rank_cores = [None] * self.world   # the summary's rank_cores: where each rank runs
+        dist.all_gather_object(self.rank_cores, self.cores)
         if self.args.checkpoint_every or self.args.resume:
             # A checkpoint writes and fsyncs every rank's files between its collectives, and a
             # busy disk can hold one rank there far longer than any step takes (a CI run saw

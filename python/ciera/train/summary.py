@@ -219,6 +219,7 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     summary = {
         "model": a.model, "spec": spec.describe(), "params": params, "ranks": program.world,
         "buckets": len(handles[main_name].buckets), "links": _links_text(a),
+        "rank_cores": program.rank_cores, "pin_cores": a.pin_cores,
         "topology": options.topology(a),
         "inter_node_allgather_bytes_fsdp2": int(_median(base.results["inter_node"][steady])) if base else None,
         "launcher": a.launcher, "device": a.device, "process_group": program.backend,
