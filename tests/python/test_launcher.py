@@ -61,6 +61,18 @@ def test_core_share_gives_each_rank_its_own_cores():
     assert core_share([3], 0, 1) == [3]
 
 
+def test_a_rank_that_cannot_pin_itself_says_why(monkeypatch):
+    from ciera.train import rank
+
+    def refuse(tid, cores):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(rank.os, "sched_setaffinity", refuse)
+    with pytest.raises(RuntimeError, match=r"^--pin-cores: could not confine this rank to cores \[[0-9, ]+\]: "
+                                           r".*Invalid argument \(--no-pin-cores leaves the ranks where"):
+        rank.pin_to_cores(0, 1)
+
+
 def test_unpinned_mpirun_ranks_keep_every_core(tmp_path):
     """--no-pin-cores leaves the ranks where mpirun put them: on every core, as this process is."""
     if shutil.which("mpirun") is None:

@@ -56,6 +56,9 @@ def pin_to_cores(local_rank: int, local_ranks: int) -> list[int]:
             os.sched_setaffinity(int(task), share)
         except (ProcessLookupError, FileNotFoundError):   # a thread that ended meanwhile
             pass
+        except OSError as e:
+            raise RuntimeError(f"--pin-cores: could not confine this rank to cores {share}: {e} "
+                               "(--no-pin-cores leaves the ranks where the launcher put them)") from e
     return share
 
 
@@ -89,10 +92,10 @@ class RankProgram:
 
     def run(self) -> int:
         torch.set_num_threads(1)
-        self.cores = (pin_to_cores(self.local_rank, self.local_ranks) if self.args.pin_cores
-                      else sorted(os.sched_getaffinity(0)))
         self.status = RankStatus(self.run_dir, self.rank)
         try:
+            self.cores = (pin_to_cores(self.local_rank, self.local_ranks) if self.args.pin_cores
+                          else sorted(os.sched_getaffinity(0)))
             self.init_process_group()
             self.train_all()
         except BaseException as e:
