@@ -28,7 +28,7 @@ def _train(*args, timeout=300):
 
 def test_torchrun_ranks_train_bitwise_identically_with_a_deterministic_control(tmp_path):
     done = _train(*SMALL, "--launcher", "torchrun", "--steps", "4", "--warmup", "1", "--control", "--verify",
-                  "--json", "--out", str(tmp_path))
+                  "--pin-cores", "--json", "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["launcher"] == "torchrun" and summary["transport"] == "torch" and summary["device"] == "cpu"
@@ -39,7 +39,7 @@ def test_torchrun_ranks_train_bitwise_identically_with_a_deterministic_control(t
     assert summary["losses"]["fsdp2-control"] == summary["losses"]["fsdp2"]
     assert summary["param_sha256"]["fsdp2-control"] == summary["param_sha256"]["fsdp2"]
     assert "the harness itself is deterministic" in done.stdout
-    # --pin-cores (the default): each rank on its own share of the cores torchrun gave it.
+    # --pin-cores: each rank on its own share of the cores torchrun gave it.
     from ciera.train.rank import core_share
     cores = sorted(os.sched_getaffinity(0))
     assert summary["pin_cores"] is True
@@ -73,11 +73,23 @@ def test_a_rank_that_cannot_pin_itself_says_why(monkeypatch):
         rank.pin_to_cores(0, 1)
 
 
+def test_pin_cores_defaults_to_the_link_lab(tmp_path):
+    from ciera.train import options
+
+    def pinned(*argv):
+        args = options.parser().parse_args([*argv, "--out", str(tmp_path)])
+        options.check(args)
+        return args.pin_cores
+
+    assert pinned() is False and pinned("--link-gbit", "1") is True
+    assert pinned("--pin-cores") is True and pinned("--link-gbit", "1", "--no-pin-cores") is False
+
+
 def test_unpinned_mpirun_ranks_keep_every_core(tmp_path):
-    """--no-pin-cores leaves the ranks where mpirun put them: on every core, as this process is."""
+    """Outside the link lab the ranks stay where mpirun put them: on every core, as this process is."""
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not installed")
-    done = _train(*SMALL, "--launcher", "mpirun", "--steps", "2", "--warmup", "1", "--no-baseline", "--no-pin-cores",
+    done = _train(*SMALL, "--launcher", "mpirun", "--steps", "2", "--warmup", "1", "--no-baseline",
                   "--json", "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])

@@ -114,6 +114,8 @@ def test_ciera_train_in_the_two_level_link_lab_reports_the_uplinks(tmp_path):
     s = _train(tmp_path, "--link-gbit", "10")
     assert s["losses_identical"] and s["params_identical"]
     assert "per node between nodes" in s["links"]
+    # In the lab the ranks stand in for nodes: each pinned to its share of the cores.
+    assert s["pin_cores"] is True and len(s["rank_cores"]) == 4 and all(len(c) >= 1 for c in s["rank_cores"])
     uplinks = s["uplinks"]
     assert uplinks["nodes"] == 2 and uplinks["ranks_per_node"] == 2 and len(uplinks["uplinks"]) == 2
     # Everything that crossed: both trainings' forward gathers (at least one copy of each payload

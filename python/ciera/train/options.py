@@ -115,10 +115,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--control", action=argparse.BooleanOptionalAction, default=None,
                    help="also train plain FSDP2 a second time (fsdp2-control), which must match the first bit for "
                         "bit: shows that the harness itself is deterministic (default: on with --device cuda)")
-    p.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=None,
                    help="give each rank on this host its own share of the cores it may use (fewer cores than "
                         "ranks: rank i shares core i mod cores): the ranks stand in for nodes, and a scheduler "
-                        "moving them between cores scatters their arrival at each collective")
+                        "moving them between cores scatters their arrival at each collective (default: on in "
+                        "the link lab, --link-gbit, where a run measures links; off elsewhere, where pinned "
+                        "jobs running side by side would crowd the same cores)")
     p.add_argument("--threads", type=int, default=2, help="CIERA encode/decode threads per rank")
     p.add_argument("--budget-mb", type=float, default=None,
                    help="benefit-driven selection (paper §3.2) with this cache budget per rank, MiB; "
@@ -288,9 +290,12 @@ def _check_values(args) -> None:
 
 def _defaults(args) -> None:
     """The defaults that depend on other options: --codec (delta with --zero, where this build
-    has it), --schemes (every available one with --baselines) and --warmup (1 where no scheme
-    waits for warmup: the first step carries the key frames or values; else 30)."""
+    has it), --schemes (every available one with --baselines), --warmup (1 where no scheme
+    waits for warmup: the first step carries the key frames or values; else 30) and --pin-cores
+    (in the link lab)."""
     has_delta = hasattr(_ext.ShardPolicy, "delta")
+    if args.pin_cores is None:
+        args.pin_cores = bool(args.link_gbit)
     if args.baselines or args.schemes is not None:
         if args.codec is not None:
             _fail("--codec trains one scheme; --schemes and --baselines train several: give one of them")
@@ -494,7 +499,8 @@ def check(args) -> None:
 def resolved_argv(args) -> list[str]:
     """The options resolve() decided, for the ranks' command line (given last, they win)."""
     resolved = ["--launcher", args.launcher, "--transport", args.transport, "--ranks", str(args.ranks),
-                "--control" if args.control else "--no-control", "--warmup", str(args.warmup)]
+                "--control" if args.control else "--no-control", "--warmup", str(args.warmup),
+                "--pin-cores" if args.pin_cores else "--no-pin-cores"]
     # The ranks get the resolved scheme list, never --baselines (what is installed is decided here).
     return resolved + ["--codec", args.codec] + (["--schemes", args.schemes] if args.schemes else [])
 
