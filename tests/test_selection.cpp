@@ -50,6 +50,20 @@ TEST(CommCurve, NoisySamplesGiveAMonotoneCurve) {
   EXPECT_GE(curve.seconds(3000), curve.seconds(2000));
 }
 
+// A fast first sample under latency-bound noisy ones: the fitted latency lies above the first
+// sample, and sizes below it must still not be modelled slower than it.
+TEST(CommCurve, IsMonotoneBelowAFastFirstSample) {
+  const CommCurve curve = CommCurve::fit({{4096, 1e-4}, {16384, 5e-3}, {65536, 5.2e-3}, {262144, 5.5e-3}});
+  ASSERT_GT(curve.alpha_s(), 1e-4);
+  double previous = 0;
+  for (double bytes = 0; bytes <= 400000; bytes += 256) {
+    const double t = curve.seconds(bytes);
+    EXPECT_GE(t, previous) << bytes << " bytes";
+    previous = t;
+  }
+  EXPECT_EQ(curve.seconds(1000), 1e-4);
+}
+
 TEST(CommCurve, RejectsBadSamples) {
   EXPECT_THROW(CommCurve::fit({{1000, 1e-3}}), ConfigError);
   EXPECT_THROW(CommCurve::fit({{1000, 1e-3}, {1000, 2e-3}}), ConfigError);

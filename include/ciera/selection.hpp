@@ -31,8 +31,9 @@ struct CommSample {
 
 // Comm(bytes): time of one allgather over all ranks as a function of the bytes it gathers (the
 // output size). Piecewise-linear through the measured samples (made monotone: a larger collective
-// is never assumed faster), and beyond them the least-squares alpha-beta line, anchored at the
-// last sample so the curve stays continuous.
+// is never assumed faster), beyond them the least-squares alpha-beta line, anchored at the last
+// sample so the curve stays continuous, and below them the same slope down to the fitted latency
+// (never above the first sample).
 class CommCurve {
  public:
   CommCurve() = default;

@@ -171,6 +171,7 @@ void bind_selector(py::module_& m) {
       .def_property_readonly("param", [](const ShardChoice& c) { return c.shard.param; })
       .def_property_readonly("name", [](const ShardChoice& c) { return c.shard.name; })
       .def_property_readonly("type", [](const ShardChoice& c) { return c.shard.type; })
+      .def_property_readonly("regathers", [](const ShardChoice& c) { return c.shard.regathers; })
       .def_property_readonly("block_change_rate",
                              [](const ShardChoice& c) { return c.shard.block_change_rate; })
       .def_property_readonly("value_change_rate",

@@ -86,7 +86,13 @@ double CommCurve::seconds(double bytes) const {
   const CommSample& first = samples_.front();
   const CommSample& last = samples_.back();
   if (bytes >= last.bytes) return last.seconds + (bytes - last.bytes) * slope;
-  if (bytes <= first.bytes) return std::max(alpha_s_, first.seconds - (first.bytes - bytes) * slope);
+  // Below the samples: the line down from the first one, never under the fitted latency, nor
+  // above the first sample (the latency is fitted to all the noisy points and may lie above it;
+  // a smaller collective must not be modelled slower, or compressing could look like a loss and
+  // expanding like a gain).
+  if (bytes <= first.bytes) {
+    return std::min(first.seconds, std::max(alpha_s_, first.seconds - (first.bytes - bytes) * slope));
+  }
   const auto upper = std::upper_bound(samples_.begin(), samples_.end(), bytes,
                                       [](double b, const CommSample& s) { return b < s.bytes; });
   const CommSample& hi = *upper;

@@ -254,8 +254,9 @@ def selection_vs_plain(rank, world, budget_bytes, reselect_every=0, overlap=True
         "selections": selector.history,
         "gain_s": selection.gain_s,
         # What the selector saw and decided, per shard, to check it against the cost model.
-        "shards": [{k: getattr(s, k) for k in ("name", "bucket", "chosen", "raw_bytes", "expected_wire_bytes",
-                                               "comm_saved_s", "encode_s", "decode_s", "gain_s", "memory_bytes")}
+        "shards": [{k: getattr(s, k) for k in ("name", "bucket", "regathers", "chosen", "raw_bytes",
+                                               "expected_wire_bytes", "comm_saved_s", "encode_s", "decode_s",
+                                               "gain_s", "memory_bytes")}
                    for s in shards],
         "round_overhead_s": ciera._ext.compressed_round_overhead_s(selector.cost_model),
     }
