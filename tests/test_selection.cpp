@@ -53,7 +53,8 @@ TEST(CommCurve, NoisySamplesGiveAMonotoneCurve) {
 // A fast first sample under latency-bound noisy ones: the fitted latency lies above the first
 // sample, and sizes below it must still not be modelled slower than it.
 TEST(CommCurve, IsMonotoneBelowAFastFirstSample) {
-  const CommCurve curve = CommCurve::fit({{4096, 1e-4}, {16384, 5e-3}, {65536, 5.2e-3}, {262144, 5.5e-3}});
+  const CommCurve curve =
+      CommCurve::fit({{4096, 1e-4}, {16384, 5e-3}, {65536, 5.2e-3}, {262144, 5.5e-3}});
   ASSERT_GT(curve.alpha_s(), 1e-4);
   double previous = 0;
   for (double bytes = 0; bytes <= 400000; bytes += 256) {

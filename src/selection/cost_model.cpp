@@ -91,7 +91,8 @@ double CommCurve::seconds(double bytes) const {
   // a smaller collective must not be modelled slower, or compressing could look like a loss and
   // expanding like a gain).
   if (bytes <= first.bytes) {
-    return std::min(first.seconds, std::max(alpha_s_, first.seconds - (first.bytes - bytes) * slope));
+    return std::min(first.seconds,
+                    std::max(alpha_s_, first.seconds - (first.bytes - bytes) * slope));
   }
   const auto upper = std::upper_bound(samples_.begin(), samples_.end(), bytes,
                                       [](double b, const CommSample& s) { return b < s.bytes; });
