@@ -395,13 +395,14 @@ struct LosslessCollectives::Impl {
       std::vector<CallRecord> all = exchange_records(call, 0);
       stats.arrival_wait_s = seconds_since(exchange_start);
       uint64_t longest = 0;  // every rank sees every record: the same number of rounds everywhere
+      const uint32_t value_bytes = dtype_info(call.dtype).value_bytes;
       LinkLoad raw_links;
       raw_links.reset(world);
       for (size_t from = 0; from < all.size(); ++from) {
         const std::vector<uint64_t>& values = all[from].part_values;
         longest = std::max(longest, *std::max_element(values.begin(), values.end()));
         for (size_t to = 0; to < values.size(); ++to)
-          raw_links.add(from, to, values[to] * dtype_info(call.dtype).value_bytes);
+          raw_links.add(from, to, values[to] * value_bytes);
       }
       stats.busiest_link_raw_bytes = raw_links.busiest();
       const uint64_t rounds = collectives::rounds_of(longest, config.slice_values);
