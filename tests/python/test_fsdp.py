@@ -132,6 +132,8 @@ def test_measured_cost_model_selects_by_its_own_numbers_and_stays_exact():
             assert not s["chosen"] or s["expected_wire_bytes"] < s["raw_bytes"] * (1 + s["regathers"]), s
         assert r["selected_cache_bytes"] == sum(s["memory_bytes"] for s in chosen), r
         for bucket in {s["bucket"] for s in chosen}:
-            assert sum(s["gain_s"] for s in chosen if s["bucket"] == bucket) > r["round_overhead_s"], bucket
+            # The extra round is paid at every gather of the bucket in the step.
+            gathers = 1 + max(s["regathers"] for s in shards if s["bucket"] == bucket)
+            assert sum(s["gain_s"] for s in chosen if s["bucket"] == bucket) > r["round_overhead_s"] * gathers, bucket
         assert r["gain_s"] >= 0, r
     assert len({tuple(r["chosen"]) for r in results}) == 1     # every rank chose the same
