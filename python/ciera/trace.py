@@ -128,6 +128,8 @@ def measure_comm_curves(group, largest_bytes: int, repeats: int = 3) -> dict:
     import torch
     import torch.distributed as dist
 
+    from ciera._dist import all_gather_single, reduce_scatter_single
+
     world = dist.get_world_size(group)
     sizes, s = [], 65536
     while s < largest_bytes:
@@ -139,8 +141,8 @@ def measure_comm_curves(group, largest_bytes: int, repeats: int = 3) -> dict:
         per_rank = max(1, total // world // 4)  # fp32 elements per rank
         shard = torch.ones(per_rank, dtype=torch.float32)
         full = torch.empty(per_rank * world, dtype=torch.float32)
-        for kind, call in (("allgather", lambda: dist.all_gather_into_tensor(full, shard, group=group)),
-                           ("reduce_scatter", lambda: dist.reduce_scatter_tensor(shard, full, group=group))):
+        for kind, call in (("allgather", lambda: all_gather_single(full, shard, group=group)),
+                           ("reduce_scatter", lambda: reduce_scatter_single(shard, full, group=group))):
             times = []
             for i in range(repeats + 1):
                 dist.barrier(group=group)

@@ -39,6 +39,32 @@ def test_ciera_train_is_bitwise_identical_to_fsdp2(tmp_path, family, transport):
     assert {r["run"] for r in records} == {"fsdp2", "ciera"} and len(records) == 16
 
 
+def test_ciera_train_writes_a_trace_that_ciera_simulate_reads(tmp_path):
+    """--trace: the plain run's compute times and the probed Comm() curves of torch.distributed's
+    all-gather and reduce-scatter, in the file the simulator replays."""
+    from ciera.cli import native_tool
+
+    trace = tmp_path / "t.json"
+    cmd = [sys.executable, "-m", "ciera.train", "--ranks", "2", "--steps", "4", "--warmup", "1", "--layers", "1",
+           "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32", "--trace", str(trace),
+           "--out", str(tmp_path / "runs")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = (next((tmp_path / "runs").iterdir()) / "log.txt").read_text()   # the ranks' output
+    assert "deprecated" not in log, log[-3000:]   # torch 2.13's names for the collectives
+    written = json.loads(trace.read_text())
+    assert written["world_size"] == 2
+    for kind in ("allgather", "reduce_scatter"):
+        points = written["comm_probe"][kind]
+        sizes = [p["bytes"] for p in points]
+        assert len(points) >= 2 and sizes == sorted(sizes) and all(p["seconds"] > 0 for p in points), points
+    done = subprocess.run([str(native_tool()), "simulate", "--trace", str(trace), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    replayed = json.loads(done.stdout)
+    assert replayed["kind"] == "trace" and replayed["measured"]["baseline"]["iteration_s"] > 0, replayed
+
+
 def test_ciera_train_rejects_bad_options(tmp_path):
     env = _env()
     done = subprocess.run([sys.executable, "-m", "ciera.train", "--steps", "5", "--warmup", "5", "--out", str(tmp_path)],

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ciera._dist import all_gather_single, reduce_scatter_single
 from ciera.fsdp.gather import GatherRecord
 from ciera.fsdp.layout import DefaultAllGather, ReduceScatter, describe_buckets, is_hsdp, prefetch_forward
 
@@ -26,7 +27,7 @@ class TimedAllGather(DefaultAllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         start = time.perf_counter()
-        work = dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=self.overlap)
+        work = all_gather_single(output_tensor, input_tensor, group=group, async_op=self.overlap)
         nbytes = output_tensor.numel() * output_tensor.element_size()
         record = GatherRecord(self.index, 0.0, nbytes, nbytes, False, False, started=start,
                               ranks=self._ranks(group), payload_bytes=input_tensor.numel() * input_tensor.element_size())
@@ -45,11 +46,6 @@ class TimedAllGather(DefaultAllGather):
         if ranks is None:
             ranks = self.groups[id(group)] = tuple(dist.get_process_group_ranks(group))
         return ranks
-
-
-# torch 2.13 names it reduce_scatter_single (reduce_scatter_tensor is its deprecated alias);
-# earlier releases (2.11, the GPU machine's) have only reduce_scatter_tensor.
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _until_done(tensor: torch.Tensor) -> None:
@@ -98,7 +94,7 @@ class TimedReduceScatter(ReduceScatter):
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         start = time.perf_counter()
-        _reduce_scatter(output_tensor, input_tensor, group=group, op=op)
+        reduce_scatter_single(output_tensor, input_tensor, group=group, op=op)
         _until_done(output_tensor)
         self.ended = time.perf_counter()
         self.records.append(ReduceScatterRecord(self.index, start, self.ended - start,

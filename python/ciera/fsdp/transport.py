@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
+from ciera._dist import all_gather_single
 from ciera.fsdp import lifecycle
 
 
@@ -61,10 +62,10 @@ class TorchTransport:
         self.size = dist.get_world_size(group)
 
     def allgather(self, inp: memoryview, out: memoryview) -> None:
-        dist.all_gather_into_tensor(_as_tensor(out), _as_tensor(inp), group=self.group)
+        all_gather_single(_as_tensor(out), _as_tensor(inp), group=self.group)
 
     def allgatherv(self, inp: memoryview, out: memoryview, counts, displs) -> None:
-        _padded_allgatherv(lambda recv, send: dist.all_gather_into_tensor(recv, send, group=self.group),
+        _padded_allgatherv(lambda recv, send: all_gather_single(recv, send, group=self.group),
                            _as_tensor(inp), _as_tensor(out), counts, displs, self.rank,
                            broadcast=lambda tensor, src: dist.broadcast(
                                tensor, src=dist.get_global_rank(self.group, src), group=self.group))
@@ -126,10 +127,10 @@ class TorchCudaTransport:
 
     def _all_gather(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         if not self.via_host:
-            dist.all_gather_into_tensor(out, inp, group=self.group)
+            all_gather_single(out, inp, group=self.group)
             return
         host = torch.empty(out.numel(), dtype=torch.uint8)
-        dist.all_gather_into_tensor(host, inp.cpu(), group=self.group)
+        all_gather_single(host, inp.cpu(), group=self.group)
         out.copy_(host)
 
     def allgather(self, inp, out) -> None:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
+from ciera._dist import all_gather_single
 from ciera.fsdp.api import Handle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime, check_input
 from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets
@@ -128,13 +129,13 @@ class ZipnnAllGather(AllGather):
         """All ranks' payloads, sizes first; returns the sizes (int64, one per rank) and keeps the
         padded bytes in self._received until they are decompressed."""
         sizes = torch.empty(self.world, dtype=torch.int64)
-        dist.all_gather_into_tensor(sizes, torch.tensor([len(payload)], dtype=torch.int64), group=self.group)
+        all_gather_single(sizes, torch.tensor([len(payload)], dtype=torch.int64), group=self.group)
         largest = int(sizes.max())
         send = torch.zeros(largest, dtype=torch.uint8)
         if payload:
             send[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         self._received = torch.empty(largest * self.world, dtype=torch.uint8)
-        dist.all_gather_into_tensor(self._received, send, group=self.group)
+        all_gather_single(self._received, send, group=self.group)
         return sizes
 
     def _decompress_peers(self, sizes: torch.Tensor, output_tensor: torch.Tensor, input_tensor: torch.Tensor) -> None:
