@@ -212,9 +212,14 @@ struct StepTimes {
 class AllgatherBench {
  public:
   AllgatherBench(const Request& r, int rank, int world)
-      : request_(r), rank_(rank), layouts_(make_layouts(r, world)),
-        shards_(make_shards(r, layouts_, rank)), transport_(make_mpi_transport(MPI_COMM_WORLD)),
-        raw_out_(layouts_.size()), ciera_out_(layouts_.size()), counts_(layouts_.size()),
+      : request_(r),
+        rank_(rank),
+        layouts_(make_layouts(r, world)),
+        shards_(make_shards(r, layouts_, rank)),
+        transport_(make_mpi_transport(MPI_COMM_WORLD, mpi_timeout())),
+        raw_out_(layouts_.size()),
+        ciera_out_(layouts_.size()),
+        counts_(layouts_.size()),
         displs_(layouts_.size()) {
     EngineConfig config;
     config.codec.block_values = r.options.block;
@@ -439,7 +444,6 @@ int run_child(const Request& r) {
     throw ConfigError("launched with " + std::to_string(world) + " ranks but --ranks is " +
                       std::to_string(r.options.ranks));
   }
-  set_mpi_timeout(r.options.timeout_s);
   const AllgatherResult result = measure(r, rank, world);
   if (rank == 0) {
     const nlohmann::json j = allgather_json(r, result);
@@ -536,7 +540,7 @@ void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
   r.link_lab = links.link_lab;
   r.nodes = links.nodes;
   r.ranks_per_node = links.ranks_per_node;
-  throw CommandExit(run_mpi_rank([&] { return run_child(request); }));
+  throw CommandExit(run_mpi_rank(r.timeout_s, [&] { return run_child(request); }));
 }
 
 }  // namespace

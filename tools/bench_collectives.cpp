@@ -135,8 +135,7 @@ CollectivesConfig config_of(const Request& r, CollectiveCoding coding) {
 // CIERA's collectives with --coding and their uncoded twin, on one MPI transport that waits no
 // longer than --timeout.
 std::pair<LosslessCollectives, LosslessCollectives> contenders(const Request& r) {
-  std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
-  transport->set_timeout(std::chrono::milliseconds(static_cast<int64_t>(r.o.timeout_s * 1000)));
+  std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD, mpi_timeout());
   return {LosslessCollectives(transport, config_of(r, r.coding)),
           LosslessCollectives(transport, config_of(r, CollectiveCoding::kRaw))};
 }
@@ -459,7 +458,6 @@ int run_child(const Request& r) {
     throw ConfigError("launched with " + std::to_string(world) + " ranks but --ranks is " +
                       std::to_string(r.o.ranks));
   }
-  set_mpi_timeout(r.o.timeout_s);
   const Result result = r.o.collective == "alltoall" ? measure_alltoall(r, rank, world)
                                                      : measure_reduce_scatter(r, rank, world);
   if (rank == 0) {
@@ -520,7 +518,7 @@ void add_common_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
   request.o.link_gbit = links.link_gbit;
   request.o.delay_ms = links.delay_ms;
   request.o.link_lab = links.link_lab;
-  throw CommandExit(run_mpi_rank([&] { return run_child(request); }));
+  throw CommandExit(run_mpi_rank(request.o.timeout_s, [&] { return run_child(request); }));
 }
 
 }  // namespace

@@ -147,14 +147,15 @@ std::optional<uint64_t> uplink_bytes_sent() {
   return sent;
 }
 
-int run_mpi_rank(const std::function<int()>& body) {
-  const int provided = mpi_init();
+int run_mpi_rank(double timeout_s, const std::function<int()>& body) {
+  g_mpi_timeout_s = timeout_s;
+  const int provided = mpi_init(nullptr, nullptr, mpi_timeout());
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
     if (provided < MPI_THREAD_MULTIPLE) throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
     const int status = body();
-    mpi_shutdown(2);
+    mpi_shutdown(2, mpi_timeout());
     return status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ciera (rank %d): error: %s\n", rank, e.what());
@@ -162,11 +163,12 @@ int run_mpi_rank(const std::function<int()>& body) {
   }
 }
 
-void set_mpi_timeout(double seconds) { g_mpi_timeout_s = seconds; }
+std::chrono::milliseconds mpi_timeout() {
+  return std::chrono::milliseconds(static_cast<int64_t>(g_mpi_timeout_s * 1000));
+}
 
 void wait_all(std::span<MPI_Request> requests, const char* what) {
-  mpi_wait_all(requests, std::chrono::milliseconds(static_cast<int64_t>(g_mpi_timeout_s * 1000)),
-               what);
+  mpi_wait_all(requests, mpi_timeout(), what);
 }
 
 void barrier() {

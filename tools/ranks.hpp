@@ -7,6 +7,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -48,9 +49,12 @@ std::optional<uint64_t> uplink_bytes_sent();
 // One rank's life: MPI up (MPI_THREAD_MULTIPLE), `body()` (everything MPI-backed gone before it
 // returns), MPI down; returns body's status. An error is printed by the rank that sees it, and
 // the job is aborted: peers may be gone or stopped, and MPI_Finalize could wait for them forever.
-int run_mpi_rank(const std::function<int()>& body);
+// No MPI call waits longer than `timeout_s` for the peers (--timeout): MPI's start-up and
+// finalize under ciera::mpi_init's and mpi_shutdown's watchdogs, the rest polled (wait_all).
+int run_mpi_rank(double timeout_s, const std::function<int()>& body);
 
-void set_mpi_timeout(double seconds);
+// run_mpi_rank's `timeout_s`, for the transports a rank makes.
+std::chrono::milliseconds mpi_timeout();
 void wait_all(std::span<MPI_Request> requests, const char* what);
 void barrier();
 double max_over_ranks(double mine);

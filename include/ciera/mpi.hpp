@@ -1,5 +1,8 @@
 // Open MPI transport (library target ciera::mpi). Collectives run nonblocking and are polled
-// against a deadline, so a dead or stalled peer becomes a CommError instead of a hang.
+// against a deadline, so a dead or stalled peer becomes a CommError instead of a hang. MPI's own
+// blocking calls that no poll can bound (MPI_Init_thread, MPI_Comm_split, MPI_Finalize) run under
+// a watchdog with the same kind of deadline: past it, the process ends with one line naming the
+// call (docs/reliability.md, row 22).
 #pragma once
 
 #include <mpi.h>
@@ -12,18 +15,38 @@
 
 namespace ciera {
 
+// How long, unless the caller says otherwise, a collective of the MPI transport and each of MPI's
+// start-up and finish calls may wait for the peers.
+inline constexpr std::chrono::milliseconds kMpiDefaultTimeout{std::chrono::minutes(2)};
+
 // Initialises MPI the way CIERA needs it and returns the thread level MPI provides (the caller
 // checks it against MPI_THREAD_MULTIPLE, which the engine's threads need); if MPI is initialised
 // already, only returns that level. Before MPI_Init_thread it turns on Open MPI's TCP progress
 // thread (OMPI_MCA_btl_tcp_progress_thread=1) unless the caller chose that parameter: without it
 // the last fragment of a large message can wait in a rank's send queue until that rank next
 // calls MPI, and a peer still polling for it stalls (docs/reliability.md, row 21).
-int mpi_init(int* argc = nullptr, char*** argv = nullptr);
+// MPI_Init_thread waits for every rank of the job and has no deadline of its own: if it has not
+// returned within `timeout` (0: no deadline), a watchdog prints one line naming it and ends this
+// process with status 1 (_exit; the launcher, seeing a rank end early, ends the job).
+int mpi_init(int* argc = nullptr, char*** argv = nullptr,
+             std::chrono::milliseconds timeout = kMpiDefaultTimeout);
 
 // Duplicates `comm`, so CIERA's collectives never interleave with the caller's, and sets
-// MPI_ERRORS_RETURN on the duplicate. MPI must be initialised; if several threads use MPI, with
-// MPI_THREAD_MULTIPLE.
-std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm);
+// MPI_ERRORS_RETURN on the duplicate. The duplicate is a collective over `comm`, polled like the
+// transport's own: a peer that does not join within `timeout` (also the transport's collective
+// timeout, until set_timeout) is a CommError. MPI must be initialised; if several threads use
+// MPI, with MPI_THREAD_MULTIPLE.
+std::unique_ptr<Transport> make_mpi_transport(
+    MPI_Comm comm, std::chrono::milliseconds timeout = kMpiDefaultTimeout);
+
+// The transport on this rank's group `ranks` (ranks of `comm`, this one among them, in the order
+// that becomes the group's), where the groups of all ranks partition `comm`: collective over
+// `comm`, each rank naming its own group. Ranks that disagree on the groups are a ConfigError.
+// The split (MPI_Comm_split) cannot be polled: it runs under a watchdog that, past `timeout`,
+// prints one line naming it and ends the job with mpi_abort(1).
+std::unique_ptr<Transport> make_mpi_transport(
+    MPI_Comm comm, std::span<const int> ranks,
+    std::chrono::milliseconds timeout = kMpiDefaultTimeout);
 
 // Whether a collective of any MPI transport of this process (or mpi_wait_all) failed or timed
 // out (CommError).
@@ -38,8 +61,11 @@ void mpi_wait_all(std::span<MPI_Request> requests, std::chrono::milliseconds tim
 // Ends MPI for this process, never blocking on a peer: MPI_Finalize when every collective
 // succeeded; after a communication failure mpi_abort(abort_code) instead, since MPI_Finalize
 // waits for every peer, and one that is dead or stopped (SIGSTOP) would keep it waiting forever.
+// A peer can also stop after the last collective, before its own MPI_Finalize: so MPI_Finalize
+// runs under a watchdog that, past `timeout` (0: no deadline), prints one line naming it and ends
+// this process with `abort_code` (_exit: MPI_Abort is not allowed while MPI is finishing).
 // Does nothing if MPI is not initialised or already finalised.
-void mpi_shutdown(int abort_code = 1);
+void mpi_shutdown(int abort_code = 1, std::chrono::milliseconds timeout = kMpiDefaultTimeout);
 
 // Ends this process and the whole MPI job (MPI_Abort on MPI_COMM_WORLD: the launcher ends the
 // other ranks, stopped ones included) with exit status `code`, after flushing stdout and stderr.

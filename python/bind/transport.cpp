@@ -4,6 +4,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -22,6 +24,17 @@
 
 namespace ciera::python {
 namespace {
+
+// `seconds` as a transport's deadline; anything but a finite number > 0 is a ValueError naming
+// `what`.
+[[maybe_unused]] std::chrono::milliseconds milliseconds_of(double seconds, const char* what) {
+  if (!(std::isfinite(seconds) && seconds > 0 && seconds < 1e9)) {
+    throw py::value_error(std::string(what) +
+                          ": timeout_s must be a finite number of seconds > 0, got " +
+                          std::to_string(seconds));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
+}
 
 // A Transport whose collectives are Python callables. Called from the engine's communication
 // thread, so each call takes the GIL. On host memory the callables receive memoryviews over
@@ -180,7 +193,7 @@ void bind_transport(py::module_& m) {
         std::memcpy(id.bytes.data(), raw.data(), raw.size());
         nccl::Options options;
         options.device = device;
-        options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+        options.timeout = milliseconds_of(timeout_s, "nccl_transport");
         py::gil_scoped_release release;  // collective: waits for the peers
         return nccl::make_transport(id, rank, size, options);
       },
@@ -190,51 +203,48 @@ void bind_transport(py::module_& m) {
         "The version of the NCCL library CIERA loads (CommError if it cannot be loaded).");
 #endif
 #if defined(CIERA_WITH_MPI)
-  m.def("mpi_init", [] {
-    if (mpi_init() < MPI_THREAD_MULTIPLE)
-      throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
-  });
-  m.def("mpi_shutdown", [](int abort_code) { mpi_shutdown(abort_code); }, py::arg("abort_code") = 1,
-        "MPI_Finalize, or after a failed collective of this process MPI_Abort (which ends the job "
-        "and this process with `abort_code`): never waits for a dead or stopped peer.");
+  m.def(
+      "mpi_init",
+      [](double timeout_s) {
+        const auto timeout = milliseconds_of(timeout_s, "mpi_init");
+        int provided = 0;
+        {
+          py::gil_scoped_release release;  // waits for every rank of the job
+          provided = mpi_init(nullptr, nullptr, timeout);
+        }
+        if (provided < MPI_THREAD_MULTIPLE)
+          throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
+      },
+      py::arg("timeout_s") = 120.0,
+      "Initialises MPI once for this process; past `timeout_s` in MPI's start-up (a peer dead or "
+      "stalled before it) the process ends with one line naming it.");
+  m.def(
+      "mpi_shutdown",
+      [](int abort_code, double timeout_s) {
+        const auto timeout = milliseconds_of(timeout_s, "mpi_shutdown");
+        py::gil_scoped_release release;  // MPI_Finalize waits for every rank of the job
+        mpi_shutdown(abort_code, timeout);
+      },
+      py::arg("abort_code") = 1, py::arg("timeout_s") = 120.0,
+      "MPI_Finalize, or after a failed collective of this process MPI_Abort (which ends the job "
+      "and this process with `abort_code`): never waits for a dead or stopped peer (past "
+      "`timeout_s` in MPI_Finalize the process ends with `abort_code`).");
   m.def("mpi_abort", [](int code) { mpi_abort(code); }, py::arg("code"),
         "Ends this process and the whole MPI job at once with exit status `code`.");
   m.def("mpi_communication_failed", &mpi_communication_failed,
         "Whether a collective of an MPI transport of this process failed or timed out.");
   m.def(
       "mpi_transport",
-      [](std::optional<std::vector<int>> ranks) -> std::shared_ptr<Transport> {
-        if (!ranks) return make_mpi_transport(MPI_COMM_WORLD);
-        // A subgroup: every rank of the world calls this at once, each naming its own group's
-        // ranks (groups partition the world); MPI_Comm_split makes them, in the order given.
-        int me = 0;
-        MPI_Comm_rank(MPI_COMM_WORLD, &me);
-        const auto at = std::find(ranks->begin(), ranks->end(), me);
-        if (at == ranks->end()) {
-          throw ConfigError("mpi_transport: rank " + std::to_string(me) +
-                            " is not in the ranks it was given");
-        }
-        const int color = *std::min_element(ranks->begin(), ranks->end());
-        MPI_Comm split = MPI_COMM_NULL;
-        if (MPI_Comm_split(MPI_COMM_WORLD, color, int(at - ranks->begin()), &split) !=
-            MPI_SUCCESS) {
-          throw CommError("mpi_transport: MPI_Comm_split failed");
-        }
-        int size = 0;
-        MPI_Comm_size(split, &size);
-        if (size_t(size) != ranks->size()) {
-          MPI_Comm_free(&split);
-          throw ConfigError("mpi_transport: rank " + std::to_string(me) + " named a group of " +
-                            std::to_string(ranks->size()) + " ranks, but " + std::to_string(size) +
-                            " ranks joined it (the ranks disagree on the groups)");
-        }
-        std::shared_ptr<Transport> transport = make_mpi_transport(split);  // a duplicate of it
-        MPI_Comm_free(&split);
-        return transport;
+      [](std::optional<std::vector<int>> ranks, double timeout_s) -> std::shared_ptr<Transport> {
+        const auto timeout = milliseconds_of(timeout_s, "mpi_transport");
+        py::gil_scoped_release release;  // collective over the world
+        if (!ranks) return make_mpi_transport(MPI_COMM_WORLD, timeout);
+        return make_mpi_transport(MPI_COMM_WORLD, *ranks, timeout);
       },
-      py::arg("ranks") = py::none(),
+      py::arg("ranks") = py::none(), py::arg("timeout_s") = 120.0,
       "Open MPI transport on the world, or with `ranks` (world ranks, this one among them) on that "
-      "subgroup: collective over the world, each rank naming its own group.");
+      "subgroup: collective over the world, each rank naming its own group. Its collectives, and "
+      "the set-up, wait at most `timeout_s` for the peers.");
 #endif
 }
 

@@ -10,6 +10,14 @@
 // reduce-scatters of many rounds back to back instead of the engine's allgather, and the last
 // rank's fault comes from a timer 2 ms into step 5's call, so that it strikes inside a call, with
 // round exchanges in flight (two at a time: collectives.cpp).
+//
+// Reliability row 22, a peer stopped outside any collective, where MPI itself would wait forever:
+//   mpi_dead_peer stop-in-start-up|stop-in-set-up|stop-before-finalize
+// The last rank stops (SIGSTOP) before MPI_Init_thread, before the transport's communicator is
+// made (MPI_Comm_idup, polled: the survivors' CommError as above), or after the last step,
+// before MPI_Finalize. Start-up and finalize cannot be polled: each survivor's watchdog must end
+// it with one line naming the call, "... did not return within 3000 ms", and mpirun (run with its
+// default, which ends the job when a rank exits non-zero) end the stopped rank.
 #include <mpi.h>
 #include <signal.h>
 #include <unistd.h>
@@ -17,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
@@ -29,6 +38,9 @@
 
 namespace {
 
+// Every collective's deadline, and MPI's start-up's and finalize's.
+constexpr std::chrono::milliseconds kTimeout{3000};
+
 void fail_now(int rank, const std::string& fault) {
   std::fprintf(stderr, "rank %d: %s\n", rank, fault.c_str());
   std::fflush(stderr);
@@ -40,12 +52,12 @@ void fail_now(int rank, const std::string& fault) {
 // Steps of the engine's allgather; the last rank fails between steps.
 void allgathers(ciera::Transport& transport, int rank, int world, const std::string& fault) {
   ciera::EngineConfig config;
-  config.timeout = std::chrono::seconds(3);
+  config.timeout = kTimeout;
   const auto layout = ciera::BucketLayout::fsdp_split("b", ciera::DType::kBF16, {100000}, world);
   ciera::CompressedAllgather engine(transport, config, {layout});
   std::vector<std::byte> in(layout.rank_bytes(rank), std::byte{1}), out(layout.total_bytes());
   for (int step = 0; step < 100; ++step) {
-    if (rank == world - 1 && step == 5) fail_now(rank, fault);
+    if (rank == world - 1 && step == 5 && fault != "none") fail_now(rank, fault);
     in[0] = static_cast<std::byte>(step);
     engine.run(0, in, out);
   }
@@ -54,7 +66,7 @@ void allgathers(ciera::Transport& transport, int rank, int world, const std::str
 // Coded reduce-scatters of 16 rounds each; the last rank fails from a timer 2 ms into step 5's.
 void reduce_scatters(const std::shared_ptr<ciera::Transport>& transport, int rank, int world,
                      const std::string& fault) {
-  transport->set_timeout(std::chrono::seconds(3));
+  transport->set_timeout(kTimeout);
   ciera::LosslessCollectives collectives(
       transport, {.coding = ciera::CollectiveCoding::kExponent, .slice_values = 1 << 14});
   const size_t part = size_t{1} << 18;
@@ -74,18 +86,35 @@ void reduce_scatters(const std::shared_ptr<ciera::Transport>& transport, int ran
   }
 }
 
+// Whether this process is the world's last rank, before MPI can say (mpirun's environment).
+bool last_rank_of_the_launch() {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  return rank && size && std::atoi(rank) == std::atoi(size) - 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string fault = argc > 1 ? argv[1] : "exit";
   const bool reduce_scatter = argc > 2 && std::string(argv[2]) == "reduce-scatter";
-  ciera::mpi_init(&argc, &argv);
+  if (fault == "stop-in-start-up" && last_rank_of_the_launch()) raise(SIGSTOP);
+  ciera::mpi_init(&argc, &argv, kTimeout);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  std::shared_ptr<ciera::Transport> transport = ciera::make_mpi_transport(MPI_COMM_WORLD);
   const auto begin = std::chrono::steady_clock::now();
   try {
+    if (fault == "stop-in-set-up" && rank == world - 1) raise(SIGSTOP);
+    std::shared_ptr<ciera::Transport> transport =
+        ciera::make_mpi_transport(MPI_COMM_WORLD, kTimeout);
+    if (fault == "stop-before-finalize") {
+      allgathers(*transport, rank, world, "none");  // every step completes
+      if (rank == world - 1) raise(SIGSTOP);
+      ciera::mpi_shutdown(4, kTimeout);
+      std::printf("rank %d: MPI_Finalize returned although a peer stopped before it\n", rank);
+      return 1;
+    }
     if (reduce_scatter) {
       reduce_scatters(transport, rank, world, fault);
     } else {
@@ -97,8 +126,10 @@ int main(int argc, char** argv) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     std::printf("survivor %d failed cleanly after %.1f s: %s\n", rank, s, e.what());
     std::fflush(stdout);
-    // Test only: let the other survivor print its line before the first abort ends the job.
-    std::this_thread::sleep_for(std::chrono::seconds(1));
+    // Test only: let the other survivor print its line before the first abort ends the job. Its
+    // deadline can run up to one timeout behind this one's: a wait of its that completes just
+    // before this rank gives up (its peer still progressing) is followed by a fresh one.
+    std::this_thread::sleep_for(kTimeout + std::chrono::seconds(1));
     ciera::mpi_shutdown(4);  // aborts the job: a communication failed
     std::printf("survivor %d: mpi_shutdown returned after a failure\n", rank);
     return 1;

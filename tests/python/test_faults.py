@@ -137,9 +137,22 @@ def test_a_stopped_rank_ends_bench_allgather(tmp_path):
                 pass
 
 
-def test_the_python_api_ends_the_mpi_job_after_a_stalled_peer():
-    """No torch, no ciera train: an uncaught CommError at the top of a Python program that uses
-    the MPI transport must end the job at exit (MPI_Abort), not hang in MPI_Finalize."""
+# What each rank prints when the last rank stops at that point (mpi_stall_worker.py's WHERE).
+_STALL_SIGNS = {
+    "step": ["CommError"],
+    "set-up": ["CommError", "MPI_Comm_idup"],
+    "start-up": ["MPI_Init_thread did not return within"],
+    "finalize": ["rank 0: done", "rank 1: done", "MPI_Finalize did not return within"],
+}
+
+
+@pytest.mark.parametrize("where", list(_STALL_SIGNS))
+def test_the_python_api_ends_the_mpi_job_after_a_stalled_peer(where):
+    """No torch, no ciera train: a Python program that uses the MPI transport, whose last rank
+    stops (SIGSTOP) in a step, in MPI's start-up, before the transport is made or before
+    MPI_Finalize. The others must end the job by themselves: an uncaught CommError by the exit
+    handler's MPI_Abort, not a wait in MPI_Finalize; MPI's start-up and finalize, which cannot be
+    polled, by their watchdogs (docs/reliability.md, row 22)."""
     import shutil
 
     mpirun = shutil.which("mpirun")
@@ -148,7 +161,7 @@ def test_the_python_api_ends_the_mpi_job_after_a_stalled_peer():
     worker = Path(__file__).with_name("mpi_stall_worker.py")
     env = dict(_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", "3", "-x", "PYTHONPATH",
-           sys.executable, str(worker), str(TIMEOUT_S / 2)]
+           sys.executable, str(worker), str(TIMEOUT_S / 2), where]
     started = time.time()
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
@@ -160,9 +173,12 @@ def test_the_python_api_ends_the_mpi_job_after_a_stalled_peer():
             os.kill(int(line), signal.SIGKILL)  # cleanup after the failure only
         pytest.fail(f"the job still runs {time.time() - started:.0f} s after it started:\n{output[-3000:]}")
     assert job.returncode != 0, output[-3000:]
-    assert "rank 2 stops" in output and "CommError" in output, output[-3000:]
-    # Open MPI 4 prints its MPI_ABORT banner through show_help, which fails now and then when two
-    # ranks abort at the same moment ("ORTE_ERROR_LOG: Out of resource in file .../show_help.c"):
-    # the job still ended by MPI_Abort, only the banner is lost.
-    assert "MPI_ABORT" in output or "show_help.c" in output, output[-3000:]
+    assert f"the last rank stops in {where}" in output, output[-3000:]
+    for sign in _STALL_SIGNS[where]:
+        assert sign in output, output[-3000:]
+    if "CommError" in _STALL_SIGNS[where]:
+        # Open MPI 4 prints its MPI_ABORT banner through show_help, which fails now and then when
+        # two ranks abort at the same moment ("ORTE_ERROR_LOG: Out of resource in file
+        # .../show_help.c"): the job still ended by MPI_Abort, only the banner is lost.
+        assert "MPI_ABORT" in output or "show_help.c" in output, output[-3000:]
     assert "no error although" not in output

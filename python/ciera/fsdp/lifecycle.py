@@ -20,6 +20,7 @@ from ciera import _ext
 
 _open_engines: "weakref.WeakSet" = weakref.WeakSet()
 _mpi_started = False
+_mpi_timeout_s = 120.0  # how long MPI_Finalize may wait for the peers at exit
 _uncaught = False  # an exception reached the top of the program (sys.excepthook ran)
 
 
@@ -38,10 +39,15 @@ def open_engines() -> list:
     return [e for e in _open_engines if not e.closed]
 
 
-def init_mpi_once() -> None:
-    global _mpi_started
+def init_mpi_once(timeout_s: float) -> None:
+    """Starts MPI once for this process. Its start-up and, at exit, its MPI_Finalize wait for every
+    rank; past `timeout_s` (a peer dead or stopped outside any collective) the process ends with
+    one line naming the call (docs/reliability.md, row 22). A later call keeps the longest
+    timeout for the finalize."""
+    global _mpi_started, _mpi_timeout_s
+    _mpi_timeout_s = max(_mpi_timeout_s, timeout_s) if _mpi_started else timeout_s
     if not _mpi_started:
-        _ext.mpi_init()
+        _ext.mpi_init(timeout_s)
         _mpi_started = True
         atexit.register(_shutdown_mpi)
         _note_uncaught_exceptions()
@@ -76,4 +82,4 @@ def _shutdown_mpi() -> None:
     for engine in list(_open_engines):
         engine.close()
     _open_engines.clear()
-    _ext.mpi_shutdown()
+    _ext.mpi_shutdown(timeout_s=_mpi_timeout_s)

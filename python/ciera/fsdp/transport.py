@@ -174,15 +174,16 @@ def _nccl_transport(process_group, device: torch.device, timeout_s: float):
     return _ext.nccl_transport(box[0], rank, size, device.index, timeout_s)
 
 
-def _mpi_transport(cuda: bool, ranks: list[int] | None = None):
+def _mpi_transport(cuda: bool, timeout_s: float, ranks: list[int] | None = None):
     """CIERA's Open MPI transport on the world, or on the subgroup `ranks` (collective over the
-    world: every rank names its own group); MPI initialised once per process."""
+    world: every rank names its own group); MPI initialised once per process. Its set-up, like its
+    collectives, waits at most `timeout_s` for the peers."""
     if cuda:
         raise _ext.ConfigError("transport 'mpi' moves host memory; for a CUDA model use 'torch' or 'nccl'")
     if not _ext.with_mpi:
         raise _ext.ConfigError("this build of CIERA has no MPI transport")
-    lifecycle.init_mpi_once()
-    return _ext.mpi_transport(ranks)
+    lifecycle.init_mpi_once(timeout_s)
+    return _ext.mpi_transport(ranks, timeout_s)
 
 
 def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, device: torch.device | None = None):
@@ -197,7 +198,7 @@ def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, devic
     timeout = datetime.timedelta(seconds=timeout_s)
     lists = [list(p) for p in partition]
     if kind == "mpi":
-        return _mpi_transport(cuda, list(ranks))
+        return _mpi_transport(cuda, timeout_s, list(ranks))
     if kind == "torch":
         backend = _cuda_backend(None) if cuda else "gloo"
         group, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout, backend=backend)
@@ -231,5 +232,5 @@ def make_transport(kind: str, process_group, timeout_s: float, device: torch.dev
             raise _ext.ConfigError("transport 'nccl' moves device memory: the model must be on a CUDA device")
         return _nccl_transport(process_group, device, timeout_s)
     if kind == "mpi":
-        return _mpi_transport(cuda)
+        return _mpi_transport(cuda, timeout_s)
     raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")

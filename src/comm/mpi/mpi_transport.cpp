@@ -8,10 +8,13 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ciera/mpi.hpp"
@@ -31,6 +34,59 @@ std::string mpi_error_text(int code) {
   return std::string(text, static_cast<size_t>(length));
 }
 
+// "rank N" where the launcher says which rank this process is (before MPI knows), else its pid.
+std::string process_name() {
+  for (const char* variable : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* rank = std::getenv(variable)) return std::string("rank ") + rank;
+  }
+  return "pid " + std::to_string(getpid());
+}
+
+// MPI's blocking calls that have no deadline and no nonblocking form to poll wait forever for a
+// peer that is stopped or dead before reaching them: Open MPI's MPI_Init_thread and MPI_Finalize
+// meet every rank through the launcher (a PMIx fence), and MPI_Comm_split is a collective. Each
+// runs while a Watchdog is alive. If the call has not returned within the timeout, the watchdog's
+// thread prints one line naming the call and ends this process, the only way out of a call that
+// cannot be interrupted: by MPI_Abort where MPI is running (the launcher ends every rank, stopped
+// ones too), by _exit while MPI is starting or finishing and MPI_Abort is not allowed (the
+// launcher, seeing a rank end before MPI_Finalize, ends the job). A timeout of 0 watches nothing.
+class Watchdog {
+ public:
+  enum class End { kExit, kAbortJob };
+
+  Watchdog(const char* call, std::chrono::milliseconds timeout, int exit_code, End end) {
+    if (timeout.count() <= 0) return;
+    thread_ = std::thread([this, call, timeout, exit_code, end] {
+      std::unique_lock lock(mutex_);
+      if (returned_.wait_for(lock, timeout, [this] { return done_; })) return;
+      std::fprintf(stderr,
+                   "ciera (%s): error: %s did not return within %lld ms: a peer is dead or "
+                   "stalled; ending this process\n",
+                   process_name().c_str(), call, static_cast<long long>(timeout.count()));
+      if (end == End::kAbortJob) mpi_abort(exit_code);
+      std::fflush(stderr);
+      _exit(exit_code);
+    });
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  ~Watchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    returned_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable returned_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 int checked_count(uint64_t bytes, const char* what) {
   if (bytes > static_cast<uint64_t>(INT_MAX)) {
     throw CommError(std::string("MPI ") + what + ": " + std::to_string(bytes) +
@@ -41,7 +97,7 @@ int checked_count(uint64_t bytes, const char* what) {
 
 class MpiTransport final : public Transport {
  public:
-  explicit MpiTransport(MPI_Comm comm) {
+  MpiTransport(MPI_Comm comm, std::chrono::milliseconds timeout) : timeout_(timeout) {
     if (const char* c = std::getenv("CIERA_MPI_CHANNELS")) channels_ = std::max(1, std::atoi(c));
     if (const char* a = std::getenv("CIERA_MPI_ALLGATHERV")) {
       const std::string name = a;
@@ -56,7 +112,11 @@ class MpiTransport final : public Transport {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw CommError("MPI transport: MPI is not initialised");
-    check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+    MPI_Comm_rank(comm, &rank_);
+    // A collective over `comm`, nonblocking and polled: a peer that never joins is a CommError.
+    MPI_Request request;
+    check(MPI_Comm_idup(comm, &comm_, &request), "MPI_Comm_idup");
+    wait(request, "MPI_Comm_idup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -455,7 +515,7 @@ class MpiTransport final : public Transport {
   int rank_ = 0;
   int size_ = 1;
   bool broken_ = false;
-  std::chrono::milliseconds timeout_{std::chrono::seconds(120)};
+  std::chrono::milliseconds timeout_;
   static constexpr uint64_t kChannelThresholdBytes = 1 << 20;
   int channels_ = 8;
   Algorithm choice_ = Algorithm::kAuto;  // CIERA_MPI_ALLGATHERV
@@ -469,8 +529,47 @@ class MpiTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm) {
-  return std::make_unique<MpiTransport>(comm);
+std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, std::chrono::milliseconds timeout) {
+  return std::make_unique<MpiTransport>(comm, timeout);
+}
+
+std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, std::span<const int> ranks,
+                                              std::chrono::milliseconds timeout) {
+  int me = 0;
+  MPI_Comm_rank(comm, &me);
+  const auto at = std::find(ranks.begin(), ranks.end(), me);
+  if (at == ranks.end()) {
+    throw ConfigError("mpi_transport: rank " + std::to_string(me) +
+                      " is not in the ranks it was given");
+  }
+  // Groups partition `comm`, so the smallest rank of each names it; the order given is the
+  // group's rank order.
+  const int color = *std::min_element(ranks.begin(), ranks.end());
+  MPI_Comm split = MPI_COMM_NULL;
+  int code = MPI_SUCCESS;
+  {
+    Watchdog watchdog("MPI_Comm_split", timeout, 1, Watchdog::End::kAbortJob);
+    code = MPI_Comm_split(comm, color, static_cast<int>(at - ranks.begin()), &split);
+  }
+  if (code != MPI_SUCCESS)
+    throw CommError("mpi_transport: MPI_Comm_split failed: " + mpi_error_text(code));
+  int size = 0;
+  MPI_Comm_size(split, &size);
+  if (static_cast<size_t>(size) != ranks.size()) {
+    MPI_Comm_free(&split);
+    throw ConfigError("mpi_transport: rank " + std::to_string(me) + " named a group of " +
+                      std::to_string(ranks.size()) + " ranks, but " + std::to_string(size) +
+                      " ranks joined it (the ranks disagree on the groups)");
+  }
+  std::unique_ptr<Transport> transport;
+  try {
+    transport = make_mpi_transport(split, timeout);  // a duplicate of it
+  } catch (...) {
+    MPI_Comm_free(&split);
+    throw;
+  }
+  MPI_Comm_free(&split);
+  return transport;
 }
 
 bool mpi_communication_failed() { return g_communication_failed; }
@@ -496,7 +595,7 @@ void mpi_wait_all(std::span<MPI_Request> requests, std::chrono::milliseconds tim
   }
 }
 
-int mpi_init(int* argc, char*** argv) {
+int mpi_init(int* argc, char*** argv, std::chrono::milliseconds timeout) {
   int initialized = 0, provided = 0;
   MPI_Initialized(&initialized);
   if (initialized) {
@@ -514,16 +613,18 @@ int mpi_init(int* argc, char*** argv) {
   // MPI's MCA base reads the variable during MPI_Init_thread (processes started later from this
   // one inherit it, as they would any setting of the launcher's).
   setenv("OMPI_MCA_btl_tcp_progress_thread", "1", /*overwrite=*/0);
+  Watchdog watchdog("MPI_Init_thread", timeout, 1, Watchdog::End::kExit);
   MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   return provided;
 }
 
-void mpi_shutdown(int abort_code) {
+void mpi_shutdown(int abort_code, std::chrono::milliseconds timeout) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized) return;
   if (g_communication_failed) mpi_abort(abort_code);
+  Watchdog watchdog("MPI_Finalize", timeout, abort_code, Watchdog::End::kExit);
   MPI_Finalize();
 }
 
