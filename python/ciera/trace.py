@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from dataclasses import dataclass, field
 
 
@@ -156,6 +157,32 @@ def measure_comm_curves(group, largest_bytes: int, repeats: int = 3) -> dict:
     return out
 
 
+def flat_curves(comm: dict) -> list[str]:
+    """The kinds of Comm() curve in `comm` (the trace's "comm": kind -> [{bytes, seconds}]) whose
+    times do not rise with bytes, as ``ciera simulate`` judges them (src/sim/collectives.cpp,
+    fit_cost_curve): points of one size averaged, then a least-squares line over two or more
+    sizes whose slope is not above 0. The simulator refuses such a trace; a small run on an
+    unshaped link of a busy machine can measure one (its collectives' times are noise)."""
+    flat = []
+    for kind, points in sorted(comm.items()):
+        by_size: dict[int, list[float]] = {}
+        for p in points:
+            by_size.setdefault(p["bytes"], []).append(p["seconds"])
+        if len(by_size) < 2:
+            continue
+        sizes = sorted(by_size)
+        slope, _ = statistics.linear_regression(sizes, [statistics.fmean(by_size[b]) for b in sizes])
+        if not slope > 0:
+            flat.append(kind)
+    return flat
+
+
 def write(path: str, trace: dict) -> None:
+    """Writes `trace` to `path`, and says on stderr when ``ciera simulate`` would refuse it."""
     with open(path, "w") as f:
         json.dump(trace, f, indent=1)
+    flat = flat_curves(trace.get("comm", {}))
+    if flat:
+        print(f"ciera train: warning: in {path}, the measured {', '.join(flat)} times do not rise "
+              "with bytes, so ciera simulate will refuse this trace; trace a run with larger "
+              "buckets or on shaped links (--link-gbit)", file=sys.stderr)

@@ -2,6 +2,7 @@
 // least-squares fit of a measured cost curve used by trace-driven prediction.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "sim/sim.hpp"
@@ -94,8 +95,10 @@ CostCurve fit_cost_curve(const std::vector<CostPoint>& points, const std::string
     intercept = 0;
   }
   if (!(slope > 0)) {
+    char per_mb[32];
+    std::snprintf(per_mb, sizeof per_mb, "%.3g", slope * 1e6);
     throw ConfigError(what + ": measured time does not increase with bytes (fitted slope " +
-                      std::to_string(slope) + " s/byte)");
+                      per_mb + " s/MB)");
   }
   curve.alpha_s = intercept;
   curve.bytes_per_s = 1.0 / slope;
