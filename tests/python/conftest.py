@@ -1,8 +1,9 @@
 """Helpers for tests that need several torch.distributed ranks (gloo on CPU)."""
 
 import os
-import socket
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -19,22 +20,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank, world, port, fn, args, queue):
+def _entry(rank, world, store, fn, args, queue):
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     try:
         import datetime
 
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+        # A file store (`store`, a path no rank has used): no port to pick ahead, which another
+        # process could take between the pick and rank 0's bind.
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
         queue.put((rank, "ok", fn(rank, world, *args)))
     except BaseException as e:  # report every rank's failure, then let the test decide
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -63,8 +59,9 @@ def spawn(fn, world, *args, timeout=240):
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts (the first spawn)
     queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, queue)) for r in range(world)]
+    store_dir = tempfile.mkdtemp(prefix="ciera-spawn-")
+    store = os.path.join(store_dir, "store")
+    procs = [ctx.Process(target=_entry, args=(r, world, store, fn, args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     results = {}
@@ -87,6 +84,7 @@ def spawn(fn, world, *args, timeout=240):
             p.kill()
     for r in range(world):
         results.setdefault(r, ("missing", None))
+    shutil.rmtree(store_dir, ignore_errors=True)
     return results
 
 

@@ -8,7 +8,6 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,12 +18,6 @@ from ciera.train.options import BASELINE, CONTROL, budget_text
 from ciera.train.watch import Stall, Watch
 
 ROOT = Path(__file__).resolve().parents[1]   # the ciera package
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def linklab_script() -> str:
@@ -50,7 +43,7 @@ def rank_launcher(args) -> list[str]:
     if mpirun is None:
         raise SystemExit("ciera train: mpirun not found (apt-get install openmpi-bin)")
     return [mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(args.ranks),
-            "-x", "CIERA_MASTER_PORT", "-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED", "-x", "OMP_NUM_THREADS",
+            "-x", "PYTHONPATH", "-x", "PYTHONUNBUFFERED", "-x", "OMP_NUM_THREADS",
             "-x", "CUBLAS_WORKSPACE_CONFIG", *program]
 
 
@@ -80,7 +73,7 @@ def launch(args, argv: list[str]) -> int:
     run_dir = new_run_dir(args)
     child = [*argv, *options.resolved_argv(args), "--child", "--run-dir", str(run_dir.resolve())]
     # CUBLAS_WORKSPACE_CONFIG: deterministic cuBLAS (--device cuda); read when cuBLAS starts.
-    env = dict(os.environ, CIERA_MASTER_PORT=str(free_port()), OMPI_ALLOW_RUN_AS_ROOT="1",
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                CUBLAS_WORKSPACE_CONFIG=":4096:8")
     # glibc raises its mmap threshold (up to 32 MiB) as large blocks are freed, after which the
@@ -97,6 +90,7 @@ def launch(args, argv: list[str]) -> int:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         status = follow(proc, run_dir / "metrics.jsonl", args, watch)
+    (run_dir / "rendezvous").unlink(missing_ok=True)  # the ranks' torch.distributed store
     summary_path = run_dir / "summary.json"
     if status != 0 or not summary_path.is_file():
         watch.read_statuses()  # the processes are gone now; what was seen of them stands

@@ -110,16 +110,16 @@ class RankProgram:
         return 0
 
     def init_process_group(self) -> None:
-        """torch.distributed at the address the launcher gave: torchrun's (env://), or a port of
-        the launcher's on this host (mpirun) or on the link lab's hub."""
+        """torch.distributed through torchrun's store (env://), or under mpirun and in the link
+        lab a file store in the run folder: the ranks share this host's filesystem (the lab's
+        namespaces too), and no port has to be picked ahead (a port the launcher found free and
+        closed could be taken by another process before rank 0 bound it)."""
         if self.args.launcher == "torchrun":
             init_method = "env://"
         else:
-            in_lab = "CIERA_LINKLAB_PREFIX" in os.environ
-            master = "10.231.0.1" if in_lab else "127.0.0.1"
-            if in_lab:
+            if "CIERA_LINKLAB_PREFIX" in os.environ:
                 os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
-            init_method = f"tcp://{master}:{os.environ['CIERA_MASTER_PORT']}"
+            init_method = f"file://{(self.run_dir / 'rendezvous').resolve()}"
         if self.args.device == "cuda":
             self.use_gpu()
         dist.init_process_group(self.backend, init_method=init_method, rank=self.rank, world_size=self.world,
