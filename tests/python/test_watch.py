@@ -95,3 +95,16 @@ def test_work_between_steps_is_told_as_itself_not_as_the_last_steps_phase(tmp_pa
     writing.update("training", "fsdp2", 12)
     watch.read_statuses()
     assert watch.waiting_line(10).startswith("ciera train: no progress for 10 s: rank 0 in step 13 of the fsdp2 run;")
+
+
+def test_a_rank_that_never_started_is_named_after_the_ranks_that_failed_setting_up(tmp_path):
+    """A rank stopped before it wrote its status (in its imports): the others fail in their set-up
+    (torch.distributed's store waits for it), and the line names it as never started."""
+    for rank in (1, 2):
+        RankStatus(tmp_path, rank).failed(RuntimeError("torch.distributed's set-up (every rank joining, 10 s "
+                                                       "allowed) failed: Wait timeout"))
+    watch = Watch(tmp_path, 3)
+    watch.read_statuses()
+    assert watch.failure_line(1, "") == (
+        "ciera train: ranks 1, 2 failed setting up: RuntimeError: torch.distributed's set-up (every rank joining, "
+        "10 s allowed) failed: Wait timeout; rank 0 never started (no status)")

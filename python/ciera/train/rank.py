@@ -19,7 +19,7 @@ import ciera
 from ciera import fsdp
 from ciera.fsdp import lifecycle
 from ciera.train import checkpoint, schemes
-from ciera.train.watch import RankStatus
+from ciera.train.watch import RankStatus, error_text
 from ciera.train.metrics import BASELINE, CONTROL, PLAIN, Run, StepMetrics, resident_bytes
 from ciera.train.options import budget_bytes, scheme_names
 
@@ -122,8 +122,12 @@ class RankProgram:
             init_method = f"file://{(self.run_dir / 'rendezvous').resolve()}"
         if self.args.device == "cuda":
             self.use_gpu()
-        dist.init_process_group(self.backend, init_method=init_method, rank=self.rank, world_size=self.world,
-                                timeout=_dt.timedelta(seconds=self.args.timeout))
+        try:
+            dist.init_process_group(self.backend, init_method=init_method, rank=self.rank, world_size=self.world,
+                                    timeout=_dt.timedelta(seconds=self.args.timeout))
+        except RuntimeError as e:  # the store's own words are terse ("Wait timeout")
+            raise RuntimeError(f"torch.distributed's set-up (every rank joining, {self.args.timeout:g} s "
+                               f"allowed) failed: {error_text(e).removeprefix('RuntimeError: ')}") from e
         self.rank_cores = [None] * self.world   # the summary's rank_cores: where each rank runs
         dist.all_gather_object(self.rank_cores, self.cores)
         if self.args.checkpoint_every or self.args.resume:

@@ -169,6 +169,11 @@ class Watch:
         verb = "gave up" if culprits else "failed"
         for (where, error), rs in groups.items():
             parts.append(f"{_ranks(rs)} {verb}{where}: {error}")
+        # Ranks that never wrote a status: stopped or stuck before their first line of Python, or
+        # ended by the launcher before they got that far.
+        missing = [r for r in range(self.ranks) if r not in self.statuses and r not in culprits]
+        if missing and parts:
+            parts.append(f"{_ranks(missing)} never started (no status)")
         if not parts:
             return f"ciera train: the ranks failed (exit {status})"
         return "ciera train: " + "; ".join(parts)
@@ -183,7 +188,9 @@ class Watch:
             if status.get("phase"):   # between steps (RankStatus.between_steps)
                 after = "before the first step" if status.get("step") is None else f"after step {status['step'] + 1}"
                 return f"in the {status['phase']} {after}"
-            return {"starting": "setting up", "done": "done"}.get(status["state"], f"({status['state']})")
+            # A rank that failed outside any training failed in its set-up (the state replaced it).
+            return {"starting": "setting up", "failed": "setting up", "done": "done"}.get(
+                status["state"], f"({status['state']})")
         phase = f"in the {status['phase']} of " if status.get("phase") else "in "
         return f"{phase}step {status['step'] + 1} of the {status['run']} run"
 
