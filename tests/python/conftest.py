@@ -29,8 +29,10 @@ def _entry(rank, world, store, fn, args, queue):
 
         # A file store (`store`, a path no rank has used): no port to pick ahead, which another
         # process could take between the pick and rank 0's bind.
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
+        timeout = datetime.timedelta(seconds=60)
+        file_store = dist.FileStore(store, world)
+        file_store.set_timeout(timeout)
+        dist.init_process_group("gloo", store=file_store, rank=rank, world_size=world, timeout=timeout)
         queue.put((rank, "ok", fn(rank, world, *args)))
     except BaseException as e:  # report every rank's failure, then let the test decide
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))

@@ -114,17 +114,21 @@ class RankProgram:
         lab a file store in the run folder: the ranks share this host's filesystem (the lab's
         namespaces too), and no port has to be picked ahead (a port the launcher found free and
         closed could be taken by another process before rank 0 bound it)."""
+        timeout = _dt.timedelta(seconds=self.args.timeout)
         if self.args.launcher == "torchrun":
-            init_method = "env://"
+            rendezvous = {"init_method": "env://"}
         else:
             if "CIERA_LINKLAB_PREFIX" in os.environ:
                 os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
-            init_method = f"file://{(self.run_dir / 'rendezvous').resolve()}"
+            # The store itself, not a file:// URL: any folder name works ('#', '?', spaces).
+            store = dist.FileStore(str((self.run_dir / "rendezvous").resolve()), self.world)
+            store.set_timeout(timeout)
+            rendezvous = {"store": store}
         if self.args.device == "cuda":
             self.use_gpu()
         try:
-            dist.init_process_group(self.backend, init_method=init_method, rank=self.rank, world_size=self.world,
-                                    timeout=_dt.timedelta(seconds=self.args.timeout))
+            dist.init_process_group(self.backend, rank=self.rank, world_size=self.world, timeout=timeout,
+                                    **rendezvous)
         except RuntimeError as e:  # the store's own words are terse ("Wait timeout")
             raise RuntimeError(f"torch.distributed's set-up (every rank joining, {self.args.timeout:g} s "
                                f"allowed) failed: {error_text(e).removeprefix('RuntimeError: ')}") from e
