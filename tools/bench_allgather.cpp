@@ -135,7 +135,8 @@ Request parse(const Options& o, const std::string& command) {
       !o.broadcast || (o.root >= 0 && o.root < r.options.ranks),
       "--root " + std::to_string(o.root) + " is not a rank of " + std::to_string(r.options.ranks));
   require(std::isfinite(o.lr) && o.lr > 0, "--lr must be a finite number > 0");
-  require(std::isfinite(o.timeout_s) && o.timeout_s > 0, "--timeout must be a number of seconds > 0");
+  require(std::isfinite(o.timeout_s) && o.timeout_s > 0 && o.timeout_s <= 86400,
+          "--timeout must be a number of seconds > 0 and at most 86400");
   require(std::isfinite(o.link_gbit) && o.link_gbit >= 0, "--link-gbit must be >= 0");
   require(std::isfinite(o.delay_ms) && o.delay_ms >= 0, "--delay-ms must be >= 0");
   // The link lab puts the ranks on one /24 beside its hub (scripts/linklab.sh).

@@ -86,8 +86,8 @@ Request parse(const Options& o, const std::string& command) {
   require(o.slice_values >= 1, "--slice-values must be at least 1");
   require(o.frame_values >= 1, "--frame-values must be at least 1");
   require(o.steps > o.warmup, "--steps must exceed --warmup to measure a steady state");
-  require(std::isfinite(o.timeout_s) && o.timeout_s > 0,
-          "--timeout must be a number of seconds > 0");
+  require(std::isfinite(o.timeout_s) && o.timeout_s > 0 && o.timeout_s <= 86400,
+          "--timeout must be a number of seconds > 0 and at most 86400");
   require(std::isfinite(o.link_gbit) && o.link_gbit >= 0, "--link-gbit must be >= 0");
   require(std::isfinite(o.delay_ms) && o.delay_ms >= 0, "--delay-ms must be >= 0");
   require(!(o.link_gbit > 0 || o.link_lab) || o.ranks <= kLinkLabMaxRanks,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -164,7 +165,9 @@ int run_mpi_rank(double timeout_s, const std::function<int()>& body) {
 }
 
 std::chrono::milliseconds mpi_timeout() {
-  return std::chrono::milliseconds(static_cast<int64_t>(g_mpi_timeout_s * 1000));
+  // Rounded up, at least 1 ms: 0 would mean no deadline to mpi_init and mpi_shutdown.
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(g_mpi_timeout_s * 1000))));
 }
 
 void wait_all(std::span<MPI_Request> requests, const char* what) {

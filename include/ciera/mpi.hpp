@@ -27,7 +27,8 @@ inline constexpr std::chrono::milliseconds kMpiDefaultTimeout{std::chrono::minut
 // calls MPI, and a peer still polling for it stalls (docs/reliability.md, row 21).
 // MPI_Init_thread waits for every rank of the job and has no deadline of its own: if it has not
 // returned within `timeout` (0: no deadline), a watchdog prints one line naming it and ends this
-// process with status 1 (_exit; the launcher, seeing a rank end early, ends the job).
+// process with status 1 (_exit; the launcher, seeing a rank end early, ends the job). So, as for
+// any collective, the ranks must reach it within `timeout` of each other.
 int mpi_init(int* argc = nullptr, char*** argv = nullptr,
              std::chrono::milliseconds timeout = kMpiDefaultTimeout);
 
@@ -43,7 +44,9 @@ std::unique_ptr<Transport> make_mpi_transport(
 // that becomes the group's), where the groups of all ranks partition `comm`: collective over
 // `comm`, each rank naming its own group. Ranks that disagree on the groups are a ConfigError.
 // The split (MPI_Comm_split) cannot be polled: it runs under a watchdog that, past `timeout`,
-// prints one line naming it and ends the job with mpi_abort(1).
+// prints one line naming it and ends the job with mpi_abort(1) (with MPI_THREAD_MULTIPLE; at a
+// lower thread level, where MPI_Abort from the watchdog's thread is not allowed, this process
+// only, with _exit(1)).
 std::unique_ptr<Transport> make_mpi_transport(
     MPI_Comm comm, std::span<const int> ranks,
     std::chrono::milliseconds timeout = kMpiDefaultTimeout);

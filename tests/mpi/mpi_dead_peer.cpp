@@ -12,12 +12,14 @@
 // round exchanges in flight (two at a time: collectives.cpp).
 //
 // Reliability row 22, a peer stopped outside any collective, where MPI itself would wait forever:
-//   mpi_dead_peer stop-in-start-up|stop-in-set-up|stop-before-finalize
+//   mpi_dead_peer stop-in-start-up|stop-in-set-up|stop-in-split|stop-before-finalize
 // The last rank stops (SIGSTOP) before MPI_Init_thread, before the transport's communicator is
-// made (MPI_Comm_idup, polled: the survivors' CommError as above), or after the last step,
-// before MPI_Finalize. Start-up and finalize cannot be polled: each survivor's watchdog must end
-// it with one line naming the call, "... did not return within 3000 ms", and mpirun (run with its
-// default, which ends the job when a rank exits non-zero) end the stopped rank.
+// made (MPI_Comm_idup, polled: the survivors' CommError as above), before the split of a
+// sub-group transport, or after the last step, before MPI_Finalize. Start-up, split and finalize
+// cannot be polled: each survivor's watchdog must end it with one line naming the call, "...
+// did not return within 3000 ms", and mpirun end the stopped rank (after the split's MPI_Abort;
+// after start-up and finalize, run with its default, which ends the job when a rank exits
+// non-zero). MPI's start-up is given 3 s only where a rank stops in it, a minute otherwise.
 #include <mpi.h>
 #include <signal.h>
 #include <unistd.h>
@@ -98,16 +100,21 @@ bool last_rank_of_the_launch() {
 int main(int argc, char** argv) {
   const std::string fault = argc > 1 ? argv[1] : "exit";
   const bool reduce_scatter = argc > 2 && std::string(argv[2]) == "reduce-scatter";
-  if (fault == "stop-in-start-up" && last_rank_of_the_launch()) raise(SIGSTOP);
-  ciera::mpi_init(&argc, &argv, kTimeout);
+  const bool stop_in_start_up = fault == "stop-in-start-up";
+  if (stop_in_start_up && last_rank_of_the_launch()) raise(SIGSTOP);
+  ciera::mpi_init(&argc, &argv, stop_in_start_up ? kTimeout : std::chrono::minutes(1));
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const auto begin = std::chrono::steady_clock::now();
   try {
-    if (fault == "stop-in-set-up" && rank == world - 1) raise(SIGSTOP);
+    if ((fault == "stop-in-set-up" || fault == "stop-in-split") && rank == world - 1)
+      raise(SIGSTOP);
+    std::vector<int> everyone(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) everyone[static_cast<size_t>(r)] = r;
     std::shared_ptr<ciera::Transport> transport =
-        ciera::make_mpi_transport(MPI_COMM_WORLD, kTimeout);
+        fault == "stop-in-split" ? ciera::make_mpi_transport(MPI_COMM_WORLD, everyone, kTimeout)
+                                 : ciera::make_mpi_transport(MPI_COMM_WORLD, kTimeout);
     if (fault == "stop-before-finalize") {
       allgathers(*transport, rank, world, "none");  // every step completes
       if (rank == world - 1) raise(SIGSTOP);

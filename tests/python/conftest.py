@@ -1,7 +1,6 @@
 """Helpers for tests that need several torch.distributed ranks (gloo on CPU)."""
 
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -61,33 +60,33 @@ def spawn(fn, world, *args, timeout=240):
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts (the first spawn)
     queue = ctx.Queue()
-    store_dir = tempfile.mkdtemp(prefix="ciera-spawn-")
-    store = os.path.join(store_dir, "store")
-    procs = [ctx.Process(target=_entry, args=(r, world, store, fn, args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    deadline = time.monotonic() + timeout
-    ended = False
-    while len(results) < world and time.monotonic() < deadline:
-        try:
-            rank, status, value = queue.get(timeout=0.5 if ended else 2)
-        except queue_module.Empty:
-            if ended:
-                break
-            # A rank that ended without reporting (killed, os._exit) never will: once every
-            # process has ended, take what is still in the pipe and stop waiting for the rest.
-            ended = not any(p.is_alive() for p in procs)
-            continue
-        results[rank] = (status, value)
-    for p in procs:
-        p.join(timeout=10)
-        if p.is_alive():
-            p.kill()
-    for r in range(world):
-        results.setdefault(r, ("missing", None))
-    shutil.rmtree(store_dir, ignore_errors=True)
-    return results
+    # The ranks' torch.distributed store: a file in a folder of this call's own.
+    with tempfile.TemporaryDirectory(prefix="ciera-spawn-") as store_dir:
+        store = os.path.join(store_dir, "store")
+        procs = [ctx.Process(target=_entry, args=(r, world, store, fn, args, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+        results = {}
+        deadline = time.monotonic() + timeout
+        ended = False
+        while len(results) < world and time.monotonic() < deadline:
+            try:
+                rank, status, value = queue.get(timeout=0.5 if ended else 2)
+            except queue_module.Empty:
+                if ended:
+                    break
+                # A rank that ended without reporting (killed, os._exit) never will: once every
+                # process has ended, take what is still in the pipe and stop waiting for the rest.
+                ended = not any(p.is_alive() for p in procs)
+                continue
+            results[rank] = (status, value)
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        for r in range(world):
+            results.setdefault(r, ("missing", None))
+        return results
 
 
 def all_ok(results):

@@ -111,6 +111,12 @@ def launch(args, argv: list[str]) -> int:
         sys.stderr.write(f"ciera train: plots skipped: {e}\n")
     summary_path.write_text(json.dumps(summary, indent=2))
     print(render_summary(summary, run_dir))
+    if summary.get("trace"):
+        from ciera import trace
+
+        warning = trace.refusal_warning(summary["trace"], json.loads(Path(summary["trace"]).read_text()))
+        if warning:
+            sys.stderr.write(warning + "\n")
     if args.json:
         # The per-shard selection stays in summary.json; the line is for scripts.
         line = {k: v for k, v in summary.items() if k not in ("selection", "selection_table")}

@@ -48,23 +48,29 @@ std::string process_name() {
 // runs while a Watchdog is alive. If the call has not returned within the timeout, the watchdog's
 // thread prints one line naming the call and ends this process, the only way out of a call that
 // cannot be interrupted: by MPI_Abort where MPI is running (the launcher ends every rank, stopped
-// ones too), by _exit while MPI is starting or finishing and MPI_Abort is not allowed (the
-// launcher, seeing a rank end before MPI_Finalize, ends the job). A timeout of 0 watches nothing.
+// ones too; only from this second thread where MPI allows it, MPI_THREAD_MULTIPLE), by _exit
+// while MPI is starting or finishing and MPI_Abort is not allowed (the launcher, seeing a rank end
+// before MPI_Finalize, ends the job). A timeout of 0 watches nothing. The line is made before the
+// watch starts: MPI's start-up may change the environment while the thread would read it.
 class Watchdog {
  public:
   enum class End { kExit, kAbortJob };
 
   Watchdog(const char* call, std::chrono::milliseconds timeout, int exit_code, End end) {
     if (timeout.count() <= 0) return;
-    thread_ = std::thread([this, call, timeout, exit_code, end] {
+    std::string line = "ciera (" + process_name() + "): error: " + call +
+                       " did not return within " + std::to_string(timeout.count()) +
+                       " ms: a peer is dead or stalled; ending this process\n";
+    thread_ = std::thread([this, line = std::move(line), timeout, exit_code, end] {
       std::unique_lock lock(mutex_);
       if (returned_.wait_for(lock, timeout, [this] { return done_; })) return;
-      std::fprintf(stderr,
-                   "ciera (%s): error: %s did not return within %lld ms: a peer is dead or "
-                   "stalled; ending this process\n",
-                   process_name().c_str(), call, static_cast<long long>(timeout.count()));
-      if (end == End::kAbortJob) mpi_abort(exit_code);
-      std::fflush(stderr);
+      std::fputs(line.c_str(), stderr);
+      int level = MPI_THREAD_SINGLE;
+      if (end == End::kAbortJob && MPI_Query_thread(&level) == MPI_SUCCESS &&
+          level == MPI_THREAD_MULTIPLE) {
+        mpi_abort(exit_code);
+      }
+      std::fflush(nullptr);  // stdout too: a report may wait in its buffer
       _exit(exit_code);
     });
   }
@@ -564,6 +570,8 @@ std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, std::span<const int
   std::unique_ptr<Transport> transport;
   try {
     transport = make_mpi_transport(split, timeout);  // a duplicate of it
+  } catch (const CommError&) {
+    throw;  // the duplicate timed out or failed: MPI may still use `split`, so leave it
   } catch (...) {
     MPI_Comm_free(&split);
     throw;
