@@ -156,48 +156,25 @@ def measure_comm_curves(group, largest_bytes: int, repeats: int = 3) -> dict:
     return out
 
 
-def flat_curves(comm: dict) -> list[str]:
-    """The kinds of Comm() curve in `comm` (the trace's "comm": kind -> [{bytes, seconds}]) that
-    ``ciera simulate`` refuses as not rising with bytes: its fit (src/sim/collectives.cpp,
-    fit_cost_curve, step for step) averages the points of one size, fits a least-squares line,
-    or a line through the origin where there is one size, the sizes barely differ or the fixed
-    cost comes out negative, and refuses a slope that is not above 0. A small run on an unshaped
-    link of a busy machine can measure such a curve (its collectives' times are noise)."""
-    flat = []
-    for kind, points in sorted(comm.items()):
-        by_size: dict[float, list[float]] = {}
-        for p in points:
-            by_size.setdefault(p["bytes"], []).append(p["seconds"])
-        if not by_size:
-            continue  # the simulator says "no measured points", not this
-        xs = list(by_size)
-        ys = [statistics.fmean(by_size[b]) for b in xs]
-        n = len(xs)
-        sx, sy = sum(xs), sum(ys)
-        sxx, sxy = sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))
-        spread = n * sxx - sx * sx
-        slope = intercept = 0.0
-        if n >= 2 and spread > 1e-9 * sxx * n:
-            slope = (n * sxy - sx * sy) / spread
-            intercept = (sy - slope * sx) / n
-        if n < 2 or spread <= 1e-9 * sxx * n or intercept < 0:
-            if sxx <= 0:
-                continue  # all at 0 bytes: refused for that, not for its slope
-            slope = sxy / sxx
-        if not slope > 0:
-            flat.append(kind)
-    return flat
+def simulate_refusal(path: str) -> str | None:
+    """Why ``ciera simulate --trace PATH`` refuses the trace at `path` (its error line), asked of
+    the simulator itself; None when it accepts it, or when the native tool is not built (then
+    there is no simulator to refuse it). A small run on an unshaped link of a busy machine can
+    measure Comm() times that do not rise with bytes, which the simulator refuses."""
+    import subprocess
 
+    from ciera import cli
 
-def refusal_warning(path: str, trace: dict) -> str | None:
-    """What ``ciera train --trace`` tells the user when ``ciera simulate`` would refuse the trace
-    it wrote at `path`; None when it would not."""
-    flat = flat_curves(trace.get("comm", {}))
-    if not flat:
+    try:
+        tool = cli.native_tool()
+    except SystemExit:
         return None
-    return (f"ciera train: warning: in {path}, the measured {', '.join(flat)} times do not rise with "
-            "bytes, so ciera simulate will refuse this trace; trace a run with larger buckets or on "
-            "shaped links (--link-gbit)")
+    done = subprocess.run([str(tool), "simulate", "--trace", path, "--json"], capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
 
 
 def write(path: str, trace: dict) -> None:

@@ -114,9 +114,11 @@ def launch(args, argv: list[str]) -> int:
     if summary.get("trace"):
         from ciera import trace
 
-        warning = trace.refusal_warning(summary["trace"], json.loads(Path(summary["trace"]).read_text()))
-        if warning:
-            sys.stderr.write(warning + "\n")
+        refusal = trace.simulate_refusal(summary["trace"])
+        if refusal:
+            sys.stderr.write(f"ciera train: warning: ciera simulate will refuse {summary['trace']} ({refusal}); "
+                             "a small run on unshaped links measures noisy Comm() times: trace a larger one, "
+                             "or on shaped links (--link-gbit)\n")
     if args.json:
         # The per-shard selection stays in summary.json; the line is for scripts.
         line = {k: v for k, v in summary.items() if k not in ("selection", "selection_table")}
