@@ -227,7 +227,7 @@ class AllgatherBench {
     config.warmup_steps = r.options.warmup;
     config.worker_threads = r.options.threads;
     config.adaptive = r.options.codec == "auto";
-    config.timeout = std::chrono::milliseconds(static_cast<int64_t>(r.options.timeout_s * 1000));
+    config.timeout = mpi_timeout();  // --timeout, as run_mpi_rank took it
     engine_ = std::make_unique<CompressedAllgather>(*transport_, config, layouts_);
     for (size_t b = 0; b < layouts_.size(); ++b) {
       raw_out_[b].resize(layouts_[b].total_bytes());

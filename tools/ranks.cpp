@@ -28,7 +28,9 @@
 namespace ciera::tools {
 namespace {
 
-double g_mpi_timeout_s = 60;
+// run_mpi_rank's timeout: rounded up, at least 1 ms (0 would mean no deadline to mpi_init and
+// mpi_shutdown).
+std::chrono::milliseconds g_mpi_timeout{60000};
 
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
@@ -149,7 +151,8 @@ std::optional<uint64_t> uplink_bytes_sent() {
 }
 
 int run_mpi_rank(double timeout_s, const std::function<int()>& body) {
-  g_mpi_timeout_s = timeout_s;
+  g_mpi_timeout = std::chrono::milliseconds(
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(timeout_s * 1000))));
   const int provided = mpi_init(nullptr, nullptr, mpi_timeout());
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -164,11 +167,7 @@ int run_mpi_rank(double timeout_s, const std::function<int()>& body) {
   }
 }
 
-std::chrono::milliseconds mpi_timeout() {
-  // Rounded up, at least 1 ms: 0 would mean no deadline to mpi_init and mpi_shutdown.
-  return std::chrono::milliseconds(
-      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(g_mpi_timeout_s * 1000))));
-}
+std::chrono::milliseconds mpi_timeout() { return g_mpi_timeout; }
 
 void wait_all(std::span<MPI_Request> requests, const char* what) {
   mpi_wait_all(requests, mpi_timeout(), what);
