@@ -2,14 +2,31 @@
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import ciera
-from ciera import _ext, data, fsdp
+from ciera import _ext, data, fsdp, models
+from ciera.fsdp.layout import DefaultReduceScatter, describe_buckets, reduce_scatter_comm
 
-from fsdp_workers import build, local_bits, tiny_spec
+from fsdp_workers import build, local_bits, tiny_spec, train
 
 
-def fsdp_reduce_scatter(rank, world, coding, reduce_dtype, steps=4):
+def _build(spec, world, reduce_dtype, layout):
+    """The tiny model under FSDP2: "flat" (one shard group) or "hsdp" (replicated over nodes of 2
+    ranks, sharded inside each: FSDP2 reduce-scatters inside a node, then all-reduces across)."""
+    if layout == "flat":
+        return build(spec, world, reduce_dtype=reduce_dtype)
+    model = models.build(spec, 0)
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "shard"))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
+    for layer in models.decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def fsdp_reduce_scatter(rank, world, coding, reduce_dtype, layout="flat", steps=4):
     """The same FSDP2 training three times: CIERA's reduce-scatter with `coding`, its raw twin and
     FSDP2's own. Returns the comparisons and what the coded reduce-scatters sent."""
     corpus = data.load_corpus(1 << 20)
@@ -17,7 +34,7 @@ def fsdp_reduce_scatter(rank, world, coding, reduce_dtype, steps=4):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[reduce_dtype]
     out = {}
     for name in ("fsdp2", "raw", coding):
-        model = build(spec, world, reduce_dtype=dtype)
+        model = _build(spec, world, dtype, layout)
         handle = None if name == "fsdp2" else fsdp.enable_reduce_scatter(model, name)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         losses = []
@@ -31,15 +48,50 @@ def fsdp_reduce_scatter(rank, world, coding, reduce_dtype, steps=4):
         records = handle.records if handle else []
         out[name] = {"losses": losses, "params": local_bits(model),
                      "raw": sum(r.raw_bytes for r in records), "wire": sum(r.wire_bytes for r in records),
-                     "calls": len(records)}
+                     "calls": len(records), "group": list(handle.ranks) if handle else None}
     ours, twin, own = out[coding], out["raw"], out["fsdp2"]
     return {
         "losses_equal": ours["losses"] == twin["losses"],
         "params_equal": all(torch.equal(a, b) for a, b in zip(ours["params"], twin["params"])),
         "max_loss_diff_vs_fsdp2": max(abs(a - b) for a, b in zip(ours["losses"], own["losses"])),
         "raw": ours["raw"], "wire": ours["wire"], "calls": ours["calls"], "twin_wire": twin["wire"],
-        "twin_raw": twin["raw"],
+        "twin_raw": twin["raw"], "group": ours["group"],
     }
+
+
+def disable_reduce_scatter(rank, world):
+    """enable_reduce_scatter() twice without disable() is refused; disable() restores FSDP2's own
+    reduce-scatter: a model enabled then disabled trains bit for bit as one never enabled, and a
+    disabled handle records no more calls; the model can be enabled again."""
+    corpus = data.load_corpus(1 << 20)
+    spec = tiny_spec("olmoe")
+    plain = build(spec, world)
+    plain_losses = train(plain, rank, 2, corpus)
+
+    restored = build(spec, world)
+    fsdp.enable_reduce_scatter(restored, "exponent").disable()
+    restored_losses = train(restored, rank, 2, corpus)
+
+    model = build(spec, world)
+    handle = fsdp.enable_reduce_scatter(model, "exponent")
+    train(model, rank, 1, corpus)
+    calls = len(handle.records)
+    try:
+        fsdp.enable_reduce_scatter(model, "raw")
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    handle.disable()
+    handle.disable()   # a second call does nothing
+    comms = {type(reduce_scatter_comm(m)).__name__ for m, _ in describe_buckets(model)}
+    train(model, rank, 1, corpus)
+    again = fsdp.enable_reduce_scatter(model, "exponent")
+    train(model, rank, 1, corpus)
+    return {"restored_equal": restored_losses == plain_losses
+            and all(torch.equal(a, b) for a, b in zip(local_bits(restored), local_bits(plain))),
+            "calls": calls, "calls_after_disable": len(handle.records), "refused": refused,
+            "comms": sorted(comms), "default": DefaultReduceScatter.__name__, "enabled": handle.enabled,
+            "calls_again": len(again.records)}
 
 
 def torch_alltoallv(rank, world):

@@ -91,6 +91,25 @@ def test_fsdp2_reduce_scatter_is_bitwise_its_uncompressed_twin(coding, reduce_dt
         assert r["max_loss_diff_vs_fsdp2"] < 1e-2, (rank, r)
 
 
+def test_fsdp2_reduce_scatter_on_an_hsdp_mesh_runs_in_each_shard_group():
+    # 2 x 2 mesh: FSDP2 reduce-scatters inside each node of 2 ranks (CIERA's collectives there),
+    # then all-reduces across the nodes with its own collective.
+    for rank, r in enumerate(all_ok(spawn(w.fsdp_reduce_scatter, 4, "exponent", "bf16", "hsdp"))):
+        assert r["group"] == ([0, 1] if rank < 2 else [2, 3]), (rank, r)
+        assert r["losses_equal"] and r["params_equal"], (rank, r)
+        assert r["calls"] > 0 and 0 < r["wire"] < 0.8 * r["raw"], (rank, r)
+        assert r["max_loss_diff_vs_fsdp2"] < 1e-2, (rank, r)
+
+
+def test_fsdp2_reduce_scatter_disable_restores_fsdp2s_own():
+    for rank, r in enumerate(all_ok(spawn(w.disable_reduce_scatter, 2))):
+        assert r["restored_equal"], (rank, r)
+        assert r["calls"] > 0 and r["calls_after_disable"] == r["calls"] and not r["enabled"], (rank, r)
+        assert r["comms"] == [r["default"]], (rank, r)
+        assert r["refused"] and "already go through CIERA" in r["refused"], (rank, r)
+        assert r["calls_again"] > 0, (rank, r)
+
+
 def _env():
     return dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
 
@@ -116,6 +135,8 @@ def test_ciera_train_reduce_scatter_is_bitwise_its_twin(tmp_path):
     assert "busiest link" in done.stdout
     assert s["max_loss_diff_vs_fsdp2"] < 1e-2 and s["max_param_diff_vs_fsdp2"] is not None
     assert "bitwise identical to the same reduction uncompressed" in done.stdout
+    assert s["topology"] == {"nodes": 2, "ranks_per_node": 1, "reshard_after_forward": 0, "hsdp": False}, s
+    assert "FSDP2, one shard group" in done.stdout
     records = [json.loads(line) for line in open(next(tmp_path.iterdir()) / "metrics.jsonl")]
     assert {r["run"] for r in records} == {"fsdp2", "plain-deterministic", "ciera"} and len(records) == 12
     assert all(r["reduce_scatters"] > 0 for r in records)

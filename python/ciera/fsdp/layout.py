@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # noqa: F401
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather  # noqa: F401
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter  # noqa: F401
 
 from ciera import _ext
 
@@ -170,6 +170,11 @@ def is_hsdp(module: FSDPModule) -> bool:
 def all_gather_comm(module: FSDPModule):
     """The all-gather FSDP2 currently uses for `module`'s parameter group (for tests)."""
     return _param_group(module)._all_gather_comm
+
+
+def reduce_scatter_comm(module: FSDPModule):
+    """The reduce-scatter FSDP2 currently uses for `module`'s parameter group."""
+    return getattr(_param_group(module), "_reduce_scatter_comm", None)  # torch 2.12 and earlier: none
 
 
 def prefetch_forward(model: torch.nn.Module) -> None:

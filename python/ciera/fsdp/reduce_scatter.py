@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera.fsdp.layout import DTYPES, ReduceScatter, describe_buckets
-from ciera.fsdp.transport import make_transport
+from ciera.fsdp.layout import (DTYPES, DefaultReduceScatter, ReduceScatter, describe_buckets, describe_groups,
+                               reduce_scatter_comm)
+from ciera.fsdp.transport import make_subgroup_transport, make_transport
 
 CODINGS = ("exponent", "raw", "auto")
 
@@ -64,9 +65,12 @@ class LosslessReduceScatter(ReduceScatter):
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         collectives = self.handle.collectives
-        if dist.get_world_size(group) != collectives.size:
-            raise _ext.ConfigError(f"FSDP2 reduce-scatters over {dist.get_world_size(group)} ranks; CIERA's "
-                                   f"collectives were set up for {collectives.size}")
+        if collectives is None:
+            raise _ext.ConfigError("CIERA's reduce-scatter was disabled (ReduceScatterHandle.disable())")
+        ranks = tuple(dist.get_process_group_ranks(group))
+        if ranks != self.handle.ranks:
+            raise _ext.ConfigError(f"FSDP2 reduce-scatters over ranks {ranks}; CIERA's collectives were set up "
+                                   f"for {self.handle.ranks}")
         if input_tensor.dtype not in DTYPES or output_tensor.dtype != input_tensor.dtype:
             raise _ext.ConfigError(f"CIERA's reduce-scatter takes BF16, FP16 or FP32 gradients, got "
                                    f"{input_tensor.dtype} -> {output_tensor.dtype}")
@@ -84,12 +88,30 @@ class LosslessReduceScatter(ReduceScatter):
 
 
 class ReduceScatterHandle:
-    """What enable_reduce_scatter() set up: the collectives and the records of every call."""
+    """What enable_reduce_scatter() set up: the collectives (on this rank's shard group) and the
+    records of every call."""
 
-    def __init__(self, collectives, coding: str):
+    def __init__(self, collectives, coding: str, ranks: tuple[int, ...], modules: list):
         self.collectives = collectives
         self.coding = coding
+        self.ranks = ranks      # this rank's shard group (world ranks, in group rank order)
         self.records: list[LosslessReduceScatterRecord] = []   # appended to by every call
+        self._modules = modules
+
+    @property
+    def enabled(self) -> bool:
+        return self.collectives is not None
+
+    def disable(self) -> None:
+        """Restores FSDP2's own reduce-scatter on every module and lets the collectives go (their
+        worker and transport). Local: every rank calls it between steps, as it called enable.
+        The records stay; calling it again does nothing."""
+        if self.collectives is None:
+            return
+        for module in self._modules:
+            module.set_custom_reduce_scatter(DefaultReduceScatter())
+        self._modules = []
+        self.collectives = None
 
 
 def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, transport: str = "torch",
@@ -101,18 +123,41 @@ def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, t
     measure faster). `transport` as for enable(): "torch" (a gloo group of its own beside
     `process_group`, default the world) or "mpi". `worker_niceness`: the coding threads' nice
     value (0..19; default the library's, 19, so that they give way to the transport's thread).
-    Collective: every rank calls it with the same model and coding. Host memory (CPU models) only."""
+
+    FSDP2 reduce-scatters on each module's shard group: the world for a flat mesh; on an HSDP
+    mesh, this rank's row of the shard dimension (the collectives run there, and FSDP2's own
+    all-reduce across the replicas follows as before). Collective over the world: every rank
+    calls it with the same model and coding. Host memory (CPU models) only. `disable()` on the
+    handle restores FSDP2's own reduce-scatter; enabling a model whose reduce-scatters already
+    go through CIERA is a ValueError."""
     if coding not in CODINGS:
         raise _ext.ConfigError(f"reduce-scatter coding must be one of {', '.join(CODINGS)}, got {coding!r}")
     config = _ext.CollectivesConfig()
     config.coding = _ext.parse_collective_coding(coding)
     if worker_niceness is not None:
         config.worker_niceness = worker_niceness
-    native = make_transport(transport, process_group, timeout_s)
-    handle = ReduceScatterHandle(_ext.LosslessCollectives(native, config), coding)
     buckets = describe_buckets(model)
     if not buckets:
         raise _ext.ConfigError("enable_reduce_scatter(): the model has no fully_shard'ed module")
+    if any(isinstance(reduce_scatter_comm(module), LosslessReduceScatter) for module, _ in buckets):
+        raise ValueError("enable_reduce_scatter(): the model's reduce-scatters already go through CIERA; call "
+                         "disable() on the handle of that call first")
+    devices = sorted({str(p.device) for p in model.parameters() if p.device.type != "cpu"})
+    if devices:
+        raise _ext.ConfigError(f"enable_reduce_scatter(): CIERA's reduce-scatter runs on host memory; the model "
+                               f"has parameters on {', '.join(devices)}")
+    shard = describe_groups(buckets)[0]   # kind 0: the group FSDP2 reduce-scatters on
+    if process_group is not None and len(shard.partition) == 1 and \
+            tuple(dist.get_process_group_ranks(process_group)) != shard.ranks:
+        raise _ext.ConfigError(f"enable_reduce_scatter(): process_group holds ranks "
+                               f"{tuple(dist.get_process_group_ranks(process_group))}, the model is sharded over "
+                               f"{shard.ranks}")
+    if len(shard.partition) == 1:
+        native = make_transport(transport, process_group, timeout_s)
+    else:
+        native = make_subgroup_transport(transport, shard.partition, shard.ranks, timeout_s)
+    handle = ReduceScatterHandle(_ext.LosslessCollectives(native, config), coding, shard.ranks,
+                                 [module for module, _ in buckets])
     for module, bucket in buckets:
         module.set_custom_reduce_scatter(LosslessReduceScatter(handle, bucket.index))
     return handle

@@ -217,9 +217,8 @@ def _check_topology(args) -> None:
         args.ranks = 4
     layouts = [flag for flag, on in (("--reshard-after-forward", args.reshard_after_forward is not None),
                                      ("--hsdp", args.hsdp)) if on]
-    if layouts and (args.zero or args.framework == "deepspeed" or args.reduce_scatter != "fsdp2"):
-        _fail(f"{layouts[0]} is an FSDP2 layout: it is for the main job, not --zero, --framework deepspeed "
-              "or --reduce-scatter")
+    if layouts and (args.zero or args.framework == "deepspeed"):
+        _fail(f"{layouts[0]} is an FSDP2 layout: it is for the FSDP2 trainings, not --zero or --framework deepspeed")
     if args.reshard_after_forward is not None:
         n = args.reshard_after_forward
         if n < 1 or args.ranks % n:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import fsdp
-from ciera.train import pair
+from ciera.train import options, pair
 from ciera.train.metrics import BASELINE, Run, StepMetrics
 from ciera.train.summary import parameter_drift
 
@@ -74,9 +74,11 @@ def step(program, run: Run, step_index: int, tokens) -> dict:
     scatters = list(run.rs_records)
     run.rs_records.clear()
     world = program.world
-    # FSDP2's own reduce-scatter sends (W - 1)/W of its input, uncoded.
-    raw = sum(getattr(r, "raw_bytes", r.input_bytes * (world - 1) // world) for r in scatters)
-    wire = sum(getattr(r, "wire_bytes", r.input_bytes * (world - 1) // world) for r in scatters)
+    # FSDP2's own reduce-scatter sends (R - 1)/R of its input, uncoded, on a shard group of R ranks
+    # (the world, or a node's ranks with --hsdp).
+    shard = program.args.ranks_per_node if program.args.hsdp else world
+    raw = sum(getattr(r, "raw_bytes", r.input_bytes * (shard - 1) // shard) for r in scatters)
+    wire = sum(getattr(r, "wire_bytes", r.input_bytes * (shard - 1) // shard) for r in scatters)
     local = loss.detach().float()
     mine = StepMetrics(
         loss=float(local), iteration_s=end - start,
@@ -148,6 +150,7 @@ def finish(program, runs: dict) -> None:
         "mode": "reduce_scatter", **pair.common_summary(program, runs, ours, total, differs),
         "baseline_run": TWIN, "main_run": CIERA, "reduce_scatter": a.reduce_scatter,
         "reduce_dtype": a.reduce_dtype, "params": sum(p.numel() for p in ours.model.parameters()),
+        "topology": options.topology(a),   # with --hsdp, the reduce-scatter runs inside each node
         "reduce_scatter_raw_bytes": m["raw"], "reduce_scatter_wire_bytes": m["wire"],
         "reduce_scatter_ratio": m["ratio"],
         "reduce_scatter_bits_per_value": value_bits / m["ratio"] if m["ratio"] else None,
@@ -189,11 +192,14 @@ def busiest_link_ratio(run, steady) -> float | None:
 
 def render(s: dict, run_dir) -> str:
     """The table the launcher prints for a --reduce-scatter run."""
+    from ciera.train.launcher import layout_text
+
     speedup = pair.speedup
     identical = s["losses_identical"] and s["params_identical"]
     rows = [
         ("model", f"{s['model']} ({s['params']:,} parameters), {s['ranks']} ranks, FSDP2 with its own all-gather; "
                   f"{s['reduce_dtype'].upper()} gradients"),
+        *([("layout", layout_text(s["topology"]))] if s.get("topology") else []),
         *pair.run_rows(s),
         ("reduce-scatter bytes/step", f"raw {s['reduce_scatter_raw_bytes']:,}  wire {s['reduce_scatter_wire_bytes']:,}"
                                       f"  ratio {s['reduce_scatter_ratio'] or float('nan'):.3f}x "
