@@ -20,6 +20,11 @@ case "$flavour" in
                  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14) ;;
   *) echo "usage: build.sh release|asan|tsan|fuzz [target...]" >&2; exit 2 ;;
 esac
+# CIERA_CUDA_ARCHITECTURES (e.g. 90-real) replaces CMake's default GPU architectures (test.sh: one,
+# where there is no GPU to run the kernels on and the build is only a compile check).
+if [[ -n "${CIERA_CUDA_ARCHITECTURES:-}" ]]; then
+  args+=("-DCMAKE_CUDA_ARCHITECTURES=$CIERA_CUDA_ARCHITECTURES")
+fi
 cmake -S "$root" -B "$dir" -G Ninja "${args[@]}" >/dev/null
 if [[ $# -gt 0 ]]; then cmake --build "$dir" --target "$@" >&2; else cmake --build "$dir" >&2; fi
 echo "$dir"

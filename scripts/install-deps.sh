@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache                             # test.sh: the wheel's build reuses the release build's objects
   libxxhash-dev libzstd-dev          # hashing/checksums, zstd baseline
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev    # the ciera tool

@@ -2,8 +2,9 @@
 # Every test: installs what it needs, then
 #   1. release build: every GoogleTest suite (each binary in one process per core, sharded),
 #      then the rest through ctest (MPI under mpirun, link lab, CLI); with nvcc on the machine
-#      the CUDA codec is compiled too (for sm_80/sm_90), and its GPU tests report "Skipped"
-#      without a GPU;
+#      the CUDA codec is compiled too (for sm_80/sm_90; without a GPU, where it is only a compile
+#      check, for sm_90 alone: a third of nvcc's time, and the sources have no per-architecture
+#      code), and its GPU tests report "Skipped" without a GPU;
 #   2. AddressSanitizer + UBSan build: the same tests again;
 #   3. ThreadSanitizer build: the engine and lossless-collectives tests;
 #   4. the Python package, installed with pip into .venv, and its pytest suite (two tests at a
@@ -19,6 +20,16 @@ jobs=$(nproc)
 # Each stage's heading says when it started (seconds since this script did): CI has 45 minutes.
 stage() { echo "== $* [${SECONDS}s]"; }
 "$root/scripts/install-deps.sh"
+# Compiler cache: the wheel's build (stage 4) compiles the library and the tool with the release
+# build's flags, so it takes those objects from the cache (paths made relative to the checkout).
+# A miss costs a hash; a stale entry is never used (ccache keys on the sources and the flags).
+if command -v ccache >/dev/null; then
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR="$root"
+  ccache --zero-stats >/dev/null
+fi
+if command -v nvcc >/dev/null && ! nvidia-smi -L >/dev/null 2>&1; then
+  export CIERA_CUDA_ARCHITECTURES=${CIERA_CUDA_ARCHITECTURES:-90-real}
+fi
 
 # Runs a GoogleTest binary as $jobs shards side by side, one process each (environment as the
 # caller's); prints each shard's result, and a failed shard's output.
@@ -87,6 +98,11 @@ python=$("$root/scripts/python-env.sh")
 # Two tests at a time (pytest-xdist): a test spends much of its time waiting on its ranks and
 # their timeouts. --dist loadgroup keeps the tests sharing a module fixture on one worker.
 (cd "$root" && "$python" -m pytest -q -n 2 --dist loadgroup --durations=15 tests/python)
+
+if [[ -n "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]]; then
+  echo "== ccache: $(ccache --print-stats | awk '$1 == "direct_cache_hit" || $1 == "preprocessed_cache_hit" { h += $2 }
+    $1 == "cache_miss" { m = $2 } END { printf "%d hits, %d misses in this run", h, m }')"
+fi
 
 stage "fuzzers, each from a copy of its committed corpus (fuzz/corpus/)"
 "$root/scripts/fuzz.sh" --check-corpus --parallel --seconds "${CIERA_FUZZ_SECONDS:-20}"
