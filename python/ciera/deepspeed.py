@@ -485,3 +485,174 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
         _hooks.install()
     return Handle(runtime, state, hook)
 
+
+
+# --- Gradient reduce-scatter (issue 20's lossless collectives under ZeRO-3) ------------------------
+#
+# ZeRO-3 reduces each bucket of gradients in DeepSpeedZeroOptimizer_Stage3.__avg_scatter_grads:
+# reduce_scatter_coalesced (deepspeed.runtime.comm.coalesced_collectives) lays every rank's
+# partition of every gradient out in one flat buffer, divides it by the world size, and calls
+# that module's _torch_reduce_scatter_fn(input, output, group) with output = this rank's part of
+# the input (a view of it). That function is replaced (a module attribute DeepSpeed looks up at
+# call time) by one that runs CIERA's lossless reduce-scatter (a rank-order sum) for an optimizer
+# enable_reduce_scatter() wrapped: the wrapper of its __avg_scatter_grads names the handle
+# thread-locally for the call's duration. Everything else DeepSpeed does around it (the layout,
+# the pre-division, the partitions it hands the optimizer) is its own.
+
+
+class _ReduceScatterHooks:
+    """DeepSpeed's reduce-scatter function, replaced while any optimizer's reduction goes through
+    CIERA."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.local = threading.local()   # .active: the handle of the reduction running on this thread
+        self.handles: dict[int, "ReduceScatterHandle"] = {}   # id(optimizer) -> its handle
+        self.original = None
+
+    def install(self) -> None:
+        from deepspeed.runtime.comm import coalesced_collectives as cc
+
+        if self.original is None:
+            self.original, cc._torch_reduce_scatter_fn = cc._torch_reduce_scatter_fn, _reduce_scatter_fn
+
+    def uninstall(self) -> None:
+        from deepspeed.runtime.comm import coalesced_collectives as cc
+
+        if self.original is not None and not self.handles:
+            cc._torch_reduce_scatter_fn, self.original = self.original, None
+
+
+_rs_hooks = _ReduceScatterHooks()
+_AVG_SCATTER = "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads"   # the optimizer's private method
+
+
+def _reduce_scatter_fn(input_tensor, output_tensor, group=None, async_op=False, prof=False):
+    handle = getattr(_rs_hooks.local, "active", None)
+    if handle is not None and handle.serves(input_tensor, output_tensor, group):
+        return handle.reduce_scatter(input_tensor, output_tensor)
+    if handle is not None:
+        handle.passed_through += 1
+    return _rs_hooks.original(input_tensor, output_tensor, group=group, async_op=async_op, prof=prof)
+
+
+class ReduceScatterHandle:
+    """What enable_reduce_scatter() set up for one engine: the collectives on its data-parallel
+    group, the records of every call (ciera.fsdp.LosslessReduceScatterRecord), disable()."""
+
+    def __init__(self, collectives, coding: str, optimizer, group, world: int):
+        self.collectives = collectives
+        self.coding = coding
+        self.records: list = []
+        self.passed_through = 0   # reductions of this engine left to DeepSpeed (a layout CIERA did not serve)
+        self._optimizer = optimizer
+        self._group = group
+        self._world = world
+
+    @property
+    def enabled(self) -> bool:
+        return self.collectives is not None
+
+    def serves(self, input_tensor, output_tensor, group) -> bool:
+        return (group is self._group and input_tensor.dtype in DTYPES and output_tensor.dtype == input_tensor.dtype
+                and input_tensor.device.type == "cpu" and input_tensor.is_contiguous()
+                and output_tensor.is_contiguous() and input_tensor.numel() == output_tensor.numel() * self._world)
+
+    def reduce_scatter(self, input_tensor, output_tensor) -> None:
+        from ciera.fsdp.reduce_scatter import LosslessReduceScatterRecord
+
+        start = time.perf_counter()
+        # DeepSpeed's output is this rank's part of the input: the sum goes to a buffer of its own
+        # first, so that no value the collective still reads is overwritten.
+        result = torch.empty_like(output_tensor)
+        stats = self.collectives.reduce_scatter(DTYPES[input_tensor.dtype], _ext.ReduceOp.sum, input_tensor, result)
+        output_tensor.copy_(result)
+        self.records.append(LosslessReduceScatterRecord(
+            len(self.records), start, time.perf_counter() - start, input_tensor.numel() * input_tensor.element_size(),
+            stats.raw_bytes, stats.wire_bytes, stats.compressed, stats.encode_s, stats.decode_s, stats.reduce_s,
+            stats.coded_values, stats.coded_exponent_bytes, stats.exponent_entropy_bits, stats.arrival_wait_s,
+            stats.busiest_link_raw_bytes, stats.busiest_link_wire_bytes))
+        return None
+
+    def disable(self) -> None:
+        """Restores DeepSpeed's own reduce-scatter for this engine; local (every rank calls it
+        between steps). The records stay; calling it again does nothing."""
+        if self.collectives is None:
+            return
+        with _rs_hooks.lock:
+            del _rs_hooks.handles[id(self._optimizer)]
+            if _AVG_SCATTER in vars(self._optimizer):
+                delattr(self._optimizer, _AVG_SCATTER)
+            _rs_hooks.uninstall()
+        self.collectives = None
+
+
+def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = "torch", timeout_s: float = 120.0,
+                          worker_niceness: int | None = None) -> ReduceScatterHandle:
+    """Routes a ZeRO-3 engine's gradient reduce-scatters through CIERA's lossless reduce-scatter:
+    each rank's part for a peer exponent-coded where that is smaller ("exponent"), or sent as it
+    is ("raw": the uncompressed twin, the same reduction), or whichever the ranks measure faster
+    ("auto"); the parts summed in rank order (docs/format.md, "Reduction order"), so a coded run
+    is bitwise its twin. DeepSpeed's own reduce-scatter sums in gloo's or NCCL's order: results
+    differ from it in the last bits. `transport`: "torch" (a gloo group of its own beside the
+    data-parallel group) or "mpi". Host memory (DeepSpeed's CPU accelerator) only.
+
+    Collective: every rank calls it with the same engine and coding. Refused, with ConfigError
+    naming the setting: a stage other than 3, ZeRO++'s quantised gradients (their all-to-all
+    replaces the reduce-scatter, and is lossy), reduce_scatter off (DeepSpeed then all-reduces),
+    parameters in more than one data-parallel group; enabling an engine twice is a ValueError.
+    It can be combined with enable() (the parameter gathers), or used alone."""
+    _version()
+    if not hasattr(engine, "zero_optimization_stage") or not hasattr(engine, "optimizer"):
+        raise TypeError(f"ciera.deepspeed.enable_reduce_scatter(): engine must be a DeepSpeedEngine, got "
+                        f"{type(engine).__name__}")
+    from ciera.fsdp.reduce_scatter import CODINGS
+
+    if coding not in CODINGS:
+        raise _ext.ConfigError(f"reduce-scatter coding must be one of {', '.join(CODINGS)}, got {coding!r}")
+    stage = engine.zero_optimization_stage()
+    if stage != 3:
+        raise _ext.ConfigError(f"ciera.deepspeed.enable_reduce_scatter(): the engine runs ZeRO stage {stage}; CIERA "
+                               "serves ZeRO-3's gradient reduce-scatter (zero_optimization.stage = 3)")
+    zero = engine._config.zero_config
+    if getattr(zero, "zero_quantized_gradients", False):
+        raise _ext.ConfigError("ciera.deepspeed.enable_reduce_scatter(): zero_quantized_gradients is set; ZeRO++'s "
+                               "quantised all-to-all replaces the reduce-scatter (and is lossy)")
+    if not getattr(zero, "reduce_scatter", True):
+        raise _ext.ConfigError("ciera.deepspeed.enable_reduce_scatter(): zero_optimization.reduce_scatter is off; "
+                               "DeepSpeed then all-reduces the gradients")
+    optimizer = engine.optimizer
+    if not callable(getattr(optimizer, _AVG_SCATTER, None)):
+        raise _ext.ConfigError(f"ciera.deepspeed.enable_reduce_scatter(): the engine's optimizer "
+                               f"({type(optimizer).__name__}) is not ZeRO-3's DeepSpeedZeroOptimizer_Stage3")
+    if id(optimizer) in _rs_hooks.handles:
+        raise ValueError("ciera.deepspeed.enable_reduce_scatter(): the engine's reduce-scatters already go through "
+                         "CIERA; call disable() on that handle first")
+    params = _zero3_params(engine)
+    devices = sorted({str(p.ds_tensor.device) for p in params if p.ds_tensor.device.type != "cpu"})
+    if devices:
+        raise _ext.ConfigError(f"ciera.deepspeed.enable_reduce_scatter(): CIERA's reduce-scatter runs on host "
+                               f"memory; the partitions are on {', '.join(devices)}")
+    group = _group(params)
+    config = _ext.CollectivesConfig()
+    config.coding = _ext.parse_collective_coding(coding)
+    if worker_niceness is not None:
+        config.worker_niceness = worker_niceness
+    native = make_transport(transport, group, timeout_s)
+    handle = ReduceScatterHandle(_ext.LosslessCollectives(native, config), coding, optimizer, group,
+                                 dist.get_world_size(group))
+    original = getattr(optimizer, _AVG_SCATTER)
+
+    def avg_scatter_grads(*args, **kwargs):
+        previous = getattr(_rs_hooks.local, "active", None)
+        _rs_hooks.local.active = handle
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _rs_hooks.local.active = previous
+
+    with _rs_hooks.lock:
+        setattr(optimizer, _AVG_SCATTER, avg_scatter_grads)   # the instance's, before the class's method
+        _rs_hooks.handles[id(optimizer)] = handle
+        _rs_hooks.install()
+    return handle

@@ -134,3 +134,53 @@ def mismatched(rank: int, world: int) -> str:
     except ciera.ConfigError as error:
         return str(error)
     return "accepted"
+
+
+def reduce_scatter_vs_twin(rank: int, world: int, steps: int) -> dict:
+    """The same ZeRO-3 training three times, same seed and batches: DeepSpeed's own gradient
+    reduce-scatter, CIERA's uncompressed twin ("raw") and CIERA's coded one, with CIERA's
+    parameter gathers in the last (both enables on one engine). Then refusals on this rank."""
+    deepspeed = _deepspeed(rank, world)
+    runs = {}
+    for name in ("plain", "raw", "exponent"):
+        ds_engine = engine(deepspeed, 0, config())
+        handle = None if name == "plain" else ciera.deepspeed.enable_reduce_scatter(ds_engine, name)
+        gathers = ciera.deepspeed.enable(ds_engine) if name == "exponent" else None
+        losses = [train_step(ds_engine, batch(rank, step)) for step in range(steps)]
+        records = handle.records if handle else []
+        runs[name] = {"losses": losses, "params": full_params(deepspeed, ds_engine), "calls": len(records),
+                      "raw": sum(r.raw_bytes for r in records), "wire": sum(r.wire_bytes for r in records),
+                      "passed_through": handle.passed_through if handle else 0}
+        if name == "exponent":
+            try:
+                ciera.deepspeed.enable_reduce_scatter(ds_engine, "raw")
+                runs["twice"] = "accepted"
+            except ValueError as error:
+                runs["twice"] = str(error)
+            gathers.disable()
+        if handle:
+            handle.disable()
+            handle.disable()   # a second call does nothing
+            runs[name]["enabled_after_disable"] = handle.enabled
+    from deepspeed.runtime.comm import coalesced_collectives as cc
+
+    ours, twin, plain = runs["exponent"], runs["raw"], runs["plain"]
+    refusals = []
+    for zero in ({"stage": 2}, {"reduce_scatter": False}):
+        cfg = config()
+        cfg["zero_optimization"].update(zero)
+        try:
+            ciera.deepspeed.enable_reduce_scatter(engine(deepspeed, 0, cfg)).disable()
+            refusals.append("accepted")
+        except ciera.ConfigError as error:
+            refusals.append(str(error))
+    return {
+        "losses_equal": ours["losses"] == twin["losses"], "params_equal": ours["params"] == twin["params"],
+        "loss_diff_vs_plain": max(abs(torch.tensor([a], dtype=torch.int32).view(torch.float32).item()
+                                      - torch.tensor([b], dtype=torch.int32).view(torch.float32).item())
+                                  for a, b in zip(ours["losses"], plain["losses"])),
+        "calls": ours["calls"], "raw": ours["raw"], "wire": ours["wire"], "twin_raw": twin["raw"],
+        "twin_wire": twin["wire"], "passed_through": ours["passed_through"] + twin["passed_through"],
+        "twice": runs["twice"], "enabled_after_disable": ours["enabled_after_disable"],
+        "restored": cc._torch_reduce_scatter_fn.__module__ == cc.__name__, "refusals": refusals,
+    }

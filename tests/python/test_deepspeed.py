@@ -106,6 +106,19 @@ def test_ranks_with_different_options_fail_together():
         assert "block_values" in text, (rank, text)
 
 
+def test_gradient_reduce_scatter_is_bitwise_its_uncompressed_twin():
+    for rank, r in enumerate(all_ok(spawn(w.reduce_scatter_vs_twin, 2, 3))):
+        assert r["losses_equal"] and r["params_equal"], (rank, r)
+        assert r["calls"] > 0 and r["passed_through"] == 0, (rank, r)
+        assert r["twin_wire"] == r["twin_raw"] == r["raw"] > 0 and r["wire"] < r["raw"], (rank, r)
+        # Another summation order than gloo's: close to DeepSpeed's own, not equal in every bit.
+        assert r["loss_diff_vs_plain"] < 1e-2, (rank, r)
+        assert "already go through CIERA" in r["twice"], (rank, r)
+        assert not r["enabled_after_disable"] and r["restored"], (rank, r)
+        assert "runs ZeRO stage 2" in r["refusals"][0], (rank, r)
+        assert "reduce_scatter is off" in r["refusals"][1], (rank, r)
+
+
 def test_not_a_deepspeed_engine():
     import torch
 
