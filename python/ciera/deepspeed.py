@@ -507,7 +507,7 @@ class _ReduceScatterHooks:
     def __init__(self):
         self.lock = threading.Lock()
         self.local = threading.local()   # .active: the handle of the reduction running on this thread
-        self.handles: dict[int, "ReduceScatterHandle"] = {}   # id(optimizer) -> its handle
+        self.handles: dict[int, "_OptimizerHook"] = {}   # id(optimizer) -> its handle
         self.original = None
 
     def install(self) -> None:
@@ -530,35 +530,110 @@ _AVG_SCATTER = "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads"   # the optim
 def _reduce_scatter_fn(input_tensor, output_tensor, group=None, async_op=False, prof=False):
     handle = getattr(_rs_hooks.local, "active", None)
     if handle is not None and handle.serves(input_tensor, output_tensor, group):
-        return handle.reduce_scatter(input_tensor, output_tensor)
+        return handle.reduce_scatter(input_tensor, output_tensor, group)
     if handle is not None:
         handle.passed_through += 1
     return _rs_hooks.original(input_tensor, output_tensor, group=group, async_op=async_op, prof=prof)
 
 
-class ReduceScatterHandle:
-    """What enable_reduce_scatter() set up for one engine: the collectives on its data-parallel
-    group, the records of every call (ciera.fsdp.LosslessReduceScatterRecord), disable()."""
+def _stage3_optimizer(engine, what: str):
+    """The engine's ZeRO-3 optimizer, or ConfigError."""
+    optimizer = getattr(engine, "optimizer", None)
+    if not callable(getattr(optimizer, _AVG_SCATTER, None)):
+        raise _ext.ConfigError(f"ciera.deepspeed.{what}(): the engine's optimizer ({type(optimizer).__name__}) "
+                               "is not ZeRO-3's DeepSpeedZeroOptimizer_Stage3")
+    return optimizer
 
-    def __init__(self, collectives, coding: str, optimizer, group, world: int):
-        self.collectives = collectives
-        self.coding = coding
+
+class _OptimizerHook:
+    """One ZeRO-3 optimizer whose reductions _reduce_scatter_fn serves: its __avg_scatter_grads
+    wrapped to name this hook for the call's duration; disable() undoes it (local; calling it
+    again does nothing)."""
+
+    def __init__(self, engine, what: str):
+        optimizer = _stage3_optimizer(engine, what)
         self.records: list = []
         self.passed_through = 0   # reductions of this engine left to DeepSpeed (a layout CIERA did not serve)
         self._optimizer = optimizer
-        self._group = group
-        self._world = world
+        self._on = False
+        with _rs_hooks.lock:
+            if id(optimizer) in _rs_hooks.handles:
+                raise ValueError(f"ciera.deepspeed.{what}(): the engine's reduce-scatters already go through "
+                                 "CIERA or are timed; call disable() on that handle first")
+            original = getattr(optimizer, _AVG_SCATTER)
+
+            def avg_scatter_grads(*args, **kwargs):
+                previous = getattr(_rs_hooks.local, "active", None)
+                _rs_hooks.local.active = self
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    _rs_hooks.local.active = previous
+
+            setattr(optimizer, _AVG_SCATTER, avg_scatter_grads)   # the instance's, before the class's method
+            _rs_hooks.handles[id(optimizer)] = self
+            _rs_hooks.install()
+            self._on = True
 
     @property
     def enabled(self) -> bool:
-        return self.collectives is not None
+        return self._on
+
+    def disable(self) -> None:
+        if not self._on:
+            return
+        with _rs_hooks.lock:
+            del _rs_hooks.handles[id(self._optimizer)]
+            if _AVG_SCATTER in vars(self._optimizer):
+                delattr(self._optimizer, _AVG_SCATTER)
+            _rs_hooks.uninstall()
+        self._on = False
+
+
+class TimedReduceScatters(_OptimizerHook):
+    """time_reduce_scatters(): DeepSpeed's own reduce-scatters of one engine, timed
+    (ciera.fsdp.ReduceScatterRecord each)."""
+
+    def __init__(self, engine):
+        super().__init__(engine, "time_reduce_scatters")
+
+    def serves(self, input_tensor, output_tensor, group) -> bool:
+        return True
+
+    def reduce_scatter(self, input_tensor, output_tensor, group):
+        from ciera.fsdp.baseline import ReduceScatterRecord
+
+        start = time.perf_counter()
+        work = _rs_hooks.original(input_tensor, output_tensor, group=group)
+        self.records.append(ReduceScatterRecord(len(self.records), start, time.perf_counter() - start,
+                                                input_tensor.numel() * input_tensor.element_size()))
+        return work
+
+
+def time_reduce_scatters(engine) -> TimedReduceScatters:
+    """Times a ZeRO-3 engine's gradient reduce-scatters, DeepSpeed's own (the baseline of `ciera
+    train --framework deepspeed --reduce-scatter`); disable() stops."""
+    _version()
+    return TimedReduceScatters(engine)
+
+
+class ReduceScatterHandle(_OptimizerHook):
+    """What enable_reduce_scatter() set up for one engine: the collectives on its data-parallel
+    group, the records of every call (ciera.fsdp.LosslessReduceScatterRecord), disable()."""
+
+    def __init__(self, engine, collectives, coding: str, group, world: int):
+        self.collectives = collectives
+        self.coding = coding
+        self._group = group
+        self._world = world
+        super().__init__(engine, "enable_reduce_scatter")
 
     def serves(self, input_tensor, output_tensor, group) -> bool:
         return (group is self._group and input_tensor.dtype in DTYPES and output_tensor.dtype == input_tensor.dtype
                 and input_tensor.device.type == "cpu" and input_tensor.is_contiguous()
                 and output_tensor.is_contiguous() and input_tensor.numel() == output_tensor.numel() * self._world)
 
-    def reduce_scatter(self, input_tensor, output_tensor) -> None:
+    def reduce_scatter(self, input_tensor, output_tensor, group) -> None:
         from ciera.fsdp.reduce_scatter import LosslessReduceScatterRecord
 
         start = time.perf_counter()
@@ -575,15 +650,9 @@ class ReduceScatterHandle:
         return None
 
     def disable(self) -> None:
-        """Restores DeepSpeed's own reduce-scatter for this engine; local (every rank calls it
-        between steps). The records stay; calling it again does nothing."""
-        if self.collectives is None:
-            return
-        with _rs_hooks.lock:
-            del _rs_hooks.handles[id(self._optimizer)]
-            if _AVG_SCATTER in vars(self._optimizer):
-                delattr(self._optimizer, _AVG_SCATTER)
-            _rs_hooks.uninstall()
+        """Restores DeepSpeed's own reduce-scatter for this engine and lets the collectives go;
+        local (every rank calls it between steps). The records stay; calling it again does nothing."""
+        super().disable()
         self.collectives = None
 
 
@@ -621,13 +690,9 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
     if not getattr(zero, "reduce_scatter", True):
         raise _ext.ConfigError("ciera.deepspeed.enable_reduce_scatter(): zero_optimization.reduce_scatter is off; "
                                "DeepSpeed then all-reduces the gradients")
-    optimizer = engine.optimizer
-    if not callable(getattr(optimizer, _AVG_SCATTER, None)):
-        raise _ext.ConfigError(f"ciera.deepspeed.enable_reduce_scatter(): the engine's optimizer "
-                               f"({type(optimizer).__name__}) is not ZeRO-3's DeepSpeedZeroOptimizer_Stage3")
-    if id(optimizer) in _rs_hooks.handles:
+    if id(_stage3_optimizer(engine, "enable_reduce_scatter")) in _rs_hooks.handles:   # before any group is made
         raise ValueError("ciera.deepspeed.enable_reduce_scatter(): the engine's reduce-scatters already go through "
-                         "CIERA; call disable() on that handle first")
+                         "CIERA or are timed; call disable() on that handle first")
     params = _zero3_params(engine)
     devices = sorted({str(p.ds_tensor.device) for p in params if p.ds_tensor.device.type != "cpu"})
     if devices:
@@ -639,20 +704,5 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
     if worker_niceness is not None:
         config.worker_niceness = worker_niceness
     native = make_transport(transport, group, timeout_s)
-    handle = ReduceScatterHandle(_ext.LosslessCollectives(native, config), coding, optimizer, group,
-                                 dist.get_world_size(group))
-    original = getattr(optimizer, _AVG_SCATTER)
-
-    def avg_scatter_grads(*args, **kwargs):
-        previous = getattr(_rs_hooks.local, "active", None)
-        _rs_hooks.local.active = handle
-        try:
-            return original(*args, **kwargs)
-        finally:
-            _rs_hooks.local.active = previous
-
-    with _rs_hooks.lock:
-        setattr(optimizer, _AVG_SCATTER, avg_scatter_grads)   # the instance's, before the class's method
-        _rs_hooks.handles[id(optimizer)] = handle
-        _rs_hooks.install()
-    return handle
+    return ReduceScatterHandle(engine, _ext.LosslessCollectives(native, config), coding, group,
+                               dist.get_world_size(group))

@@ -156,6 +156,24 @@ def test_ciera_train_framework_deepspeed_is_bitwise_identical_to_zero3(tmp_path)
     assert (run_dir / "loss.png").is_file()
 
 
+def test_ciera_train_framework_deepspeed_reduce_scatter_is_bitwise_its_twin(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ciera.train", "--framework", "deepspeed", "--reduce-scatter", "ciera",
+                           "--reduce-dtype", "bf16", *TINY, "--out", str(tmp_path)], capture_output=True, text=True,
+                          env=_env(), timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    s = json.loads(done.stdout.strip().splitlines()[-1])
+    assert s["mode"] == "reduce_scatter" and s["framework"] == "deepspeed" and s["own_run"] == "zero3", s
+    assert s["losses_identical"] and s["params_identical"], s
+    assert s["reduce_scatter_ratio"] > 1.2 and s["reduce_scatter_ms_zero3"] > 0, s
+    assert s["max_loss_diff_vs_zero3"] < 1e-2 and s["max_param_diff_vs_zero3"] is not None, s
+    assert "ZeRO-3 with its own all-gather" in done.stdout and "vs ZeRO-3's reduction" in done.stdout
+    run_dir = next(tmp_path.iterdir())
+    assert run_dir.name.endswith("-deepspeed-rs-w2"), run_dir
+    records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert {r["run"] for r in records} == {"zero3", "plain-deterministic", "ciera"} and len(records) == 12
+    assert all(r["reduce_scatters"] > 0 for r in records)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--zero"], "--zero is for the FSDP2 comparison; it cannot run with --framework deepspeed"),
     (["--baselines"], "--baselines is for the FSDP2 comparison; it cannot run with --framework deepspeed"),

@@ -26,7 +26,7 @@ PLAIN = "zero3"    # DeepSpeed ZeRO-3's own gathers: the baseline
 CIERA = "ciera"    # the same, its gathers through CIERA
 
 
-def _deepspeed(program):
+def start_deepspeed(program):
     """DeepSpeed on this rank's existing process group (gloo). Its CPU accelerator would JIT-build
     a shared-memory all-reduce used only for inference: switched off."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -44,10 +44,14 @@ def _deepspeed(program):
 
 
 def ds_config(args) -> dict:
-    """ZeRO-3 with BF16 parameters, DeepSpeed's defaults otherwise (prefetching, persistence)."""
-    return {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
-            "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}, "steps_per_print": 10**9,
-            "wall_clock_breakdown": False}
+    """ZeRO-3 with BF16 parameters, DeepSpeed's defaults otherwise (prefetching, persistence);
+    with --reduce-scatter, the gradients reduced in --reduce-dtype (communication_data_type)."""
+    config = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+              "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}, "steps_per_print": 10**9,
+              "wall_clock_breakdown": False}
+    if getattr(args, "reduce_scatter", "fsdp2") != "fsdp2":
+        config["communication_data_type"] = args.reduce_dtype
+    return config
 
 
 def engine_config(a) -> ciera.EngineConfig:
@@ -80,10 +84,8 @@ def gather_options(a) -> dict:
     return {}
 
 
-def build(program, deepspeed, name: str):
-    """One training: the model in BF16 from the seed, Adam, DeepSpeed ZeRO-3; its gathers timed
-    (the baseline) or through CIERA. Returns the Run and the handle."""
-    import ciera.deepspeed as ciera_ds
+def make_engine(program, deepspeed):
+    """The model in BF16 from the seed, Adam, DeepSpeed ZeRO-3: (engine, optimizer, spec)."""
     from ciera import models
 
     a = program.args
@@ -92,6 +94,16 @@ def build(program, deepspeed, name: str):
     module = models.build(spec, a.seed).to(torch.bfloat16)
     optimizer = torch.optim.Adam(module.parameters(), lr=a.lr)
     engine, optimizer, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=ds_config(a))
+    return engine, optimizer, spec
+
+
+def build(program, deepspeed, name: str):
+    """One training: make_engine's, its gathers timed (the baseline) or through CIERA. Returns the
+    Run and the handle."""
+    import ciera.deepspeed as ciera_ds
+
+    a = program.args
+    engine, optimizer, spec = make_engine(program, deepspeed)
     if name == PLAIN:
         handle = ciera_ds.time_gathers(engine)
     else:
@@ -158,7 +170,7 @@ def digest(deepspeed, engine, rank: int) -> str | None:
 def train_deepspeed(program) -> None:
     """Both trainings side by side, one step of each in turn, then the comparison and the
     summary. Collective."""
-    deepspeed = _deepspeed(program)
+    deepspeed = start_deepspeed(program)
     built = {name: build(program, deepspeed, name) for name in (PLAIN, CIERA)}
     runs = {name: run for name, (run, _) in built.items()}
     handle = built[CIERA][1]

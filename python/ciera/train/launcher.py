@@ -51,8 +51,9 @@ def new_run_dir(args) -> Path:
     """A run folder of its own under --out, <time>-<model>-w<ranks>, with -2, -3, ... appended
     when runs started in the same second: mkdir is atomic, so two launchers never share one."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    mode = ("-zero" if getattr(args, "zero", False) else "-deepspeed" if getattr(args, "framework", "") == "deepspeed"
-            else "-rs" if getattr(args, "reduce_scatter", "fsdp2") != "fsdp2" else "")
+    deepspeed = getattr(args, "framework", "") == "deepspeed"
+    rs = getattr(args, "reduce_scatter", "fsdp2") != "fsdp2"
+    mode = "-zero" if getattr(args, "zero", False) else ("-deepspeed" if deepspeed else "") + ("-rs" if rs else "")
     base = f"{stamp}-{args.model}{mode}-w{args.ranks}"
     out = Path(args.out)
     try:
@@ -161,7 +162,7 @@ def follow(proc: subprocess.Popen, metrics: Path, args, watch: Watch) -> int:
     if args.reduce_scatter != "fsdp2":
         from ciera.train.reduce_scatter import TWIN
 
-        names, runs = ["fsdp2", TWIN, "ciera"], 3
+        names, runs = ["zero3" if args.framework == "deepspeed" else "fsdp2", TWIN, "ciera"], 3
     total = (args.steps - checkpoint.resumed_steps(args)) * runs
     width = max(8, *map(len, names))   # the longest run name
     seen, last_line, offset, started = 0, "", 0, time.time()

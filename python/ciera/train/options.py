@@ -374,7 +374,7 @@ def _check_reduce_scatter(args) -> None:
         return
     if args.worker_niceness is not None and not 0 <= args.worker_niceness <= 19:
         _fail(f"--worker-niceness must be 0..19, got {args.worker_niceness}")
-    unsupported = [("--zero", args.zero), ("--framework deepspeed", args.framework == "deepspeed"),
+    unsupported = [("--zero", args.zero),
                    ("--ablation", args.ablation), ("--budget-mb", args.budget_mb is not None),
                    ("--reselect-every", args.reselect_every), ("--stats", args.stats), ("--verify", args.verify),
                    ("--save-checkpoints", args.save_checkpoints), ("--checkpoint-every", args.checkpoint_every),

@@ -313,14 +313,14 @@ class RankProgram:
             from ciera.train.zero import train_zero
 
             return train_zero(self)
+        if a.reduce_scatter != "fsdp2":   # FSDP2's or, with --framework deepspeed, ZeRO-3's
+            from ciera.train.reduce_scatter import train_reduce_scatter
+
+            return train_reduce_scatter(self)
         if a.framework == "deepspeed":
             from ciera.train.deepspeed import train_deepspeed
 
             return train_deepspeed(self)
-        if a.reduce_scatter != "fsdp2":
-            from ciera.train.reduce_scatter import train_reduce_scatter
-
-            return train_reduce_scatter(self)
         corpus = data.load_corpus()
         runs, handles = {}, {}
         if not a.no_baseline:

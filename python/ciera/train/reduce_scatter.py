@@ -1,19 +1,20 @@
-"""``ciera train --reduce-scatter ciera``: FSDP2's gradient reduce-scatter through CIERA's lossless
-collectives (ciera.fsdp.enable_reduce_scatter), measured against its uncompressed twin.
+"""``ciera train --reduce-scatter ciera``: the gradient reduce-scatter through CIERA's lossless
+collectives, measured against its uncompressed twin; FSDP2's (ciera.fsdp.enable_reduce_scatter)
+or, with ``--framework deepspeed``, ZeRO-3's (ciera.deepspeed.enable_reduce_scatter).
 
 Three trainings from the same seed on the same batches, one step of each in turn:
 
 * ``plain-deterministic``: the reduce-scatter in CIERA's documented rank order, parts sent raw;
 * ``ciera``: the same reduction, parts exponent-coded where smaller (``--reduce-scatter auto``:
   coded or raw, whichever the ranks measure faster);
-* ``fsdp2``: FSDP2's own reduce-scatter (gloo), for reference.
+* ``fsdp2`` (``zero3``): the framework's own reduce-scatter (gloo), for reference.
 
-Every training gathers parameters with FSDP2's own all-gather, so the reduce-scatter is the only
-difference. ``losses_identical`` and ``params_identical`` compare ``ciera`` with
+Every training gathers parameters with the framework's own all-gather, so the reduce-scatter is
+the only difference. ``losses_identical`` and ``params_identical`` compare ``ciera`` with
 ``plain-deterministic``, which must match bit for bit; ``reduce_scatter_ratio`` and
-``reduce_scatter_speedup`` are that pair's byte and time ratios. FSDP2's own reduction adds in
-another order, so its results differ in the last bits: ``max_loss_diff_vs_fsdp2`` and
-``max_param_diff_vs_fsdp2`` say by how much."""
+``reduce_scatter_speedup`` are that pair's byte and time ratios. The framework's own reduction
+adds in another order, so its results differ in the last bits: ``max_loss_diff_vs_fsdp2`` and
+``max_param_diff_vs_fsdp2`` (``..._zero3``) say by how much."""
 
 from __future__ import annotations
 
@@ -33,49 +34,111 @@ CIERA = "ciera"
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def build(program, name: str) -> tuple[Run, object]:
-    """One training: FSDP2 with its own all-gathers (timed) and the reduce-scatter of `name`."""
-    a = program.args
-    model, spec = program.build(reduce_dtype=REDUCE_DTYPES[a.reduce_dtype])
-    gathers = fsdp.time_plain_all_gathers(model, overlap=a.overlap)
-
-    def take_gathers():
-        taken = list(gathers)
-        gathers.clear()
-        return taken
-
-    run = Run(name, model, a.lr, take_gathers)
-    run.spec = spec
-    run.coding = torch.zeros(3, dtype=torch.float64)   # coded values, their exponent bytes, entropy bits
-    handle = None
-    if name == BASELINE:
-        run.rs_records = fsdp.time_reduce_scatters(model)
-    else:
-        coding = "raw" if name == TWIN else {"ciera": "exponent", "auto": "auto"}[a.reduce_scatter]
-        handle = fsdp.enable_reduce_scatter(model, coding, transport=a.transport, timeout_s=a.timeout,
-                                            worker_niceness=a.worker_niceness)
-        run.rs_records = handle.records
-    return run, handle
+def _coding(a, name: str) -> str:
+    return "raw" if name == TWIN else {"ciera": "exponent", "auto": "auto"}[a.reduce_scatter]
 
 
-def step(program, run: Run, step_index: int, tokens) -> dict:
+class Fsdp2:
+    """FSDP2's trainings: the model under fully_shard, FSDP2's own all-gathers (timed)."""
+    own = BASELINE    # the arm with the framework's own reduce-scatter
+    label = "FSDP2"
+
+    def __init__(self, program):
+        self.program = program
+
+    def build(self, name: str) -> Run:
+        program, a = self.program, self.program.args
+        model, spec = program.build(reduce_dtype=REDUCE_DTYPES[a.reduce_dtype])
+        gathers = fsdp.time_plain_all_gathers(model, overlap=a.overlap)
+
+        def take_gathers():
+            taken = list(gathers)
+            gathers.clear()
+            return taken
+
+        run = Run(name, model, a.lr, take_gathers)
+        run.spec = spec
+        run.params = sum(p.numel() for p in model.parameters())
+        if name == self.own:
+            run.rs_records = fsdp.time_reduce_scatters(model)
+        else:
+            run.handle = fsdp.enable_reduce_scatter(model, _coding(a, name), transport=a.transport,
+                                                    timeout_s=a.timeout, worker_niceness=a.worker_niceness)
+            run.rs_records = run.handle.records
+        return run
+
+    def train_step(self, run: Run, tokens):
+        self.program.status.phase("forward pass")
+        loss = run.model(input_ids=tokens, labels=tokens).loss
+        self.program.status.phase("backward pass")
+        loss.backward()
+        self.program.status.phase("optimizer step")
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def final(self, run: Run) -> None:
+        run.final = self.program.local_params(run.model)
+        run.digest = self.program.param_digest(run.model)
+
+
+class DeepSpeed:
+    """ZeRO-3's trainings (DeepSpeed's CPU accelerator): its own all-gathers (timed); the
+    gradients communicated in --reduce-dtype (DeepSpeed's communication_data_type)."""
+    own = "zero3"
+    label = "ZeRO-3"
+
+    def __init__(self, program):
+        from ciera.train import deepspeed as ds_train
+
+        self.program = program
+        self.ds_train = ds_train
+        self.deepspeed = ds_train.start_deepspeed(program)
+
+    def build(self, name: str) -> Run:
+        import ciera.deepspeed as ciera_ds
+
+        a = self.program.args
+        engine, optimizer, spec = self.ds_train.make_engine(self.program, self.deepspeed)
+        gathers = ciera_ds.time_gathers(engine)
+        run = Run(name, engine, a.lr, gathers.take_records, optimizer=optimizer)
+        run.spec = spec
+        run.params = sum(int(p.ds_numel) for p in engine.module.parameters())
+        if name == self.own:
+            run.handle = ciera_ds.time_reduce_scatters(engine)
+        else:
+            run.handle = ciera_ds.enable_reduce_scatter(engine, _coding(a, name), transport=a.transport,
+                                                        timeout_s=a.timeout, worker_niceness=a.worker_niceness)
+        run.rs_records = run.handle.records
+        return run
+
+    def train_step(self, run: Run, tokens):
+        engine = run.model
+        self.program.status.phase("forward pass")
+        loss = engine(input_ids=tokens, labels=tokens).loss
+        self.program.status.phase("backward pass")
+        engine.backward(loss)
+        self.program.status.phase("optimizer step")
+        engine.step()
+        return loss
+
+    def final(self, run: Run) -> None:
+        run.final = self.ds_train.partitions(run.model)
+        run.digest = self.ds_train.digest(self.deepspeed, run.model, self.program.rank)
+
+
+def step(program, framework, run: Run, step_index: int, tokens) -> dict:
     """One optimizer step of `run`; returns its line of metrics.jsonl. Its bytes are the
     reduce-scatter's: what this rank sent its peers, as values and as sent."""
     start = program.clock()
-    program.status.phase("forward pass")
-    loss = run.model(input_ids=tokens, labels=tokens).loss
-    program.status.phase("backward pass")
-    loss.backward()
-    program.status.phase("optimizer step")
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
+    loss = framework.train_step(run, tokens)
     end = program.clock()
     gathers = run.take_records()
     scatters = list(run.rs_records)
     run.rs_records.clear()
     world = program.world
-    # FSDP2's own reduce-scatter sends (R - 1)/R of its input, uncoded, on a shard group of R ranks
-    # (the world, or a node's ranks with --hsdp).
+    # The framework's own reduce-scatter sends (R - 1)/R of its input, uncoded, on a group of R
+    # ranks (the world, or a node's ranks with FSDP2's --hsdp).
     shard = program.args.ranks_per_node if program.args.hsdp else world
     raw = sum(getattr(r, "raw_bytes", r.input_bytes * (shard - 1) // shard) for r in scatters)
     wire = sum(getattr(r, "wire_bytes", r.input_bytes * (shard - 1) // shard) for r in scatters)
@@ -91,7 +154,7 @@ def step(program, run: Run, step_index: int, tokens) -> dict:
     peak = mine.all_reduce(dist.ReduceOp.MAX)
     run.record(int(local.view(torch.int32).item()), summed, peak, mine, world)
     # The same less each call's wait for the last rank to enter it (CIERA's collectives know it;
-    # FSDP2's own reduction does not say): the collective's own time, without the other ranks'
+    # the framework's own reduction does not say): the collective's own time, without the other ranks'
     # backward compute that a training step's reduce-scatter time also holds.
     after_arrival = torch.tensor([sum(r.seconds - getattr(r, "arrival_wait_s", 0.0) for r in scatters)],
                                  dtype=torch.float64)
@@ -116,13 +179,18 @@ def step(program, run: Run, step_index: int, tokens) -> dict:
 
 def train_reduce_scatter(program) -> None:
     """The three trainings side by side, then the comparisons and the summary. Collective."""
-    built = {name: build(program, name) for name in (BASELINE, TWIN, CIERA)}
-    runs = {name: run for name, (run, _) in built.items()}
-    pair.train(program, runs, step, _NoCache(), CIERA)
+    framework = DeepSpeed(program) if program.args.framework == "deepspeed" else Fsdp2(program)
+    runs = {name: framework.build(name) for name in (framework.own, TWIN, CIERA)}
     for run in runs.values():
-        run.final = program.local_params(run.model)
-        run.digest = program.param_digest(run.model)
-    finish(program, runs)
+        run.coding = torch.zeros(3, dtype=torch.float64)   # coded values, their exponent bytes, entropy bits
+    pair.train(program, runs, lambda _, run, i, tokens: step(program, framework, run, i, tokens), _NoCache(),
+               CIERA)
+    for run in runs.values():
+        framework.final(run)
+    finish(program, framework, runs)
+    for run in runs.values():
+        if getattr(run, "handle", None) is not None:
+            run.handle.disable()
 
 
 class _NoCache:
@@ -130,13 +198,13 @@ class _NoCache:
     cache_bytes = 0
 
 
-def finish(program, runs: dict) -> None:
+def finish(program, framework, runs: dict) -> None:
     """Compares ciera with its twin on every rank (losses, each rank's FP32 master partitions bit
-    for bit) and with FSDP2's own reduction; on rank 0 writes summary.json. Collective."""
+    for bit) and with the framework's own reduction; on rank 0 writes summary.json. Collective."""
     a = program.args
-    twin, ours, own = runs[TWIN], runs[CIERA], runs[BASELINE]
+    twin, ours, own = runs[TWIN], runs[CIERA], runs[framework.own]
     total, differs, _ = pair.compare(twin, ours)
-    drift_vs_fsdp2 = parameter_drift(runs, [CIERA])[0]
+    drift_vs_own = parameter_drift({BASELINE: own, CIERA: ours}, [CIERA])[0]
     coding = ours.coding.clone()
     dist.all_reduce(coding)
     if program.rank != 0:
@@ -148,8 +216,9 @@ def finish(program, runs: dict) -> None:
     value_bits = 8 * torch.empty(0, dtype=REDUCE_DTYPES[a.reduce_dtype]).element_size()
     summary = {
         "mode": "reduce_scatter", **pair.common_summary(program, runs, ours, total, differs),
+        "framework": a.framework, "own_run": framework.own,
         "baseline_run": TWIN, "main_run": CIERA, "reduce_scatter": a.reduce_scatter,
-        "reduce_dtype": a.reduce_dtype, "params": sum(p.numel() for p in ours.model.parameters()),
+        "reduce_dtype": a.reduce_dtype, "params": ours.params,
         "topology": options.topology(a),   # with --hsdp, the reduce-scatter runs inside each node
         "reduce_scatter_raw_bytes": m["raw"], "reduce_scatter_wire_bytes": m["wire"],
         "reduce_scatter_ratio": m["ratio"],
@@ -159,11 +228,13 @@ def finish(program, runs: dict) -> None:
         **after_arrival_fields(twin, ours, steady),
         # The slowest link's byte ratio: what the links allow where ranks' shards compress unevenly.
         "reduce_scatter_busiest_link_ratio": busiest_link_ratio(ours, steady),
-        "reduce_scatter_ms_fsdp2": own_rs * 1e3 if own_rs is not None else None,
-        "iteration_ms_fsdp2": pair.median(own.results["iteration_s"][steady]) * 1e3,
-        "max_loss_diff_vs_fsdp2": max(abs(x - y) for x, y in zip(ours.results["loss"], own.results["loss"])),
-        "max_param_diff_vs_fsdp2": drift_vs_fsdp2,
-        "losses_identical_to_fsdp2": ours.results["loss_bits"] == own.results["loss_bits"],
+        # The framework's own reduction ("fsdp2" or "zero3" in the names).
+        f"reduce_scatter_ms_{framework.own}": own_rs * 1e3 if own_rs is not None else None,
+        f"iteration_ms_{framework.own}": pair.median(own.results["iteration_s"][steady]) * 1e3,
+        f"max_loss_diff_vs_{framework.own}": max(abs(x - y) for x, y in zip(ours.results["loss"],
+                                                                            own.results["loss"])),
+        f"max_param_diff_vs_{framework.own}": drift_vs_own,
+        f"losses_identical_to_{framework.own}": ours.results["loss_bits"] == own.results["loss_bits"],
         # The exponents of the coded parts (every rank, steady state): bits per value as sent (the
         # frame beyond the raw sign and mantissa: exponent section, header, tables, checksum) and
         # their order-0 entropy, each part with its own table as the code has.
@@ -196,10 +267,12 @@ def render(s: dict, run_dir) -> str:
 
     speedup = pair.speedup
     identical = s["losses_identical"] and s["params_identical"]
+    framework = DeepSpeed if s.get("framework") == "deepspeed" else Fsdp2
+    own, label = framework.own, framework.label
     rows = [
-        ("model", f"{s['model']} ({s['params']:,} parameters), {s['ranks']} ranks, FSDP2 with its own all-gather; "
+        ("model", f"{s['model']} ({s['params']:,} parameters), {s['ranks']} ranks, {label} with its own all-gather; "
                   f"{s['reduce_dtype'].upper()} gradients"),
-        *([("layout", layout_text(s["topology"]))] if s.get("topology") else []),
+        *([("layout", layout_text(s["topology"]))] if s.get("topology") and framework is Fsdp2 else []),
         *pair.run_rows(s),
         ("reduce-scatter bytes/step", f"raw {s['reduce_scatter_raw_bytes']:,}  wire {s['reduce_scatter_wire_bytes']:,}"
                                       f"  ratio {s['reduce_scatter_ratio'] or float('nan'):.3f}x "
@@ -212,8 +285,8 @@ def render(s: dict, run_dir) -> str:
                                f"({100 * (s['exponent_overhead_vs_entropy'] or float('nan')):+.2f}%)"),
         ("reduce-scatter time/step", f"deterministic raw {s['reduce_scatter_ms_plain_deterministic']:.1f} ms  CIERA "
                                      f"{s['reduce_scatter_ms_ciera']:.1f} ms  speedup "
-                                     f"{speedup(s['reduce_scatter_speedup'])}  (FSDP2's own "
-                                     f"{s['reduce_scatter_ms_fsdp2']:.1f} ms)"),
+                                     f"{speedup(s['reduce_scatter_speedup'])}  ({label}'s own "
+                                     f"{s[f'reduce_scatter_ms_{own}']:.1f} ms)"),
         ("  after every rank entered", f"deterministic raw {s['reduce_scatter_after_arrival_ms_plain_deterministic']:.1f} ms  "
                                        f"CIERA {s['reduce_scatter_after_arrival_ms_ciera']:.1f} ms  speedup "
                                        f"{speedup(s['reduce_scatter_after_arrival_speedup'])}  (the rest: waiting "
@@ -223,8 +296,8 @@ def render(s: dict, run_dir) -> str:
         ("identical", "yes: losses and every rank's FP32 master partitions bitwise identical to the same "
                       "reduction uncompressed" if identical else
                       f"NO: {s['loss_mismatches']} loss mismatches, {s['param_bytes_mismatched']:,} bytes differ"),
-        ("vs FSDP2's reduction", f"max |loss diff| {s['max_loss_diff_vs_fsdp2']:.3g}, max |parameter diff| "
-                                 f"{s['max_param_diff_vs_fsdp2']:.3g} (another summation order)"),
+        (f"vs {label}'s reduction", f"max |loss diff| {s[f'max_loss_diff_vs_{own}']:.3g}, max |parameter diff| "
+                                    f"{s[f'max_param_diff_vs_{own}']:.3g} (another summation order)"),
         ("run folder", str(run_dir)),
     ]
     return pair.table(rows)
