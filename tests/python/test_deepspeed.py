@@ -163,7 +163,7 @@ def test_ciera_train_framework_deepspeed_reduce_scatter_is_bitwise_its_twin(tmp_
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     s = json.loads(done.stdout.strip().splitlines()[-1])
     assert s["mode"] == "reduce_scatter" and s["framework"] == "deepspeed" and s["own_run"] == "zero3", s
-    assert s["losses_identical"] and s["params_identical"], s
+    assert s["losses_identical"] and s["params_identical"] and s["reduce_scatter_passed_through"] == 0, s
     assert s["reduce_scatter_ratio"] > 1.2 and s["reduce_scatter_ms_zero3"] > 0, s
     assert s["max_loss_diff_vs_zero3"] < 1e-2 and s["max_param_diff_vs_zero3"] is not None, s
     assert "ZeRO-3 with its own all-gather" in done.stdout and "vs ZeRO-3's reduction" in done.stdout
