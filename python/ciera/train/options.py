@@ -91,7 +91,8 @@ def parser() -> argparse.ArgumentParser:
                    help="ciera: FSDP2's gradient reduce-scatter through CIERA's lossless collectives (parts "
                         "exponent-coded, added in a documented rank order), trained beside the same reduction "
                         "uncompressed (plain-deterministic, which it must match bit for bit) and FSDP2's own; all "
-                        "three gather with FSDP2's own all-gather. auto: coded or raw, whichever is faster. "
+                        "three gather with FSDP2's own all-gather (with --framework deepspeed: ZeRO-3's reduce-scatter "
+                        "and all-gather instead). auto: coded or raw, whichever is faster. "
                         "Default fsdp2: FSDP2's own reduce-scatter in every training")
     p.add_argument("--reduce-dtype", default="fp32", choices=["fp32", "bf16"],
                    help="with --reduce-scatter: the gradients' dtype in the reduce-scatter (FSDP2's "
