@@ -27,7 +27,7 @@ if command -v ccache >/dev/null; then
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR="$root"
   ccache --zero-stats >/dev/null
 fi
-if command -v nvcc >/dev/null && ! nvidia-smi -L >/dev/null 2>&1; then
+if command -v nvcc >/dev/null && ! nvidia-smi -L >/dev/null 2>&1 && ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
   export CIERA_CUDA_ARCHITECTURES=${CIERA_CUDA_ARCHITECTURES:-90-real}
 fi
 

@@ -513,14 +513,16 @@ class _ReduceScatterHooks:
     def install(self) -> None:
         from deepspeed.runtime.comm import coalesced_collectives as cc
 
-        if self.original is None:
+        if cc._torch_reduce_scatter_fn is not _reduce_scatter_fn:
             self.original, cc._torch_reduce_scatter_fn = cc._torch_reduce_scatter_fn, _reduce_scatter_fn
 
     def uninstall(self) -> None:
+        """Puts DeepSpeed's function back once no handle is left, unless someone replaced ours
+        since. `original` stays: a call already past the dispatch on another thread still uses it."""
         from deepspeed.runtime.comm import coalesced_collectives as cc
 
-        if self.original is not None and not self.handles:
-            cc._torch_reduce_scatter_fn, self.original = self.original, None
+        if not self.handles and cc._torch_reduce_scatter_fn is _reduce_scatter_fn:
+            cc._torch_reduce_scatter_fn = self.original
 
 
 _rs_hooks = _ReduceScatterHooks()
@@ -669,7 +671,8 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
     Collective: every rank calls it with the same engine and coding. Refused, with ConfigError
     naming the setting: a stage other than 3, ZeRO++'s quantised gradients (their all-to-all
     replaces the reduce-scatter, and is lossy), reduce_scatter off (DeepSpeed then all-reduces),
-    parameters in more than one data-parallel group; enabling an engine twice is a ValueError.
+    an accelerator other than the CPU, parameters in more than one data-parallel group or in one
+    smaller than the world; enabling an engine twice is a ValueError.
     It can be combined with enable() (the parameter gathers), or used alone."""
     _version()
     if not hasattr(engine, "zero_optimization_stage") or not hasattr(engine, "optimizer"):
@@ -693,12 +696,19 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
     if id(_stage3_optimizer(engine, "enable_reduce_scatter")) in _rs_hooks.handles:   # before any group is made
         raise ValueError("ciera.deepspeed.enable_reduce_scatter(): the engine's reduce-scatters already go through "
                          "CIERA or are timed; call disable() on that handle first")
-    params = _zero3_params(engine)
-    devices = sorted({str(p.ds_tensor.device) for p in params if p.ds_tensor.device.type != "cpu"})
-    if devices:
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator().device_name()
+    if accelerator != "cpu":   # the gradients are reduced there, wherever the partitions are kept
         raise _ext.ConfigError(f"ciera.deepspeed.enable_reduce_scatter(): CIERA's reduce-scatter runs on host "
-                               f"memory; the partitions are on {', '.join(devices)}")
+                               f"memory; DeepSpeed's accelerator is {accelerator!r}")
+    params = _zero3_params(engine)
     group = _group(params)
+    if dist.get_world_size(group) != dist.get_world_size():
+        # make_transport would have each rank's group formed with different rank lists.
+        raise _ext.ConfigError(f"ciera.deepspeed.enable_reduce_scatter(): the data-parallel group holds "
+                               f"{dist.get_world_size(group)} of the {dist.get_world_size()} ranks (tensor or pipeline "
+                               "parallelism); CIERA serves a data-parallel group that is the world")
     config = _ext.CollectivesConfig()
     config.coding = _ext.parse_collective_coding(coding)
     if worker_niceness is not None:

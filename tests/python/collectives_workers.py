@@ -87,11 +87,22 @@ def disable_reduce_scatter(rank, world):
     train(model, rank, 1, corpus)
     again = fsdp.enable_reduce_scatter(model, "exponent")
     train(model, rank, 1, corpus)
+
+    # A model sharded on a 1-D slice of a larger mesh (here each rank alone): its mesh shows only
+    # this rank's row, not the world's groups; refused at enable, on every rank.
+    mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
+    sliced = models.build(spec, 0)
+    fully_shard(sliced, mesh=mesh["shard"])
+    try:
+        fsdp.enable_reduce_scatter(sliced, "exponent")
+        sliced_refused = None
+    except ciera.ConfigError as e:
+        sliced_refused = str(e)
     return {"restored_equal": restored_losses == plain_losses
             and all(torch.equal(a, b) for a, b in zip(local_bits(restored), local_bits(plain))),
             "calls": calls, "calls_after_disable": len(handle.records), "refused": refused,
             "comms": sorted(comms), "default": DefaultReduceScatter.__name__, "enabled": handle.enabled,
-            "calls_again": len(again.records)}
+            "calls_again": len(again.records), "sliced_refused": sliced_refused}
 
 
 def torch_alltoallv(rank, world):

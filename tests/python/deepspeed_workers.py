@@ -146,7 +146,16 @@ def reduce_scatter_vs_twin(rank: int, world: int, steps: int) -> dict:
         ds_engine = engine(deepspeed, 0, config())
         handle = None if name == "plain" else ciera.deepspeed.enable_reduce_scatter(ds_engine, name)
         gathers = ciera.deepspeed.enable(ds_engine) if name == "exponent" else None
-        losses = [train_step(ds_engine, batch(rank, step)) for step in range(steps)]
+        # Beside the coded engine, in the same process and steps, an engine CIERA was not enabled
+        # on: it must keep DeepSpeed's own reduce-scatter (bitwise the plain run's).
+        beside = engine(deepspeed, 0, config()) if name == "exponent" else None
+        losses = []
+        for step in range(steps):
+            losses.append(train_step(ds_engine, batch(rank, step)))
+            if beside is not None:
+                runs.setdefault("beside", []).append(train_step(beside, batch(rank, step)))
+        if beside is not None:
+            runs["beside_params"] = full_params(deepspeed, beside)
         records = handle.records if handle else []
         runs[name] = {"losses": losses, "params": full_params(deepspeed, ds_engine), "calls": len(records),
                       "raw": sum(r.raw_bytes for r in records), "wire": sum(r.wire_bytes for r in records),
@@ -183,4 +192,5 @@ def reduce_scatter_vs_twin(rank: int, world: int, steps: int) -> dict:
         "twin_wire": twin["wire"], "passed_through": ours["passed_through"] + twin["passed_through"],
         "twice": runs["twice"], "enabled_after_disable": ours["enabled_after_disable"],
         "restored": cc._torch_reduce_scatter_fn.__module__ == cc.__name__, "refusals": refusals,
+        "beside_is_plain": runs["beside"] == plain["losses"] and runs["beside_params"] == plain["params"],
     }

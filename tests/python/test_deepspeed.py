@@ -115,6 +115,7 @@ def test_gradient_reduce_scatter_is_bitwise_its_uncompressed_twin():
         assert r["loss_diff_vs_plain"] < 1e-2, (rank, r)
         assert "already go through CIERA" in r["twice"], (rank, r)
         assert not r["enabled_after_disable"] and r["restored"], (rank, r)
+        assert r["beside_is_plain"], (rank, r)
         assert "runs ZeRO stage 2" in r["refusals"][0], (rank, r)
         assert "reduce_scatter is off" in r["refusals"][1], (rank, r)
 

@@ -68,7 +68,7 @@ class LosslessReduceScatter(ReduceScatter):
         if collectives is None:
             raise _ext.ConfigError("CIERA's reduce-scatter was disabled (ReduceScatterHandle.disable())")
         ranks = tuple(dist.get_process_group_ranks(group))
-        if ranks != self.handle.ranks:
+        if ranks != self.handle.ranks or len(ranks) != collectives.size:
             raise _ext.ConfigError(f"FSDP2 reduce-scatters over ranks {ranks}; CIERA's collectives were set up "
                                    f"for {self.handle.ranks}")
         if input_tensor.dtype not in DTYPES or output_tensor.dtype != input_tensor.dtype:
@@ -96,20 +96,21 @@ class ReduceScatterHandle:
         self.coding = coding
         self.ranks = ranks      # this rank's shard group (world ranks, in group rank order)
         self.records: list[LosslessReduceScatterRecord] = []   # appended to by every call
-        self._modules = modules
+        # Each module with the reduce-scatter it had before (FSDP2's default, or one set on it).
+        self._modules = [(module, reduce_scatter_comm(module)) for module in modules]
 
     @property
     def enabled(self) -> bool:
         return self.collectives is not None
 
     def disable(self) -> None:
-        """Restores FSDP2's own reduce-scatter on every module and lets the collectives go (their
-        worker and transport). Local: every rank calls it between steps, as it called enable.
-        The records stay; calling it again does nothing."""
+        """Restores the reduce-scatter each module had before (FSDP2's own, unless another was set)
+        and lets the collectives go (their worker and transport). Local: every rank calls it
+        between steps, as it called enable. The records stay; calling it again does nothing."""
         if self.collectives is None:
             return
-        for module in self._modules:
-            module.set_custom_reduce_scatter(DefaultReduceScatter())
+        for module, previous in self._modules:
+            module.set_custom_reduce_scatter(previous if previous is not None else DefaultReduceScatter())
         self._modules = []
         self.collectives = None
 
@@ -147,12 +148,17 @@ def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, t
         raise _ext.ConfigError(f"enable_reduce_scatter(): CIERA's reduce-scatter runs on host memory; the model "
                                f"has parameters on {', '.join(devices)}")
     shard = describe_groups(buckets)[0]   # kind 0: the group FSDP2 reduce-scatters on
-    if process_group is not None and len(shard.partition) == 1 and \
-            tuple(dist.get_process_group_ranks(process_group)) != shard.ranks:
-        raise _ext.ConfigError(f"enable_reduce_scatter(): process_group holds ranks "
-                               f"{tuple(dist.get_process_group_ranks(process_group))}, the model is sharded over "
-                               f"{shard.ranks}")
     if len(shard.partition) == 1:
+        # One shard group: the world (a 1-D slice of a larger mesh shows only this rank's row).
+        world = tuple(range(dist.get_world_size()))
+        if shard.ranks != world:
+            raise _ext.ConfigError(f"enable_reduce_scatter(): the model is sharded over ranks {shard.ranks}, which "
+                                   f"the mesh gives as its only group; CIERA needs the world {world} or the whole "
+                                   "mesh (an HSDP mesh: a group per node)")
+        if process_group is not None and tuple(dist.get_process_group_ranks(process_group)) != world:
+            raise _ext.ConfigError(f"enable_reduce_scatter(): process_group holds ranks "
+                                   f"{tuple(dist.get_process_group_ranks(process_group))}, the model is sharded over "
+                                   f"{world}")
         native = make_transport(transport, process_group, timeout_s)
     else:
         native = make_subgroup_transport(transport, shard.partition, shard.ranks, timeout_s)
