@@ -28,8 +28,8 @@ visible, not silent.
 Refused, with ConfigError naming the setting: ZeRO stages other than 3, ZeRO++'s quantised
 weights and hierarchical partitioning (zero_quantized_weights, zero_hpz_partition_size > 1),
 MiCS, parameter fetches by all-reduce (stage3_use_all_reduce_for_fetch_params), parameter
-offload, parameters in more than one data-parallel group, and DeepSpeed versions outside
-0.15-0.19."""
+offload, parameters in more than one data-parallel group or in one smaller than the world, and
+DeepSpeed versions outside 0.15-0.19."""
 
 from __future__ import annotations
 
@@ -422,12 +422,20 @@ def _buckets(engine, params: list) -> list[Bucket]:
     return buckets
 
 
-def _group(params: list):
+def _group(params: list, what: str = "enable"):
+    """The one data-parallel group the parameters are partitioned over, which must be the world:
+    make_transport forms CIERA's group from this rank's list of ranks, and ranks in different
+    groups would form theirs from different lists."""
     groups = {id(p.ds_process_group): p.ds_process_group for p in params}
     if len(groups) != 1:
-        raise _ext.ConfigError(f"ciera.deepspeed.enable(): the parameters are partitioned over {len(groups)} "
+        raise _ext.ConfigError(f"ciera.deepspeed.{what}(): the parameters are partitioned over {len(groups)} "
                                "process groups (expert parallelism?); CIERA serves one data-parallel group")
-    return groups.popitem()[1]
+    group = groups.popitem()[1]
+    if dist.get_world_size(group) != dist.get_world_size():
+        raise _ext.ConfigError(f"ciera.deepspeed.{what}(): the data-parallel group holds {dist.get_world_size(group)} "
+                               f"of the {dist.get_world_size()} ranks (tensor or pipeline parallelism); CIERA serves "
+                               "a data-parallel group that is the world")
+    return group
 
 
 def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = "torch", verify: bool = False,
@@ -703,12 +711,7 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
         raise _ext.ConfigError(f"ciera.deepspeed.enable_reduce_scatter(): CIERA's reduce-scatter runs on host "
                                f"memory; DeepSpeed's accelerator is {accelerator!r}")
     params = _zero3_params(engine)
-    group = _group(params)
-    if dist.get_world_size(group) != dist.get_world_size():
-        # make_transport would have each rank's group formed with different rank lists.
-        raise _ext.ConfigError(f"ciera.deepspeed.enable_reduce_scatter(): the data-parallel group holds "
-                               f"{dist.get_world_size(group)} of the {dist.get_world_size()} ranks (tensor or pipeline "
-                               "parallelism); CIERA serves a data-parallel group that is the world")
+    group = _group(params, "enable_reduce_scatter")
     config = _ext.CollectivesConfig()
     config.coding = _ext.parse_collective_coding(coding)
     if worker_niceness is not None:
