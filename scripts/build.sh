@@ -22,7 +22,7 @@ case "$flavour" in
 esac
 # CIERA_CUDA_ARCHITECTURES (e.g. 90-real) replaces CMake's default GPU architectures (test.sh: one,
 # where there is no GPU to run the kernels on and the build is only a compile check).
-if [[ -n "${CIERA_CUDA_ARCHITECTURES:-}" ]]; then
+if [[ -n "${CIERA_CUDA_ARCHITECTURES:-}" && $flavour == release ]]; then   # the others build no CUDA
   args+=("-DCMAKE_CUDA_ARCHITECTURES=$CIERA_CUDA_ARCHITECTURES")
 fi
 cmake -S "$root" -B "$dir" -G Ninja "${args[@]}" >/dev/null

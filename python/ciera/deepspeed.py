@@ -652,11 +652,7 @@ class ReduceScatterHandle(_OptimizerHook):
         result = torch.empty_like(output_tensor)
         stats = self.collectives.reduce_scatter(DTYPES[input_tensor.dtype], _ext.ReduceOp.sum, input_tensor, result)
         output_tensor.copy_(result)
-        self.records.append(LosslessReduceScatterRecord(
-            len(self.records), start, time.perf_counter() - start, input_tensor.numel() * input_tensor.element_size(),
-            stats.raw_bytes, stats.wire_bytes, stats.compressed, stats.encode_s, stats.decode_s, stats.reduce_s,
-            stats.coded_values, stats.coded_exponent_bytes, stats.exponent_entropy_bits, stats.arrival_wait_s,
-            stats.busiest_link_raw_bytes, stats.busiest_link_wire_bytes))
+        self.records.append(LosslessReduceScatterRecord.of_call(len(self.records), start, input_tensor, stats))
         return None
 
     def disable(self) -> None:

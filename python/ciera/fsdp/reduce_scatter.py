@@ -42,6 +42,15 @@ class LosslessReduceScatterRecord:
     busiest_link_raw_bytes: int = 0   # the call's busiest link (CollectiveStats), had every part gone raw
     busiest_link_wire_bytes: int = 0  # and as sent: the same on every rank
 
+    @classmethod
+    def of_call(cls, bucket: int, started: float, input_tensor, stats) -> "LosslessReduceScatterRecord":
+        """The record of a call that began at `started` (time.perf_counter()) and has just
+        returned `stats` (CollectiveStats)."""
+        return cls(bucket, started, time.perf_counter() - started, input_tensor.numel() * input_tensor.element_size(),
+                   stats.raw_bytes, stats.wire_bytes, stats.compressed, stats.encode_s, stats.decode_s, stats.reduce_s,
+                   stats.coded_values, stats.coded_exponent_bytes, stats.exponent_entropy_bits, stats.arrival_wait_s,
+                   stats.busiest_link_raw_bytes, stats.busiest_link_wire_bytes)
+
 
 def _reduce_op(op) -> _ext.ReduceOp:
     if op == dist.ReduceOp.SUM:
@@ -79,11 +88,7 @@ class LosslessReduceScatter(ReduceScatter):
                                    f"{input_tensor.device.type}")
         start = time.perf_counter()
         stats = collectives.reduce_scatter(DTYPES[input_tensor.dtype], _reduce_op(op), input_tensor, output_tensor)
-        self.handle.records.append(LosslessReduceScatterRecord(
-            self.index, start, time.perf_counter() - start, input_tensor.numel() * input_tensor.element_size(),
-            stats.raw_bytes, stats.wire_bytes, stats.compressed, stats.encode_s, stats.decode_s, stats.reduce_s,
-            stats.coded_values, stats.coded_exponent_bytes, stats.exponent_entropy_bits, stats.arrival_wait_s,
-            stats.busiest_link_raw_bytes, stats.busiest_link_wire_bytes))
+        self.handle.records.append(LosslessReduceScatterRecord.of_call(self.index, start, input_tensor, stats))
         return None
 
 
