@@ -86,8 +86,9 @@ fi
 stage "AddressSanitizer + UBSan"
 dir=$("$root/scripts/build.sh" asan)
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 gtest_suites "$dir"
+# Not the tests labelled release_only: the same code as tests run here (tests/CMakeLists.txt).
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE gtest
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE 'gtest|release_only'
 
 stage "ThreadSanitizer: the engine's threads (worker pool, communication thread, callers) and the collectives' rounds"
 dir=$("$root/scripts/build.sh" tsan ciera_unit_tests)
