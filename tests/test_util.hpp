@@ -16,6 +16,18 @@
 
 namespace ciera::testing {
 
+// Whether this build runs under AddressSanitizer or ThreadSanitizer (GCC defines the macros,
+// clang answers __has_feature). Tests may then take smaller large sizes: the sanitizer builds
+// look for memory and thread errors, which need the code paths, not the volume; the release
+// build runs the full sizes.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+inline constexpr bool kSanitized = __has_feature(address_sanitizer) || __has_feature(thread_sanitizer);
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 // `n` bytes from a seeded generator (never zeros: they hide unwritten outputs).
 inline std::vector<uint8_t> random_bytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
