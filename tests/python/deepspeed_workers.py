@@ -120,6 +120,25 @@ def refused(rank: int, world: int, cases: list) -> list[str]:
             out.append("accepted")
         except (ciera.ConfigError, ValueError, TypeError) as error:
             out.append(f"{type(error).__name__}: {error}")
+    # Parameters partitioned over a group smaller than the world (what DeepSpeed's mpu makes
+    # under tensor or pipeline parallelism), or over two groups (expert parallelism): an engine
+    # made as usual, its parameters' ds_process_group then pointed at such groups, for enable()
+    # and enable_reduce_scatter() alike.
+    own = [dist.new_group([r]) for r in range(world)][rank]   # every rank makes every group
+    ds_engine = engine(deepspeed, 0, config())
+    params = list(ds_engine.module.parameters())
+    original = [p.ds_process_group for p in params]
+    for groups in ([own] * len(params), [own if i % 2 else g for i, g in enumerate(original)]):
+        for p, g in zip(params, groups, strict=True):
+            p.ds_process_group = g
+        for call in (ciera.deepspeed.enable, ciera.deepspeed.enable_reduce_scatter):
+            try:
+                call(ds_engine).disable()
+                out.append("accepted")
+            except ciera.ConfigError as error:
+                out.append(f"{type(error).__name__}: {error}")
+    for p, g in zip(params, original, strict=True):
+        p.ds_process_group = g
     return out
 
 

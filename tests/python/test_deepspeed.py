@@ -51,10 +51,21 @@ REFUSED = [
 ]
 
 
+# After REFUSED, the worker points the parameters at other groups: a group smaller than the
+# world, then two groups; enable() and enable_reduce_scatter() each refuse both.
+GROUPS_REFUSED = [
+    f"ciera.deepspeed.{call}(): {problem}"
+    for problem in ("the data-parallel group holds 1 of the 2 ranks (tensor or pipeline parallelism)",
+                    "the parameters are partitioned over 2 process groups (expert parallelism?)")
+    for call in ("enable", "enable_reduce_scatter")
+]
+
+
 def test_bad_configuration_is_refused_on_every_rank():
     results = all_ok(spawn(w.refused, 2, [(zero, kwargs) for zero, kwargs, _ in REFUSED]))
+    messages = [message for _, _, message in REFUSED] + GROUPS_REFUSED
     for rank, texts in enumerate(results):
-        for (_, _, message), text in zip(REFUSED, texts, strict=True):
+        for message, text in zip(messages, texts, strict=True):
             assert message in text, (rank, text)
 
 
