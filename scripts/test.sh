@@ -5,7 +5,8 @@
 #      the CUDA codec is compiled too (for sm_80/sm_90; without a GPU, where it is only a compile
 #      check, for sm_90 alone: a third of nvcc's time, and the sources have no per-architecture
 #      code), and its GPU tests report "Skipped" without a GPU;
-#   2. AddressSanitizer + UBSan build: the same tests again;
+#   2. AddressSanitizer + UBSan build: the same tests again, less those labelled release_only
+#      (the forced MPI algorithms at 2 and 4 ranks, the include-root check: the same code);
 #   3. ThreadSanitizer build: the engine and lossless-collectives tests;
 #   4. the Python package, installed with pip into .venv, and its pytest suite (two tests at a
 #      time, pytest-xdist);

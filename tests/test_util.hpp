@@ -21,9 +21,14 @@ namespace ciera::testing {
 // look for memory and thread errors, which need the code paths, not the volume; the release
 // build runs the full sizes.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool kSanitized = true;
+#define CIERA_TESTS_SANITIZED 1
 #elif defined(__has_feature)
-inline constexpr bool kSanitized = __has_feature(address_sanitizer) || __has_feature(thread_sanitizer);
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define CIERA_TESTS_SANITIZED 1
+#endif
+#endif
+#ifdef CIERA_TESTS_SANITIZED
+inline constexpr bool kSanitized = true;
 #else
 inline constexpr bool kSanitized = false;
 #endif
