@@ -206,6 +206,10 @@ def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = F
     # default 30 minutes for a stopped peer.
     timeout = datetime.timedelta(seconds=_ext.EngineConfig().timeout_s)
     group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+    # new_group can return on one rank while a peer is still connecting to it; a rank that then
+    # destroyed the group (disable() at once, or its exit) would fail the peer's connect
+    # ("Connection closed by peer", seen in CI). The barrier returns once every rank is in.
+    dist.barrier(group=group)
     runtime = Runtime(None, [b for _, b in described], [m for m, _ in described], verify, overlap=False)
     for module, bucket in described:
         module.set_custom_all_gather(ZipnnAllGather(runtime, bucket, group))
