@@ -33,7 +33,7 @@ const Mode kModes[] = {
 enum class Size { kZero, kOne, kBlockMinus1, kBlock, kBlockPlus1, kOdd, kLarge };
 // The large shard: a million values, or under a sanitizer 2^18 + 3, still 17 rANS segments of
 // 16384 exponents and a partial block at every block size. The million's 225 cases were 97% of
-// the sweep's time under AddressSanitizer, and the sweep half of that stage's suites.
+// the sweep's time under AddressSanitizer, and the sweep about half of that stage's suites.
 constexpr size_t kLargeValues = testing::kSanitized ? (size_t{1} << 18) + 3 : 1000000;
 size_t size_for(Size s, uint32_t block) {
   switch (s) {
