@@ -156,5 +156,46 @@ TEST(MpiTransport, ExchangesInFlightTogetherLandWhole) {
   EXPECT_EQ(out[1], expected[1]);
 }
 
+// Parts beyond MPI's int counts, on some ranks only (run alone, at 3 ranks: see
+// tests/CMakeLists.txt). Rank 0 sends rank 1 more than 2 GiB, and rank 1 keeps its own part
+// beyond 2 GiB into its output, while rank 2's counts and displacements all fit in an int. The
+// transport must take the same path on every rank whatever its own counts: a rank that chose
+// MPI's collective while its peers went point to point would wait for them until the timeout.
+TEST(MpiTransportBeyondInt, PartsOver2GiBOnSomeRanksLandWhole) {
+  const int W = size_of_world(), rank = rank_of_world();
+  ASSERT_GE(W, 3) << "needs a rank whose counts all fit in an int";
+  std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
+  transport->set_timeout(std::chrono::seconds(120));
+  const uint64_t big = (uint64_t{1} << 31) + 4099;
+  auto bytes_from_to = [&](int from, int to) -> uint64_t {
+    return from == 0 && to == 1 ? big : 16 + 5 * static_cast<uint64_t>(from) + to;
+  };
+  // Byte i of the part `from` sends `to`; the high bits of i take part, so a part landing a
+  // multiple of 256 bytes off is caught.
+  auto byte_of = [](uint64_t i, int from, int to) {
+    return static_cast<uint8_t>(i * 131 + (i >> 12) * 29 + (i >> 24) * 3 + from * 17 + to * 7 + 1);
+  };
+  std::vector<uint64_t> send(W), send_at(W), recv(W), recv_at(W);
+  uint64_t sent = 0, received = 0;
+  for (int p = 0; p < W; ++p) {
+    send[p] = bytes_from_to(rank, p);
+    recv[p] = bytes_from_to(p, rank);
+    send_at[p] = sent;
+    recv_at[p] = received;
+    sent += send[p];
+    received += recv[p];
+  }
+  std::vector<uint8_t> in(sent), out(received, 0);
+  for (int p = 0; p < W; ++p) {
+    for (uint64_t i = 0; i < send[p]; ++i) in[send_at[p] + i] = byte_of(i, rank, p);
+  }
+  transport->alltoallv(in.data(), send, send_at, out.data(), recv, recv_at);
+  for (int p = 0; p < W; ++p) {
+    uint64_t wrong = 0;
+    for (uint64_t i = 0; i < recv[p]; ++i) wrong += out[recv_at[p] + i] != byte_of(i, p, rank);
+    EXPECT_EQ(wrong, 0u) << "the part from rank " << p << " (" << recv[p] << " bytes)";
+  }
+}
+
 }  // namespace
 }  // namespace ciera

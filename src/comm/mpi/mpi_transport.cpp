@@ -371,71 +371,72 @@ class MpiTransport final : public Transport {
     start_alltoallv(in, send_counts, send_displs, out, recv_counts, recv_displs)->finish();
   }
 
-  // Open MPI's own schedule (MPI_Ialltoallv) where the counts fit MPI's ints: measured faster
-  // over TCP than all sends posted at once (the link lab, 4 ranks at 1 Gbit/s: 227 against
-  // 390 ms for 25 MB per rank). Otherwise point-to-point, every transfer in flight at once, each
-  // cut into pieces MPI's int counts hold. Sends go to rank + 1, rank + 2, ... and receives come
-  // from rank - 1, rank - 2, ..., so no rank is the first target of everyone. Messages between
-  // a pair match in posting order (MPI's non-overtaking rule), so one tag per piece is enough;
-  // the tags are this transport's own (MPI keeps collectives and point-to-point traffic apart),
-  // and exchanges in flight together are told apart by posting order as well.
+  // One call on every rank, MPI_Ialltoallw: Open MPI's own schedule, measured faster over TCP
+  // than all sends posted at once (the link lab, 4 ranks at 1 Gbit/s: 227 against 390 ms for
+  // 25 MB per rank, with MPI_Ialltoallv, whose schedule is the same). A part whose count and
+  // displacement fit MPI's ints goes as that many MPI_BYTEs; any other as one element of a type
+  // that holds its displacement and its bytes in pieces of 1 GiB (part_type). The type is chosen
+  // part by part, so a rank whose parts all fit makes the same call as a rank whose parts do not:
+  // choosing between two different calls by a rank's own counts alone (as this transport once
+  // did) left a rank in MPI's collective while its peers went point to point, and both waited
+  // out the timeout.
   std::unique_ptr<PendingExchange> start_alltoallv(const void* in,
                                                    std::span<const uint64_t> send_counts,
                                                    std::span<const uint64_t> send_displs, void* out,
                                                    std::span<const uint64_t> recv_counts,
                                                    std::span<const uint64_t> recv_displs) override {
-    constexpr uint64_t kPieceBytes = uint64_t{1} << 30;
-    auto* to = static_cast<char*>(out);
-    const auto* from = static_cast<const char*>(in);
     const auto own = static_cast<size_t>(rank_);
     if (send_counts[own] != recv_counts[own]) {
       throw CommError("MPI alltoallv: rank " + std::to_string(rank_) + " sends itself " +
                       std::to_string(send_counts[own]) + " bytes but expects " +
                       std::to_string(recv_counts[own]));
     }
+    // MPI reads the counts, displacements and types until the exchange completes: the pending
+    // exchange keeps them, and frees the types it made.
     auto pending = std::make_unique<PendingMpiExchange>(*this);
-    if (fits_int(send_counts, send_displs) && fits_int(recv_counts, recv_displs)) {
-      // MPI reads the counts until the exchange completes: the pending exchange keeps them.
-      for (auto [i, v] : {std::pair{0, send_counts}, {1, send_displs}, {2, recv_counts}, {3, recv_displs}}) {
-        pending->counts[i].assign(v.begin(), v.end());
+    const std::span<const uint64_t> sides[2][2] = {{send_counts, send_displs},
+                                                   {recv_counts, recv_displs}};
+    for (int side = 0; side < 2; ++side) {
+      auto& [counts, displs, types] = pending->parts[side];
+      for (size_t p = 0; p < static_cast<size_t>(size_); ++p) {
+        const uint64_t bytes = sides[side][0][p], at = sides[side][1][p];
+        if (bytes <= static_cast<uint64_t>(INT_MAX) && at <= static_cast<uint64_t>(INT_MAX)) {
+          counts.push_back(static_cast<int>(bytes));
+          displs.push_back(bytes == 0 ? 0 : static_cast<int>(at));
+          types.push_back(MPI_BYTE);
+        } else {
+          counts.push_back(bytes == 0 ? 0 : 1);
+          displs.push_back(0);
+          types.push_back(bytes == 0 ? MPI_BYTE : part_type(at, bytes, pending->made));
+        }
       }
-      auto& c = pending->counts;
-      pending->requests.emplace_back();
-      check(MPI_Ialltoallv(from, c[0].data(), c[1].data(), MPI_BYTE, to, c[2].data(), c[3].data(),
-                           MPI_BYTE, comm_, &pending->requests.back()),
-            "MPI_Ialltoallv");
-      return pending;
     }
-    if (send_counts[own] != 0)
-      std::memcpy(to + recv_displs[own], from + send_displs[own], send_counts[own]);
-    auto post = [&](bool receive, int peer, char* at, uint64_t bytes) {
-      for (uint64_t done = 0, piece = 0; done < bytes; done += kPieceBytes, ++piece) {
-        const int count = static_cast<int>(std::min(kPieceBytes, bytes - done));
-        auto& requests = pending->requests;
-        requests.emplace_back();
-        const int tag = static_cast<int>(piece % 32768);
-        check(receive ? MPI_Irecv(at + done, count, MPI_BYTE, peer, tag, comm_, &requests.back())
-                      : MPI_Isend(at + done, count, MPI_BYTE, peer, tag, comm_, &requests.back()),
-              receive ? "MPI_Irecv" : "MPI_Isend");
-      }
-    };
-    for (int k = 1; k < size_; ++k) {
-      const auto source = static_cast<size_t>((rank_ - k + size_) % size_);
-      post(true, static_cast<int>(source), to + recv_displs[source], recv_counts[source]);
-    }
-    for (int k = 1; k < size_; ++k) {
-      const auto target = static_cast<size_t>((rank_ + k) % size_);
-      post(false, static_cast<int>(target), const_cast<char*>(from) + send_displs[target],
-           send_counts[target]);
-    }
+    auto& [sc, sd, st] = pending->parts[0];
+    auto& [rc, rd, rt] = pending->parts[1];
+    pending->requests.emplace_back();
+    check(MPI_Ialltoallw(in, sc.data(), sd.data(), st.data(), out, rc.data(), rd.data(), rt.data(),
+                         comm_, &pending->requests.back()),
+          "MPI_Ialltoallw");
     return pending;
   }
 
-  static bool fits_int(std::span<const uint64_t> counts, std::span<const uint64_t> displs) {
-    for (size_t r = 0; r < counts.size(); ++r) {
-      if (counts[r] > static_cast<uint64_t>(INT_MAX) || displs[r] > static_cast<uint64_t>(INT_MAX)) return false;
+  // `bytes` bytes from `at` on, as one element of a committed type (kept in `made`, to be freed):
+  // hindexed blocks of MPI_BYTE of at most 1 GiB each, displacements in MPI_Aint.
+  MPI_Datatype part_type(uint64_t at, uint64_t bytes, std::vector<MPI_Datatype>& made) {
+    constexpr uint64_t kPieceBytes = uint64_t{1} << 30;
+    std::vector<int> lengths;
+    std::vector<MPI_Aint> offsets;
+    for (uint64_t done = 0; done < bytes; done += kPieceBytes) {
+      lengths.push_back(static_cast<int>(std::min(kPieceBytes, bytes - done)));
+      offsets.push_back(static_cast<MPI_Aint>(at + done));
     }
-    return true;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    check(MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), offsets.data(),
+                                   MPI_BYTE, &type),
+          "MPI_Type_create_hindexed");
+    made.push_back(type);
+    check(MPI_Type_commit(&made.back()), "MPI_Type_commit");
+    return made.back();
   }
 
   void barrier() override {
@@ -492,11 +493,15 @@ class MpiTransport final : public Transport {
   struct PendingMpiExchange final : PendingExchange {
     explicit PendingMpiExchange(MpiTransport& t) : transport(t) {}
     ~PendingMpiExchange() override {
-      if (finished || transport.broken_) return;
-      try {
-        finish();
-      } catch (...) {  // an error path already under way: that error is the one that matters
+      if (!finished && !transport.broken_) {
+        try {
+          finish();
+        } catch (...) {  // an error path already under way: that error is the one that matters
+        }
       }
+      // After a failure MPI may still read them, and nothing is sent on that transport again.
+      if (transport.broken_) return;
+      for (MPI_Datatype& type : made) MPI_Type_free(&type);
     }
     void finish() override {
       if (finished) return;
@@ -513,7 +518,11 @@ class MpiTransport final : public Transport {
     }
     MpiTransport& transport;
     std::vector<MPI_Request> requests;
-    std::vector<int> counts[4];  // MPI_Ialltoallv's counts and displacements
+    struct Parts {  // MPI_Ialltoallw's arguments for one side, [0] sent, [1] received
+      std::vector<int> counts, displs;
+      std::vector<MPI_Datatype> types;
+    } parts[2];
+    std::vector<MPI_Datatype> made;  // the types part_type made for this exchange
     bool finished = false;
   };
 
