@@ -22,12 +22,17 @@ jobs=$(nproc)
 stage() { echo "== $* [${SECONDS}s]"; }
 "$root/scripts/install-deps.sh"
 # Compiler cache: a machine that keeps its cache takes a run's objects from the last run of a
-# checkout at the same place (paths made relative to it). Within one fresh run it saves almost
-# nothing: the wheel's build (stage 4) uses the release build's flags, but each build tree has
-# its own layer include roots (cmake/CieraLayers.cmake), so its command lines differ (stop 53:
-# 8 hits, 383 misses from an empty cache). A miss costs a hash; a stale entry is never used.
+# checkout at the same place (paths made relative to it), and within one run the wheel's build
+# (stage 4) takes the library objects of the release build, whose flags it shares. ccache hashes
+# the compiler's name as well as its binary: CMake alone finds c++ and the wheel's build g++ (the
+# same compiler), and with the names differing every object missed (stop 53: 8 hits, 383 misses
+# from an empty cache). So both are told g++ and gcc here, unless the caller chose. A miss costs
+# a hash; a stale entry is never used.
 if command -v ccache >/dev/null; then
   export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CCACHE_BASEDIR="$root"
+  if command -v g++ >/dev/null && command -v gcc >/dev/null; then
+    export CC=${CC:-gcc} CXX=${CXX:-g++}
+  fi
   ccache --zero-stats >/dev/null
 fi
 if command -v nvcc >/dev/null && ! nvidia-smi -L >/dev/null 2>&1 && ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
