@@ -94,6 +94,7 @@ TRAIN = [
      "--reshard-after-forward is an FSDP2 layout: it is for the FSDP2 trainings, not --zero"),
     (["--framework", "deepspeed", "--hsdp", "--nodes", "2", "--ranks-per-node", "2"],
      "--hsdp is an FSDP2 layout: it is for the FSDP2 trainings, not --zero or --framework deepspeed"),
+    (["--reduce-bucket-size", "1000"], "--reduce-bucket-size is ZeRO-3's setting: it needs --framework deepspeed"),
     (["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
     (["--budget-mb", "-1"], "--budget-mb must be >= 0 MiB, got -1.0"),
     (["--budget-mb", "nan"], "--budget-mb must be >= 0 MiB, got nan"),

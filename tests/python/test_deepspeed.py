@@ -168,10 +168,14 @@ def test_ciera_train_framework_deepspeed_is_bitwise_identical_to_zero3(tmp_path)
     assert (run_dir / "loss.png").is_file()
 
 
-def test_ciera_train_framework_deepspeed_reduce_scatter_is_bitwise_its_twin(tmp_path):
+# DeepSpeed's default bucket holds the tiny model whole: one reduce-scatter a step. A bucket of
+# 20,000 values splits its ~100,000 gradient values into several calls, each bitwise its twin's.
+@pytest.mark.parametrize("bucket", [None, 20000])
+def test_ciera_train_framework_deepspeed_reduce_scatter_is_bitwise_its_twin(tmp_path, bucket):
+    sized = [] if bucket is None else ["--reduce-bucket-size", str(bucket)]
     done = subprocess.run([sys.executable, "-m", "ciera.train", "--framework", "deepspeed", "--reduce-scatter", "ciera",
-                           "--reduce-dtype", "bf16", *TINY, "--out", str(tmp_path)], capture_output=True, text=True,
-                          env=_env(), timeout=300)
+                           "--reduce-dtype", "bf16", *sized, *TINY, "--out", str(tmp_path)], capture_output=True,
+                          text=True, env=_env(), timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     s = json.loads(done.stdout.strip().splitlines()[-1])
     assert s["mode"] == "reduce_scatter" and s["framework"] == "deepspeed" and s["own_run"] == "zero3", s
@@ -183,7 +187,9 @@ def test_ciera_train_framework_deepspeed_reduce_scatter_is_bitwise_its_twin(tmp_
     assert run_dir.name.endswith("-deepspeed-rs-w2"), run_dir
     records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     assert {r["run"] for r in records} == {"zero3", "plain-deterministic", "ciera"} and len(records) == 12
-    assert all(r["reduce_scatters"] > 0 for r in records)
+    calls = {r["reduce_scatters"] for r in records}
+    assert calls == {1} if bucket is None else min(calls) >= 3, records
+    assert s["ds_config"]["zero_optimization"].get("reduce_bucket_size") == bucket, s["ds_config"]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -191,6 +197,7 @@ def test_ciera_train_framework_deepspeed_reduce_scatter_is_bitwise_its_twin(tmp_
     (["--baselines"], "--baselines is for the FSDP2 comparison; it cannot run with --framework deepspeed"),
     (["--codec", "stateless"], "--codec stateless: --framework deepspeed compares CIERA's own codecs"),
     (["--device", "cuda"], "--framework deepspeed trains on DeepSpeed's CPU accelerator; not yet with --device cuda"),
+    (["--reduce-bucket-size", "0"], "--reduce-bucket-size must be at least 1 value, got 0"),
 ])
 def test_ciera_train_framework_deepspeed_refuses(tmp_path, capsys, args, message):
     from ciera.train import options
@@ -216,5 +223,8 @@ def test_ciera_train_framework_deepspeed_options_reach_enable():
     budget = job.gather_options(parsed("--codec", "delta", "--budget-mb", "40", "--warmup", "5"))
     assert budget == {"cache_budget_bytes": 40 << 20, "select_after_steps": 5, "reselect_every": 0, "allow_delta": True}
     assert job.gather_options(parsed()) == {} and job.engine_config(parsed("--warmup", "7")).warmup_steps == 7
+    assert job.ds_config(parsed())["zero_optimization"] == {"stage": 3}
+    assert job.ds_config(parsed("--reduce-bucket-size", "5000000"))["zero_optimization"] == {
+        "stage": 3, "reduce_bucket_size": 5000000}
     line = job._codec_line({"budget_bytes": 1, "codec": "delta", "selected_shards": 4, "candidate_shards": 25})
     assert line == "the selector, after warmup, among raw, exponent reuse and value-delta frames: 4 of 25 parameters coded"

@@ -45,9 +45,13 @@ def start_deepspeed(program):
 
 def ds_config(args) -> dict:
     """ZeRO-3 with BF16 parameters, DeepSpeed's defaults otherwise (prefetching, persistence);
-    with --reduce-scatter, the gradients reduced in --reduce-dtype (communication_data_type)."""
+    with --reduce-scatter, the gradients reduced in --reduce-dtype (communication_data_type);
+    with --reduce-bucket-size, that many values reduced per call (reduce_bucket_size)."""
+    zero = {"stage": 3}
+    if getattr(args, "reduce_bucket_size", None) is not None:
+        zero["reduce_bucket_size"] = args.reduce_bucket_size
     config = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
-              "bf16": {"enabled": True}, "zero_optimization": {"stage": 3}, "steps_per_print": 10**9,
+              "bf16": {"enabled": True}, "zero_optimization": zero, "steps_per_print": 10**9,
               "wall_clock_breakdown": False}
     if getattr(args, "reduce_scatter", "fsdp2") != "fsdp2":
         config["communication_data_type"] = args.reduce_dtype

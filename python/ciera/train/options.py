@@ -87,6 +87,11 @@ def parser() -> argparse.ArgumentParser:
                    help="the sharded training compared: PyTorch FSDP2 (fully_shard), or DeepSpeed ZeRO-3 (its CPU "
                         "accelerator; plain ZeRO-3 against the same through ciera.deepspeed, interleaved step by "
                         "step; needs pip install 'ciera[deepspeed]')")
+    p.add_argument("--reduce-bucket-size", type=int, default=None, metavar="VALUES",
+                   help="with --framework deepspeed: ZeRO-3's zero_optimization.reduce_bucket_size, the gradient "
+                        "values it reduces in one call (DeepSpeed's default, 500,000,000, holds these models "
+                        "whole: one call at the end of the backward pass, which waits for the slowest rank's "
+                        "whole backward pass)")
     p.add_argument("--reduce-scatter", default="fsdp2", choices=["fsdp2", "ciera", "auto"],
                    help="ciera: FSDP2's gradient reduce-scatter through CIERA's lossless collectives (parts "
                         "exponent-coded, added in a documented rank order), trained beside the same reduction "
@@ -394,7 +399,11 @@ def _check_deepspeed(args) -> None:
     """--framework deepspeed compares plain ZeRO-3 with CIERA's; the options of the FSDP2
     comparison it has no counterpart for are refused by name."""
     if args.framework != "deepspeed":
+        if args.reduce_bucket_size is not None:
+            _fail("--reduce-bucket-size is ZeRO-3's setting: it needs --framework deepspeed")
         return
+    if args.reduce_bucket_size is not None and args.reduce_bucket_size < 1:
+        _fail(f"--reduce-bucket-size must be at least 1 value, got {args.reduce_bucket_size}")
     unsupported = [("--zero", args.zero), ("--ablation", args.ablation), ("--stats", args.stats),
                    ("--save-checkpoints", args.save_checkpoints), ("--checkpoint-every", args.checkpoint_every),
                    ("--resume", args.resume), ("--trace", args.trace), ("--no-baseline", args.no_baseline),

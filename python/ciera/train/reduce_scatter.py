@@ -162,6 +162,7 @@ def step(program, framework, run: Run, step_index: int, tokens) -> dict:
                                  dtype=torch.float64)
     dist.all_reduce(after_arrival, op=dist.ReduceOp.MAX)
     run.results.setdefault("reduce_scatter_after_arrival_s", []).append(float(after_arrival))
+    run.results.setdefault("reduce_scatter_calls", []).append(len(scatters))
     # Each call's busiest link (every rank has the same: every rank reads every call record).
     run.results.setdefault("reduce_scatter_busiest_link_bytes", []).append(
         (sum(getattr(r, "busiest_link_raw_bytes", 0) for r in scatters),
@@ -227,6 +228,9 @@ def finish(program, framework, runs: dict) -> None:
         "reduce_scatter_raw_bytes": m["raw"], "reduce_scatter_wire_bytes": m["wire"],
         "reduce_scatter_ratio": m["ratio"],
         "reduce_scatter_bits_per_value": value_bits / m["ratio"] if m["ratio"] else None,
+        # Calls a step (ZeRO-3: one per filled reduce bucket; FSDP2: one per fully_shard group).
+        "reduce_scatter_calls_per_step": pair.median(ours.results["reduce_scatter_calls"][steady]),
+        **({"ds_config": framework.ds_train.ds_config(a)} if a.framework == "deepspeed" else {}),
         **pair.timing_fields(m, "reduce_scatter", "plain_deterministic"),
         # Each call's time from the moment every rank was in it (the slowest rank's sum per step).
         **after_arrival_fields(twin, ours, steady),
@@ -265,6 +269,15 @@ def busiest_link_ratio(run, steady) -> float | None:
     return raw / wire if wire else None
 
 
+def calls_text(s: dict) -> str:
+    """", in N calls" (and ZeRO-3's bucket where --reduce-bucket-size set one) for the bytes row."""
+    calls = s.get("reduce_scatter_calls_per_step")
+    if calls is None:
+        return ""
+    bucket = (s.get("ds_config") or {}).get("zero_optimization", {}).get("reduce_bucket_size")
+    return f", in {calls:g} calls" + (f" (reduce_bucket_size {bucket:,})" if bucket is not None else "")
+
+
 def render(s: dict, run_dir) -> str:
     """The table the launcher prints for a --reduce-scatter run."""
     from ciera.train.launcher import layout_text
@@ -280,7 +293,8 @@ def render(s: dict, run_dir) -> str:
         *pair.run_rows(s),
         ("reduce-scatter bytes/step", f"raw {s['reduce_scatter_raw_bytes']:,}  wire {s['reduce_scatter_wire_bytes']:,}"
                                       f"  ratio {s['reduce_scatter_ratio'] or float('nan'):.3f}x "
-                                      f"({s['reduce_scatter_bits_per_value'] or float('nan'):.2f} bits/value)"),
+                                      f"({s['reduce_scatter_bits_per_value'] or float('nan'):.2f} bits/value)"
+                                      f"{calls_text(s)}"),
         ("  busiest link", f"ratio {s['reduce_scatter_busiest_link_ratio'] or float('nan'):.3f}x (the most one rank sent or "
                            "received in each call: the speedup the links allow; the byte ratio above is the mean "
                            "link's)"),
