@@ -5,9 +5,12 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "../test_util.hpp"
@@ -154,6 +157,117 @@ TEST(MpiTransport, ExchangesInFlightTogetherLandWhole) {
   }
   EXPECT_EQ(out[0], expected[0]);
   EXPECT_EQ(out[1], expected[1]);
+}
+
+// The last rank sends itself other than it expects from itself: its own mistake. It fails with
+// a ConfigError naming it once the exchange is over; its peers, whose parts are right, get them
+// whole, and its own output part is left as it was (refusing before the exchange left the peers
+// waiting in MPI until the timeout).
+TEST(MpiTransport, ARanksWrongOwnCountFailsItAloneAndItsPeersGetTheirParts) {
+  const int W = size_of_world(), rank = rank_of_world();
+  std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
+  transport->set_timeout(std::chrono::seconds(60));
+  auto bytes_from_to = [](int from, int to) -> uint64_t { return 1000 + 37 * from + 11 * to; };
+  auto byte_of = [](uint64_t i, int from, int to) {
+    return static_cast<uint8_t>(i * 131 + from * 17 + to * 7 + 1);
+  };
+  const bool wrong = rank == W - 1;
+  std::vector<uint64_t> send(W), send_at(W), recv(W), recv_at(W);
+  uint64_t sent = 0, received = 0;
+  for (int p = 0; p < W; ++p) {
+    send[p] = bytes_from_to(rank, p);
+    recv[p] = bytes_from_to(p, rank) + (wrong && p == rank ? 5 : 0);
+    send_at[p] = sent;
+    recv_at[p] = received;
+    sent += send[p];
+    received += recv[p];
+  }
+  std::vector<uint8_t> in(sent), out(received, 0xEE);
+  for (int p = 0; p < W; ++p) {
+    for (uint64_t i = 0; i < send[p]; ++i) in[send_at[p] + i] = byte_of(i, rank, p);
+  }
+  std::string message;
+  try {
+    transport->alltoallv(in.data(), send, send_at, out.data(), recv, recv_at);
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  if (wrong) {
+    EXPECT_NE(message.find("rank " + std::to_string(rank) + " sends itself"), std::string::npos)
+        << message;
+  } else {
+    EXPECT_EQ(message, "");
+  }
+  for (int p = 0; p < W; ++p) {
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < recv[p]; ++i) {
+      const uint8_t expected = wrong && p == rank ? 0xEE : byte_of(i, p, rank);
+      bad += out[recv_at[p] + i] != expected;
+    }
+    EXPECT_EQ(bad, 0u) << "the part from rank " << p;
+  }
+  // The transport is still usable on every rank.
+  const int mine = rank + 1;
+  std::vector<int> all(static_cast<size_t>(W));
+  transport->allgather(&mine, sizeof mine, all.data());
+  for (int p = 0; p < W; ++p) EXPECT_EQ(all[static_cast<size_t>(p)], p + 1);
+}
+
+// The transport's environment settings, read on each rank, set differently on the last rank
+// only (or not understood there): every rank refuses with the same ConfigError when the
+// transport is made, instead of making calls its peers do not make and waiting out the timeout.
+// The ctest entry's own setting comes back afterwards, and a transport made then works.
+TEST(MpiTransportSettings, DifferentOrUnreadableOnOneRankFailEveryRankAlike) {
+  const int W = size_of_world(), rank = rank_of_world();
+  struct Case {
+    const char* variable;
+    const char* everywhere;  // nullptr: unset
+    const char* on_last;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"CIERA_MPI_CHANNELS", nullptr, "3", "CIERA_MPI_CHANNELS must be the same on every rank"},
+      {"CIERA_MPI_CHANNELS", "8", "0", "CIERA_MPI_CHANNELS is not a whole number"},
+      {"CIERA_MPI_CHANNELS", "8", "8x", "CIERA_MPI_CHANNELS is not a whole number"},
+      {"CIERA_MPI_ALLGATHERV", "ring", "nbc",
+       "CIERA_MPI_ALLGATHERV must be the same on every rank"},
+      {"CIERA_MPI_ALLGATHERV", "auto", "rings", "CIERA_MPI_ALLGATHERV is not one of"},
+  };
+  for (const Case& c : cases) {
+    const char* before = std::getenv(c.variable);
+    const std::string kept = before ? before : "";
+    const char* value = rank == W - 1 ? c.on_last : c.everywhere;
+    if (value) {
+      setenv(c.variable, value, 1);
+    } else {
+      unsetenv(c.variable);
+    }
+    std::string message;
+    try {
+      make_mpi_transport(MPI_COMM_WORLD, std::chrono::seconds(20));
+    } catch (const ConfigError& e) {
+      message = e.what();
+    }
+    if (before) {
+      setenv(c.variable, kept.c_str(), 1);
+    } else {
+      unsetenv(c.variable);
+    }
+    EXPECT_NE(message.find(c.expected), std::string::npos)
+        << c.variable << "=" << c.on_last << ": " << message;
+    EXPECT_NE(message.find(std::to_string(W - 1)), std::string::npos) << message;
+    const uint64_t mine = std::hash<std::string>{}(message);
+    uint64_t low = 0, high = 0;
+    MPI_Allreduce(&mine, &low, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&mine, &high, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(low, high) << "the ranks' messages differ; this rank's: " << message;
+  }
+  // Nothing left behind: the next transport agrees and moves bytes.
+  std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
+  const int mine = rank + 1;
+  std::vector<int> all(static_cast<size_t>(W));
+  transport->allgather(&mine, sizeof mine, all.data());
+  for (int p = 0; p < W; ++p) EXPECT_EQ(all[static_cast<size_t>(p)], p + 1);
 }
 
 // Parts beyond MPI's int counts, on some ranks only (run alone, at 3 ranks: see

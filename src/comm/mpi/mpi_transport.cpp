@@ -104,17 +104,6 @@ int checked_count(uint64_t bytes, const char* what) {
 class MpiTransport final : public Transport {
  public:
   MpiTransport(MPI_Comm comm, std::chrono::milliseconds timeout) : timeout_(timeout) {
-    if (const char* c = std::getenv("CIERA_MPI_CHANNELS")) channels_ = std::max(1, std::atoi(c));
-    if (const char* a = std::getenv("CIERA_MPI_ALLGATHERV")) {
-      const std::string name = a;
-      if (name == "ring") {
-        choice_ = Algorithm::kRing;
-      } else if (name == "nbc") {
-        choice_ = Algorithm::kNbc;
-      } else if (!name.empty() && name != "auto") {
-        throw ConfigError("CIERA_MPI_ALLGATHERV=" + name + " is not one of: auto, ring, nbc");
-      }
-    }
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw CommError("MPI transport: MPI is not initialised");
@@ -126,6 +115,12 @@ class MpiTransport final : public Transport {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    try {
+      agree_on_settings();
+    } catch (const ConfigError&) {
+      MPI_Comm_free(&comm_);
+      throw;
+    }
   }
   ~MpiTransport() override {
     int finalized = 0;
@@ -173,6 +168,75 @@ class MpiTransport final : public Transport {
   }
 
  private:
+  // ---- Settings every rank must share ---------------------------------------------------
+  // CIERA_MPI_CHANNELS and CIERA_MPI_ALLGATHERV are read on each rank, and ranks that read them
+  // differently would make different calls (other slice counts, other tags, ring against direct)
+  // and wait out the timeout, blaming a dead peer. Launchers export them to every rank alike, but
+  // nothing made them: so each rank reads its own, the ranks gather what they read (one small
+  // allgather when the transport is made), and a value that is not understood on any rank, or
+  // that differs between ranks, is the same ConfigError on every rank, naming the ranks.
+  void agree_on_settings() {
+    constexpr int kUnreadable = -1;
+    int mine[2] = {8, static_cast<int>(Algorithm::kAuto)};  // channels, algorithm
+    if (const char* c = std::getenv("CIERA_MPI_CHANNELS")) {
+      char* end = nullptr;
+      const long channels = std::strtol(c, &end, 10);
+      if (*c == '\0' || *end != '\0' || channels < 1 || channels > 4096) {
+        mine[0] = kUnreadable;
+      } else {
+        mine[0] = static_cast<int>(channels);
+      }
+    }
+    if (const char* a = std::getenv("CIERA_MPI_ALLGATHERV")) {
+      const std::string name = a;
+      if (name == "ring") {
+        mine[1] = static_cast<int>(Algorithm::kRing);
+      } else if (name == "nbc") {
+        mine[1] = static_cast<int>(Algorithm::kNbc);
+      } else if (!name.empty() && name != "auto") {
+        mine[1] = kUnreadable;
+      }
+    }
+    std::vector<int> all(2 * static_cast<size_t>(size_));
+    MPI_Request request;
+    check(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm_, &request),
+          "MPI_Iallgather");
+    wait(request, "MPI_Iallgather");
+    static constexpr const char* kNames[2] = {"CIERA_MPI_CHANNELS", "CIERA_MPI_ALLGATHERV"};
+    static constexpr const char* kAllowed[2] = {"a whole number from 1 to 4096",
+                                                "one of: auto, ring, nbc"};
+    static constexpr const char* kAlgorithms[3] = {"auto", "ring", "nbc"};
+    auto shown = [&](int setting, int value) {
+      return setting == 0 ? std::to_string(value)
+                          : std::string(kAlgorithms[static_cast<size_t>(value)]);
+    };
+    for (int setting = 0; setting < 2; ++setting) {
+      auto value_of = [&](int r) {
+        return all[2 * static_cast<size_t>(r) + static_cast<size_t>(setting)];
+      };
+      std::string bad, values;
+      bool same = true;
+      for (int r = 0; r < size_; ++r) {
+        if (value_of(r) == kUnreadable) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+        same = same && value_of(r) == value_of(0);
+        values += (r == 0 ? "" : ", ") + std::string("rank ") + std::to_string(r) + " " +
+                  (value_of(r) == kUnreadable ? "?" : shown(setting, value_of(r)));
+      }
+      if (!bad.empty()) {
+        throw ConfigError(std::string(kNames[setting]) + " is not " + kAllowed[setting] +
+                          " on rank(s) " + bad);
+      }
+      if (!same) {
+        throw ConfigError(std::string(kNames[setting]) +
+                          " must be the same on every rank (ranks that read it differently make "
+                          "different calls and wait for each other): " +
+                          values);
+      }
+    }
+    channels_ = mine[0];
+    choice_ = static_cast<Algorithm>(mine[1]);
+  }
+
   // ---- Choosing the allgatherv algorithm --------------------------------------------------
   // Over slow links (TCP at a few Gbit/s) the ring wins: one connection per direction, every
   // link busy. Where the "link" is fast and the ranks share cores (shared memory, local veth),
@@ -385,21 +449,26 @@ class MpiTransport final : public Transport {
                                                    std::span<const uint64_t> send_displs, void* out,
                                                    std::span<const uint64_t> recv_counts,
                                                    std::span<const uint64_t> recv_displs) override {
-    const auto own = static_cast<size_t>(rank_);
-    if (send_counts[own] != recv_counts[own]) {
-      throw CommError("MPI alltoallv: rank " + std::to_string(rank_) + " sends itself " +
-                      std::to_string(send_counts[own]) + " bytes but expects " +
-                      std::to_string(recv_counts[own]));
-    }
     // MPI reads the counts, displacements and types until the exchange completes: the pending
     // exchange keeps them, and frees the types it made.
     auto pending = std::make_unique<PendingMpiExchange>(*this);
+    // A rank that sends itself other than it expects from itself (its own mistake: the peers'
+    // parts are not in question) still takes part, without its own part, and finish() refuses
+    // it once the exchange is over: refusing at once would leave its peers in the collective
+    // until the timeout, blaming a dead peer. Its output's own part is left as it was.
+    const auto own = static_cast<size_t>(rank_);
+    if (send_counts[own] != recv_counts[own]) {
+      pending->refused = "MPI alltoallv: rank " + std::to_string(rank_) + " sends itself " +
+                         std::to_string(send_counts[own]) + " bytes but expects " +
+                         std::to_string(recv_counts[own]) + " from itself";
+    }
     const std::span<const uint64_t> sides[2][2] = {{send_counts, send_displs},
                                                    {recv_counts, recv_displs}};
     for (int side = 0; side < 2; ++side) {
       auto& [counts, displs, types] = pending->parts[side];
       for (size_t p = 0; p < static_cast<size_t>(size_); ++p) {
-        const uint64_t bytes = sides[side][0][p], at = sides[side][1][p];
+        const uint64_t bytes = p == own && !pending->refused.empty() ? 0 : sides[side][0][p];
+        const uint64_t at = sides[side][1][p];
         if (bytes <= static_cast<uint64_t>(INT_MAX) && at <= static_cast<uint64_t>(INT_MAX)) {
           counts.push_back(static_cast<int>(bytes));
           displs.push_back(bytes == 0 ? 0 : static_cast<int>(at));
@@ -507,8 +576,14 @@ class MpiTransport final : public Transport {
       if (finished) return;
       finished = true;
       transport.poll([&] { return completed(); }, "alltoallv");
+      if (!refused.empty()) throw ConfigError(refused);
     }
-    bool test() override { return finished || completed(); }
+    bool test() override {
+      if (finished) return true;
+      if (!completed()) return false;
+      if (!refused.empty()) throw ConfigError(refused);
+      return true;
+    }
     bool completed() {
       int all = 0;
       const int code = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &all,
@@ -523,6 +598,7 @@ class MpiTransport final : public Transport {
       std::vector<MPI_Datatype> types;
     } parts[2];
     std::vector<MPI_Datatype> made;  // the types part_type made for this exchange
+    std::string refused;             // this rank's own counts disagree: finish() throws it
     bool finished = false;
   };
 
