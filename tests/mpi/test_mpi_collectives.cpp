@@ -34,6 +34,14 @@ int size_of_world() {
   return w;
 }
 
+// A small allgather over `transport` gives every rank each rank's value: it is still usable.
+void expect_an_allgather_lands(Transport& transport) {
+  const int W = size_of_world(), mine = rank_of_world() + 1;
+  std::vector<int> all(static_cast<size_t>(W));
+  transport.allgather(&mine, sizeof mine, all.data());
+  for (int p = 0; p < W; ++p) EXPECT_EQ(all[static_cast<size_t>(p)], p + 1);
+}
+
 std::vector<uint16_t> bf16_gradients(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1e-3f);
@@ -207,10 +215,7 @@ TEST(MpiTransport, ARanksWrongOwnCountFailsItAloneAndItsPeersGetTheirParts) {
     EXPECT_EQ(bad, 0u) << "the part from rank " << p;
   }
   // The transport is still usable on every rank.
-  const int mine = rank + 1;
-  std::vector<int> all(static_cast<size_t>(W));
-  transport->allgather(&mine, sizeof mine, all.data());
-  for (int p = 0; p < W; ++p) EXPECT_EQ(all[static_cast<size_t>(p)], p + 1);
+  expect_an_allgather_lands(*transport);
 }
 
 // The transport's environment settings, read on each rank, set differently on the last rank
@@ -264,10 +269,7 @@ TEST(MpiTransportSettings, DifferentOrUnreadableOnOneRankFailEveryRankAlike) {
   }
   // Nothing left behind: the next transport agrees and moves bytes.
   std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
-  const int mine = rank + 1;
-  std::vector<int> all(static_cast<size_t>(W));
-  transport->allgather(&mine, sizeof mine, all.data());
-  for (int p = 0; p < W; ++p) EXPECT_EQ(all[static_cast<size_t>(p)], p + 1);
+  expect_an_allgather_lands(*transport);
 }
 
 // Parts beyond MPI's int counts, on some ranks only (run alone, at 3 ranks: see
