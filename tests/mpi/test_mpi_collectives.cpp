@@ -42,6 +42,26 @@ void expect_an_allgather_lands(Transport& transport) {
   for (int p = 0; p < W; ++p) EXPECT_EQ(all[static_cast<size_t>(p)], p + 1);
 }
 
+// One rank's side of a byte alltoallv: `bytes(from, to)` for each peer, parts back to back in
+// rank order on both sides.
+struct ByteExchange {
+  std::vector<uint64_t> send, send_at, recv, recv_at;
+  uint64_t sent = 0, received = 0;
+};
+ByteExchange byte_exchange(const std::function<uint64_t(int from, int to)>& bytes) {
+  const int W = size_of_world(), rank = rank_of_world();
+  ByteExchange x;
+  for (int p = 0; p < W; ++p) {
+    x.send.push_back(bytes(rank, p));
+    x.recv.push_back(bytes(p, rank));
+    x.send_at.push_back(x.sent);
+    x.recv_at.push_back(x.received);
+    x.sent += x.send.back();
+    x.received += x.recv.back();
+  }
+  return x;
+}
+
 std::vector<uint16_t> bf16_gradients(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1e-3f);
@@ -126,16 +146,10 @@ TEST(MpiTransport, ExchangesInFlightTogetherLandWhole) {
   std::vector<std::unique_ptr<Transport::PendingExchange>> pending;
   std::vector<std::vector<uint8_t>> in(2), out(2), expected(2);
   for (int e = 0; e < 2; ++e) {
-    std::vector<uint64_t> send(W), send_at(W), recv(W), recv_at(W);
-    uint64_t sent = 0, received = 0;
-    for (int p = 0; p < W; ++p) {
-      send[p] = 200000 + 977 * ((rank + 3 * p + e) % 5);  // several of MPI's fragments
-      recv[p] = 200000 + 977 * ((p + 3 * rank + e) % 5);
-      send_at[p] = sent;
-      recv_at[p] = received;
-      sent += send[p];
-      received += recv[p];
-    }
+    const auto [send, send_at, recv, recv_at, sent, received] =
+        byte_exchange([e](int from, int to) -> uint64_t {  // several of MPI's fragments
+          return 200000 + 977 * ((from + 3 * to + e) % 5);
+        });
     in[e].resize(sent);
     for (int p = 0; p < W; ++p) {
       for (uint64_t i = 0; i < send[p]; ++i)
@@ -180,15 +194,10 @@ TEST(MpiTransport, ARanksWrongOwnCountFailsItAloneAndItsPeersGetTheirParts) {
     return static_cast<uint8_t>(i * 131 + from * 17 + to * 7 + 1);
   };
   const bool wrong = rank == W - 1;
-  std::vector<uint64_t> send(W), send_at(W), recv(W), recv_at(W);
-  uint64_t sent = 0, received = 0;
-  for (int p = 0; p < W; ++p) {
-    send[p] = bytes_from_to(rank, p);
-    recv[p] = bytes_from_to(p, rank) + (wrong && p == rank ? 5 : 0);
-    send_at[p] = sent;
-    recv_at[p] = received;
-    sent += send[p];
-    received += recv[p];
+  auto [send, send_at, recv, recv_at, sent, received] = byte_exchange(bytes_from_to);
+  if (wrong) {  // expects 5 bytes more from itself than it sends itself; its part is its last
+    recv[static_cast<size_t>(rank)] += 5;
+    received += 5;
   }
   std::vector<uint8_t> in(sent), out(received, 0xEE);
   for (int p = 0; p < W; ++p) {
@@ -291,16 +300,7 @@ TEST(MpiTransportBeyondInt, PartsOver2GiBOnSomeRanksLandWhole) {
   auto byte_of = [](uint64_t i, int from, int to) {
     return static_cast<uint8_t>(i * 131 + (i >> 12) * 29 + (i >> 24) * 3 + from * 17 + to * 7 + 1);
   };
-  std::vector<uint64_t> send(W), send_at(W), recv(W), recv_at(W);
-  uint64_t sent = 0, received = 0;
-  for (int p = 0; p < W; ++p) {
-    send[p] = bytes_from_to(rank, p);
-    recv[p] = bytes_from_to(p, rank);
-    send_at[p] = sent;
-    recv_at[p] = received;
-    sent += send[p];
-    received += recv[p];
-  }
+  const auto [send, send_at, recv, recv_at, sent, received] = byte_exchange(bytes_from_to);
   std::vector<uint8_t> in(sent), out(received, 0);
   for (int p = 0; p < W; ++p) {
     for (uint64_t i = 0; i < send[p]; ++i) in[send_at[p] + i] = byte_of(i, rank, p);
