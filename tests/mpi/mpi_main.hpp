@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdint>
+#include <functional>
+#include <string>
+
 #include "ciera/mpi.hpp"
 
 inline int run_all_tests_under_mpi(int argc, char** argv) {
@@ -21,4 +25,14 @@ inline int run_all_tests_under_mpi(int argc, char** argv) {
   MPI_Allreduce(&status, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();
   return worst;
+}
+
+// Whether every rank of MPI_COMM_WORLD holds the same text (an error that must read alike on
+// every rank): compared by hash, the lowest against the highest. Collective.
+inline bool same_on_every_rank(const std::string& text) {
+  const uint64_t mine = std::hash<std::string>{}(text);
+  uint64_t low = 0, high = 0;
+  MPI_Allreduce(&mine, &low, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &high, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return low == high;
 }
