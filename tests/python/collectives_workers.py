@@ -105,6 +105,34 @@ def disable_reduce_scatter(rank, world):
             "calls_again": len(again.records), "sliced_refused": sliced_refused}
 
 
+def _gapped_alltoallv_lands(rank, world, x, expected, send, recv) -> bool:
+    """The torch transport's alltoallv with each side's parts in reverse rank order and 3 bytes
+    apart (the transport contract allows any displacements): every part lands where its
+    displacement says, and no byte between them is written."""
+    def laid_out(counts):
+        displs, at = [0] * world, 3
+        for p in reversed(range(world)):
+            displs[p], at = at, at + counts[p] + 3
+        return displs, at
+
+    send_bytes, recv_bytes = [2 * c for c in send], [2 * c for c in recv]   # BF16 values
+    send_displs, send_extent = laid_out(send_bytes)
+    recv_displs, recv_extent = laid_out(recv_bytes)
+    inp = torch.full((send_extent,), 0xAB, dtype=torch.uint8)
+    at = 0
+    for p in range(world):
+        inp[send_displs[p]:send_displs[p] + send_bytes[p]] = x[at:at + send_bytes[p]]
+        at += send_bytes[p]
+    out = torch.full((recv_extent,), 0xCD, dtype=torch.uint8)
+    fsdp.transport.TorchTransport(None).alltoallv(memoryview(inp.numpy()), memoryview(out.numpy()), send_bytes,
+                                                  send_displs, recv_bytes, recv_displs)
+    want, at = torch.full_like(out, 0xCD), 0
+    for p in range(world):
+        want[recv_displs[p]:recv_displs[p] + recv_bytes[p]] = expected[at:at + recv_bytes[p]]
+        at += recv_bytes[p]
+    return torch.equal(out, want)
+
+
 def torch_alltoallv(rank, world):
     """LosslessCollectives over the torch transport (gloo): an alltoallv with uneven counts and a
     reduce-scatter, checked against torch's own collectives."""
@@ -127,6 +155,8 @@ def torch_alltoallv(rank, world):
     for p in range(1, world):
         reference += everyone[p][rank * 4099:(rank + 1) * 4099]   # rank order, FP32
     return {"alltoallv_equal": torch.equal(y.view(torch.int16), expected.view(torch.int16)),
+            "gapped_equal": _gapped_alltoallv_lands(rank, world, x.view(torch.uint8), expected.view(torch.uint8),
+                                                    send, recv),
             "reduce_scatter_equal": torch.equal(mine.view(torch.int32), reference.view(torch.int32)),
             "coded": stats.coded_slices + rs.coded_slices, "wire": stats.wire_bytes + rs.wire_bytes,
             "raw": stats.raw_bytes + rs.raw_bytes}

@@ -75,7 +75,7 @@ def test_a_refused_call_names_the_rank_on_every_rank():
 
 def test_torch_transport_alltoallv_and_reduce_scatter_match_torch():
     for rank, r in enumerate(all_ok(spawn(w.torch_alltoallv, 3))):
-        assert r["alltoallv_equal"] and r["reduce_scatter_equal"], (rank, r)
+        assert r["alltoallv_equal"] and r["gapped_equal"] and r["reduce_scatter_equal"], (rank, r)
         assert r["coded"] > 0 and r["wire"] < r["raw"], (rank, r)
 
 

@@ -49,6 +49,18 @@ def _padded_allgatherv(all_gather, inp: torch.Tensor, out: torch.Tensor, counts,
         out[displs[r] : displs[r] + counts[r]] = recv[r * largest : r * largest + counts[r]]
 
 
+def _is_back_to_back(counts, displs) -> bool:
+    return list(displs) == [sum(counts[:r]) for r in range(len(counts))]
+
+
+def _back_to_back(data: torch.Tensor, counts, displs) -> torch.Tensor:
+    """The parts of `data` (counts[r] bytes at displs[r]) back to back in rank order: a view of
+    `data` where they already are, else a copy."""
+    if _is_back_to_back(counts, displs):
+        return data[: sum(counts)]
+    return torch.cat([data[d : d + c] for c, d in zip(counts, displs)])
+
+
 class TorchTransport:
     """CIERA's collectives on a torch.distributed process group (gloo on CPU).
 
@@ -71,13 +83,21 @@ class TorchTransport:
                                tensor, src=dist.get_global_rank(self.group, src), group=self.group))
 
     def alltoallv(self, inp: memoryview, out: memoryview, send_counts, send_displs, recv_counts, recv_displs) -> None:
-        """all_to_all_single with split sizes: CIERA lays the parts back to back in rank order."""
-        for counts, displs in ((send_counts, send_displs), (recv_counts, recv_displs)):
-            if list(displs) != [sum(counts[:r]) for r in range(len(counts))]:
-                raise ValueError("torch's all_to_all_single needs the parts back to back in rank order")
-        dist.all_to_all_single(_as_tensor(out)[: sum(recv_counts)], _as_tensor(inp)[: sum(send_counts)],
-                               output_split_sizes=list(recv_counts), input_split_sizes=list(send_counts),
-                               group=self.group)
+        """all_to_all_single with split sizes. That takes each side's parts back to back in rank
+        order, as CIERA's collectives lay them; parts laid out otherwise (the transport contract,
+        include/ciera/transport.hpp, allows any displacements) go through a packed copy, so that
+        no rank refuses alone while its peers wait in the collective."""
+        send, recv = _as_tensor(inp), _as_tensor(out)
+        packed_send = _back_to_back(send, send_counts, send_displs)
+        unpack = not _is_back_to_back(recv_counts, recv_displs)
+        packed_recv = torch.empty(sum(recv_counts), dtype=torch.uint8) if unpack else recv[: sum(recv_counts)]
+        dist.all_to_all_single(packed_recv, packed_send, output_split_sizes=list(recv_counts),
+                               input_split_sizes=list(send_counts), group=self.group)
+        if unpack:
+            at = 0
+            for count, displ in zip(recv_counts, recv_displs):
+                recv[displ : displ + count] = packed_recv[at : at + count]
+                at += count
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)
