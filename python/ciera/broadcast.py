@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
+from ciera._dist import raise_first_failure
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import make_transport
@@ -46,26 +47,23 @@ class Broadcaster:
     receivers keep the last values, value_bytes per value), "ciera" (exponent reuse) or "raw".
     `transport` as for ciera.torch.enable ("torch": a gloo group of its own; "mpi" under mpirun).
     Collective: every rank constructs it with the same arguments (checked: ConfigError on every
-    rank otherwise)."""
+    rank otherwise). A rank whose own arguments are refused (no tensors, a tensor CIERA cannot
+    code) fails every rank alike, naming it: ValueError or TypeError as for bad arguments,
+    ConfigError for tensors CIERA cannot take."""
 
     def __init__(self, tensors, root: int = 0, *, process_group=None, transport: str = "torch",
                  config: _ext.EngineConfig | None = None, policy: str = "delta"):
-        self.tensors = [t for t in tensors]
-        if not self.tensors:
-            raise ValueError("Broadcaster: no tensors to broadcast")
         world = dist.get_world_size(process_group)
-        if not 0 <= root < world:
-            raise ValueError(f"Broadcaster: root {root} is not a rank of the group (size {world})")
-        if policy not in _POLICIES:
-            raise ValueError(f"Broadcaster: policy must be 'delta', 'ciera' or 'raw', got {policy!r}")
-        for i, t in enumerate(self.tensors):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"Broadcaster: item {i} is a {type(t).__name__}, not a tensor")
-            if t.dtype not in DTYPES:
-                raise _ext.ConfigError(f"Broadcaster: tensor {i} is {t.dtype}; CIERA codes bfloat16, float16 "
-                                       "and float32")
-            if t.device.type != "cpu" or not t.is_contiguous():
-                raise _ext.ConfigError(f"Broadcaster: tensor {i} must be a contiguous CPU tensor")
+        failure = None
+        try:
+            self.tensors = list(tensors)
+            self._check(root, policy, world)
+        except (TypeError, ValueError, _ext.ConfigError) as e:
+            failure = e
+        # The checks read this rank's own tensors (receivers are often set up unlike the root):
+        # every rank learns of any rank's failure here, rather than the others waiting in the
+        # transport's set-up for the one that raised.
+        raise_first_failure("Broadcaster", failure, process_group)
         self.root = root
         self.rank = dist.get_rank(process_group)
         shard_policy = getattr(_ext.ShardPolicy, _POLICIES[policy])
@@ -85,6 +83,21 @@ class Broadcaster:
         native = make_transport(transport, process_group, config.timeout_s)
         self.engine = _ext.Engine(native, config, layouts)
         lifecycle.register_engine(self.engine)
+
+    def _check(self, root: int, policy: str, world: int) -> None:
+        if not self.tensors:
+            raise ValueError("no tensors to broadcast")
+        if not 0 <= root < world:
+            raise ValueError(f"root {root} is not a rank of the group (size {world})")
+        if policy not in _POLICIES:
+            raise ValueError(f"policy must be 'delta', 'ciera' or 'raw', got {policy!r}")
+        for i, t in enumerate(self.tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"item {i} is a {type(t).__name__}, not a tensor")
+            if t.dtype not in DTYPES:
+                raise _ext.ConfigError(f"tensor {i} is {t.dtype}; CIERA codes bfloat16, float16 and float32")
+            if t.device.type != "cpu" or not t.is_contiguous():
+                raise _ext.ConfigError(f"tensor {i} must be a contiguous CPU tensor")
 
     @property
     def cache_bytes(self) -> int:

@@ -1,5 +1,7 @@
 """ciera.broadcast: one rank's tensors to the others in value-delta frames, bit for bit."""
 
+import time
+
 import pytest
 
 from conftest import spawn, torch
@@ -73,6 +75,29 @@ def bad_root(rank, world):
     with pytest.raises(ciera.ConfigError, match="int64"):
         ciera.broadcast.Broadcaster([torch.zeros(4, dtype=torch.int64)], root=0)
     return True
+
+
+def refused_on_one_rank(rank, world, receivers):
+    """The root's tensors are fine; the receivers' are not (`receivers`: what they pass)."""
+    config = ciera.EngineConfig()
+    config.timeout_s = 20   # the root's wait, had it waited for them in the transport's set-up
+    tensors = [torch.zeros(4)] if rank == 0 else {"empty": [], "int64": [torch.zeros(4, dtype=torch.int64)]}[receivers]
+    start = time.time()
+    try:
+        ciera.broadcast.Broadcaster(tensors, root=0, config=config)
+    except Exception as e:  # noqa: BLE001 - the test compares each rank's error
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - start}
+    return {"error": None}
+
+
+@pytest.mark.parametrize("receivers,error", [("empty", "ValueError: Broadcaster: on rank 1: no tensors"),
+                                             ("int64", "ConfigError: Broadcaster: on rank 1: tensor 0 is torch.int64")])
+def test_a_receivers_refused_tensors_fail_every_rank_at_once(receivers, error):
+    results = spawn(refused_on_one_rank, 3, receivers)
+    assert all(status == "ok" for status, _ in results.values()), results
+    for rank, (_, r) in results.items():
+        assert r["error"] is not None and r["error"].startswith(error), (rank, r)
+        assert r["seconds"] < 15, (rank, r)   # at once, not after the root's 20 s timeout
 
 
 def test_broadcast_rejects_bad_arguments():
