@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
+from ciera._dist import raise_first_failure
 from ciera.fsdp import api, lifecycle
 from ciera.fsdp.gather import GatherRecord, Runtime
 from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice, element_bytes
@@ -472,7 +473,12 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
         if selecting and cost_model is None:
             raise ValueError("ciera.deepspeed.enable(): on CUDA the selector needs cost_model=")
     buckets = _buckets(engine, params)
-    layouts = api._layouts(buckets, world, selecting, policy)
+    failure = layouts = None
+    try:   # `policy` is the user's callable: a failure on one rank is raised on every rank
+        layouts = api._layouts(buckets, world, selecting, policy)
+    except Exception as e:  # noqa: BLE001 - raised on every rank below
+        failure = e
+    raise_first_failure("ciera.deepspeed.enable(): the buckets' layouts", failure, group)
     native = make_transport(transport, group, config.timeout_s, device)
     if selecting and cost_model is None:
         largest = max(b.numel * world * element_bytes(b.dtype) for b in buckets)

@@ -117,6 +117,14 @@ def test_ranks_with_different_options_fail_together():
         assert "block_values" in text, (rank, text)
 
 
+def test_a_policy_failing_on_one_rank_fails_every_rank_at_once():
+    results = all_ok(spawn(w.policy_fails_on_one_rank, 2))
+    assert len({r["error"] for r in results}) == 1, results
+    error = results[0]["error"]
+    assert error.startswith("ConfigError") and "on rank 1" in error and "no policy file on this node" in error, error
+    assert max(r["seconds"] for r in results) < 15, results   # not after the 20 s timeout
+
+
 def test_gradient_reduce_scatter_is_bitwise_its_uncompressed_twin():
     for rank, r in enumerate(all_ok(spawn(w.reduce_scatter_vs_twin, 2, 3))):
         assert r["losses_equal"] and r["params_equal"], (rank, r)

@@ -56,6 +56,16 @@ def test_mismatched_configuration_fails_on_every_rank():
     assert len(set(messages)) == 1
 
 
+def test_a_policy_failing_on_one_rank_fails_every_rank_at_once():
+    results = all_ok(spawn(w.policy_fails_on_one_rank, 2))
+    errors = {r["error"] for r in results}
+    assert len(errors) == 1, results
+    error = errors.pop()
+    assert error.startswith("ConfigError") and "on rank 1" in error and "no policy file on this node" in error, error
+    # At once, not after the others' 20 s wait for rank 1 in the engine's agreement.
+    assert max(r["seconds"] for r in results) < 15, results
+
+
 def test_a_dead_rank_makes_the_others_fail_within_the_timeout():
     results = spawn(w.dead_rank, 3, timeout=120)
     survivors = [results[r] for r in (0, 1)]

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
+from ciera._dist import first_failure, raise_first_failure
 from ciera.fsdp import lifecycle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
 from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
@@ -111,18 +112,15 @@ def _layouts(buckets: list, world: int, selecting: bool, policy) -> list:
 def _agree_across_groups(process_group, group, failure, groups) -> None:
     """Every rank learns whether every rank set up its engine on `group`'s kind; if one did not,
     a ConfigError on every rank naming the first that failed (its engines are closed)."""
-    everyone = [None] * dist.get_world_size(process_group)
-    dist.all_gather_object(everyone, None if failure is None else f"{type(failure).__name__}: {failure}",
-                           group=process_group)
-    failed = [(rank, text) for rank, text in enumerate(everyone) if text is not None]
-    if not failed:
+    first = first_failure(failure, process_group)
+    if first is None:
         return
     for g in groups:
         if g.engine is not None:
             lifecycle.close_engine(g.engine)
-    rank, text = failed[0]
+    rank, kind, text = first
     raise _ext.ConfigError(f"enable(): rank {rank} could not set up CIERA on its {group.size}-rank gather group "
-                           f"(kind {group.kind}): {text}")
+                           f"(kind {group.kind}): {kind}: {text}")
 
 
 def _cost_model(given, native, group, config):
@@ -247,8 +245,16 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
         if dist.get_world_size(process_group) != groups[0].size:
             raise _ext.ConfigError(f"enable(): process_group has {dist.get_world_size(process_group)} ranks, the "
                                    f"model is sharded over {groups[0].size}")
+    # The layouts first, on every rank: `policy` is the user's callable, and if it fails on one
+    # rank the others must hear of it here, not wait for that rank in the engine's agreement.
+    failure = layouts = None
+    try:
+        layouts = [_layouts(group.buckets, group.size, selecting, policy) for group in groups]
+    except Exception as e:  # noqa: BLE001 - raised on every rank below
+        failure = e
+    raise_first_failure("enable(): the buckets' layouts", failure, process_group)
     models = []
-    for group in groups:
+    for group, group_layouts in zip(groups, layouts):
         # One engine per kind of group, on this rank's group of that kind (created by every rank
         # at once, kind after kind, so groups of one kind form together). An engine agrees its
         # configuration inside its group; the world then agrees that every group succeeded, so a
@@ -261,8 +267,8 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
                 native = make_subgroup_transport(transport, group.partition, group.ranks, config.timeout_s, device)
             if selecting:
                 models.append(_cost_model(cost_model, native, group, config))
-            layouts = _layouts(group.buckets, group.size, selecting, policy)
-            group.engine = _ext.Engine(native, config, layouts, device=device.index if device.type == "cuda" else -1)
+            group.engine = _ext.Engine(native, config, group_layouts,
+                                       device=device.index if device.type == "cuda" else -1)
             lifecycle.register_engine(group.engine)
         except Exception as e:  # any failure: the other ranks must hear of it, not wait for this one
             failure = e
