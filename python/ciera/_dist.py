@@ -3,7 +3,8 @@ calls them ``all_gather_single`` / ``reduce_scatter_single`` and warns (FutureWa
 call of the old ``all_gather_into_tensor`` / ``reduce_scatter_tensor``; older releases (the GPU
 image's 2.11) have only the old names. Same arguments either way.
 
-And raise_first_failure: a rank's local failure before a collective set-up, raised on every rank."""
+And agree_before_set_up: a rank's local failure before a collective set-up, or settings that differ
+between ranks, raised on every rank."""
 
 import torch.distributed as dist
 
@@ -18,30 +19,47 @@ reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.red
 _SAME_TYPE = {"ValueError": ValueError, "TypeError": TypeError}
 
 
+def _gather_failures(failure: BaseException | None, same: dict | None, group) -> list:
+    """Every rank's (failure as (type name, text) or None, `same`), in group rank order."""
+    everyone = [None] * dist.get_world_size(group)
+    mine = (None if failure is None else (type(failure).__name__, str(failure)), same or {})
+    dist.all_gather_object(everyone, mine, group=group)
+    return everyone
+
+
 def first_failure(failure: BaseException | None, group=None) -> tuple[int, str, str] | None:
     """Collective over `group` (default the world): whether any rank's local step failed
     (`failure`: its exception, or None). Returns (rank, type name, text) of the lowest rank that
     failed, the same on every rank, or None if none did."""
-    everyone = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, None if failure is None else (type(failure).__name__, str(failure)),
-                           group=group)
-    for rank, failed in enumerate(everyone):
+    for rank, (failed, _) in enumerate(_gather_failures(failure, None, group)):
         if failed is not None:
             return (rank, *failed)
     return None
 
 
-def raise_first_failure(what: str, failure: BaseException | None, group=None) -> None:
-    """A step that reads this rank's own arguments or state (checks, a user's callable) before a
-    collective set-up: if it failed on any rank, the same error on every rank of `group`, naming
-    the lowest rank that failed, instead of one rank raising while the others wait in the next
-    collective until its timeout. A ValueError or TypeError keeps its type; anything else is a
-    ConfigError. Collective."""
-    first = first_failure(failure, group)
-    if first is None:
-        return
-    rank, kind, text = first
-    error = _SAME_TYPE.get(kind)
-    if error is None:
-        error, text = _ext.ConfigError, (text if kind in ("ConfigError", "Error") else f"{kind}: {text}")
-    raise error(f"{what}: on rank {rank}: {text}")
+def agree_before_set_up(what: str, failure: BaseException | None, group=None, same: dict | None = None) -> None:
+    """Before a collective set-up, a step that reads this rank's own arguments or state (checks,
+    a user's callable; `failure`: what it raised, or None) and the settings every rank must share
+    (`same`, name -> value; they must compare equal, not merely look alike). If the step failed on
+    any rank: the lowest such rank's error on every rank of `group`, naming it (a ValueError or
+    TypeError keeps its type, anything else is a ConfigError). Else, if a setting differs: a
+    ConfigError on every rank naming the first that does and each rank's value. So no rank
+    raises alone while the others wait in the next collective until its timeout, and no ranks
+    go on to make different calls. Collective: one all_gather_object."""
+    everyone = _gather_failures(failure, same, group)
+    for rank, (failed, _) in enumerate(everyone):
+        if failed is not None:
+            kind, text = failed
+            error = _SAME_TYPE.get(kind)
+            if error is None:
+                error, text = _ext.ConfigError, (text if kind in ("ConfigError", "Error") else f"{kind}: {text}")
+            raise error(f"{what}: on rank {rank}: {text}")
+    for name in same or {}:
+        values = [settings.get(name) for _, settings in everyone]
+        if any(v != values[0] for v in values[1:]):
+            ranks: dict[str, list[int]] = {}
+            for rank, value in enumerate(values):
+                ranks.setdefault(repr(value), []).append(rank)
+            held = "; ".join(f"{value} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}"
+                             for value, r in ranks.items())
+            raise _ext.ConfigError(f"{what}: the ranks differ in {name}: {held}")

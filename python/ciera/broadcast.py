@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import raise_first_failure
+from ciera._dist import agree_before_set_up
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import make_transport
@@ -63,7 +63,8 @@ class Broadcaster:
         # The checks read this rank's own tensors (receivers are often set up unlike the root):
         # every rank learns of any rank's failure here, rather than the others waiting in the
         # transport's set-up for the one that raised.
-        raise_first_failure("Broadcaster", failure, process_group)
+        agree_before_set_up("Broadcaster", failure, process_group,
+                            same={"root": root, "policy": policy, "transport": transport})
         self.root = root
         self.rank = dist.get_rank(process_group)
         shard_policy = getattr(_ext.ShardPolicy, _POLICIES[policy])

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import raise_first_failure
+from ciera._dist import agree_before_set_up
 from ciera.fsdp import api, lifecycle
 from ciera.fsdp.gather import GatherRecord, Runtime
 from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice, element_bytes
@@ -445,8 +445,8 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
     """Routes every ZeRO-3 parameter all-gather of a DeepSpeed engine through CIERA.
 
     `engine` is what deepspeed.initialize returned, with ZeRO stage 3. Collective: every rank
-    calls it with the same model and options (checked by the engine: a difference raises
-    ConfigError on every rank). The options are enable()'s for FSDP2 (ciera.fsdp.enable): the
+    calls it with the same model and options (checked, the engine's configuration by the engine:
+    a difference raises ConfigError on every rank). The options are enable()'s for FSDP2 (ciera.fsdp.enable): the
     engine configuration, transport ("torch": a dedicated group beside DeepSpeed's
     data-parallel group; "mpi"; "nccl"), `verify` (every gather also done by torch.distributed
     and compared byte for byte: Handle.wrong_bytes), a per-parameter `policy(bucket, param)` or a
@@ -474,11 +474,13 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
             raise ValueError("ciera.deepspeed.enable(): on CUDA the selector needs cost_model=")
     buckets = _buckets(engine, params)
     failure = layouts = None
-    try:   # `policy` is the user's callable: a failure on one rank is raised on every rank
+    try:   # `policy` is the user's callable: a failure on one rank, or options that differ, fail every rank
         layouts = api._layouts(buckets, world, selecting, policy)
     except Exception as e:  # noqa: BLE001 - raised on every rank below
         failure = e
-    raise_first_failure("ciera.deepspeed.enable(): the buckets' layouts", failure, group)
+    agree_before_set_up("ciera.deepspeed.enable()", failure, group,
+                        same=api.shared_options(transport, verify, cache_budget_bytes, select_after_steps,
+                                                reselect_every, overlap, cost_model, allow_delta))
     native = make_transport(transport, group, config.timeout_s, device)
     if selecting and cost_model is None:
         largest = max(b.numel * world * element_bytes(b.dtype) for b in buckets)

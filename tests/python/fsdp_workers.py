@@ -216,6 +216,17 @@ def policy_fails_on_one_rank(rank, world):
     return {"error": None}
 
 
+def verify_on_one_rank(rank, world):
+    """enable(verify=True) on the last rank only: it would make gathers of its own that the
+    others never make."""
+    model = build(tiny_spec("olmoe"), world)
+    try:
+        ct.enable(model, ciera.EngineConfig(), verify=rank == world - 1)
+    except ciera.ConfigError as e:
+        return str(e)
+    return "no error"
+
+
 def dead_rank(rank, world):
     corpus = data.load_corpus(1 << 18)
     model = build(tiny_spec("olmoe"), world)

@@ -66,6 +66,11 @@ def test_a_policy_failing_on_one_rank_fails_every_rank_at_once():
     assert max(r["seconds"] for r in results) < 15, results
 
 
+def test_options_that_differ_between_ranks_fail_every_rank_alike():
+    messages = all_ok(spawn(w.verify_on_one_rank, 3))
+    assert messages == ["enable(): the ranks differ in verify: False on ranks 0, 1; True on rank 2"] * 3, messages
+
+
 def test_a_dead_rank_makes_the_others_fail_within_the_timeout():
     results = spawn(w.dead_rank, 3, timeout=120)
     survivors = [results[r] for r in (0, 1)]

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import first_failure, raise_first_failure
+from ciera._dist import agree_before_set_up, first_failure
 from ciera.fsdp import lifecycle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
 from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
@@ -107,6 +107,16 @@ def _layouts(buckets: list, world: int, selecting: bool, policy) -> list:
             layout.policy = [policy(bucket, p) if policy else _ext.ShardPolicy.ciera for p in bucket.params]
         layouts.append(layout)
     return layouts
+
+
+def shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every, overlap, cost_model,
+                   allow_delta) -> dict:
+    """enable()'s options every rank must share, beyond the engine configuration its engine agrees:
+    ranks that differ in one would make different calls (another transport, verify's extra
+    gathers, the selector's collectives at other steps, a cost model measured on some ranks)."""
+    return {"transport": transport, "verify": bool(verify), "cache_budget_bytes": cache_budget_bytes,
+            "select_after_steps": select_after_steps, "reselect_every": reselect_every, "overlap": bool(overlap),
+            "cost_model given": cost_model is not None, "allow_delta": bool(allow_delta)}
 
 
 def _agree_across_groups(process_group, group, failure, groups) -> None:
@@ -246,13 +256,16 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
             raise _ext.ConfigError(f"enable(): process_group has {dist.get_world_size(process_group)} ranks, the "
                                    f"model is sharded over {groups[0].size}")
     # The layouts first, on every rank: `policy` is the user's callable, and if it fails on one
-    # rank the others must hear of it here, not wait for that rank in the engine's agreement.
+    # rank the others must hear of it here, not wait for that rank in the engine's agreement;
+    # so must ranks that chose other options (the engine agrees only its own configuration).
     failure = layouts = None
     try:
         layouts = [_layouts(group.buckets, group.size, selecting, policy) for group in groups]
     except Exception as e:  # noqa: BLE001 - raised on every rank below
         failure = e
-    raise_first_failure("enable(): the buckets' layouts", failure, process_group)
+    agree_before_set_up("enable()", failure, process_group,
+                        same=shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every,
+                                            overlap, cost_model, allow_delta))
     models = []
     for group, group_layouts in zip(groups, layouts):
         # One engine per kind of group, on this rank's group of that kind (created by every rank
