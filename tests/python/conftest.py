@@ -95,6 +95,29 @@ def all_ok(results):
     return [results[r][1] for r in sorted(results)]
 
 
+def error_and_seconds(call) -> dict:
+    """What `call()` raised on this rank ("Type: text", or None) and how long it took to."""
+    start = time.time()
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - the test compares each rank's error
+        return {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - start}
+    return {"error": None, "seconds": time.time() - start}
+
+
+def policy_failing_on(failing_rank: int, rank: int):
+    """A shard policy (the user's callable) that fails on `failing_rank` only, as one reading a
+    file that only some nodes have would."""
+    from ciera import ShardPolicy
+
+    def policy(bucket, param):
+        if rank == failing_rank:
+            raise RuntimeError("no policy file on this node")
+        return ShardPolicy.ciera
+
+    return policy
+
+
 def rank_statuses(out: Path) -> dict:
     """The `ciera train` rank status files under `out` (ciera.train.watch), by rank; a file being
     replaced is skipped."""

@@ -5,13 +5,13 @@ wraps that group. Its CPU accelerator would JIT-build a shared-memory all-reduce
 inference: switched off."""
 
 import os
-import time
 
 import torch
 import torch.distributed as dist
 
 import ciera
 import ciera.deepspeed
+from conftest import error_and_seconds, policy_failing_on
 
 
 def _deepspeed(rank: int, world: int):
@@ -157,23 +157,12 @@ def mismatched(rank: int, world: int) -> str:
 
 
 def policy_fails_on_one_rank(rank: int, world: int) -> dict:
-    """A shard policy (the user's callable) that fails on the last rank only."""
     deepspeed = _deepspeed(rank, world)
     ds_engine = engine(deepspeed, 0, config(stage3_param_persistence_threshold=0))
     engine_config = ciera.EngineConfig()
     engine_config.timeout_s = 20   # the others' wait, had they waited for that rank in the engine's agreement
-
-    def policy(bucket, param):
-        if rank == world - 1:
-            raise RuntimeError("no policy file on this node")
-        return ciera.ShardPolicy.ciera
-
-    start = time.time()
-    try:
-        ciera.deepspeed.enable(ds_engine, engine_config, policy=policy)
-    except Exception as error:  # noqa: BLE001 - the test compares each rank's error
-        return {"error": f"{type(error).__name__}: {error}", "seconds": time.time() - start}
-    return {"error": None}
+    return error_and_seconds(lambda: ciera.deepspeed.enable(ds_engine, engine_config,
+                                                            policy=policy_failing_on(world - 1, rank)))
 
 
 def reduce_scatter_vs_twin(rank: int, world: int, steps: int) -> dict:

@@ -12,6 +12,7 @@ import ciera
 import ciera.torch as ct
 from ciera import fsdp
 from ciera import data, models
+from conftest import error_and_seconds, policy_failing_on
 
 
 def tiny_spec(family, **overrides):
@@ -197,23 +198,10 @@ def mismatched_config(rank, world):
 
 
 def policy_fails_on_one_rank(rank, world):
-    """A shard policy (the user's callable) that fails on the last rank only, as one reading a
-    file that only some nodes have would."""
     model = build(tiny_spec("olmoe"), world)
     config = ciera.EngineConfig()
     config.timeout_s = 20   # the others' wait, had they waited for that rank in the engine's agreement
-
-    def policy(bucket, param):
-        if rank == world - 1:
-            raise RuntimeError("no policy file on this node")
-        return ciera.ShardPolicy.ciera
-
-    start = time.time()
-    try:
-        ct.enable(model, config, policy=policy)
-    except Exception as e:  # noqa: BLE001 - the test compares each rank's error
-        return {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - start}
-    return {"error": None}
+    return error_and_seconds(lambda: ct.enable(model, config, policy=policy_failing_on(world - 1, rank)))
 
 
 def verify_on_one_rank(rank, world):

@@ -1,10 +1,8 @@
 """ciera.broadcast: one rank's tensors to the others in value-delta frames, bit for bit."""
 
-import time
-
 import pytest
 
-from conftest import spawn, torch
+from conftest import error_and_seconds, spawn, torch
 
 import ciera
 import ciera.broadcast  # noqa: F401  (the submodule)
@@ -82,12 +80,7 @@ def refused_on_one_rank(rank, world, receivers):
     config = ciera.EngineConfig()
     config.timeout_s = 20   # the root's wait, had it waited for them in the transport's set-up
     tensors = [torch.zeros(4)] if rank == 0 else {"empty": [], "int64": [torch.zeros(4, dtype=torch.int64)]}[receivers]
-    start = time.time()
-    try:
-        ciera.broadcast.Broadcaster(tensors, root=0, config=config)
-    except Exception as e:  # noqa: BLE001 - the test compares each rank's error
-        return {"error": f"{type(e).__name__}: {e}", "seconds": time.time() - start}
-    return {"error": None}
+    return error_and_seconds(lambda: ciera.broadcast.Broadcaster(tensors, root=0, config=config))
 
 
 @pytest.mark.parametrize("receivers,error", [("empty", "ValueError: Broadcaster: on rank 1: no tensors"),
