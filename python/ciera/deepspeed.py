@@ -445,14 +445,15 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
     """Routes every ZeRO-3 parameter all-gather of a DeepSpeed engine through CIERA.
 
     `engine` is what deepspeed.initialize returned, with ZeRO stage 3. Collective: every rank
-    calls it with the same model and options (checked, the engine's configuration by the engine:
-    a difference raises ConfigError on every rank). The options are enable()'s for FSDP2 (ciera.fsdp.enable): the
-    engine configuration, transport ("torch": a dedicated group beside DeepSpeed's
-    data-parallel group; "mpi"; "nccl"), `verify` (every gather also done by torch.distributed
-    and compared byte for byte: Handle.wrong_bytes), a per-parameter `policy(bucket, param)` or a
-    cache budget for the benefit-driven selector (training steps counted by a forward pre-hook on
-    the engine's module), and `overlap` (gathers handed back to DeepSpeed in flight, so its
-    prefetching overlaps them with compute). Each bucket is one ZeRO-3 parameter (Handle.params).
+    calls it with the same model and options (checked: a difference in an option or in the
+    engine's configuration raises ConfigError on every rank). The options are enable()'s for
+    FSDP2 (ciera.fsdp.enable): the engine configuration, transport ("torch": a dedicated group
+    beside DeepSpeed's data-parallel group; "mpi"; "nccl"), `verify` (every gather also done by
+    torch.distributed and compared byte for byte: Handle.wrong_bytes), a per-parameter
+    `policy(bucket, param)` or a cache budget for the benefit-driven selector (training steps
+    counted by a forward pre-hook on the engine's module), and `overlap` (gathers handed back to
+    DeepSpeed in flight, so its prefetching overlaps them with compute). Each bucket is one ZeRO-3
+    parameter (Handle.params).
 
     A setting CIERA does not serve raises ConfigError naming it, before anything is set up."""
     _version()
