@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import ciera
 import ciera.deepspeed
-from conftest import error_and_seconds, policy_failing_on
+from conftest import error_of, policy_failing_on
 
 
 def _deepspeed(rank: int, world: int):
@@ -161,8 +161,7 @@ def policy_fails_on_one_rank(rank: int, world: int) -> dict:
     ds_engine = engine(deepspeed, 0, config(stage3_param_persistence_threshold=0))
     engine_config = ciera.EngineConfig()
     engine_config.timeout_s = 20   # the others' wait, had they waited for that rank in the engine's agreement
-    return error_and_seconds(lambda: ciera.deepspeed.enable(ds_engine, engine_config,
-                                                            policy=policy_failing_on(world - 1, rank)))
+    return error_of(lambda: ciera.deepspeed.enable(ds_engine, engine_config, policy=policy_failing_on(world - 1, rank)))
 
 
 def reduce_scatter_vs_twin(rank: int, world: int, steps: int) -> dict:

@@ -12,7 +12,7 @@ import ciera
 import ciera.torch as ct
 from ciera import fsdp
 from ciera import data, models
-from conftest import error_and_seconds, policy_failing_on
+from conftest import error_of, policy_failing_on
 
 
 def tiny_spec(family, **overrides):
@@ -201,7 +201,7 @@ def policy_fails_on_one_rank(rank, world):
     model = build(tiny_spec("olmoe"), world)
     config = ciera.EngineConfig()
     config.timeout_s = 20   # the others' wait, had they waited for that rank in the engine's agreement
-    return error_and_seconds(lambda: ct.enable(model, config, policy=policy_failing_on(world - 1, rank)))
+    return error_of(lambda: ct.enable(model, config, policy=policy_failing_on(world - 1, rank)))
 
 
 def verify_on_one_rank(rank, world):
