@@ -115,21 +115,22 @@ def _gapped_alltoallv_lands(rank, world, x, expected, send, recv) -> bool:
             displs[p], at = at, at + counts[p] + 3
         return displs, at
 
+    def placed(flat, counts, displs, extent, fill):
+        """The consecutive parts of `flat` at `displs`, in `extent` bytes of `fill`."""
+        buffer, at = torch.full((extent,), fill, dtype=torch.uint8), 0
+        for p in range(world):
+            buffer[displs[p]:displs[p] + counts[p]] = flat[at:at + counts[p]]
+            at += counts[p]
+        return buffer
+
     send_bytes, recv_bytes = [2 * c for c in send], [2 * c for c in recv]   # BF16 values
     send_displs, send_extent = laid_out(send_bytes)
     recv_displs, recv_extent = laid_out(recv_bytes)
-    inp = torch.full((send_extent,), 0xAB, dtype=torch.uint8)
-    at = 0
-    for p in range(world):
-        inp[send_displs[p]:send_displs[p] + send_bytes[p]] = x[at:at + send_bytes[p]]
-        at += send_bytes[p]
+    inp = placed(x, send_bytes, send_displs, send_extent, 0xAB)
     out = torch.full((recv_extent,), 0xCD, dtype=torch.uint8)
     fsdp.transport.TorchTransport(None).alltoallv(memoryview(inp.numpy()), memoryview(out.numpy()), send_bytes,
                                                   send_displs, recv_bytes, recv_displs)
-    want, at = torch.full_like(out, 0xCD), 0
-    for p in range(world):
-        want[recv_displs[p]:recv_displs[p] + recv_bytes[p]] = expected[at:at + recv_bytes[p]]
-        at += recv_bytes[p]
+    want = placed(expected, recv_bytes, recv_displs, recv_extent, 0xCD)
     return torch.equal(out, want)
 
 
