@@ -17,7 +17,7 @@ case "$flavour" in
   tsan)    args=("${sanitized[@]}" -DCIERA_SANITIZE=thread -DCIERA_BUILD_TOOLS=OFF -DCIERA_WITH_MPI=OFF -DCIERA_CUDA=OFF) ;;
   fuzz)    args=("${sanitized[@]}" -DCIERA_SANITIZE=address,undefined -DCIERA_BUILD_FUZZERS=ON -DCIERA_CUDA=OFF
                  -DCIERA_BUILD_TESTS=OFF -DCIERA_BUILD_TOOLS=OFF -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link
-                 -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14) ;;
+                 -DCMAKE_CXX_COMPILER=clang++-14) ;;
   *) echo "usage: build.sh release|asan|tsan|fuzz [target...]" >&2; exit 2 ;;
 esac
 # CIERA_CUDA_ARCHITECTURES (e.g. 90-real) replaces CMake's default GPU architectures (test.sh: one,
