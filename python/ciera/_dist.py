@@ -16,7 +16,7 @@ reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.red
 
 # The exception types a rank's local failure is raised as on every rank; anything else is a
 # ConfigError (the set-up refused), with the original type named in its text.
-_SAME_TYPE = {"ValueError": ValueError, "TypeError": TypeError}
+_SAME_TYPE = {"ValueError": ValueError, "TypeError": TypeError, "ImportError": ImportError}
 
 
 def _gather_failures(failure: BaseException | None, same: dict | None, group) -> list:
@@ -41,15 +41,22 @@ def agree_before_set_up(what: str, failure: BaseException | None, group=None, sa
     """Before a collective set-up, a step that reads this rank's own arguments or state (checks,
     a user's callable; `failure`: what it raised, or None) and the settings every rank must share
     (`same`, name -> value; they must compare equal, not merely look alike). If the step failed on
-    any rank: the lowest such rank's error on every rank of `group`, naming it (a ValueError or
-    TypeError keeps its type, anything else is a ConfigError). Else, if a setting differs: a
-    ConfigError on every rank naming the first that does and each rank's value. So no rank
-    raises alone while the others wait in the next collective until its timeout, and no ranks
-    go on to make different calls. Collective: one all_gather_object."""
+    any rank: the lowest such rank's error on every rank of `group`, naming it (a ValueError,
+    TypeError or ImportError keeps its type, anything else is a ConfigError; a text that starts
+    with `what` does not repeat it). Else, if a setting differs: a ConfigError on every rank
+    naming the first that does and each rank's value. So no rank raises alone while the others
+    wait in the next collective until its timeout, and no ranks go on to make different calls.
+    Collective: one all_gather_object; none without a default process group, where `failure`
+    (if any) is raised as it is and there is no one to agree with."""
+    if not dist.is_initialized():
+        if failure is not None:
+            raise failure
+        return
     everyone = _gather_failures(failure, same, group)
     for rank, (failed, _) in enumerate(everyone):
         if failed is not None:
             kind, text = failed
+            text = text.removeprefix(f"{what}: ")
             error = _SAME_TYPE.get(kind)
             if error is None:
                 error, text = _ext.ConfigError, (text if kind in ("ConfigError", "Error") else f"{kind}: {text}")

@@ -439,6 +439,22 @@ def _group(params: list, what: str = "enable"):
     return group
 
 
+def _described(engine, selecting: bool, cost_model):
+    """The engine's ZeRO-3 parameters, their data-parallel group, the device of their partitions
+    and a bucket for each, or the error enable() raises for them on this rank."""
+    params = _zero3_params(engine)
+    if any(id(p) in _hooks.states or id(p) in _hooks.timed for p in params):
+        raise ValueError("ciera.deepspeed.enable(): the engine's gathers already go through CIERA or are timed; "
+                         "call disable() on that Handle first")
+    group = _group(params)
+    device = params[0].ds_tensor.device
+    if device.type == "cuda":
+        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        if selecting and cost_model is None:
+            raise ValueError("ciera.deepspeed.enable(): on CUDA the selector needs cost_model=")
+    return params, group, device, _buckets(engine, params)
+
+
 def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = "torch", verify: bool = False,
            policy=None, cache_budget_bytes: int | None = None, select_after_steps: int | None = None,
            reselect_every: int = 0, overlap: bool = True, cost_model=None, allow_delta: bool = False) -> Handle:
@@ -455,33 +471,26 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
     DeepSpeed in flight, so its prefetching overlaps them with compute). Each bucket is one ZeRO-3
     parameter (Handle.params).
 
-    A setting CIERA does not serve raises ConfigError naming it, before anything is set up."""
-    _version()
-    _check_engine(engine)
-    api._check_arguments(engine.module, config, transport, policy, cache_budget_bytes, select_after_steps,
-                         reselect_every, cost_model, allow_delta)
-    params = _zero3_params(engine)
-    if any(id(p) in _hooks.states or id(p) in _hooks.timed for p in params):
-        raise ValueError("ciera.deepspeed.enable(): the engine's gathers already go through CIERA or are timed; "
-                         "call disable() on that Handle first")
+    A setting CIERA does not serve raises ConfigError naming it, before anything is set up, on
+    every rank (naming the rank where it arose)."""
     selecting = cache_budget_bytes is not None
-    config = config or _ext.EngineConfig()
-    group = _group(params)
-    world = dist.get_world_size(group)
-    device = params[0].ds_tensor.device
-    if device.type == "cuda":
-        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
-        if selecting and cost_model is None:
-            raise ValueError("ciera.deepspeed.enable(): on CUDA the selector needs cost_model=")
-    buckets = _buckets(engine, params)
-    failure = layouts = None
-    try:   # `policy` is the user's callable: a failure on one rank, or options that differ, fail every rank
-        layouts = api._layouts(buckets, world, selecting, policy)
+    # Every local step first, on every rank, before any collective: a check or `policy` (the
+    # user's callable) that fails on one rank, or options that differ, fail every rank.
+    failure = params = group = device = buckets = layouts = None
+    try:
+        _version()
+        _check_engine(engine)
+        api._check_arguments(engine.module, config, transport, policy, cache_budget_bytes, select_after_steps,
+                             reselect_every, cost_model, allow_delta)
+        params, group, device, buckets = _described(engine, selecting, cost_model)
+        layouts = api._layouts(buckets, dist.get_world_size(group), selecting, policy)
     except Exception as e:  # noqa: BLE001 - raised on every rank below
         failure = e
-    agree_before_set_up("ciera.deepspeed.enable()", failure, group,
+    agree_before_set_up("ciera.deepspeed.enable()", failure,
                         same=api.shared_options(transport, verify, cache_budget_bytes, select_after_steps,
                                                 reselect_every, overlap, cost_model, allow_delta))
+    config = config or _ext.EngineConfig()
+    world = dist.get_world_size(group)
     native = make_transport(transport, group, config.timeout_s, device)
     if selecting and cost_model is None:
         largest = max(b.numel * world * element_bytes(b.dtype) for b in buckets)
@@ -671,22 +680,9 @@ class ReduceScatterHandle(_OptimizerHook):
         self.collectives = None
 
 
-def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = "torch", timeout_s: float = 120.0,
-                          worker_niceness: int | None = None) -> ReduceScatterHandle:
-    """Routes a ZeRO-3 engine's gradient reduce-scatters through CIERA's lossless reduce-scatter:
-    each rank's part for a peer exponent-coded where that is smaller ("exponent"), or sent as it
-    is ("raw": the uncompressed twin, the same reduction), or whichever the ranks measure faster
-    ("auto"); the parts summed in rank order (docs/format.md, "Reduction order"), so a coded run
-    is bitwise its twin. DeepSpeed's own reduce-scatter sums in gloo's or NCCL's order: results
-    differ from it in the last bits. `transport`: "torch" (a gloo group of its own beside the
-    data-parallel group) or "mpi". Host memory (DeepSpeed's CPU accelerator) only.
-
-    Collective: every rank calls it with the same engine and coding. Refused, with ConfigError
-    naming the setting: a stage other than 3, ZeRO++'s quantised gradients (their all-to-all
-    replaces the reduce-scatter, and is lossy), reduce_scatter off (DeepSpeed then all-reduces),
-    an accelerator other than the CPU, parameters in more than one data-parallel group or in one
-    smaller than the world; enabling an engine twice is a ValueError.
-    It can be combined with enable() (the parameter gathers), or used alone."""
+def _reduce_scatter_checked(engine, coding: str, worker_niceness: int | None):
+    """The collectives' configuration and the engine's data-parallel group, or the error
+    enable_reduce_scatter() raises for them on this rank."""
     _version()
     if not hasattr(engine, "zero_optimization_stage") or not hasattr(engine, "optimizer"):
         raise TypeError(f"ciera.deepspeed.enable_reduce_scatter(): engine must be a DeepSpeedEngine, got "
@@ -721,6 +717,34 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
     config.coding = _ext.parse_collective_coding(coding)
     if worker_niceness is not None:
         config.worker_niceness = worker_niceness
+    return config, group
+
+
+def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = "torch", timeout_s: float = 120.0,
+                          worker_niceness: int | None = None) -> ReduceScatterHandle:
+    """Routes a ZeRO-3 engine's gradient reduce-scatters through CIERA's lossless reduce-scatter:
+    each rank's part for a peer exponent-coded where that is smaller ("exponent"), or sent as it
+    is ("raw": the uncompressed twin, the same reduction), or whichever the ranks measure faster
+    ("auto"); the parts summed in rank order (docs/format.md, "Reduction order"), so a coded run
+    is bitwise its twin. DeepSpeed's own reduce-scatter sums in gloo's or NCCL's order: results
+    differ from it in the last bits. `transport`: "torch" (a gloo group of its own beside the
+    data-parallel group) or "mpi". Host memory (DeepSpeed's CPU accelerator) only.
+
+    Collective: every rank calls it with the same engine and coding. Refused, with ConfigError
+    naming the setting: a stage other than 3, ZeRO++'s quantised gradients (their all-to-all
+    replaces the reduce-scatter, and is lossy), reduce_scatter off (DeepSpeed then all-reduces),
+    an accelerator other than the CPU, parameters in more than one data-parallel group or in one
+    smaller than the world; enabling an engine twice is a ValueError. A refusal on any rank is
+    raised on every rank, naming the rank, and so is a `transport` that differs between ranks.
+    It can be combined with enable() (the parameter gathers), or used alone."""
+    # Every check first, on every rank (a rank that refused alone would leave the others waiting
+    # in the transport's set-up until its timeout), with the transport the ranks chose.
+    failure = config = group = None
+    try:
+        config, group = _reduce_scatter_checked(engine, coding, worker_niceness)
+    except Exception as e:  # noqa: BLE001 - raised on every rank below
+        failure = e
+    agree_before_set_up("ciera.deepspeed.enable_reduce_scatter()", failure, same={"transport": transport})
     native = make_transport(transport, group, timeout_s)
     return ReduceScatterHandle(engine, _ext.LosslessCollectives(native, config), coding, group,
                                dist.get_world_size(group))

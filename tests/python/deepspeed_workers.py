@@ -156,12 +156,21 @@ def mismatched(rank: int, world: int) -> str:
     return "accepted"
 
 
-def policy_fails_on_one_rank(rank: int, world: int) -> dict:
+def one_rank_fails(rank: int, world: int) -> list:
+    """On the last rank only: enable()'s policy fails, enable_reduce_scatter() is given a coding it
+    refuses, and another transport. What each raised on this rank, in that order."""
     deepspeed = _deepspeed(rank, world)
     ds_engine = engine(deepspeed, 0, config(stage3_param_persistence_threshold=0))
     engine_config = ciera.EngineConfig()
     engine_config.timeout_s = 20   # the others' wait, had they waited for that rank in the engine's agreement
-    return error_of(lambda: ciera.deepspeed.enable(ds_engine, engine_config, policy=policy_failing_on(world - 1, rank)))
+    last = rank == world - 1
+    return [
+        error_of(lambda: ciera.deepspeed.enable(ds_engine, engine_config, policy=policy_failing_on(world - 1, rank))),
+        error_of(lambda: ciera.deepspeed.enable_reduce_scatter(ds_engine, "bogus" if last else "exponent",
+                                                               timeout_s=20)),
+        error_of(lambda: ciera.deepspeed.enable_reduce_scatter(ds_engine, transport="mpi" if last else "torch",
+                                                               timeout_s=20)),
+    ]
 
 
 def reduce_scatter_vs_twin(rank: int, world: int, steps: int) -> dict:

@@ -204,15 +204,19 @@ def policy_fails_on_one_rank(rank, world):
     return error_of(lambda: ct.enable(model, config, policy=policy_failing_on(world - 1, rank)))
 
 
-def verify_on_one_rank(rank, world):
-    """enable(verify=True) on the last rank only: it would make gathers of its own that the
-    others never make."""
+def one_rank_differs(rank, world):
+    """On the last rank only: enable(verify=True), which would make gathers of its own that the
+    others never make; an enable() argument out of range; enable_reduce_scatter() with a coding
+    it refuses, and with another transport. What each raised on this rank, in that order."""
+    last = rank == world - 1
     model = build(tiny_spec("olmoe"), world)
-    try:
-        ct.enable(model, ciera.EngineConfig(), verify=rank == world - 1)
-    except ciera.ConfigError as e:
-        return str(e)
-    return "no error"
+    return [
+        error_of(lambda: ct.enable(model, ciera.EngineConfig(), verify=last)),
+        error_of(lambda: ct.enable(model, ciera.EngineConfig(), reselect_every=-1 if last else 0)),
+        # timeout_s: the others' wait, had they waited for the last rank in the transport's set-up
+        error_of(lambda: ct.enable_reduce_scatter(model, "bogus" if last else "exponent", timeout_s=20)),
+        error_of(lambda: ct.enable_reduce_scatter(model, transport="mpi" if last else "torch", timeout_s=20)),
+    ]
 
 
 def dead_rank(rank, world):

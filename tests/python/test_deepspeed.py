@@ -54,7 +54,7 @@ REFUSED = [
 # After REFUSED, the worker points the parameters at other groups: a group smaller than the
 # world, then two groups; enable() and enable_reduce_scatter() each refuse both.
 GROUPS_REFUSED = [
-    f"ciera.deepspeed.{call}(): {problem}"
+    f"ciera.deepspeed.{call}(): on rank 0: {problem}"
     for problem in ("the data-parallel group holds 1 of the 2 ranks (tensor or pipeline parallelism)",
                     "the parameters are partitioned over 2 process groups (expert parallelism?)")
     for call in ("enable", "enable_reduce_scatter")
@@ -117,12 +117,16 @@ def test_ranks_with_different_options_fail_together():
         assert "block_values" in text, (rank, text)
 
 
-def test_a_policy_failing_on_one_rank_fails_every_rank_at_once():
-    errors = set(all_ok(spawn(w.policy_fails_on_one_rank, 2)))
-    assert len(errors) == 1, errors
-    error = errors.pop()
-    assert error.startswith("ConfigError: ciera.deepspeed.enable(): on rank 1: RuntimeError: no policy file on this "
-                            "node"), error
+def test_a_refusal_or_option_on_one_rank_fails_every_rank_alike():
+    expected = [
+        "ConfigError: ciera.deepspeed.enable(): on rank 1: RuntimeError: no policy file on this node",
+        "ConfigError: ciera.deepspeed.enable_reduce_scatter(): on rank 1: reduce-scatter coding must be one of "
+        "exponent, raw, auto, got 'bogus'",
+        "ConfigError: ciera.deepspeed.enable_reduce_scatter(): the ranks differ in transport: 'torch' on rank 0; "
+        "'mpi' on rank 1",
+    ]
+    for rank, errors in enumerate(all_ok(spawn(w.one_rank_fails, 2))):
+        assert errors == expected, (rank, errors)
 
 
 def test_gradient_reduce_scatter_is_bitwise_its_uncompressed_twin():

@@ -66,8 +66,15 @@ def test_a_policy_failing_on_one_rank_fails_every_rank_at_once():
 
 
 def test_options_that_differ_between_ranks_fail_every_rank_alike():
-    messages = all_ok(spawn(w.verify_on_one_rank, 3))
-    assert messages == ["enable(): the ranks differ in verify: False on ranks 0, 1; True on rank 2"] * 3, messages
+    expected = [
+        "ConfigError: enable(): the ranks differ in verify: False on ranks 0, 1; True on rank 2",
+        "ValueError: enable(): on rank 2: reselect_every must be >= 0, got -1",
+        "ConfigError: enable_reduce_scatter(): on rank 2: reduce-scatter coding must be one of exponent, raw, auto, "
+        "got 'bogus'",
+        "ConfigError: enable_reduce_scatter(): the ranks differ in transport: 'torch' on ranks 0, 1; 'mpi' on rank 2",
+    ]
+    for rank, errors in enumerate(all_ok(spawn(w.one_rank_differs, 3))):
+        assert errors == expected, (rank, errors)
 
 
 def test_a_dead_rank_makes_the_others_fail_within_the_timeout():

@@ -197,6 +197,28 @@ def _check_arguments(model, config, transport, policy, cache_budget_bytes, selec
         raise ValueError("enable(): give either policy= or cache_budget_bytes=, not both")
 
 
+def _described(model, process_group, selecting: bool, cost_model):
+    """The model's FSDP2 buckets, its gather groups and its device, or the error enable() raises
+    for them (ConfigError, or ValueError for a model already enabled)."""
+    described = describe_buckets(model)
+    if not described:
+        raise _ext.ConfigError("enable(): the model has no FSDP2 (fully_shard) parameter groups")
+    # Any of ciera's gathers (CieraAllGather, or ciera.fsdp.zipnn's, which imports this module).
+    if any(type(all_gather_comm(module)).__module__.startswith("ciera.fsdp.") for module, _ in described):
+        raise ValueError("enable(): the model's all-gathers already go through CIERA or ZipNN; call disable() "
+                         "on the Handle of that enable() first")
+    device = _model_device(model)
+    if device.type == "cuda" and selecting and cost_model is None:
+        raise ValueError("enable(): on CUDA the selector needs cost_model= (the start-up measurement "
+                         "times host coders and host-memory transfers, not the GPU's)")
+    groups = describe_groups(described)
+    if groups[0].partition == (tuple(range(dist.get_world_size())),):
+        if dist.get_world_size(process_group) != groups[0].size:
+            raise _ext.ConfigError(f"enable(): process_group has {dist.get_world_size(process_group)} ranks, the "
+                                   f"model is sharded over {groups[0].size}")
+    return described, groups, device
+
+
 def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, process_group=None,
            transport: str = "torch", verify: bool = False, policy=None,
            cache_budget_bytes: int | None = None, select_after_steps: int | None = None,
@@ -234,38 +256,25 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     start-up measurement, for tests and for reusing one measured earlier.
 
     A bad argument raises TypeError or ValueError before anything is set up, and so does a model
-    whose all-gathers already go through CIERA (enabled and not disabled)."""
-    _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps, reselect_every,
-                     cost_model, allow_delta)
+    whose all-gathers already go through CIERA (enabled and not disabled): on every rank, naming
+    the rank where it arose, whether one rank or all of them got it wrong."""
     selecting = cache_budget_bytes is not None
-    config = config or _ext.EngineConfig()
-    described = describe_buckets(model)
-    if not described:
-        raise _ext.ConfigError("enable(): the model has no FSDP2 (fully_shard) parameter groups")
-    # Any of ciera's gathers (CieraAllGather, or ciera.fsdp.zipnn's, which imports this module).
-    if any(type(all_gather_comm(module)).__module__.startswith("ciera.fsdp.") for module, _ in described):
-        raise ValueError("enable(): the model's all-gathers already go through CIERA or ZipNN; call disable() "
-                         "on the Handle of that enable() first")
-    device = _model_device(model)
-    if device.type == "cuda" and selecting and cost_model is None:
-        raise ValueError("enable(): on CUDA the selector needs cost_model= (the start-up measurement "
-                         "times host coders and host-memory transfers, not the GPU's)")
-    groups = describe_groups(described)
-    if groups[0].partition == (tuple(range(dist.get_world_size())),):
-        if dist.get_world_size(process_group) != groups[0].size:
-            raise _ext.ConfigError(f"enable(): process_group has {dist.get_world_size(process_group)} ranks, the "
-                                   f"model is sharded over {groups[0].size}")
-    # The layouts first, on every rank: `policy` is the user's callable, and if it fails on one
-    # rank the others must hear of it here, not wait for that rank in the engine's agreement;
-    # so must ranks that chose other options (the engine agrees only its own configuration).
-    failure = layouts = None
+    # Every local step first, on every rank, before any collective: the arguments, the model's
+    # state and `policy` (the user's callable) can fail on one rank alone, and the others must
+    # hear of it here, not wait for that rank in a set-up until its timeout; so must ranks that
+    # chose other options (the engine agrees only its own configuration).
+    failure = described = groups = layouts = device = None
     try:
+        _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps,
+                         reselect_every, cost_model, allow_delta)
+        described, groups, device = _described(model, process_group, selecting, cost_model)
         layouts = [_layouts(group.buckets, group.size, selecting, policy) for group in groups]
     except Exception as e:  # noqa: BLE001 - raised on every rank below
         failure = e
     agree_before_set_up("enable()", failure, process_group,
                         same=shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every,
                                             overlap, cost_model, allow_delta))
+    config = config or _ext.EngineConfig()
     models = []
     for group, group_layouts in zip(groups, layouts):
         # One engine per kind of group, on this rank's group of that kind (created by every rank

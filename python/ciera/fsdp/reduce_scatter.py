@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
+from ciera._dist import agree_before_set_up
 from ciera.fsdp.layout import (DTYPES, DefaultReduceScatter, ReduceScatter, describe_buckets, describe_groups,
                                reduce_scatter_comm)
 from ciera.fsdp.transport import make_subgroup_transport, make_transport
@@ -120,22 +121,9 @@ class ReduceScatterHandle:
         self.collectives = None
 
 
-def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, transport: str = "torch",
-                          process_group=None, timeout_s: float = 120.0,
-                          worker_niceness: int | None = None) -> ReduceScatterHandle:
-    """Routes every FSDP2 gradient reduce-scatter of `model` (each fully_shard'ed module) through
-    CIERA's lossless reduce-scatter. `coding`: "exponent" (parts exponent-coded where smaller),
-    "raw" (the uncompressed twin: the same rank-order reduction) or "auto" (whichever the ranks
-    measure faster). `transport` as for enable(): "torch" (a gloo group of its own beside
-    `process_group`, default the world) or "mpi". `worker_niceness`: the coding threads' nice
-    value (0..19; default the library's, 19, so that they give way to the transport's thread).
-
-    FSDP2 reduce-scatters on each module's shard group: the world for a flat mesh; on an HSDP
-    mesh, this rank's row of the shard dimension (the collectives run there, and FSDP2's own
-    all-reduce across the replicas follows as before). Collective over the world: every rank
-    calls it with the same model and coding. Host memory (CPU models) only. `disable()` on the
-    handle restores FSDP2's own reduce-scatter; enabling a model whose reduce-scatters already
-    go through CIERA is a ValueError."""
+def _checked(model: torch.nn.Module, coding: str, process_group, worker_niceness: int | None):
+    """The collectives' configuration, the model's FSDP2 buckets and the group it reduce-scatters
+    on, or the error enable_reduce_scatter() raises for them on this rank."""
     if coding not in CODINGS:
         raise _ext.ConfigError(f"reduce-scatter coding must be one of {', '.join(CODINGS)}, got {coding!r}")
     config = _ext.CollectivesConfig()
@@ -164,6 +152,35 @@ def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, t
             raise _ext.ConfigError(f"enable_reduce_scatter(): process_group holds ranks "
                                    f"{tuple(dist.get_process_group_ranks(process_group))}, the model is sharded over "
                                    f"{world}")
+    return config, buckets, shard
+
+
+def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, transport: str = "torch",
+                          process_group=None, timeout_s: float = 120.0,
+                          worker_niceness: int | None = None) -> ReduceScatterHandle:
+    """Routes every FSDP2 gradient reduce-scatter of `model` (each fully_shard'ed module) through
+    CIERA's lossless reduce-scatter. `coding`: "exponent" (parts exponent-coded where smaller),
+    "raw" (the uncompressed twin: the same rank-order reduction) or "auto" (whichever the ranks
+    measure faster). `transport` as for enable(): "torch" (a gloo group of its own beside
+    `process_group`, default the world) or "mpi". `worker_niceness`: the coding threads' nice
+    value (0..19; default the library's, 19, so that they give way to the transport's thread).
+
+    FSDP2 reduce-scatters on each module's shard group: the world for a flat mesh; on an HSDP
+    mesh, this rank's row of the shard dimension (the collectives run there, and FSDP2's own
+    all-reduce across the replicas follows as before). Collective over the world: every rank
+    calls it with the same model and coding. Host memory (CPU models) only. `disable()` on the
+    handle restores FSDP2's own reduce-scatter; enabling a model whose reduce-scatters already
+    go through CIERA is a ValueError. A refusal on any rank is raised on every rank, naming the
+    rank, and so is a `transport` that differs between ranks (ConfigError)."""
+    # Every check first, on every rank (a rank that refused alone would leave the others waiting
+    # in the transport's set-up until its timeout), with the transport the ranks chose.
+    failure = config = buckets = shard = None
+    try:
+        config, buckets, shard = _checked(model, coding, process_group, worker_niceness)
+    except Exception as e:  # noqa: BLE001 - raised on every rank below
+        failure = e
+    agree_before_set_up("enable_reduce_scatter()", failure, same={"transport": transport})
+    if len(shard.partition) == 1:
         native = make_transport(transport, process_group, timeout_s)
     else:
         native = make_subgroup_transport(transport, shard.partition, shard.ranks, timeout_s)
