@@ -12,12 +12,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "ciera/ciera.hpp"
@@ -77,6 +79,8 @@ Request parse(const Options& o, const std::string& command) {
   // reuse's auto mode beside it; otherwise the exponent coding of an exponent-reuse stream.
   const bool delta = o.mode == "delta";
   if (delta) r.config.stream_kind = StreamKind::kValueDelta;
+  if (!delta && o.mode != "auto" && o.mode != "block" && o.mode != "fine")
+    throw ConfigError("--mode " + o.mode + ": expected auto, block, fine or delta");
   r.config.coding = parse_exponent_coding(delta ? "auto" : o.mode);
   r.config.detection = parse_change_detection(o.detect);
   r.config.content_checksum = !o.no_checksum;
@@ -644,6 +648,9 @@ int run(const Request& r) {
 
 // --render-json FILE: the table of a report written by --json (rows may have been added to it).
 int render_saved(const std::string& path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error))
+    throw ConfigError("--render-json " + path + ": a directory, not a report");
   std::ifstream file(path, std::ios::binary);
   if (!file) throw ConfigError("--render-json " + path + ": cannot open");
   nlohmann::json j;

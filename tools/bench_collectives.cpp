@@ -111,12 +111,14 @@ Request parse(const Options& o, const std::string& command) {
               "--input " + o.input + ": no BF16 tensor of activations in it");
     }
     // MPI_Alltoallv's counts are ints: the most a rank can send one peer is all its tokens, twice.
-    require(2 * o.tokens * r.o.hidden * value_bytes <= static_cast<uint64_t>(INT_MAX),
+    // Divided, not multiplied: a product of large --tokens and --hidden would wrap around.
+    require(o.tokens <= static_cast<uint64_t>(INT_MAX) /
+                            (2 * value_bytes * std::max<uint64_t>(r.o.hidden, 1)),
             "--tokens x --hidden: more than 2^31 bytes for one peer, too large for MPI_Alltoallv");
   } else {
     require(r.dtype != DType::kFP16, "--dtype: bf16 or fp32 gradients");
     require(o.values >= 1, "--values must be at least 1");
-    require(o.values * value_bytes <= static_cast<uint64_t>(INT_MAX),
+    require(o.values <= static_cast<uint64_t>(INT_MAX) / value_bytes,
             "--values: more than 2^31 bytes per rank, too large for MPI_Reduce_scatter_block");
   }
   return r;

@@ -1,6 +1,8 @@
 // The `ciera` command-line tool: benchmarks, analysis and simulation.
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
@@ -45,7 +47,12 @@ std::string command_problem(CLI::App& app, int argc, char** argv) {
     for (CLI::App* c : commands) names += (names.empty() ? "" : ", ") + c->get_name();
     if (i == argc) return "`" + path + "` needs a command: one of " + names;
     const std::string word = argv[i];
-    if (word.empty() || word[0] == '-') return "";  // --help, --version, or CLI11's to report
+    if (word.empty()) return "";  // CLI11's to report
+    if (word[0] == '-') {         // --help, --version; no other option comes before a command
+      if (at->get_option_no_throw(word.substr(0, word.find('='))) != nullptr) return "";
+      return "unknown option '" + word + "' for `" + path +
+             "`, which needs a command first: one of " + names;
+    }
     CLI::App* next = nullptr;
     for (CLI::App* c : commands) {
       if (c->check_name(word)) next = c;
@@ -55,6 +62,27 @@ std::string command_problem(CLI::App& app, int argc, char** argv) {
     at = next;
     path += " " + word;
   }
+}
+
+// CLI11 2.1 reads "-1" into an unsigned 64-bit option as 2^64 - 1 (strtoull wraps it around)
+// and a number past 2^64 - 1 as 2^64 - 1, so that a command's own range check then named a
+// number the user never typed ("--values 18446744073709551615 is too large"). Every unsigned
+// option of `app` and its commands takes decimal digits only, as many as fit in 64 bits.
+void check_unsigned_options(CLI::App& app) {
+  static const CLI::Validator whole_number(
+      [](std::string& text) -> std::string {
+        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+          return "'" + text + "' is not a whole number >= 0";
+        errno = 0;
+        std::strtoull(text.c_str(), nullptr, 10);
+        return errno == ERANGE ? text + " is larger than 2^64 - 1" : "";
+      },
+      "", "whole number");
+  for (CLI::Option* option : app.get_options()) {
+    if (option->get_type_name() == "UINT") option->check(whole_number);
+  }
+  for (CLI::App* command : app.get_subcommands(std::function<bool(CLI::App*)>{}))
+    check_unsigned_options(*command);
 }
 
 }  // namespace
@@ -76,6 +104,7 @@ int main(int argc, char** argv) {
   register_analyze(app, command);
   register_simulate(app, command);
   register_train_pointer(app);
+  check_unsigned_options(app);
   try {
     if (const std::string problem = command_problem(app, argc, argv); !problem.empty())
       throw ciera::ConfigError(problem);
