@@ -110,7 +110,9 @@ def main(argv=None) -> int:
     tool = native_tool()
     if argv[:1] == ["analyze"]:
         plot_dir, rest = _option_value(argv[1:], "--plot")
-        if plot_dir is not None:
+        if plot_dir is not None and {"-h", "--help"} & set(rest):
+            argv = ["analyze", *rest]   # the native help alone: it writes no report to plot
+        elif plot_dir is not None:
             return analyze_with_plots(tool, rest, plot_dir)
     if argv[:2] == ["bench", "codec"]:
         from ciera import bench_peers

@@ -107,6 +107,7 @@ TRAIN = [
     (["--save-checkpoints", "/dev/null/ckpt"], "--save-checkpoints /dev/null/ckpt: /dev/null is not a folder"),
     (["--model", "gpt"], "argument --model: invalid choice: 'gpt'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--child"], "--child is the launcher's own option for its ranks"),
 ]
 
 
@@ -150,9 +151,14 @@ NATIVE = [
     (["bogus"], "unknown command 'bogus' for `ciera`"),
     (["bench"], "`ciera bench` needs a command"),
     (["bench", "codec", "--values", "0"], "--values must be at least 1"),
-    (["bench", "codec", "--values", "-1"], "--values"),
+    (["--nope"], "unknown option '--nope' for `ciera`, which needs a command first: one of bench"),
+    (["bench", "--nope"], "unknown option '--nope' for `ciera bench`, which needs a command first: one of codec"),
+    (["bench", "codec", "--values", "-1"], "--values: '-1' is not a whole number >= 0"),
+    (["bench", "codec", "--values", "99999999999999999999"], "--values: 99999999999999999999 is larger than 2^64 - 1"),
+    (["bench", "codec", "--mode", "bogus"], "--mode bogus: expected auto, block, fine or delta"),
+    (["bench", "codec", "--render-json", "{tmp}"], "a directory, not a report"),
     (["bench", "codec", "--values", "5", "--values", "6"], "--values: At Most 1 required but received 2"),
-    (["bench", "codec", "--warmup", "-1"], "Could not convert: --warmup = -1"),
+    (["bench", "codec", "--warmup", "-1"], "--warmup: '-1' is not a whole number >= 0"),
     (["bench", "codec", "--sample-every", "0", "--values", "1000", "--steps", "40"], "--sample-every must be at least 1"),
     (["bench", "codec", "--lr", "nan"], "--lr must be a finite number > 0"),
     (["bench", "codec", "--block", "0"], "block_values 0 is outside"),
@@ -202,6 +208,13 @@ def test_native_commands_refuse_in_one_line(tmp_path, args, message):
     done = _ciera(_fill(args, tmp_path), cwd=tmp_path)
     _assert_refused(done, message)
     assert re.match(r"ciera( analyze)?: error: ", done.stderr), done.stderr
+
+
+def test_analyze_help_with_plot_is_the_native_help(tmp_path):
+    _native_tool_or_skip()
+    done = _ciera(["analyze", "--help", "--plot", str(tmp_path / "figures")])
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "--json-file" in done.stdout, done.stdout
 
 
 def test_analyze_plot_writes_the_users_json_file_too(tmp_path):

@@ -343,6 +343,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = options.parser().parse_args(argv)
     if args.child:
+        if not args.run_dir:   # the launcher gives its ranks both; a user who types --child, neither
+            raise SystemExit("ciera train: --child is the launcher's own option for its ranks (with --run-dir); "
+                             "run `ciera train` without it")
         from ciera.train.rank import RankProgram
 
         return RankProgram(args).run()
