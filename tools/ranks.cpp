@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "ciera/error.hpp"
@@ -95,7 +96,15 @@ bool under_mpi() {
 }  // namespace
 
 Links launch_or_join(int ranks, Links links, bool child, int argc, char** argv) {
-  if (!child && !under_mpi()) launch_ranks(ranks, links, argc, argv);
+  if (!child && !under_mpi()) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (ranks > kMaxRanksPerCore * cores) {
+      throw ConfigError("--ranks " + std::to_string(ranks) + ": more than " +
+                        std::to_string(kMaxRanksPerCore) + " ranks a core, and this machine has " +
+                        std::to_string(cores) + (cores == 1 ? " core" : " cores"));
+    }
+    launch_ranks(ranks, links, argc, argv);
+  }
   links.nodes = 1;
   links.ranks_per_node = ranks;
   if (const char* g = std::getenv("CIERA_LINKLAB_GBIT")) {

@@ -18,6 +18,9 @@ namespace ciera::tools {
 
 // The link lab puts the ranks on one /24 beside its hub (scripts/linklab.sh).
 constexpr int kLinkLabMaxRanks = 253;
+// Ranks are processes on this machine; more than this many a core is a typo (--ranks 4000 for
+// 4), which would start thousands of them (`ciera train` has the same bound).
+constexpr int kMaxRanksPerCore = 16;
 
 struct Links {
   double link_gbit = 0;  // 0: unshaped
@@ -34,7 +37,7 @@ struct Links {
 // with --child appended, under mpirun or, when `links` asks for the lab, under
 // scripts/linklab.sh (two-level when links.nodes > 0, ranks = nodes x ranks_per_node); does not
 // return. As one of those ranks: returns the links, which inside the link lab are what the lab
-// says, whatever this rank was told.
+// says, whatever this rank was told. More ranks than kMaxRanksPerCore a core is a ConfigError.
 Links launch_or_join(int ranks, Links links, bool child, int argc, char** argv);
 // The links as a report names them; in the link lab with the TCP congestion control the lab gave
 // the ranks' connections (CIERA_LINKLAB_CC, CUBIC when unset).

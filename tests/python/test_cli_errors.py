@@ -108,6 +108,7 @@ TRAIN = [
     (["--model", "gpt"], "argument --model: invalid choice: 'gpt'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--child"], "--child is the launcher's own option for its ranks"),
+    (["--ranks", "100000"], "--ranks 100000: more than 16 ranks a core, and this machine has"),
 ]
 
 

@@ -22,6 +22,9 @@ CONTROL = "fsdp2-control"      # --control: plain FSDP2 again, which must match 
 PLAIN = (BASELINE, CONTROL)    # the trainings without CIERA
 
 LINK_LAB_MAX_RANKS = 253  # scripts/linklab.sh puts the ranks on one /24 beside its hub
+# The ranks are processes on this machine: more than this many a core is a typo (--ranks 4000
+# for 4) that would start thousands of them (the native tool's kMaxRanksPerCore).
+MAX_RANKS_PER_CORE = 16
 
 
 class _Parser(argparse.ArgumentParser):
@@ -458,6 +461,10 @@ def resolve(args) -> None:
 
 def _check_machine(args) -> None:
     """What this machine must provide for the run; checked after the values."""
+    cores = os.cpu_count() or 1
+    if args.ranks > MAX_RANKS_PER_CORE * cores:
+        _fail(f"--ranks {args.ranks}: more than {MAX_RANKS_PER_CORE} ranks a core, and this machine has {cores} "
+              f"core{'s' if cores != 1 else ''}")
     if args.transport == "mpi" and not _ext.with_mpi:
         _fail("--transport mpi: this build of CIERA has no MPI transport (use --transport torch)")
     if args.transport == "nccl" and not getattr(_ext, "with_nccl", False):
