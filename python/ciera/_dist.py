@@ -27,6 +27,20 @@ def _gather_failures(failure: BaseException | None, same: dict | None, group) ->
     return everyone
 
 
+def checked_on_every_rank(what: str, step, group=None, same: dict | None = None):
+    """`step()`: this rank's local checks and preparation before a collective set-up (no
+    collective in it), then agree_before_set_up(what, whatever it raised, group, same). Returns
+    what `step` returned, where it succeeded on every rank and `same` agrees; else raises the
+    same error on every rank. Collective: one all_gather_object."""
+    failure = result = None
+    try:
+        result = step()
+    except Exception as e:  # noqa: BLE001 - raised on every rank by agree_before_set_up
+        failure = e
+    agree_before_set_up(what, failure, group, same)
+    return result
+
+
 def first_failure(failure: BaseException | None, group=None) -> tuple[int, str, str] | None:
     """Collective over `group` (default the world): whether any rank's local step failed
     (`failure`: its exception, or None). Returns (rank, type name, text) of the lowest rank that

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import agree_before_set_up
+from ciera._dist import checked_on_every_rank
 from ciera.fsdp import api, lifecycle
 from ciera.fsdp.gather import GatherRecord, Runtime
 from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice, element_bytes
@@ -476,19 +476,18 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
     selecting = cache_budget_bytes is not None
     # Every local step first, on every rank, before any collective: a check or `policy` (the
     # user's callable) that fails on one rank, or options that differ, fail every rank.
-    failure = params = group = device = buckets = layouts = None
-    try:
+    def prepare():
         _version()
         _check_engine(engine)
         api._check_arguments(engine.module, config, transport, policy, cache_budget_bytes, select_after_steps,
                              reselect_every, cost_model, allow_delta)
         params, group, device, buckets = _described(engine, selecting, cost_model)
-        layouts = api._layouts(buckets, dist.get_world_size(group), selecting, policy)
-    except Exception as e:  # noqa: BLE001 - raised on every rank below
-        failure = e
-    agree_before_set_up("ciera.deepspeed.enable()", failure,
-                        same=api.shared_options(transport, verify, cache_budget_bytes, select_after_steps,
-                                                reselect_every, overlap, cost_model, allow_delta))
+        return params, group, device, buckets, api._layouts(buckets, dist.get_world_size(group), selecting, policy)
+
+    params, group, device, buckets, layouts = checked_on_every_rank(
+        "ciera.deepspeed.enable()", prepare,
+        same=api.shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every, overlap,
+                                cost_model, allow_delta))
     config = config or _ext.EngineConfig()
     world = dist.get_world_size(group)
     native = make_transport(transport, group, config.timeout_s, device)
@@ -739,12 +738,9 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
     It can be combined with enable() (the parameter gathers), or used alone."""
     # Every check first, on every rank (a rank that refused alone would leave the others waiting
     # in the transport's set-up until its timeout), with the transport the ranks chose.
-    failure = config = group = None
-    try:
-        config, group = _reduce_scatter_checked(engine, coding, worker_niceness)
-    except Exception as e:  # noqa: BLE001 - raised on every rank below
-        failure = e
-    agree_before_set_up("ciera.deepspeed.enable_reduce_scatter()", failure, same={"transport": transport})
+    config, group = checked_on_every_rank(
+        "ciera.deepspeed.enable_reduce_scatter()", lambda: _reduce_scatter_checked(engine, coding, worker_niceness),
+        same={"transport": transport})
     native = make_transport(transport, group, timeout_s)
     return ReduceScatterHandle(engine, _ext.LosslessCollectives(native, config), coding, group,
                                dist.get_world_size(group))

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import agree_before_set_up, first_failure
+from ciera._dist import checked_on_every_rank, first_failure
 from ciera.fsdp import lifecycle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
 from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
@@ -263,17 +263,16 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     # state and `policy` (the user's callable) can fail on one rank alone, and the others must
     # hear of it here, not wait for that rank in a set-up until its timeout; so must ranks that
     # chose other options (the engine agrees only its own configuration).
-    failure = described = groups = layouts = device = None
-    try:
+    def prepare():
         _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps,
                          reselect_every, cost_model, allow_delta)
         described, groups, device = _described(model, process_group, selecting, cost_model)
-        layouts = [_layouts(group.buckets, group.size, selecting, policy) for group in groups]
-    except Exception as e:  # noqa: BLE001 - raised on every rank below
-        failure = e
-    agree_before_set_up("enable()", failure, process_group,
-                        same=shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every,
-                                            overlap, cost_model, allow_delta))
+        return described, groups, device, [_layouts(g.buckets, g.size, selecting, policy) for g in groups]
+
+    described, groups, device, layouts = checked_on_every_rank(
+        "enable()", prepare, process_group,
+        same=shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every, overlap,
+                            cost_model, allow_delta))
     config = config or _ext.EngineConfig()
     models = []
     for group, group_layouts in zip(groups, layouts):

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import agree_before_set_up
+from ciera._dist import checked_on_every_rank
 from ciera.fsdp.layout import (DTYPES, DefaultReduceScatter, ReduceScatter, describe_buckets, describe_groups,
                                reduce_scatter_comm)
 from ciera.fsdp.transport import make_subgroup_transport, make_transport
@@ -174,12 +174,9 @@ def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, t
     rank, and so is a `transport` that differs between ranks (ConfigError)."""
     # Every check first, on every rank (a rank that refused alone would leave the others waiting
     # in the transport's set-up until its timeout), with the transport the ranks chose.
-    failure = config = buckets = shard = None
-    try:
-        config, buckets, shard = _checked(model, coding, process_group, worker_niceness)
-    except Exception as e:  # noqa: BLE001 - raised on every rank below
-        failure = e
-    agree_before_set_up("enable_reduce_scatter()", failure, same={"transport": transport})
+    config, buckets, shard = checked_on_every_rank(
+        "enable_reduce_scatter()", lambda: _checked(model, coding, process_group, worker_niceness),
+        same={"transport": transport})
     if len(shard.partition) == 1:
         native = make_transport(transport, process_group, timeout_s)
     else:
