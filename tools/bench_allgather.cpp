@@ -84,10 +84,6 @@ struct Request {
   uint32_t value_bytes = 2;
 };
 
-void require(bool ok, const std::string& message) {
-  if (!ok) throw ConfigError(message);
-}
-
 Request parse(const Options& o, const std::string& command) {
   Request r;
   r.options = o;
@@ -114,6 +110,8 @@ Request parse(const Options& o, const std::string& command) {
     r.options.ranks = static_cast<int>(world);
   }
   require(r.options.ranks >= 1, "--ranks must be at least 1");
+  require(o.sizes.empty(),
+          "--sizes applies to --device cuda; on the CPU --params and --buckets size the gathers");
   require(o.params >= 1, "--params must be at least 1");
   require(o.buckets >= 1, "--buckets must be at least 1");
   require(o.buckets <= o.params, "--buckets must not exceed --params");
@@ -127,6 +125,7 @@ Request parse(const Options& o, const std::string& command) {
   require(o.steps > o.warmup, "--steps must exceed --warmup to measure a steady state");
   CodecConfig codec;
   codec.dtype = r.dtype;
+  require_block_option(o.block);
   codec.block_values = o.block;
   codec.validate();
   require(o.codec == "raw" || o.codec == "ciera" || o.codec == "auto" || o.codec == "delta",

@@ -26,6 +26,7 @@
 #include "ciera/engine.hpp"
 #include "ciera/error.hpp"
 #include "ciera/nccl.hpp"
+#include "commands.hpp"
 #include "common/checksum.hpp"
 #include "trajectory.hpp"
 
@@ -36,10 +37,6 @@ namespace {
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-void require(bool ok, const std::string& message) {
-  if (!ok) throw ConfigError(message);
 }
 
 double median(std::vector<double> v) {

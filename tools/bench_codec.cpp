@@ -73,6 +73,7 @@ Request parse(const Options& o, const std::string& command) {
   r.options = o;
   r.command = command;
   r.config.dtype = parse_dtype(o.dtype);
+  require_block_option(o.block);
   r.config.block_values = o.block;
   r.config.warmup_steps = o.warmup;
   // --mode delta: a value-delta stream (receivers keep the previous values) against exponent

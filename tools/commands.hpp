@@ -8,9 +8,27 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 
+#include "ciera/config.hpp"
+#include "ciera/error.hpp"
+
 namespace ciera::tools {
+
+// A check in a command's parse step: unless `ok`, a ConfigError whose `message` names the option.
+inline void require(bool ok, const std::string& message) {
+  if (!ok) throw ConfigError(message);
+}
+
+// --block, values per block: named as the option, before CodecConfig::validate() would name its
+// field (block_values).
+inline void require_block_option(uint64_t block) {
+  require(block >= CodecConfig::kMinBlockValues && block <= CodecConfig::kMaxBlockValues,
+          "--block must be in " + std::to_string(CodecConfig::kMinBlockValues) + ".." +
+              std::to_string(CodecConfig::kMaxBlockValues) + " values (got " +
+              std::to_string(block) + ")");
+}
 
 struct CommandExit {
   int status;

@@ -76,11 +76,7 @@ void check_values(const Options& o) {
   }
   if (o.prefetch < 0)
     throw ConfigError("--prefetch must be at least 0 (got " + std::to_string(o.prefetch) + ")");
-  if (o.block < CodecConfig::kMinBlockValues || o.block > CodecConfig::kMaxBlockValues) {
-    throw ConfigError("--block must be in " + std::to_string(CodecConfig::kMinBlockValues) +
-                      ".." + std::to_string(CodecConfig::kMaxBlockValues) + " values (got " +
-                      std::to_string(o.block) + ")");
-  }
+  require_block_option(o.block);
   if (o.gbit && !(std::isfinite(*o.gbit) && *o.gbit > 0)) throw ConfigError("--gbit must be > 0");
   if (o.latency_ms && !(std::isfinite(*o.latency_ms) && *o.latency_ms >= 0))
     throw ConfigError("--latency-ms must be >= 0");

@@ -162,7 +162,7 @@ NATIVE = [
     (["bench", "codec", "--warmup", "-1"], "--warmup: '-1' is not a whole number >= 0"),
     (["bench", "codec", "--sample-every", "0", "--values", "1000", "--steps", "40"], "--sample-every must be at least 1"),
     (["bench", "codec", "--lr", "nan"], "--lr must be a finite number > 0"),
-    (["bench", "codec", "--block", "0"], "block_values 0 is outside"),
+    (["bench", "codec", "--block", "0"], "--block must be in 64..4096 values (got 0)"),
     (["bench", "codec", "--dtype", "int8"], "unknown dtype 'int8'"),
     (["bench", "codec", "--nope"], "The following argument was not expected: --nope"),
     (["analyze"], "checkpoints is required"),
