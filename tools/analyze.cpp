@@ -471,7 +471,7 @@ void register_analyze(CLI::App& app, const std::string& command) {
   cmd->add_option("--plot", o->plot_dir, "PNG figures (Python entry point only)");
   cmd->add_flag("--quiet", o->quiet, "no progress output");
   cmd->callback([o, command]() {
-    const Request request = parse(*o, command);
+    const Request request = parse_step([&] { return parse(*o, command); });
     throw CommandExit(run(request));
   });
 }

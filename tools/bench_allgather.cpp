@@ -454,36 +454,41 @@ int run_child(const Request& r) {
     }
   }
   barrier();
-  return result.wrong_total == 0 ? 0 : 1;
+  return result.wrong_total == 0 ? kExitDone : kExitNotExact;
 }
 
 // --device cuda: ncclAllGather against the engine on device memory (bench_allgather_cuda.hpp).
 int run_cuda(const Options& o, const std::string& command) {
 #if defined(CIERA_WITH_NCCL)
-  require(o.link_gbit == 0 && !o.link_lab && !o.nodes_given,
-          "--link-gbit, --link-lab, --nodes and --ranks-per-node apply to --device cpu");
-  NcclBenchOptions d;
-  d.ranks = o.ranks;
-  d.dtype = o.dtype;
-  d.sizes = o.sizes.empty() ? std::vector<uint64_t>{o.params * dtype_info(parse_dtype(o.dtype)).value_bytes}
-                            : parse_byte_sizes(o.sizes, "--sizes");
-  d.steps = o.steps;
-  d.warmup = o.warmup;
-  d.block = o.block;
-  d.threads = o.threads;
-  d.lr = o.lr;
-  d.seed = o.seed;
-  d.timeout_s = o.timeout_s;
-  d.json = o.json;
-  d.quiet = o.quiet;
-  d.command = command;
-  check_nccl_bench_options(d);
-  return run_bench_allgather_cuda(d);
+  const NcclBenchOptions options = parse_step([&] {
+    require(o.link_gbit == 0 && !o.link_lab && !o.nodes_given,
+            "--link-gbit, --link-lab, --nodes and --ranks-per-node apply to --device cpu");
+    NcclBenchOptions d;
+    d.ranks = o.ranks;
+    d.dtype = o.dtype;
+    d.sizes = o.sizes.empty()
+                  ? std::vector<uint64_t>{o.params * dtype_info(parse_dtype(o.dtype)).value_bytes}
+                  : parse_byte_sizes(o.sizes, "--sizes");
+    d.steps = o.steps;
+    d.warmup = o.warmup;
+    d.block = o.block;
+    d.threads = o.threads;
+    d.lr = o.lr;
+    d.seed = o.seed;
+    d.timeout_s = o.timeout_s;
+    d.json = o.json;
+    d.quiet = o.quiet;
+    d.command = command;
+    check_nccl_bench_options(d);
+    return d;
+  });
+  return run_bench_allgather_cuda(options);
 #else
   (void)o;
   (void)command;
-  throw ConfigError("--device cuda: this build of ciera has no NCCL transport (build with nvcc and "
-                    "nccl.h: scripts/nccl-header.sh)");
+  throw UsageError(
+      "--device cuda: this build of ciera has no NCCL transport (build with nvcc and "
+      "nccl.h: scripts/nccl-header.sh)");
 #endif
 }
 
@@ -530,7 +535,7 @@ void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
 
 // Checks the options, then (from the command line) launches the ranks, or (as one of them) runs.
 [[noreturn]] void run_cpu(const std::shared_ptr<Options>& o, const std::string& command, int argc, char** argv) {
-  Request request = parse(*o, command);
+  Request request = parse_step([&] { return parse(*o, command); });
   Options& r = request.options;
   const Links links =
       launch_or_join(r.ranks, {r.link_gbit, r.delay_ms, r.link_lab, r.nodes, r.ranks_per_node},
@@ -555,7 +560,7 @@ void register_bench_allgather(CLI::App& bench, const std::string& command, int a
   cmd->add_option("--sizes", o->sizes, "--device cuda: bytes per allgather, e.g. 4M,64M,256M (default: --params)");
   cmd->callback([o, command, argc, argv]() {
     if (o->device == "cuda") throw CommandExit(run_cuda(*o, command));
-    if (o->device != "cpu") throw ConfigError("--device must be cpu or cuda, not '" + o->device + "'");
+    require(o->device == "cpu", "--device must be cpu or cuda, not '" + o->device + "'");
     run_cpu(o, command, argc, argv);
   });
 }

@@ -551,7 +551,7 @@ int run_bench_allgather_cuda(const NcclBenchOptions& options) {
       (options.json ? nccl_bench_json(options, result) : nccl_bench_table(options, result)).c_str(),
       stdout);
   std::fflush(stdout);
-  return result.verified() ? 0 : 1;
+  return result.verified() ? kExitDone : kExitNotExact;
 }
 
 }  // namespace ciera::tools

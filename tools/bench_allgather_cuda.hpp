@@ -14,14 +14,16 @@
 #include <vector>
 
 #include "ciera/error.hpp"
+#include "exit_status.hpp"
 
 namespace ciera::tools {
 
 // The benchmark cannot run here: no GPU, no NCCL, or an NCCL too old for ranks sharing a GPU.
-// The text is one line naming what is missing.
-class NcclBenchUnavailable : public Error {
+// The text is one line naming what is missing. `ciera bench allgather --device cuda` exits 2 for
+// it, as for any command line this machine cannot run; ciera_nccl_bench 3 (device-check.sh).
+class NcclBenchUnavailable : public UsageError {
  public:
-  using Error::Error;
+  using UsageError::UsageError;
 };
 
 struct NcclBenchOptions {

@@ -644,24 +644,24 @@ int run(const Request& r) {
   } else {
     print_report(j, std::cout);
   }
-  return j["verified"].get<bool>() ? 0 : 1;
+  return j["verified"].get<bool>() ? kExitDone : kExitNotExact;
 }
 
 // --render-json FILE: the table of a report written by --json (rows may have been added to it).
 int render_saved(const std::string& path) {
   std::error_code error;
   if (std::filesystem::is_directory(path, error))
-    throw ConfigError("--render-json " + path + ": a directory, not a report");
+    throw UsageError("--render-json " + path + ": a directory, not a report");
   std::ifstream file(path, std::ios::binary);
-  if (!file) throw ConfigError("--render-json " + path + ": cannot open");
+  if (!file) throw UsageError("--render-json " + path + ": cannot open");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(file);
     print_report(j, std::cout);
-    return j.at("verified").get<bool>() ? 0 : 1;
+    return j.at("verified").get<bool>() ? kExitDone : kExitNotExact;
   } catch (const nlohmann::json::exception& e) {
-    throw ConfigError("--render-json " + path + ": not a `ciera bench codec --json` report (" +
-                      e.what() + ")");
+    throw UsageError("--render-json " + path + ": not a `ciera bench codec --json` report (" +
+                     e.what() + ")");
   }
 }
 
@@ -702,7 +702,7 @@ void register_bench_codec(CLI::App& bench, const std::string& command) {
       ->group("");
   cmd->callback([opts, command]() {
     if (!opts->render_json.empty()) throw CommandExit(render_saved(opts->render_json));
-    const Request request = parse(*opts, command);
+    const Request request = parse_step([&] { return parse(*opts, command); });
     if (opts->device == "cuda") {
 #if defined(CIERA_WITH_CUDA)
       DeviceBenchOptions device;
@@ -716,11 +716,12 @@ void register_bench_codec(CLI::App& bench, const std::string& command) {
       device.quiet = opts->quiet;
       throw CommandExit(run_bench_codec_cuda(device));
 #else
-      throw ConfigError("--device cuda: this build of ciera has no CUDA codec (build where nvcc is on "
-                        "the PATH, CIERA_CUDA=AUTO or ON)");
+      throw UsageError(
+          "--device cuda: this build of ciera has no CUDA codec (build where nvcc is on "
+          "the PATH, CIERA_CUDA=AUTO or ON)");
 #endif
     }
-    if (opts->device != "cpu") throw ConfigError("--device must be cpu or cuda, not '" + opts->device + "'");
+    require(opts->device == "cpu", "--device must be cpu or cuda, not '" + opts->device + "'");
     throw CommandExit(run(request));
   });
 }

@@ -5,12 +5,16 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "ciera/cuda.hpp"
 #include "device_codec_bench.hpp"
+#include "exit_status.hpp"
 #include "report.hpp"
 
 namespace ciera::tools {
 
 int run_bench_codec_cuda(const DeviceBenchOptions& o) {
+  std::string why;
+  require(cuda::device_available(&why), why);  // a machine without the GPU: refused, status 2
   bench::DeviceCodecRequest request;
   request.config = o.config;
   request.values = o.values;
@@ -73,7 +77,7 @@ int run_bench_codec_cuda(const DeviceBenchOptions& o) {
       std::cout << "NO: " << r.failure << "\n";
     }
   }
-  return r.verified ? 0 : 1;
+  return r.verified ? kExitDone : kExitNotExact;
 }
 
 }  // namespace ciera::tools

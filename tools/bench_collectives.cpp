@@ -479,7 +479,7 @@ int run_child(const Request& r) {
     }
   }
   barrier();
-  return result.wrong == 0 ? 0 : 1;
+  return result.wrong == 0 ? kExitDone : kExitNotExact;
 }
 
 void add_common_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
@@ -522,7 +522,7 @@ void add_common_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
 
 [[noreturn]] void run(const std::shared_ptr<Options>& o, const std::string& command, int argc,
                       char** argv) {
-  Request request = parse(*o, command);
+  Request request = parse_step([&] { return parse(*o, command); });
   const Links links =
       launch_or_join(o->ranks, {o->link_gbit, o->delay_ms, o->link_lab}, o->child, argc, argv);
   request.o.link_gbit = links.link_gbit;

@@ -138,12 +138,12 @@ int main(int argc, char** argv) {
   }
   try {
     return run(command);
+  } catch (const ciera::tools::NcclBenchUnavailable& e) {  // before ConfigError, its base
+    std::fprintf(stderr, "ciera_nccl_bench: %s\n", e.what());
+    return 3;
   } catch (const ciera::ConfigError& e) {
     std::fprintf(stderr, "ciera_nccl_bench: error: %s\n", e.what());
     return 2;
-  } catch (const ciera::tools::NcclBenchUnavailable& e) {
-    std::fprintf(stderr, "ciera_nccl_bench: %s\n", e.what());
-    return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ciera_nccl_bench: %s\n", e.what());
     return 1;

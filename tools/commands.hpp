@@ -4,7 +4,8 @@
 //            here, before any work, and a bad value throws ConfigError naming the option;
 //   compute: Request -> a result struct (with a progress bar on stderr where it is long);
 //   render:  the result as a table, or as JSON with --json.
-// It then throws CommandExit with the exit status.
+// It then throws CommandExit with the exit status (exit_status.hpp). Whatever the parse step
+// throws leaves as a UsageError (parse_step), status 2; an error after it, status 1.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -12,14 +13,9 @@
 #include <string>
 
 #include "ciera/config.hpp"
-#include "ciera/error.hpp"
+#include "exit_status.hpp"
 
 namespace ciera::tools {
-
-// A check in a command's parse step: unless `ok`, a ConfigError whose `message` names the option.
-inline void require(bool ok, const std::string& message) {
-  if (!ok) throw ConfigError(message);
-}
 
 // --block, values per block: named as the option, before CodecConfig::validate() would name its
 // field (block_values).
@@ -31,7 +27,7 @@ inline void require_block_option(uint64_t block) {
 }
 
 struct CommandExit {
-  int status;
+  int status;  // an ExitStatus
 };
 
 void register_bench_codec(CLI::App& bench, const std::string& command);

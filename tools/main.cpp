@@ -29,7 +29,7 @@ void register_train_pointer(CLI::App& app) {
       "train", "Train an MoE with FSDP2, plain and through CIERA, side by side (Python)");
   cmd->prefix_command();  // its options are the Python job's
   cmd->callback([] {
-    throw ciera::ConfigError(
+    throw ciera::tools::UsageError(
         "`ciera train` is the Python training job: install the package (scripts/python-env.sh) "
         "and run `ciera train` from it");
   });
@@ -92,6 +92,10 @@ int main(int argc, char** argv) {
   CLI::App app{"CIERA: lossless compressed allgather for sharded MoE training"};
   app.set_version_flag("--version", version_text(), "Print the version, commit and wire format");
   app.require_subcommand(1);
+  app.footer(
+      "Exit status: 0 done, every result that must be exact was; 1 the work failed (a peer died or "
+      "stalled past --timeout, a device or I/O error); 2 a command line no run could use here; 3 "
+      "a result that must be exact was not. `ciera train` exits the same way.");
   const std::string command = command_line(argc, argv);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks that verify what they time");
   bench->require_subcommand(1);
@@ -107,19 +111,22 @@ int main(int argc, char** argv) {
   check_unsigned_options(app);
   try {
     if (const std::string problem = command_problem(app, argc, argv); !problem.empty())
-      throw ciera::ConfigError(problem);
+      throw UsageError(problem);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version are "errors" of status 0; every other parse error is one line,
     // as the commands' own checks are.
     if (e.get_exit_code() == 0) return app.exit(e);
     std::fprintf(stderr, "ciera: error: %s (see --help)\n", e.what());
-    return 2;
+    return kExitUsage;
   } catch (const CommandExit& done) {
     return done.status;
-  } catch (const std::exception& e) {
+  } catch (const UsageError& e) {
     std::fprintf(stderr, "ciera: error: %s\n", e.what());
-    return 2;
+    return kExitUsage;
+  } catch (const std::exception& e) {  // after the parse step: the work failed
+    std::fprintf(stderr, "ciera: error: %s\n", e.what());
+    return kExitFailed;
   }
-  return 0;
+  return kExitDone;
 }

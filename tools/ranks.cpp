@@ -17,6 +17,7 @@
 
 #include "ciera/error.hpp"
 #include "ciera/mpi.hpp"
+#include "exit_status.hpp"
 #include "report.hpp"
 
 #ifndef CIERA_SOURCE_DIR
@@ -99,9 +100,9 @@ Links launch_or_join(int ranks, Links links, bool child, int argc, char** argv) 
   if (!child && !under_mpi()) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     if (ranks > kMaxRanksPerCore * cores) {
-      throw ConfigError("--ranks " + std::to_string(ranks) + ": more than " +
-                        std::to_string(kMaxRanksPerCore) + " ranks a core, and this machine has " +
-                        std::to_string(cores) + (cores == 1 ? " core" : " cores"));
+      throw UsageError("--ranks " + std::to_string(ranks) + ": more than " +
+                       std::to_string(kMaxRanksPerCore) + " ranks a core, and this machine has " +
+                       std::to_string(cores) + (cores == 1 ? " core" : " cores"));
     }
     launch_ranks(ranks, links, argc, argv);
   }
@@ -172,7 +173,7 @@ int run_mpi_rank(double timeout_s, const std::function<int()>& body) {
     return status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ciera (rank %d): error: %s\n", rank, e.what());
-    mpi_abort(2);
+    mpi_abort(kExitFailed);
   }
 }
 

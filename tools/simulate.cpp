@@ -343,7 +343,7 @@ void register_simulate(CLI::App& app, const std::string& command) {
                 "print the built-in cluster presets JSON");
   cmd->add_flag("--json", o->json, "print one JSON object on one line");
   cmd->callback([o, command]() {
-    const simulate::Request request = simulate::parse(*o, command);
+    const simulate::Request request = parse_step([&] { return simulate::parse(*o, command); });
     throw CommandExit(simulate::run(request));
   });
 }

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 _INSTALL_HINT = "pip install 'ciera[peers]'"
+# The `ciera` commands' status for a result that must be exact and was not (tools/exit_status.hpp).
+NOT_EXACT = 3
 
 # The native tool's dtype names, as torch names them.
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -133,7 +135,9 @@ def bench_codec(tool: Path, args: list[str]) -> int | None:
             rendered.write_text(json.dumps(report))
             sys.stdout.flush()
             status = subprocess.call([str(tool), "bench", "codec", "--render-json", str(rendered)])
-            if status not in (0, 1):
+            if status not in (0, NOT_EXACT):
                 return status
-    return 0 if report["verified"] and done.returncode == 0 else 1
+    if done.returncode != 0:
+        return done.returncode
+    return 0 if report["verified"] else NOT_EXACT
 

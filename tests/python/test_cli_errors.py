@@ -38,8 +38,9 @@ def _native_tool_or_skip():
 
 
 def _assert_refused(done, message):
-    """A non-zero status (not a signal), and stderr one line that names the problem."""
-    assert done.returncode > 0, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    """Status 2, a command line no run could use (not 1, a run that failed, nor a signal), and
+    stderr one line that names the problem."""
+    assert done.returncode == 2, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
     assert "Traceback" not in done.stderr, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr

@@ -344,10 +344,23 @@ def main(argv=None) -> int:
     args = options.parser().parse_args(argv)
     if args.child:
         if not args.run_dir:   # the launcher gives its ranks both; a user who types --child, neither
-            raise SystemExit("ciera train: --child is the launcher's own option for its ranks (with --run-dir); "
-                             "run `ciera train` without it")
+            return _refused("ciera train: --child is the launcher's own option for its ranks (with --run-dir); "
+                            "run `ciera train` without it")
         from ciera.train.rank import RankProgram
 
         return RankProgram(args).run()
-    options.check(args)
+    try:
+        options.check(args)
+    except SystemExit as refused:  # check's one way out: an option value no run could use
+        if not isinstance(refused.code, str):
+            raise
+        return _refused(refused.code)
     return launch(args, argv)
+
+
+def _refused(line: str) -> int:
+    """A command line no run could use: its one line on stderr, and status 2, as argparse gives
+    for the options it checks itself and the native tool for its own (so scripts can tell a bad
+    command line, 2, from a run that failed, 1)."""
+    sys.stderr.write(line + "\n")
+    return 2

@@ -37,7 +37,10 @@ class _Parser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     description = sys.modules[__package__].__doc__.split("\n\n")[0]
     p = _Parser(prog="ciera train", description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                epilog="Exit status: 0 when every comparison the run made is exact; 1 when the run failed "
+                       "(a rank died or stalled past --timeout); 2 for a command line no run could use; "
+                       "3 when a comparison that must be exact was not.")
     p.add_argument("--model", default="olmoe", choices=["olmoe", "mixtral", "qwen2_moe", "deepseek"])
     p.add_argument("--ranks", type=int, default=None, help="data-parallel ranks (processes); default 4, or "
                                                                "--nodes x --ranks-per-node")
