@@ -318,12 +318,13 @@ namespace {
 // 1e-3), so that the slice's exponents spread over four clusters and each quarter's over one.
 const std::vector<std::byte>& gradient_slice() {
   static const std::vector<std::byte> slice = [] {
-    constexpr uint64_t kValues = 1u << 20;
-    std::vector<std::byte> out(kValues * 2);
+    constexpr uint64_t kSliceValues = 1u << 20;
+    std::vector<std::byte> out(kSliceValues * 2);
     std::mt19937_64 rng(7);
     const double scales[] = {1e-2, 1e-4, 1e-6, 1e-3};
-    for (uint64_t i = 0; i < kValues; ++i) {
-      std::normal_distribution<float> normal(0.0f, static_cast<float>(scales[i * 4 / kValues]));
+    for (uint64_t i = 0; i < kSliceValues; ++i) {
+      std::normal_distribution<float> normal(0.0f,
+                                             static_cast<float>(scales[i * 4 / kSliceValues]));
       const uint16_t bits = ciera::float_to_bf16(normal(rng));
       std::memcpy(out.data() + 2 * i, &bits, 2);
     }
