@@ -601,5 +601,30 @@ TEST(Checkpoints, SeriesMustAgreeOnTensors) {
             std::string::npos);
 }
 
+// Counts of another grid were added past the end of these (a heap overflow in release builds,
+// where the check was only an assert); a step 0 read before the per-step counts.
+TEST(ChangeStatistics, CountsOfAnotherGridAndStepZeroAreRefused) {
+  ChangeCounts four(ChangeGrid{{4}, {64}});
+  const ChangeCounts two(ChangeGrid{{2}, {64, 512}});
+  EXPECT_THROW(four += two, ConfigError);
+  ChangeStatistics stats(ChangeGrid{{4}, {64}}, /*warmup_steps=*/0);
+  try {
+    stats.add(1, ShardType::kOther, two);
+    FAIL() << "counts of another grid were added";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot add counts of another grid"), std::string::npos)
+        << e.what();
+  }
+  const ChangeCounts same(ChangeGrid{{4}, {64}});
+  try {
+    stats.add(0, ShardType::kOther, same);
+    FAIL() << "step 0 was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("steps count from 1, got 0"), std::string::npos)
+        << e.what();
+  }
+  stats.add(1, ShardType::kOther, same);  // still usable
+}
+
 }  // namespace
 }  // namespace ciera

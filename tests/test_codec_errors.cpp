@@ -415,5 +415,22 @@ TEST(DecoderSafety, MisuseOfBufferSizesIsReported) {
   EXPECT_THROW(decoder.decode(payload, out), std::invalid_argument);
 }
 
+// The block grid divides by block_values: it used to be built before the configuration was
+// checked, so block_values 0 was a division by zero (SIGFPE) instead of the ConfigError.
+TEST(CodecMisuse, BlockValuesZeroIsAConfigErrorEverywhere) {
+  CodecConfig config;
+  config.block_values = 0;
+  EXPECT_THROW(ShardEncoder(config, 100), ConfigError);
+  EXPECT_THROW(ShardDecoder(config, 100), ConfigError);
+  EXPECT_THROW(ShardEncoder::one_shot(config, 100, {}), ConfigError);
+  EXPECT_THROW(ShardDecoder::one_shot(config, 100, {}), ConfigError);
+  EXPECT_THROW(expected_payload_bytes(config, DType::kBF16, 100, 0.1, 0.01), ConfigError);
+  config.detection = ChangeDetection::kHash;
+  EXPECT_THROW(codec_cache_bytes(config, 100, true), ConfigError);
+  CodecConfig delta;
+  delta.stream_kind = StreamKind::kValueDelta;
+  EXPECT_THROW(codec_cache_bytes(delta, (uint64_t{1} << 63) + 8, true), ConfigError);  // wrapped
+}
+
 }  // namespace
 }  // namespace ciera

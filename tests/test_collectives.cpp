@@ -528,6 +528,47 @@ TEST(CollectiveFailures, ARankThatRefusesItsArgumentsIsNamedOnEveryRankAtOnce) {
     EXPECT_NE(errors[r].find("rank 1 refused its arguments"), std::string::npos) << errors[r];
 }
 
+// An unknown dtype or op is refused like any other argument: named on its rank, and its peers
+// hear of it at once, not after the timeout, nor as a record they cannot read.
+TEST(CollectiveFailures, AnUnknownDtypeOrOpOnOneRankIsNamedOnEveryRankAtOnce) {
+  for (const bool bad_op : {false, true}) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Transport> t) {
+      LosslessCollectives collectives(t);
+      std::vector<std::byte> in(2 * 8 * 2), out(8 * 2);
+      const DType dtype = rank == 1 && !bad_op ? static_cast<DType>(7) : DType::kBF16;
+      const ReduceOp op = rank == 1 && bad_op ? static_cast<ReduceOp>(2) : ReduceOp::kSum;
+      collectives.reduce_scatter(dtype, op, in, out);
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    EXPECT_NE(errors[1].find(bad_op ? "reduce_scatter: unknown reduce op code 2"
+                                    : "reduce_scatter: unknown dtype code 7"),
+              std::string::npos)
+        << errors[1];
+    EXPECT_NE(errors[0].find("rank 1 refused its arguments"), std::string::npos) << errors[0];
+  }
+}
+
+// Counts whose bytes pass 2^64 - 1 used to wrap around to a small size that the buffers matched.
+TEST(CollectiveFailures, AlltoallvCountsPastSixtyFourBitsAreRefusedOnEveryRank) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Transport> t) {
+    LosslessCollectives collectives(t);
+    const uint64_t huge = (uint64_t{1} << 62) + 4;  // FP32: 2^64 + 16 bytes, 16 once wrapped
+    const std::vector<uint64_t> send = {0, rank == 0 ? huge : 0};
+    const std::vector<uint64_t> recv = {rank == 1 ? huge : 0, 0};
+    std::vector<std::byte> in(16), out(16);
+    collectives.alltoallv(
+        DType::kFP32, rank == 0 ? std::span<const std::byte>(in) : std::span<const std::byte>(),
+        send, rank == 1 ? std::span<std::byte>(out) : std::span<std::byte>(), recv);
+  });
+  EXPECT_NE(errors[0].find("alltoallv: the send counts add up to more than 2^64 - 1 bytes"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("alltoallv: the receive counts add up to more than 2^64 - 1 bytes"),
+            std::string::npos)
+      << errors[1];
+}
+
 // Flips one byte of what rank `victim` receives in every alltoallv from the `first`-th on.
 class CorruptingTransport final : public Transport {
  public:

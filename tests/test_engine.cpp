@@ -185,6 +185,48 @@ TEST(Engine, MismatchedShardSizesAndDtypesAreNamed) {
     EXPECT_NE(errors[r].find("rejected on rank 1"), std::string::npos) << errors[r];
 }
 
+// A timeout <= 0 used to reach the transport, whose first wait then said that the peers "did
+// not arrive within -1 ms"; a layout past 2^64 bytes wrapped to a size of 0 that a raw gather
+// took, or died in an allocation. Both are now named in the agreement, on every rank.
+TEST(Engine, ANonPositiveTimeoutAndAnOverflowingLayoutAreConfigErrors) {
+  const int world = 2;
+  auto errors = run_ranks(world, [&](int, Transport& t) {
+    EngineConfig config;
+    config.timeout = std::chrono::milliseconds(-1);
+    CompressedAllgather engine(t, config,
+                               {BucketLayout::fsdp_split("b", DType::kBF16, {1000}, world)});
+  });
+  for (int r = 0; r < world; ++r)
+    EXPECT_NE(errors[r].find("timeout must be > 0 ms, got -1 ms"), std::string::npos) << errors[r];
+  BucketLayout huge;
+  huge.name = "huge";
+  huge.dtype = DType::kBF16;
+  huge.policy = {ShardPolicy::kRaw};
+  huge.shard_values = {{uint64_t{1} << 63}, {uint64_t{1} << 63}};
+  EXPECT_THROW(huge.validate(), ConfigError);
+  errors = run_ranks(
+      world, [&](int, Transport& t) { CompressedAllgather engine(t, EngineConfig{}, {huge}); });
+  for (int r = 0; r < world; ++r)
+    EXPECT_NE(errors[r].find("more than 2^64 - 1 bytes"), std::string::npos) << errors[r];
+}
+
+// The test transport itself: no world was a null dereference, counts shorter than the world
+// were read past (here, and by the peers reading this rank's send counts).
+TEST(LoopbackTransport, RefusesNoWorldAndCountsThatAreNotOnePerRank) {
+  EXPECT_THROW(make_loopback_transport(nullptr, 0), ConfigError);
+  const std::unique_ptr<Transport> t = make_loopback_transport(make_loopback_world(2), 0);
+  const std::vector<uint64_t> one = {4}, two = {4, 4};
+  std::byte in[8]{}, out[8]{};
+  try {
+    t->allgatherv(in, out, one, one);
+    FAIL() << "one count for two ranks was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("need 2 entries, one per rank, got 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(t->alltoallv(in, two, one, out, two, two), ConfigError);
+}
+
 TEST(Engine, WrongBufferSizeOnOneRankFailsEveryRank) {
   const int world = 3;
   const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world);

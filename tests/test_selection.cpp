@@ -2,6 +2,7 @@
 // and the measured cost model on the loopback transport.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -429,6 +430,31 @@ TEST(CostModel, CodecThroughputIsMeasuredForEveryDType) {
     EXPECT_GT(t.encode_bytes_per_s, 0);
     EXPECT_GT(t.decode_bytes_per_s, 0);
   }
+}
+
+// Arguments the measurements and the selector used to take: no repeats (a median of nothing
+// read before its vector), a change rate outside [0, 1] (some 2^64 flips a step, a hang), a NaN
+// throughput (a NaN cost the gain read as free), shards past 2^64 bytes (a wrapped size).
+TEST(SelectionMisuse, BadArgumentsAreConfigErrors) {
+  EXPECT_THROW(measure_codec(CodecConfig{}, 1000, 0.005, 0), ConfigError);
+  for (const double rate : {-0.005, 1.5, std::nan("")})
+    EXPECT_THROW(measure_codec(CodecConfig{}, 1000, rate, 1), ConfigError) << rate;
+  const std::unique_ptr<Transport> alone = make_loopback_transport(make_loopback_world(1), 0);
+  const std::vector<uint64_t> sizes = {4096, 65536};
+  EXPECT_THROW(measure_allgather(*alone, sizes, 0), ConfigError);
+
+  CostModel model = linear_model(2);
+  model.throughput(DType::kBF16).encode_bytes_per_s = std::nan("");
+  const std::vector<ShardCandidate> shards = {candidate(0, 0, 1 << 16, 2, 0.01)};
+  try {
+    select_shards(shards, model, SelectorOptions{});
+    FAIL() << "a NaN throughput was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("codec throughput of nan"), std::string::npos) << e.what();
+  }
+
+  const uint64_t half = uint64_t{1} << 63;
+  EXPECT_THROW(ChangeMonitor(DType::kBF16, {half, half}, 512), ConfigError);
 }
 
 }  // namespace

@@ -103,6 +103,12 @@ struct CodecConfig {
 
   // Throws ConfigError naming the offending field.
   void validate() const;
+  // *this once validate() passed: for member initializers, before anything derived from the
+  // fields (a block grid divides by block_values) is built.
+  const CodecConfig& validated() const {
+    validate();
+    return *this;
+  }
 };
 
 }  // namespace ciera

@@ -4,7 +4,6 @@
 // values change.
 #include <algorithm>
 #include <array>
-#include <cassert>
 #include <cstring>
 #include <string>
 
@@ -136,14 +135,25 @@ double ChangeCounts::shard_change_rate(size_t world_index) const {
 }
 
 ChangeCounts& ChangeCounts::operator+=(const ChangeCounts& other) {
+  if (other.changed_blocks.size() != other.blocks.size() ||
+      other.changed_shards.size() != other.shards.size()) {
+    throw ConfigError("ChangeCounts: counts whose changed and total cells differ in number");
+  }
   if (blocks.empty() && shards.empty()) {
     blocks.resize(other.blocks.size(), 0);
     changed_blocks.resize(other.changed_blocks.size(), 0);
     shards.resize(other.shards.size(), 0);
     changed_shards.resize(other.changed_shards.size(), 0);
   }
-  assert(other.blocks.empty() || other.blocks.size() == blocks.size());
-  assert(other.shards.empty() || other.shards.size() == shards.size());
+  // Counts of another grid (other block or world sizes) would be added past the end of these:
+  // refused in every build, not only where asserts are compiled in.
+  if ((!other.blocks.empty() && other.blocks.size() != blocks.size()) ||
+      (!other.shards.empty() && other.shards.size() != shards.size())) {
+    throw ConfigError(
+        "ChangeCounts: cannot add counts of another grid (" + std::to_string(other.blocks.size()) +
+        " block cells and " + std::to_string(other.shards.size()) + " shard cells to " +
+        std::to_string(blocks.size()) + " and " + std::to_string(shards.size()) + ")");
+  }
   transitions += other.transitions;
   values += other.values;
   changed_values += other.changed_values;
@@ -247,7 +257,11 @@ ChangeStatistics::ChangeStatistics(ChangeGrid grid, uint32_t warmup_steps)
 }
 
 void ChangeStatistics::add(uint32_t step, ShardType type, const ChangeCounts& counts) {
-  assert(step >= 1);
+  if (step < 1) throw ConfigError("ChangeStatistics::add: steps count from 1, got 0");
+  if (static_cast<size_t>(type) >= kShardTypeCount) {
+    throw ConfigError("ChangeStatistics::add: unknown shard type " +
+                      std::to_string(static_cast<int>(type)));
+  }
   while (per_step_.size() < step) {
     per_step_.emplace_back(grid_);
     per_step_by_type_.emplace_back(kShardTypeCount, ChangeCounts(grid_));

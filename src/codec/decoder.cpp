@@ -196,7 +196,7 @@ void decode_fine(const codec::CodecKernels& fine, const uint8_t* section, uint64
 struct ShardDecoder::Impl {
   Impl(const CodecConfig& c, uint64_t n, StreamIdentity id, bool single)
       : one_shot(single),
-        config(c),
+        config(c.validated()),
         grid(n, c.block_values),
         layout(c.dtype, n),
         kernels(format::kernels()),
@@ -205,7 +205,6 @@ struct ShardDecoder::Impl {
         stream_id(id.stream),
         epoch(id.epoch),
         value_delta(c.stream_kind == StreamKind::kValueDelta) {
-    config.validate();
     if (one_shot) {
       // Nothing is kept: the one frame is a key frame.
     } else if (value_delta) {

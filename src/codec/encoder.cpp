@@ -127,7 +127,7 @@ size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values
 struct ShardEncoder::Impl {
   Impl(const CodecConfig& c, uint64_t n, StreamIdentity id, bool single)
       : one_shot(single),
-        config(c),
+        config(c.validated()),
         grid(n, c.block_values),
         layout(c.dtype, n),
         kernels(format::kernels()),
@@ -138,7 +138,6 @@ struct ShardEncoder::Impl {
         // A value-delta stream needs no warmup of key frames: its differences are small from
         // the second frame on, however often exponents still change.
         schedule{.warmup = value_delta ? 0 : c.warmup_steps, .epoch = id.epoch} {
-    config.validate();
     if (one_shot) {
       // Nothing is kept: the one frame is a key frame, coded from the values.
     } else if (value_delta) {

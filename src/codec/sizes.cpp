@@ -1,15 +1,20 @@
 // The codec's public size functions (include/ciera/codec.hpp): what a shard costs on the wire and
 // in memory, from the wire layout (docs/format.md) that only the codec knows.
 #include <algorithm>
+#include <optional>
+#include <string>
 
 #include "ciera/codec.hpp"
+#include "ciera/error.hpp"
 #include "codec/wire.hpp"
+#include "common/checked.hpp"
 #include "format/planes.hpp"
 
 namespace ciera {
 
 double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t values,
                               double block_change_rate, double value_change_rate) {
+  codec.validate();
   if (values == 0) return 0;
   const uint64_t sign_mantissa = format::SignMantissaLayout(dtype, values).total_bytes();
   const uint64_t blocks = wire::block_count(values, codec.block_values);
@@ -29,8 +34,16 @@ double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t va
 }
 
 uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sender) {
+  codec.validate();
   // A value-delta stream: both sides keep the previous values.
-  if (codec.stream_kind == StreamKind::kValueDelta) return values * dtype_info(codec.dtype).value_bytes;
+  if (codec.stream_kind == StreamKind::kValueDelta) {
+    const std::optional<uint64_t> bytes =
+        checked_product(values, dtype_info(codec.dtype).value_bytes);
+    if (!bytes)
+      throw ConfigError("codec_cache_bytes: " + std::to_string(values) +
+                        " values are more than 2^64 - 1 bytes");
+    return *bytes;
+  }
   if (!sender || codec.detection == ChangeDetection::kExact) return values;  // a byte per exponent
   return wire::block_count(values, codec.block_values) * 16;  // one XXH3-128 per block
 }

@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "collectives/reduction.hpp"
 #include "collectives/slice_coding.hpp"
 #include "common/adaptive_switch.hpp"
+#include "common/checked.hpp"
 #include "common/poll.hpp"
 #include "common/thread_pool.hpp"
 
@@ -265,6 +267,22 @@ struct LosslessCollectives::Impl {
                     none, none};
     share_record(mine);
     throw ConfigError(problem);
+  }
+
+  // A call's dtype and op, before anything reads them: a record carries only known codes, so a
+  // bad one is refused through reject() (with a placeholder dtype), not sent to the peers, who
+  // would blame the record's sender, nor thrown here alone, which would leave them waiting.
+  void check_codes(CallKind kind, DType dtype, ReduceOp op, const char* call) {
+    if (!is_valid_dtype_code(static_cast<uint8_t>(dtype))) {
+      reject(kind, DType::kBF16,
+             std::string(call) + ": unknown dtype code " +
+                 std::to_string(static_cast<int>(static_cast<uint8_t>(dtype))));
+    }
+    if (op != ReduceOp::kSum && op != ReduceOp::kAvg) {
+      reject(kind, dtype,
+             std::string(call) + ": unknown reduce op code " +
+                 std::to_string(static_cast<int>(static_cast<uint8_t>(op))) + " (sum or avg)");
+    }
   }
 
   void share_record(const CallRecord& mine) {
@@ -546,6 +564,7 @@ CollectiveStats LosslessCollectives::reduce_scatter(DType dtype, ReduceOp op,
                                                     std::span<const std::byte> in,
                                                     std::span<std::byte> out) {
   Impl& m = *impl_;
+  m.check_codes(CallKind::kReduceScatter, dtype, op, "reduce_scatter");
   const uint32_t value_bytes = dtype_info(dtype).value_bytes;
   const auto world = static_cast<size_t>(m.world);
   if (out.size() % value_bytes != 0 || in.size() != out.size() * world) {
@@ -596,6 +615,7 @@ CollectiveStats LosslessCollectives::alltoallv(DType dtype, std::span<const std:
                                                std::span<std::byte> out,
                                                std::span<const uint64_t> recv_values) {
   Impl& m = *impl_;
+  m.check_codes(CallKind::kAlltoallv, dtype, ReduceOp::kSum, "alltoallv");
   const uint32_t value_bytes = dtype_info(dtype).value_bytes;
   const auto world = static_cast<size_t>(m.world);
   if (send_values.size() != world || recv_values.size() != world) {
@@ -604,14 +624,21 @@ CollectiveStats LosslessCollectives::alltoallv(DType dtype, std::span<const std:
                  std::to_string(world) + "), got " + std::to_string(send_values.size()) + " and " +
                  std::to_string(recv_values.size()));
   }
-  const uint64_t sending = std::accumulate(send_values.begin(), send_values.end(), uint64_t{0});
-  const uint64_t receiving = std::accumulate(recv_values.begin(), recv_values.end(), uint64_t{0});
-  if (in.size() != sending * value_bytes || out.size() != receiving * value_bytes) {
+  const std::optional<uint64_t> sending = checked_scaled_sum(send_values, value_bytes);
+  const std::optional<uint64_t> receiving = checked_scaled_sum(recv_values, value_bytes);
+  if (!sending || !receiving) {
+    m.reject(CallKind::kAlltoallv, dtype,
+             "alltoallv: the " + std::string(sending ? "receive" : "send") +
+                 " counts add up to more than 2^64 - 1 bytes of " + std::string(dtype_name(dtype)) +
+                 " values");
+  }
+  if (in.size() != *sending || out.size() != *receiving) {
     m.reject(CallKind::kAlltoallv, dtype,
              "alltoallv: the input holds " + std::to_string(in.size()) + " bytes and the output " +
                  std::to_string(out.size()) + ", but the counts add up to " +
-                 std::to_string(sending) + " and " + std::to_string(receiving) + " " +
-                 std::string(dtype_name(dtype)) + " values");
+                 std::to_string(*sending / value_bytes) + " and " +
+                 std::to_string(*receiving / value_bytes) + " " + std::string(dtype_name(dtype)) +
+                 " values");
   }
   auto [compress, shape] = m.decide(CallKind::kAlltoallv, dtype, in.size());
   const std::vector<uint64_t> out_at = offsets_of(recv_values);  // in values

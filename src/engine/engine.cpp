@@ -24,11 +24,16 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
       rank(t.rank()),
       world(t.size()),
       pool(config.worker_threads) {
-  transport.set_timeout(config.timeout);
+  // A timeout <= 0 is refused in the agreement below, which then waits the default.
+  transport.set_timeout(config.timeout.count() > 0 ? config.timeout : EngineConfig{}.timeout);
   // Local problems are not thrown yet: every rank first learns of them in the agreement, so
   // that all fail together rather than some waiting forever for the others.
   std::string local_error;
   try {
+    if (config.timeout.count() <= 0) {
+      throw ConfigError("timeout must be > 0 ms, got " + std::to_string(config.timeout.count()) +
+                        " ms");
+    }
     config.codec.warmup_steps = config.warmup == WarmupMode::kKeyFrames ? config.warmup_steps : 0;
     config.codec.validate();
     for (const BucketLayout& l : layouts) {

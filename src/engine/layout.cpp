@@ -1,7 +1,10 @@
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "ciera/engine.hpp"
 #include "ciera/error.hpp"
+#include "common/checked.hpp"
 
 namespace ciera {
 
@@ -57,6 +60,20 @@ void BucketLayout::validate() const {
     if (!is_shard_policy(p)) {
       throw ConfigError(who + ": unknown policy");
     }
+  }
+  // Every size the engine derives (rank_bytes, rank_offset, total_bytes) fits in 64 bits: a
+  // wrapped one would gather a few bytes where the layout names 2^64 of them.
+  std::vector<uint64_t> rank_sizes;
+  for (const std::vector<uint64_t>& shards : shard_values) {
+    const std::optional<uint64_t> bytes = checked_scaled_sum(shards, dtype_info(dtype).value_bytes);
+    if (!bytes) {
+      throw ConfigError(who + ": rank " + std::to_string(rank_sizes.size()) +
+                        "'s shards are more than 2^64 - 1 bytes");
+    }
+    rank_sizes.push_back(*bytes);
+  }
+  if (!checked_scaled_sum(rank_sizes, 1)) {
+    throw ConfigError(who + ": the ranks' shards are more than 2^64 - 1 bytes");
   }
 }
 

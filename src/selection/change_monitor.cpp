@@ -6,12 +6,14 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "ciera/error.hpp"
 #include "ciera/selection.hpp"
 #include "codec/differences.hpp"
 #include "codec/wire.hpp"
+#include "common/checked.hpp"
 #include "format/planes.hpp"
 
 namespace ciera {
@@ -123,11 +125,14 @@ ChangeMonitor::ChangeMonitor(DType dtype, std::vector<uint64_t> shard_values, ui
       block_values_(block_values),
       track_values_(track_values) {
   if (block_values_ == 0) throw ConfigError("ChangeMonitor: block_values must be positive");
-  uint64_t total = 0;
-  for (const uint64_t n : shard_values_) total += n;
-  previous_.resize(total);
-  current_.resize(total);
-  if (track_values_) previous_values_.resize(total * dtype_info(dtype_).value_bytes);
+  // Checked: a wrapped total would pass observe()'s size check and walk past its buffer.
+  const std::optional<uint64_t> total =
+      checked_scaled_sum(shard_values_, dtype_info(dtype_).value_bytes);
+  if (!total) throw ConfigError("ChangeMonitor: the shards are more than 2^64 - 1 bytes");
+  const uint64_t values = *total / dtype_info(dtype_).value_bytes;
+  previous_.resize(values);
+  current_.resize(values);
+  if (track_values_) previous_values_.resize(*total);
   counts_.resize(shard_values_.size());
 }
 

@@ -172,6 +172,23 @@ void hull_steps(size_t shard, const std::vector<Option>& options, std::vector<St
 
 std::string chosen_reason(ShardPolicy policy) { return policy == ShardPolicy::kDelta ? "chosen: delta" : "chosen"; }
 
+// The throughputs the selector divides by: finite and >= 0 (0: not measured). A NaN would make
+// a shard's coding cost NaN, which the gain's max(0, ...) reads as free.
+void check_throughputs(const CostModel& model, size_t group) {
+  for (const CodecThroughput* kind : {model.codec, model.delta_codec}) {
+    for (size_t d = 0; d < 3; ++d) {
+      for (const double v :
+           {kind[d].detect_bytes_per_s, kind[d].encode_bytes_per_s, kind[d].decode_bytes_per_s}) {
+        if (!(std::isfinite(v) && v >= 0)) {
+          throw ConfigError("select_shards: cost model " + std::to_string(group) +
+                            " has a codec throughput of " + std::to_string(v) +
+                            " bytes/s (must be finite and >= 0; 0 is not measured)");
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Selection select_shards(std::span<const ShardCandidate> candidates, const CostModel& model,
@@ -182,6 +199,7 @@ Selection select_shards(std::span<const ShardCandidate> candidates, const CostMo
 Selection select_shards(std::span<const ShardCandidate> candidates,
                         std::span<const CostModel> models, const SelectorOptions& options) {
   options.codec.validate();
+  for (size_t g = 0; g < models.size(); ++g) check_throughputs(models[g], g);
   Selection selection;
   selection.budget_bytes = options.cache_budget_bytes;
   selection.shards.reserve(candidates.size());

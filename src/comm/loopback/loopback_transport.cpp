@@ -2,6 +2,7 @@
 // and wait for everyone, copy what they need, then wait again so no input is released early.
 // A rendezvous that times out poisons the world, so every rank fails instead of hanging.
 #include <condition_variable>
+#include <initializer_list>
 #include <mutex>
 #include <span>
 #include <string>
@@ -101,8 +102,21 @@ class LoopbackTransport final : public Transport {
     });
   }
 
+  // Counts and displacements name one entry per rank; shorter ones would be read past (here,
+  // and by every peer that reads this rank's send counts).
+  void check_per_rank(const char* call, std::initializer_list<size_t> lengths) const {
+    for (const size_t n : lengths) {
+      if (n != static_cast<size_t>(world_->size)) {
+        throw ConfigError(std::string("loopback ") + call + ": counts and displacements need " +
+                          std::to_string(world_->size) + " entries, one per rank, got " +
+                          std::to_string(n));
+      }
+    }
+  }
+
   void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
                   std::span<const uint64_t> displs) override {
+    check_per_rank("allgatherv", {counts.size(), displs.size()});
     collective(kAllgatherv, in, counts[rank_], [&](const std::vector<LoopbackWorld::Slot>& slots) {
       for (int r = 0; r < world_->size; ++r) {
         if (slots[r].bytes != counts[r]) {
@@ -119,6 +133,8 @@ class LoopbackTransport final : public Transport {
                  std::span<const uint64_t> send_displs, void* out,
                  std::span<const uint64_t> recv_counts,
                  std::span<const uint64_t> recv_displs) override {
+    check_per_rank("alltoallv", {send_counts.size(), send_displs.size(), recv_counts.size(),
+                                 recv_displs.size()});
     const AlltoallvSend mine{static_cast<const char*>(in), send_counts, send_displs};
     collective(kAlltoallv, &mine, 0, [&](const std::vector<LoopbackWorld::Slot>& slots) {
       for (int r = 0; r < world_->size; ++r) {
@@ -187,6 +203,7 @@ std::shared_ptr<LoopbackWorld> make_loopback_world(int size) {
 
 std::unique_ptr<Transport> make_loopback_transport(std::shared_ptr<LoopbackWorld> world, int rank,
                                                    const MemoryOps& memory) {
+  if (world == nullptr) throw ConfigError("loopback transport: no world (make_loopback_world)");
   if (rank < 0 || rank >= world->size) {
     throw ConfigError("loopback rank " + std::to_string(rank) + " outside world of " +
                       std::to_string(world->size));
