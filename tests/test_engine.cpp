@@ -204,6 +204,9 @@ TEST(Engine, ANonPositiveTimeoutAndAnOverflowingLayoutAreConfigErrors) {
   huge.policy = {ShardPolicy::kRaw};
   huge.shard_values = {{uint64_t{1} << 63}, {uint64_t{1} << 63}};
   EXPECT_THROW(huge.validate(), ConfigError);
+  BucketLayout forged =
+      BucketLayout::fsdp_split("b\nblock_values=512", DType::kBF16, {1000}, world);
+  EXPECT_THROW(forged.validate(), ConfigError);  // a name that would add a line to the agreement
   errors = run_ranks(
       world, [&](int, Transport& t) { CompressedAllgather engine(t, EngineConfig{}, {huge}); });
   for (int r = 0; r < world; ++r)

@@ -453,8 +453,44 @@ TEST(SelectionMisuse, BadArgumentsAreConfigErrors) {
     EXPECT_NE(std::string(e.what()).find("codec throughput of nan"), std::string::npos) << e.what();
   }
 
+  const std::vector<ShardCandidate> twice = {candidate(0, 0, 1 << 16, 2, 0.01),
+                                             candidate(0, 0, 1 << 16, 2, 0.01)};
+  EXPECT_THROW(select_shards(twice, linear_model(2), SelectorOptions{}), ConfigError);
+
   const uint64_t half = uint64_t{1} << 63;
   EXPECT_THROW(ChangeMonitor(DType::kBF16, {half, half}, 512), ConfigError);
+}
+
+// Collectives whose arguments differ between ranks would exchange buffers of different sizes
+// (undefined under MPI): every rank is told instead.
+TEST(SelectionMisuse, RanksThatPassOtherArgumentsToACollectiveFailTogether) {
+  const int world = 2;
+  auto shared = make_loopback_world(world);
+  std::vector<std::string> gather_errors(world), merge_errors(world);
+  const auto errors = testing::on_rank_threads(world, [&](int r) {
+    const std::unique_ptr<Transport> t = make_loopback_transport(shared, r);
+    const std::vector<uint64_t> sizes = {4096, r == 0 ? 65536u : 131072u};
+    try {
+      measure_allgather(*t, sizes, 1);
+    } catch (const ConfigError& e) {
+      gather_errors[size_t(r)] = e.what();
+    }
+    std::vector<ShardChangeCounts> counts(r == 0 ? 2 : 3);
+    try {
+      merge_counts_across_ranks(*t, counts);
+    } catch (const ConfigError& e) {
+      merge_errors[size_t(r)] = e.what();
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(errors[size_t(r)], "") << errors[size_t(r)];
+    EXPECT_NE(
+        gather_errors[size_t(r)].find("measure_allgather: rank 1 called it with other arguments"),
+        std::string::npos)
+        << gather_errors[size_t(r)];
+    EXPECT_NE(merge_errors[size_t(r)].find("merge_counts_across_ranks: rank 1"), std::string::npos)
+        << merge_errors[size_t(r)];
+  }
 }
 
 }  // namespace

@@ -48,6 +48,13 @@ uint64_t BucketLayout::rank_offset(int rank) const {
 void BucketLayout::validate() const {
   const std::string who = "bucket '" + name + "'";
   if (!is_valid_dtype_code(static_cast<uint8_t>(dtype))) throw ConfigError(who + ": unknown dtype");
+  // The ranks agree on their layouts as lines of key=value (engine/agreement.cpp): a name with a
+  // line break in it could add a line of its own and hide a difference.
+  for (const char c : name) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      throw ConfigError(who + ": a bucket name holds no control characters (line breaks included)");
+    }
+  }
   if (shard_values.empty()) throw ConfigError(who + ": no ranks");
   for (size_t r = 0; r < shard_values.size(); ++r) {
     if (shard_values[r].size() != policy.size()) {

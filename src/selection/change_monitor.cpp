@@ -15,6 +15,7 @@
 #include "codec/wire.hpp"
 #include "common/checked.hpp"
 #include "format/planes.hpp"
+#include "selection/agreement.hpp"
 
 namespace ciera {
 namespace {
@@ -193,6 +194,8 @@ void ChangeMonitor::observe(std::span<const std::byte> shards) {
 void ChangeMonitor::clear_counts() { std::fill(counts_.begin(), counts_.end(), ShardChangeCounts{}); }
 
 void merge_counts_across_ranks(Transport& transport, std::vector<ShardChangeCounts>& counts) {
+  const uint64_t shards = counts.size();
+  selection::agree_on_arguments(transport, "merge_counts_across_ranks", {&shards, 1});
   constexpr size_t kFields = 7;
   const size_t world = static_cast<size_t>(transport.size());
   std::vector<uint64_t> mine;

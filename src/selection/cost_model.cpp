@@ -11,6 +11,7 @@
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
 #include "ciera/selection.hpp"
+#include "selection/agreement.hpp"
 
 namespace ciera {
 namespace {
@@ -110,9 +111,13 @@ std::vector<uint64_t> default_probe_sizes(uint64_t largest_bytes) {
 }
 
 CommCurve measure_allgather(Transport& transport, std::span<const uint64_t> sizes_bytes, int repeats) {
-  // A median of no runs would read before the vector (every rank gets the same repeats).
-  if (repeats < 1)
+  std::vector<uint64_t> arguments(sizes_bytes.begin(), sizes_bytes.end());
+  arguments.push_back(static_cast<uint64_t>(static_cast<int64_t>(repeats)));
+  selection::agree_on_arguments(transport, "measure_allgather", arguments);
+  // A median of no runs would read before the vector.
+  if (repeats < 1) {
     throw ConfigError("measure_allgather: repeats must be >= 1, got " + std::to_string(repeats));
+  }
   const int world = transport.size();
   const int rank = transport.rank();
   std::vector<CommSample> samples;
@@ -169,8 +174,9 @@ CostModel measure_cost_model(Transport& transport, uint64_t largest_bytes, std::
 }
 
 CodecThroughput measure_codec(const CodecConfig& base, uint64_t values, double change_rate, int repeats) {
-  if (repeats < 1)
+  if (repeats < 1) {
     throw ConfigError("measure_codec: repeats must be >= 1, got " + std::to_string(repeats));
+  }
   // A rate outside [0, 1] (or NaN) would convert to some 2^64 exponent flips a step.
   if (!(change_rate >= 0 && change_rate <= 1)) {
     throw ConfigError("measure_codec: change_rate must be in [0, 1], got " +

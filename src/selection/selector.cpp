@@ -24,6 +24,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -206,7 +207,15 @@ Selection select_shards(std::span<const ShardCandidate> candidates,
 
   // Buckets are per group: (group, bucket) numbered densely, in that order.
   std::map<std::pair<size_t, size_t>, size_t> bucket_ids;
+  // A shard listed twice would be charged to the budget twice, and Selection::policy() would
+  // answer for the first listing only.
+  std::set<std::tuple<size_t, size_t, size_t>> listed;
   for (const ShardCandidate& c : candidates) {
+    if (!listed.emplace(c.group, c.bucket, c.param).second) {
+      throw ConfigError("select_shards: shard " + c.name + " (group " + std::to_string(c.group) +
+                        ", bucket " + std::to_string(c.bucket) + ", parameter " +
+                        std::to_string(c.param) + ") is listed twice");
+    }
     if (c.group >= models.size()) {
       throw ConfigError("select_shards: shard " + c.name + " is in group " +
                         std::to_string(c.group) + ", but " + std::to_string(models.size()) +
