@@ -164,7 +164,7 @@ void bind_change_counters(py::module_& m) {
       .def(
           "observe",
           [](ExponentChangeCounter& c, uintptr_t data_ptr, uint64_t nbytes) {
-            return observe_bytes(c, bytes_at<const std::byte>(data_ptr, nbytes));
+            return observe_bytes(c, bytes_at<const std::byte>(data_ptr, nbytes, "data_ptr"));
           },
           py::arg("data_ptr"), py::arg("nbytes"),
           "Counts the changes since the previous snapshot (the first is the baseline) and returns "

@@ -9,7 +9,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
+
+#include "ciera/dtype.hpp"
 
 namespace ciera::python {
 
@@ -24,9 +28,16 @@ void bind_selection(py::module_& m);  // selection.cpp: cost model, change monit
 void bind_analysis(py::module_& m);   // analysis.cpp: shard types, exponent-change statistics
 void bind_collectives(py::module_& m);  // collectives.cpp: lossless reduce-scatter and alltoallv
 
-// `bytes` bytes of host memory at `address` (a data pointer from Python, e.g. Tensor.data_ptr()).
+// `bytes` bytes of memory at `address` (a data pointer from Python, e.g. Tensor.data_ptr(), that
+// the argument `what` gave). A null address with bytes to read is a ValueError: nothing checks
+// the memory behind an integer, but address 0 is certainly not memory (an unallocated tensor, a
+// DTensor's data_ptr()).
 template <typename T>
-std::span<T> bytes_at(uintptr_t address, uint64_t bytes) {
+std::span<T> bytes_at(uintptr_t address, uint64_t bytes, const char* what) {
+  if (address == 0 && bytes != 0) {
+    throw pybind11::value_error(std::string(what) + " is a null pointer (0) for " +
+                                std::to_string(bytes) + " bytes");
+  }
   return {reinterpret_cast<T*>(address), static_cast<size_t>(bytes)};
 }
 
@@ -45,11 +56,26 @@ class HostBuffer {
   std::span<std::byte> writable_bytes() const { return {data_, size_}; }
   size_t size() const { return size_; }
 
+  // ConfigError naming `what` if the buffer's own element type (a tensor's dtype, a buffer's
+  // format) is not `dtype`: a floating type other than `dtype`, or elements of another size.
+  // Untyped bytes and same-sized integers (uint16 views of BF16 values) pass.
+  void check_elements(DType dtype, const char* what) const;
+
  private:
+  // What the object says its elements are; bytes with no type say nothing.
+  struct Elements {
+    std::string name;            // "torch.float32", "float16", ...; empty for untyped bytes
+    size_t bytes = 1;            // bytes per element
+    bool floating = false;       // a floating (or complex) type
+    std::optional<DType> dtype;  // the CIERA dtype it is, if any
+  };
+  static Elements elements_of(const Py_buffer& view);
+
   Py_buffer view_{};
   bool have_view_ = false;
   std::byte* data_ = nullptr;
   size_t size_ = 0;
+  Elements elements_;
 };
 
 }  // namespace ciera::python

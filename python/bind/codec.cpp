@@ -40,6 +40,15 @@ void check_shard(const HostBuffer& buffer, const CodecConfig& config, uint64_t v
   }
 }
 
+// Refuses `a` and `b` sharing memory: the codec reads one while it writes the other, so an
+// overlap would code or decode values that it has already overwritten.
+void check_apart(std::span<const std::byte> a, std::span<const std::byte> b, const char* what) {
+  const auto a_begin = reinterpret_cast<uintptr_t>(a.data()),
+             b_begin = reinterpret_cast<uintptr_t>(b.data());
+  if (!a.empty() && !b.empty() && a_begin < b_begin + b.size() && b_begin < a_begin + a.size())
+    throw py::value_error(std::string(what) + " overlap: they must be separate memory");
+}
+
 // The encoder and a payload buffer of max_payload_bytes(), allocated once.
 class PyShardEncoder {
  public:
@@ -73,6 +82,7 @@ class PyShardEncoder {
   FrameStats encode_into(py::handle shard, std::span<std::byte> payload) {
     HostBuffer in(shard, false, "shard");
     check_shard(in, encoder_.config(), encoder_.num_values(), "shard");
+    check_apart(in.bytes(), payload, "shard and payload");
     Exclusive only(busy_, "ShardEncoder");
     py::gil_scoped_release release;
     return encoder_.encode(in.bytes(), payload);
@@ -92,6 +102,7 @@ class PyShardDecoder {
     HostBuffer in(payload, false, "payload");
     HostBuffer shard(out, true, "out");
     check_shard(shard, decoder_.config(), decoder_.num_values(), "out");
+    check_apart(in.bytes(), shard.bytes(), "payload and out");
     Exclusive only(busy_, "ShardDecoder");
     py::gil_scoped_release release;
     return decoder_.decode(in.bytes(), shard.writable_bytes());
@@ -233,6 +244,7 @@ void bind_codec(py::module_& m) {
       [](const CodecConfig& c, py::handle payload, py::handle out) {
         HostBuffer in(payload, false, "payload");
         HostBuffer shard(out, true, "out");
+        check_apart(in.bytes(), shard.bytes(), "payload and out");
         py::gil_scoped_release release;
         decode_stateless(c, in.bytes(), shard.writable_bytes());
       },

@@ -7,8 +7,35 @@
 
 #include "bind.hpp"
 #include "ciera/collectives.hpp"
+#include "ciera/error.hpp"
 
 namespace ciera::python {
+namespace {
+
+// ConfigError unless `input` and `output` hold values of `dtype` (HostBuffer::check_elements).
+// A rank that refuses must still take part in the call, or its peers wait for it until the
+// timeout: `refuse(placeholder)` makes the call with a 1-byte input and an empty output (never
+// whole values, so the library refuses the call on every rank, naming this one), then this rank
+// raises its own reason.
+template <typename Refuse>
+void check_elements_on_every_rank(const HostBuffer& input, const HostBuffer& output, DType dtype,
+                                  const char* call, Refuse&& refuse) {
+  try {
+    input.check_elements(dtype, (std::string(call) + " input").c_str());
+    output.check_elements(dtype, (std::string(call) + " output").c_str());
+  } catch (const ConfigError&) {
+    const std::byte placeholder[1]{};
+    try {
+      py::gil_scoped_release release;
+      refuse(std::span<const std::byte>(placeholder));
+    } catch (const Error&) {
+      // The library's refusal of the placeholder (or a failed exchange): the reason is ours.
+    }
+    throw;
+  }
+}
+
+}  // namespace
 
 void bind_collectives(py::module_& m) {
   py::enum_<ReduceOp>(m, "ReduceOp").value("sum", ReduceOp::kSum).value("avg", ReduceOp::kAvg);
@@ -58,6 +85,9 @@ void bind_collectives(py::module_& m) {
           [](LosslessCollectives& self, DType dtype, ReduceOp op, py::handle in, py::handle out) {
             const HostBuffer input(in, false, "reduce_scatter input");
             const HostBuffer output(out, true, "reduce_scatter output");
+            check_elements_on_every_rank(
+                input, output, dtype, "reduce_scatter",
+                [&](auto placeholder) { self.reduce_scatter(dtype, op, placeholder, {}); });
             py::gil_scoped_release release;
             return self.reduce_scatter(dtype, op, input.bytes(), output.writable_bytes());
           },
@@ -69,6 +99,9 @@ void bind_collectives(py::module_& m) {
              std::vector<uint64_t> send_values, py::handle out, std::vector<uint64_t> recv_values) {
             const HostBuffer input(in, false, "alltoallv input");
             const HostBuffer output(out, true, "alltoallv output");
+            check_elements_on_every_rank(input, output, dtype, "alltoallv", [&](auto placeholder) {
+              self.alltoallv(dtype, placeholder, send_values, {}, recv_values);
+            });
             py::gil_scoped_release release;
             return self.alltoallv(dtype, input.bytes(), send_values, output.writable_bytes(),
                                   recv_values);

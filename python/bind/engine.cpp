@@ -74,9 +74,10 @@ class PyEngine {
   template <auto Method>
   auto gather(size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output,
               uint64_t output_bytes, uintptr_t stream, uint64_t slot_stride) {
+    const auto in = bytes_at<const std::byte>(input, input_bytes, "input");
+    const auto out = bytes_at<std::byte>(output, output_bytes, "output");
     return unlocked([&](CompressedAllgather& engine) {
-      return (engine.*Method)(bucket, bytes_at<const std::byte>(input, input_bytes),
-                              bytes_at<std::byte>(output, output_bytes), stream, slot_stride);
+      return (engine.*Method)(bucket, in, out, stream, slot_stride);
     });
   }
 

@@ -122,8 +122,9 @@ void bind_change_monitor(py::module_& m) {
       .def(
           "observe",
           [](ChangeMonitor& monitor, uintptr_t data, uint64_t bytes) {
+            const auto snapshot = bytes_at<const std::byte>(data, bytes, "data_ptr");
             py::gil_scoped_release release;
-            monitor.observe(bytes_at<const std::byte>(data, bytes));
+            monitor.observe(snapshot);
           },
           py::arg("data_ptr"), py::arg("nbytes"))
       .def_property_readonly("counts", &ChangeMonitor::counts)

@@ -66,15 +66,17 @@ class PythonTransport final : public Transport {
   std::string_view name() const override { return name_; }
 
   void allgather(const void* in, size_t bytes, void* out) override {
-    call("allgather", [&] { allgather_(view(in, bytes, true), view(out, bytes * size_, false)); });
+    call("allgather", [&](LentViews& lent) {
+      allgather_(lent.view(in, bytes, true), lent.view(out, bytes * size_, false));
+    });
   }
 
   void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
                   std::span<const uint64_t> displs) override {
     uint64_t total = 0;
     for (int r = 0; r < size_; ++r) total = std::max(total, displs[r] + counts[r]);
-    call("allgatherv", [&] {
-      allgatherv_(view(in, counts[rank_], true), view(out, total, false),
+    call("allgatherv", [&](LentViews& lent) {
+      allgatherv_(lent.view(in, counts[rank_], true), lent.view(out, total, false),
                   std::vector<uint64_t>(counts.begin(), counts.end()),
                   std::vector<uint64_t>(displs.begin(), displs.end()));
     });
@@ -95,32 +97,56 @@ class PythonTransport final : public Transport {
     auto list = [](std::span<const uint64_t> v) {
       return std::vector<uint64_t>(v.begin(), v.end());
     };
-    call("alltoallv", [&] {
-      alltoallv_(view(in, extent(send_counts, send_displs), true),
-                 view(out, extent(recv_counts, recv_displs), false), list(send_counts),
+    call("alltoallv", [&](LentViews& lent) {
+      alltoallv_(lent.view(in, extent(send_counts, send_displs), true),
+                 lent.view(out, extent(recv_counts, recv_displs), false), list(send_counts),
                  list(send_displs), list(recv_counts), list(recv_displs));
     });
   }
 
   void barrier() override {
-    call("barrier", [&] { barrier_(); });
+    call("barrier", [&](LentViews&) { barrier_(); });
   }
 
   void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
  private:
-  py::object view(const void* data, uint64_t bytes, bool readonly) const {
-    if (device_) return py::make_tuple(reinterpret_cast<uintptr_t>(data), bytes);
-    return py::memoryview::from_memory(const_cast<void*>(data), static_cast<ssize_t>(bytes),
-                                       readonly);
-  }
+  // The views of CIERA's memory that one call hands its callable, released (memoryview.release())
+  // once it returns or raises: a view it kept raises on use instead of reaching buffers that CIERA
+  // reuses or frees. An array made from a view (np.frombuffer) shares its memory, not its release.
+  class LentViews {
+   public:
+    explicit LentViews(bool device) : device_(device) {}
+    LentViews(const LentViews&) = delete;
+    LentViews& operator=(const LentViews&) = delete;
+    ~LentViews() {
+      for (const py::object& view : views_) {
+        // Fails only while a C extension holds an export of the view; nothing to do about it.
+        PyObject* result = PyObject_CallMethod(view.ptr(), "release", nullptr);
+        if (result == nullptr) PyErr_Clear();
+        Py_XDECREF(result);
+      }
+    }
+
+    py::object view(const void* data, uint64_t bytes, bool readonly) {
+      if (device_) return py::make_tuple(reinterpret_cast<uintptr_t>(data), bytes);
+      views_.push_back(py::memoryview::from_memory(const_cast<void*>(data),
+                                                   static_cast<ssize_t>(bytes), readonly));
+      return views_.back();
+    }
+
+   private:
+    bool device_;
+    std::vector<py::object> views_;
+  };
 
   template <typename F>
   void call(const char* what, F&& body) {
     py::gil_scoped_acquire gil;
+    LentViews lent(device_);
     try {
-      body();
+      body(lent);
     } catch (py::error_already_set& e) {
       throw CommError(name_ + " " + what + " failed on rank " + std::to_string(rank_) + ": " +
                       e.what());
@@ -162,6 +188,15 @@ void bind_transport(py::module_& m) {
       "python_transport",
       [](int rank, int size, py::object allgather, py::object allgatherv, py::object barrier,
          std::string name, bool device, py::object alltoallv) -> std::shared_ptr<Transport> {
+        if (size < 1) {
+          throw py::value_error("python_transport: size must be at least 1, got " +
+                                std::to_string(size));
+        }
+        if (rank < 0 || rank >= size) {
+          throw py::value_error("python_transport: rank " + std::to_string(rank) +
+                                " is not in 0.." + std::to_string(size - 1) + " (size " +
+                                std::to_string(size) + ")");
+        }
         return std::make_shared<PythonTransport>(rank, size, std::move(allgather),
                                                  std::move(allgatherv), std::move(barrier),
                                                  std::move(name), device, std::move(alltoallv));
@@ -169,7 +204,9 @@ void bind_transport(py::module_& m) {
       py::arg("rank"), py::arg("size"), py::arg("allgather"), py::arg("allgatherv"),
       py::arg("barrier"), py::arg("name") = "python", py::arg("device") = false,
       py::arg("alltoallv") = py::none(),
-      "device: the callables get (address, bytes) of device memory instead of memoryviews; "
+      "The memoryviews the callables get are released when they return: the data must be in "
+      "place by then. device: the callables get (address, bytes) of device memory instead of "
+      "memoryviews; "
       "alltoallv(input, output, send_counts, send_displs, recv_counts, recv_displs), if given, "
       "serves the lossless collectives");
 #if defined(CIERA_WITH_NCCL)

@@ -31,6 +31,14 @@ from ciera.fsdp.transport import make_transport
 _POLICIES = {"delta": "delta", "ciera": "ciera", "raw": "raw"}
 
 
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch before 2.4, or built without distributed
+        return False
+    return isinstance(tensor, DTensor)
+
+
 @dataclass
 class BroadcastStats:
     """One broadcast() on this rank: bytes of the tensors, what the transport carried (the
@@ -95,6 +103,10 @@ class Broadcaster:
         for i, t in enumerate(self.tensors):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"item {i} is a {type(t).__name__}, not a tensor")
+            if _is_dtensor(t):
+                # FSDP2's parameters: data_ptr() is 0 and numel() counts every rank's shard.
+                raise TypeError(f"tensor {i} is a DTensor (a sharded tensor, e.g. an FSDP2 parameter): "
+                                "pass its local shard, .to_local()")
             if t.dtype not in DTYPES:
                 raise _ext.ConfigError(f"tensor {i} is {t.dtype}; CIERA codes bfloat16, float16 and float32")
             if t.device.type != "cpu" or not t.is_contiguous():

@@ -1,0 +1,219 @@
+"""Misuse of the binding is an error naming the problem, never a crash or a silently wrong value:
+DTensors and null data pointers as host memory, a python_transport rank outside its world,
+memoryviews kept past a transport call, buffers whose own dtype is not the declared one, and
+codec input and output that overlap. Calls that used to crash run in a fresh interpreter, so that
+a regression fails its test rather than the whole run."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+from conftest import torch
+
+import ciera
+from ciera import _ext
+
+# Prints what each call raised, as "Type: text" (or "accepted").
+_CHILD_PRELUDE = """
+import numpy as np, ciera
+from ciera import _ext
+def refused(call):
+    try:
+        call()
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}", flush=True)
+    else:
+        print("accepted", flush=True)
+"""
+
+
+def _child_output(code: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", _CHILD_PRELUDE + textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout.splitlines()
+
+
+def test_a_dtensor_or_a_null_data_pointer_is_refused_as_host_memory():
+    lines = _child_output("""
+        import tempfile, torch, torch.distributed as dist, ciera.broadcast
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        dist.init_process_group("gloo", store=dist.FileStore(tempfile.mktemp(), 1), rank=0, world_size=1)
+        dt = distribute_tensor(torch.arange(8.0), init_device_mesh("cpu", (1,)), [Shard(0)])
+        config = ciera.CodecConfig()
+        config.dtype = _ext.DType.fp32
+        payload, _ = ciera.ShardEncoder(config, 8).encode(dt.to_local())
+        refused(lambda: ciera.ShardEncoder(config, 8).encode(dt))
+        refused(lambda: ciera.ShardDecoder(config, 8).decode(payload, dt))
+        refused(lambda: ciera.broadcast.Broadcaster([dt]))
+        dist.destroy_process_group()
+
+        class Unallocated:  # a tensor-like object whose data pointer is 0
+            def data_ptr(self): return 0
+            def numel(self): return 8
+            def element_size(self): return 4
+        refused(lambda: ciera.ShardEncoder(config, 8).encode(Unallocated()))
+    """)
+    advice = "DTensor (a sharded tensor, e.g. an FSDP2 parameter)"
+    assert lines[0].startswith("TypeError: shard is a DTensor") and ".to_local()" in lines[0], lines
+    assert lines[1].startswith("TypeError: out is a DTensor") and ".to_local()" in lines[1], lines
+    assert lines[2].startswith("TypeError: Broadcaster: on rank 0: tensor 0 is a") and advice in lines[2], lines
+    assert lines[3] == "ValueError: shard has no memory: a null data pointer for 32 bytes", lines
+
+
+@pytest.mark.parametrize("rank, size, message", [
+    (1, 1, "rank 1 is not in 0..0 (size 1)"),
+    (-1, 2, "rank -1 is not in 0..1 (size 2)"),
+    (0, 0, "size must be at least 1, got 0"),
+])
+def test_python_transport_refuses_a_rank_outside_its_world(rank, size, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _ext.python_transport(rank, size, lambda i, o: None, lambda i, o, c, d: None, lambda: None)
+
+
+def _one_rank_gather(allgather, allgatherv):
+    """A one-rank engine over `allgather`/`allgatherv` gathers 4096 BF16 values once."""
+    transport = _ext.python_transport(0, 1, allgather, allgatherv, lambda: None)
+    layout = ciera.BucketLayout.fsdp_split("b", ciera.DType.bf16, [4096], 1)
+    engine = ciera.Engine(transport, ciera.EngineConfig(), [layout])
+    data, out = np.ones(4096, np.uint16), np.zeros(4096, np.uint16)
+    try:
+        engine.run(0, data.ctypes.data, data.nbytes, out.ctypes.data, out.nbytes)
+    finally:
+        engine.close()
+
+
+def test_memoryviews_lent_to_transport_callables_are_released_when_they_return():
+    kept = []
+
+    def allgather(i, o):
+        o[:len(i)] = i
+        kept.extend([i, o])
+
+    def allgatherv(i, o, counts, displs):
+        o[displs[0]:displs[0] + counts[0]] = i
+        kept.extend([i, o])
+
+    _one_rank_gather(allgather, allgatherv)
+    assert kept
+    for view in kept:
+        with pytest.raises(ValueError, match="released memoryview"):
+            len(view)
+        with pytest.raises(ValueError, match="released memoryview"):
+            view[:1] = b"\xab"
+
+    # Also when the callable raises.
+    kept.clear()
+
+    def failing(i, o, *lists):
+        kept.extend([i, o])
+        raise RuntimeError("the peer is gone")
+
+    with pytest.raises(ciera.CommError, match="the peer is gone"):
+        _one_rank_gather(failing, failing)
+    assert kept
+    for view in kept:
+        with pytest.raises(ValueError, match="released memoryview"):
+            view[:1] = b"\xab"
+
+
+def test_a_null_pointer_with_bytes_is_refused():
+    lines = _child_output("""
+        layout = ciera.BucketLayout.fsdp_split("b", ciera.DType.bf16, [100], 1)
+        engine = ciera.Engine(ciera.loopback_transport(ciera.loopback_world(1), 0), ciera.EngineConfig(), [layout])
+        buffer = np.zeros(100, np.uint16)
+        refused(lambda: engine.run(0, 0, 200, buffer.ctypes.data, buffer.nbytes))
+        refused(lambda: engine.run(0, buffer.ctypes.data, buffer.nbytes, 0, 200))
+        refused(lambda: _ext.ChangeMonitor(_ext.DType.bf16, [100], 512).observe(0, 200))
+        refused(lambda: _ext.ExponentChangeCounter(_ext.DType.bf16, 100).observe(0, 200))
+        engine.close()
+    """)
+    assert lines == ["ValueError: input is a null pointer (0) for 200 bytes",
+                     "ValueError: output is a null pointer (0) for 200 bytes",
+                     "ValueError: data_ptr is a null pointer (0) for 200 bytes",
+                     "ValueError: data_ptr is a null pointer (0) for 200 bytes"]
+
+
+def _loopback(world, body):
+    """body(rank, LosslessCollectives) on `world` loopback threads: each rank's result or error."""
+    shared = _ext.loopback_world(world)
+    outcomes = [None] * world
+
+    def run(rank):
+        try:
+            outcomes[rank] = body(rank, ciera.LosslessCollectives(_ext.loopback_transport(shared, rank)))
+        except Exception as e:  # noqa: BLE001 - compared below, per rank
+            outcomes[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "a rank is still waiting in the collective"
+    return outcomes
+
+
+def test_collectives_refuse_buffers_whose_own_dtype_is_not_the_declared_one():
+    bf16, fp32, ok = _ext.DType.bf16, _ext.DType.fp32, ciera.CollectiveStats
+
+    def fp32_as_bf16(rank, collectives):
+        return collectives.reduce_scatter(bf16, _ext.ReduceOp.sum, torch.ones(4), torch.empty(2))
+
+    outcomes = _loopback(2, fp32_as_bf16)
+    assert all(isinstance(e, ciera.ConfigError) for e in outcomes), outcomes
+    assert str(outcomes[0]) == "reduce_scatter input holds torch.float32 values, but dtype is bf16"
+
+    # Only rank 1's buffers disagree: rank 0 is told which rank refused, not left waiting.
+    def rank_1_float16(rank, collectives):
+        x = np.ones(4, np.float16 if rank == 1 else np.uint16)
+        return collectives.alltoallv(bf16, x, [2, 2], np.empty(4, np.uint16), [2, 2])
+
+    outcomes = _loopback(2, rank_1_float16)
+    assert isinstance(outcomes[0], ciera.ConfigError) and "rank 1 refused its arguments" in str(outcomes[0])
+    assert isinstance(outcomes[1], ciera.ConfigError)
+    assert str(outcomes[1]) == "alltoallv input holds float16 values, but dtype is bf16"
+
+    outcomes = _loopback(2, lambda rank, c: c.reduce_scatter(fp32, _ext.ReduceOp.sum, np.ones(4, np.float64),
+                                                             np.empty(2, np.float32)))
+    assert "reduce_scatter input holds float64 values, but dtype is fp32" in str(outcomes[0]), outcomes
+
+    # Untyped bytes and same-sized integers are the values of the declared dtype.
+    def untyped(rank, collectives):
+        bf16_bits = torch.ones(4, dtype=torch.bfloat16).view(torch.int16)
+        out = np.empty(4, np.uint8)
+        return collectives.reduce_scatter(bf16, _ext.ReduceOp.sum, bf16_bits, out)
+
+    outcomes = _loopback(2, untyped)
+    assert all(isinstance(s, ok) for s in outcomes), outcomes
+
+
+def test_codec_refuses_overlapping_input_and_output():
+    config = ciera.CodecConfig()
+    config.content_checksum = False
+    n = 4096
+    values = (np.random.default_rng(0).standard_normal(n) * 0.02).astype(np.float32)
+    shard = (values.view(np.uint32) >> 16).astype(np.uint16)
+    encoder = ciera.ShardEncoder(config, n)
+    buffer = np.zeros(encoder.max_payload_bytes + shard.nbytes, np.uint8)
+    buffer[:shard.nbytes] = shard.view(np.uint8)
+    with pytest.raises(ValueError, match="shard and payload overlap"):
+        encoder.encode_into(buffer[:shard.nbytes].view(np.uint16), buffer)
+    # Side by side in one buffer is fine.
+    stats = encoder.encode_into(buffer[:shard.nbytes].view(np.uint16), buffer[shard.nbytes:])
+    payload = bytes(buffer[shard.nbytes:shard.nbytes + stats.payload_bytes])
+
+    both = bytearray(max(len(payload), shard.nbytes))
+    both[:len(payload)] = payload
+    view = memoryview(both)
+    with pytest.raises(ValueError, match="payload and out overlap"):
+        ciera.ShardDecoder(config, n).decode(view[:len(payload)], view[:shard.nbytes])
+    with pytest.raises(ValueError, match="payload and out overlap"):
+        _ext.decode_stateless(config, view[:len(payload)], view[len(payload) - 1:][:shard.nbytes])
+    out = np.empty(n, np.uint16)
+    ciera.ShardDecoder(config, n).decode(payload, out)
+    assert np.array_equal(out, shard)
