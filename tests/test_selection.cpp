@@ -463,7 +463,7 @@ TEST(SelectionMisuse, BadArgumentsAreConfigErrors) {
 
 // Collectives whose arguments differ between ranks would exchange buffers of different sizes
 // (undefined under MPI): every rank is told instead.
-TEST(SelectionMisuse, RanksThatPassOtherArgumentsToACollectiveFailTogether) {
+TEST(SelectionMisuse, RanksThatPassOtherArgumentsToAMeasurementOrAMergeFailTogether) {
   const int world = 2;
   auto shared = make_loopback_world(world);
   std::vector<std::string> gather_errors(world), merge_errors(world);

@@ -1,7 +1,7 @@
 // Subcommands of the `ciera` tool. Each registers itself on the CLI11 app, binding its options
 // to an Options struct, and its callback runs the command in three steps (house rule 15):
 //   parse:   Options -> a checked Request; every check (and every input file read) happens
-//            here, before any work, and a bad value throws ConfigError naming the option;
+//            here, before any work, and a bad value throws UsageError naming the option;
 //   compute: Request -> a result struct (with a progress bar on stderr where it is long);
 //   render:  the result as a table, or as JSON with --json.
 // It then throws CommandExit with the exit status (exit_status.hpp). Whatever the parse step
