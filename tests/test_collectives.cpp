@@ -528,6 +528,44 @@ TEST(CollectiveFailures, ARankThatRefusesItsArgumentsIsNamedOnEveryRankAtOnce) {
     EXPECT_NE(errors[r].find("rank 1 refused its arguments"), std::string::npos) << errors[r];
 }
 
+// What a caller above the library refuses (a DTensor, a tensor of another dtype) fails the call on
+// every rank at once, as the library's own refusals do; the next call then works everywhere.
+TEST(CollectiveFailures, ACallersRefusalIsNamedOnEveryRankAtOnceAndTheNextCallWorks) {
+  for (const bool alltoallv : {false, true}) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Transport> t) {
+      LosslessCollectives collectives(t);
+      std::vector<std::byte> in(2 * 8 * 2, std::byte{0x3f}), out(8 * 2);
+      const std::vector<uint64_t> counts = {8, 8};
+      auto call = [&] {
+        if (alltoallv) {
+          std::vector<std::byte> all(in.size());
+          collectives.alltoallv(DType::kBF16, in, counts, all, counts);
+        } else {
+          collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);
+        }
+      };
+      try {
+        if (rank == 1 && alltoallv) collectives.refuse_alltoallv("alltoallv input is a DTensor");
+        if (rank == 1 && !alltoallv)
+          collectives.refuse_reduce_scatter("reduce_scatter input is a DTensor");
+        call();
+        ADD_FAILURE() << "rank " << rank << ": the refused call completed";
+      } catch (const ConfigError& e) {
+        const std::string want =
+            rank == 1
+                ? (alltoallv ? "alltoallv input is a DTensor" : "reduce_scatter input is a DTensor")
+                : (alltoallv ? "rank 1 refused its arguments to its alltoallv call 0"
+                             : "rank 1 refused its arguments to its reduce_scatter call 0");
+        EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      }
+      call();
+    });
+    testing::expect_no_errors(errors);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
+}
+
 // An unknown dtype or op is refused like any other argument: named on its rank, and its peers
 // hear of it at once, not after the timeout, nor as a record they cannot read.
 TEST(CollectiveFailures, AnUnknownDtypeOrOpOnOneRankIsNamedOnEveryRankAtOnce) {

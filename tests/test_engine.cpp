@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <future>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "ciera/engine.hpp"
@@ -241,6 +243,34 @@ TEST(Engine, WrongBufferSizeOnOneRankFailsEveryRank) {
   for (int r = 0; r < world; ++r) {
     EXPECT_NE(errors[r].find("rank 1 rejected"), std::string::npos) << errors[r];
   }
+}
+
+// A caller's refusal (a binding that found a null pointer) fails the gather on every rank at
+// once, naming the rank and its reason; the bucket's next gather then succeeds everywhere.
+TEST(Engine, ARefusedGatherFailsEveryRankAtOnceAndTheNextOneWorks) {
+  const int world = 3;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world);
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    CompressedAllgather engine(t, EngineConfig{}, {layout});
+    BucketData data(layout, Pattern::kSparse, 5);
+    std::vector<std::byte> out(layout.total_bytes());
+    try {
+      if (rank == 1) engine.refuse(0, "input is a null pointer (0) for 2000 bytes");
+      engine.run(0, data.input(rank), out);
+      ADD_FAILURE() << "rank " << rank << ": the refused gather completed";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 rejected its gather of bucket 'b': input is a "
+                                           "null pointer (0) for 2000 bytes"),
+                std::string::npos)
+          << e.what();
+    }
+    engine.run(0, data.input(rank), out);
+    EXPECT_EQ(std::memcmp(out.data(), data.trajectory.span().data(), out.size()), 0)
+        << "rank " << rank;
+  });
+  testing::expect_no_errors(errors);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));  // not a timeout
 }
 
 // Two buckets gathered at a slot stride into one interleaved buffer, in place, as DeepSpeed's

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "ciera/dtype.hpp"
@@ -134,6 +135,14 @@ class LosslessCollectives {
   CollectiveStats alltoallv(DType dtype, std::span<const std::byte> in,
                             std::span<const uint64_t> send_values, std::span<std::byte> out,
                             std::span<const uint64_t> recv_values);
+
+  // Take part in the next reduce-scatter (alltoallv) only to refuse it: every rank's call fails
+  // with a ConfigError naming this rank, and this rank's with `reason`. For arguments that a
+  // layer above finds wrong before it has buffers to pass (a tensor of the wrong kind, a null
+  // pointer): thrown on this rank alone, they would leave its peers waiting for it until the
+  // timeout.
+  [[noreturn]] void refuse_reduce_scatter(const std::string& reason);
+  [[noreturn]] void refuse_alltoallv(const std::string& reason);
 
   const CollectivesConfig& config() const;
   int rank() const;

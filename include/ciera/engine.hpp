@@ -139,6 +139,13 @@ class CompressedAllgather {
   GatherStats run(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output,
                   uintptr_t stream = 0, uint64_t slot_stride = 0);
 
+  // Takes part in the bucket's next gather only to refuse it: the gather fails with the same
+  // ConfigError on every rank, naming this rank and `reason`. For arguments that a layer above
+  // the engine finds wrong before it has buffers to pass (a null pointer, memory of the wrong
+  // kind): thrown on this rank alone, they would leave its peers waiting for it until the
+  // timeout. Throws std::invalid_argument, on this rank alone, as start() does.
+  [[noreturn]] void refuse(size_t bucket, const std::string& reason);
+
   // Forgets all codec state, as after a restart. The next gather of each bucket is detected as
   // cold by every rank and runs a key-frame round.
   // Throws std::invalid_argument if any bucket has a gather in flight.
@@ -164,6 +171,10 @@ class CompressedAllgather {
   const CodecBackend& backend() const;
 
  private:
+  // start(), or with a non-empty `refusal` refuse()'s gather.
+  Ticket begin(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output,
+               uintptr_t stream, uint64_t slot_stride, std::string refusal);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -560,6 +560,16 @@ const CollectivesConfig& LosslessCollectives::config() const { return impl_->con
 int LosslessCollectives::rank() const { return impl_->rank; }
 int LosslessCollectives::size() const { return impl_->world; }
 
+void LosslessCollectives::refuse_reduce_scatter(const std::string& reason) {
+  impl_->reject(CallKind::kReduceScatter, DType::kBF16,
+                reason.empty() ? "reduce_scatter: refused by its caller" : reason);
+}
+
+void LosslessCollectives::refuse_alltoallv(const std::string& reason) {
+  impl_->reject(CallKind::kAlltoallv, DType::kBF16,
+                reason.empty() ? "alltoallv: refused by its caller" : reason);
+}
+
 CollectiveStats LosslessCollectives::reduce_scatter(DType dtype, ReduceOp op,
                                                     std::span<const std::byte> in,
                                                     std::span<std::byte> out) {

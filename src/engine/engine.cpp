@@ -237,6 +237,20 @@ CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket,
                                                        std::span<const std::byte> input,
                                                        std::span<std::byte> output,
                                                        uintptr_t stream, uint64_t slot_stride) {
+  return begin(bucket, input, output, stream, slot_stride, "");
+}
+
+void CompressedAllgather::refuse(size_t bucket, const std::string& reason) {
+  wait(begin(bucket, {}, {}, 0, 0, reason.empty() ? "refused by its caller" : reason));
+  throw std::logic_error("refuse: a refused gather of bucket " + std::to_string(bucket) +
+                         " completed");
+}
+
+CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
+                                                       std::span<const std::byte> input,
+                                                       std::span<std::byte> output,
+                                                       uintptr_t stream, uint64_t slot_stride,
+                                                       std::string refusal) {
   Impl& m = *impl_;
   check_bucket("start", bucket, m.buckets.size());
   BucketState& s = m.buckets[bucket];
@@ -249,7 +263,9 @@ CompressedAllgather::Ticket CompressedAllgather::start(size_t bucket,
   g->started = std::chrono::steady_clock::now();
   // Wrong sizes are not thrown here: the peers are about to gather with this rank, so every
   // rank learns of the problem in the control exchange and fails alike.
-  if (!s.policy_error.empty()) {
+  if (!refusal.empty()) {
+    g->local_error = std::move(refusal);
+  } else if (!s.policy_error.empty()) {
     g->local_error = s.policy_error;
   } else if (input.size() != s.layout.rank_bytes(m.rank)) {
     g->local_error = "input is " + std::to_string(input.size()) +
