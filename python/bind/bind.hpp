@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <span>
 #include <string>
@@ -77,5 +78,25 @@ class HostBuffer {
   size_t size_ = 0;
   Elements elements_;
 };
+
+// A collective call's arguments, checked on one rank: `check()` builds and checks them here; if
+// it throws, this rank still takes part in the call, by `refuse(reason)` (the library's refusal:
+// every rank's call fails at once, naming this rank; called with the GIL held, it releases it),
+// and then raises the argument's own error. Thrown here alone, the error would leave the peers
+// waiting for this rank until the timeout.
+template <typename Check, typename Refuse>
+void check_on_every_rank(Check&& check, Refuse&& refuse) {
+  try {
+    check();
+  } catch (const std::exception& e) {
+    const std::string reason = e.what();
+    try {
+      refuse(reason);
+    } catch (const std::exception&) {
+      // The refusal as this rank's library raised it: the argument's error says more.
+    }
+    throw;
+  }
+}
 
 }  // namespace ciera::python

@@ -3,6 +3,8 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "bind.hpp"
@@ -10,32 +12,6 @@
 #include "ciera/error.hpp"
 
 namespace ciera::python {
-namespace {
-
-// ConfigError unless `input` and `output` hold values of `dtype` (HostBuffer::check_elements).
-// A rank that refuses must still take part in the call, or its peers wait for it until the
-// timeout: `refuse(placeholder)` makes the call with a 1-byte input and an empty output (never
-// whole values, so the library refuses the call on every rank, naming this one), then this rank
-// raises its own reason.
-template <typename Refuse>
-void check_elements_on_every_rank(const HostBuffer& input, const HostBuffer& output, DType dtype,
-                                  const char* call, Refuse&& refuse) {
-  try {
-    input.check_elements(dtype, (std::string(call) + " input").c_str());
-    output.check_elements(dtype, (std::string(call) + " output").c_str());
-  } catch (const ConfigError&) {
-    const std::byte placeholder[1]{};
-    try {
-      py::gil_scoped_release release;
-      refuse(std::span<const std::byte>(placeholder));
-    } catch (const Error&) {
-      // The library's refusal of the placeholder (or a failed exchange): the reason is ours.
-    }
-    throw;
-  }
-}
-
-}  // namespace
 
 void bind_collectives(py::module_& m) {
   py::enum_<ReduceOp>(m, "ReduceOp").value("sum", ReduceOp::kSum).value("avg", ReduceOp::kAvg);
@@ -83,31 +59,63 @@ void bind_collectives(py::module_& m) {
       .def(
           "reduce_scatter",
           [](LosslessCollectives& self, DType dtype, ReduceOp op, py::handle in, py::handle out) {
-            const HostBuffer input(in, false, "reduce_scatter input");
-            const HostBuffer output(out, true, "reduce_scatter output");
-            check_elements_on_every_rank(
-                input, output, dtype, "reduce_scatter",
-                [&](auto placeholder) { self.reduce_scatter(dtype, op, placeholder, {}); });
+            std::optional<HostBuffer> input, output;
+            check_on_every_rank(
+                [&] {
+                  input.emplace(in, false, "reduce_scatter input");
+                  output.emplace(out, true, "reduce_scatter output");
+                  input->check_elements(dtype, "reduce_scatter input");
+                  output->check_elements(dtype, "reduce_scatter output");
+                },
+                [&](const std::string& reason) {
+                  py::gil_scoped_release release;
+                  self.refuse_reduce_scatter(reason);
+                });
             py::gil_scoped_release release;
-            return self.reduce_scatter(dtype, op, input.bytes(), output.writable_bytes());
+            return self.reduce_scatter(dtype, op, input->bytes(), output->writable_bytes());
           },
           py::arg("dtype"), py::arg("op"), py::arg("input"), py::arg("output"),
-          "output (on rank r) = the rank-order sum (or average) of every rank's part r of input")
+          "output (on rank r) = the rank-order sum (or average) of every rank's part r of input. "
+          "Arguments this rank cannot pass (not a buffer, a DTensor, another dtype) fail the call "
+          "on every rank.")
       .def(
           "alltoallv",
           [](LosslessCollectives& self, DType dtype, py::handle in,
              std::vector<uint64_t> send_values, py::handle out, std::vector<uint64_t> recv_values) {
-            const HostBuffer input(in, false, "alltoallv input");
-            const HostBuffer output(out, true, "alltoallv output");
-            check_elements_on_every_rank(input, output, dtype, "alltoallv", [&](auto placeholder) {
-              self.alltoallv(dtype, placeholder, send_values, {}, recv_values);
-            });
+            std::optional<HostBuffer> input, output;
+            check_on_every_rank(
+                [&] {
+                  input.emplace(in, false, "alltoallv input");
+                  output.emplace(out, true, "alltoallv output");
+                  input->check_elements(dtype, "alltoallv input");
+                  output->check_elements(dtype, "alltoallv output");
+                },
+                [&](const std::string& reason) {
+                  py::gil_scoped_release release;
+                  self.refuse_alltoallv(reason);
+                });
             py::gil_scoped_release release;
-            return self.alltoallv(dtype, input.bytes(), send_values, output.writable_bytes(),
+            return self.alltoallv(dtype, input->bytes(), send_values, output->writable_bytes(),
                                   recv_values);
           },
           py::arg("dtype"), py::arg("input"), py::arg("send_values"), py::arg("output"),
-          py::arg("recv_values"));
+          py::arg("recv_values"))
+      .def(
+          "refuse_reduce_scatter",
+          [](LosslessCollectives& self, const std::string& reason) {
+            py::gil_scoped_release release;
+            self.refuse_reduce_scatter(reason);
+          },
+          py::arg("reason"),
+          "Takes part in the next reduce_scatter only to refuse it: raises ConfigError with "
+          "`reason` here, and on every other rank an error naming this one.")
+      .def(
+          "refuse_alltoallv",
+          [](LosslessCollectives& self, const std::string& reason) {
+            py::gil_scoped_release release;
+            self.refuse_alltoallv(reason);
+          },
+          py::arg("reason"), "As refuse_reduce_scatter, for the next alltoallv.");
 }
 
 }  // namespace ciera::python

@@ -3,6 +3,8 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "bind.hpp"
@@ -70,12 +72,20 @@ class PyEngine {
   // start() or run(): `input`/`output` are data pointers with their sizes in bytes
   // (Tensor.data_ptr(): host memory, or device memory on a CUDA engine); `stream` a CUDA
   // stream as an integer (torch.cuda.Stream.cuda_stream) or 0; `slot_stride` as in
-  // CompressedAllgather::start.
+  // CompressedAllgather::start. A null pointer fails the gather on every rank.
   template <auto Method>
   auto gather(size_t bucket, uintptr_t input, uint64_t input_bytes, uintptr_t output,
               uint64_t output_bytes, uintptr_t stream, uint64_t slot_stride) {
-    const auto in = bytes_at<const std::byte>(input, input_bytes, "input");
-    const auto out = bytes_at<std::byte>(output, output_bytes, "output");
+    std::span<const std::byte> in;
+    std::span<std::byte> out;
+    check_on_every_rank(
+        [&] {
+          in = bytes_at<const std::byte>(input, input_bytes, "input");
+          out = bytes_at<std::byte>(output, output_bytes, "output");
+        },
+        [&](const std::string& reason) {
+          unlocked([&](CompressedAllgather& engine) { engine.refuse(bucket, reason); });
+        });
     return unlocked([&](CompressedAllgather& engine) {
       return (engine.*Method)(bucket, in, out, stream, slot_stride);
     });
@@ -147,8 +157,18 @@ void bind_engine(py::module_& m) {
       .def("run", &PyEngine::gather<&CompressedAllgather::run>, py::arg("bucket"),
            py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
            py::arg("output_bytes"), py::arg("stream") = 0, py::arg("slot_stride") = 0)
+      .def(
+          "refuse",
+          [](PyEngine& e, size_t bucket, const std::string& reason) {
+            e.unlocked([&](CompressedAllgather& engine) { engine.refuse(bucket, reason); });
+          },
+          py::arg("bucket"), py::arg("reason"),
+          "Takes part in the bucket's next gather only to refuse it: raises ConfigError, the "
+          "same on every rank, naming this rank and `reason`.")
       .def("reset_caches",
-           [](PyEngine& e) { e.unlocked([](CompressedAllgather& engine) { engine.reset_caches(); }); })
+           [](PyEngine& e) {
+             e.unlocked([](CompressedAllgather& engine) { engine.reset_caches(); });
+           })
       .def(
           "set_policy",
           [](PyEngine& e, size_t bucket, size_t param, ShardPolicy p) {

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -138,14 +139,14 @@ def test_a_null_pointer_with_bytes_is_refused():
                      "ValueError: data_ptr is a null pointer (0) for 200 bytes"]
 
 
-def _loopback(world, body):
-    """body(rank, LosslessCollectives) on `world` loopback threads: each rank's result or error."""
+def _loopback(world, body, make=ciera.LosslessCollectives):
+    """body(rank, make(transport)) on `world` loopback threads: each rank's result or error."""
     shared = _ext.loopback_world(world)
     outcomes = [None] * world
 
     def run(rank):
         try:
-            outcomes[rank] = body(rank, ciera.LosslessCollectives(_ext.loopback_transport(shared, rank)))
+            outcomes[rank] = body(rank, make(_ext.loopback_transport(shared, rank)))
         except Exception as e:  # noqa: BLE001 - compared below, per rank
             outcomes[rank] = e
 
@@ -192,6 +193,63 @@ def test_collectives_refuse_buffers_whose_own_dtype_is_not_the_declared_one():
     assert all(isinstance(s, ok) for s in outcomes), outcomes
 
 
+def test_arguments_one_rank_cannot_pass_fail_the_call_on_every_rank_at_once():
+    """What the binding refuses on one rank (not a buffer, a null pointer) or a caller refuses
+    itself still takes part in the call: its peers fail at once with an error naming that rank,
+    not at the timeout, and the next call works everywhere."""
+    fp32, started = _ext.DType.fp32, time.monotonic()
+
+    def rank_1_passes_a_list(rank, collectives):
+        x = [1.0] * 4 if rank == 1 else np.ones(4, np.float32)
+        try:
+            collectives.reduce_scatter(fp32, _ext.ReduceOp.sum, x, np.empty(2, np.float32))
+        except Exception as e:  # noqa: BLE001 - compared below, per rank
+            failure = e
+        out = np.empty(2, np.float32)
+        collectives.reduce_scatter(fp32, _ext.ReduceOp.sum, np.ones(4, np.float32), out)
+        return failure, out
+
+    outcomes = _loopback(2, rank_1_passes_a_list)
+    assert isinstance(outcomes[1][0], TypeError) and "reduce_scatter input must be a buffer" in str(outcomes[1][0])
+    assert isinstance(outcomes[0][0], ciera.ConfigError)
+    assert "rank 1 refused its arguments to its reduce_scatter call 0" in str(outcomes[0][0])
+    assert all(np.array_equal(out, [2.0, 2.0]) for _, out in outcomes)
+
+    def rank_0_refuses(rank, collectives):
+        if rank == 0:
+            collectives.refuse_alltoallv("alltoallv: the tokens are on another device")
+        return collectives.alltoallv(fp32, np.ones(4, np.float32), [2, 2], np.empty(4, np.float32), [2, 2])
+
+    outcomes = _loopback(2, rank_0_refuses)
+    assert str(outcomes[0]) == "alltoallv: the tokens are on another device"
+    assert "rank 0 refused its arguments to its alltoallv call 0" in str(outcomes[1])
+
+    layout = ciera.BucketLayout.fsdp_split("b", ciera.DType.bf16, [100], 2)
+
+    def engine(transport):
+        config = ciera.EngineConfig()
+        config.timeout_s = 20.0
+        return ciera.Engine(transport, config, [layout])
+
+    def rank_1_null_input(rank, engine):
+        mine = np.full(layout.rank_bytes(rank) // 2, rank + 1, np.uint16)
+        out = np.empty(layout.total_bytes() // 2, np.uint16)
+        try:
+            engine.run(0, 0 if rank == 1 else mine.ctypes.data, mine.nbytes, out.ctypes.data, out.nbytes)
+        except Exception as e:  # noqa: BLE001 - compared below, per rank
+            failure = e
+        engine.run(0, mine.ctypes.data, mine.nbytes, out.ctypes.data, out.nbytes)
+        engine.close()
+        return failure, out
+
+    outcomes = _loopback(2, rank_1_null_input, engine)
+    assert str(outcomes[1][0]) == "input is a null pointer (0) for 100 bytes"
+    assert isinstance(outcomes[0][0], ciera.ConfigError)
+    assert "rank 1 rejected its gather of bucket 'b': input is a null pointer (0) for 100 bytes" in str(outcomes[0][0])
+    assert all(np.array_equal(out, np.repeat([1, 2], 50)) for _, out in outcomes)
+    assert time.monotonic() - started < 15, "a peer waited for the refusing rank until its timeout"
+
+
 def test_codec_refuses_overlapping_input_and_output():
     config = ciera.CodecConfig()
     config.content_checksum = False
@@ -217,3 +275,4 @@ def test_codec_refuses_overlapping_input_and_output():
     out = np.empty(n, np.uint16)
     ciera.ShardDecoder(config, n).decode(payload, out)
     assert np.array_equal(out, shard)
+
