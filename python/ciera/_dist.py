@@ -4,7 +4,8 @@ call of the old ``all_gather_into_tensor`` / ``reduce_scatter_tensor``; older re
 image's 2.11) have only the old names. Same arguments either way.
 
 And agree_before_set_up: a rank's local failure before a collective set-up, or settings that differ
-between ranks, raised on every rank."""
+between ranks, raised on every rank; refused_on_every_rank: the same for one collective call, through
+the library's own refusal of it."""
 
 import torch.distributed as dist
 
@@ -84,3 +85,19 @@ def agree_before_set_up(what: str, failure: BaseException | None, group=None, sa
             held = "; ".join(f"{value} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}"
                              for value, r in ranks.items())
             raise _ext.ConfigError(f"{what}: the ranks differ in {name}: {held}")
+
+
+def refused_on_every_rank(check, refuse) -> None:
+    """`check()`: this rank's checks of one collective call's arguments, before the call. If they
+    raise, this rank still takes part in the call, by `refuse(text)` (Engine.refuse,
+    LosslessCollectives.refuse_reduce_scatter: every rank's call fails at once, naming this rank),
+    and then raises its own error. Raised here alone, it would leave the peers waiting in the call
+    for this rank until its timeout. No collective when the checks pass."""
+    try:
+        check()
+    except Exception as failure:
+        try:
+            refuse(str(failure))
+        except _ext.Error:
+            pass    # the library's refusal, as this rank sees it: `failure` says more
+        raise

@@ -218,6 +218,39 @@ def one_rank_differs(rank, world):
     ]
 
 
+def one_rank_refuses_a_call(rank, world):
+    """CIERA's FSDP2 hooks called with tensors the last rank alone cannot pass (integer gradients
+    to the reduce-scatter, an input of the wrong size to the all-gather): what each rank raised,
+    and the seconds the two calls took (the others would have waited the 20 s timeout)."""
+    import torch.distributed as dist
+
+    from ciera.fsdp.layout import all_gather_comm, describe_buckets, reduce_scatter_comm
+    last = rank == world - 1
+    model = build(tiny_spec("olmoe"), world)
+    config = ciera.EngineConfig()
+    config.timeout_s = 20
+    ct.enable_reduce_scatter(model, "exponent", timeout_s=20)
+    ct.enable(model, config)
+    module = describe_buckets(model)[0][0]
+    start = time.time()
+    dtype = torch.int32 if last else torch.float32
+    reduce_scatter = reduce_scatter_comm(module)
+    errors = [error_of(lambda: reduce_scatter(torch.empty(8, dtype=dtype), torch.ones(8 * world, dtype=dtype),
+                                              dist.group.WORLD, dist.ReduceOp.SUM))]
+    gather = all_gather_comm(module)
+    engine = gather.runtime.group_of(dist.group.WORLD).engine
+    values = gather.bucket.numel + (1 if last else 0)
+    output = torch.empty(engine.bucket(gather.bucket.index).total_bytes() // 2, dtype=gather.bucket.dtype)
+
+    def gather_and_wait():
+        work = gather(output, torch.zeros(values, dtype=gather.bucket.dtype), dist.group.WORLD)
+        if work is not None:   # in flight (enable()'s overlap): its error comes at the wait
+            work.wait()
+
+    errors.append(error_of(gather_and_wait))
+    return errors, time.time() - start
+
+
 def dead_rank(rank, world):
     corpus = data.load_corpus(1 << 18)
     model = build(tiny_spec("olmoe"), world)

@@ -77,6 +77,17 @@ def test_options_that_differ_between_ranks_fail_every_rank_alike():
         assert errors == expected, (rank, errors)
 
 
+def test_a_call_one_rank_refuses_fails_every_rank_at_once():
+    results = all_ok(spawn(w.one_rank_refuses_a_call, 2))
+    (rs_0, ag_0), _ = results[0]
+    (rs_1, ag_1), _ = results[1]
+    assert rs_1 == "ConfigError: CIERA's reduce-scatter takes BF16, FP16 or FP32 gradients, got torch.int32 -> torch.int32"
+    assert rs_0.startswith("ConfigError: lossless collectives: rank 1 refused its arguments to its reduce_scatter call 0")
+    assert ag_1.startswith("ConfigError: FSDP all-gather input for ") and "but CIERA registered" in ag_1, ag_1
+    assert ag_0.startswith("ConfigError: rank 1 rejected its gather of bucket ") and "but CIERA registered" in ag_0, ag_0
+    assert all(seconds < 15 for _, seconds in results), results   # not the 20 s timeout
+
+
 def test_a_dead_rank_makes_the_others_fail_within_the_timeout():
     results = spawn(w.dead_rank, 3, timeout=120)
     survivors = [results[r] for r in (0, 1)]

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import all_gather_single
+from ciera._dist import all_gather_single, refused_on_every_rank
 from ciera.fsdp.layout import AllGather, Bucket
 
 _DEBUG_TIMING = bool(os.environ.get("CIERA_DEBUG_TIMING"))
@@ -105,9 +105,14 @@ class CieraAllGather(AllGather):
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         gathering = self.runtime.group_of(group)
         b = gathering.buckets[self.bucket.index]
-        check_input(b, input_tensor, "CIERA")
-        if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
-            raise _ext.ConfigError("CIERA needs contiguous all-gather buffers")
+
+        def check():
+            check_input(b, input_tensor, "CIERA")
+            if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
+                raise _ext.ConfigError("CIERA needs contiguous all-gather buffers")
+
+        # A rank whose gather is refused still takes part in it, so its peers fail at once.
+        refused_on_every_rank(check, lambda reason: gathering.engine.refuse(b.index, reason))
         nbytes = input_tensor.numel() * input_tensor.element_size()
         if self.runtime.selector is not None:
             self.runtime.selector.observe(gathering.kind, b.index, input_tensor)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank
+from ciera._dist import checked_on_every_rank, refused_on_every_rank
 from ciera.fsdp.layout import (DTYPES, DefaultReduceScatter, ReduceScatter, describe_buckets, describe_groups,
                                reduce_scatter_comm)
 from ciera.fsdp.transport import make_subgroup_transport, make_transport
@@ -77,18 +77,26 @@ class LosslessReduceScatter(ReduceScatter):
         collectives = self.handle.collectives
         if collectives is None:
             raise _ext.ConfigError("CIERA's reduce-scatter was disabled (ReduceScatterHandle.disable())")
-        ranks = tuple(dist.get_process_group_ranks(group))
-        if ranks != self.handle.ranks or len(ranks) != collectives.size:
-            raise _ext.ConfigError(f"FSDP2 reduce-scatters over ranks {ranks}; CIERA's collectives were set up "
-                                   f"for {self.handle.ranks}")
-        if input_tensor.dtype not in DTYPES or output_tensor.dtype != input_tensor.dtype:
-            raise _ext.ConfigError(f"CIERA's reduce-scatter takes BF16, FP16 or FP32 gradients, got "
-                                   f"{input_tensor.dtype} -> {output_tensor.dtype}")
-        if input_tensor.device.type != "cpu":
-            raise _ext.ConfigError("CIERA's reduce-scatter runs on host memory; not yet on "
-                                   f"{input_tensor.device.type}")
+        reduce_op = None
+
+        def check():
+            nonlocal reduce_op
+            ranks = tuple(dist.get_process_group_ranks(group))
+            if ranks != self.handle.ranks or len(ranks) != collectives.size:
+                raise _ext.ConfigError(f"FSDP2 reduce-scatters over ranks {ranks}; CIERA's collectives were set "
+                                       f"up for {self.handle.ranks}")
+            if input_tensor.dtype not in DTYPES or output_tensor.dtype != input_tensor.dtype:
+                raise _ext.ConfigError(f"CIERA's reduce-scatter takes BF16, FP16 or FP32 gradients, got "
+                                       f"{input_tensor.dtype} -> {output_tensor.dtype}")
+            if input_tensor.device.type != "cpu":
+                raise _ext.ConfigError("CIERA's reduce-scatter runs on host memory; not yet on "
+                                       f"{input_tensor.device.type}")
+            reduce_op = _reduce_op(op)
+
+        # A rank whose call is refused still takes part in it, so its peers fail at once.
+        refused_on_every_rank(check, collectives.refuse_reduce_scatter)
         start = time.perf_counter()
-        stats = collectives.reduce_scatter(DTYPES[input_tensor.dtype], _reduce_op(op), input_tensor, output_tensor)
+        stats = collectives.reduce_scatter(DTYPES[input_tensor.dtype], reduce_op, input_tensor, output_tensor)
         self.handle.records.append(LosslessReduceScatterRecord.of_call(self.index, start, input_tensor, stats))
         return None
 
