@@ -38,6 +38,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as _TorchZero
 from torch.optim import Optimizer
 
 from ciera import _ext
+from ciera._dist import checked_on_every_rank
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import make_transport
@@ -275,16 +276,17 @@ class _DeviceSync:
         return self.flat[self.offsets[rank]: self.offsets[rank] + self.counts[rank]]
 
 
+_NAME = "ciera.zero.ZeroRedundancyOptimizer"
 _POLICIES = ("delta", "ciera", "raw")
 
 
 def _policy(name: str):
     if name not in _POLICIES:
-        raise ValueError(f"ZeroRedundancyOptimizer: policy must be one of {', '.join(map(repr, _POLICIES))}, "
+        raise ValueError(f"{_NAME}: policy must be one of {', '.join(map(repr, _POLICIES))}, "
                          f"got {name!r}")
     policy = getattr(_ext.ShardPolicy, name, None)
     if policy is None:
-        raise _ext.ConfigError(f"ZeroRedundancyOptimizer: this build of CIERA has no {name!r} shard policy "
+        raise _ext.ConfigError(f"{_NAME}: this build of CIERA has no {name!r} shard policy "
                                "(rebuild the extension, or pass policy='ciera')")
     return policy
 
@@ -304,6 +306,8 @@ class ZeroRedundancyOptimizer(_TorchZero):
     this rank's bucket is the input, the flat tensor the output, and no value is copied.
 
     Collective, like PyTorch's: every rank constructs it with the same parameters and arguments.
+    An argument some rank refuses, or a `policy`, `transport` or `chunk_values` that differs
+    between ranks, raises on every rank of `process_group`, naming the rank.
     `transport`: "torch" (a gloo group beside `process_group`, or NCCL for CUDA parameters),
     "mpi" (under mpirun, CPU) or "nccl" (CUDA). `policy`: "delta" (value differences; default),
     "ciera" (exponent reuse) or "raw" (no coding; for comparison). `engine_config`: a
@@ -320,25 +324,33 @@ class ZeroRedundancyOptimizer(_TorchZero):
                  transport: str = "torch", engine_config: _ext.EngineConfig | None = None,
                  policy: str = "delta", chunk_values: int = 1 << 22,
                  parameters_as_bucket_view: bool = True, overlap_with_ddp: bool = False, **defaults):
-        if overlap_with_ddp:
-            raise ValueError("ciera.zero.ZeroRedundancyOptimizer: overlap_with_ddp=True is not supported "
-                             "(its parameters sync in DDP's communication hook, not in step())")
-        if not parameters_as_bucket_view:
-            raise ValueError("ciera.zero.ZeroRedundancyOptimizer: parameters_as_bucket_view=False is not "
-                             "supported: the sync gathers the flat buckets of parameters_as_bucket_view=True "
-                             "(use torch.distributed.optim.ZeroRedundancyOptimizer for per-parameter broadcasts)")
-        if transport not in ("torch", "mpi", "nccl"):
-            raise ValueError(f"ciera.zero.ZeroRedundancyOptimizer: transport must be 'torch', 'mpi' or 'nccl', "
-                             f"got {transport!r}")
-        if engine_config is not None and not isinstance(engine_config, _ext.EngineConfig):
-            raise TypeError(f"ciera.zero.ZeroRedundancyOptimizer: engine_config must be a ciera.EngineConfig, "
-                            f"got {type(engine_config).__name__}")
-        if engine_config is not None and not (math.isfinite(engine_config.timeout_s) and engine_config.timeout_s > 0):
-            raise ValueError("ciera.zero.ZeroRedundancyOptimizer: engine_config.timeout_s must be a finite "
-                             f"number of seconds > 0, got {engine_config.timeout_s}")
-        if isinstance(chunk_values, bool) or not isinstance(chunk_values, int) or chunk_values < 1:
-            raise ValueError(f"ciera.zero.ZeroRedundancyOptimizer: chunk_values must be an int >= 1, "
-                             f"got {chunk_values!r}")
+        def check() -> None:
+            if overlap_with_ddp:
+                raise ValueError("ciera.zero.ZeroRedundancyOptimizer: overlap_with_ddp=True is not supported "
+                                 "(its parameters sync in DDP's communication hook, not in step())")
+            if not parameters_as_bucket_view:
+                raise ValueError("ciera.zero.ZeroRedundancyOptimizer: parameters_as_bucket_view=False is not "
+                                 "supported: the sync gathers the flat buckets of parameters_as_bucket_view=True "
+                                 "(use torch.distributed.optim.ZeroRedundancyOptimizer for per-parameter broadcasts)")
+            if transport not in ("torch", "mpi", "nccl"):
+                raise ValueError(f"ciera.zero.ZeroRedundancyOptimizer: transport must be 'torch', 'mpi' or 'nccl', "
+                                 f"got {transport!r}")
+            if engine_config is not None and not isinstance(engine_config, _ext.EngineConfig):
+                raise TypeError(f"ciera.zero.ZeroRedundancyOptimizer: engine_config must be a ciera.EngineConfig, "
+                                f"got {type(engine_config).__name__}")
+            if engine_config is not None and not (math.isfinite(engine_config.timeout_s) and engine_config.timeout_s > 0):
+                raise ValueError("ciera.zero.ZeroRedundancyOptimizer: engine_config.timeout_s must be a finite "
+                                 f"number of seconds > 0, got {engine_config.timeout_s}")
+            if isinstance(chunk_values, bool) or not isinstance(chunk_values, int) or chunk_values < 1:
+                raise ValueError(f"ciera.zero.ZeroRedundancyOptimizer: chunk_values must be an int >= 1, "
+                                 f"got {chunk_values!r}")
+            _policy(policy)
+
+        # Every rank checks its own arguments, and they must be the same on every rank of
+        # process_group: a rank that raised alone would leave the others waiting in the engines'
+        # set-up until its timeout.
+        checked_on_every_rank(_NAME, check, process_group,
+                              same={"policy": policy, "transport": transport, "chunk_values": chunk_values})
         # Set before PyTorch's constructor, which builds the buckets (and so the engines).
         self._policy_name = policy
         self._policy = _policy(policy)

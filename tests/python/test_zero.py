@@ -35,6 +35,13 @@ def test_parameters_are_bitwise_identical_to_torch_zero():
         # ZeRO's consolidated state_dict (FP32 masters included) resumes bitwise; close() holds.
         assert r["resume"]["identical"] and r["resume"]["lr_restored"], r["resume"]
         assert "closed" in (r["resume"]["closed_error"] or ""), r["resume"]
+        # Arguments that only rank 1 passes: raised on both ranks, naming rank 1, not at a timeout.
+        d = r["differing"]
+        assert d["bad_policy"] == ("ValueError: ciera.zero.ZeroRedundancyOptimizer: on rank 1: policy must be one "
+                                   "of 'delta', 'ciera', 'raw', got 'fast'"), d
+        assert d["chunk_values"] == ("ConfigError: ciera.zero.ZeroRedundancyOptimizer: the ranks differ in "
+                                     "chunk_values: 4194304 on rank 0; 512 on rank 1"), d
+        assert d["bad_policy_s"] < 30 and d["chunk_values_s"] < 30, d
     # One parameter: a rank that steps nothing still syncs.
     assert sorted(r["empty"]["mine"] for r in results) == [0, 128]
 

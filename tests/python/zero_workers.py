@@ -85,7 +85,8 @@ def exact_vs_torch(rank, world):
                        # The comparison policies: exponent reuse, and no coding at all.
                        ("ciera", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=3, policy="ciera")),
                        ("raw", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=2, policy="raw")),
-                       ("resume", lambda: state_dict_round_trip(rank, world))):
+                       ("resume", lambda: state_dict_round_trip(rank, world)),
+                       ("differing", lambda: arguments_that_differ(rank))):
         start = time.perf_counter()
         out[name] = body()
         times[name] = time.perf_counter() - start
@@ -124,3 +125,21 @@ def state_dict_round_trip(rank, world):
     except ValueError as e:
         closed_error = str(e)
     return {"identical": identical, "lr_restored": lr_restored, "closed_error": closed_error}
+
+
+def arguments_that_differ(rank):
+    """Rank 1 alone passes a bad policy, then another chunk_values: every rank raises, naming it,
+    at once (the engines' set-up would otherwise wait for rank 1 until its timeout)."""
+    import time
+
+    out = {}
+    for name, kwargs in (("bad_policy", {"policy": "fast"}), ("chunk_values", {"chunk_values": 512})):
+        start = time.perf_counter()
+        try:
+            zero.ZeroRedundancyOptimizer(list(model(torch.bfloat16).parameters()), torch.optim.SGD, lr=0.1,
+                                         **(kwargs if rank == 1 else {}))
+            out[name] = "accepted"
+        except Exception as e:  # noqa: BLE001 - compared by the test
+            out[name] = f"{type(e).__name__}: {e}"
+        out[name + "_s"] = time.perf_counter() - start
+    return out
