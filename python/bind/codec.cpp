@@ -29,8 +29,12 @@ class Exclusive {
   std::atomic<bool>& busy_;
 };
 
+// ValueError unless `buffer` holds `values` values of the codec's dtype; ConfigError if its own
+// element type is another float type or size (an FP32 array given to a BF16 codec: the bytes
+// would code, but as values of the wrong type, and a decode into it would read as garbage).
 void check_shard(const HostBuffer& buffer, const CodecConfig& config, uint64_t values,
                  const char* what) {
+  buffer.check_elements(config.dtype, what);
   const uint64_t want = values * dtype_info(config.dtype).value_bytes;
   if (buffer.size() != want) {
     throw py::value_error(std::string(what) + " holds " + std::to_string(buffer.size()) +
@@ -199,7 +203,8 @@ void bind_codec(py::module_& m) {
            py::arg("values"), py::kw_only(), py::arg("stream") = 0, py::arg("epoch") = 1)
       .def("decode", &PyShardDecoder::decode, py::arg("payload"), py::arg("out"),
            "Reconstructs the shard bit for bit into `out`, or raises FormatError naming the "
-           "problem; after an error the decoder is unchanged and usable.")
+           "problem; after an error the decoder is unchanged and usable, and `out` holds "
+           "unspecified values (it may be partly written).")
       .def(
           "reset", &PyShardDecoder::reset,
           "Forgets the cache and asks for a resynchronisation: the next frame must be a key frame.")
@@ -228,6 +233,7 @@ void bind_codec(py::module_& m) {
       "encode_stateless",
       [](const CodecConfig& c, py::handle shard) {
         HostBuffer in(shard, false, "shard");
+        in.check_elements(c.dtype, "shard");
         const uint64_t values = in.size() / dtype_info(c.dtype).value_bytes;
         std::string payload(max_payload_bytes(c.dtype, values, c.block_values), '\0');
         size_t length;
@@ -244,6 +250,7 @@ void bind_codec(py::module_& m) {
       [](const CodecConfig& c, py::handle payload, py::handle out) {
         HostBuffer in(payload, false, "payload");
         HostBuffer shard(out, true, "out");
+        shard.check_elements(c.dtype, "out");
         check_apart(in.bytes(), shard.bytes(), "payload and out");
         py::gil_scoped_release release;
         decode_stateless(c, in.bytes(), shard.writable_bytes());

@@ -276,3 +276,28 @@ def test_codec_refuses_overlapping_input_and_output():
     ciera.ShardDecoder(config, n).decode(payload, out)
     assert np.array_equal(out, shard)
 
+
+def test_codec_refuses_arrays_of_another_float_type():
+    """A BF16 codec given an FP32 array of the right byte count coded its bytes as BF16 values,
+    and decoded BF16 values into it, which then read as garbage FP32 numbers."""
+    config = ciera.CodecConfig()   # BF16
+    n = 4096
+    shard = (np.random.default_rng(1).standard_normal(n) * 0.02).astype(np.float32)
+    bf16 = (shard.view(np.uint32) >> 16).astype(np.uint16)
+    as_fp32 = bf16.view(np.float32)   # the same bytes, typed as n / 2 FP32 values
+    message = "holds float32 values, but dtype is bf16"
+    with pytest.raises(ciera.ConfigError, match="shard " + message):
+        ciera.ShardEncoder(config, n).encode(as_fp32)
+    with pytest.raises(ciera.ConfigError, match="shard " + message):
+        _ext.encode_stateless(config, as_fp32)
+    payload, _ = ciera.ShardEncoder(config, n).encode(bf16)
+    with pytest.raises(ciera.ConfigError, match="out " + message):
+        ciera.ShardDecoder(config, n).decode(payload, np.empty(n // 2, np.float32))
+    stateless = _ext.encode_stateless(config, bf16)
+    with pytest.raises(ciera.ConfigError, match="out " + message):
+        _ext.decode_stateless(config, stateless, np.empty(n // 2, np.float32))
+    # BF16 tensors, and the same bytes untyped or as 16-bit integers, are BF16 values.
+    out = torch.empty(n, dtype=torch.bfloat16)
+    ciera.ShardDecoder(config, n).decode(payload, out)
+    assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), bf16)
+    _ext.decode_stateless(config, stateless, bytearray(bf16.nbytes))
