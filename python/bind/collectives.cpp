@@ -12,6 +12,31 @@
 #include "ciera/error.hpp"
 
 namespace ciera::python {
+namespace {
+
+// A call's input and output, held for the call: buffers of `dtype` values. Where this rank cannot
+// pass them (not a buffer, a DTensor, another dtype), `refuse` (a LosslessCollectives::refuse_*
+// method) fails the call on every rank, and this rank raises why (check_on_every_rank).
+struct CallBuffers {
+  std::optional<HostBuffer> input, output;
+
+  CallBuffers(LosslessCollectives& self, void (LosslessCollectives::*refuse)(const std::string&),
+              const std::string& call, py::handle in, py::handle out, DType dtype) {
+    check_on_every_rank(
+        [&] {
+          input.emplace(in, false, (call + " input").c_str());
+          output.emplace(out, true, (call + " output").c_str());
+          input->check_elements(dtype, (call + " input").c_str());
+          output->check_elements(dtype, (call + " output").c_str());
+        },
+        [&](const std::string& reason) {
+          py::gil_scoped_release release;
+          (self.*refuse)(reason);
+        });
+  }
+};
+
+}  // namespace
 
 void bind_collectives(py::module_& m) {
   py::enum_<ReduceOp>(m, "ReduceOp").value("sum", ReduceOp::kSum).value("avg", ReduceOp::kAvg);
@@ -59,20 +84,11 @@ void bind_collectives(py::module_& m) {
       .def(
           "reduce_scatter",
           [](LosslessCollectives& self, DType dtype, ReduceOp op, py::handle in, py::handle out) {
-            std::optional<HostBuffer> input, output;
-            check_on_every_rank(
-                [&] {
-                  input.emplace(in, false, "reduce_scatter input");
-                  output.emplace(out, true, "reduce_scatter output");
-                  input->check_elements(dtype, "reduce_scatter input");
-                  output->check_elements(dtype, "reduce_scatter output");
-                },
-                [&](const std::string& reason) {
-                  py::gil_scoped_release release;
-                  self.refuse_reduce_scatter(reason);
-                });
+            const CallBuffers buffers(self, &LosslessCollectives::refuse_reduce_scatter,
+                                      "reduce_scatter", in, out, dtype);
             py::gil_scoped_release release;
-            return self.reduce_scatter(dtype, op, input->bytes(), output->writable_bytes());
+            return self.reduce_scatter(dtype, op, buffers.input->bytes(),
+                                       buffers.output->writable_bytes());
           },
           py::arg("dtype"), py::arg("op"), py::arg("input"), py::arg("output"),
           "output (on rank r) = the rank-order sum (or average) of every rank's part r of input. "
@@ -82,21 +98,11 @@ void bind_collectives(py::module_& m) {
           "alltoallv",
           [](LosslessCollectives& self, DType dtype, py::handle in,
              std::vector<uint64_t> send_values, py::handle out, std::vector<uint64_t> recv_values) {
-            std::optional<HostBuffer> input, output;
-            check_on_every_rank(
-                [&] {
-                  input.emplace(in, false, "alltoallv input");
-                  output.emplace(out, true, "alltoallv output");
-                  input->check_elements(dtype, "alltoallv input");
-                  output->check_elements(dtype, "alltoallv output");
-                },
-                [&](const std::string& reason) {
-                  py::gil_scoped_release release;
-                  self.refuse_alltoallv(reason);
-                });
+            const CallBuffers buffers(self, &LosslessCollectives::refuse_alltoallv, "alltoallv", in,
+                                      out, dtype);
             py::gil_scoped_release release;
-            return self.alltoallv(dtype, input->bytes(), send_values, output->writable_bytes(),
-                                  recv_values);
+            return self.alltoallv(dtype, buffers.input->bytes(), send_values,
+                                  buffers.output->writable_bytes(), recv_values);
           },
           py::arg("dtype"), py::arg("input"), py::arg("send_values"), py::arg("output"),
           py::arg("recv_values"))
