@@ -110,12 +110,12 @@ class CieraAllGather(AllGather):
             check_input(b, input_tensor, "CIERA")
             if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
                 raise _ext.ConfigError("CIERA needs contiguous all-gather buffers")
+            if self.runtime.selector is not None:   # this rank's own work before the gather
+                self.runtime.selector.observe(gathering.kind, b.index, input_tensor)
 
         # A rank whose gather is refused still takes part in it, so its peers fail at once.
         refused_on_every_rank(check, lambda reason: gathering.engine.refuse(b.index, reason))
         nbytes = input_tensor.numel() * input_tensor.element_size()
-        if self.runtime.selector is not None:
-            self.runtime.selector.observe(gathering.kind, b.index, input_tensor)
         start = time.perf_counter()
         # On CUDA, FSDP calls this on its all-gather stream, where the copy-in of the input is
         # ordered: the engine starts encoding once that stream gets here (an event), and this
