@@ -101,3 +101,19 @@ def refused_on_every_rank(check, refuse) -> None:
         except _ext.Error:
             pass    # the library's refusal, as this rank sees it: `failure` says more
         raise
+
+
+def wait_each(waits) -> list:
+    """The stats of each (engine, ticket) in `waits`, waited for in order. If one fails, the rest
+    are still waited for (a refused or broken call fails them at once too) before its error is
+    raised: none of the call's gathers is left in flight, to make the next call's start() find
+    its bucket busy on some ranks and not on others."""
+    stats, failure = [], None
+    for engine, ticket in waits:
+        try:
+            stats.append(engine.wait(ticket))
+        except Exception as e:  # noqa: BLE001 - the first is raised once all are waited for
+            failure = failure or e
+    if failure is not None:
+        raise failure
+    return stats

@@ -38,7 +38,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as _TorchZero
 from torch.optim import Optimizer
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank
+from ciera._dist import checked_on_every_rank, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import make_transport
@@ -450,6 +450,31 @@ class ZeroRedundancyOptimizer(_TorchZero):
 
     # -- the sync --------------------------------------------------------------------------------
 
+    def _local_step(self, *args, **kwargs):
+        """PyTorch's local step (this rank's partition). If it raises (an out-of-memory as the
+        optimizer state is made, a closure's error: each rank steps its own partition), this rank
+        still takes part in the sync its peers are already in, by refusing it: they fail at once,
+        naming this rank, instead of waiting for it until the timeout. Not where the step first
+        rebuilds the buckets (trainability changed), a collective in which the peers may have
+        failed too."""
+        rebuilds = self._get_is_trainable_mask() != self._is_trainable_mask
+        try:
+            return super()._local_step(*args, **kwargs)
+        except Exception as failure:
+            if not rebuilds:
+                self._refuse_sync(f"its optimizer step failed: {type(failure).__name__}: {failure}")
+            raise
+
+    def _refuse_sync(self, reason: str) -> None:
+        """Refuses this step's gather of every device's engine, in the order _sync_params starts
+        them, so that no peer's gather is left waiting."""
+        for sync in self._syncs:
+            if sync.engine is not None:
+                try:
+                    sync.engine.refuse(0, reason)
+                except _ext.Error:
+                    pass    # the refusal, as this rank sees it
+
     def _sync_params(self) -> None:
         """Every rank's partition to every rank: one in-place CIERA gather per device, started
         together and waited for in order. Raises on every rank if any rank's gather failed."""
@@ -463,7 +488,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
             tickets.append(sync.engine.start(0, mine.data_ptr(), mine.numel() * mine.element_size(),
                                              sync.flat.data_ptr(), sync.flat.numel() * sync.flat.element_size(),
                                              stream))
-        stats = [sync.engine.wait(t) for sync, t in zip(self._syncs, tickets)]
+        stats = wait_each([(sync.engine, t) for sync, t in zip(self._syncs, tickets)])
         self.sync_count += 1
         self.last_sync = SyncStats(step=self.sync_count, raw_bytes=sum(s.raw_bytes for s in stats),
                                    wire_bytes=sum(s.wire_bytes for s in stats),

@@ -42,6 +42,12 @@ def test_parameters_are_bitwise_identical_to_torch_zero():
         assert d["chunk_values"] == ("ConfigError: ciera.zero.ZeroRedundancyOptimizer: the ranks differ in "
                                      "chunk_values: 4194304 on rank 0; 512 on rank 1"), d
         assert d["bad_policy_s"] < 30 and d["chunk_values_s"] < 30, d
+    # Rank 1's optimizer step fails: rank 0, in the sync, is told at once, not at the timeout.
+    failed = [r["step_fails"] for r in results]
+    assert failed[1]["error"] == "RuntimeError: out of memory on rank 1", failed
+    assert failed[0]["error"] == ("ConfigError: rank 1 rejected its gather of bucket 'zero:cpu': its optimizer step "
+                                  "failed: RuntimeError: out of memory on rank 1"), failed
+    assert all(f["seconds"] < 15 for f in failed), failed
     # One parameter: a rank that steps nothing still syncs.
     assert sorted(r["empty"]["mine"] for r in results) == [0, 128]
 

@@ -86,7 +86,8 @@ def exact_vs_torch(rank, world):
                        ("ciera", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=3, policy="ciera")),
                        ("raw", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=2, policy="raw")),
                        ("resume", lambda: state_dict_round_trip(rank, world)),
-                       ("differing", lambda: arguments_that_differ(rank))):
+                       ("differing", lambda: arguments_that_differ(rank)),
+                       ("step_fails", lambda: a_step_that_fails_on_one_rank(rank))):
         start = time.perf_counter()
         out[name] = body()
         times[name] = time.perf_counter() - start
@@ -143,3 +144,37 @@ def arguments_that_differ(rank):
             out[name] = f"{type(e).__name__}: {e}"
         out[name + "_s"] = time.perf_counter() - start
     return out
+
+
+class _FailsOnRank1(torch.optim.SGD):
+    """SGD whose second step raises on rank 1 (an out-of-memory as its state is made, say)."""
+
+    steps = 0
+
+    def step(self, closure=None):
+        if dist.get_rank() == 1 and self.steps == 1:
+            raise RuntimeError("out of memory on rank 1")
+        self.steps += 1
+        return super().step(closure)
+
+
+def a_step_that_fails_on_one_rank(rank):
+    """Rank 1's local step raises at the second step: what each rank's step() raised, and when
+    (rank 0, already in the parameter sync, would otherwise wait out the 20 s timeout)."""
+    import time
+
+    net = model(torch.bfloat16)
+    config = ciera.EngineConfig()
+    config.warmup_steps = 0
+    config.timeout_s = 20
+    optimizer = zero.ZeroRedundancyOptimizer(list(net.parameters()), _FailsOnRank1, lr=0.1, engine_config=config)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    start = time.perf_counter()
+    try:
+        optimizer.step()
+        error = None
+    except Exception as e:  # noqa: BLE001 - compared by the test
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error, "seconds": time.perf_counter() - start}
