@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import agree_before_set_up
+from ciera._dist import agree_before_set_up, refused_on_every_rank, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import make_transport
@@ -75,6 +75,7 @@ class Broadcaster:
                             same={"root": root, "policy": policy, "transport": transport})
         self.root = root
         self.rank = dist.get_rank(process_group)
+        self._dtypes = [t.dtype for t in self.tensors]   # what each bucket's bytes are
         shard_policy = getattr(_ext.ShardPolicy, _POLICIES[policy])
         layouts = []
         for i, t in enumerate(self.tensors):
@@ -122,18 +123,34 @@ class Broadcaster:
         """Every rank's tensors become the root's, bit for bit. Collective. CommError or
         ConfigError (the same on every rank) if it fails."""
         start = time.perf_counter()
+        # A tensor changed since set-up on this rank alone (`.data` replaced by one of another
+        # dtype of the same size, or moved, or made non-contiguous) would take the root's bytes
+        # as values of the wrong type: refused, every bucket, so the peers fail at once too.
+        refused_on_every_rank(self._check_unchanged, self._refuse)
         tickets = []
         for i, t in enumerate(self.tensors):
             nbytes = t.numel() * t.element_size()
             # The root's input is its tensor, which is also its slot of the output (in place).
             in_bytes = nbytes if self.rank == self.root else 0
             tickets.append(self.engine.start(i, t.data_ptr(), in_bytes, t.data_ptr(), nbytes))
-        raw = wire = 0
-        for ticket in tickets:
-            stats = self.engine.wait(ticket)
-            raw += stats.raw_bytes
-            wire += stats.wire_bytes
-        return BroadcastStats(raw, wire, time.perf_counter() - start)
+        stats = wait_each([(self.engine, ticket) for ticket in tickets])
+        return BroadcastStats(sum(s.raw_bytes for s in stats), sum(s.wire_bytes for s in stats),
+                              time.perf_counter() - start)
+
+    def _check_unchanged(self) -> None:
+        for i, (t, dtype) in enumerate(zip(self.tensors, self._dtypes)):
+            if t.dtype != dtype:
+                raise _ext.ConfigError(f"Broadcaster: tensor {i} is now {t.dtype}; it was {dtype} at set-up")
+            if t.device.type != "cpu" or not t.is_contiguous():
+                raise _ext.ConfigError(f"Broadcaster: tensor {i} is no longer a contiguous CPU tensor")
+
+    def _refuse(self, reason: str) -> None:
+        """This broadcast, refused on every bucket in the order the peers wait for them."""
+        for i in range(len(self.tensors)):
+            try:
+                self.engine.refuse(i, reason)
+            except _ext.Error:
+                pass    # the refusal, as this rank sees it
 
     def close(self) -> None:
         """Ends the engine (collective: every rank closes)."""

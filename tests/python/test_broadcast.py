@@ -94,6 +94,39 @@ def test_a_receivers_refused_tensors_fail_every_rank_at_once(receivers, error):
         assert text is not None and text.startswith(error), (rank, text)
 
 
+def changed_on_one_rank(rank, world):
+    """Rank 2 replaces a tensor's data by FP16 values of the same size after set-up: every rank's
+    next broadcast fails at once (rank 2's with its reason), and the one after it works."""
+    import time
+
+    config = ciera.EngineConfig()
+    config.timeout_s = 20
+    tensors = [torch.full((4,), float(rank)), torch.full((8,), float(rank), dtype=torch.bfloat16)]
+    broadcaster = ciera.broadcast.Broadcaster(tensors, root=0, config=config)
+    broadcaster.broadcast()
+    before = tensors[1].data
+    if rank == 2:
+        tensors[1].data = torch.zeros(8, dtype=torch.float16)
+    start = time.perf_counter()
+    error = error_of(broadcaster.broadcast)
+    seconds = time.perf_counter() - start
+    tensors[1].data = before
+    broadcaster.broadcast()
+    same = all(torch.equal(t, torch.zeros_like(t)) for t in tensors)
+    broadcaster.close()
+    return error, seconds, same
+
+
+def test_a_tensor_changed_on_one_rank_fails_every_rank_at_once():
+    results = spawn(changed_on_one_rank, 3)
+    assert all(status == "ok" for status, _ in results.values()), results
+    reason = "Broadcaster: tensor 1 is now torch.float16; it was torch.bfloat16 at set-up"
+    for rank, (_, (error, seconds, same)) in results.items():
+        expected = (f"ConfigError: {reason}" if rank == 2
+                    else f"ConfigError: rank 2 rejected its gather of bucket 'tensor0': {reason}")
+        assert error == expected and seconds < 15 and same, (rank, error, seconds, same)
+
+
 def test_broadcast_rejects_bad_arguments():
     results = spawn(bad_root, 2)
     assert all(status == "ok" for status, _ in results.values()), results
