@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank
+from ciera._dist import checked_on_every_rank, wait_each
 from ciera.fsdp import api, lifecycle
 from ciera.fsdp.gather import GatherRecord, Runtime
 from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice, element_bytes
@@ -165,8 +165,16 @@ class _Gather:
         # Each parameter's record holds its share of the call: together they add up to the
         # call's duration and, in flight, to the time DeepSpeed waited for it.
         before, waited = self.started, time.perf_counter()
-        for bucket, _, _, ticket in self.tickets:
-            stats = runtime.engine.wait(ticket)
+        for k, (bucket, _, _, ticket) in enumerate(self.tickets):
+            try:
+                stats = runtime.engine.wait(ticket)
+            except Exception:
+                # The call's other gathers are waited for too: none is left in flight.
+                try:
+                    wait_each([(runtime.engine, rest) for *_, rest in self.tickets[k + 1:]])
+                except Exception:  # noqa: BLE001 - the first failure is the one raised
+                    pass
+                raise
             now = time.perf_counter()
             exposed = now - waited if runtime.overlap else -1.0
             runtime.records.append(GatherRecord(bucket.index, now - before, stats.raw_bytes, stats.wire_bytes,
