@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import all_ok, spawn
 
-from ciera import fsdp
+from ciera import _ext, fsdp
 from ciera.fsdp.layout import AllGather
 
 # The peers extra (pip install 'ciera[peers]', which scripts/test.sh installs); without it only the
@@ -198,12 +198,18 @@ def zipnn_twice(rank, world):
         messages.append(str(e))
     handle.disable()
     fsdp.enable_zipnn(model).disable()
+    try:   # `verify` adds a collective to each gather: it must be the same on every rank
+        fsdp.enable_zipnn(model, verify=rank == 1).disable()
+        messages.append("no error")
+    except _ext.ConfigError as e:
+        messages.append(str(e))
     return messages
 
 
 @needs_zipnn
 def test_enable_zipnn_on_a_model_already_routed_is_refused():
     for messages in all_ok(spawn(zipnn_twice, 2)):
-        assert len(messages) == 3, messages
-        for message in messages:
+        assert len(messages) == 4, messages
+        for message in messages[:3]:
             assert "already go through CIERA or ZipNN" in message and "disable()" in message, messages
+        assert messages[3] == "enable_zipnn(): the ranks differ in verify: False on rank 0; True on rank 1", messages

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import all_gather_single
+from ciera._dist import all_gather_single, checked_on_every_rank
 from ciera.fsdp.api import Handle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime, check_input
 from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets
@@ -193,14 +193,26 @@ def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = F
     Collective: every rank calls it with the same model structure. Raises ZipnnUnavailable (an
     ImportError) when zipnn is not installed (pip install 'ciera[peers]'), and refuses a model
     whose all-gathers already go through CIERA or ZipNN, or whose parameters are not on the CPU."""
-    _check_model(model)
-    _zipnn_class()  # the missing package is one clear error, before anything is set up
-    described = describe_buckets(model)
-    if not described:
-        raise _ext.ConfigError("enable_zipnn(): the model has no FSDP2 (fully_shard) parameter groups")
-    if any(isinstance(all_gather_comm(module), (CieraAllGather, ZipnnAllGather)) for module, _ in described):
-        raise ValueError("enable_zipnn(): the model's all-gathers already go through CIERA or ZipNN; call "
-                         "disable() on the Handle of that call first")
+
+    def checked():
+        _check_model(model)
+        _zipnn_class()  # the missing package is one clear error, before anything is set up
+        described = describe_buckets(model)
+        if not described:
+            raise _ext.ConfigError("enable_zipnn(): the model has no FSDP2 (fully_shard) parameter groups")
+        if any(isinstance(all_gather_comm(module), (CieraAllGather, ZipnnAllGather)) for module, _ in described):
+            raise ValueError("enable_zipnn(): the model's all-gathers already go through CIERA or ZipNN; call "
+                             "disable() on the Handle of that call first")
+        return described
+
+    # On every rank at once (zipnn missing on one node, say), and with the same `verify`, which
+    # adds a collective to every gather: one rank alone would leave the others waiting.
+    try:
+        described = checked_on_every_rank("enable_zipnn()", checked, process_group, same={"verify": bool(verify)})
+    except ZipnnUnavailable:
+        raise
+    except ImportError as missing:   # a peer's ZipnnUnavailable, as every rank raises it
+        raise ZipnnUnavailable(str(missing)) from None
     ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
     # The engine's timeout (one source of truth): a new group would otherwise wait torch's
     # default 30 minutes for a stopped peer.
