@@ -213,3 +213,35 @@ def test_enable_zipnn_on_a_model_already_routed_is_refused():
         for message in messages[:3]:
             assert "already go through CIERA or ZipNN" in message and "disable()" in message, messages
         assert messages[3] == "enable_zipnn(): the ranks differ in verify: False on rank 0; True on rank 1", messages
+
+
+def zipnn_refused_on_one_rank(rank, world):
+    """The ZipNN gather called with an input of the wrong size on the last rank only: what each
+    rank raised, then whether the next gather works."""
+    import fsdp_workers as w
+
+    import torch.distributed as dist
+
+    model = w.build(w.tiny_spec("olmoe"), world)
+    handle = fsdp.enable_zipnn(model)
+    module, bucket = fsdp.describe_buckets(model)[0]
+    gather = fsdp.all_gather_comm(module)
+    output = torch.empty(bucket.numel * world, dtype=bucket.dtype)
+    values = bucket.numel + (1 if rank == world - 1 else 0)
+    try:
+        gather(output, torch.zeros(values, dtype=bucket.dtype), dist.group.WORLD)
+        error = None
+    except Exception as e:  # noqa: BLE001 - compared by the test
+        error = f"{type(e).__name__}: {e}"
+    gather(output, torch.full((bucket.numel,), float(rank), dtype=bucket.dtype), dist.group.WORLD)
+    gathered = output.view(world, -1)[:, 0].tolist()
+    handle.disable()
+    return error, gathered
+
+
+@needs_zipnn
+def test_a_zipnn_gather_one_rank_refuses_fails_every_rank_at_once():
+    results = all_ok(spawn(zipnn_refused_on_one_rank, 2))
+    assert results[1][0].startswith("ConfigError: FSDP all-gather input for "), results
+    assert results[0][0].startswith("ConfigError: enable_zipnn(): rank 1 refused its gather of "), results
+    assert all(gathered == [0.0, 1.0] for _, gathered in results), results

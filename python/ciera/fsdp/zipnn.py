@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import all_gather_single, checked_on_every_rank
+from ciera._dist import all_gather_single, checked_on_every_rank, refused_on_every_rank
 from ciera.fsdp.api import Handle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime, check_input
 from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets
@@ -103,14 +103,21 @@ class ZipnnAllGather(AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         b = self.bucket
-        check_input(b, input_tensor, "enable_zipnn()")
-        if input_tensor.device.type != "cpu" or output_tensor.device.type != "cpu":
-            raise _ext.ConfigError("enable_zipnn(): ZipNN codes host memory; the all-gather buffers are on "
-                                   f"{input_tensor.device}")
-        if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
-            raise _ext.ConfigError("enable_zipnn() needs contiguous all-gather buffers")
         start = time.perf_counter()
-        payload = self.coder.compress(input_tensor)
+        payload = None
+
+        def check_and_compress():
+            nonlocal payload
+            check_input(b, input_tensor, "enable_zipnn()")
+            if input_tensor.device.type != "cpu" or output_tensor.device.type != "cpu":
+                raise _ext.ConfigError("enable_zipnn(): ZipNN codes host memory; the all-gather buffers are on "
+                                       f"{input_tensor.device}")
+            if not (output_tensor.is_contiguous() and input_tensor.is_contiguous()):
+                raise _ext.ConfigError("enable_zipnn() needs contiguous all-gather buffers")
+            payload = self.coder.compress(input_tensor)
+
+        # A rank that cannot take part sends a size of -1: every rank's gather fails at once.
+        refused_on_every_rank(check_and_compress, lambda reason: self._sizes(-1))
         encode_s = time.perf_counter() - start
         sizes = self._exchange(payload)
         self._decompress_peers(sizes, output_tensor, input_tensor)
@@ -125,11 +132,21 @@ class ZipnnAllGather(AllGather):
         runtime.gathered(b, input_tensor, output_tensor, group)
         return None
 
+    def _sizes(self, length: int) -> torch.Tensor:
+        """Every rank's payload size (int64, one per rank). A rank that refused its gather sends
+        -1, and the gather fails on every rank, naming it."""
+        sizes = torch.empty(self.world, dtype=torch.int64)
+        all_gather_single(sizes, torch.tensor([length], dtype=torch.int64), group=self.group)
+        refused = [r for r, n in enumerate(sizes.tolist()) if n < 0]
+        if refused:
+            raise _ext.ConfigError(f"enable_zipnn(): rank {refused[0]} refused its gather of "
+                                   f"{self.bucket.module_name or 'root'} (its error says why)")
+        return sizes
+
     def _exchange(self, payload: bytes) -> torch.Tensor:
         """All ranks' payloads, sizes first; returns the sizes (int64, one per rank) and keeps the
         padded bytes in self._received until they are decompressed."""
-        sizes = torch.empty(self.world, dtype=torch.int64)
-        all_gather_single(sizes, torch.tensor([len(payload)], dtype=torch.int64), group=self.group)
+        sizes = self._sizes(len(payload))
         largest = int(sizes.max())
         send = torch.zeros(largest, dtype=torch.uint8)
         if payload:
