@@ -2,6 +2,7 @@
 // Buffers cross as the buffer protocol or CPU tensors (HostBuffer); each call releases the GIL.
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,17 +18,20 @@ namespace {
 // A call's input and output, held for the call: buffers of `dtype` values. Where this rank cannot
 // pass them (not a buffer, a DTensor, another dtype), `refuse` (a LosslessCollectives::refuse_*
 // method) fails the call on every rank, and this rank raises why (check_on_every_rank).
+// `more()`: the call's other checks, covered alike.
 struct CallBuffers {
   std::optional<HostBuffer> input, output;
 
   CallBuffers(LosslessCollectives& self, void (LosslessCollectives::*refuse)(const std::string&),
-              const std::string& call, py::handle in, py::handle out, DType dtype) {
+              const std::string& call, py::handle in, py::handle out, DType dtype,
+              const std::function<void()>& more = {}) {
     check_on_every_rank(
         [&] {
           input.emplace(in, false, (call + " input").c_str());
           output.emplace(out, true, (call + " output").c_str());
           input->check_elements(dtype, (call + " input").c_str());
           output->check_elements(dtype, (call + " output").c_str());
+          if (more) more();
         },
         [&](const std::string& reason) {
           py::gil_scoped_release release;
@@ -35,6 +39,39 @@ struct CallBuffers {
         });
   }
 };
+
+// A sequence of value counts (a list, a tuple, a NumPy array of integers): ValueError naming
+// `what` for an item that is not a whole number in 0..2^64 - 1 (a negative count from one rank's
+// routing), where pybind11's conversion would raise a TypeError on this rank alone.
+std::vector<uint64_t> counts_of(py::handle counts, const char* what) {
+  if (!py::hasattr(counts, "__iter__")) {
+    throw py::type_error(std::string(what) + " must be a sequence of counts, not " +
+                         std::string(py::str(py::type::of(counts).attr("__name__"))));
+  }
+  std::vector<uint64_t> out;
+  for (py::handle item : counts) {
+    const py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(item.ptr()));
+    if (!index) {
+      PyErr_Clear();
+      throw py::type_error(std::string(what) + " holds " + std::string(py::repr(item)) +
+                           ", not a whole number");
+    }
+    int overflow = 0;
+    const long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (overflow < 0 || (overflow == 0 && value < 0)) {
+      throw py::value_error(std::string(what) + " holds " + std::string(py::repr(item)) +
+                            ": a count must be >= 0");
+    }
+    const unsigned long long count = PyLong_AsUnsignedLongLong(index.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      throw py::value_error(std::string(what) + " holds " + std::string(py::repr(item)) +
+                            ", more than 2^64 - 1");
+    }
+    out.push_back(count);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -96,10 +133,14 @@ void bind_collectives(py::module_& m) {
           "on every rank.")
       .def(
           "alltoallv",
-          [](LosslessCollectives& self, DType dtype, py::handle in,
-             std::vector<uint64_t> send_values, py::handle out, std::vector<uint64_t> recv_values) {
+          [](LosslessCollectives& self, DType dtype, py::handle in, py::handle send_counts,
+             py::handle out, py::handle recv_counts) {
+            std::vector<uint64_t> send_values, recv_values;
             const CallBuffers buffers(self, &LosslessCollectives::refuse_alltoallv, "alltoallv", in,
-                                      out, dtype);
+                                      out, dtype, [&] {
+                                        send_values = counts_of(send_counts, "send_values");
+                                        recv_values = counts_of(recv_counts, "recv_values");
+                                      });
             py::gil_scoped_release release;
             return self.alltoallv(dtype, buffers.input->bytes(), send_values,
                                   buffers.output->writable_bytes(), recv_values);

@@ -215,6 +215,19 @@ def test_arguments_one_rank_cannot_pass_fail_the_call_on_every_rank_at_once():
     assert "rank 1 refused its arguments to its reduce_scatter call 0" in str(outcomes[0][0])
     assert all(np.array_equal(out, [2.0, 2.0]) for _, out in outcomes)
 
+    # A count that is not a count on one rank (a routing bug): pybind11 used to refuse it there
+    # alone, before the call.
+    for counts, error in (([2, -1], "send_values holds -1: a count must be >= 0"),
+                          ([2, 1.5], "send_values holds 1.5, not a whole number"),
+                          (7, "send_values must be a sequence of counts, not int")):
+        def bad_counts_on_rank_1(rank, collectives, counts=counts):
+            send = counts if rank == 1 else np.array([2, 2], np.int64)
+            return collectives.alltoallv(fp32, np.ones(4, np.float32), send, np.empty(4, np.float32), (2, 2))
+
+        outcomes = _loopback(2, bad_counts_on_rank_1)
+        assert str(outcomes[1]) == error, outcomes
+        assert "rank 1 refused its arguments to its alltoallv call 0" in str(outcomes[0]), outcomes
+
     def rank_0_refuses(rank, collectives):
         if rank == 0:
             collectives.refuse_alltoallv("alltoallv: the tokens are on another device")
