@@ -142,16 +142,38 @@ class _Gather:
         stream = torch.cuda.current_stream(input_tensor.device).cuda_stream if input_tensor.is_cuda else 0
         size = output_tensor.element_size()
         slot = input_tensor.numel() * size          # one rank's slot of the output, in bytes
-        for b, offset in pieces:
+        for k, (b, offset) in enumerate(pieces):
             bucket = runtime.buckets[b]
             shard = input_tensor.narrow(0, offset, bucket.numel)
-            if runtime.selector is not None:
-                runtime.selector.observe(0, b, shard)
-            ticket = runtime.engine.start(b, shard.data_ptr(), bucket.numel * size,
-                                          output_tensor.data_ptr() + offset * size,
-                                          (state.world - 1) * slot + bucket.numel * size, stream, slot)
+            try:
+                if runtime.selector is not None:
+                    runtime.selector.observe(0, b, shard)
+                ticket = runtime.engine.start(b, shard.data_ptr(), bucket.numel * size,
+                                              output_tensor.data_ptr() + offset * size,
+                                              (state.world - 1) * slot + bucket.numel * size, stream, slot)
+            except Exception as failure:
+                self._abandon([b for b, _ in pieces[k:]], str(failure))
+                raise
             self.tickets.append((bucket, offset, shard, ticket))
         self.done = False
+
+    def _abandon(self, unstarted: list[int], reason: str) -> None:
+        """After this rank failed to start the gather of unstarted[0]: the peers, who start them
+        all, are told at once (each refused in order), and the gathers already started are
+        waited for, so that none is left in flight."""
+        for b in unstarted:
+            try:
+                self.state.runtime.engine.refuse(b, reason)
+            except Exception:  # noqa: BLE001 - the refusal, or a bucket that cannot be refused
+                pass
+        self._drain(self.tickets)
+
+    def _drain(self, tickets) -> None:
+        """Waits for the gathers of `tickets` (this call's), however they end."""
+        try:
+            wait_each([(self.state.runtime.engine, ticket) for *_, ticket in tickets])
+        except Exception:  # noqa: BLE001 - the caller raises the failure that matters
+            pass
 
     def parts(self, offset: int, numel: int):
         """Every rank's part of one parameter in the output: a (ranks, numel) view."""
@@ -169,11 +191,7 @@ class _Gather:
             try:
                 stats = runtime.engine.wait(ticket)
             except Exception:
-                # The call's other gathers are waited for too: none is left in flight.
-                try:
-                    wait_each([(runtime.engine, rest) for *_, rest in self.tickets[k + 1:]])
-                except Exception:  # noqa: BLE001 - the first failure is the one raised
-                    pass
+                self._drain(self.tickets[k + 1:])   # the call's other gathers: none left in flight
                 raise
             now = time.perf_counter()
             exposed = now - waited if runtime.overlap else -1.0

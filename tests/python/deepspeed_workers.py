@@ -173,6 +173,30 @@ def one_rank_fails(rank: int, world: int) -> list:
     ]
 
 
+class _ObserverFailingOnce:
+    """A selector whose observation of the first gather raises (on the rank that has it)."""
+
+    def observe(self, *_):
+        raise RuntimeError("the observer failed")
+
+
+def a_gather_one_rank_cannot_start(rank: int, world: int) -> dict:
+    """CIERA's ZeRO-3 gathers, where the last rank fails to start the first fetch (its selector's
+    observation raises): what each rank's training step raised, and how long it took."""
+    import time
+
+    deepspeed = _deepspeed(rank, world)
+    ds_engine = engine(deepspeed, 0, config(stage3_param_persistence_threshold=0))
+    engine_config = ciera.EngineConfig()
+    engine_config.timeout_s = 20   # the others' wait, had they waited for that rank in the gather
+    handle = ciera.deepspeed.enable(ds_engine, engine_config, overlap=False)
+    if rank == world - 1:
+        handle._runtime.selector = _ObserverFailingOnce()
+    start = time.perf_counter()
+    error = error_of(lambda: train_step(ds_engine, batch(rank, 0)))
+    return {"error": error, "seconds": time.perf_counter() - start}
+
+
 def reduce_scatter_vs_twin(rank: int, world: int, steps: int) -> dict:
     """The same ZeRO-3 training three times, same seed and batches: DeepSpeed's own gradient
     reduce-scatter, CIERA's uncompressed twin ("raw") and CIERA's coded one, with CIERA's

@@ -129,6 +129,14 @@ def test_a_refusal_or_option_on_one_rank_fails_every_rank_alike():
         assert errors == expected, (rank, errors)
 
 
+def test_a_gather_one_rank_cannot_start_fails_every_rank_at_once():
+    results = all_ok(spawn(w.a_gather_one_rank_cannot_start, 2))
+    assert results[1]["error"] == "RuntimeError: the observer failed", results
+    assert results[0]["error"].startswith("ConfigError: rank 1 rejected its gather of bucket "), results
+    assert results[0]["error"].endswith(": the observer failed"), results
+    assert all(r["seconds"] < 15 for r in results), results   # not the 20 s timeout
+
+
 def test_gradient_reduce_scatter_is_bitwise_its_uncompressed_twin():
     for rank, r in enumerate(all_ok(spawn(w.reduce_scatter_vs_twin, 2, 3))):
         assert r["losses_equal"] and r["params_equal"], (rank, r)
