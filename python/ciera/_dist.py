@@ -103,6 +103,17 @@ def refused_on_every_rank(check, refuse) -> None:
         raise
 
 
+def refuse_each(refusals, reason: str) -> None:
+    """engine.refuse(bucket, reason) for each (engine, bucket) in `refusals`, in order (the order
+    the peers wait for them). Each refusal's own error (the refusal as this rank sees it, or a
+    bucket that cannot be refused) is dropped: the caller raises the failure that matters."""
+    for engine, bucket in refusals:
+        try:
+            engine.refuse(bucket, reason)
+        except Exception:  # noqa: BLE001 - see above
+            pass
+
+
 def wait_each(waits) -> list:
     """The stats of each (engine, ticket) in `waits`, waited for in order. If one fails, the rest
     are still waited for (a refused or broken call fails them at once too) before its error is

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import agree_before_set_up, refused_on_every_rank, wait_each
+from ciera._dist import agree_before_set_up, refuse_each, refused_on_every_rank, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import make_transport
@@ -146,11 +146,7 @@ class Broadcaster:
 
     def _refuse(self, reason: str) -> None:
         """This broadcast, refused on every bucket in the order the peers wait for them."""
-        for i in range(len(self.tensors)):
-            try:
-                self.engine.refuse(i, reason)
-            except _ext.Error:
-                pass    # the refusal, as this rank sees it
+        refuse_each([(self.engine, i) for i in range(len(self.tensors))], reason)
 
     def close(self) -> None:
         """Ends the engine (collective: every rank closes)."""

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank, wait_each
+from ciera._dist import checked_on_every_rank, refuse_each, wait_each
 from ciera.fsdp import api, lifecycle
 from ciera.fsdp.gather import GatherRecord, Runtime
 from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice, element_bytes
@@ -161,11 +161,7 @@ class _Gather:
         """After this rank failed to start the gather of unstarted[0]: the peers, who start them
         all, are told at once (each refused in order), and the gathers already started are
         waited for, so that none is left in flight."""
-        for b in unstarted:
-            try:
-                self.state.runtime.engine.refuse(b, reason)
-            except Exception:  # noqa: BLE001 - the refusal, or a bucket that cannot be refused
-                pass
+        refuse_each([(self.state.runtime.engine, b) for b in unstarted], reason)
         self._drain(self.tickets)
 
     def _drain(self, tickets) -> None:

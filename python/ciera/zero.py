@@ -38,7 +38,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as _TorchZero
 from torch.optim import Optimizer
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank, wait_each
+from ciera._dist import checked_on_every_rank, refuse_each, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import make_transport
@@ -326,23 +326,24 @@ class ZeroRedundancyOptimizer(_TorchZero):
                  parameters_as_bucket_view: bool = True, overlap_with_ddp: bool = False, **defaults):
         def check() -> None:
             if overlap_with_ddp:
-                raise ValueError("ciera.zero.ZeroRedundancyOptimizer: overlap_with_ddp=True is not supported "
+                raise ValueError(f"{_NAME}: overlap_with_ddp=True is not supported "
                                  "(its parameters sync in DDP's communication hook, not in step())")
             if not parameters_as_bucket_view:
-                raise ValueError("ciera.zero.ZeroRedundancyOptimizer: parameters_as_bucket_view=False is not "
+                raise ValueError(f"{_NAME}: parameters_as_bucket_view=False is not "
                                  "supported: the sync gathers the flat buckets of parameters_as_bucket_view=True "
                                  "(use torch.distributed.optim.ZeroRedundancyOptimizer for per-parameter broadcasts)")
             if transport not in ("torch", "mpi", "nccl"):
-                raise ValueError(f"ciera.zero.ZeroRedundancyOptimizer: transport must be 'torch', 'mpi' or 'nccl', "
+                raise ValueError(f"{_NAME}: transport must be 'torch', 'mpi' or 'nccl', "
                                  f"got {transport!r}")
             if engine_config is not None and not isinstance(engine_config, _ext.EngineConfig):
-                raise TypeError(f"ciera.zero.ZeroRedundancyOptimizer: engine_config must be a ciera.EngineConfig, "
+                raise TypeError(f"{_NAME}: engine_config must be a ciera.EngineConfig, "
                                 f"got {type(engine_config).__name__}")
-            if engine_config is not None and not (math.isfinite(engine_config.timeout_s) and engine_config.timeout_s > 0):
-                raise ValueError("ciera.zero.ZeroRedundancyOptimizer: engine_config.timeout_s must be a finite "
+            if engine_config is not None and not (math.isfinite(engine_config.timeout_s)
+                                                  and engine_config.timeout_s > 0):
+                raise ValueError(f"{_NAME}: engine_config.timeout_s must be a finite "
                                  f"number of seconds > 0, got {engine_config.timeout_s}")
             if isinstance(chunk_values, bool) or not isinstance(chunk_values, int) or chunk_values < 1:
-                raise ValueError(f"ciera.zero.ZeroRedundancyOptimizer: chunk_values must be an int >= 1, "
+                raise ValueError(f"{_NAME}: chunk_values must be an int >= 1, "
                                  f"got {chunk_values!r}")
             _policy(policy)
 
@@ -468,12 +469,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
     def _refuse_sync(self, reason: str) -> None:
         """Refuses this step's gather of every device's engine, in the order _sync_params starts
         them, so that no peer's gather is left waiting."""
-        for sync in self._syncs:
-            if sync.engine is not None:
-                try:
-                    sync.engine.refuse(0, reason)
-                except _ext.Error:
-                    pass    # the refusal, as this rank sees it
+        refuse_each([(sync.engine, 0) for sync in self._syncs if sync.engine is not None], reason)
 
     def _sync_params(self) -> None:
         """Every rank's partition to every rank: one in-place CIERA gather per device, started
