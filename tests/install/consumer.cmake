@@ -1,0 +1,64 @@
+# find_package(ciera) from outside the tree, as a C++ user meets it: installs the build under test
+# into a prefix of its own, configures and builds examples/ (the README's programs) against that
+# prefix alone, and runs them: the codec round trip, and the engine over MPI on two ranks (where
+# the build has ciera::mpi); and compiles each installed header on its own. Run by ctest as
+#   cmake -DBUILD=<build> -DEXAMPLES=<examples> -DWORK=<dir> -DGENERATOR=... -DCXX=...
+#         -DMPIRUN=<mpirun;args> -P consumer.cmake
+file(REMOVE_RECURSE ${WORK})
+
+function(step what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT status EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${status}):\n${out}\n${err}")
+  endif()
+  set(output "${out}" PARENT_SCOPE)
+endfunction()
+
+step("cmake --install" ${CMAKE_COMMAND} --install ${BUILD} --prefix ${WORK}/prefix)
+step("configuring examples/ against the install"
+     ${CMAKE_COMMAND} -S ${EXAMPLES} -B ${WORK}/build -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
+     -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+     -DCMAKE_CXX_FLAGS=-Werror)  # a warning in an installed header is a user's warning
+step("building examples/" ${CMAKE_COMMAND} --build ${WORK}/build)
+
+# Every installed header compiles on its own, with only the include paths its targets export.
+file(GLOB headers RELATIVE ${WORK}/prefix/include ${WORK}/prefix/include/ciera/*.hpp)
+set(sources "")
+foreach(header IN LISTS headers)
+  string(MAKE_C_IDENTIFIER ${header} name)
+  file(WRITE ${WORK}/headers/${name}.cpp "#include <${header}>\n")
+  list(APPEND sources ${name}.cpp)
+endforeach()
+file(WRITE ${WORK}/headers/CMakeLists.txt "cmake_minimum_required(VERSION 3.22)
+project(ciera_headers LANGUAGES CXX)
+find_package(ciera REQUIRED)
+add_library(headers OBJECT ${sources})
+target_link_libraries(headers PRIVATE ciera::ciera)
+foreach(target ciera::mpi ciera::cuda ciera::nccl)
+  if(TARGET \${target})
+    target_link_libraries(headers PRIVATE \${target})
+  endif()
+endforeach()
+target_compile_options(headers PRIVATE -Wall -Wextra -Wshadow -Werror)
+")
+step("configuring a project of one file per installed header"
+     ${CMAKE_COMMAND} -S ${WORK}/headers -B ${WORK}/headers/build -G ${GENERATOR}
+     -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
+step("compiling each installed header on its own" ${CMAKE_COMMAND} --build ${WORK}/headers/build)
+
+step("codec_roundtrip" ${WORK}/build/codec_roundtrip)
+message(STATUS "${output}")
+if(NOT output MATCHES "every one bitwise exact")
+  message(FATAL_ERROR "codec_roundtrip did not report every step exact:\n${output}")
+endif()
+
+if(MPIRUN AND EXISTS ${WORK}/build/mpi_allgather)
+  step("mpi_allgather on two ranks" ${MPIRUN} -np 2 ${WORK}/build/mpi_allgather)
+  message(STATUS "${output}")
+  if(NOT output MATCHES "every one identical to MPI_Allgatherv")
+    message(FATAL_ERROR "mpi_allgather did not report every gather identical:\n${output}")
+  endif()
+elseif(MPIRUN)
+  message(FATAL_ERROR "the build has ciera::mpi, but examples/ built no mpi_allgather against its install")
+endif()
+file(REMOVE_RECURSE ${WORK})
