@@ -11,7 +11,13 @@ The codec itself, over NumPy arrays, bytes-like objects or CPU tensors::
     decoder = ciera.ShardDecoder(ciera.CodecConfig(), values)   # receiver, one per peer shard
     payload, stats = encoder.encode(shard)                      # every step
     decoder.decode(payload, out)                                # bit-exact, or ciera.FormatError
+
+The C++ library this package was built with, for a CMake project (``find_package(ciera)``)::
+
+    cmake -DCMAKE_PREFIX_PATH="$(python -c 'import ciera; print(ciera.cmake_prefix_path)')" ...
 """
+
+from pathlib import Path as _Path
 
 from ciera._ext import (  # noqa: F401
     BucketLayout,
@@ -68,6 +74,17 @@ from ciera._ext import (  # noqa: F401
     with_mpi,
 )
 
+
+def _sdk_prefix() -> str | None:
+    here = _Path(__file__).resolve().parent
+    found = any((here / libdir / "cmake" / "ciera" / "cieraConfig.cmake").is_file() for libdir in ("lib", "lib64"))
+    return str(here) if found else None
+
+
+#: The prefix under which find_package(ciera) finds the C++ library of a pip-installed package
+#: (its include/ and lib/ are inside the package); None where there is none (a source tree).
+cmake_prefix_path = _sdk_prefix()
+
 __all__ = [
     "BucketLayout", "ChangeCounts", "ChangeDetection", "ChangeGrid", "ChangeMonitor", "ChangeStatistics",
     "CodecConfig", "CodecThroughput", "CollectiveCoding", "CollectivesConfig", "CollectiveStats", "CommCurve",
@@ -76,5 +93,5 @@ __all__ = [
     "LosslessCollectives", "ReduceOp", "Selection", "SelectorOptions", "ShardCandidate", "ShardChangeCounts",
     "ShardChoice", "ShardDecoder", "ShardEncoder", "ShardPolicy", "ShardType", "WarmupMode", "classify_parameter",
     "decode_stateless", "encode_stateless", "loopback_transport", "loopback_world", "max_payload_bytes",
-    "measure_codec", "measure_cost_model", "python_transport", "select_shards",
+    "measure_codec", "measure_cost_model", "python_transport", "select_shards", "cmake_prefix_path",
 ]
