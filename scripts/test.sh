@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Every test: installs what it needs, then
 #   1. release build: every GoogleTest suite (each binary in one process per core, sharded),
-#      then the rest through ctest (MPI under mpirun, link lab, CLI); with nvcc on the machine
+#      then the rest through ctest (MPI under mpirun, link lab, CLI, and examples/ built against
+#      a fresh install with find_package); with nvcc on the machine
 #      the CUDA codec is compiled too (for sm_80/sm_90; without a GPU, where it is only a compile
 #      check, for sm_90 alone: a third of nvcc's time, and the sources have no per-architecture
 #      code), and its GPU tests report "Skipped" without a GPU;
 #   2. AddressSanitizer + UBSan build: the same tests again, less those labelled release_only
-#      (the forced MPI algorithms at 2 and 4 ranks, the include-root check: the same code);
+#      (the forced MPI algorithms at 2 and 4 ranks, the include-root check, the install: the
+#      same code);
 #   3. ThreadSanitizer build: the engine and lossless-collectives tests (ciera_thread_tests);
 #   4. the Python package, installed with pip into .venv, and its pytest suite (two tests at a
 #      time, pytest-xdist);
