@@ -1,7 +1,8 @@
 # find_package(ciera) from outside the tree, as a C++ user meets it: installs the build under test
 # into a prefix of its own, configures and builds examples/ (the README's programs) against that
-# prefix alone, and runs them: the codec round trip, and the engine over MPI on two ranks (where
-# the build has ciera::mpi); and compiles each installed header on its own. Run by ctest as
+# prefix alone, and runs them: the codec round trip, and on two MPI ranks (where the build has
+# ciera::mpi) the engine and the lossless reduce-scatter. Then compiles each installed header on
+# its own. Run by ctest as
 #   cmake -DBUILD=<build> -DEXAMPLES=<examples> -DWORK=<dir> -DGENERATOR=... -DCXX=...
 #         -DMPIRUN=<mpirun;args> -P consumer.cmake
 file(REMOVE_RECURSE ${WORK})
@@ -52,13 +53,19 @@ if(NOT output MATCHES "every one bitwise exact")
   message(FATAL_ERROR "codec_roundtrip did not report every step exact:\n${output}")
 endif()
 
-if(MPIRUN AND EXISTS ${WORK}/build/mpi_allgather)
-  step("mpi_allgather on two ranks" ${MPIRUN} -np 2 ${WORK}/build/mpi_allgather)
-  message(STATUS "${output}")
-  if(NOT output MATCHES "every one identical to MPI_Allgatherv")
-    message(FATAL_ERROR "mpi_allgather did not report every gather identical:\n${output}")
-  endif()
-elseif(MPIRUN)
-  message(FATAL_ERROR "the build has ciera::mpi, but examples/ built no mpi_allgather against its install")
+if(MPIRUN)
+  foreach(example "mpi_allgather:MPI_Allgatherv" "mpi_reduce_scatter:the raw twin")
+    string(REPLACE ":" ";" example "${example}")
+    list(GET example 0 program)
+    list(GET example 1 reference)
+    if(NOT EXISTS ${WORK}/build/${program})
+      message(FATAL_ERROR "the build has ciera::mpi, but examples/ built no ${program} against its install")
+    endif()
+    step("${program} on two ranks" ${MPIRUN} -np 2 ${WORK}/build/${program})
+    message(STATUS "${output}")
+    if(NOT output MATCHES "every one identical to ${reference}")
+      message(FATAL_ERROR "${program} did not report every result identical to ${reference}:\n${output}")
+    endif()
+  endforeach()
 endif()
 file(REMOVE_RECURSE ${WORK})
