@@ -556,6 +556,27 @@ TEST(Checkpoints, DirectoriesAreOrderedByStepNumber) {
                ConfigError);  // only one
 }
 
+TEST(Checkpoints, AFolderOfResumeCheckpointsSaysWhatToAnalyseInstead) {
+  TempDir dir;
+  std::ofstream(dir.path() / "notes.txt") << "not a checkpoint";
+  auto error_of = [&] {
+    try {
+      list_checkpoints({dir.path().string()});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of(), dir.path().string() + ": no *.safetensors files");
+  // What `ciera train --checkpoint-every` leaves under <run>/checkpoints/.
+  fs::create_directories(dir.path() / "step-000002");
+  std::ofstream(dir.path() / "step-000002" / ".metadata") << "torch.distributed.checkpoint";
+  const std::string error = error_of();
+  EXPECT_NE(error.find("step-000002 is a torch.distributed.checkpoint folder"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("ciera train --save-checkpoints DIR"), std::string::npos) << error;
+}
+
 TEST(Checkpoints, OneCheckpointGivenTwiceIsRefused) {
   TempDir dir;
   for (const char* name : {"step_1.safetensors", "step_2.safetensors"}) {

@@ -14,6 +14,21 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Why a folder without safetensors may have been given: torch.distributed.checkpoint folders
+// (a .metadata file each, as `ciera train --checkpoint-every` writes under <run>/checkpoints/)
+// hold sharded state to resume from, not one file per step.
+std::string no_safetensors_hint(const fs::path& dir) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    if (entry.is_directory(error) && fs::is_regular_file(entry.path() / ".metadata", error)) {
+      return " (" + entry.path().filename().string() +
+             " is a torch.distributed.checkpoint folder, for resuming: ciera analyze reads one "
+             "safetensors file per step, as `ciera train --save-checkpoints DIR` writes them)";
+    }
+  }
+  return "";
+}
+
 std::vector<fs::path> checkpoints_in_directory(const fs::path& dir) {
   std::vector<std::pair<uint64_t, fs::path>> found;
   for (const auto& entry : fs::directory_iterator(dir)) {
@@ -41,7 +56,8 @@ std::vector<fs::path> checkpoints_in_directory(const fs::path& dir) {
                         std::to_string(found[i].first));
     }
   }
-  if (found.empty()) throw ConfigError(dir.string() + ": no *.safetensors files");
+  if (found.empty())
+    throw ConfigError(dir.string() + ": no *.safetensors files" + no_safetensors_hint(dir));
   std::vector<fs::path> files;
   for (auto& [step, file] : found) files.push_back(std::move(file));
   return files;
