@@ -56,7 +56,8 @@ struct Options {
   uint64_t params = 16ull << 20;
   std::string dtype = "bf16";
   uint32_t steps = 60;
-  uint32_t warmup = 30;
+  uint32_t warmup = 30;  // 1 with --codec delta unless given: value-delta frames have no warmup
+  bool warmup_given = false;
   uint32_t buckets = 4;
   uint32_t block = 512;
   double link_gbit = 0;
@@ -122,7 +123,10 @@ Request parse(const Options& o, const std::string& command) {
           "--params " + std::to_string(o.params) + " in " + std::to_string(o.buckets) +
               " buckets makes a bucket of more than 2^31 bytes, too large for MPI_Allgatherv; "
               "use more --buckets");
-  require(o.steps > o.warmup, "--steps must exceed --warmup to measure a steady state");
+  // As `ciera train --codec delta`: the first step carries the key frames, every later one is
+  // the steady state.
+  if (o.codec == "delta" && !o.warmup_given) r.options.warmup = 1;
+  require_steps_after_warmup(o.steps, r.options.warmup);
   CodecConfig codec;
   codec.dtype = r.dtype;
   require_block_option(o.block);
@@ -511,7 +515,10 @@ void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
   cmd->add_option("--params", o->params, "parameters in the model")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "bf16 | fp16 | fp32")->capture_default_str();
   cmd->add_option("--steps", o->steps, "optimizer steps, warmup included")->capture_default_str();
-  cmd->add_option("--warmup", o->warmup, "engine warmup steps (raw) before exponent reuse")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup,
+                  "steps before the steady state reported; the engine's raw warmup before exponent "
+                  "reuse (default: 30; 1 with --codec delta, which has no warmup)")
+      ->each([o](const std::string&) { o->warmup_given = true; });
   cmd->add_option("--buckets", o->buckets, "layers the parameters are split into")->capture_default_str();
   cmd->add_option("--block", o->block, "values per block")->capture_default_str();
   cmd->add_option("--link-gbit", o->link_gbit,

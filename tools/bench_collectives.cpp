@@ -95,7 +95,7 @@ Request parse(const Options& o, const std::string& command) {
   require(o.ranks >= 1, "--ranks must be at least 1");
   require(o.slice_values >= 1, "--slice-values must be at least 1");
   require(o.frame_values >= 1, "--frame-values must be at least 1");
-  require(o.steps > o.warmup, "--steps must exceed --warmup to measure a steady state");
+  require_steps_after_warmup(o.steps, o.warmup);
   require(std::isfinite(o.timeout_s) && o.timeout_s > 0 && o.timeout_s <= 86400,
           "--timeout must be a number of seconds > 0 and at most 86400");
   require(std::isfinite(o.link_gbit) && o.link_gbit >= 0, "--link-gbit must be >= 0");

@@ -26,6 +26,13 @@ inline void require_block_option(uint64_t block) {
               std::to_string(block) + ")");
 }
 
+// --steps against --warmup: the steady state the benchmarks report is the steps after warmup.
+inline void require_steps_after_warmup(uint64_t steps, uint64_t warmup) {
+  require(steps > warmup,
+          "--steps " + std::to_string(steps) + " must exceed --warmup " + std::to_string(warmup) +
+              " to measure a steady state: give more --steps or a smaller --warmup");
+}
+
 struct CommandExit {
   int status;  // an ExitStatus
 };

@@ -68,18 +68,28 @@ std::string command_problem(CLI::App& app, int argc, char** argv) {
 // and a number past 2^64 - 1 as 2^64 - 1, so that a command's own range check then named a
 // number the user never typed ("--values 18446744073709551615 is too large"). Every unsigned
 // option of `app` and its commands takes decimal digits only, as many as fit in 64 bits.
+// A list option (--worlds 4 8 16) takes every value that follows it, so a word that is not a
+// number there is most often an argument meant for the command (a file) placed after the list.
+std::string whole_number_problem(const std::string& text, bool list) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
+    return "'" + text + "' is not a whole number >= 0" +
+           (list ? " (a list option takes every value that follows it: give the command's other "
+                   "arguments before it)"
+                 : "");
+  }
+  errno = 0;
+  std::strtoull(text.c_str(), nullptr, 10);
+  return errno == ERANGE ? text + " is larger than 2^64 - 1" : "";
+}
+
 void check_unsigned_options(CLI::App& app) {
   static const CLI::Validator whole_number(
-      [](std::string& text) -> std::string {
-        if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
-          return "'" + text + "' is not a whole number >= 0";
-        errno = 0;
-        std::strtoull(text.c_str(), nullptr, 10);
-        return errno == ERANGE ? text + " is larger than 2^64 - 1" : "";
-      },
-      "", "whole number");
+      [](std::string& text) { return whole_number_problem(text, false); }, "", "whole number");
+  static const CLI::Validator whole_numbers(
+      [](std::string& text) { return whole_number_problem(text, true); }, "", "whole number");
   for (CLI::Option* option : app.get_options()) {
-    if (option->get_type_name() == "UINT") option->check(whole_number);
+    if (option->get_type_name() == "UINT")
+      option->check(option->get_items_expected_max() > 1 ? whole_numbers : whole_number);
   }
   for (CLI::App* command : app.get_subcommands(std::function<bool(CLI::App*)>{}))
     check_unsigned_options(*command);

@@ -59,7 +59,7 @@ TRAIN = [
     (["--ranks", "1"], "--ranks must be >= 2 (one rank has nobody to gather from), got 1"),
     (["--ranks", "x"], "argument --ranks: invalid int value: 'x'"),
     (["--steps", "0"], "--steps must be >= 1, got 0"),
-    (["--steps", "5", "--warmup", "5"], "--steps must exceed --warmup"),
+    (["--steps", "5", "--warmup", "5"], "--steps 5 must exceed --warmup 5 to measure a steady state: give more"),
     (["--warmup", "-5"], "--warmup must be >= 0, got -5"),
     (["--layers", "0"], "--layers must be >= 1, got 0"),
     (["--hidden", "0"], "--hidden must be a positive multiple of 8"),
@@ -96,6 +96,8 @@ TRAIN = [
     (["--framework", "deepspeed", "--hsdp", "--nodes", "2", "--ranks-per-node", "2"],
      "--hsdp is an FSDP2 layout: it is for the FSDP2 trainings, not --zero or --framework deepspeed"),
     (["--reduce-bucket-size", "1000"], "--reduce-bucket-size is ZeRO-3's setting: it needs --framework deepspeed"),
+    (["--framework", "deepspeed", "--overlap"], "--overlap is how the FSDP2 runs gather; under --framework "
+                                                "deepspeed both runs always overlap"),
     (["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
     (["--budget-mb", "-1"], "--budget-mb must be >= 0 MiB, got -1.0"),
     (["--budget-mb", "nan"], "--budget-mb must be >= 0 MiB, got nan"),

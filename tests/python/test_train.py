@@ -115,7 +115,7 @@ def test_ciera_train_rejects_bad_options(tmp_path):
     env = _env()
     done = subprocess.run([sys.executable, "-m", "ciera.train", "--steps", "5", "--warmup", "5", "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=60)
-    assert done.returncode != 0 and "--steps must exceed --warmup" in done.stderr
+    assert done.returncode != 0 and "--steps 5 must exceed --warmup 5" in done.stderr
     done = subprocess.run([sys.executable, "-m", "ciera.train", "--budget-mb", "-1", "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode != 0 and "--budget-mb must be >= 0" in done.stderr

@@ -34,14 +34,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see --help)\n")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """An option's default after its help, "(default: X)", where it has one (not None, not an off
+    flag) and the help does not give it already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.default in (None, False, argparse.SUPPRESS) or not action.option_strings
+                or "default" in text.lower()):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def parser() -> argparse.ArgumentParser:
     description = sys.modules[__package__].__doc__.split("\n\n")[0]
     p = _Parser(prog="ciera train", description=description,
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                formatter_class=_HelpFormatter,
                 epilog="Exit status: 0 when every comparison the run made is exact; 1 when the run failed "
                        "(a rank died or stalled past --timeout); 2 for a command line no run could use; "
                        "3 when a comparison that must be exact was not.")
-    p.add_argument("--model", default="olmoe", choices=["olmoe", "mixtral", "qwen2_moe", "deepseek"])
+    p.add_argument("--model", default="olmoe", choices=["olmoe", "mixtral", "qwen2_moe", "deepseek"],
+                   help="the MoE architecture (Hugging Face transformers), built small from a config, no download")
     p.add_argument("--ranks", type=int, default=None, help="data-parallel ranks (processes); default 4, or "
                                                                "--nodes x --ranks-per-node")
     p.add_argument("--nodes", type=int, default=None,
@@ -62,11 +75,11 @@ def parser() -> argparse.ArgumentParser:
                    help="steps before exponent reuse starts, and outside the steady state the summary reports "
                         "(default: 30; 1 when no trained scheme waits for it, as with --codec delta, the "
                         "alternatives and --zero, whose first step carries the key frames or values)")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--experts", type=int, default=8)
-    p.add_argument("--expert-intermediate", type=int, default=256)
-    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2, help="decoder layers (one FSDP2 parameter group each)")
+    p.add_argument("--hidden", type=int, default=128, help="hidden size, a multiple of 8")
+    p.add_argument("--experts", type=int, default=8, help="experts per MoE layer")
+    p.add_argument("--expert-intermediate", type=int, default=256, help="each expert's intermediate size")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate")
     p.add_argument("--block", type=int, default=512, help="CIERA values per block")
@@ -142,7 +155,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation", action="store_true",
                    help="the paper's Table 3 in one run: FSDP2, +ER (all shards), +BSC, +CCP side by side")
     p.add_argument("--overlap", action="store_true",
-                   help="CCP: gathers run in flight while the previous module computes (both runs)")
+                   help="CCP: gathers run in flight while the previous module computes (both runs). Without it "
+                        "the FSDP2 runs gather synchronously, so that the allgather times are the gathers' own; "
+                        "ciera.torch.enable() overlaps by default, and --framework deepspeed always does")
     p.add_argument("--link-gbit", type=float, default=0.0, help="run in the link lab, links shaped to G Gbit/s")
     p.add_argument("--stats", action="store_true",
                    help="characterise exponent changes during training (paper §2, O2-O4): per parameter "
@@ -162,7 +177,7 @@ def parser() -> argparse.ArgumentParser:
                    help="write a trace for `ciera simulate` (per-group compute, comm curves, change rates)")
     p.add_argument("--verify", action="store_true", help="compare every gather with torch.distributed's")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain FSDP2 run")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the initial weights' and batches' seed, the same in every training")
     p.add_argument("--out", default="runs", help="folder for run folders")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     p.add_argument("--timeout", type=float, default=60.0,
@@ -417,6 +432,9 @@ def _check_deepspeed(args) -> None:
     for flag, given in unsupported:
         if given:
             _fail(f"{flag} is for the FSDP2 comparison; it cannot run with --framework deepspeed")
+    if args.overlap:
+        _fail("--overlap is how the FSDP2 runs gather; under --framework deepspeed both runs always overlap their "
+              "gathers with compute (DeepSpeed's prefetching): drop it")
     if args.codec not in ("ciera", "auto", "delta"):
         _fail(f"--codec {args.codec}: --framework deepspeed compares CIERA's own codecs (ciera, auto, delta) with "
               "plain ZeRO-3; the alternatives run beside FSDP2 (--schemes)")
@@ -500,7 +518,8 @@ def check(args) -> None:
     _defaults(args)
     _check_values(args)
     if args.warmup >= args.steps:
-        raise SystemExit("ciera train: --steps must exceed --warmup to measure a steady state")
+        raise SystemExit(f"ciera train: --steps {args.steps} must exceed --warmup {args.warmup} to measure a steady "
+                         "state: give more --steps or a smaller --warmup")
     if args.budget_mb is not None and not args.budget_mb >= 0:
         raise SystemExit(f"ciera train: --budget-mb must be >= 0 MiB, got {args.budget_mb}")
     if args.budget_mb is not None and args.budget_mb != float("inf") and args.budget_mb * 2**20 >= 2**64:
