@@ -87,7 +87,7 @@ Request parse(const Options& o, const std::string& command) {
   r.config.content_checksum = !o.no_checksum;
   r.config.validate();
   if (o.values < 1) throw ConfigError("--values must be at least 1");
-  if (o.steps <= o.warmup) throw ConfigError("--steps must exceed --warmup to measure a steady state");
+  require_steps_after_warmup(o.steps, o.warmup);
   if (o.sample_every < 1) throw ConfigError("--sample-every must be at least 1");
   if (!(std::isfinite(o.learning_rate) && o.learning_rate > 0))
     throw ConfigError("--lr must be a finite number > 0");
@@ -536,7 +536,11 @@ nlohmann::json bench_json(const Request& r, const BenchResult& result) {
   j["bits_per_value"] = primary.bits_per_value(n);
   j["ratio_vs_raw"] = 8.0 * r.value_bytes / primary.bits_per_value(n);
   j["exponent_change_rate"] = result.changed_values / (static_cast<double>(n) * result.steady_frames);
-  j["block_change_rate"] = result.blocks_total > 0 ? result.changed_blocks / result.blocks_total : 0.0;
+  // Value-delta frames have no blocks of exponents: the rate means nothing there (null).
+  j["block_change_rate"] = o.mode == "delta" ? nlohmann::json(nullptr)
+                           : result.blocks_total > 0
+                               ? nlohmann::json(result.changed_blocks / result.blocks_total)
+                               : nlohmann::json(0.0);
   j["exponent_entropy_bits"] =
       result.coded_symbols > 0 ? result.coded_entropy_bits / result.coded_symbols : 0.0;
   j["entropy_coded_vs_bound"] = primary.entropy_coded_vs_bound();
@@ -611,12 +615,18 @@ void print_report(const nlohmann::json& j, std::ostream& out) {
   const double efficiency = j.at("entropy_coded_vs_bound").get<double>();
   out << t.render() << "\n";
   out << "memcpy of the same " << raw_bytes << " bytes: " << fixed(memcpy_GBps, 2) << " GB/s\n"
-      << "exponent change rate (steady state): " << fixed(100 * j.at("exponent_change_rate").get<double>(), 3) << "% of values per step\n"
-      << "block change rate (B=" << config.at("block").get<uint32_t>() << "): " << fixed(100 * j.at("block_change_rate").get<double>(), 1) << "% of blocks per step\n"
+      << "exponent change rate (steady state): "
+      << fixed(100 * j.at("exponent_change_rate").get<double>(), 3) << "% of values per step\n"
+      << (j.at("block_change_rate").is_null()
+              ? std::string()
+              : "block change rate (B=" + std::to_string(config.at("block").get<uint32_t>()) +
+                    "): " + fixed(100 * j.at("block_change_rate").get<double>(), 1) +
+                    "% of blocks per step\n")
       << "coded symbols: order-0 entropy " << fixed(j.at("exponent_entropy_bits").get<double>(), 3)
       << " bits; "
-      << (efficiency > 0 ? "rANS output " + fixed(100 * (efficiency - 1), 2) + "% above the entropy bound"
-                         : std::string("no stream was worth rANS-coding (packed or constant)"))
+      << (efficiency > 0
+              ? "rANS output " + fixed(100 * (efficiency - 1), 2) + "% above the entropy bound"
+              : std::string("no stream was worth rANS-coding (packed or constant)"))
       << "\n"
       << (j.contains("difference_entropy_bits_per_value")
               ? "value differences: " + fixed(100 * j.at("value_change_rate").get<double>(), 2) +
@@ -626,7 +636,8 @@ void print_report(const nlohmann::json& j, std::ostream& out) {
                     fixed(j.at("bits_vs_difference_entropy").get<double>(), 3) + "x that\n"
               : std::string())
       << (config.at("mode").get<std::string>() == "delta"
-              ? "first " + std::to_string(warmup) + " steps (one key frame, then value-delta frames): "
+              ? "first " + std::to_string(warmup) +
+                    " steps (one key frame, then value-delta frames): "
               : std::string("warmup key frames: "))
       << fixed(j.at("warmup_key_frame_bits_per_value").get<double>(), 3) << " bits/value\n"
       << "verified bit-exact every step: " << (j.at("verified").get<bool>() ? "yes" : "NO")
