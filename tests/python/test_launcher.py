@@ -196,3 +196,15 @@ def test_exit_status_counts_the_control():
     assert exit_status(dict(good, control_identical=True)) == 0
     assert exit_status(dict(good, control_identical=False)) == 3
     assert exit_status(dict(good, losses_identical=False)) == 3
+
+
+def test_layout_and_inter_node_lines_only_for_nodes_of_several_ranks():
+    """A flat run's summary counts each rank as a node of its own; its table names no nodes."""
+    from ciera.train.launcher import two_level
+    from ciera.train.options import parser, topology
+
+    flat = parser().parse_args(["--ranks", "2"])
+    nodes = parser().parse_args(["--nodes", "2", "--ranks-per-node", "2"])
+    assert not two_level({"topology": topology(flat)})
+    assert two_level({"topology": topology(nodes)})
+    assert not two_level({})

@@ -239,14 +239,14 @@ def render_summary(s: dict, run_dir: Path) -> str:
                   f"{max(s['warmup'], s.get('steps_before', 0)) + 1}..{s['steps']}"
                   + (" (step 1 carries the key frames)" if delta and s["warmup"] == 1 else "")
                   + (f"; resumed after step {s['steps_before']} from {s['resumed_from']}" if s.get("resumed_from") else "")),
-        *([("layout", layout_text(s["topology"]))] if s.get("topology") else []),
+        *([("layout", layout_text(s["topology"]))] if two_level(s) else []),
         ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
         ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  "
                                  f"ratio {s['ratio']:.3f}x ({s['bits_per_value']:.3f} bits/value)"),
         *([("inter-node allgather", f"FSDP2 {s['inter_node_allgather_bytes_fsdp2']:,}  {who} "
                                     f"{s['inter_node_allgather_bytes']:,} bytes/step = "
                                     f"{s['inter_node_fraction'] or float('nan'):.3f} of FSDP2's")]
-          if s.get("inter_node_allgather_bytes_fsdp2") else []),
+          if two_level(s) and s.get("inter_node_allgather_bytes_fsdp2") else []),
         ("allgather time/step", f"FSDP2 {ms(s['allgather_ms_fsdp2'])} ms  {who} {ms(s['allgather_ms_ciera'])} ms  "
                                 f"speedup {s['allgather_speedup'] or float('nan'):.3f}x"),
         ("iteration time/step", f"FSDP2 {ms(s['iteration_ms_fsdp2'])} ms  {who} {ms(s['iteration_ms_ciera'])} ms  "
@@ -293,6 +293,13 @@ def render_summary(s: dict, run_dir: Path) -> str:
                      f"{row['iteration_ms_ciera']:>12.1f} {row['iteration_speedup'] or 0:>8.3f} "
                      f"{row['ratio'] or 0:>6.3f} {row['cache_bytes'] / 2**20:>9.2f} {row['selected_shards']:>6}")
     return text
+
+
+def two_level(s: dict) -> bool:
+    """Whether the run had nodes of several ranks (--nodes K --ranks-per-node R, R > 1). In a flat
+    run the summary's topology counts each rank as a node of its own (each has its own link in
+    the link lab), and a layout or inter-node line would only restate the allgather's."""
+    return (s.get("topology") or {}).get("ranks_per_node", 1) > 1
 
 
 def layout_text(t: dict) -> str:
