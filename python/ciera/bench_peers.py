@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ciera.cli import run_native
+
 _INSTALL_HINT = "pip install 'ciera[peers]'"
 # The `ciera` commands' status for a result that must be exact and was not (tools/exit_status.hpp).
 NOT_EXACT = 3
@@ -105,18 +107,18 @@ def bench_codec(tool: Path, args: list[str]) -> int | None:
         return None
     problem = _zipnn_problem()
     if problem is not None:
-        status = subprocess.call([str(tool), "bench", "codec", *args])
+        status = run_native(tool, ["bench", "codec", *args]).returncode
         if status == 0:
             print(f"ciera bench codec: {problem}", file=sys.stderr)
         return status
     want_json = "--json" in args
     with tempfile.TemporaryDirectory(prefix="ciera-bench-codec-") as tmp:
         shards = Path(tmp) / "shards.bin"
-        command = [str(tool), "bench", "codec", *args, "--save-shards", str(shards)]
+        command = ["bench", "codec", *args, "--save-shards", str(shards)]
         if not want_json:
             command.append("--json")
         # stderr (progress, a bad option's one line) passes through; stdout is the report.
-        done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        done = run_native(tool, command, stdout=subprocess.PIPE, text=True)
         try:
             report = json.loads(done.stdout)
         except ValueError:
@@ -125,7 +127,7 @@ def bench_codec(tool: Path, args: list[str]) -> int | None:
         if "--quiet" not in args:
             print("ciera bench codec: zipnn row (Python), on the same shards", file=sys.stderr, flush=True)
         row = measure_zipnn(shards)
-        report["command"] = " ".join([str(tool), "bench", "codec", *args])  # as typed: not our additions
+        report["command"] = " ".join(["ciera", "bench", "codec", *args])  # as typed: not our additions
         report["comparisons"].append(row)
         report["verified"] = bool(report["verified"] and row["verified"])
         if want_json:
@@ -134,7 +136,7 @@ def bench_codec(tool: Path, args: list[str]) -> int | None:
             rendered = Path(tmp) / "report.json"
             rendered.write_text(json.dumps(report))
             sys.stdout.flush()
-            status = subprocess.call([str(tool), "bench", "codec", "--render-json", str(rendered)])
+            status = run_native(tool, ["bench", "codec", "--render-json", str(rendered)]).returncode
             if status not in (0, NOT_EXACT):
                 return status
     if done.returncode != 0:

@@ -28,6 +28,12 @@ def native_tool() -> Path:
     raise SystemExit("ciera: error: the native tool is missing; reinstall with `pip install .`")
 
 
+def run_native(tool: Path, args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """The native tool on `args`, named `ciera` in its argv: its usage lines and the command its
+    reports record then read as the user typed them, not as the file inside the package."""
+    return subprocess.run(["ciera", *args], executable=str(tool), **kwargs)
+
+
 def _fail(message: str) -> NoReturn:
     """A bad `ciera analyze` command line, as the native tool reports one: a line, status 2."""
     print(f"ciera analyze: error: {message}", file=sys.stderr)
@@ -86,7 +92,7 @@ def analyze_with_plots(tool: Path, args: list[str], plot_dir: str) -> int:
     json_file, rest = _option_value(args, "--json-file")
     with tempfile.TemporaryDirectory(prefix="ciera-analyze-") as tmp:
         report_path = Path(json_file) if json_file else Path(tmp) / "report.json"
-        status = subprocess.call([str(tool), "analyze", *rest, "--json-file", str(report_path)])
+        status = run_native(tool, ["analyze", *rest, "--json-file", str(report_path)]).returncode
         if status != 0:
             return status
         report = json.loads(report_path.read_text())
@@ -124,7 +130,7 @@ def main(argv=None) -> int:
     env = dict(os.environ)
     if share.is_file():
         env.setdefault("CIERA_LINKLAB", str(share))
-    os.execve(str(tool), [str(tool), *argv], env)
+    os.execve(str(tool), ["ciera", *argv], env)   # argv[0] as run_native gives it
     return 0  # not reached
 
 
