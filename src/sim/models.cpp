@@ -220,18 +220,23 @@ ChangeRates paper_rates(const ModelShape& model) {
   // The paper gives no per-type rates for Qwen2, Mixtral or Scout: Qwen2 takes DeepSeek's
   // (fine-grained experts; similar ablation behaviour, Table 3), Mixtral and Scout high rates
   // ("its block change rate is high", §4.4; "high per-shard change rates", §4.2).
+  // The paper's "high" says nothing of Mixtral's and Scout's norm and embedding: those take
+  // MiniCPM's norm and OLMoE's embedding, and say so.
   struct Row {
     const char* model;
     double expert_ffn, attention, router, norm, embedding;
     const char* source;
+    const char* norm_embedding_source = nullptr;  // where it differs from `source`
   };
   static const Row rows[] = {
       {"olmoe-1b-7b", 0.22, 0.96, 0.94, 0.64, 0.65, "paper Fig. 4"},
       {"deepseek-moe-16b", 0.75, 0.84, 0.66, 0.00, 0.48, "paper Fig. 4"},
       {"minicpm-moe-8x2b", 0.80, 0.81, 0.66, 0.13, 0.88, "paper Fig. 4"},
       {"qwen2-57b-a14b", 0.75, 0.84, 0.66, 0.00, 0.48, "assumed (DeepSeek's)"},
-      {"mixtral-8x7b", 0.95, 0.97, 0.95, 0.13, 0.65, "assumed (paper: high)"},
-      {"llama4-scout-17b-16e", 0.95, 0.97, 0.95, 0.13, 0.65, "assumed (paper: high)"},
+      {"mixtral-8x7b", 0.95, 0.97, 0.95, 0.13, 0.65, "assumed (paper: high)",
+       "assumed (norm as MiniCPM's, embedding as OLMoE's)"},
+      {"llama4-scout-17b-16e", 0.95, 0.97, 0.95, 0.13, 0.65, "assumed (paper: high)",
+       "assumed (norm as MiniCPM's, embedding as OLMoE's)"},
   };
   // Element rates (for the encoder's fine mode, which sends per changed value): the paper gives
   // only the range for real MoE training, 0.30-0.51% of values per step (§2.2), not per type; we
@@ -248,8 +253,9 @@ ChangeRates paper_rates(const ModelShape& model) {
     set(ShardType::kExpertFfn, row.expert_ffn, row.source);
     set(ShardType::kAttention, row.attention, row.source);
     set(ShardType::kRouter, row.router, row.source);
-    set(ShardType::kNorm, row.norm, row.source);
-    set(ShardType::kEmbedding, row.embedding, row.source);
+    const char* small = row.norm_embedding_source ? row.norm_embedding_source : row.source;
+    set(ShardType::kNorm, row.norm, small);
+    set(ShardType::kEmbedding, row.embedding, small);
     set(ShardType::kDenseFfn, row.expert_ffn, "assumed (as expert FFN)");
     rates.of(ShardType::kOther).block = 1.0;  // unknown: every block, every value changes
     rates.of(ShardType::kOther).source = "assumed";
