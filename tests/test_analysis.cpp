@@ -568,13 +568,23 @@ TEST(Checkpoints, AFolderOfResumeCheckpointsSaysWhatToAnalyseInstead) {
     return std::string("no error");
   };
   EXPECT_EQ(error_of(), dir.path().string() + ": no *.safetensors files");
-  // What `ciera train --checkpoint-every` leaves under <run>/checkpoints/.
-  fs::create_directories(dir.path() / "step-000002");
-  std::ofstream(dir.path() / "step-000002" / ".metadata") << "torch.distributed.checkpoint";
-  const std::string error = error_of();
-  EXPECT_NE(error.find("step-000002 is a torch.distributed.checkpoint folder"), std::string::npos)
-      << error;
-  EXPECT_NE(error.find("ciera train --save-checkpoints DIR"), std::string::npos) << error;
+  // What `ciera train --checkpoint-every` leaves: <run>/checkpoints/step-NNNNNN/.metadata. Given
+  // the run folder, its checkpoints/ or one step's folder, the error names that step's folder.
+  const fs::path step = dir.path() / "checkpoints" / "step-000002";
+  fs::create_directories(step);
+  std::ofstream(step / ".metadata") << "torch.distributed.checkpoint";
+  for (const fs::path& given : {dir.path(), dir.path() / "checkpoints", step}) {
+    std::string error;
+    try {
+      list_checkpoints({given.string()});
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find(step.string() + " is a torch.distributed.checkpoint folder"),
+              std::string::npos)
+        << given << ": " << error;
+    EXPECT_NE(error.find("ciera train --save-checkpoints DIR"), std::string::npos) << error;
+  }
 }
 
 TEST(Checkpoints, OneCheckpointGivenTwiceIsRefused) {

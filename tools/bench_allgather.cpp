@@ -126,7 +126,7 @@ Request parse(const Options& o, const std::string& command) {
   // As `ciera train --codec delta`: the first step carries the key frames, every later one is
   // the steady state.
   if (o.codec == "delta" && !o.warmup_given) r.options.warmup = 1;
-  require_steps_after_warmup(o.steps, r.options.warmup);
+  require_steps_after_warmup(o.steps, r.options.warmup, o.warmup_given);
   CodecConfig codec;
   codec.dtype = r.dtype;
   require_block_option(o.block);
@@ -467,6 +467,9 @@ int run_cuda(const Options& o, const std::string& command) {
   const NcclBenchOptions options = parse_step([&] {
     require(o.link_gbit == 0 && !o.link_lab && !o.nodes_given,
             "--link-gbit, --link-lab, --nodes and --ranks-per-node apply to --device cpu");
+    require(o.codec == "ciera",
+            "--codec applies to --device cpu; on --device cuda the engine codes every shard with "
+            "exponent reuse (ciera) against ncclAllGather");
     NcclBenchOptions d;
     d.ranks = o.ranks;
     d.dtype = o.dtype;

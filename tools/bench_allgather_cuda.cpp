@@ -379,7 +379,7 @@ void check_nccl_bench_options(const NcclBenchOptions& o) {
     require(bytes <= (uint64_t{16} << 30),
             "--sizes: " + std::to_string(bytes) + " bytes is more than 16 GiB");
   }
-  require_steps_after_warmup(o.steps, o.warmup);
+  require_steps_after_warmup(o.steps, o.warmup, true);
   CodecConfig codec;
   codec.dtype = parse_dtype(o.dtype);
   codec.block_values = o.block;

@@ -43,6 +43,7 @@ struct Options {
   uint32_t block = 512;
   uint32_t steps = 100;
   uint32_t warmup = 30;
+  bool warmup_given = false;
   std::string mode = "auto";
   std::string detect = "exact";
   double learning_rate = 1e-4;
@@ -87,7 +88,7 @@ Request parse(const Options& o, const std::string& command) {
   r.config.content_checksum = !o.no_checksum;
   r.config.validate();
   if (o.values < 1) throw ConfigError("--values must be at least 1");
-  require_steps_after_warmup(o.steps, o.warmup);
+  require_steps_after_warmup(o.steps, o.warmup, o.warmup_given);
   if (o.sample_every < 1) throw ConfigError("--sample-every must be at least 1");
   if (!(std::isfinite(o.learning_rate) && o.learning_rate > 0))
     throw ConfigError("--lr must be a finite number > 0");
@@ -690,7 +691,9 @@ void register_bench_codec(CLI::App& bench, const std::string& command) {
   cmd->add_option("--values", opts->values, "values in the shard")->capture_default_str();
   cmd->add_option("--block", opts->block, "values per block (64..4096)")->capture_default_str();
   cmd->add_option("--steps", opts->steps, "optimizer steps, warmup included")->capture_default_str();
-  cmd->add_option("--warmup", opts->warmup, "key-frame warmup steps")->capture_default_str();
+  cmd->add_option("--warmup", opts->warmup, "key-frame warmup steps")
+      ->capture_default_str()
+      ->each([opts](const std::string&) { opts->warmup_given = true; });
   cmd->add_option("--mode", opts->mode, "exponent coding: auto | block | fine; or delta (value-delta frames)")->capture_default_str();
   cmd->add_option("--detect", opts->detect, "change detection: exact | hash")->capture_default_str();
   cmd->add_option("--lr", opts->learning_rate, "Adam learning rate")->capture_default_str();

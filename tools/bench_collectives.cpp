@@ -56,6 +56,7 @@ struct Options {
   int niceness = CollectivesConfig{}.worker_niceness;
   uint32_t steps = 20;
   uint32_t warmup = 3;
+  bool warmup_given = false;
   double link_gbit = 0, delay_ms = 0;
   bool link_lab = false;
   uint64_t seed = 1;
@@ -95,7 +96,7 @@ Request parse(const Options& o, const std::string& command) {
   require(o.ranks >= 1, "--ranks must be at least 1");
   require(o.slice_values >= 1, "--slice-values must be at least 1");
   require(o.frame_values >= 1, "--frame-values must be at least 1");
-  require_steps_after_warmup(o.steps, o.warmup);
+  require_steps_after_warmup(o.steps, o.warmup, o.warmup_given);
   require(std::isfinite(o.timeout_s) && o.timeout_s > 0 && o.timeout_s <= 86400,
           "--timeout must be a number of seconds > 0 and at most 86400");
   require(std::isfinite(o.link_gbit) && o.link_gbit >= 0, "--link-gbit must be >= 0");
@@ -504,7 +505,8 @@ void add_common_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "exchanges, warmup included")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "exchanges left out of the medians")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([o](const std::string&) { o->warmup_given = true; });
   cmd->add_option("--link-gbit", o->link_gbit,
                   "shape every link to this rate (link lab; 0 = no lab)")
       ->capture_default_str();

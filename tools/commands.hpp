@@ -27,9 +27,11 @@ inline void require_block_option(uint64_t block) {
 }
 
 // --steps against --warmup: the steady state the benchmarks report is the steps after warmup.
-inline void require_steps_after_warmup(uint64_t steps, uint64_t warmup) {
+// `warmup_given`: whether the user typed --warmup (else the message says it is the default).
+inline void require_steps_after_warmup(uint64_t steps, uint64_t warmup, bool warmup_given) {
   require(steps > warmup,
           "--steps " + std::to_string(steps) + " must exceed --warmup " + std::to_string(warmup) +
+              (warmup_given ? "" : " (the default)") +
               " to measure a steady state: give more --steps or a smaller --warmup");
 }
 

@@ -86,6 +86,7 @@ bool under_mpi() {
   std::vector<char*> args;
   for (auto& a : cmd) args.push_back(a.data());
   args.push_back(nullptr);
+  setenv(kCommandLineVariable, command_line(argc, argv).c_str(), 1);  // for the ranks' reports
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
   execvp(args[0], args.data());

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 namespace ciera::tools {
@@ -91,6 +93,11 @@ std::string machine_description() {
 }
 
 std::string command_line(int argc, char** argv) {
+  // A rank `ciera bench` launched (ranks.cpp) has the executable's path for argv[0] and --child
+  // last; the launcher hands it the line it was itself given.
+  if (argc > 1 && std::string_view(argv[argc - 1]) == "--child") {
+    if (const char* typed = std::getenv(kCommandLineVariable)) return typed;
+  }
   std::string out;
   for (int i = 0; i < argc; ++i) {
     if (i) out += ' ';

@@ -52,7 +52,9 @@ class Table {
 std::string fixed(double value, int decimals);
 // "AMD EPYC (2 cores)" and the like, for benchmark reports.
 std::string machine_description();
-// The command line as typed, for reports.
+// The environment variable in which a launcher of ranks passes its own command line to them.
+inline constexpr const char* kCommandLineVariable = "CIERA_COMMAND_LINE";
+// The command line as typed, for reports (in a launched rank, its launcher's).
 std::string command_line(int argc, char** argv);
 
 }  // namespace ciera::tools

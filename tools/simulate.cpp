@@ -189,15 +189,11 @@ ProjectionRequest parse_projection(const Options& o) {
   p.cluster = resolve_cluster(o);
   p.algorithm = o.algorithm;
   p.gpus = o.gpus;
-  // The projection refuses these too (src/sim); here, before any work, with the options to change.
-  const int per_node = std::max(1, p.cluster.gpus_per_node);
+  // The projection refuses these too; here, before any work, with the options to change.
+  const std::string per_node = std::to_string(std::max(1, p.cluster.gpus_per_node));
   for (int w : o.gpus) {
-    if (w > per_node && w % per_node != 0) {
-      throw ConfigError("--gpus " + std::to_string(w) + " does not fill whole nodes of " +
-                        std::to_string(per_node) + " GPUs (cluster " + p.cluster.name +
-                        "): give multiples of " + std::to_string(per_node) +
-                        ", or set --gpus-per-node");
-    }
+    require_whole_nodes(p.cluster, w,
+                        ": give --gpus in multiples of " + per_node + ", or set --gpus-per-node");
   }
   p.baselines = resolve_baselines(o);
   p.workload.schemes = resolve_schemes(o, p.baselines, p.cluster);

@@ -77,8 +77,9 @@ from ciera._ext import (  # noqa: F401
 
 def _sdk_prefix() -> str | None:
     here = _Path(__file__).resolve().parent
-    found = any((here / libdir / "cmake" / "ciera" / "cieraConfig.cmake").is_file() for libdir in ("lib", "lib64"))
-    return str(here) if found else None
+    # lib, lib64 or a multiarch lib/<triplet>: wherever GNUInstallDirs put it.
+    configs = (*here.glob("lib*/cmake/ciera/cieraConfig.cmake"), *here.glob("lib/*/cmake/ciera/cieraConfig.cmake"))
+    return str(here) if configs else None
 
 
 #: The prefix under which find_package(ciera) finds the C++ library of a pip-installed package

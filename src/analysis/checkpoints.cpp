@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -14,19 +15,30 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Why a folder without safetensors may have been given: torch.distributed.checkpoint folders
-// (a .metadata file each, as `ciera train --checkpoint-every` writes under <run>/checkpoints/)
-// hold sharded state to resume from, not one file per step.
+// Why a folder without safetensors may have been given: a torch.distributed.checkpoint folder
+// (one with a .metadata file, as `ciera train --checkpoint-every` writes under
+// <run>/checkpoints/), given itself, among the folder's subfolders, or in its checkpoints/ (a run
+// folder), holds sharded state to resume from, not one file per step.
 std::string no_safetensors_hint(const fs::path& dir) {
   std::error_code error;
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
-    if (entry.is_directory(error) && fs::is_regular_file(entry.path() / ".metadata", error)) {
-      return " (" + entry.path().filename().string() +
-             " is a torch.distributed.checkpoint folder, for resuming: ciera analyze reads one "
-             "safetensors file per step, as `ciera train --save-checkpoints DIR` writes them)";
+  const auto resumable = [&](const fs::path& p) {
+    return fs::is_regular_file(p / ".metadata", error);
+  };
+  std::optional<fs::path> found;
+  if (resumable(dir)) found = dir;
+  for (const fs::path& parent : {dir, dir / "checkpoints"}) {
+    if (found || !fs::is_directory(parent, error)) continue;
+    for (const auto& entry : fs::directory_iterator(parent, error)) {
+      if (entry.is_directory(error) && resumable(entry.path())) {
+        found = entry.path();
+        break;
+      }
     }
   }
-  return "";
+  if (!found) return "";
+  return " (" + found->string() +
+         " is a torch.distributed.checkpoint folder, for resuming: ciera analyze reads one "
+         "safetensors file per step, as `ciera train --save-checkpoints DIR` writes them)";
 }
 
 std::vector<fs::path> checkpoints_in_directory(const fs::path& dir) {

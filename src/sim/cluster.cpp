@@ -1,4 +1,5 @@
 // Cluster presets: the built-in src/sim/clusters.json or a user's file of the same format.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -86,6 +87,14 @@ Cluster load_cluster(const std::string& config_json, const std::string& name,
   cluster.quantize_GBps = kernels.positive("quantize_GBps");
   cluster.dequantize_GBps = kernels.positive("dequantize_GBps");
   return cluster;
+}
+
+void require_whole_nodes(const Cluster& cluster, int world, const std::string& advice) {
+  const int per_node = std::max(1, cluster.gpus_per_node);
+  if (world > per_node && world % per_node != 0) {
+    throw ConfigError(std::to_string(world) + " GPUs do not fill whole nodes of " +
+                      std::to_string(per_node) + " GPUs (cluster " + cluster.name + ")" + advice);
+  }
 }
 
 }  // namespace ciera::sim

@@ -26,10 +26,7 @@ double allgather_seconds(const Cluster& cluster, int world, double total_bytes,
                          Algorithm algorithm) {
   const int per_node = std::max(1, cluster.gpus_per_node);
   if (world <= per_node) return ring_seconds(world, total_bytes, cluster.intra);
-  if (world % per_node != 0) {
-    throw ConfigError(std::to_string(world) + " GPUs do not fill whole nodes of " +
-                      std::to_string(per_node) + " GPUs (cluster " + cluster.name + ")");
-  }
+  require_whole_nodes(cluster, world);
   const int nodes = world / per_node;
   if (algorithm == Algorithm::kRing) {
     // A flat ring crosses each node boundary once per direction: every byte a node receives

@@ -54,10 +54,7 @@ Placement placement(const Cluster& cluster, int world, Topology topology) {
   const int node = std::min(world, p.per_node);
   p.forward_ranks = p.backward_ranks = p.shard_ranks = world;
   if (topology == Topology::kFlat || world <= node) return p;
-  if (world % node != 0) {  // as allgather_seconds says it
-    throw ConfigError(std::to_string(world) + " GPUs do not fill whole nodes of " +
-                      std::to_string(node) + " GPUs (cluster " + cluster.name + ")");
-  }
+  require_whole_nodes(cluster, world);
   p.backward_ranks = node;
   if (topology == Topology::kHsdp) {
     p.forward_ranks = p.shard_ranks = node;

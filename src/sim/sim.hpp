@@ -63,6 +63,9 @@ std::vector<std::string> cluster_names(const std::string& config_json);
 // file in error messages. Throws ConfigError for an unknown name or an invalid field.
 Cluster load_cluster(const std::string& config_json, const std::string& name,
                      const std::string& origin = "built-in cluster config");
+// ConfigError unless `world` GPUs fit in one node of `cluster` or fill whole nodes; `advice`
+// (e.g. the options to change) is appended to its message.
+void require_whole_nodes(const Cluster& cluster, int world, const std::string& advice = "");
 
 // ---- Collectives (alpha-beta) -------------------------------------------------------------
 

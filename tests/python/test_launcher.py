@@ -199,12 +199,19 @@ def test_exit_status_counts_the_control():
 
 
 def test_layout_and_inter_node_lines_only_for_nodes_of_several_ranks():
-    """A flat run's summary counts each rank as a node of its own; its table names no nodes."""
-    from ciera.train.launcher import two_level
+    """A flat run's summary counts each rank as a node of its own; its table names no nodes, and
+    a layout line only where the layout is not plain FSDP2."""
+    from ciera.train.launcher import layout_row, two_level
     from ciera.train.options import parser, topology
 
-    flat = parser().parse_args(["--ranks", "2"])
-    nodes = parser().parse_args(["--nodes", "2", "--ranks-per-node", "2"])
-    assert not two_level({"topology": topology(flat)})
-    assert two_level({"topology": topology(nodes)})
-    assert not two_level({})
+    def summary(*argv):
+        return {"topology": topology(parser().parse_args(list(argv)))}
+
+    flat = summary("--ranks", "2")
+    assert not two_level(flat) and layout_row(flat) == []
+    nodes = summary("--nodes", "2", "--ranks-per-node", "2")
+    assert two_level(nodes) and layout_row(nodes) == [("layout", "2 nodes of 2 ranks; FSDP2, one shard group")]
+    resharded = summary("--ranks", "4", "--reshard-after-forward", "2")
+    assert not two_level(resharded)
+    assert layout_row(resharded) == [("layout", "FSDP2 reshard_after_forward=2 (backward gathers on that many ranks)")]
+    assert layout_row({}) == []

@@ -239,7 +239,7 @@ def render_summary(s: dict, run_dir: Path) -> str:
                   f"{max(s['warmup'], s.get('steps_before', 0)) + 1}..{s['steps']}"
                   + (" (step 1 carries the key frames)" if delta and s["warmup"] == 1 else "")
                   + (f"; resumed after step {s['steps_before']} from {s['resumed_from']}" if s.get("resumed_from") else "")),
-        *([("layout", layout_text(s["topology"]))] if two_level(s) else []),
+        *layout_row(s),
         ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
         ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  "
                                  f"ratio {s['ratio']:.3f}x ({s['bits_per_value']:.3f} bits/value)"),
@@ -298,18 +298,27 @@ def render_summary(s: dict, run_dir: Path) -> str:
 def two_level(s: dict) -> bool:
     """Whether the run had nodes of several ranks (--nodes K --ranks-per-node R, R > 1). In a flat
     run the summary's topology counts each rank as a node of its own (each has its own link in
-    the link lab), and a layout or inter-node line would only restate the allgather's."""
+    the link lab), and nodes or an inter-node line would only restate the allgather's."""
     return (s.get("topology") or {}).get("ranks_per_node", 1) > 1
+
+
+def layout_row(s: dict) -> list:
+    """The table's layout line: for nodes of several ranks, or a layout other than one shard
+    group; none for a flat run of plain FSDP2."""
+    t = s.get("topology")
+    if not t or not (two_level(s) or t["hsdp"] or t["reshard_after_forward"]):
+        return []
+    return [("layout", layout_text(t))]
 
 
 def layout_text(t: dict) -> str:
     """The nodes and FSDP2 layout of a run, in words."""
-    nodes = f"{t['nodes']} nodes of {t['ranks_per_node']} ranks"
+    nodes = f"{t['nodes']} nodes of {t['ranks_per_node']} ranks; " if t["ranks_per_node"] > 1 else ""
     if t["hsdp"]:
-        return f"{nodes}; HSDP (replicated across nodes, sharded inside each)"
+        return f"{nodes}HSDP (replicated across nodes, sharded inside each)"
     if t["reshard_after_forward"]:
-        return f"{nodes}; FSDP2 reshard_after_forward={t['reshard_after_forward']} (backward gathers on that many ranks)"
-    return f"{nodes}; FSDP2, one shard group"
+        return f"{nodes}FSDP2 reshard_after_forward={t['reshard_after_forward']} (backward gathers on that many ranks)"
+    return f"{nodes}FSDP2, one shard group"
 
 
 def exactness_text(s: dict) -> str:

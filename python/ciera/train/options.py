@@ -40,8 +40,9 @@ class _HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if (action.default in (None, False, argparse.SUPPRESS) or not action.option_strings
-                or "default" in text.lower()):
+        # `is`, not ==: a default of 0 or 0.0 is a default to show (0 == False).
+        if (action.default is None or action.default is False or action.default is argparse.SUPPRESS
+                or not action.option_strings or "default" in text.lower()):
             return text
         return f"{text} (default: %(default)s)"
 
@@ -340,6 +341,7 @@ def _defaults(args) -> None:
     problem = schemes.unavailable(args.codec)
     if problem:
         _fail(f"--codec {args.codec}: {problem}")
+    args.warmup_given = args.warmup is not None
     if args.warmup is None:
         # With --budget-mb the warmup is the selector's statistics: as long as for exponent reuse.
         waits = any(schemes.switches_after_warmup(name) for name in scheme_names(args))
@@ -518,8 +520,9 @@ def check(args) -> None:
     _defaults(args)
     _check_values(args)
     if args.warmup >= args.steps:
-        raise SystemExit(f"ciera train: --steps {args.steps} must exceed --warmup {args.warmup} to measure a steady "
-                         "state: give more --steps or a smaller --warmup")
+        default = "" if args.warmup_given else " (the default here)"
+        raise SystemExit(f"ciera train: --steps {args.steps} must exceed --warmup {args.warmup}{default} to measure "
+                         "a steady state: give more --steps or a smaller --warmup")
     if args.budget_mb is not None and not args.budget_mb >= 0:
         raise SystemExit(f"ciera train: --budget-mb must be >= 0 MiB, got {args.budget_mb}")
     if args.budget_mb is not None and args.budget_mb != float("inf") and args.budget_mb * 2**20 >= 2**64:

@@ -280,7 +280,7 @@ def calls_text(s: dict) -> str:
 
 def render(s: dict, run_dir) -> str:
     """The table the launcher prints for a --reduce-scatter run."""
-    from ciera.train.launcher import layout_text, two_level
+    from ciera.train.launcher import layout_row
 
     speedup = pair.speedup
     identical = s["losses_identical"] and s["params_identical"]
@@ -289,7 +289,7 @@ def render(s: dict, run_dir) -> str:
     rows = [
         ("model", f"{s['model']} ({s['params']:,} parameters), {s['ranks']} ranks, {label} with its own all-gather; "
                   f"{s['reduce_dtype'].upper()} gradients"),
-        *([("layout", layout_text(s["topology"]))] if two_level(s) and framework is Fsdp2 else []),
+        *(layout_row(s) if framework is Fsdp2 else []),
         *pair.run_rows(s),
         ("reduce-scatter bytes/step", f"raw {s['reduce_scatter_raw_bytes']:,}  wire {s['reduce_scatter_wire_bytes']:,}"
                                       f"  ratio {s['reduce_scatter_ratio'] or float('nan'):.3f}x "
