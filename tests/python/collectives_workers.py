@@ -161,3 +161,30 @@ def torch_alltoallv(rank, world):
             "reduce_scatter_equal": torch.equal(mine.view(torch.int32), reference.view(torch.int32)),
             "coded": stats.coded_slices + rs.coded_slices, "wire": stats.wire_bytes + rs.wire_bytes,
             "raw": stats.raw_bytes + rs.raw_bytes}
+
+
+def groups_released_at_exit(rank, world):
+    """What the exit handler does (lifecycle._release_groups), called here while the test can look:
+    CIERA's own gloo group is destroyed and freed (no strong reference left anywhere, so its worker
+    threads are joined while the interpreter is whole), and a call after it raises CommError
+    instead of running on another group."""
+    import gc
+    import weakref
+
+    from ciera.fsdp import lifecycle
+
+    spec = tiny_spec("olmoe")
+    model = build(spec, world)
+    handle = fsdp.enable_reduce_scatter(model, "exponent")
+    tokens = data.batch(data.load_corpus(1 << 16), 0, rank, 2, 24)
+    model(input_ids=tokens, labels=tokens).loss.backward()
+    calls = len(handle.records)
+    own = weakref.ref(lifecycle._own_groups[-1])
+    lifecycle._release_groups()
+    gc.collect()
+    after = None
+    try:
+        model(input_ids=tokens, labels=tokens).loss.backward()
+    except Exception as e:  # noqa: BLE001 - the test reads the type and the words
+        after = f"{type(e).__name__}: {e}"
+    return {"calls": calls, "freed": own() is None, "after": after}

@@ -7,7 +7,14 @@ or stopped, so the job is aborted instead: MPI_Abort, on which mpirun ends every
 ones included, and the process exits non-zero.
 
 Engines are held weakly and forgotten when closed, so enabling and disabling CIERA many times in
-one process keeps nothing alive."""
+one process keeps nothing alive.
+
+The torch.distributed groups CIERA makes for itself (transport="torch") are destroyed at exit,
+while the interpreter is still whole: a gloo group left to the interpreter's finalization can
+abort the process ("terminate called without an active exception"), when one of its worker
+threads drops the last reference to a tensor and must take the GIL that finalization no longer
+hands out (pytorch/pytorch#190489). A process that exits after an uncaught exception skips it,
+as it skips MPI_Finalize: a group may still wait there on a peer that is gone."""
 
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ _open_engines: "weakref.WeakSet" = weakref.WeakSet()
 _mpi_started = False
 _mpi_timeout_s = 120.0  # how long MPI_Finalize may wait for the peers at exit
 _uncaught = False  # an exception reached the top of the program (sys.excepthook ran)
+_own_groups: list = []  # process groups CIERA made, destroyed at exit (_release_groups)
+_hooked = False  # sys.excepthook notes uncaught exceptions
 
 
 def register_engine(engine) -> None:
@@ -37,6 +46,47 @@ def close_engine(engine) -> None:
 def open_engines() -> list:
     """Engines created by enable() that are neither closed nor garbage."""
     return [e for e in _open_engines if not e.closed]
+
+
+def register_group(group):
+    """Notes a torch.distributed group CIERA made, to destroy at exit; returns it. This is the one
+    strong reference CIERA keeps: the transports hold it through held_weakly(), so that at exit
+    the group object is freed (its worker threads joined) while the interpreter is whole."""
+    if not _own_groups:
+        atexit.register(_release_groups)
+        _note_uncaught_exceptions()
+    _own_groups.append(group)
+    return group
+
+
+def held_weakly(group):
+    """A callable that returns `group` (one register_group() holds; None stays None), or raises
+    CommError once the group was released at exit: never another group in its place."""
+    if group is None:
+        return lambda: None
+    ref = weakref.ref(group)
+
+    def get():
+        live = ref()
+        if live is None:
+            raise _ext.CommError("CIERA's process group was released: the process is exiting")
+        return live
+
+    return get
+
+
+def _release_groups() -> None:
+    import torch.distributed as dist
+
+    if _uncaught or not dist.is_initialized():
+        return
+    for engine in list(_open_engines):   # no engine thread may be left in a collective of a group
+        close_engine(engine)
+    live = dist.distributed_c10d._world.pg_map
+    for group in _own_groups:
+        if group in live:
+            dist.destroy_process_group(group)
+    _own_groups.clear()
 
 
 def init_mpi_once(timeout_s: float) -> None:
@@ -66,6 +116,10 @@ def abort(code: int = 1):
 
 
 def _note_uncaught_exceptions() -> None:
+    global _hooked
+    if _hooked:
+        return
+    _hooked = True
     previous = sys.excepthook
 
     def hook(kind, value, tb):

@@ -69,9 +69,13 @@ class TorchTransport:
     under 1% across ranks, so the padding costs little)."""
 
     def __init__(self, group):
-        self.group = group
+        self._group = lifecycle.held_weakly(group)
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
+
+    @property
+    def group(self):
+        return self._group()
 
     def allgather(self, inp: memoryview, out: memoryview) -> None:
         all_gather_single(_as_tensor(out), _as_tensor(inp), group=self.group)
@@ -127,12 +131,16 @@ class TorchCudaTransport:
     gloo group (ranks sharing a GPU where NCCL refuses that) the bytes go through host memory."""
 
     def __init__(self, group, device: torch.device, backend: str):
-        self.group = group
+        self._group = lifecycle.held_weakly(group)
         self.device = device
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.stream = torch.cuda.Stream(device=device)
         self.via_host = backend != "nccl"
+
+    @property
+    def group(self):
+        return self._group()
 
     def _tensor(self, view) -> torch.Tensor:
         address, nbytes = view
@@ -222,11 +230,12 @@ def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, devic
     if kind == "torch":
         backend = _cuda_backend(None) if cuda else "gloo"
         group, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout, backend=backend)
+        lifecycle.register_group(group)
         return TorchCudaTransport(group, device, backend).make() if cuda else TorchTransport(group).make()
     if kind == "nccl":
         # A gloo group of our own carries the NCCL unique id.
         group, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout, backend="gloo")
-        return make_transport(kind, group, timeout_s, device)
+        return make_transport(kind, lifecycle.register_group(group), timeout_s, device)
     raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")
 
 
@@ -243,9 +252,9 @@ def make_transport(kind: str, process_group, timeout_s: float, device: torch.dev
         timeout = datetime.timedelta(seconds=timeout_s)
         if cuda:
             backend = _cuda_backend(process_group)
-            group = dist.new_group(ranks=ranks, backend=backend, timeout=timeout)
+            group = lifecycle.register_group(dist.new_group(ranks=ranks, backend=backend, timeout=timeout))
             return TorchCudaTransport(group, device, backend).make()
-        group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+        group = lifecycle.register_group(dist.new_group(ranks=ranks, backend="gloo", timeout=timeout))
         return TorchTransport(group).make()
     if kind == "nccl":
         if not cuda:

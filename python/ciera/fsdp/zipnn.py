@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from ciera import _ext
 from ciera._dist import all_gather_single, checked_on_every_rank, refused_on_every_rank
+from ciera.fsdp import lifecycle
 from ciera.fsdp.api import Handle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime, check_input
 from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets
@@ -93,7 +94,7 @@ class ZipnnAllGather(AllGather):
     def __init__(self, runtime: Runtime, bucket: Bucket, group):
         self.runtime = runtime
         self.bucket = bucket
-        self.group = group
+        self._group = lifecycle.held_weakly(group)
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.coder = ZipnnCoder(bucket.dtype)
@@ -136,7 +137,7 @@ class ZipnnAllGather(AllGather):
         """Every rank's payload size (int64, one per rank). A rank that refused its gather sends
         -1, and the gather fails on every rank, naming it."""
         sizes = torch.empty(self.world, dtype=torch.int64)
-        all_gather_single(sizes, torch.tensor([length], dtype=torch.int64), group=self.group)
+        all_gather_single(sizes, torch.tensor([length], dtype=torch.int64), group=self._group())
         refused = [r for r, n in enumerate(sizes.tolist()) if n < 0]
         if refused:
             raise _ext.ConfigError(f"enable_zipnn(): rank {refused[0]} refused its gather of "
@@ -152,7 +153,7 @@ class ZipnnAllGather(AllGather):
         if payload:
             send[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         self._received = torch.empty(largest * self.world, dtype=torch.uint8)
-        all_gather_single(self._received, send, group=self.group)
+        all_gather_single(self._received, send, group=self._group())
         return sizes
 
     def _decompress_peers(self, sizes: torch.Tensor, output_tensor: torch.Tensor, input_tensor: torch.Tensor) -> None:
@@ -176,7 +177,7 @@ class ZipnnHandle(Handle):
 
     def __init__(self, runtime: Runtime, group):
         super().__init__(runtime)
-        self._group = group
+        self._group = lifecycle.held_weakly(group)
 
     @property
     def cache_bytes(self) -> int:
@@ -187,8 +188,10 @@ class ZipnnHandle(Handle):
         for module in self._runtime.modules:
             module.set_custom_all_gather(DefaultAllGather())
         if self._group is not None:
-            dist.destroy_process_group(self._group)
+            group = self._group()
             self._group = None
+            if group in dist.distributed_c10d._world.pg_map:
+                dist.destroy_process_group(group)
 
 
 def _check_model(model: torch.nn.Module) -> None:
@@ -234,7 +237,7 @@ def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = F
     # The engine's timeout (one source of truth): a new group would otherwise wait torch's
     # default 30 minutes for a stopped peer.
     timeout = datetime.timedelta(seconds=_ext.EngineConfig().timeout_s)
-    group = dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
+    group = lifecycle.register_group(dist.new_group(ranks=ranks, backend="gloo", timeout=timeout))
     # new_group can return on one rank while a peer is still connecting to it; a rank that then
     # destroyed the group (disable() at once, or its exit) would fail the peer's connect
     # ("Connection closed by peer", seen in CI). The barrier returns once every rank is in.
