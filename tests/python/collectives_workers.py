@@ -188,3 +188,29 @@ def groups_released_at_exit(rank, world):
     except Exception as e:  # noqa: BLE001 - the test reads the type and the words
         after = f"{type(e).__name__}: {e}"
     return {"calls": calls, "freed": own() is None, "after": after}
+
+
+def enable_reduce_scatter_refusals(rank, world):
+    """Arguments that are wrong on one rank only: every rank raises at once, naming that rank,
+    before any transport is made (no rank waits for the other until a timeout). Returns each
+    case's error text and how long it took."""
+    import time
+
+    spec = tiny_spec("olmoe")
+    model = build(spec, world)
+    cases = {
+        "niceness": lambda: fsdp.enable_reduce_scatter(model, worker_niceness=25 if rank == 1 else None),
+        "timeout": lambda: fsdp.enable_reduce_scatter(model, timeout_s=-1 if rank == 1 else 30.0),
+        "niceness_type": lambda: fsdp.enable_reduce_scatter(model, worker_niceness="x" if rank == 1 else None),
+        "model": lambda: fsdp.enable_reduce_scatter(None if rank == 0 else model),
+        "group": lambda: fsdp.enable_reduce_scatter(model, process_group="world" if rank == 0 else None),
+    }
+    out = {}
+    for name, call in cases.items():
+        start = time.monotonic()
+        try:
+            call().disable()
+            out[name] = (None, time.monotonic() - start)
+        except Exception as e:  # noqa: BLE001 - the test reads the type and the words
+            out[name] = (f"{type(e).__name__}: {e}", time.monotonic() - start)
+    return out

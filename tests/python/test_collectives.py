@@ -114,6 +114,19 @@ def test_fsdp2_reduce_scatter_disable_restores_fsdp2s_own():
         assert refused and "on rank 0: the model is sharded over ranks (0,)" in refused, (rank, r)
 
 
+def test_enable_reduce_scatter_refuses_one_ranks_arguments_on_every_rank_at_once():
+    expected = {"niceness": ("ConfigError", "on rank 1", "worker_niceness must be 0..19"),
+                "timeout": ("ValueError", "on rank 1", "timeout_s must be a finite number of seconds > 0, got -1"),
+                "niceness_type": ("TypeError", "on rank 1", "worker_niceness must be an int (0..19), got str 'x'"),
+                "model": ("TypeError", "on rank 0", "model must be a torch.nn.Module, got NoneType"),
+                "group": ("TypeError", "on rank 0", "process_group must be a torch.distributed process group")}
+    for rank, r in enumerate(all_ok(spawn(w.enable_reduce_scatter_refusals, 2))):
+        for case, words in expected.items():
+            error, seconds = r[case]
+            assert error and all(word in error for word in words), (rank, case, error)
+            assert seconds < 10, (rank, case, seconds)   # at once, not after a peer's timeout
+
+
 def test_cieras_own_group_is_freed_before_the_interpreter_finalizes():
     """A gloo group freed only by the interpreter's finalization can abort the process at exit
     (pytorch/pytorch#190489: 4 of 10 two-rank runs of enable_reduce_scatter without disable())."""

@@ -7,6 +7,7 @@ reduction in the last bits; `ciera train --reduce-scatter` reports both comparis
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -58,7 +59,10 @@ def _reduce_op(op) -> _ext.ReduceOp:
         return _ext.ReduceOp.sum
     if op == dist.ReduceOp.AVG:
         return _ext.ReduceOp.avg
-    raise _ext.ConfigError(f"CIERA's reduce-scatter sums or averages; FSDP2 asked for {op} (a gradient divide "
+    # A ReduceOp object (PREMUL_SUM, with its factor) prints as its address; its .op has the name.
+    kind = getattr(op, "op", op)
+    name = getattr(kind, "name", str(kind))
+    raise _ext.ConfigError(f"CIERA's reduce-scatter sums or averages; FSDP2 asked for {name} (a gradient divide "
                            "factor other than the world size: set_gradient_divide_factor)")
 
 
@@ -129,15 +133,27 @@ class ReduceScatterHandle:
         self.collectives = None
 
 
-def _checked(model: torch.nn.Module, coding: str, process_group, worker_niceness: int | None):
+def _checked(model: torch.nn.Module, coding: str, process_group, timeout_s: float, worker_niceness: int | None):
     """The collectives' configuration, the model's FSDP2 buckets and the group it reduce-scatters
     on, or the error enable_reduce_scatter() raises for them on this rank."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"enable_reduce_scatter(): model must be a torch.nn.Module, got {type(model).__name__}")
+    if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(f"enable_reduce_scatter(): process_group must be a torch.distributed process group or "
+                        f"None, got {type(process_group).__name__} {process_group!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
+            math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"enable_reduce_scatter(): timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
     if coding not in CODINGS:
         raise _ext.ConfigError(f"reduce-scatter coding must be one of {', '.join(CODINGS)}, got {coding!r}")
     config = _ext.CollectivesConfig()
     config.coding = _ext.parse_collective_coding(coding)
     if worker_niceness is not None:
+        if isinstance(worker_niceness, bool) or not isinstance(worker_niceness, int):
+            raise TypeError(f"enable_reduce_scatter(): worker_niceness must be an int (0..19), got "
+                            f"{type(worker_niceness).__name__} {worker_niceness!r}")
         config.worker_niceness = worker_niceness
+    config.validate()   # here, before any transport: worker_niceness out of 0..19
     buckets = describe_buckets(model)
     if not buckets:
         raise _ext.ConfigError("enable_reduce_scatter(): the model has no fully_shard'ed module")
@@ -183,7 +199,7 @@ def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, t
     # Every check first, on every rank (a rank that refused alone would leave the others waiting
     # in the transport's set-up until its timeout), with the transport the ranks chose.
     config, buckets, shard = checked_on_every_rank(
-        "enable_reduce_scatter()", lambda: _checked(model, coding, process_group, worker_niceness),
+        "enable_reduce_scatter()", lambda: _checked(model, coding, process_group, timeout_s, worker_niceness),
         same={"transport": transport})
     if len(shard.partition) == 1:
         native = make_transport(transport, process_group, timeout_s)

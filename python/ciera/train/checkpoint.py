@@ -29,9 +29,21 @@ VERSION = 1
 METADATA = "ciera-checkpoint.json"
 
 # What the next steps' numbers depend on: a resumed run must use the same values.
+# And the gather scheme where either side's is lossy (--codec zeropp-int8, sdp4bit train other
+# weights; the lossless ones train the same). Checkpoints written before it was recorded have no
+# "codec" and are not checked for it.
 _SAME = {"model": "--model", "layers": "--layers", "hidden": "--hidden", "experts": "--experts",
          "expert_intermediate": "--expert-intermediate", "seq_len": "--seq-len", "batch": "--batch",
-         "lr": "--lr", "seed": "--seed"}
+         "lr": "--lr", "seed": "--seed", "codec": "--codec"}
+
+
+def _differs(key: str, saved, wanted) -> bool:
+    if key != "codec":
+        return saved != wanted
+    from ciera.train import schemes
+
+    lossy = [name for name in (saved, wanted) if name in schemes.SCHEMES and schemes.is_lossy(name)]
+    return saved is not None and bool(lossy) and saved != wanted
 
 
 def folder_for(run_dir: Path, steps_done: int) -> Path:
@@ -55,8 +67,11 @@ def resumed_steps(args) -> int:
 def check_resume(args) -> int:
     """Checks --resume DIR against this run's options (SystemExit with the reason); returns the
     steps the checkpoint has done, 0 without --resume."""
-    if not args.resume:
+    if args.resume is None:
         return 0
+    if not str(args.resume).strip():   # an unset shell variable, say: never a fresh run in its place
+        raise SystemExit("ciera train: --resume needs a checkpoint folder, <run>/checkpoints/step-NNNNNN; got an "
+                         "empty path")
     folder = Path(args.resume)
     where = f"ciera train: --resume {folder}"
     if not folder.is_dir():
@@ -79,7 +94,7 @@ def check_resume(args) -> int:
         raise SystemExit(f"{where}: written by {ranks} ranks, this run has --ranks {args.ranks} "
                          "(each rank's data and RNG state are its own: the rank count must match)")
     for key, flag in _SAME.items():
-        if config.get(key) != getattr(args, key):
+        if _differs(key, config.get(key), getattr(args, key)):
             raise SystemExit(f"{where}: written with {flag} {config.get(key)}, this run has {flag} "
                              f"{getattr(args, key)} (a resumed run trains the same model on the same data)")
     missing = [name for name in trainings(args) if name not in saved]

@@ -532,7 +532,11 @@ def check(args) -> None:
         raise SystemExit(f"ciera train: --checkpoint-every must be >= 1, got {args.checkpoint_every}")
     if args.rss_every < 1:
         raise SystemExit(f"ciera train: --rss-every must be >= 1, got {args.rss_every}")
-    checkpoint.check_resume(args)
+    done = checkpoint.check_resume(args)
+    every = args.checkpoint_every
+    if every and args.steps // every * every <= done:   # a checkpoint after every step that `every` divides
+        raise SystemExit(f"ciera train: --checkpoint-every {every} would write no checkpoint: this run trains steps "
+                         f"{done + 1}..{args.steps}; give a smaller --checkpoint-every or more --steps")
     resolve(args)
     _check_machine(args)
 
