@@ -163,6 +163,9 @@ def step(program, framework, run: Run, step_index: int, tokens) -> dict:
     dist.all_reduce(after_arrival, op=dist.ReduceOp.MAX)
     run.results.setdefault("reduce_scatter_after_arrival_s", []).append(float(after_arrival))
     run.results.setdefault("reduce_scatter_calls", []).append(len(scatters))
+    # Calls whose parts went coded (--reduce-scatter auto may keep some raw).
+    run.results.setdefault("reduce_scatter_coded_calls", []).append(
+        sum(1 for r in scatters if getattr(r, "compressed", False)))
     # Each call's busiest link (every rank has the same: every rank reads every call record).
     run.results.setdefault("reduce_scatter_busiest_link_bytes", []).append(
         (sum(getattr(r, "busiest_link_raw_bytes", 0) for r in scatters),
@@ -230,6 +233,8 @@ def finish(program, framework, runs: dict) -> None:
         "reduce_scatter_bits_per_value": value_bits / m["ratio"] if m["ratio"] else None,
         # Calls a step (ZeRO-3: one per filled reduce bucket; FSDP2: one per fully_shard group).
         "reduce_scatter_calls_per_step": pair.median(ours.results["reduce_scatter_calls"][steady]),
+        "reduce_scatter_steady_calls": sum(ours.results["reduce_scatter_calls"][steady]),
+        "reduce_scatter_coded_calls": sum(ours.results["reduce_scatter_coded_calls"][steady]),
         **({"ds_config": framework.ds_train.ds_config(a)} if a.framework == "deepspeed" else {}),
         **pair.timing_fields(m, "reduce_scatter", "plain_deterministic"),
         # Each call's time from the moment every rank was in it (the slowest rank's sum per step).
@@ -292,9 +297,11 @@ def render(s: dict, run_dir) -> str:
         *(layout_row(s) if framework is Fsdp2 else []),
         *pair.run_rows(s),
         ("reduce-scatter bytes/step", f"raw {s['reduce_scatter_raw_bytes']:,}  wire {s['reduce_scatter_wire_bytes']:,}"
-                                      f"  ratio {s['reduce_scatter_ratio'] or float('nan'):.3f}x "
+                                      f"  ratio {s['reduce_scatter_ratio'] or float('nan'):.3f}x over the steady steps "
                                       f"({s['reduce_scatter_bits_per_value'] or float('nan'):.2f} bits/value)"
                                       f"{calls_text(s)}"),
+        ("  coding", f"--reduce-scatter {s['reduce_scatter']}: {s['reduce_scatter_coded_calls']} of "
+                     f"{s['reduce_scatter_steady_calls']} steady-state calls sent coded parts, the rest raw"),
         ("  busiest link", f"ratio {s['reduce_scatter_busiest_link_ratio'] or float('nan'):.3f}x (the most one rank sent or "
                            "received in each call: the speedup the links allow; the byte ratio above is the mean "
                            "link's)"),
