@@ -75,17 +75,22 @@ def held_weakly(group):
     return get
 
 
-def _release_groups() -> None:
+def destroy_group(group) -> None:
+    """Destroys `group` unless torch.distributed no longer holds it (destroyed already, by its
+    owner or by destroy_process_group() of everything)."""
     import torch.distributed as dist
 
-    if _uncaught or not dist.is_initialized():
+    if dist.is_initialized() and group in dist.distributed_c10d._world.pg_map:
+        dist.destroy_process_group(group)
+
+
+def _release_groups() -> None:
+    if _uncaught:
         return
     for engine in list(_open_engines):   # no engine thread may be left in a collective of a group
         close_engine(engine)
-    live = dist.distributed_c10d._world.pg_map
     for group in _own_groups:
-        if group in live:
-            dist.destroy_process_group(group)
+        destroy_group(group)
     _own_groups.clear()
 
 

@@ -190,8 +190,7 @@ class ZipnnHandle(Handle):
         if self._group is not None:
             group = self._group()
             self._group = None
-            if group in dist.distributed_c10d._world.pg_map:
-                dist.destroy_process_group(group)
+            lifecycle.destroy_group(group)
 
 
 def _check_model(model: torch.nn.Module) -> None:
