@@ -91,6 +91,10 @@ def unknown_group_is_refused(rank, world):
     handle = ct.enable(model, ciera.EngineConfig(), overlap=False)
     gather = ct.CieraAllGather(handle._runtime, handle.buckets[0])
     stray, _ = dist.new_subgroups(2)
+    # new_subgroups can return on one rank while its peer in a subgroup is still connecting; a rank
+    # that then refused alone and destroyed its groups failed that peer's connect ("Connection
+    # closed by peer", seen once in a fresh-clone run of stop 60). Every rank is done here first.
+    dist.barrier()
     bucket = handle.buckets[0]
     try:
         gather(torch.empty(bucket.numel * 2, dtype=bucket.dtype), torch.zeros(bucket.numel, dtype=bucket.dtype), stray)
