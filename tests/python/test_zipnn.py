@@ -4,6 +4,7 @@ against a plain one; the shard FSDP hands in stays untouched, although ZipNN 0.5
 buffer it is given; without zipnn installed the call says how to install it."""
 
 import importlib.util
+import re
 import sys
 
 import pytest
@@ -245,3 +246,57 @@ def test_a_zipnn_gather_one_rank_refuses_fails_every_rank_at_once():
     assert results[1][0].startswith("ConfigError: FSDP all-gather input for "), results
     assert results[0][0].startswith("ConfigError: enable_zipnn(): rank 1 refused its gather of "), results
     assert all(gathered == [0.0, 1.0] for _, gathered in results), results
+
+
+def zipnn_bad_payload_from_one_rank(rank, world, fault):
+    """The last rank's ZipNN payload goes wrong once: 7 bytes lost on the way ("damaged"; its
+    checksum is the whole payload's), or ZipNN bytes of one value fewer than the shard ("short").
+    What each rank raised, then whether the next gather works."""
+    import fsdp_workers as w
+
+    import torch.distributed as dist
+
+    from ciera.fsdp import zipnn
+
+    model = w.build(w.tiny_spec("olmoe"), world)
+    handle = fsdp.enable_zipnn(model)
+    module, bucket = fsdp.describe_buckets(model)[0]
+    gather = fsdp.all_gather_comm(module)
+    output = torch.empty(bucket.numel * world, dtype=bucket.dtype)
+    shard = torch.full((bucket.numel,), float(rank + 1), dtype=bucket.dtype)
+    if rank == world - 1:
+        compress, frames, whole = gather.coder.compress, gather._frames, {}
+        if fault == "damaged":
+            def damaged(values):
+                whole["payload"] = compress(values)
+                return whole["payload"][:-7]
+            gather.coder.compress = damaged
+            gather._frames = lambda length, checksum: frames(length, zipnn._checksum(whole["payload"]))
+        else:
+            gather.coder.compress = lambda values: compress(values[:-1])
+    try:
+        gather(output, shard, dist.group.WORLD)
+        error = None
+    except Exception as e:  # noqa: BLE001 - compared by the test
+        error = f"{type(e).__name__}: {e}"
+    gather.coder = type(gather.coder)(bucket.dtype)
+    gather.__dict__.pop("_frames", None)
+    gather(output, shard, dist.group.WORLD)
+    gathered = output.view(world, -1)[:, 0].tolist()
+    handle.disable()
+    return error, gathered
+
+
+@needs_zipnn
+@pytest.mark.parametrize("fault, cause", [
+    ("damaged", r"FormatError: the \d+ bytes received do not match their XXH3-64"),
+    ("short", r"FormatError: ZipNN payload decompressed to \d+ bytes, expected \d+")])
+def test_a_payload_one_peer_cannot_decompress_fails_every_rank_its_sender_too(fault, cause):
+    """Damaged bytes never reach ZipNN's decoder (ZipNN 0.5.4 aborts the process on a payload one
+    byte short), and what one receiver cannot decompress fails the gather on every rank."""
+    results = all_ok(spawn(zipnn_bad_payload_from_one_rank, 2, fault))
+    expected = "FormatError: enable_zipnn(): rank 0 could not decompress rank 1's payload of "
+    assert all(error is not None and error.startswith(expected) for error, _ in results), results
+    assert re.search(": " + cause + "$", results[0][0]), results   # the receiver names its cause
+    assert not re.search(cause, results[1][0]), results
+    assert all(gathered == [1.0, 2.0] for _, gathered in results), results

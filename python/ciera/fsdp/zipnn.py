@@ -4,12 +4,13 @@ ZipNN (Hershcovitch et al., "ZipNN: Lossless Compression for AI Models"; PyPI ``
 the bytes of each float and entropy-codes the exponent bytes with Huffman, every call on its own:
 lossless and stateless. It has no public C API, so unlike CIERA's own schemes (the engine's shard
 policies) it runs here, in Python: each rank compresses its shard of a parameter group, the
-compressed bytes of every rank are all-gathered on a dedicated gloo group (sizes first, then the
-bytes padded to the largest, as CIERA's torch transport moves its payloads over gloo), and each
-peer's bytes are decompressed into its slot of FSDP's output. The result is bitwise what a plain
+compressed bytes of every rank are all-gathered on a dedicated gloo group (sizes and checksums
+first, then the bytes padded to the largest, as CIERA's torch transport moves its payloads over
+gloo), and each peer's bytes are decompressed into its slot of FSDP's output. The result is bitwise what a plain
 all-gather produces; with ``verify`` every gather is compared with one.
 
-Install it with ``pip install 'ciera[peers]'``; ``import ciera.fsdp`` does not need it.
+Install it with ``pip install 'ciera[peers]'`` (zipnn and xxhash); ``import ciera.fsdp`` does not
+need it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_co
 # The names ZipNN's byte interface gives the dtypes FSDP may all-gather (ciera.fsdp.layout.DTYPES).
 _ZIPNN_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
-# Bytes each rank sends in the size exchange that precedes the payloads (one int64).
-_SIZE_BYTES = 8
+# Bytes each rank sends in the exchange that precedes the payloads (its size and XXH3-64, int64).
+_FRAME_BYTES = 16
 
 _INSTALL_HINT = "pip install 'ciera[peers]'"
 
@@ -41,11 +42,21 @@ class ZipnnUnavailable(ImportError):
 
 
 def _zipnn_class():
+    """ZipNN's class, once the peers extra's two packages are known to be there: zipnn, and
+    xxhash for the payloads' checksums."""
     try:
+        import xxhash  # noqa: F401
         from zipnn import ZipNN
     except ImportError as error:
-        raise ZipnnUnavailable(f"enable_zipnn() needs the zipnn package: {_INSTALL_HINT}") from error
+        raise ZipnnUnavailable(f"enable_zipnn() needs the {error.name or 'zipnn'} package: {_INSTALL_HINT}") from error
     return ZipNN
+
+
+def _checksum(payload: bytes) -> int:
+    """XXH3-64 of a payload (the xxhash package, which the peers extra installs with zipnn)."""
+    import xxhash
+
+    return xxhash.xxh3_64_intdigest(payload)
 
 
 class ZipnnCoder:
@@ -89,7 +100,12 @@ class ZipnnCoder:
 
 class ZipnnAllGather(AllGather):
     """FSDP2 custom all-gather: ZipNN-compressed shards exchanged on `group`, decompressed into
-    FSDP's output. Synchronous: the output is complete when the call returns."""
+    FSDP's output. Synchronous: the output is complete when the call returns.
+
+    Each payload travels with its XXH3-64, exchanged with the sizes, and a receiver checks it
+    before ZipNN sees the bytes: ZipNN 0.5.4's decoder aborts the process (free(): invalid
+    pointer) on a payload one byte short. The round ends with every rank's outcome, as the
+    engine's does, so a payload one rank cannot decompress fails the gather on every rank."""
 
     def __init__(self, runtime: Runtime, bucket: Bucket, group):
         self.runtime = runtime
@@ -118,56 +134,83 @@ class ZipnnAllGather(AllGather):
             payload = self.coder.compress(input_tensor)
 
         # A rank that cannot take part sends a size of -1: every rank's gather fails at once.
-        refused_on_every_rank(check_and_compress, lambda reason: self._sizes(-1))
+        refused_on_every_rank(check_and_compress, lambda reason: self._frames(-1, 0))
         encode_s = time.perf_counter() - start
-        sizes = self._exchange(payload)
-        self._decompress_peers(sizes, output_tensor, input_tensor)
+        frames = self._exchange(payload)
+        failure = None
+        try:
+            self._decompress_peers(frames, output_tensor, input_tensor)
+        except Exception as error:  # noqa: BLE001 - ZipNN raises whatever its C code raises
+            failure = error
+        self._agree(failure)
         now = time.perf_counter()
         runtime = self.runtime
         raw_bytes = output_tensor.numel() * output_tensor.element_size()
-        # As the engine counts: every rank's payload, plus the size exchange (the padding gloo
-        # needs to gather unequal sizes is the transport's, not the scheme's).
-        wire_bytes = int(sizes.sum()) + _SIZE_BYTES * self.world
+        # As the engine counts: every rank's payload, plus the exchange of sizes and checksums
+        # (the padding gloo needs to gather unequal sizes is the transport's, not the scheme's).
+        wire_bytes = int(frames[:, 0].sum()) + _FRAME_BYTES * self.world
         runtime.records.append(GatherRecord(b.index, now - start, raw_bytes, wire_bytes, True, False, -1.0, start,
                                             encode_s))
         runtime.gathered(b, input_tensor, output_tensor, group)
         return None
 
-    def _sizes(self, length: int) -> torch.Tensor:
-        """Every rank's payload size (int64, one per rank). A rank that refused its gather sends
-        -1, and the gather fails on every rank, naming it."""
-        sizes = torch.empty(self.world, dtype=torch.int64)
-        all_gather_single(sizes, torch.tensor([length], dtype=torch.int64), group=self._group())
-        refused = [r for r, n in enumerate(sizes.tolist()) if n < 0]
+    def _frames(self, length: int, checksum: int) -> torch.Tensor:
+        """Every rank's payload size and XXH3-64 (int64, a row per rank). A rank that refused its
+        gather sends a size of -1, and the gather fails on every rank, naming it."""
+        frames = torch.empty(self.world, 2, dtype=torch.int64)
+        mine = torch.tensor([length, checksum - (1 << 64) if checksum >= 1 << 63 else checksum], dtype=torch.int64)
+        all_gather_single(frames.view(-1), mine, group=self._group())
+        refused = [r for r, n in enumerate(frames[:, 0].tolist()) if n < 0]
         if refused:
             raise _ext.ConfigError(f"enable_zipnn(): rank {refused[0]} refused its gather of "
                                    f"{self.bucket.module_name or 'root'} (its error says why)")
-        return sizes
+        return frames
 
     def _exchange(self, payload: bytes) -> torch.Tensor:
-        """All ranks' payloads, sizes first; returns the sizes (int64, one per rank) and keeps the
-        padded bytes in self._received until they are decompressed."""
-        sizes = self._sizes(len(payload))
-        largest = int(sizes.max())
+        """All ranks' payloads, sizes and checksums first; returns those (int64, a row per rank)
+        and keeps the padded bytes in self._received until they are decompressed."""
+        frames = self._frames(len(payload), _checksum(payload))
+        largest = int(frames[:, 0].max())
         send = torch.zeros(largest, dtype=torch.uint8)
         if payload:
             send[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         self._received = torch.empty(largest * self.world, dtype=torch.uint8)
         all_gather_single(self._received, send, group=self._group())
-        return sizes
+        return frames
 
-    def _decompress_peers(self, sizes: torch.Tensor, output_tensor: torch.Tensor, input_tensor: torch.Tensor) -> None:
+    def _decompress_peers(self, frames: torch.Tensor, output_tensor: torch.Tensor, input_tensor: torch.Tensor) -> None:
+        """Every peer's payload into its slot of the output, each checked against its checksum
+        first; on an error, self._failed_peer is the rank whose payload raised it."""
         out = output_tensor.view(torch.uint8)
         shard_bytes = input_tensor.numel() * input_tensor.element_size()
-        largest = self._received.numel() // self.world
-        for r in range(self.world):
+        received, self._received = self._received, None
+        self._failed_peer = self.rank
+        largest = received.numel() // self.world
+        for r, (length, checksum) in enumerate(frames.tolist()):
             slot = out[r * shard_bytes : (r + 1) * shard_bytes]
             if r == self.rank:
                 slot.copy_(input_tensor.view(torch.uint8))  # a plain all-gather's own slot is the input
                 continue
-            payload = self._received[r * largest : r * largest + int(sizes[r])].numpy().tobytes()
+            self._failed_peer = r
+            payload = received[r * largest : r * largest + length].numpy().tobytes()
+            if _checksum(payload) != checksum % (1 << 64):
+                raise _ext.FormatError(f"the {length} bytes received do not match their XXH3-64")
             self.coder.decompress(payload, slot)
-        self._received = None
+
+    def _agree(self, failure: Exception | None) -> None:
+        """Every rank's outcome of decompressing (one int64 each: 0, or 1 + the rank whose payload
+        it could not decompress); a FormatError on every rank, naming the first in rank order,
+        if any rank failed. The failing rank's own error is the cause of its exception."""
+        code = 0 if failure is None else 1 + self._failed_peer
+        codes = torch.empty(self.world, dtype=torch.int64)
+        all_gather_single(codes, torch.tensor([code], dtype=torch.int64), group=self._group())
+        failed = [(r, c - 1) for r, c in enumerate(codes.tolist()) if c > 0]
+        if not failed:
+            return
+        receiver, sender = failed[0]
+        detail = f": {type(failure).__name__}: {failure}" if failure is not None and receiver == self.rank else ""
+        raise _ext.FormatError(f"enable_zipnn(): rank {receiver} could not decompress rank {sender}'s payload of "
+                               f"{self.bucket.module_name or 'root'}{detail}") from failure
 
 
 class ZipnnHandle(Handle):
