@@ -19,8 +19,8 @@
 namespace ciera::tools {
 
 // The benchmark cannot run here: no GPU, no NCCL, or an NCCL too old for ranks sharing a GPU.
-// The text is one line naming what is missing. `ciera bench allgather --device cuda` exits 2 for
-// it, as for any command line this machine cannot run; ciera_nccl_bench 3 (device-check.sh).
+// The text is one line naming what is missing. `ciera bench allgather --device cuda` and
+// ciera_nccl_bench exit 2 for it, as for any command line this machine cannot run.
 class NcclBenchUnavailable : public UsageError {
  public:
   using UsageError::UsageError;
@@ -80,7 +80,7 @@ std::string nccl_bench_json(const NcclBenchOptions& options, const NcclBenchResu
 std::string nccl_bench_table(const NcclBenchOptions& options, const NcclBenchResult& result);
 
 // Measures, prints (JSON with options.json, else the table) and returns the exit status: 0 when
-// every output was verified, 1 if not. Throws what measure_nccl_allgather throws.
+// every output was verified, 3 if not (exit_status.hpp). Throws what measure_nccl_allgather throws.
 int run_bench_allgather_cuda(const NcclBenchOptions& options);
 
 }  // namespace ciera::tools

@@ -7,9 +7,11 @@
 //                    [--warmup K] [--block B] [--threads T] [--lr X] [--seed N] [--timeout SEC]
 //                    [--json FILE] [--quiet]
 //
-// Exit status: 0 every output verified; 1 something was not, or a collective failed; 2 a bad
-// option (one line naming it); 3 it cannot run here (no GPU, no NCCL, or an NCCL too old for
-// ranks sharing a GPU).
+// Exit status, as every `ciera` command's (exit_status.hpp): 0 every output verified; 1 the run
+// failed (a collective, CUDA or I/O error); 2 a command line no run could use here, refused
+// before any work: a bad option (one line naming it), or no GPU, no NCCL, or an NCCL too old for
+// ranks sharing a GPU (as `ciera bench allgather --device cuda` refuses them); 3 an output that
+// was not exact.
 #include <unistd.h>
 
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include <type_traits>
 
 #include "bench_allgather_cuda.hpp"
+#include "exit_status.hpp"
 #include "ciera/error.hpp"
 #include "ciera/transport.hpp"
 
@@ -117,7 +120,7 @@ int run(const Command& c) {
       throw ciera::Error("cannot write " + c.json_file);
     }
   }
-  return result.verified() ? 0 : 1;
+  return result.verified() ? ciera::tools::kExitDone : ciera::tools::kExitNotExact;
 }
 
 }  // namespace
@@ -134,18 +137,15 @@ int main(int argc, char** argv) {
     command = parse(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ciera_nccl_bench: error: %s\n%s", e.what(), kUsage);
-    return 2;
+    return ciera::tools::kExitUsage;
   }
   try {
     return run(command);
-  } catch (const ciera::tools::NcclBenchUnavailable& e) {  // before ConfigError, its base
+  } catch (const ciera::tools::NcclBenchUnavailable& e) {  // a UsageError: no run can use this machine
     std::fprintf(stderr, "ciera_nccl_bench: %s\n", e.what());
-    return 3;
-  } catch (const ciera::ConfigError& e) {
-    std::fprintf(stderr, "ciera_nccl_bench: error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
+    return ciera::tools::kExitUsage;
+  } catch (const std::exception& e) {  // after the parse step: the work failed
     std::fprintf(stderr, "ciera_nccl_bench: %s\n", e.what());
-    return 1;
+    return ciera::tools::kExitFailed;
   }
 }
