@@ -495,6 +495,38 @@ TEST(Engine, PersistentCorruptionFailsOnEveryRank) {
   }
 }
 
+// Ranks that start their buckets in different orders fail with CommError; that is final, and
+// the next gather, in order this time, says so and names the first failure.
+TEST(Engine, AfterACommErrorEveryGatherSaysTheEngineGathersNoMore) {
+  const int world = 2;
+  const std::vector<BucketLayout> layouts = {BucketLayout::fsdp_split("a", DType::kBF16, {3000}, world),
+                                             BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world)};
+  std::vector<std::string> first(world), later(world);
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    CompressedAllgather engine(t, EngineConfig{}, layouts);
+    std::vector<std::byte> in(layouts[0].rank_bytes(rank)), out(layouts[0].total_bytes());
+    try {
+      engine.run(rank == 0 ? 0 : 1, in, out);
+    } catch (const CommError& e) {
+      first[rank] = e.what();
+    }
+    for (size_t bucket : {0, 1}) {
+      try {
+        engine.run(bucket, in, out);
+      } catch (const CommError& e) {
+        later[rank] += std::string(e.what()) + "\n";
+      }
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(errors[r], "");
+    EXPECT_NE(first[r].find("out of order"), std::string::npos) << first[r];
+    const std::string once = "this engine gathers no more since an earlier gather failed (make a new engine and "
+                             "transport): " + first[r] + "\n";
+    EXPECT_EQ(later[r], once + once);
+  }
+}
+
 TEST(Engine, DeadPeerMakesOthersFailWithinTheTimeout) {
   const int world = 3;
   const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world);

@@ -86,7 +86,11 @@ struct GatherStats {
 // exist; a call that conflicts with a gather in flight) throws std::invalid_argument at once and
 // changes nothing. Problems the peers must learn of too, because they are about to gather with
 // this rank (configuration or layout mismatches, wrong buffer sizes, bad payloads, dead peers),
-// throw ConfigError or CommError with the same text on every rank.
+// throw ConfigError or CommError with the same text on every rank. A ConfigError fails that
+// gather only; the next one works. A CommError is final: the transport may be left
+// mid-collective (a peer gone, a timeout, ranks gathering in different orders), so every later
+// gather throws CommError too, saying that the engine gathers no more and naming the first
+// failure; a new engine, on a new transport, is the way on.
 class CompressedAllgather {
  public:
   // Checks with one collective that every rank has the same configuration and bucket layouts,

@@ -313,8 +313,9 @@ void CompressedAllgather::Impl::run_round(std::vector<std::shared_ptr<Gather>>& 
   for (Gather* g : gathers) finish(*g);
 }
 
-// Every gather of the round fails the same way. After a CommError the transport may be
-// unusable, so every later gather fails with it too.
+// Every gather of the round fails the same way. After a CommError the transport may be left
+// mid-collective (a peer gone, or in another collective than this rank's), so every later gather
+// fails too, saying so and naming the first failure.
 void CompressedAllgather::Impl::fail_round(std::vector<std::shared_ptr<Gather>>& round,
                                            std::exception_ptr error) {
   using Failure = Gather::Failure;
@@ -324,7 +325,7 @@ void CompressedAllgather::Impl::fail_round(std::vector<std::shared_ptr<Gather>>&
     std::rethrow_exception(error);
   } catch (const CommError& e) {
     std::lock_guard lock(mutex);
-    broken = e.what();
+    if (broken.empty()) broken = e.what();
     failure = Failure::kComm;
     text = e.what();
   } catch (const ConfigError& e) {
@@ -381,7 +382,10 @@ void CompressedAllgather::Impl::comm_loop() {
       }
     }
     try {
-      if (!broken.empty()) throw CommError(broken);
+      if (!broken.empty()) {
+        throw CommError("this engine gathers no more since an earlier gather failed (make a new " +
+                        std::string("engine and transport): ") + broken);
+      }
       run_round(round);
     } catch (const CommError& e) {
       // Name what this rank was waiting for: the first gather of the round and the exchange.
