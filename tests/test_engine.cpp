@@ -232,6 +232,22 @@ TEST(LoopbackTransport, RefusesNoWorldAndCountsThatAreNotOnePerRank) {
   EXPECT_THROW(t->alltoallv(in, two, one, out, two, two), ConfigError);
 }
 
+// A second transport for a rank would count as another arrival at each rendezvous, as if a rank
+// that has none had come: refused while the first exists, taken again once it is gone.
+TEST(LoopbackTransport, RefusesASecondTransportForTheSameRank) {
+  const auto world = make_loopback_world(2);
+  auto first = make_loopback_transport(world, 0);
+  try {
+    make_loopback_transport(world, 0);
+    FAIL() << "a second transport for rank 0 was made";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "loopback rank 0 already has a transport in this world (each rank takes one)");
+  }
+  first.reset();
+  EXPECT_NO_THROW(make_loopback_transport(world, 0));
+  EXPECT_NO_THROW(make_loopback_transport(world, 1));
+}
+
 TEST(Engine, WrongBufferSizeOnOneRankFailsEveryRank) {
   const int world = 3;
   const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world);

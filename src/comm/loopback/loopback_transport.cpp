@@ -14,7 +14,7 @@ namespace ciera {
 
 class LoopbackWorld {
  public:
-  explicit LoopbackWorld(int n) : size(n), slots(static_cast<size_t>(n)) {}
+  explicit LoopbackWorld(int n) : size(n), slots(static_cast<size_t>(n)), taken(static_cast<size_t>(n)) {}
 
   struct Slot {
     const void* in = nullptr;
@@ -52,6 +52,9 @@ class LoopbackWorld {
   std::mutex mutex;
   std::condition_variable changed;
   std::vector<Slot> slots;
+  // Ranks that have a transport now: a second one for the same rank would count as another
+  // arrival at each rendezvous, and a rank missing from the world would pass unnoticed.
+  std::vector<bool> taken;
   int arrived = 0;
   uint64_t generation = 0;
   bool poisoned = false;
@@ -83,7 +86,20 @@ struct AlltoallvSend {
 class LoopbackTransport final : public Transport {
  public:
   LoopbackTransport(std::shared_ptr<LoopbackWorld> world, int rank, const MemoryOps& memory)
-      : world_(std::move(world)), rank_(rank), memory_(memory) {}
+      : world_(std::move(world)), rank_(rank), memory_(memory) {
+    std::lock_guard lock(world_->mutex);
+    if (world_->taken[rank_]) {
+      throw ConfigError("loopback rank " + std::to_string(rank_) +
+                        " already has a transport in this world (each rank takes one)");
+    }
+    world_->taken[rank_] = true;
+  }
+  ~LoopbackTransport() override {
+    std::lock_guard lock(world_->mutex);
+    world_->taken[rank_] = false;
+  }
+  LoopbackTransport(const LoopbackTransport&) = delete;
+  LoopbackTransport& operator=(const LoopbackTransport&) = delete;
 
   int rank() const override { return rank_; }
   int size() const override { return world_->size; }
