@@ -502,6 +502,29 @@ TEST(CollectiveFailures, RanksWithDifferentSlicesFailTogether) {
                     "rank 1 is in round 0 of slices of 2000 values, rank 0 in round 0 of 1000");
 }
 
+// A decoder takes only frames of its own block size and checksum setting: ranks that differ in
+// either fail together, naming the setting, before any frame is sent (not as a frame that does
+// not decode), in the exponent-coded call and its raw twin alike.
+TEST(CollectiveFailures, RanksWithDifferentFrameSettingsFailTogetherNamingThem) {
+  for (const bool blocks : {true, false}) {
+    for (const CollectiveCoding coding : {CollectiveCoding::kExponent, CollectiveCoding::kRaw}) {
+      const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Transport> t) {
+        CollectivesConfig config;
+        config.coding = coding;
+        if (blocks) config.block_values = rank == 0 ? 512 : 1024;
+        if (!blocks) config.content_checksum = rank == 0;
+        LosslessCollectives collectives(t, config);
+        std::vector<std::byte> in(2 * 4000 * 2), out(4000 * 2);
+        collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);
+      });
+      expect_every_rank(errors, blocks ? "call 0: rank 1 codes with block_values 1024, rank 0 with 512 "
+                                         "(CollectivesConfig.block_values must match)"
+                                       : "call 0: rank 1 codes with content_checksum off, rank 0 with on "
+                                         "(CollectivesConfig.content_checksum must match)");
+    }
+  }
+}
+
 TEST(CollectiveFailures, AlltoallvCountsThatDoNotMatchFailEveryRank) {
   const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Transport> t) {
     LosslessCollectives collectives(t);
@@ -524,8 +547,14 @@ TEST(CollectiveFailures, ARankThatRefusesItsArgumentsIsNamedOnEveryRankAtOnce) {
   EXPECT_NE(errors[1].find("reduce_scatter: the input must be 3 parts of the output's 16 bytes"),
             std::string::npos)
       << errors[1];
-  for (int r : {0, 2})
-    EXPECT_NE(errors[r].find("rank 1 refused its arguments"), std::string::npos) << errors[r];
+  // The peers name the reason too (rank 1's error text, exchanged once the records show it).
+  for (int r : {0, 2}) {
+    EXPECT_EQ(errors[r].rfind("lossless collectives: rank 1 refused its arguments to its reduce_scatter "
+                              "call 0: reduce_scatter: the input must be 3 parts of the output's 16 bytes",
+                              0),
+              0u)
+        << errors[r];
+  }
 }
 
 // What a caller above the library refuses (a DTensor, a tensor of another dtype) fails the call on

@@ -41,10 +41,12 @@ CollectiveCoding parse_collective_coding(std::string_view name);
 
 struct CollectivesConfig {
   CollectiveCoding coding = CollectiveCoding::kExponent;
-  // XXH3-64 of every coded part's values in its payload, checked by the receiver.
+  // XXH3-64 of every coded part's values in its payload, checked by the receiver. Must match on
+  // every rank (checked at each call).
   bool content_checksum = true;
   // Values per block of the coded parts' frames (the stateless code ignores blocks but the
-  // frame header records them); any value CodecConfig accepts.
+  // frame header records them, and a decoder takes only its own); any value CodecConfig
+  // accepts. Must match on every rank (checked at each call).
   uint32_t block_values = 512;
   // Parts move in rounds of slices of this many values, so that a worker thread codes the
   // rounds ahead (up to two) and decodes the rounds behind while the transport moves this one.

@@ -10,8 +10,9 @@ namespace ciera::collectives {
 namespace {
 
 constexpr uint32_t kRecordMagic = 0x31434C43;  // "CLC1", little-endian
-// 2: a coded slice is frames of frame_values values; 3: short first and last slices (slice_of).
-constexpr uint8_t kVersion = 3;
+// 2: a coded slice is frames of frame_values values; 3: short first and last slices (slice_of);
+// 4: the frames' block size and checksum setting, checked to agree.
+constexpr uint8_t kVersion = 4;
 constexpr size_t kHeaderBytes = 40;
 constexpr size_t kPeerBytes = 24;
 constexpr size_t kVerdictMessageBytes = 240;
@@ -68,9 +69,9 @@ size_t call_record_bytes(int world) {
   return kHeaderBytes + kPeerBytes * static_cast<size_t>(world);
 }
 
-// Layout: magic u32, version u8, kind u8, dtype u8, op u8, world u32, flags u32 (bit 0: rejected),
-// sequence u64, round u32, reserved u32 (0), slice values u64, then per peer: values sent u64,
-// bytes of this round's slice sent u64, values expected u64.
+// Layout: magic u32, version u8, kind u8, dtype u8, op u8, world u32, flags u32 (bit 0: rejected,
+// bit 1: content checksum), sequence u64, round u32, block values u32, slice values u64, then per
+// peer: values sent u64, bytes of this round's slice sent u64, values expected u64.
 void write_call_record(const CallRecord& r, std::span<std::byte> out) {
   const auto world = static_cast<uint32_t>(r.part_values.size());
   store_le32(at(out, 0), kRecordMagic);
@@ -79,10 +80,10 @@ void write_call_record(const CallRecord& r, std::span<std::byte> out) {
   *at(out, 6) = static_cast<uint8_t>(r.dtype);
   *at(out, 7) = static_cast<uint8_t>(r.op);
   store_le32(at(out, 8), world);
-  store_le32(at(out, 12), r.rejected ? 1 : 0);
+  store_le32(at(out, 12), (r.rejected ? 1u : 0u) | (r.content_checksum ? 2u : 0u));
   store_le64(at(out, 16), r.sequence);
   store_le32(at(out, 24), r.round);
-  store_le32(at(out, 28), 0);
+  store_le32(at(out, 28), r.block_values);
   store_le64(at(out, 32), r.slice_values);
   for (uint32_t p = 0; p < world; ++p) {
     uint8_t* peer = at(out, kHeaderBytes + kPeerBytes * p);
@@ -110,8 +111,10 @@ CallRecord read_call_record(std::span<const std::byte> in, int world) {
   r.dtype = static_cast<DType>(dtype);
   r.op = static_cast<ReduceOp>(op);
   r.rejected = (load_le32(at(in, 12)) & 1) != 0;
+  r.content_checksum = (load_le32(at(in, 12)) & 2) != 0;
   r.sequence = load_le64(at(in, 16));
   r.round = load_le32(at(in, 24));
+  r.block_values = load_le32(at(in, 28));
   r.slice_values = load_le64(at(in, 32));
   r.part_values.resize(static_cast<size_t>(world));
   r.part_bytes.resize(static_cast<size_t>(world));
@@ -125,15 +128,17 @@ CallRecord read_call_record(std::span<const std::byte> in, int world) {
   return r;
 }
 
+std::string refusal_text(std::span<const CallRecord> records, size_t rank,
+                         const std::string& reason) {
+  return "lossless collectives: rank " + std::to_string(rank) + " refused its arguments to its " +
+         std::string(call_kind_name(records[rank].kind)) + " call " +
+         std::to_string(records[rank].sequence) +
+         (reason.empty() ? " (rank " + std::to_string(rank) + "'s error says why)" : ": " + reason);
+}
+
 void check_agreement(std::span<const CallRecord> records) {
   for (size_t r = 0; r < records.size(); ++r) {
-    if (records[r].rejected) {
-      throw ConfigError("lossless collectives: rank " + std::to_string(r) +
-                        " refused its arguments to its " +
-                        std::string(call_kind_name(records[r].kind)) + " call " +
-                        std::to_string(records[r].sequence) + " (rank " + std::to_string(r) +
-                        "'s error says why)");
-    }
+    if (records[r].rejected) throw ConfigError(refusal_text(records, r, ""));
   }
   const CallRecord& first = records.front();
   for (size_t r = 1; r < records.size(); ++r) {
@@ -151,6 +156,18 @@ void check_agreement(std::span<const CallRecord> records) {
                         " values, rank 0 in round " + std::to_string(first.round) + " of " +
                         std::to_string(first.slice_values) +
                         " (CollectivesConfig.slice_values must match)");
+    }
+    if (other.block_values != first.block_values ||
+        other.content_checksum != first.content_checksum) {
+      const bool blocks = other.block_values != first.block_values;
+      auto setting = [&](const CallRecord& c) {
+        return blocks ? std::to_string(c.block_values) : std::string(c.content_checksum ? "on" : "off");
+      };
+      throw ConfigError("lossless collectives: call " + std::to_string(first.sequence) + ": rank " +
+                        std::to_string(r) + " codes with " +
+                        (blocks ? "block_values " : "content_checksum ") + setting(other) +
+                        ", rank 0 with " + setting(first) + " (CollectivesConfig." +
+                        (blocks ? "block_values" : "content_checksum") + " must match)");
     }
     const bool same_size = first.kind != CallKind::kReduceScatter ||
                            other.part_values.front() == first.part_values.front();

@@ -36,6 +36,10 @@ struct CallRecord {
   // flag is needed.
   std::vector<uint64_t> part_bytes;
   std::vector<uint64_t> expected_values;  // per peer: values this rank expects from it
+  // The coded frames' settings (CollectivesConfig), which every rank's decoder holds its peers'
+  // frames to: a difference is a ConfigError naming the setting, not a failed decode.
+  uint32_t block_values = 0;
+  bool content_checksum = false;
 };
 
 // Bytes of one rank's record among `world` ranks.
@@ -58,8 +62,13 @@ Slice slice_of(uint64_t values, uint32_t round, uint64_t slice_values);
 // Rounds a part of `values` values takes (0 for none); a call takes its longest part's.
 uint64_t rounds_of(uint64_t values, uint64_t slice_values);
 
+// What every rank throws when `rank`'s record says it refused its own arguments: the call, and
+// `reason` (that rank's error text, as the ranks exchange it; "" if not known).
+std::string refusal_text(std::span<const CallRecord> records, size_t rank,
+                         const std::string& reason);
+
 // Checks every rank's record (rank order) against the others: the same kind, dtype, op,
-// sequence, round and slice size on every rank, what each rank sends each peer is what that peer
+// sequence, round, slice size, block size and checksum setting on every rank, what each rank sends each peer is what that peer
 // expects (for a reduce-scatter: parts of one size everywhere), and no slice larger than raw.
 // Throws ConfigError (FormatError for an impossible size) with the same text on every rank.
 void check_agreement(std::span<const CallRecord> records);

@@ -261,12 +261,31 @@ struct LosslessCollectives::Impl {
 
   // Arguments this rank refuses still take part in the record exchange, so that its peers fail
   // at once with an error naming it instead of waiting for it until the timeout.
+  // Its peers, seeing the refusal in its record, then exchange the reasons with it (one more
+  // allgather, only on this path), so that each of them names the reason too.
   [[noreturn]] void reject(CallKind kind, DType dtype, const std::string& problem) {
     const std::vector<uint64_t> none(static_cast<size_t>(world), 0);
-    CallRecord mine{kind, dtype, ReduceOp::kSum, true, sequence, 0, config.slice_values, none,
-                    none, none};
-    share_record(mine);
+    share_record({kind, dtype, ReduceOp::kSum, true, sequence, 0, config.slice_values, none, none,
+                  none, config.block_values, config.content_checksum});
+    exchange_refusals(problem);
     throw ConfigError(problem);
+  }
+
+  // Every rank's reason for refusing the call ("" for a rank that did not), in the verdict
+  // record's layout: the ranks call this once any record of the call says it was refused.
+  std::vector<std::string> exchange_refusals(const std::string& mine) {
+    const size_t bytes = collectives::verdict_bytes();
+    std::vector<std::byte> own(bytes);
+    collectives::write_verdict({mine.empty(), 0, mine}, own);
+    room(verdicts, bytes * static_cast<size_t>(world));
+    transport->allgather(own.data(), bytes, verdicts.data());
+    std::vector<std::string> reasons;
+    for (int r = 0; r < world; ++r) {
+      reasons.push_back(
+          collectives::read_verdict({verdicts.data() + bytes * static_cast<size_t>(r), bytes})
+              .message);
+    }
+    return reasons;
   }
 
   // A call's dtype and op, before anything reads them: a record carries only known codes, so a
@@ -304,13 +323,20 @@ struct LosslessCollectives::Impl {
                           config.slice_values,
                           {call.send_values.begin(), call.send_values.end()},
                           sent_bytes[k % kRegions],
-                          {call.recv_values.begin(), call.recv_values.end()}};
+                          {call.recv_values.begin(), call.recv_values.end()},
+                          config.block_values,
+                          config.content_checksum};
     share_record(mine);
     const size_t bytes = collectives::call_record_bytes(world);
     std::vector<CallRecord> all;
     for (int r = 0; r < world; ++r) {
       all.push_back(collectives::read_call_record(
           {records.data() + bytes * static_cast<size_t>(r), bytes}, world));
+    }
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r].rejected) {
+        throw ConfigError(collectives::refusal_text(all, r, exchange_refusals("")[r]));
+      }
     }
     collectives::check_agreement(all);
     return all;
