@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -430,6 +431,21 @@ TEST(CodecMisuse, BlockValuesZeroIsAConfigErrorEverywhere) {
   CodecConfig delta;
   delta.stream_kind = StreamKind::kValueDelta;
   EXPECT_THROW(codec_cache_bytes(delta, (uint64_t{1} << 63) + 8, true), ConfigError);  // wrapped
+}
+
+// Rates are fractions: a rate past 1 or NaN gave a frame larger than raw, or NaN bytes, silently.
+TEST(CodecMisuse, ExpectedPayloadBytesRefusesRatesOutsideZeroToOne) {
+  const CodecConfig config;
+  for (const double bad : {-0.1, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_THROW(expected_payload_bytes(config, DType::kBF16, 100, bad, 0.0), ConfigError) << bad;
+    EXPECT_THROW(expected_payload_bytes(config, DType::kBF16, 100, 0.0, bad), ConfigError) << bad;
+  }
+  try {
+    expected_payload_bytes(config, DType::kBF16, 100, 2.0, 0.0);
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "expected_payload_bytes: block_change_rate must be in [0, 1], got 2.000000");
+  }
+  EXPECT_GT(expected_payload_bytes(config, DType::kBF16, 100, 1.0, 1.0), 0.0);
 }
 
 }  // namespace

@@ -95,7 +95,8 @@ size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values
 // the paper's estimate) and, with exact detection, fine mode (kFineBytesPerChange per changed
 // value and kFineBytesPerBlock per changed block; docs/architecture.md, "Fine coding"). The
 // encoder sends whichever mode is smaller, so a real frame is at most about this size. For the
-// selector (paper §3.2), which must not re-derive the wire layout.
+// selector (paper §3.2), which must not re-derive the wire layout. Throws ConfigError for a rate
+// outside [0, 1] (or NaN).
 double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t values,
                               double block_change_rate, double value_change_rate);
 inline constexpr double kFineBytesPerChange = 1.5;
@@ -136,7 +137,9 @@ class ShardEncoder {
   uint32_t stream() const;
   uint32_t epoch() const;
   uint64_t next_sequence() const;
-  // Bytes of persistent sender state (exact: one byte per value; hash: 16 bytes per block).
+  // Bytes of persistent sender state, codec_cache_bytes(config, num_values, true): exact
+  // detection one byte per value, hash detection 16 bytes per block; a value-delta stream the
+  // values last sent (value_bytes per value); a one-shot encoder none.
   size_t cache_bytes() const;
 
  private:
@@ -181,9 +184,12 @@ class ShardDecoder {
   uint64_t last_sequence() const;
   uint64_t num_values() const;
   const CodecConfig& config() const;
-  // Bytes of the exponent cache (one byte per value).
+  // Bytes of persistent receiver state, codec_cache_bytes(config, num_values, false): the
+  // exponent cache (one byte per value), or for a value-delta stream the previous values
+  // (value_bytes per value); a one-shot decoder none.
   size_t cache_bytes() const;
-  // The cached exponent of every value (valid when has_cache()); for diagnostics and tests.
+  // The cached exponent of every value (when has_cache()) of an exponent-delta stream; empty for
+  // a value-delta stream, which caches values, not exponents. For diagnostics and tests.
   std::span<const uint8_t> cached_exponents() const;
 
  private:

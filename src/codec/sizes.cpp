@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
@@ -15,6 +16,13 @@ namespace ciera {
 double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t values,
                               double block_change_rate, double value_change_rate) {
   codec.validate();
+  for (const auto& [name, rate] : {std::pair{"block_change_rate", block_change_rate},
+                                   std::pair{"value_change_rate", value_change_rate}}) {
+    if (!(rate >= 0.0 && rate <= 1.0)) {  // NaN fails both
+      throw ConfigError(std::string("expected_payload_bytes: ") + name + " must be in [0, 1], got " +
+                        std::to_string(rate));
+    }
+  }
   if (values == 0) return 0;
   const uint64_t sign_mantissa = format::SignMantissaLayout(dtype, values).total_bytes();
   const uint64_t blocks = wire::block_count(values, codec.block_values);
