@@ -67,6 +67,11 @@ def agree_before_set_up(what: str, failure: BaseException | None, group=None, sa
         if failure is not None:
             raise failure
         return
+    if group is not None and dist.get_world_size(group) < 0:
+        # torch's answer on a rank outside the group, where a collective on it returns at once
+        # and does nothing: this rank would go on as if every rank had agreed.
+        raise _ext.ConfigError(f"{what}: rank {dist.get_rank()} is not in process_group; only its ranks may call it"
+                               f" with that group")
     everyone = _gather_failures(failure, same, group)
     for rank, (failed, _) in enumerate(everyone):
         if failed is not None:

@@ -45,7 +45,7 @@ from ciera.fsdp import api, lifecycle
 from ciera.fsdp.gather import GatherRecord, Runtime
 from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice, element_bytes
 from ciera.fsdp.selection import Selector
-from ciera.fsdp.transport import make_transport
+from ciera.fsdp.transport import check_transport, make_transport
 
 SUPPORTED_VERSIONS = ((0, 15), (0, 19))   # first and last DeepSpeed minor release served
 
@@ -502,11 +502,15 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
         _version()
         _check_engine(engine)
         api._check_arguments(engine.module, config, transport, policy, cache_budget_bytes, select_after_steps,
-                             reselect_every, cost_model, allow_delta)
+                             reselect_every, cost_model, allow_delta, verify, overlap)
         params, group, device, buckets = _described(engine, selecting, cost_model)
-        return params, group, device, buckets, api._layouts(buckets, dist.get_world_size(group), selecting, policy)
+        world = dist.get_world_size(group)
+        given = (api.given_cost_model(cost_model, world, tuple(dist.get_process_group_ranks(group)),
+                                      "ciera.deepspeed.enable()")
+                 if selecting and cost_model is not None else None)
+        return params, group, device, buckets, api._layouts(buckets, world, selecting, policy), given
 
-    params, group, device, buckets, layouts = checked_on_every_rank(
+    params, group, device, buckets, layouts, cost_model = checked_on_every_rank(
         "ciera.deepspeed.enable()", prepare,
         same=api.shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every, overlap,
                                 cost_model, allow_delta))
@@ -701,10 +705,11 @@ class ReduceScatterHandle(_OptimizerHook):
         self.collectives = None
 
 
-def _reduce_scatter_checked(engine, coding: str, worker_niceness: int | None):
+def _reduce_scatter_checked(engine, coding: str, transport: str, worker_niceness: int | None):
     """The collectives' configuration and the engine's data-parallel group, or the error
     enable_reduce_scatter() raises for them on this rank."""
     _version()
+    check_transport("ciera.deepspeed.enable_reduce_scatter()", transport)
     if not hasattr(engine, "zero_optimization_stage") or not hasattr(engine, "optimizer"):
         raise TypeError(f"ciera.deepspeed.enable_reduce_scatter(): engine must be a DeepSpeedEngine, got "
                         f"{type(engine).__name__}")
@@ -761,7 +766,8 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
     # Every check first, on every rank (a rank that refused alone would leave the others waiting
     # in the transport's set-up until its timeout), with the transport the ranks chose.
     config, group = checked_on_every_rank(
-        "ciera.deepspeed.enable_reduce_scatter()", lambda: _reduce_scatter_checked(engine, coding, worker_niceness),
+        "ciera.deepspeed.enable_reduce_scatter()",
+        lambda: _reduce_scatter_checked(engine, coding, transport, worker_niceness),
         same={"transport": transport})
     native = make_transport(transport, group, timeout_s)
     return ReduceScatterHandle(engine, _ext.LosslessCollectives(native, config), coding, group,

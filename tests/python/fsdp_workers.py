@@ -215,7 +215,21 @@ def one_rank_differs(rank, world):
         # timeout_s: the others' wait, had they waited for the last rank in the transport's set-up
         error_of(lambda: ct.enable_reduce_scatter(model, "bogus" if last else "exponent", timeout_s=20)),
         error_of(lambda: ct.enable_reduce_scatter(model, transport="mpi" if last else "torch", timeout_s=20)),
+        # A cost model for another group size: found by the selector's set-up, on that rank alone.
+        error_of(lambda: ct.enable(model, ciera.EngineConfig(), cache_budget_bytes=1 << 20,
+                                   cost_model=slow_link_model(world + 1 if last else world))),
+        error_of(lambda: ct.enable(model, ciera.EngineConfig(), overlap="no")),
+        error_of(lambda: ct.enable_reduce_scatter(model, transport="gloo", timeout_s=20)),
     ]
+
+
+def enable_on_a_group_of_rank_0(rank, world):
+    """enable() with a process group of rank 0 alone, called on every rank: what each raised."""
+    import torch.distributed as dist
+
+    model = build(tiny_spec("olmoe"), world)
+    group = dist.new_group([0])
+    return error_of(lambda: ct.enable(model, ciera.EngineConfig(), process_group=group))
 
 
 def one_rank_refuses_a_call(rank, world):

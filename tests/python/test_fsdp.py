@@ -72,9 +72,19 @@ def test_options_that_differ_between_ranks_fail_every_rank_alike():
         "ConfigError: enable_reduce_scatter(): on rank 2: reduce-scatter coding must be one of exponent, raw, auto, "
         "got 'bogus'",
         "ConfigError: enable_reduce_scatter(): the ranks differ in transport: 'torch' on ranks 0, 1; 'mpi' on rank 2",
+        "ConfigError: enable(): on rank 2: no cost model for the 3-rank group (0, 1, 2) (cost_model is for 4 ranks)",
+        "TypeError: enable(): on rank 0: overlap must be True or False, got str 'no'",
+        "ValueError: enable_reduce_scatter(): on rank 0: transport must be 'torch', 'mpi' or 'nccl', got 'gloo'",
     ]
     for rank, errors in enumerate(all_ok(spawn(w.one_rank_differs, 3))):
         assert errors == expected, (rank, errors)
+
+
+def test_enable_on_a_group_a_rank_is_not_in_says_so_on_that_rank():
+    errors = all_ok(spawn(w.enable_on_a_group_of_rank_0, 2))
+    assert errors[0] == "ConfigError: enable(): on rank 0: process_group has 1 ranks, the model is sharded over 2"
+    assert errors[1] == ("ConfigError: enable(): rank 1 is not in process_group; only its ranks may call it with "
+                         "that group"), errors
 
 
 def test_a_call_one_rank_refuses_fails_every_rank_at_once():

@@ -15,7 +15,7 @@ from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
 from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
                                element_bytes, prefetch_forward)
 from ciera.fsdp.selection import Selector
-from ciera.fsdp.transport import make_subgroup_transport, make_transport
+from ciera.fsdp.transport import check_transport, make_subgroup_transport, make_transport
 
 
 class Handle:
@@ -133,19 +133,28 @@ def _agree_across_groups(process_group, group, failure, groups) -> None:
                            f"(kind {group.kind}): {kind}: {text}")
 
 
+def given_cost_model(given, size: int, ranks: tuple, what: str = "enable()"):
+    """`given`'s cost model for the gather group of `size` ranks `ranks` (given: a CostModel, or a
+    dict from group size to CostModel when the model gathers on groups of several sizes);
+    ConfigError if it has none of that size. Checked before any set-up, on every rank at once: a
+    rank that found out inside its set-up alone would leave its peers waiting for it until the
+    timeout."""
+    model = given.get(size) if isinstance(given, dict) else given
+    if not isinstance(model, _ext.CostModel) or model.world_size != size:
+        held = (f"has group sizes {sorted(given)}" if isinstance(given, dict)
+                else f"is for {given.world_size} ranks")
+        raise _ext.ConfigError(f"{what}: no cost model for the {size}-rank group {ranks} (cost_model {held})")
+    return model
+
+
 def _cost_model(given, native, group, config):
-    """The selector's cost model for `group`'s shards: `given` (a CostModel, or a dict from group
-    size to CostModel when the model gathers on groups of several sizes), or measured on the
-    group's transport before its engine takes it over: Comm() up to the largest bucket."""
+    """The selector's cost model for `group`'s shards: the one `given` has for it, or measured on
+    the group's transport before its engine takes it over: Comm() up to the largest bucket."""
     if given is None:
         largest = max(b.numel * group.size * element_bytes(b.dtype) for b in group.buckets)
         dtypes = sorted({DTYPES[b.dtype] for b in group.buckets}, key=int)
         return _ext.measure_cost_model(native, largest, dtypes, config.codec)
-    model = given.get(group.size) if isinstance(given, dict) else given
-    if model is None or model.world_size != group.size:
-        raise _ext.ConfigError(f"enable(): no cost model for the {group.size}-rank group {group.ranks} (cost_model "
-                               f"is for {sorted(given) if isinstance(given, dict) else given.world_size} ranks)")
-    return model
+    return given_cost_model(given, group.size, group.ranks)
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -164,7 +173,7 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 
 def _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps,
-                     reselect_every, cost_model, allow_delta=False) -> None:
+                     reselect_every, cost_model, allow_delta=False, verify=False, overlap=True) -> None:
     """enable()'s arguments, each on its own and together: TypeError or ValueError naming the
     argument and its value, before anything is set up."""
     def count(name, value, allow_none=False):
@@ -177,12 +186,18 @@ def _check_arguments(model, config, transport, policy, cache_budget_bytes, selec
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"enable(): model must be a torch.nn.Module, got {type(model).__name__}")
+    for name, value in (("verify", verify), ("overlap", overlap), ("allow_delta", allow_delta)):
+        if not isinstance(value, bool):
+            raise TypeError(f"enable(): {name} must be True or False, got {type(value).__name__} {value!r}")
+    if cost_model is not None and not (isinstance(cost_model, _ext.CostModel) or (
+            isinstance(cost_model, dict) and all(isinstance(m, _ext.CostModel) for m in cost_model.values()))):
+        raise TypeError(f"enable(): cost_model must be a ciera CostModel, or a dict from group size to CostModel, "
+                        f"got {type(cost_model).__name__}")
     if config is not None and not isinstance(config, _ext.EngineConfig):
         raise TypeError(f"enable(): config must be a ciera.EngineConfig, got {type(config).__name__}")
     if config is not None and not (math.isfinite(config.timeout_s) and config.timeout_s > 0):
         raise ValueError(f"enable(): config.timeout_s must be a finite number of seconds > 0, got {config.timeout_s}")
-    if transport not in ("torch", "mpi", "nccl"):
-        raise ValueError(f"enable(): transport must be 'torch', 'mpi' or 'nccl', got {transport!r}")
+    check_transport("enable()", transport)
     if policy is not None and not callable(policy):
         raise TypeError(f"enable(): policy must be callable(bucket, param) -> ShardPolicy, got {policy!r}")
     count("cache_budget_bytes", cache_budget_bytes, allow_none=True)
@@ -265,8 +280,11 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     # chose other options (the engine agrees only its own configuration).
     def prepare():
         _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps,
-                         reselect_every, cost_model, allow_delta)
+                         reselect_every, cost_model, allow_delta, verify, overlap)
         described, groups, device = _described(model, process_group, selecting, cost_model)
+        if selecting and cost_model is not None:
+            for group in groups:
+                given_cost_model(cost_model, group.size, group.ranks)
         return described, groups, device, [_layouts(g.buckets, g.size, selecting, policy) for g in groups]
 
     described, groups, device, layouts = checked_on_every_rank(

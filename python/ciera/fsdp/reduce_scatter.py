@@ -18,7 +18,7 @@ from ciera import _ext
 from ciera._dist import checked_on_every_rank, refused_on_every_rank
 from ciera.fsdp.layout import (DTYPES, DefaultReduceScatter, ReduceScatter, describe_buckets, describe_groups,
                                reduce_scatter_comm)
-from ciera.fsdp.transport import make_subgroup_transport, make_transport
+from ciera.fsdp.transport import check_transport, make_subgroup_transport, make_transport
 
 CODINGS = ("exponent", "raw", "auto")
 
@@ -133,11 +133,13 @@ class ReduceScatterHandle:
         self.collectives = None
 
 
-def _checked(model: torch.nn.Module, coding: str, process_group, timeout_s: float, worker_niceness: int | None):
+def _checked(model: torch.nn.Module, coding: str, transport: str, process_group, timeout_s: float,
+             worker_niceness: int | None):
     """The collectives' configuration, the model's FSDP2 buckets and the group it reduce-scatters
     on, or the error enable_reduce_scatter() raises for them on this rank."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"enable_reduce_scatter(): model must be a torch.nn.Module, got {type(model).__name__}")
+    check_transport("enable_reduce_scatter()", transport)
     if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
         raise TypeError(f"enable_reduce_scatter(): process_group must be a torch.distributed process group or "
                         f"None, got {type(process_group).__name__} {process_group!r}")
@@ -199,7 +201,8 @@ def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, t
     # Every check first, on every rank (a rank that refused alone would leave the others waiting
     # in the transport's set-up until its timeout), with the transport the ranks chose.
     config, buckets, shard = checked_on_every_rank(
-        "enable_reduce_scatter()", lambda: _checked(model, coding, process_group, timeout_s, worker_niceness),
+        "enable_reduce_scatter()", lambda: _checked(model, coding, transport, process_group, timeout_s,
+                                                    worker_niceness),
         same={"transport": transport})
     if len(shard.partition) == 1:
         native = make_transport(transport, process_group, timeout_s)

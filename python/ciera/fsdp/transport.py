@@ -239,6 +239,16 @@ def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, devic
     raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")
 
 
+TRANSPORTS = ("torch", "mpi", "nccl")
+
+
+def check_transport(what: str, kind) -> None:
+    """ValueError naming `what` (the calling function) unless `kind` is a transport's name:
+    checked with the other arguments, before anything is set up."""
+    if kind not in TRANSPORTS:
+        raise ValueError(f"{what}: transport must be 'torch', 'mpi' or 'nccl', got {kind!r}")
+
+
 def make_transport(kind: str, process_group, timeout_s: float, device: torch.device | None = None):
     """The native transport for enable(transport=kind), for a model on `device` (CPU when None).
     "torch": a dedicated group beside `process_group` (default the world), gloo for a CPU model
