@@ -26,7 +26,7 @@ from ciera import _ext
 from ciera._dist import agree_before_set_up, refuse_each, refused_on_every_rank, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
-from ciera.fsdp.transport import make_transport
+from ciera.fsdp.transport import check_transport, make_transport
 
 _POLICIES = {"delta": "delta", "ciera": "ciera", "raw": "raw"}
 
@@ -61,11 +61,15 @@ class Broadcaster:
 
     def __init__(self, tensors, root: int = 0, *, process_group=None, transport: str = "torch",
                  config: _ext.EngineConfig | None = None, policy: str = "delta"):
+        if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+            raise TypeError(f"Broadcaster: process_group must be a torch.distributed ProcessGroup or None, got "
+                            f"{type(process_group).__name__}")
         world = dist.get_world_size(process_group)
         failure = None
         try:
             self.tensors = list(tensors)
-            self._check(root, policy, world)
+            self._check(root, policy, world, config)
+            check_transport("Broadcaster", transport)
         except (TypeError, ValueError, _ext.ConfigError) as e:
             failure = e
         # The checks read this rank's own tensors (receivers are often set up unlike the root):
@@ -94,9 +98,13 @@ class Broadcaster:
         self.engine = _ext.Engine(native, config, layouts)
         lifecycle.register_engine(self.engine)
 
-    def _check(self, root: int, policy: str, world: int) -> None:
+    def _check(self, root: int, policy: str, world: int, config) -> None:
         if not self.tensors:
             raise ValueError("no tensors to broadcast")
+        if isinstance(root, bool) or not isinstance(root, int):
+            raise TypeError(f"root must be an int (a rank of the group), got {type(root).__name__} {root!r}")
+        if config is not None and not isinstance(config, _ext.EngineConfig):
+            raise TypeError(f"config must be a ciera.EngineConfig, got {type(config).__name__}")
         if not 0 <= root < world:
             raise ValueError(f"root {root} is not a rank of the group (size {world})")
         if policy not in _POLICIES:

@@ -72,6 +72,11 @@ def bad_root(rank, world):
         ciera.broadcast.Broadcaster([torch.zeros(4)], root=0, policy="zstd")
     with pytest.raises(ciera.ConfigError, match="int64"):
         ciera.broadcast.Broadcaster([torch.zeros(4, dtype=torch.int64)], root=0)
+    # 0.5 is in range(2) but no rank: it used to be taken, and broadcast() failed obscurely.
+    with pytest.raises(TypeError, match=r"root must be an int \(a rank of the group\), got float 0.5"):
+        ciera.broadcast.Broadcaster([torch.zeros(4)], root=0.5)
+    with pytest.raises(TypeError, match="process_group must be a torch.distributed ProcessGroup or None, got str"):
+        ciera.broadcast.Broadcaster([torch.zeros(4)], root=0, process_group="x")
     return True
 
 
@@ -79,12 +84,17 @@ def refused_on_one_rank(rank, world, receivers):
     """The root's tensors are fine; the receivers' are not (`receivers`: what they pass)."""
     config = ciera.EngineConfig()
     config.timeout_s = 20   # the root's wait, had it waited for them in the transport's set-up
-    tensors = [torch.zeros(4)] if rank == 0 else {"empty": [], "int64": [torch.zeros(4, dtype=torch.int64)]}[receivers]
+    tensors = [torch.zeros(4)] if rank == 0 else {"empty": [], "int64": [torch.zeros(4, dtype=torch.int64)],
+                                                  "config": [torch.zeros(4)]}[receivers]
+    if receivers == "config" and rank > 0:
+        config = 3
     return error_of(lambda: ciera.broadcast.Broadcaster(tensors, root=0, config=config))
 
 
 @pytest.mark.parametrize("receivers,error", [("empty", "ValueError: Broadcaster: on rank 1: no tensors"),
-                                             ("int64", "ConfigError: Broadcaster: on rank 1: tensor 0 is torch.int64")])
+                                             ("int64", "ConfigError: Broadcaster: on rank 1: tensor 0 is torch.int64"),
+                                             ("config", "TypeError: Broadcaster: on rank 1: config must be a "
+                                                        "ciera.EngineConfig, got int")])
 def test_a_receivers_refused_tensors_fail_every_rank_at_once(receivers, error):
     results = spawn(refused_on_one_rank, 3, receivers)
     assert all(status == "ok" for status, _ in results.values()), results
