@@ -41,7 +41,7 @@ from ciera import _ext
 from ciera._dist import checked_on_every_rank, refuse_each, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
-from ciera.fsdp.transport import make_transport
+from ciera.fsdp.transport import check_transport, make_transport
 
 __all__ = ["CieraZeroRedundancyOptimizer", "FP32MasterOptimizer", "SyncStats", "ZeroRedundancyOptimizer",
            "fp32_master"]
@@ -296,6 +296,44 @@ def _pieces(values: int, count: int) -> list[int]:
     return [values // count + (1 if k < values % count else 0) for k in range(count)]
 
 
+def _listed(params) -> list:
+    """`params` (tensors, or param-group dicts) as a list that can be read more than once, each
+    group's "params" a list too: either may be a generator, as model.parameters() is."""
+    listed = []
+    for item in params:
+        if isinstance(item, dict) and "params" in item:
+            group = item["params"]
+            item = dict(item, params=[group] if isinstance(group, torch.Tensor) else list(group))
+        listed.append(item)
+    return listed
+
+
+def _parameters_of(params: list) -> list:
+    """The tensors of `params` (_listed); TypeError for anything else."""
+    tensors = [p for item in params for p in (item["params"] if isinstance(item, dict) and "params" in item
+                                                else [item])]
+    for p in tensors:
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"{_NAME}: params must be tensors or param-group dicts of them, got {type(p).__name__}")
+    return tensors
+
+
+def _bucket_dtype(device, trainable: list[torch.Tensor]) -> torch.dtype | None:
+    """The one dtype of the trainable parameters on `device` (None for none); TypeError unless
+    they share one that CIERA carries."""
+    dtypes = {p.dtype for p in trainable}
+    if not dtypes:
+        return None
+    if len(dtypes) > 1:
+        raise TypeError(f"{_NAME}: the trainable parameters on {device} must share "
+                        f"one dtype (one flat bucket per device), found {sorted(map(str, dtypes))}")
+    dtype = dtypes.pop()
+    if dtype not in DTYPES:
+        raise TypeError(f"{_NAME}: CIERA carries bf16, fp16 and fp32 parameters; "
+                        f"the parameters on {device} are {dtype}")
+    return dtype
+
+
 class ZeroRedundancyOptimizer(_TorchZero):
     """torch.distributed.optim.ZeroRedundancyOptimizer whose parameter sync is a CIERA gather.
 
@@ -324,6 +362,8 @@ class ZeroRedundancyOptimizer(_TorchZero):
                  transport: str = "torch", engine_config: _ext.EngineConfig | None = None,
                  policy: str = "delta", chunk_values: int = 1 << 22,
                  parameters_as_bucket_view: bool = True, overlap_with_ddp: bool = False, **defaults):
+        params = _listed(params)   # read twice: checked here, then by PyTorch's constructor
+
         def check() -> None:
             if overlap_with_ddp:
                 raise ValueError(f"{_NAME}: overlap_with_ddp=True is not supported "
@@ -332,9 +372,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
                 raise ValueError(f"{_NAME}: parameters_as_bucket_view=False is not "
                                  "supported: the sync gathers the flat buckets of parameters_as_bucket_view=True "
                                  "(use torch.distributed.optim.ZeroRedundancyOptimizer for per-parameter broadcasts)")
-            if transport not in ("torch", "mpi", "nccl"):
-                raise ValueError(f"{_NAME}: transport must be 'torch', 'mpi' or 'nccl', "
-                                 f"got {transport!r}")
+            check_transport(_NAME, transport)
             if engine_config is not None and not isinstance(engine_config, _ext.EngineConfig):
                 raise TypeError(f"{_NAME}: engine_config must be a ciera.EngineConfig, "
                                 f"got {type(engine_config).__name__}")
@@ -346,6 +384,14 @@ class ZeroRedundancyOptimizer(_TorchZero):
                 raise ValueError(f"{_NAME}: chunk_values must be an int >= 1, "
                                  f"got {chunk_values!r}")
             _policy(policy)
+            # The buckets' dtypes, which PyTorch's constructor would find only inside the
+            # collective set-up that builds the engines (a rank alone with float64 parameters).
+            trainable: dict[torch.device, list[torch.Tensor]] = {}
+            for param in _parameters_of(params):
+                if param.requires_grad:
+                    trainable.setdefault(param.device, []).append(param)
+            for device, mine in trainable.items():
+                _bucket_dtype(device, mine)
 
         # Every rank checks its own arguments, and they must be the same on every rank of
         # process_group: a rank that raised alone would leave the others waiting in the engines'
@@ -390,7 +436,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
                         # As PyTorch does: its data may be a view of an earlier bucket.
                         param.data = param.data.detach().clone()
                 trainable.append(mine)
-            dtype = self._bucket_dtype(device, trainable)
+            dtype = _bucket_dtype(device, [p for mine in trainable for p in mine])
             counts = [sum(p.numel() for p in mine) for mine in trainable]
             offsets = [sum(counts[:r]) for r in range(self.world_size)]
             flat = torch.empty(sum(counts), dtype=dtype or torch.float32, device=device)
@@ -407,19 +453,6 @@ class ZeroRedundancyOptimizer(_TorchZero):
             if sum(counts):
                 self._syncs.append(_DeviceSync(device, flat, offsets, counts))
         self._open_engines()
-
-    def _bucket_dtype(self, device, trainable: list[list[torch.Tensor]]) -> torch.dtype | None:
-        dtypes = {p.dtype for mine in trainable for p in mine}
-        if not dtypes:
-            return None
-        if len(dtypes) > 1:
-            raise TypeError(f"ciera.zero.ZeroRedundancyOptimizer: the trainable parameters on {device} must share "
-                            f"one dtype (one flat bucket per device), found {sorted(map(str, dtypes))}")
-        dtype = dtypes.pop()
-        if dtype not in DTYPES:
-            raise TypeError(f"ciera.zero.ZeroRedundancyOptimizer: CIERA carries bf16, fp16 and fp32 parameters; "
-                            f"the parameters on {device} are {dtype}")
-        return dtype
 
     def _open_engines(self) -> None:
         """One engine per device with parameters, one bucket each: rank r's shards are its bucket
@@ -458,6 +491,8 @@ class ZeroRedundancyOptimizer(_TorchZero):
         naming this rank, instead of waiting for it until the timeout. Not where the step first
         rebuilds the buckets (trainability changed), a collective in which the peers may have
         failed too."""
+        if self._closed:   # before PyTorch's step changes this rank's partition and its state
+            raise ValueError("ciera.zero.ZeroRedundancyOptimizer is closed (close()); it cannot step")
         rebuilds = self._get_is_trainable_mask() != self._is_trainable_mask
         try:
             return super()._local_step(*args, **kwargs)

@@ -35,13 +35,16 @@ def test_parameters_are_bitwise_identical_to_torch_zero():
         # ZeRO's consolidated state_dict (FP32 masters included) resumes bitwise; close() holds.
         assert r["resume"]["identical"] and r["resume"]["lr_restored"], r["resume"]
         assert "closed" in (r["resume"]["closed_error"] or ""), r["resume"]
+        assert r["resume"]["untouched_after_close"], r["resume"]
         # Arguments that only rank 1 passes: raised on both ranks, naming rank 1, not at a timeout.
         d = r["differing"]
         assert d["bad_policy"] == ("ValueError: ciera.zero.ZeroRedundancyOptimizer: on rank 1: policy must be one "
                                    "of 'delta', 'ciera', 'raw', got 'fast'"), d
         assert d["chunk_values"] == ("ConfigError: ciera.zero.ZeroRedundancyOptimizer: the ranks differ in "
                                      "chunk_values: 4194304 on rank 0; 512 on rank 1"), d
-        assert d["bad_policy_s"] < 30 and d["chunk_values_s"] < 30, d
+        assert d["fp64"] == ("TypeError: ciera.zero.ZeroRedundancyOptimizer: on rank 1: CIERA carries bf16, fp16 and "
+                             "fp32 parameters; the parameters on cpu are torch.float64"), d
+        assert d["bad_policy_s"] < 30 and d["chunk_values_s"] < 30 and d["fp64_s"] < 30, d
     # Rank 1's optimizer step fails: rank 0, in the sync, is told at once, not at the timeout.
     failed = [r["step_fails"] for r in results]
     assert failed[1]["error"] == "RuntimeError: out of memory on rank 1", failed
