@@ -443,7 +443,8 @@ TEST(CodecMisuse, ExpectedPayloadBytesRefusesRatesOutsideZeroToOne) {
   try {
     expected_payload_bytes(config, DType::kBF16, 100, 2.0, 0.0);
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "expected_payload_bytes: block_change_rate must be in [0, 1], got 2.000000");
+    EXPECT_STREQ(e.what(),
+                 "expected_payload_bytes: block_change_rate must be in [0, 1], got 2.000000");
   }
   EXPECT_GT(expected_payload_bytes(config, DType::kBF16, 100, 1.0, 1.0), 0.0);
 }

@@ -517,10 +517,11 @@ TEST(CollectiveFailures, RanksWithDifferentFrameSettingsFailTogetherNamingThem) 
         std::vector<std::byte> in(2 * 4000 * 2), out(4000 * 2);
         collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);
       });
-      expect_every_rank(errors, blocks ? "call 0: rank 1 codes with block_values 1024, rank 0 with 512 "
-                                         "(CollectivesConfig.block_values must match)"
-                                       : "call 0: rank 1 codes with content_checksum off, rank 0 with on "
-                                         "(CollectivesConfig.content_checksum must match)");
+      expect_every_rank(errors,
+                        blocks ? "call 0: rank 1 codes with block_values 1024, rank 0 with 512 "
+                                 "(CollectivesConfig.block_values must match)"
+                               : "call 0: rank 1 codes with content_checksum off, rank 0 with on "
+                                 "(CollectivesConfig.content_checksum must match)");
     }
   }
 }
@@ -549,9 +550,10 @@ TEST(CollectiveFailures, ARankThatRefusesItsArgumentsIsNamedOnEveryRankAtOnce) {
       << errors[1];
   // The peers name the reason too (rank 1's error text, exchanged once the records show it).
   for (int r : {0, 2}) {
-    EXPECT_EQ(errors[r].rfind("lossless collectives: rank 1 refused its arguments to its reduce_scatter "
-                              "call 0: reduce_scatter: the input must be 3 parts of the output's 16 bytes",
-                              0),
+    EXPECT_EQ(errors[r].rfind(
+                  "lossless collectives: rank 1 refused its arguments to its reduce_scatter "
+                  "call 0: reduce_scatter: the input must be 3 parts of the output's 16 bytes",
+                  0),
               0u)
         << errors[r];
   }

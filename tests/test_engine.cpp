@@ -241,7 +241,8 @@ TEST(LoopbackTransport, RefusesASecondTransportForTheSameRank) {
     make_loopback_transport(world, 0);
     FAIL() << "a second transport for rank 0 was made";
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "loopback rank 0 already has a transport in this world (each rank takes one)");
+    EXPECT_STREQ(e.what(),
+                 "loopback rank 0 already has a transport in this world (each rank takes one)");
   }
   first.reset();
   EXPECT_NO_THROW(make_loopback_transport(world, 0));
@@ -515,8 +516,9 @@ TEST(Engine, PersistentCorruptionFailsOnEveryRank) {
 // the next gather, in order this time, says so and names the first failure.
 TEST(Engine, AfterACommErrorEveryGatherSaysTheEngineGathersNoMore) {
   const int world = 2;
-  const std::vector<BucketLayout> layouts = {BucketLayout::fsdp_split("a", DType::kBF16, {3000}, world),
-                                             BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world)};
+  const std::vector<BucketLayout> layouts = {
+      BucketLayout::fsdp_split("a", DType::kBF16, {3000}, world),
+      BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world)};
   std::vector<std::string> first(world), later(world);
   const auto errors = run_ranks(world, [&](int rank, Transport& t) {
     CompressedAllgather engine(t, EngineConfig{}, layouts);
@@ -537,8 +539,10 @@ TEST(Engine, AfterACommErrorEveryGatherSaysTheEngineGathersNoMore) {
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(errors[r], "");
     EXPECT_NE(first[r].find("out of order"), std::string::npos) << first[r];
-    const std::string once = "this engine gathers no more since an earlier gather failed (make a new engine and "
-                             "transport): " + first[r] + "\n";
+    const std::string once =
+        "this engine gathers no more since an earlier gather failed (make a new engine and "
+        "transport): " +
+        first[r] + "\n";
     EXPECT_EQ(later[r], once + once);
   }
 }

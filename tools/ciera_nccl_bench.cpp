@@ -23,9 +23,9 @@
 #include <type_traits>
 
 #include "bench_allgather_cuda.hpp"
-#include "exit_status.hpp"
 #include "ciera/error.hpp"
 #include "ciera/transport.hpp"
+#include "exit_status.hpp"
 
 namespace {
 
@@ -141,7 +141,8 @@ int main(int argc, char** argv) {
   }
   try {
     return run(command);
-  } catch (const ciera::tools::NcclBenchUnavailable& e) {  // a UsageError: no run can use this machine
+  } catch (
+      const ciera::tools::NcclBenchUnavailable& e) {  // a UsageError: no run can use this machine
     std::fprintf(stderr, "ciera_nccl_bench: %s\n", e.what());
     return ciera::tools::kExitUsage;
   } catch (const std::exception& e) {  // after the parse step: the work failed

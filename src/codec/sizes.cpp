@@ -19,8 +19,8 @@ double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t va
   for (const auto& [name, rate] : {std::pair{"block_change_rate", block_change_rate},
                                    std::pair{"value_change_rate", value_change_rate}}) {
     if (!(rate >= 0.0 && rate <= 1.0)) {  // NaN fails both
-      throw ConfigError(std::string("expected_payload_bytes: ") + name + " must be in [0, 1], got " +
-                        std::to_string(rate));
+      throw ConfigError(std::string("expected_payload_bytes: ") + name +
+                        " must be in [0, 1], got " + std::to_string(rate));
     }
   }
   if (values == 0) return 0;

@@ -161,7 +161,8 @@ void check_agreement(std::span<const CallRecord> records) {
         other.content_checksum != first.content_checksum) {
       const bool blocks = other.block_values != first.block_values;
       auto setting = [&](const CallRecord& c) {
-        return blocks ? std::to_string(c.block_values) : std::string(c.content_checksum ? "on" : "off");
+        return blocks ? std::to_string(c.block_values)
+                      : std::string(c.content_checksum ? "on" : "off");
       };
       throw ConfigError("lossless collectives: call " + std::to_string(first.sequence) + ": rank " +
                         std::to_string(r) + " codes with " +

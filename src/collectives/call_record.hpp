@@ -68,9 +68,10 @@ std::string refusal_text(std::span<const CallRecord> records, size_t rank,
                          const std::string& reason);
 
 // Checks every rank's record (rank order) against the others: the same kind, dtype, op,
-// sequence, round, slice size, block size and checksum setting on every rank, what each rank sends each peer is what that peer
-// expects (for a reduce-scatter: parts of one size everywhere), and no slice larger than raw.
-// Throws ConfigError (FormatError for an impossible size) with the same text on every rank.
+// sequence, round, slice size, block size and checksum setting on every rank, what each rank sends
+// each peer is what that peer expects (for a reduce-scatter: parts of one size everywhere), and no
+// slice larger than raw. Throws ConfigError (FormatError for an impossible size) with the same text
+// on every rank.
 void check_agreement(std::span<const CallRecord> records);
 
 // After the data: whether every part this rank received decoded (and why not), and this rank's

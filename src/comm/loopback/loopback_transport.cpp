@@ -14,7 +14,8 @@ namespace ciera {
 
 class LoopbackWorld {
  public:
-  explicit LoopbackWorld(int n) : size(n), slots(static_cast<size_t>(n)), taken(static_cast<size_t>(n)) {}
+  explicit LoopbackWorld(int n)
+      : size(n), slots(static_cast<size_t>(n)), taken(static_cast<size_t>(n)) {}
 
   struct Slot {
     const void* in = nullptr;
