@@ -442,6 +442,7 @@ TEST(CodecMisuse, ExpectedPayloadBytesRefusesRatesOutsideZeroToOne) {
   }
   try {
     expected_payload_bytes(config, DType::kBF16, 100, 2.0, 0.0);
+    FAIL() << "a block change rate of 2 was taken";
   } catch (const ConfigError& e) {
     EXPECT_STREQ(e.what(),
                  "expected_payload_bytes: block_change_rate must be in [0, 1], got 2.000000");

@@ -16,6 +16,7 @@ that fails raises the same error on every rank and leaves no silently wrong valu
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 
@@ -77,7 +78,7 @@ class Broadcaster:
         # transport's set-up for the one that raised.
         agree_before_set_up("Broadcaster", failure, process_group,
                             same={"root": root, "policy": policy, "transport": transport})
-        self.root = root
+        self.root = root = operator.index(root)
         self.rank = dist.get_rank(process_group)
         self._dtypes = [t.dtype for t in self.tensors]   # what each bucket's bytes are
         shard_policy = getattr(_ext.ShardPolicy, _POLICIES[policy])
@@ -101,7 +102,7 @@ class Broadcaster:
     def _check(self, root: int, policy: str, world: int, config) -> None:
         if not self.tensors:
             raise ValueError("no tensors to broadcast")
-        if isinstance(root, bool) or not isinstance(root, int):
+        if isinstance(root, bool) or not hasattr(root, "__index__"):   # an int, a NumPy integer
             raise TypeError(f"root must be an int (a rank of the group), got {type(root).__name__} {root!r}")
         if config is not None and not isinstance(config, _ext.EngineConfig):
             raise TypeError(f"config must be a ciera.EngineConfig, got {type(config).__name__}")

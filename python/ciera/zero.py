@@ -298,12 +298,24 @@ def _pieces(values: int, count: int) -> list[int]:
 
 def _listed(params) -> list:
     """`params` (tensors, or param-group dicts) as a list that can be read more than once, each
-    group's "params" a list too: either may be a generator, as model.parameters() is."""
+    group's "params" a list too: either may be a generator, as model.parameters() is. TypeError,
+    as PyTorch's optimizers give, for a tensor or a set (a set's order differs from rank to rank,
+    and so would the partition)."""
+    def ordered(items, what):
+        if isinstance(items, torch.Tensor) or isinstance(items, (set, frozenset)):
+            raise TypeError(f"{_NAME}: {what} must be an ordered iterable (a list) of tensors, got "
+                            f"{type(items).__name__}")
+        try:
+            return list(items)
+        except TypeError:
+            raise TypeError(f"{_NAME}: {what} must be an iterable of tensors or param-group dicts, got "
+                            f"{type(items).__name__}") from None
+
     listed = []
-    for item in params:
+    for item in ordered(params, "params"):
         if isinstance(item, dict) and "params" in item:
             group = item["params"]
-            item = dict(item, params=[group] if isinstance(group, torch.Tensor) else list(group))
+            item = dict(item, params=[group] if isinstance(group, torch.Tensor) else ordered(group, "a group's params"))
         listed.append(item)
     return listed
 
@@ -362,9 +374,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
                  transport: str = "torch", engine_config: _ext.EngineConfig | None = None,
                  policy: str = "delta", chunk_values: int = 1 << 22,
                  parameters_as_bucket_view: bool = True, overlap_with_ddp: bool = False, **defaults):
-        params = _listed(params)   # read twice: checked here, then by PyTorch's constructor
-
-        def check() -> None:
+        def check() -> list:
             if overlap_with_ddp:
                 raise ValueError(f"{_NAME}: overlap_with_ddp=True is not supported "
                                  "(its parameters sync in DDP's communication hook, not in step())")
@@ -384,20 +394,22 @@ class ZeroRedundancyOptimizer(_TorchZero):
                 raise ValueError(f"{_NAME}: chunk_values must be an int >= 1, "
                                  f"got {chunk_values!r}")
             _policy(policy)
+            listed = _listed(params)   # read twice: here, then by PyTorch's constructor
             # The buckets' dtypes, which PyTorch's constructor would find only inside the
             # collective set-up that builds the engines (a rank alone with float64 parameters).
             trainable: dict[torch.device, list[torch.Tensor]] = {}
-            for param in _parameters_of(params):
+            for param in _parameters_of(listed):
                 if param.requires_grad:
                     trainable.setdefault(param.device, []).append(param)
             for device, mine in trainable.items():
                 _bucket_dtype(device, mine)
+            return listed
 
         # Every rank checks its own arguments, and they must be the same on every rank of
         # process_group: a rank that raised alone would leave the others waiting in the engines'
         # set-up until its timeout.
-        checked_on_every_rank(_NAME, check, process_group,
-                              same={"policy": policy, "transport": transport, "chunk_values": chunk_values})
+        params = checked_on_every_rank(_NAME, check, process_group,
+                                       same={"policy": policy, "transport": transport, "chunk_values": chunk_values})
         # Set before PyTorch's constructor, which builds the buckets (and so the engines).
         self._policy_name = policy
         self._policy = _policy(policy)

@@ -77,6 +77,8 @@ def bad_root(rank, world):
         ciera.broadcast.Broadcaster([torch.zeros(4)], root=0.5)
     with pytest.raises(TypeError, match="process_group must be a torch.distributed ProcessGroup or None, got str"):
         ciera.broadcast.Broadcaster([torch.zeros(4)], root=0, process_group="x")
+    import numpy as np   # a NumPy integer is a rank like any int
+    ciera.broadcast.Broadcaster([torch.zeros(4)], root=np.int64(1)).close()
     return True
 
 

@@ -69,6 +69,18 @@ def test_bad_arguments_are_refused_before_anything_starts(kwargs, error, message
         zero.ZeroRedundancyOptimizer([torch.nn.Parameter(torch.zeros(4))], torch.optim.SGD, lr=0.1, **kwargs)
 
 
+def test_params_in_a_set_or_as_one_tensor_are_refused():
+    """A set's order differs from rank to rank, and so would ZeRO's partition: refused, as
+    PyTorch's optimizers refuse it, before anything starts (no process group exists here)."""
+    params = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4))]
+    for given, what in ((set(params), "params"), ([{"params": set(params)}], "a group's params"),
+                        (params[0], "params")):
+        with pytest.raises(TypeError, match=f"{what} must be an ordered iterable \\(a list\\) of tensors"):
+            zero.ZeroRedundancyOptimizer(given, torch.optim.SGD, lr=0.1)
+    with pytest.raises(TypeError, match="params must be an iterable of tensors or param-group dicts, got NoneType"):
+        zero.ZeroRedundancyOptimizer(None, torch.optim.SGD, lr=0.1)
+
+
 def test_fp32_master_bad_inner_class():
     with pytest.raises(TypeError, match="torch.optim.Optimizer subclass"):
         zero.fp32_master(dict)

@@ -187,7 +187,7 @@ def _check_arguments(model, config, transport, policy, cache_budget_bytes, selec
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"enable(): model must be a torch.nn.Module, got {type(model).__name__}")
     for name, value in (("verify", verify), ("overlap", overlap), ("allow_delta", allow_delta)):
-        if not isinstance(value, bool):
+        if isinstance(value, str) or value not in (True, False):   # a NumPy bool, 0 or 1 pass
             raise TypeError(f"enable(): {name} must be True or False, got {type(value).__name__} {value!r}")
     if cost_model is not None and not (isinstance(cost_model, _ext.CostModel) or (
             isinstance(cost_model, dict) and all(isinstance(m, _ext.CostModel) for m in cost_model.values()))):

@@ -42,14 +42,21 @@ class ZipnnUnavailable(ImportError):
 
 
 def _zipnn_class():
-    """ZipNN's class, once the peers extra's two packages are known to be there: zipnn, and
-    xxhash for the payloads' checksums."""
     try:
-        import xxhash  # noqa: F401
         from zipnn import ZipNN
     except ImportError as error:
-        raise ZipnnUnavailable(f"enable_zipnn() needs the {error.name or 'zipnn'} package: {_INSTALL_HINT}") from error
+        raise ZipnnUnavailable(f"enable_zipnn() needs the zipnn package: {_INSTALL_HINT}") from error
     return ZipNN
+
+
+def _require_peers() -> None:
+    """ZipnnUnavailable unless the peers extra's two packages are there: zipnn, and xxhash for
+    the gathers' checksums (ZipnnCoder alone, as `ciera bench codec` uses it, needs no xxhash)."""
+    _zipnn_class()
+    try:
+        import xxhash  # noqa: F401
+    except ImportError as error:
+        raise ZipnnUnavailable(f"enable_zipnn() needs the xxhash package: {_INSTALL_HINT}") from error
 
 
 def _checksum(payload: bytes) -> int:
@@ -114,6 +121,7 @@ class ZipnnAllGather(AllGather):
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.coder = ZipnnCoder(bucket.dtype)
+        self._failed_peer = self.rank   # whose payload the last failure to decompress was
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(size, dtype=dtype, device=device)
@@ -209,7 +217,8 @@ class ZipnnAllGather(AllGather):
             return
         receiver, sender = failed[0]
         detail = f": {type(failure).__name__}: {failure}" if failure is not None and receiver == self.rank else ""
-        raise _ext.FormatError(f"enable_zipnn(): rank {receiver} could not decompress rank {sender}'s payload of "
+        what = "its own shard into the output" if sender == receiver else f"rank {sender}'s payload"
+        raise _ext.FormatError(f"enable_zipnn(): rank {receiver} could not decompress {what} of "
                                f"{self.bucket.module_name or 'root'}{detail}") from failure
 
 
@@ -258,7 +267,7 @@ def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = F
 
     def checked():
         _check_model(model)
-        _zipnn_class()  # the missing package is one clear error, before anything is set up
+        _require_peers()  # a missing package is one clear error, before anything is set up
         described = describe_buckets(model)
         if not described:
             raise _ext.ConfigError("enable_zipnn(): the model has no FSDP2 (fully_shard) parameter groups")
