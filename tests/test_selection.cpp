@@ -2,6 +2,7 @@
 // and the measured cost model on the loopback transport.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -43,6 +44,25 @@ TEST(CommCurve, InterpolatesAndExtrapolates) {
   EXPECT_NEAR(curve.seconds(1500), 2.5e-3, 1e-12);
   EXPECT_NEAR(curve.seconds(5000), 6e-3, 1e-12);  // beyond the samples: the fitted slope
   EXPECT_NEAR(curve.seconds(0), 1e-3, 1e-12);     // below: never under the latency
+}
+
+// A curve needs two distinct sizes: a model whose buckets are all 4 KiB or less (a small MLP) used
+// to be probed at 4 KiB alone, and the start-up measurement failed in CommCurve::fit.
+TEST(CommCurve, DefaultProbeSizesAreAtLeastTwoAndReachTheLargest) {
+  EXPECT_EQ(default_probe_sizes(100), (std::vector<uint64_t>{4096, 16384}));
+  EXPECT_EQ(default_probe_sizes(16384), (std::vector<uint64_t>{4096, 16384}));
+  EXPECT_EQ(default_probe_sizes(100000), (std::vector<uint64_t>{4096, 16384, 65536, 100000}));
+  for (const uint64_t largest : {uint64_t{0}, uint64_t{4096}, uint64_t{1} << 20, uint64_t{3} << 30}) {
+    const std::vector<uint64_t> sizes = default_probe_sizes(largest);
+    ASSERT_GE(sizes.size(), 2u) << largest;
+    EXPECT_TRUE(std::is_sorted(sizes.begin(), sizes.end()) &&
+                std::adjacent_find(sizes.begin(), sizes.end()) == sizes.end())
+        << largest;
+    EXPECT_GE(sizes.back(), largest);
+  }
+  const std::unique_ptr<Transport> alone = make_loopback_transport(make_loopback_world(1), 0);
+  const DType bf16[] = {DType::kBF16};
+  EXPECT_NO_THROW(measure_cost_model(*alone, 2000, bf16, CodecConfig{}, 1));
 }
 
 TEST(CommCurve, NoisySamplesGiveAMonotoneCurve) {

@@ -89,7 +89,8 @@ struct CostModel {
 // median). Collective: all ranks call it with the same arguments.
 CommCurve measure_allgather(Transport& transport, std::span<const uint64_t> sizes_bytes,
                             int repeats = 5);
-// Default sizes for measure_allgather: powers of four from 4 KiB up to `largest_bytes`.
+// Default sizes for measure_allgather: powers of four from 4 KiB up to `largest_bytes`, and at
+// least two of them (4 and 16 KiB where `largest_bytes` is smaller).
 std::vector<uint64_t> default_probe_sizes(uint64_t largest_bytes);
 
 // Encodes and decodes a synthetic shard of `values` values (sparse ±1 exponent steps at

@@ -104,9 +104,11 @@ double CommCurve::seconds(double bytes) const {
 }
 
 std::vector<uint64_t> default_probe_sizes(uint64_t largest_bytes) {
-  std::vector<uint64_t> sizes;
-  for (uint64_t s = 4096; s < largest_bytes; s *= 4) sizes.push_back(s);
-  sizes.push_back(std::max<uint64_t>(largest_bytes, 4096));
+  // At least two sizes, or the curve has no slope to fit (CommCurve::fit refuses one): a model
+  // whose buckets are all 4 KiB or less is probed at 4 and 16 KiB.
+  std::vector<uint64_t> sizes = {4096};
+  for (uint64_t s = 4 * 4096; s < largest_bytes; s *= 4) sizes.push_back(s);
+  sizes.push_back(std::max<uint64_t>(largest_bytes, 4 * 4096));
   return sizes;
 }
 
