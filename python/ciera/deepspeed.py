@@ -196,10 +196,16 @@ class _Gather:
                                                 stats.encode_s))
             before = waited = now
         if runtime.verify or runtime.on_gather is not None or runtime.on_output is not None:
-            for bucket, offset, shard, _ in self.tickets:
-                # verify and the observers take the gathered parameter contiguous, as torch's
-                # all-gather gives it (a copy, made only for them).
-                runtime.gathered(bucket, shard, self.parts(offset, bucket.numel).reshape(-1), self.group)
+            # verify and the observers take the gathered parameter contiguous, as torch's
+            # all-gather gives it (a copy, made only for them). Every parameter is verified (a
+            # collective) before any observer runs: one that raised on one rank would otherwise
+            # leave the peers in the next parameter's verification until the group's timeout.
+            gathered = [(bucket, shard, self.parts(offset, bucket.numel).reshape(-1))
+                        for bucket, offset, shard, _ in self.tickets]
+            for _, shard, output in gathered:
+                runtime.verified(shard, output, self.group)
+            for bucket, shard, output in gathered:
+                runtime.observed(bucket, shard, output)
         self.tickets = []
         self.input = self.output = None
         return True
@@ -365,8 +371,9 @@ class Handle(api.Handle):
 
     @property
     def passed_through(self) -> int:
-        """Gathers of this engine's parameters that went to DeepSpeed's own all-gather (a layout
-        CIERA did not recognise): 0 when every gather was CIERA's."""
+        """Gathers of this engine's parameters (those enable() found: Handle.params) that went to
+        DeepSpeed's own all-gather (a layout CIERA did not recognise): 0 when every gather of them
+        was CIERA's. A parameter added to the model after enable() is DeepSpeed's, not counted."""
         return self._state.passed_through
 
     def disable(self) -> None:

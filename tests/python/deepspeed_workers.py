@@ -197,6 +197,33 @@ def a_gather_one_rank_cannot_start(rank: int, world: int) -> dict:
     return {"error": error, "seconds": time.perf_counter() - start}
 
 
+def an_observer_fails_on_one_rank(rank: int, world: int) -> dict:
+    """CIERA's ZeRO-3 gathers with verify, where the last rank's output observer raises at its
+    first call (a fetch of several parameters): what each rank's training step raised, and how
+    long it took. The others must not be left in the verification of that fetch's next
+    parameter, an all-gather of the world group that waits out its 60 s timeout."""
+    import time
+
+    deepspeed = _deepspeed(rank, world)
+    ds_engine = engine(deepspeed, 0, config(stage3_param_persistence_threshold=0))
+    engine_config = ciera.EngineConfig()
+    engine_config.timeout_s = 20
+    handle = ciera.deepspeed.enable(ds_engine, engine_config, overlap=False, verify=True)
+
+    def observer(bucket, output):
+        # The experts' fused gate_up_proj comes first of the two parameters of its module's fetch.
+        if rank == world - 1 and bucket.module_name.endswith("mlp.experts.gate_up_proj"):
+            raise RuntimeError("the observer failed")
+
+    handle.set_output_observer(observer)
+    start = time.perf_counter()
+    error = error_of(lambda: train_step(ds_engine, batch(rank, 0)))
+    seconds = time.perf_counter() - start
+    if rank == world - 1:
+        time.sleep(5)   # alive: a peer left in a verification waits until this process ends
+    return {"error": error, "seconds": seconds, "verified": handle.verified_bytes}
+
+
 def reduce_scatter_vs_twin(rank: int, world: int, steps: int) -> dict:
     """The same ZeRO-3 training three times, same seed and batches: DeepSpeed's own gradient
     reduce-scatter, CIERA's uncompressed twin ("raw") and CIERA's coded one, with CIERA's

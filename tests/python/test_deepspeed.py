@@ -137,6 +137,16 @@ def test_a_gather_one_rank_cannot_start_fails_every_rank_at_once():
     assert all(r["seconds"] < 15 for r in results), results   # not the 20 s timeout
 
 
+def test_an_observer_that_raises_on_one_rank_leaves_no_peer_in_a_verification():
+    results = all_ok(spawn(w.an_observer_fails_on_one_rank, 2))
+    assert results[1]["error"] == "RuntimeError: the observer failed", results
+    # Rank 0 finished the fetch rank 1's observer failed in (every parameter verified on both),
+    # and then failed in its next gather once rank 1 had gone: the engine's CommError, not the
+    # world group's 60 s timeout in a verification.
+    assert results[0]["error"].startswith("CommError: "), results
+    assert all(r["seconds"] < 40 and r["verified"] > 0 for r in results), results
+
+
 def test_gradient_reduce_scatter_is_bitwise_its_uncompressed_twin():
     for rank, r in enumerate(all_ok(spawn(w.reduce_scatter_vs_twin, 2, 3))):
         assert r["losses_equal"] and r["params_equal"], (rank, r)

@@ -66,10 +66,15 @@ class Handle:
         return self._runtime.take_records()
 
     def set_gather_observer(self, callback) -> None:
+        """callback(bucket index, this rank's input: Tensor) after each gather, once every rank
+        has its output (and, with verify, once the outputs are verified). An exception it raises
+        is raised by that gather on this rank alone: the peers, which know nothing of it, fail
+        in their next gather when this process ends, or at the engine's timeout."""
         self._runtime.on_gather = callback
 
     def set_output_observer(self, callback) -> None:
-        """callback(bucket: Bucket, output: Tensor) after each gather, with every rank's shards."""
+        """callback(bucket: Bucket, output: Tensor) after each gather, with every rank's shards; an
+        exception it raises is handled as set_gather_observer's."""
         self._runtime.on_output = callback
 
     @property

@@ -71,13 +71,22 @@ class Runtime:
     def gathered(self, bucket: Bucket, input_tensor, output_tensor, group, observe: bool = True) -> None:
         """After a gather of `bucket`: with `verify`, compare the output with torch's all-gather
         on `group` byte for byte; then (`observe`) tell the observers."""
+        self.verified(input_tensor, output_tensor, group)
+        if observe:
+            self.observed(bucket, input_tensor, output_tensor)
+
+    def verified(self, input_tensor, output_tensor, group) -> None:
+        """With `verify`: the output compared with torch's all-gather on `group`, byte for byte.
+        Collective: every rank, for every gather, before any observer runs (an observer that
+        raises on one rank must not leave its peers in the next of these all-gathers)."""
         if self.verify:
             reference = torch.empty_like(output_tensor)
             all_gather_single(reference, input_tensor, group=group)
             self.wrong_bytes += int((reference.view(torch.uint8) != output_tensor.view(torch.uint8)).sum())
             self.verified_bytes += reference.numel() * reference.element_size()
-        if not observe:
-            return
+
+    def observed(self, bucket: Bucket, input_tensor, output_tensor) -> None:
+        """The observers, told of a gather of `bucket` (local: no collective)."""
         if self.on_gather is not None:
             self.on_gather(bucket.index, input_tensor)
         if self.on_output is not None:
