@@ -184,3 +184,41 @@ def test_the_python_api_ends_the_mpi_job_after_a_stalled_peer(where):
         # .../show_help.c"): the job still ended by MPI_Abort, only the banner is lost.
         assert "MPI_ABORT" in output or "show_help.c" in output, output[-3000:]
     assert "no error although" not in output
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_launcher_ends_the_ranks_too(tmp_path, launcher, sig):
+    """`timeout N ciera train`, a scheduler, kill PID: the signal reaches the launcher alone. It
+    used to exit (a traceback for SIGINT) and leave mpirun and the ranks training in the run
+    folder; it now ends them, says so in one line and exits 128 + the signal's number."""
+    cmd = [sys.executable, "-m", "ciera.train", "--ranks", "2", "--steps", "500", "--warmup", "2",
+           "--layers", "1", "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32",
+           "--launcher", launcher, "--no-baseline", "--out", str(tmp_path)]
+    # Its own session: the signal goes to the launcher's pid only, as kill or timeout send it.
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                           start_new_session=True)
+    pids = []
+    try:
+        deadline = time.time() + 300
+        while True:
+            statuses = rank_statuses(tmp_path)
+            if len(statuses) == 2 and all((s.get("step") or 0) >= 2 for s in statuses.values()):
+                break
+            assert job.poll() is None, job.communicate()[1][-3000:]
+            assert time.time() < deadline, "the job did not reach step 3"
+            time.sleep(0.2)
+        pids = [s["pid"] for s in statuses.values()]
+        job.send_signal(sig)
+        _, stderr = job.communicate(timeout=60)
+        assert job.returncode == 128 + sig, (job.returncode, stderr[-3000:])
+        assert "Traceback" not in stderr, stderr[-3000:]
+        assert f"ciera train: interrupted ({sig.name}); the ranks were ended" in stderr.strip().splitlines()[-1], stderr
+        time.sleep(1)
+        assert not [p for p in pids if process_alive(p)], "ranks left running"
+    finally:
+        if job.poll() is None:
+            job.kill()
+        for pid in pids:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -3,14 +3,17 @@ lab), draws their progress from the metrics rank 0 appends, and renders the summ
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 from ciera.train import checkpoint, options
@@ -88,9 +91,15 @@ def launch(args, argv: list[str]) -> int:
     cmd = [*launcher, *child]
     log_path = run_dir / "log.txt"
     watch = Watch(run_dir, args.ranks)
-    with open(log_path, "w") as log:
+    with open(log_path, "w") as log, _interruptible() as interrupted:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        status = follow(proc, run_dir / "metrics.jsonl", args, watch)
+        try:
+            status = follow(proc, run_dir / "metrics.jsonl", args, watch)
+        except (KeyboardInterrupt, _Terminated):
+            _end(proc)
+            name = signal.Signals(interrupted.signum).name
+            sys.stderr.write(f"\nciera train: interrupted ({name}); the ranks were ended (their output: {log_path})\n")
+            return 128 + interrupted.signum
     (run_dir / "rendezvous").unlink(missing_ok=True)  # the ranks' torch.distributed store
     summary_path = run_dir / "summary.json"
     if status != 0 or not summary_path.is_file():
@@ -125,6 +134,48 @@ def launch(args, argv: list[str]) -> int:
         line = {k: v for k, v in summary.items() if k not in ("selection", "selection_table")}
         print(json.dumps(line, separators=(",", ":")))
     return exit_status(summary)
+
+
+class _Terminated(Exception):
+    """SIGTERM (a scheduler's, `timeout`'s) while the ranks run, raised in the launcher's loop."""
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """While the ranks run: SIGINT raises KeyboardInterrupt and SIGTERM _Terminated in the
+    launcher, which then ends the rank launcher (mpirun, torchrun) and its ranks, instead of
+    exiting alone and leaving them training in the run folder. Yields the signal's number."""
+    caught = types.SimpleNamespace(signum=signal.SIGINT)
+
+    def on_sigint(signum, frame):
+        caught.signum = signum
+        raise KeyboardInterrupt
+
+    def on_sigterm(signum, frame):
+        caught.signum = signum
+        raise _Terminated
+
+    before = signal.signal(signal.SIGINT, on_sigint), signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Ends the rank launcher: SIGTERM, which mpirun and torchrun pass on to their ranks (and
+    SIGCONT, so that a stopped one takes it), then SIGKILL if it has not exited in 30 s."""
+    for sig in (signal.SIGTERM, signal.SIGCONT):
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            return
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def exit_status(summary: dict) -> int:
