@@ -91,6 +91,50 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_in_one_line(uninterru
     assert not (tmp_path / "runs").exists()   # refused before a run folder was made
 
 
+def _damaged(step: Path, tmp_path: Path, damage) -> Path:
+    """A copy of the checkpoint folder `step`, with `damage(copy)` done to it."""
+    import shutil
+
+    copy = tmp_path / "damaged" / step.name
+    shutil.rmtree(copy.parent, ignore_errors=True)
+    shutil.copytree(step, copy)
+    damage(copy)
+    return copy
+
+
+def _truncate(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def _edit(meta: Path, **fields) -> None:
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), **fields}))
+
+
+def test_a_damaged_or_unfit_checkpoint_is_refused_before_any_rank_starts(uninterrupted, tmp_path):
+    """Files the load would read, missing or cut short, were found only inside the ranks (one
+    line naming no file: "CheckpointException ranks:dict_keys([0, 1])"); a run with --budget-mb
+    from a checkpoint written without it trained, reported every shard selected, compressed
+    none, and ended in a traceback."""
+    _, run_dir = uninterrupted
+    step6 = run_dir / "checkpoints" / "step-000006"
+    cases = [
+        (lambda d: (d / "rng-rank1.pt").unlink(), "rng-rank1.pt is missing (rank 1's RNG state)"),
+        (lambda d: _truncate(d / "rng-rank0.pt", 100), "rng-rank0.pt is damaged"),
+        (lambda d: (d / "__1_0.distcp").unlink(), "__1_0.distcp is missing (.metadata names it)"),
+        (lambda d: _truncate(d / "__0_0.distcp", 1000), "__0_0.distcp is 1000 bytes, but .metadata reads it"),
+        (lambda d: _truncate(d / ".metadata", 1000), ".metadata is damaged"),
+        (lambda d: _edit(d / "ciera-checkpoint.json", steps_done=-3), "says -3 steps were done"),
+    ]
+    for damage, reason in cases:
+        done = _train(*TINY, "--steps", 12, "--resume", _damaged(step6, tmp_path, damage), "--out",
+                      tmp_path / "runs", timeout=120)
+        assert done.returncode == 2 and reason in done.stderr, (reason, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    done = _train(*TINY, "--steps", 12, "--budget-mb", 1, "--resume", step6, "--out", tmp_path / "runs", timeout=120)
+    assert done.returncode == 2 and "written without the selector of ciera" in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_selector_state_continues_in_a_fresh_engine():
     for r in all_ok(spawn(w.selector_resume, 2)):
         assert r["step"] == 6 and r["selection_step"] == 3 and r["carried"], r

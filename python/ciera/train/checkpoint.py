@@ -101,9 +101,55 @@ def check_resume(args) -> int:
     if missing:
         raise SystemExit(f"{where}: holds the trainings {', '.join(saved)}, not {', '.join(missing)} "
                          "(resume with the same --no-baseline / --ablation)")
+    named = folder.name.removeprefix("step-")
+    if done < 1 or (folder.name.startswith("step-") and named.isdigit() and int(named) != done):
+        raise SystemExit(f"{where}: {METADATA} says {done} steps were done, which its folder's name does not")
     if args.steps <= done:
         raise SystemExit(f"{where}: --steps {args.steps} must exceed the {done} steps the checkpoint has done")
+    # The selectors this run has (rank.py's variants): a run written without one has no
+    # statistics to go on from, and a selector past its warmup would never select.
+    selecting = ["bsc", "ciera"] if args.ablation else ["ciera"] if args.budget_mb is not None else []
+    selectors = meta.get("selectors") or {}
+    missing = [name for name in selecting if name not in selectors]
+    if missing:
+        raise SystemExit(f"{where}: written without the selector of {', '.join(missing)} (a run without "
+                         "--budget-mb); resume it without --budget-mb, or start a new run with it")
+    _check_files(folder, ranks, where)
     return done
+
+
+def _check_files(folder: Path, ranks: int, where: str) -> None:
+    """The files a load reads, there and whole, before any rank starts: each rank's RNG state,
+    the .metadata of torch.distributed.checkpoint, and every byte range it names. (A byte
+    changed inside a .distcp file is not found: torch keeps no checksum of them.)"""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+
+    def first_line(error: Exception) -> str:
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+
+    for rank in range(ranks):
+        rng = folder / f"rng-rank{rank}.pt"
+        if not rng.is_file():
+            raise SystemExit(f"{where}: {rng.name} is missing (rank {rank}'s RNG state)")
+        try:
+            torch.load(rng, weights_only=True)
+        except Exception as error:  # noqa: BLE001 - whatever torch.load raises, the file is damaged
+            raise SystemExit(f"{where}: {rng.name} is damaged ({first_line(error)})") from None
+    try:
+        storage = FileSystemReader(str(folder)).read_metadata().storage_data
+    except Exception as error:  # noqa: BLE001 - as above
+        raise SystemExit(f"{where}: .metadata is damaged ({first_line(error)})") from None
+    ends: dict[str, int] = {}
+    for info in storage.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        path = folder / name
+        if not path.is_file():
+            raise SystemExit(f"{where}: {name} is missing (.metadata names it)")
+        if path.stat().st_size < end:
+            raise SystemExit(f"{where}: {name} is {path.stat().st_size} bytes, but .metadata reads it up to byte "
+                             f"{end} (truncated)")
 
 
 def _training_state(run) -> dict:
@@ -154,9 +200,6 @@ def load(program, runs: dict, handles: dict, folder: Path) -> int:
                        optim_state_dict=state[name]["optimizer"])
     torch.set_rng_state(torch.load(folder / f"rng-rank{program.rank}.pt"))
     for name, handle in handles.items():
-        if handle.selector is not None:
-            # A checkpoint of a run without a selector (no --budget-mb) gives only the step count.
-            handle.selector.load_state_dict(meta["selectors"].get(name) or {
-                "step": meta["steps_done"], "selection_step": None, "history": [], "counts": None,
-                "selected_from": None})
+        if handle.selector is not None:   # check_resume found its state in the checkpoint
+            handle.selector.load_state_dict(meta["selectors"][name])
     return int(meta["steps_done"])
