@@ -25,6 +25,30 @@ def _env():
     return dict(os.environ, PYTHONPATH=str(Path(ciera.__file__).resolve().parents[1]))
 
 
+def _kill_leftovers(job: subprocess.Popen, pids: list) -> None:
+    """After a test: the job and its ranks, if any is left (only when the test has failed)."""
+    if job.poll() is None:
+        job.kill()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _when_every_rank_reaches(job: subprocess.Popen, out: Path, ranks: int, steps: int) -> dict:
+    """The rank statuses of the `ciera train` job writing under `out`, once each of its `ranks`
+    ranks has done `steps` steps; fails the test if the job ends first or takes 300 s."""
+    deadline = time.time() + 300
+    while True:
+        statuses = rank_statuses(out)
+        if len(statuses) == ranks and all((s.get("step") or 0) >= steps for s in statuses.values()):
+            return statuses
+        assert job.poll() is None, job.communicate()[1][-3000:]
+        assert time.time() < deadline, f"the job did not reach step {steps + 1}"
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("transport,launcher", [("mpi", "mpirun"), ("torch", "mpirun"), ("torch", "torchrun")])
 @pytest.mark.parametrize("fault", ["stop", "kill"])
 def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport, launcher, fault):
@@ -39,14 +63,7 @@ def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport
     pids = []
     try:
         # Wait until every rank trains with compression on (past warmup), then hit one.
-        deadline = time.time() + 300
-        while True:
-            statuses = rank_statuses(tmp_path)
-            if len(statuses) == 3 and all((s.get("step") or 0) >= 4 for s in statuses.values()):
-                break
-            assert job.poll() is None, job.communicate()[1][-3000:]
-            assert time.time() < deadline, "the job did not reach step 5"
-            time.sleep(0.2)
+        statuses = _when_every_rank_reaches(job, tmp_path, 3, 4)
         pids = [s["pid"] for s in statuses.values()]
         os.kill(statuses[victim]["pid"], signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
         hit = time.time()
@@ -71,13 +88,7 @@ def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport
         time.sleep(1)
         assert not [p for p in pids if process_alive(p)], "ranks left running"
     finally:
-        if job.poll() is None:
-            job.kill()
-        for pid in pids:  # only reached with processes left when the test has failed
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_leftovers(job, pids)
 
 
 def _ranks_of(marker: str) -> list[int]:
@@ -128,13 +139,7 @@ def test_a_stopped_rank_ends_bench_allgather(tmp_path):
         time.sleep(1)
         assert not [p for p in pids if process_alive(p)], "ranks left running"
     finally:
-        if job.poll() is None:
-            job.kill()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_leftovers(job, pids)
 
 
 # What each rank prints when the last rank stops at that point (mpi_stall_worker.py's WHERE).
@@ -200,15 +205,7 @@ def test_a_signal_to_the_launcher_ends_the_ranks_too(tmp_path, launcher, sig):
                            start_new_session=True)
     pids = []
     try:
-        deadline = time.time() + 300
-        while True:
-            statuses = rank_statuses(tmp_path)
-            if len(statuses) == 2 and all((s.get("step") or 0) >= 2 for s in statuses.values()):
-                break
-            assert job.poll() is None, job.communicate()[1][-3000:]
-            assert time.time() < deadline, "the job did not reach step 3"
-            time.sleep(0.2)
-        pids = [s["pid"] for s in statuses.values()]
+        pids = [s["pid"] for s in _when_every_rank_reaches(job, tmp_path, 2, 2).values()]
         job.send_signal(sig)
         _, stderr = job.communicate(timeout=60)
         assert job.returncode == 128 + sig, (job.returncode, stderr[-3000:])
@@ -217,8 +214,4 @@ def test_a_signal_to_the_launcher_ends_the_ranks_too(tmp_path, launcher, sig):
         time.sleep(1)
         assert not [p for p in pids if process_alive(p)], "ranks left running"
     finally:
-        if job.poll() is None:
-            job.kill()
-        for pid in pids:
-            if process_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_leftovers(job, pids)
