@@ -96,6 +96,8 @@ def launch(args, argv: list[str]) -> int:
         try:
             status = follow(proc, run_dir / "metrics.jsonl", args, watch)
         except (KeyboardInterrupt, _Terminated):
+            for sig in (signal.SIGINT, signal.SIGTERM):   # a second one must not cut the ending short
+                signal.signal(sig, signal.SIG_IGN)
             _end(proc)
             name = signal.Signals(interrupted.signum).name
             sys.stderr.write(f"\nciera train: interrupted ({name}); the ranks were ended (their output: {log_path})\n")
