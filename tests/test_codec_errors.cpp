@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -119,6 +120,32 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(ExponentCoding::kFine, ExponentCoding::kBlock),
                        ::testing::Values(DType::kBF16, DType::kFP16, DType::kFP32),
                        ::testing::Bool()));
+
+// A moved-from encoder or decoder says so (std::logic_error naming the class) instead of
+// dereferencing null.
+TEST(DecoderSafety, MovedFromCodecsSaySo) {
+  const CodecConfig c = config_for(ExponentCoding::kFine, DType::kBF16);
+  ShardEncoder encoder(c, 1000);
+  ShardDecoder decoder(c, 1000);
+  ShardEncoder encoder2(std::move(encoder));
+  ShardDecoder decoder2(std::move(decoder));
+  EXPECT_EQ(encoder2.num_values(), 1000u);
+  EXPECT_EQ(decoder2.num_values(), 1000u);
+  const auto says_moved_from = [](const std::function<void()>& use, const std::string& name) {
+    try {
+      use();
+      ADD_FAILURE() << "a moved-from " << name << " answered";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find(name + ": used after it was moved from"),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  // NOLINTBEGIN(bugprone-use-after-move): the behaviour under test
+  says_moved_from([&] { encoder.request_key_frame(); }, "ShardEncoder");
+  says_moved_from([&] { (void)decoder.has_cache(); }, "ShardDecoder");
+  // NOLINTEND(bugprone-use-after-move)
+}
 
 // Shards of at least format::kStreamingBytes are assembled in L1 and streamed out past the caches;
 // a corrupted frame must still leave the cache as it was (the fine changes already applied to it

@@ -781,6 +781,25 @@ TEST(CollectivesConfig, NamesAndValidation) {
   }
 }
 
+// A moved-from object says so (std::logic_error naming the class) instead of dereferencing null;
+// the object it moved into works, and the moved-from one can be assigned to again.
+TEST(CollectivesConfig, AMovedFromObjectSaysSo) {
+  auto world = make_loopback_world(1);
+  LosslessCollectives first(make_loopback_transport(world, 0));
+  LosslessCollectives second(std::move(first));
+  EXPECT_EQ(second.size(), 1);
+  try {
+    (void)first.rank();  // NOLINT(bugprone-use-after-move): the behaviour under test
+    ADD_FAILURE() << "a moved-from LosslessCollectives answered";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("LosslessCollectives: used after it was moved from"),
+              std::string::npos)
+        << e.what();
+  }
+  first = std::move(second);
+  EXPECT_EQ(first.rank(), 0);
+}
+
 // Holds a one-worker pool's worker in a task of `group` until release().
 class HeldWorker {
  public:

@@ -146,6 +146,7 @@ class ShardEncoder {
   struct Impl;
   ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity,
                bool one_shot);
+  Impl& state() const;  // std::logic_error once moved from
   std::unique_ptr<Impl> impl_;
 };
 
@@ -196,6 +197,7 @@ class ShardDecoder {
   struct Impl;
   ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected,
                bool one_shot);
+  Impl& state() const;  // std::logic_error once moved from
   std::unique_ptr<Impl> impl_;
 };
 

@@ -152,6 +152,7 @@ class LosslessCollectives {
 
  private:
   struct Impl;
+  Impl& state() const;  // std::logic_error once moved from
   std::unique_ptr<Impl> impl_;
 };
 

@@ -83,6 +83,7 @@ class ShardEncoder {
 
  private:
   struct Impl;
+  Impl& state() const;  // std::logic_error once moved from
   std::unique_ptr<Impl> impl_;
 };
 
@@ -125,6 +126,7 @@ class ShardDecoder {
 
  private:
   struct Impl;
+  Impl& state() const;  // std::logic_error once moved from
   std::unique_ptr<Impl> impl_;
 };
 

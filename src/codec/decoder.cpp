@@ -23,6 +23,7 @@
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
 #include "common/huge_pages.hpp"
+#include "common/moved_from.hpp"
 #include "entropy/rans_core.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/content_checksum.hpp"
@@ -617,35 +618,36 @@ ShardDecoder ShardDecoder::one_shot(const CodecConfig& config, uint64_t num_valu
   return ShardDecoder(config, num_values, expected, true);
 }
 ShardDecoder::~ShardDecoder() = default;
+ShardDecoder::Impl& ShardDecoder::state() const { return live_state(impl_, "ShardDecoder"); }
 ShardDecoder::ShardDecoder(ShardDecoder&&) noexcept = default;
 ShardDecoder& ShardDecoder::operator=(ShardDecoder&&) noexcept = default;
 
 FrameStats ShardDecoder::decode(std::span<const std::byte> payload, std::span<std::byte> shard) {
-  const uint64_t expected = impl_->grid.num_values * impl_->info.value_bytes;
+  const uint64_t expected = state().grid.num_values * state().info.value_bytes;
   if (shard.size() != expected) {
     throw std::invalid_argument("ShardDecoder::decode: output is " + std::to_string(shard.size()) +
                                 " bytes, expected " + std::to_string(expected));
   }
-  return impl_->decode(reinterpret_cast<const uint8_t*>(payload.data()), payload.size(),
-                       reinterpret_cast<uint8_t*>(shard.data()));
+  return state().decode(reinterpret_cast<const uint8_t*>(payload.data()), payload.size(),
+                        reinterpret_cast<uint8_t*>(shard.data()));
 }
 
-void ShardDecoder::request_resync() { impl_->resync_requested = true; }
+void ShardDecoder::request_resync() { state().resync_requested = true; }
 
 void ShardDecoder::reset() {
-  impl_->has_cache = false;
-  impl_->resync_requested = true;
+  state().has_cache = false;
+  state().resync_requested = true;
 }
 
-bool ShardDecoder::has_cache() const { return impl_->has_cache; }
-uint32_t ShardDecoder::stream() const { return impl_->stream_id; }
-uint32_t ShardDecoder::epoch() const { return impl_->epoch; }
-uint64_t ShardDecoder::last_sequence() const { return impl_->last_sequence; }
-uint64_t ShardDecoder::num_values() const { return impl_->grid.num_values; }
-const CodecConfig& ShardDecoder::config() const { return impl_->config; }
+bool ShardDecoder::has_cache() const { return state().has_cache; }
+uint32_t ShardDecoder::stream() const { return state().stream_id; }
+uint32_t ShardDecoder::epoch() const { return state().epoch; }
+uint64_t ShardDecoder::last_sequence() const { return state().last_sequence; }
+uint64_t ShardDecoder::num_values() const { return state().grid.num_values; }
+const CodecConfig& ShardDecoder::config() const { return state().config; }
 size_t ShardDecoder::cache_bytes() const {
-  return impl_->cache.size() + impl_->values_cache.size();
+  return state().cache.size() + state().values_cache.size();
 }
-std::span<const uint8_t> ShardDecoder::cached_exponents() const { return impl_->cache; }
+std::span<const uint8_t> ShardDecoder::cached_exponents() const { return state().cache; }
 
 }  // namespace ciera

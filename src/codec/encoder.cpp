@@ -20,6 +20,7 @@
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
 #include "common/huge_pages.hpp"
+#include "common/moved_from.hpp"
 #include "entropy/rans_core.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/content_checksum.hpp"
@@ -533,11 +534,12 @@ ShardEncoder ShardEncoder::one_shot(const CodecConfig& config, uint64_t num_valu
   return ShardEncoder(config, num_values, identity, true);
 }
 ShardEncoder::~ShardEncoder() = default;
+ShardEncoder::Impl& ShardEncoder::state() const { return live_state(impl_, "ShardEncoder"); }
 ShardEncoder::ShardEncoder(ShardEncoder&&) noexcept = default;
 ShardEncoder& ShardEncoder::operator=(ShardEncoder&&) noexcept = default;
 
 FrameStats ShardEncoder::encode(std::span<const std::byte> shard, std::span<std::byte> payload) {
-  const uint64_t expected = impl_->grid.num_values * impl_->info.value_bytes;
+  const uint64_t expected = state().grid.num_values * state().info.value_bytes;
   if (shard.size() != expected) {
     throw std::invalid_argument("ShardEncoder::encode: shard is " + std::to_string(shard.size()) +
                                 " bytes, expected " + std::to_string(expected));
@@ -547,26 +549,24 @@ FrameStats ShardEncoder::encode(std::span<const std::byte> shard, std::span<std:
                                 std::to_string(payload.size()) + " bytes, needs " +
                                 std::to_string(max_payload_bytes()));
   }
-  return impl_->encode(reinterpret_cast<const uint8_t*>(shard.data()),
-                       reinterpret_cast<uint8_t*>(payload.data()), payload.size());
+  return state().encode(reinterpret_cast<const uint8_t*>(shard.data()),
+                        reinterpret_cast<uint8_t*>(payload.data()), payload.size());
 }
 
-void ShardEncoder::request_key_frame() {
-  impl_->schedule.request_key_frame();
-}
+void ShardEncoder::request_key_frame() { state().schedule.request_key_frame(); }
 
-uint64_t ShardEncoder::num_values() const { return impl_->grid.num_values; }
+uint64_t ShardEncoder::num_values() const { return state().grid.num_values; }
 size_t ShardEncoder::max_payload_bytes() const {
-  return ciera::max_payload_bytes(impl_->config.dtype, impl_->grid.num_values,
-                                  impl_->grid.block_values);
+  return ciera::max_payload_bytes(state().config.dtype, state().grid.num_values,
+                                  state().grid.block_values);
 }
-const CodecConfig& ShardEncoder::config() const { return impl_->config; }
-uint32_t ShardEncoder::stream() const { return impl_->stream_id; }
-uint32_t ShardEncoder::epoch() const { return impl_->schedule.epoch; }
-uint64_t ShardEncoder::next_sequence() const { return impl_->schedule.sequence; }
+const CodecConfig& ShardEncoder::config() const { return state().config; }
+uint32_t ShardEncoder::stream() const { return state().stream_id; }
+uint32_t ShardEncoder::epoch() const { return state().schedule.epoch; }
+uint64_t ShardEncoder::next_sequence() const { return state().schedule.sequence; }
 size_t ShardEncoder::cache_bytes() const {
-  return impl_->sent_exponents.size() + impl_->sent_hashes.size() * sizeof(BlockHash) +
-         impl_->sent_values.size();
+  return state().sent_exponents.size() + state().sent_hashes.size() * sizeof(BlockHash) +
+         state().sent_values.size();
 }
 
 }  // namespace ciera

@@ -36,6 +36,7 @@
 #include "collectives/slice_coding.hpp"
 #include "common/adaptive_switch.hpp"
 #include "common/checked.hpp"
+#include "common/moved_from.hpp"
 #include "common/poll.hpp"
 #include "common/thread_pool.hpp"
 
@@ -579,27 +580,30 @@ LosslessCollectives::LosslessCollectives(std::shared_ptr<Transport> transport,
   impl_->world = impl_->transport->size();
 }
 LosslessCollectives::~LosslessCollectives() = default;
+LosslessCollectives::Impl& LosslessCollectives::state() const {
+  return live_state(impl_, "LosslessCollectives");
+}
 LosslessCollectives::LosslessCollectives(LosslessCollectives&&) noexcept = default;
 LosslessCollectives& LosslessCollectives::operator=(LosslessCollectives&&) noexcept = default;
 
-const CollectivesConfig& LosslessCollectives::config() const { return impl_->config; }
-int LosslessCollectives::rank() const { return impl_->rank; }
-int LosslessCollectives::size() const { return impl_->world; }
+const CollectivesConfig& LosslessCollectives::config() const { return state().config; }
+int LosslessCollectives::rank() const { return state().rank; }
+int LosslessCollectives::size() const { return state().world; }
 
 void LosslessCollectives::refuse_reduce_scatter(const std::string& reason) {
-  impl_->reject(CallKind::kReduceScatter, DType::kBF16,
-                reason.empty() ? "reduce_scatter: refused by its caller" : reason);
+  state().reject(CallKind::kReduceScatter, DType::kBF16,
+                 reason.empty() ? "reduce_scatter: refused by its caller" : reason);
 }
 
 void LosslessCollectives::refuse_alltoallv(const std::string& reason) {
-  impl_->reject(CallKind::kAlltoallv, DType::kBF16,
-                reason.empty() ? "alltoallv: refused by its caller" : reason);
+  state().reject(CallKind::kAlltoallv, DType::kBF16,
+                 reason.empty() ? "alltoallv: refused by its caller" : reason);
 }
 
 CollectiveStats LosslessCollectives::reduce_scatter(DType dtype, ReduceOp op,
                                                     std::span<const std::byte> in,
                                                     std::span<std::byte> out) {
-  Impl& m = *impl_;
+  Impl& m = state();
   m.check_codes(CallKind::kReduceScatter, dtype, op, "reduce_scatter");
   const uint32_t value_bytes = dtype_info(dtype).value_bytes;
   const auto world = static_cast<size_t>(m.world);
@@ -650,7 +654,7 @@ CollectiveStats LosslessCollectives::alltoallv(DType dtype, std::span<const std:
                                                std::span<const uint64_t> send_values,
                                                std::span<std::byte> out,
                                                std::span<const uint64_t> recv_values) {
-  Impl& m = *impl_;
+  Impl& m = state();
   m.check_codes(CallKind::kAlltoallv, dtype, ReduceOp::kSum, "alltoallv");
   const uint32_t value_bytes = dtype_info(dtype).value_bytes;
   const auto world = static_cast<size_t>(m.world);

@@ -10,6 +10,7 @@
 #include "ciera/cuda.hpp"
 #include "ciera/error.hpp"
 #include "codec/device_decode.hpp"
+#include "common/moved_from.hpp"
 #include "format/xxh3.hpp"
 #include "launch.cuh"
 
@@ -82,12 +83,13 @@ struct ShardDecoder::Impl {
 ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected)
     : impl_(std::make_unique<Impl>(config, num_values, expected)) {}
 ShardDecoder::~ShardDecoder() = default;
+ShardDecoder::Impl& ShardDecoder::state() const { return live_state(impl_, "cuda::ShardDecoder"); }
 ShardDecoder::ShardDecoder(ShardDecoder&&) noexcept = default;
 ShardDecoder& ShardDecoder::operator=(ShardDecoder&&) noexcept = default;
 
 void ShardDecoder::decode(const void* payload, uint64_t payload_bytes, void* shard, Stream stream) {
-  if (impl_->pending) check();
-  Impl& m = *impl_;
+  if (state().pending) check();
+  Impl& m = state();
   m.after_previous(stream);  // a request_resync() or reset() on another stream comes first
   codec::device::Buffers b;
   b.payload = static_cast<const uint8_t*>(payload);
@@ -117,7 +119,7 @@ void ShardDecoder::decode(const void* payload, uint64_t payload_bytes, void* sha
 }
 
 void ShardDecoder::check() {
-  Impl& m = *impl_;
+  Impl& m = state();
   if (!m.pending) return;
   check_cuda(cudaEventSynchronize(m.done), "decode");
   m.pending = false;
@@ -129,7 +131,7 @@ void ShardDecoder::check() {
 
 void ShardDecoder::request_resync(Stream stream) {
   static const uint32_t one = 1;
-  Impl& m = *impl_;
+  Impl& m = state();
   m.after_previous(stream);  // after a pending frame's commit, which clears the request
   check_cuda(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(m.state.p) +
                                  offsetof(codec::device::DecodeState, resync_requested),
@@ -139,7 +141,7 @@ void ShardDecoder::request_resync(Stream stream) {
 
 void ShardDecoder::reset(Stream stream) {
   static const uint32_t zero = 0;
-  Impl& m = *impl_;
+  Impl& m = state();
   m.after_previous(stream);
   check_cuda(cudaMemcpyAsync(reinterpret_cast<uint8_t*>(m.state.p) +
                                  offsetof(codec::device::DecodeState, has_cache),
@@ -148,7 +150,7 @@ void ShardDecoder::reset(Stream stream) {
 }
 
 uint32_t ShardDecoder::epoch() const {
-  Impl& m = *impl_;
+  Impl& m = state();
   check_cuda(cudaEventSynchronize(m.done), "decoder epoch");
   codec::device::DecodeState state;
   cudaStream_t setup = detail::thread_stream();
@@ -157,8 +159,8 @@ uint32_t ShardDecoder::epoch() const {
   return state.epoch;
 }
 
-uint64_t ShardDecoder::num_values() const { return impl_->c.num_values; }
-size_t ShardDecoder::cache_bytes() const { return cache_bytes_of(impl_->c); }
+uint64_t ShardDecoder::num_values() const { return state().c.num_values; }
+size_t ShardDecoder::cache_bytes() const { return cache_bytes_of(state().c); }
 
 namespace {
 std::vector<uint8_t> copy_out(const detail::DeviceMemory& from, uint64_t bytes, cudaEvent_t after) {
@@ -174,12 +176,12 @@ std::vector<uint8_t> copy_out(const detail::DeviceMemory& from, uint64_t bytes, 
 }  // namespace
 
 std::vector<uint8_t> ShardDecoder::cached_exponents() const {
-  const Impl& m = *impl_;
+  const Impl& m = state();
   return copy_out(m.cache, m.c.value_delta ? 0 : m.c.num_values, m.done);
 }
 
 std::vector<uint8_t> ShardDecoder::cached_values() const {
-  const Impl& m = *impl_;
+  const Impl& m = state();
   return copy_out(m.values, m.c.value_delta ? m.c.num_values * m.c.value_bytes : 0, m.done);
 }
 

@@ -9,6 +9,7 @@
 #include "ciera/cuda.hpp"
 #include "codec/device_encode.hpp"
 #include "codec/frame_schedule.hpp"
+#include "common/moved_from.hpp"
 #include "entropy/stream_writer_hd.hpp"
 #include "format/xxh3.hpp"
 #include "launch.cuh"
@@ -79,11 +80,12 @@ struct ShardEncoder::Impl {
 ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity)
     : impl_(std::make_unique<Impl>(config, num_values, identity)) {}
 ShardEncoder::~ShardEncoder() = default;
+ShardEncoder::Impl& ShardEncoder::state() const { return live_state(impl_, "cuda::ShardEncoder"); }
 ShardEncoder::ShardEncoder(ShardEncoder&&) noexcept = default;
 ShardEncoder& ShardEncoder::operator=(ShardEncoder&&) noexcept = default;
 
 void ShardEncoder::encode(const void* shard, void* payload, uint64_t* payload_bytes, Stream s) {
-  Impl& m = *impl_;
+  Impl& m = state();
   // Frames use the same scratch and state: one waits for the one before, whatever its stream.
   check_cuda(cudaStreamWaitEvent(s, m.done, 0), "stream wait");
   codec::device::set_frame(m.c, m.schedule.next_is_key(), m.stream, m.schedule.epoch, m.schedule.sequence);
@@ -129,15 +131,15 @@ void ShardEncoder::encode(const void* shard, void* payload, uint64_t* payload_by
 }
 
 uint64_t ShardEncoder::payload_bytes() {
-  check_cuda(cudaEventSynchronize(impl_->done), "encode");
-  return *impl_->length;
+  check_cuda(cudaEventSynchronize(state().done), "encode");
+  return *state().length;
 }
 
-void ShardEncoder::request_key_frame() { impl_->schedule.request_key_frame(); }
+void ShardEncoder::request_key_frame() { state().schedule.request_key_frame(); }
 
-uint64_t ShardEncoder::num_values() const { return impl_->c.num_values; }
-size_t ShardEncoder::max_payload_bytes() const { return impl_->c.capacity; }
-uint32_t ShardEncoder::epoch() const { return impl_->schedule.epoch; }
-uint64_t ShardEncoder::next_sequence() const { return impl_->schedule.sequence; }
+uint64_t ShardEncoder::num_values() const { return state().c.num_values; }
+size_t ShardEncoder::max_payload_bytes() const { return state().c.capacity; }
+uint32_t ShardEncoder::epoch() const { return state().schedule.epoch; }
+uint64_t ShardEncoder::next_sequence() const { return state().schedule.sequence; }
 
 }  // namespace ciera::cuda
