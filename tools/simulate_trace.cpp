@@ -14,8 +14,9 @@ namespace {
 
 using namespace ciera::sim;
 
+// `measured` is positive: the trace reader refuses any other.
 double relative_error(double predicted, double measured) {
-  return measured > 0 ? (predicted - measured) / measured : 0.0;
+  return (predicted - measured) / measured;
 }
 
 std::string percent_text(double error) {
@@ -24,7 +25,7 @@ std::string percent_text(double error) {
 
 nlohmann::json fit_json(const std::optional<CostCurve>& c) {
   if (!c) return nullptr;
-  return {{"alpha_s", c->alpha_s}, {"GBps", c->bytes_per_s / 1e9}};
+  return {{"alpha_s", c->alpha_s}, {"GBps", c->bytes_per_s / 1e9}, {"sizes", c->sizes}};
 }
 
 nlohmann::json topology_json(const Trace& t) {
@@ -137,6 +138,13 @@ void print_trace_setup(const Request& request, const TraceResult& r, std::ostrea
       << "schedule: baseline " << (p.baseline_overlap ? "overlapped" : "sequential") << ", CIERA "
       << (p.ciera_overlap ? "overlapped" : "sequential") << " (overlapped: prefetch depth "
       << request.prefetch << "); reduce-scatters block; B = " << t.block_values << "\n";
+  for (const auto& [name, curve] :
+       {std::pair{"allgather", &p.allgather}, {"reduce-scatter", &p.reduce_scatter}}) {
+    if (curve->sizes == 1) {
+      out << "note: the " << name << " points are of one size: its curve goes through the origin "
+          << "and every other size is extrapolated at that rate\n";
+    }
+  }
   if (p.probe_allgather) {
     out << "comm_probe (micro-benchmark, not used): allgather "
         << fixed(p.probe_allgather->alpha_s * 1e3, 3) << " ms + bytes / "
@@ -158,13 +166,7 @@ void print_trace_setup(const Request& request, const TraceResult& r, std::ostrea
 }
 
 void print_trace_prediction(const TraceResult& r, std::ostream& out) {
-  const Trace& t = r.input->trace;
   const TracePrediction& p = r.prediction;
-  double raw = 0, wire = 0;
-  for (const TraceBucket& b : t.buckets) {
-    raw += b.raw_bytes;
-    wire += std::min(b.wire_bytes, b.raw_bytes);
-  }
   std::vector<std::string> header = {"predicted"};
   for (const auto& h : kBreakdownHeader) header.push_back(h);
   Table table(header);
@@ -174,7 +176,10 @@ void print_trace_prediction(const TraceResult& r, std::ostream& out) {
   row = {"CIERA"};
   for (auto& cell : breakdown_cells(p.ciera)) row.push_back(cell);
   table.add(row);
-  const double byte_ratio = wire > 0 ? raw / wire : 1.0;
+  // Over a step's gathers (gathers_per_step of each bucket, the backward ones at their post-forward
+  // size), each coded one at its wire bytes or, if not smaller, raw: as the prediction sends them.
+  const double byte_ratio =
+      p.ciera.allgather_bytes > 0 ? p.baseline.allgather_bytes / p.ciera.allgather_bytes : 1.0;
   out << table.render() << "predicted speedup " << fixed(p.baseline.total_s / p.ciera.total_s, 3)
       << "x; allgather byte ratio " << fixed(byte_ratio, 3) << "x";
   if (p.baseline_overlap == p.ciera_overlap) {  // else the schedule, not bytes, differs too

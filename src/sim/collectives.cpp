@@ -99,6 +99,7 @@ CostCurve fit_cost_curve(const std::vector<CostPoint>& points, const std::string
   }
   curve.alpha_s = intercept;
   curve.bytes_per_s = 1.0 / slope;
+  curve.sizes = static_cast<int>(sizes.size());
   return curve;
 }
 

@@ -97,6 +97,7 @@ struct CostPoint {
 struct CostCurve {
   double alpha_s = 0;
   double bytes_per_s = 0;
+  int sizes = 0;  // distinct sizes fitted (one: through the origin, any other size extrapolated)
   double seconds(double bytes) const { return bytes > 0 ? alpha_s + bytes / bytes_per_s : 0.0; }
 };
 // Points of the same size (identical buckets) are averaged first, so each size weighs the same. A

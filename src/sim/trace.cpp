@@ -36,8 +36,9 @@ std::vector<CostPoint> read_optional_points(const Fields& comm, const char* key)
   return points;
 }
 
+// Positive: the error of a prediction is relative to these, and a step of no time measured none.
 MeasuredRun read_measured(const Fields& run) {
-  return {run.non_negative("iteration_s"), run.non_negative("allgather_s")};
+  return {run.positive("iteration_s"), run.positive("allgather_s")};
 }
 
 void read_schedule(const Fields& schedule, Trace& trace) {
@@ -103,6 +104,14 @@ TraceBucket read_bucket(const Fields& b) {
   if (b.has("post_forward_wire_bytes"))
     bucket.post_forward_wire_bytes = b.non_negative("post_forward_wire_bytes");
   if (b.has("allreduce_bytes")) bucket.allreduce_bytes = b.non_negative("allreduce_bytes");
+  // A coded gather sends at least its headers: none of a bucket that has bytes is a wrong trace
+  // (it would predict a gather that costs nothing).
+  if (bucket.raw_bytes > 0 && bucket.wire_bytes == 0)
+    b.fail("field \"" + b.path_of("wire_bytes") + "\"", "must be above 0 where raw_bytes is");
+  if (bucket.raw_bytes > 0 && bucket.post_forward_wire_bytes == 0.0) {
+    b.fail("field \"" + b.path_of("post_forward_wire_bytes") + "\"",
+           "must be above 0 where raw_bytes is");
+  }
   const Json& shards = b.array("shards");
   for (size_t k = 0; k < shards.size(); ++k)
     bucket.shards.push_back(read_shard(b.element(shards, "shards", k)));
