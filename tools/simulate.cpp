@@ -63,7 +63,10 @@ void check_values(const Options& o) {
                         ")");
     }
   }
-  if (o.dtype != "auto") parse_dtype(o.dtype);
+  if (o.dtype != "auto" && parse_dtype(o.dtype) == DType::kFP32) {
+    // The zoo's states, optimizer and baselines are those of 16-bit parameters (paper §4).
+    throw ConfigError("--dtype must be auto, bf16 or fp16 (projections are of 16-bit parameters)");
+  }
   if (o.seq_len < 1)
     throw ConfigError("--seq-len must be at least 1 (got " + std::to_string(o.seq_len) + ")");
   if (o.micro_batch < 1) {
@@ -85,11 +88,35 @@ void check_values(const Options& o) {
   if (o.mfu && !(*o.mfu > 0 && *o.mfu <= 1)) throw ConfigError("--mfu must be in (0, 1]");
   parse_algorithm(o.algorithm);
   parse_topologies(o.topologies);
+  for (size_t i = 0; i < o.gpus.size(); ++i) {
+    if (std::find(o.gpus.begin(), o.gpus.begin() + static_cast<std::ptrdiff_t>(i), o.gpus[i]) !=
+        o.gpus.begin() + static_cast<std::ptrdiff_t>(i))
+      throw ConfigError("--gpus: " + std::to_string(o.gpus[i]) + " is given twice");
+  }
+  if (!o.validate.empty() && !o.trace_file.empty())
+    throw ConfigError("--validate and --trace: give one (--validate takes every trace)");
   const bool predicts_traces = !o.validate.empty() || (!o.trace_file.empty() && o.model.empty());
   if (predicts_traces && o.topologies != std::vector<std::string>{"flat"}) {
     throw ConfigError(
         "--topology applies to projections (--model); a trace's placement is its \"topology\" "
         "field");
+  }
+  // A trace is predicted from its own measurements: an option of the projection would be ignored.
+  static const std::vector<std::string> projection_only = {
+      "--gpus",       "--baseline",      "--dtype",   "--seq-len",        "--micro-batch",
+      "--layers",     "--block",         "--cluster", "--cluster-config", "--gbit",
+      "--latency-ms", "--gpus-per-node", "--mfu",     "--algo",           "--no-checkpointing",
+      "--rates",      "--codec-bench"};
+  if (!o.validate.empty() && !o.model.empty())
+    throw ConfigError("--validate and --model: give one (--validate predicts the traced runs)");
+  for (const std::string& name : o.given) {
+    const bool applies_to_traces =
+        std::find(projection_only.begin(), projection_only.end(), name) == projection_only.end();
+    if (predicts_traces && !applies_to_traces) {
+      throw ConfigError(name + " applies to projections (--model); " +
+                        (o.validate.empty() ? "--trace alone" : "--validate") +
+                        " predicts from the trace's own measurements and setup");
+    }
   }
 }
 
@@ -348,7 +375,11 @@ void register_simulate(CLI::App& app, const std::string& command) {
   cmd->add_flag("--print-cluster-config", o->print_cluster_config,
                 "print the built-in cluster presets JSON");
   cmd->add_flag("--json", o->json, "print one JSON object on one line");
-  cmd->callback([o, command]() {
+  cmd->callback([o, command, cmd]() {
+    for (const CLI::Option* option : cmd->get_options()) {
+      if (option->count() > 0 && !option->get_lnames().empty())
+        o->given.push_back("--" + option->get_lnames().front());
+    }
     const simulate::Request request = parse_step([&] { return simulate::parse(*o, command); });
     throw CommandExit(simulate::run(request));
   });

@@ -37,6 +37,7 @@ struct Options {
   std::vector<std::string> validate;
   bool print_cluster_config = false;
   bool json = false;
+  std::vector<std::string> given;  // the options on the command line, by name ("--gbit")
 };
 
 // ---- Projection (--model) -------------------------------------------------------------------

@@ -1,12 +1,14 @@
 // `ciera simulate --model`: CIERA against ZeRO-3, ZeRO++, SDP4Bit and stateless exponent coding
 // on the model zoo, computed for every model x baseline x GPU count, then rendered as the speedup,
 // bound and breakdown tables or as one JSON object.
+#include <cmath>
 #include <iostream>
 #include <map>
 #include <optional>
 #include <tuple>
 #include <utility>
 
+#include "exit_status.hpp"
 #include "report.hpp"
 #include "simulate.hpp"
 
@@ -390,6 +392,15 @@ ProjectionResult compute_projection(const ProjectionRequest& p) {
                                                result.runs[cached->second].projection));
         }
       }
+    }
+  }
+  // Figures past double's range (a --gbit of 1e-320 passes "> 0") would print as nan or inf.
+  for (const ProjectionRun& run : result.runs) {
+    const double total = run.projection.breakdown.total_s;
+    if (!(std::isfinite(total) && total > 0)) {
+      throw UsageError(std::string(system_name(run.system)) + " on " + std::to_string(run.gpus) +
+                       " GPUs projects an iteration of " + std::to_string(total) +
+                       " s: a link, kernel or --mfu figure is too extreme for the model");
     }
   }
   return result;
