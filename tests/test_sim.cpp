@@ -395,6 +395,30 @@ TEST(SimSystems, SelectionSkipsTypesThatChangeEveryBlock) {
     EXPECT_FALSE(q.selected[static_cast<size_t>(type)]) << to_string(type);
 }
 
+// Detect and encode are overlapped, so BSC's rule ignores them; where the schedule cannot hide
+// them (kernels far slower than the links), the types they slow are dropped: CIERA is never
+// projected slower than ZeRO-3, whose gathers are its all-raw ones. Kernels as fast as the
+// preset keep every type the rule chose.
+TEST(SimSystems, SelectionDropsTypesWhoseEncodeTheScheduleCannotHide) {
+  const ModelShape m = tiny_model();
+  const Cluster c = two_tier_cluster();
+  Workload w;
+  w.world = 4;
+  const ChangeRates rates;
+  const Projection fast = project(m, c, w, rates, System::kCiera);
+  EXPECT_TRUE(fast.selected[static_cast<size_t>(ShardType::kExpertFfn)]);
+  for (const bool slow_detect : {false, true}) {
+    Cluster slow = c;
+    (slow_detect ? slow.detect_GBps : slow.encode_GBps) = 1e-6;
+    const Projection zero3 = project(m, slow, w, rates, System::kZero3);
+    const Projection ciera = project(m, slow, w, rates, System::kCiera);
+    EXPECT_LE(ciera.breakdown.total_s, zero3.breakdown.total_s * (1 + 1e-12))
+        << (slow_detect ? "detect" : "encode");
+    for (ShardType type : kAllShardTypes)
+      EXPECT_FALSE(ciera.selected[static_cast<size_t>(type)]) << to_string(type);
+  }
+}
+
 // ---- Topologies: flat, partial resharding, HSDP -----------------------------------------------
 
 Projection project_on(const ModelShape& m, const Cluster& c, int world, System system,
@@ -1259,6 +1283,23 @@ TEST(SimTrace, NegativeTimeIsAnError) {
   text.replace(text.find(R"("seconds": 0.5)"), 14, R"("seconds": -1)");
   expect_error([&] { parse_trace(text, "trace t.json"); },
                {"\"comm.allgather[0].seconds\"", ">= 0"});
+}
+
+// A measured time of 0 has no relative error (it read as a perfect prediction); a bucket of bytes
+// whose gather sends none would be predicted to cost nothing.
+TEST(SimTrace, ZeroMeasuredTimesAndZeroWireBytesAreRejected) {
+  std::string text = trace_text();
+  text.replace(text.find(R"("iteration_s": 4.0)"), 18, R"("iteration_s": 0)");
+  expect_error([&] { parse_trace(text, "trace t.json"); },
+               {"\"measured.baseline.iteration_s\"", "must be > 0"});
+  text = trace_text();
+  text.replace(text.find(R"("allgather_s": 0.5)"), 18, R"("allgather_s": 0.0)");
+  expect_error([&] { parse_trace(text, "trace t.json"); },
+               {"\"measured.ciera.allgather_s\"", "must be > 0"});
+  text = trace_text();
+  text.replace(text.find(R"("wire_bytes": 500000)"), 20, R"("wire_bytes": 0)");
+  expect_error([&] { parse_trace(text, "trace t.json"); },
+               {"\"buckets[0].wire_bytes\"", "above 0 where raw_bytes is"});
 }
 
 TEST(SimTrace, OtherFormatsAndBadValuesAreRejected) {

@@ -271,6 +271,40 @@ std::array<bool, kShardTypeCount> select_types(const Context& c,
   return selected;
 }
 
+// BSC's rule counts decode alone, taking detect and encode as hidden by CCP. Where the schedule
+// cannot hide them (kernels slow for the links), a selected type can lengthen the step: each type
+// whose removal shortens the simulated step is dropped, one at a time, as the engine's adaptive
+// switch would send it raw. So CIERA is never projected slower than its all-raw gathers
+// (ZeRO-3's).
+void drop_types_that_slow_the_step(const Context& c, const std::vector<GatherUnit>& units,
+                                   const ChangeRates& rates, double optimizer_s,
+                                   const ScheduleOptions& options, Projection& result) {
+  const auto step_s = [&] {
+    std::vector<UnitCost> costs;
+    for (const GatherUnit& unit : units)
+      costs.push_back(
+          ciera_cost(c, unit, rates, result.selected, result.selected_backward_on_node));
+    return simulate_iteration(costs, optimizer_s, options).total_s;
+  };
+  double best = step_s();
+  for (bool dropped = true; dropped;) {
+    dropped = false;
+    for (auto* selection : {&result.selected, &result.selected_backward_on_node}) {
+      for (bool& chosen : *selection) {
+        if (!chosen) continue;
+        chosen = false;
+        const double without = step_s();
+        if (without < best * (1 - 1e-9)) {
+          best = without;
+          dropped = true;
+        } else {
+          chosen = true;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::string_view system_name(System system) {
@@ -339,10 +373,19 @@ Projection project(const ModelShape& model, const Cluster& cluster, const Worklo
   if (system == System::kStateless)
     codec = gather_codec(work.schemes.stateless, cluster, work.dtype);
 
-  std::vector<UnitCost> costs;
+  ScheduleOptions options;
+  options.prefetch_depth = work.prefetch_depth;
+  options.pre_from_start = system == System::kCiera || system == System::kStateless;
   uint64_t params = 0;
+  for (const GatherUnit& unit : units) params += unit.grad_values;
+  // Each GPU steps the parameters of its shard: 1/W of them, HSDP's 1/G.
+  const double optimizer_s = static_cast<double>(params) / c.place.shard_ranks *
+                             work.optimizer_bytes_per_param / (cluster.hbm_GBps * kGB);
+  if (system == System::kCiera)
+    drop_types_that_slow_the_step(c, units, rates, optimizer_s, options, result);
+
+  std::vector<UnitCost> costs;
   for (const GatherUnit& unit : units) {
-    params += unit.grad_values;
     switch (system) {
       case System::kZero3:
         costs.push_back(baseline_cost(c, unit));
@@ -362,9 +405,6 @@ Projection project(const ModelShape& model, const Cluster& cluster, const Worklo
         break;
     }
   }
-  // Each GPU steps the parameters of its shard: 1/W of them, HSDP's 1/G.
-  const double optimizer_s = static_cast<double>(params) / c.place.shard_ranks *
-                             work.optimizer_bytes_per_param / (cluster.hbm_GBps * kGB);
   result.state_bytes_per_gpu =
       static_cast<double>(params) * work.state_bytes_per_param / c.place.shard_ranks;
   // Kept besides, in 16-bit: partial resharding's 1/G of every unit from its forward to its
@@ -373,9 +413,6 @@ Projection project(const ModelShape& model, const Cluster& cluster, const Worklo
       system == System::kZeroPP ? work.world > c.place.per_node : c.place.backward_on_node();
   if (node_copy)
     result.state_bytes_per_gpu += static_cast<double>(params) * c.value_bytes / c.place.per_node;
-  ScheduleOptions options;
-  options.prefetch_depth = work.prefetch_depth;
-  options.pre_from_start = system == System::kCiera || system == System::kStateless;
   result.breakdown = simulate_iteration(costs, optimizer_s, options);
   return result;
 }
