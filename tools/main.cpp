@@ -3,8 +3,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -95,6 +97,21 @@ void check_unsigned_options(CLI::App& app) {
     check_unsigned_options(*command);
 }
 
+// A command's report that could not be written (a full disk, a closed pipe) is the work failing,
+// not done: `status`, unless standard output refused what was printed to it.
+int with_output_written(int status) {
+  std::cout.flush();
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int error = errno;
+  if (!flushed || !std::cout || std::ferror(stdout)) {
+    std::fprintf(stderr, "ciera: error: the output could not be written to standard output%s%s\n",
+                 error != 0 ? ": " : "", error != 0 ? std::strerror(error) : "");
+    return ciera::tools::kExitFailed;
+  }
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,7 +147,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ciera: error: %s (see --help)\n", e.what());
     return kExitUsage;
   } catch (const CommandExit& done) {
-    return done.status;
+    return with_output_written(done.status);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "ciera: error: %s\n", e.what());
     return kExitUsage;
@@ -138,5 +155,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ciera: error: %s\n", e.what());
     return kExitFailed;
   }
-  return kExitDone;
+  return with_output_written(kExitDone);
 }
