@@ -176,6 +176,8 @@ NATIVE = [
     (["analyze", "a", "b", "--worlds", "0"], "world size W must be at least 1"),
     (["analyze", "a", "b", "--json-file", "/nonexistent/r.json"], "--json-file: directory /nonexistent does not exist"),
     (["analyze", "a", "b", "--plot", "/dev/null/figures"], "--plot /dev/null/figures: /dev/null is not a folder"),
+    # Not writable though root passes every permission check there: found before the analysis.
+    (["analyze", "a", "b", "--plot", "/proc/figures"], "--plot /proc/figures: /proc is not writable"),
     (["analyze", "a", "b", "--plot", "x", "--plot", "y"], "--plot given twice"),
     (["analyze", "a", "b", "--plot"], "--plot needs a value"),
     (["simulate", "--block", "0"], "--block must be in 64..4096"),
