@@ -398,7 +398,14 @@ void print_reuse(const ReportContext& c, std::ostream& out) {
 }
 
 void print_intervals(const ReportContext& c, std::ostream& out) {
-  if (c.result.intervals.size() <= 1) return;
+  if (c.result.intervals.size() <= 1) {
+    if (c.request.options.max_interval > 1) {
+      out << "\nNo check interval above 1: after the warmup the checkpoints hold no two steps "
+             "more than 1 apart (--max-interval "
+          << c.request.options.max_interval << ")\n";
+    }
+    return;
+  }
   Table by_interval({"check interval", "pairs", "change (%)"});
   for (const IntervalResult& i : c.result.intervals) {
     by_interval.add({std::to_string(i.interval),
