@@ -3,8 +3,10 @@ docs/simulator.md, "Trace format v1").
 
 Per FSDP group (bucket) the trace holds the forward and backward compute time, measured as the
 gaps between the step's communication events: in forward, the time after a group's all-gather
-until the next event is that group's compute (the root's forward also owns the tail up to the
-loss); in backward, the time before a group's gradient reduce-scatter since the previous event is
+until the next event is that group's compute (the root's forward owns the time before the first
+gather; the tail after the last gather up to the loss, the last group's compute and the root's
+head + loss, which no event separates, goes to the last gathered group, where it runs); in
+backward, the time before a group's gradient reduce-scatter since the previous event is
 that group's backward compute (FSDP reduce-scatters a group's gradients as soon as its backward
 is done). Gathers and reduce-scatters are timed synchronously, so the gaps are pure compute.
 """
@@ -37,8 +39,9 @@ def compute_times(ev: StepEvents, buckets: int, root: int = 0) -> tuple[list[flo
                   [(r.started, r.started + r.seconds, "ar", r.bucket) for r in ev.all_reduces])
     fwd = [e for e in comm if e[0] < ev.loss_done]
     bwd = [e for e in comm if ev.loss_done <= e[0] < ev.backward_done]
-    # Forward: the gap after each gather belongs to the gathered group; before the first gather
-    # and after the last, to the root (embedding, head, loss).
+    # Forward: the gap after each gather belongs to the gathered group; before the first gather,
+    # to the root (embedding); after the last, to the last gathered group (its compute, then the
+    # root's head and loss, which no event separates from it).
     cursor, owner = ev.start, root
     for began, ended, _, bucket in fwd:
         forward[owner] += max(0.0, began - cursor)
