@@ -110,7 +110,7 @@ Request parse(const Options& o, const std::string& command) {
                                            std::to_string(kLinkLabMaxRanks) + " ranks");
     r.options.ranks = static_cast<int>(world);
   }
-  require(r.options.ranks >= 1, "--ranks must be at least 1");
+  require(r.options.ranks >= 2, "--ranks must be at least 2 (one rank has nobody to send to)");
   require(o.sizes.empty(),
           "--sizes applies to --device cuda; on the CPU --params and --buckets size the gathers");
   require(o.params >= 1, "--params must be at least 1");
@@ -142,6 +142,8 @@ Request parse(const Options& o, const std::string& command) {
           "--timeout must be a number of seconds > 0 and at most 86400");
   require(std::isfinite(o.link_gbit) && o.link_gbit >= 0, "--link-gbit must be >= 0");
   require(std::isfinite(o.delay_ms) && o.delay_ms >= 0, "--delay-ms must be >= 0");
+  require(o.delay_ms == 0 || lab,
+          "--delay-ms delays the link lab's links: give --link-gbit or --link-lab too");
   // The link lab puts the ranks on one /24 beside its hub (scripts/linklab.sh).
   require(!lab || o.ranks <= kLinkLabMaxRanks, "--ranks " + std::to_string(o.ranks) +
                                                    ": the link lab has room for at most " +
@@ -445,8 +447,8 @@ int run_child(const Request& r) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world != r.options.ranks) {
-    throw ConfigError("launched with " + std::to_string(world) + " ranks but --ranks is " +
-                      std::to_string(r.options.ranks));
+    throw UsageError("launched with " + std::to_string(world) + " ranks but --ranks is " +
+                     std::to_string(r.options.ranks));
   }
   const AllgatherResult result = measure(r, rank, world);
   if (rank == 0) {
@@ -555,7 +557,7 @@ void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
   r.link_lab = links.link_lab;
   r.nodes = links.nodes;
   r.ranks_per_node = links.ranks_per_node;
-  throw CommandExit(run_mpi_rank(r.timeout_s, [&] { return run_child(request); }));
+  throw CommandExit(run_mpi_rank(r.timeout_s, argc, argv, [&] { return run_child(request); }));
 }
 
 }  // namespace

@@ -46,6 +46,7 @@ struct Options {
   int ranks = 4;
   uint64_t tokens = 2048;     // alltoall: tokens per rank per step
   uint32_t hidden = 1024;     // alltoall: values per token (synthetic)
+  bool hidden_given = false;
   uint64_t values = 4 << 20;  // reduce-scatter: output values per rank
   std::string dtype = "bf16";
   std::string input;  // alltoall: safetensors of [tokens, hidden] BF16 activations
@@ -93,7 +94,7 @@ Request parse(const Options& o, const std::string& command) {
   r.coding = parse_collective_coding(o.coding);
   require(r.coding != CollectiveCoding::kRaw,
           "--coding raw is the baseline this benchmark runs anyway");
-  require(o.ranks >= 1, "--ranks must be at least 1");
+  require(o.ranks >= 2, "--ranks must be at least 2 (one rank has nobody to send to)");
   require(o.slice_values >= 1, "--slice-values must be at least 1");
   require(o.frame_values >= 1, "--frame-values must be at least 1");
   require_steps_after_warmup(o.steps, o.warmup, o.warmup_given);
@@ -101,6 +102,8 @@ Request parse(const Options& o, const std::string& command) {
           "--timeout must be a number of seconds > 0 and at most 86400");
   require(std::isfinite(o.link_gbit) && o.link_gbit >= 0, "--link-gbit must be >= 0");
   require(std::isfinite(o.delay_ms) && o.delay_ms >= 0, "--delay-ms must be >= 0");
+  require(o.delay_ms == 0 || o.link_gbit > 0 || o.link_lab,
+          "--delay-ms delays the link lab's links: give --link-gbit or --link-lab too");
   require(!(o.link_gbit > 0 || o.link_lab) || o.ranks <= kLinkLabMaxRanks,
           "--ranks " + std::to_string(o.ranks) + ": the link lab has room for at most " +
               std::to_string(kLinkLabMaxRanks) + " ranks");
@@ -108,9 +111,13 @@ Request parse(const Options& o, const std::string& command) {
   if (o.collective == "alltoall") {
     require(o.tokens >= 1 && o.hidden >= 1, "--tokens and --hidden must be at least 1");
     if (!o.input.empty()) {
+      require(!o.hidden_given, "--hidden: the activations of --input give the values per token");
       const SafetensorsFile file(o.input);
       for (const SafetensorsTensor& t : file.tensors()) {
         if (t.ciera_dtype != DType::kBF16 || t.shape.empty()) continue;
+        require(t.shape.size() == 2, "--input " + o.input + ": tensor '" + t.name + "' has " +
+                                         std::to_string(t.shape.size()) +
+                                         " dimensions; activations are [tokens, hidden]");
         if (r.activations.empty()) r.o.hidden = static_cast<uint32_t>(t.shape.back());
         if (t.shape.back() != r.o.hidden) continue;
         const size_t at = r.activations.size();
@@ -466,8 +473,8 @@ int run_child(const Request& r) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world != r.o.ranks) {
-    throw ConfigError("launched with " + std::to_string(world) + " ranks but --ranks is " +
-                      std::to_string(r.o.ranks));
+    throw UsageError("launched with " + std::to_string(world) + " ranks but --ranks is " +
+                     std::to_string(r.o.ranks));
   }
   const Result result = r.o.collective == "alltoall" ? measure_alltoall(r, rank, world)
                                                      : measure_reduce_scatter(r, rank, world);
@@ -530,7 +537,8 @@ void add_common_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
   request.o.link_gbit = links.link_gbit;
   request.o.delay_ms = links.delay_ms;
   request.o.link_lab = links.link_lab;
-  throw CommandExit(run_mpi_rank(request.o.timeout_s, [&] { return run_child(request); }));
+  throw CommandExit(
+      run_mpi_rank(request.o.timeout_s, argc, argv, [&] { return run_child(request); }));
 }
 
 }  // namespace
@@ -545,7 +553,8 @@ void register_bench_collectives(CLI::App& bench, const std::string& command, int
   add_common_options(alltoall, a);
   alltoall->add_option("--tokens", a->tokens, "tokens per rank per step")->capture_default_str();
   alltoall->add_option("--hidden", a->hidden, "values per token (synthetic activations)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([a](const std::string&) { a->hidden_given = true; });
   alltoall->add_option(
       "--input", a->input,
       "safetensors of [tokens, hidden] BF16 activations (ciera train --capture-activations) "

@@ -7,6 +7,7 @@
 #include <exception>
 #include <functional>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,11 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     std::fprintf(stderr, "ciera: error: %s\n", e.what());
     return kExitUsage;
+  } catch (const std::bad_alloc&) {  // "std::bad_alloc" alone names nothing a user can act on
+    std::fprintf(stderr,
+                 "ciera: error: out of memory: the sizes asked for need more memory than "
+                 "this machine gave\n");
+    return ciera::tools::kExitFailed;
   } catch (const std::exception& e) {  // after the parse step: the work failed
     std::fprintf(stderr, "ciera: error: %s\n", e.what());
     return kExitFailed;

@@ -1,15 +1,18 @@
 #include "ranks.hpp"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -17,6 +20,7 @@
 
 #include "ciera/error.hpp"
 #include "ciera/mpi.hpp"
+#include "commands.hpp"
 #include "exit_status.hpp"
 #include "report.hpp"
 
@@ -54,6 +58,39 @@ T reduce_over_ranks(T mine, MPI_Datatype type, MPI_Op op) {
   return all;
 }
 
+// The rank launcher while it runs, and the signal last passed on to it (0: none).
+volatile pid_t g_launcher = 0;
+volatile std::sig_atomic_t g_forwarded = 0;
+
+void end_launcher(pid_t launcher) {
+  kill(launcher, SIGTERM);
+  kill(launcher, SIGCONT);
+}
+
+// Our exit status from the rank launcher's wait status: its own 0..3 (a rank's status or abort
+// code) as they are; anything else (a rank killed by a signal, the launcher's own failure) is the
+// work failing, 1, said in one line, or 128 + N after a signal N passed on to it.
+int launcher_status(int status, const char* launcher) {
+  if (g_forwarded != 0) {
+    const char* name = g_forwarded == SIGINT    ? "SIGINT"
+                       : g_forwarded == SIGTERM ? "SIGTERM"
+                                                : "SIGHUP";
+    std::fprintf(stderr, "ciera: interrupted (%s); the ranks were ended\n", name);
+    return 128 + g_forwarded;
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) <= kExitNotExact) return WEXITSTATUS(status);
+  if (WIFEXITED(status)) {
+    std::fprintf(stderr,
+                 "ciera: error: %s exited with status %d: a rank ended abnormally (killed, or "
+                 "crashed) before it could report\n",
+                 launcher, WEXITSTATUS(status));
+  } else {
+    std::fprintf(stderr, "ciera: error: %s was killed by signal %d\n", launcher,
+                 WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  }
+  return kExitFailed;
+}
+
 bool under_mpi() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_RANK") != nullptr;
 }
@@ -89,10 +126,99 @@ bool under_mpi() {
   setenv(kCommandLineVariable, command_line(argc, argv).c_str(), 1);  // for the ranks' reports
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-  execvp(args[0], args.data());
   std::string shown;
   for (auto& a : cmd) shown += shell_quote(a) + " ";
-  throw Error("could not launch ranks (" + std::string(std::strerror(errno)) + "): " + shown);
+  // The rank launcher runs as a child, so that its status can be read as ours: mpirun exits with
+  // a rank's abort code (1, 2, 3), but with 128 + N when a rank was killed by signal N, and a
+  // status of ours is 0..3 (tools/exit_status.hpp). A SIGINT, SIGTERM or SIGHUP sent to this
+  // process alone goes on to the launcher, which ends the ranks.
+  // As `ciera train`'s launcher does: SIGTERM, which mpirun passes on to the ranks, and SIGCONT
+  // for a stopped one; a second signal does not cut that short. Set before the fork, so that no
+  // signal finds the launcher started and this process unprepared.
+  struct sigaction forward {};
+  forward.sa_handler = [](int sig) {
+    if (g_forwarded != 0) return;
+    g_forwarded = sig;
+    if (g_launcher > 0) end_launcher(g_launcher);
+  };
+  sigemptyset(&forward.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &forward, nullptr);
+  std::fflush(nullptr);
+  const pid_t launcher = fork();
+  if (launcher < 0)
+    throw Error("could not launch ranks (fork: " + std::string(std::strerror(errno)) + ")");
+  if (launcher == 0) {
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "ciera: error: could not launch ranks (%s): %s\n", std::strerror(errno),
+                 shown.c_str());
+    _exit(kExitFailed);
+  }
+  g_launcher = launcher;
+  if (g_forwarded != 0) end_launcher(launcher);  // a signal during the fork
+  int status = 0;
+  std::optional<std::chrono::steady_clock::time_point> kill_at;
+  for (;;) {
+    const pid_t waited = waitpid(launcher, &status, kill_at ? WNOHANG : 0);
+    if (waited == launcher) break;
+    if (waited < 0 && errno != EINTR)
+      throw Error("cannot wait for the ranks' launcher: " + std::string(std::strerror(errno)));
+    if (g_forwarded != 0 && !kill_at)
+      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    if (kill_at && std::chrono::steady_clock::now() > *kill_at) kill(launcher, SIGKILL);
+    if (kill_at) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  throw CommandExit(launcher_status(status, args[0]));
+}
+
+// Every rank must have been given the same options (mpirun's MPMD form can give each its own, and
+// a rank with other sizes or steps would fail in MPI, wait out the timeout, or mix its figures into
+// the report): checked before any work, a UsageError naming the first option that differs.
+void require_same_options(int argc, char** argv) {
+  std::vector<std::string> mine;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--child") mine.emplace_back(argv[i]);
+  }
+  std::string text;
+  for (const std::string& arg : mine) text += arg + '\0';
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int length = static_cast<int>(text.size());
+  std::vector<int> lengths(static_cast<size_t>(world)), offsets(static_cast<size_t>(world));
+  MPI_Request request;
+  MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD, &request);
+  wait_all({&request, 1}, "MPI_Iallgather (the ranks' options)");
+  int total = 0;
+  for (int r = 0; r < world; ++r) {
+    offsets[static_cast<size_t>(r)] = total;
+    total += lengths[static_cast<size_t>(r)];
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  MPI_Iallgatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                  MPI_CHAR, MPI_COMM_WORLD, &request);
+  wait_all({&request, 1}, "MPI_Iallgatherv (the ranks' options)");
+  const auto args_of = [&](int r) {
+    std::vector<std::string> args;
+    std::string_view view(all.data() + offsets[static_cast<size_t>(r)],
+                          static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+    for (size_t end; (end = view.find('\0')) != std::string_view::npos; view.remove_prefix(end + 1))
+      args.emplace_back(view.substr(0, end));
+    return args;
+  };
+  const std::vector<std::string> first = args_of(0);
+  for (int r = 1; r < world; ++r) {
+    const std::vector<std::string> other = args_of(r);
+    if (other == first) continue;
+    size_t i = 0;
+    while (i < first.size() && i < other.size() && first[i] == other[i]) ++i;
+    const auto shown = [&](const std::vector<std::string>& args) {
+      if (i >= args.size()) return std::string("nothing");
+      const bool value = i > 0 && args[i - 1].rfind("--", 0) == 0 && args[i].rfind("--", 0) != 0;
+      return "'" + (value ? args[i - 1] + " " : "") + args[i] + "'";
+    };
+    throw UsageError("the ranks were given different options: rank " + std::to_string(r) + " has " +
+                     shown(other) + " where rank 0 has " + shown(first) +
+                     " (every rank runs the same command)");
+  }
 }
 
 }  // namespace
@@ -161,7 +287,7 @@ std::optional<uint64_t> uplink_bytes_sent() {
   return sent;
 }
 
-int run_mpi_rank(double timeout_s, const std::function<int()>& body) {
+int run_mpi_rank(double timeout_s, int argc, char** argv, const std::function<int()>& body) {
   g_mpi_timeout = std::chrono::milliseconds(
       std::max<int64_t>(1, static_cast<int64_t>(std::ceil(timeout_s * 1000))));
   const int provided = mpi_init(nullptr, nullptr, mpi_timeout());
@@ -169,9 +295,13 @@ int run_mpi_rank(double timeout_s, const std::function<int()>& body) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   try {
     if (provided < MPI_THREAD_MULTIPLE) throw CommError("MPI does not provide MPI_THREAD_MULTIPLE");
+    require_same_options(argc, argv);
     const int status = body();
-    mpi_shutdown(2, mpi_timeout());
+    mpi_shutdown(kExitFailed, mpi_timeout());
     return status;
+  } catch (const UsageError& e) {  // the same on every rank: a command line no run could use
+    std::fprintf(stderr, "ciera (rank %d): error: %s\n", rank, e.what());
+    mpi_abort(kExitUsage);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ciera (rank %d): error: %s\n", rank, e.what());
     mpi_abort(kExitFailed);

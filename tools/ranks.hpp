@@ -54,7 +54,9 @@ std::optional<uint64_t> uplink_bytes_sent();
 // the job is aborted: peers may be gone or stopped, and MPI_Finalize could wait for them forever.
 // No MPI call waits longer than `timeout_s` for the peers (--timeout): MPI's start-up and
 // finalize under ciera::mpi_init's and mpi_shutdown's watchdogs, the rest polled (wait_all).
-int run_mpi_rank(double timeout_s, const std::function<int()>& body);
+// Every rank must have been given the same options (argc/argv, --child aside): checked first, a
+// UsageError (status 2 on every rank) naming the first that differs.
+int run_mpi_rank(double timeout_s, int argc, char** argv, const std::function<int()>& body);
 
 // run_mpi_rank's `timeout_s`, for the transports a rank makes.
 std::chrono::milliseconds mpi_timeout();

@@ -189,7 +189,7 @@ NATIVE = [
 ]
 if _ext.with_mpi:
     NATIVE += [
-        (["bench", "allgather", "--ranks", "0"], "--ranks must be at least 1"),
+        (["bench", "allgather", "--ranks", "1"], "--ranks must be at least 2 (one rank has nobody to send to)"),
         (["bench", "allgather", "--buckets", "0"], "--buckets must be at least 1"),
         (["bench", "allgather", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
         (["bench", "allgather", "--link-gbit", "-1"], "--link-gbit must be >= 0"),
