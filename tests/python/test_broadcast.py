@@ -142,3 +142,19 @@ def test_a_tensor_changed_on_one_rank_fails_every_rank_at_once():
 def test_broadcast_rejects_bad_arguments():
     results = spawn(bad_root, 2)
     assert all(status == "ok" for status, _ in results.values()), results
+
+
+def mpi_without_mpirun(rank, world):
+    return error_of(lambda: ciera.broadcast.Broadcaster([torch.zeros(4)], root=0, transport="mpi"))
+
+
+@pytest.mark.skipif(not ciera._ext.with_mpi, reason="this build has no MPI transport")
+def test_transport_mpi_outside_mpirun_says_so():
+    # Each process started apart (as torchrun does) is an MPI world of one: said as such on every
+    # rank, where the engine's agreement said "bucket 'tensor0' describes 2 ranks but the
+    # transport has 1", on rank 1 too as "rank 0".
+    results = spawn(mpi_without_mpirun, 2)
+    for rank, (status, text) in results.items():
+        assert status == "ok" and text is not None, (rank, status, text)
+        assert text.startswith("ConfigError: transport 'mpi' found an MPI world of 1 process, but the process "
+                               "group has 2 ranks: start the ranks with mpirun"), (rank, text)

@@ -271,5 +271,24 @@ def make_transport(kind: str, process_group, timeout_s: float, device: torch.dev
             raise _ext.ConfigError("transport 'nccl' moves device memory: the model must be on a CUDA device")
         return _nccl_transport(process_group, device, timeout_s)
     if kind == "mpi":
-        return _mpi_transport(cuda, timeout_s)
+        native = _mpi_transport(cuda, timeout_s)
+        _require_mpi_world_is_the_group(native, process_group)
+        return native
     raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")
+
+
+def _require_mpi_world_is_the_group(native, process_group) -> None:
+    """Transport 'mpi' runs on MPI's world, which must be the process group's ranks in their
+    order. Under torchrun each process is an MPI world of one, and the engine's agreement said
+    only that a bucket "describes 2 ranks but the transport has 1", on every rank as rank 0."""
+    ranks = (dist.get_process_group_ranks(process_group) if process_group is not None
+             else list(range(dist.get_world_size())))
+    if native.size == len(ranks) and ranks[native.rank] == dist.get_rank():
+        return
+    if native.size == 1:
+        raise _ext.ConfigError(f"transport 'mpi' found an MPI world of 1 process, but the process group has "
+                               f"{len(ranks)} ranks: start the ranks with mpirun (torchrun starts each as an "
+                               f"MPI world of its own), or use transport 'torch'")
+    raise _ext.ConfigError(f"transport 'mpi' spans MPI's world of {native.size} ranks (this one MPI rank "
+                           f"{native.rank}), but the process group is the ranks {ranks} (this one "
+                           f"{dist.get_rank()}): it needs the whole world in MPI's order; use transport 'torch'")
