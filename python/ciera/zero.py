@@ -26,8 +26,10 @@ the masters exist only for this rank's partition.
 
 from __future__ import annotations
 
+import datetime
 import math
 import time
+import zlib
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from itertools import chain
@@ -403,6 +405,17 @@ class ZeroRedundancyOptimizer(_TorchZero):
                     trainable.setdefault(param.device, []).append(param)
             for device, mine in trainable.items():
                 _bucket_dtype(device, mine)
+            # PyTorch builds the local optimizer before the collective set-up of the engines: an
+            # argument it refuses (lr=-1 on one rank) would raise there on that rank alone. A
+            # trial on one parameter like the first finds it here, on every rank.
+            if trainable:
+                first = next(iter(trainable.values()))[0]
+                trial = torch.zeros(1, dtype=first.dtype, device=first.device, requires_grad=True)
+                try:
+                    optimizer_class([trial], **defaults)
+                except Exception as e:  # noqa: BLE001 - raised on every rank, with its type and text
+                    raise type(e)(f"{_NAME}: optimizer_class {getattr(optimizer_class, '__name__', optimizer_class)}"
+                                  f" refused its arguments: {e}") if isinstance(e, (ValueError, TypeError)) else e
             return listed
 
         # Every rank checks its own arguments, and they must be the same on every rank of
@@ -420,11 +433,24 @@ class ZeroRedundancyOptimizer(_TorchZero):
         self._engine_config = engine_config
         self._chunk_values = chunk_values
         self._syncs: list[_DeviceSync] = []
+        self._natives: dict[torch.device, object] = {}   # one transport per device, kept across rebuilds
+        self._groups: list = []                           # the process groups those transports made
+        self._builds = 0                                  # bucket builds that succeeded
+        self._broken: str | None = None                   # why a rebuild failed: no step after it
         self._closed = False
         self.last_sync: SyncStats | None = None
         self.sync_count = 0
         super().__init__(params, optimizer_class, process_group=process_group, parameters_as_bucket_view=True,
                          overlap_with_ddp=False, **defaults)
+        # The per-step check that the ranks agree on trainability runs here: gloo, on the host,
+        # failing after the engines' timeout (process_group's own may wait 30 minutes for a dead
+        # peer).
+        self._agreement = None
+        if self.world_size > 1:
+            self._agreement = lifecycle.register_group(dist.new_group(
+                ranks=dist.get_process_group_ranks(self.process_group), backend="gloo",
+                timeout=datetime.timedelta(seconds=self._engine_config.timeout_s)))
+            self._groups.append(self._agreement)
 
     # -- buckets ---------------------------------------------------------------------------------
 
@@ -434,21 +460,34 @@ class ZeroRedundancyOptimizer(_TorchZero):
         bucket a view into one flat tensor per device; then the engines over them. Collective:
         PyTorch calls it at construction, on add_param_group and when trainability changes, on
         every rank alike."""
+        if self._closed:
+            raise ValueError(f"{_NAME} is closed (close()); its buckets cannot be rebuilt")
+        try:
+            self._build_buckets_and_engines()
+        except BaseException as failure:
+            # The partition may already be the new one (add_param_group appended its group before
+            # this), the engines are gone: a later step must not run as if it synced.
+            self._broken = f"{type(failure).__name__}: {failure}"
+            raise
+        self._builds += 1
+        self._broken = None
+
+    def _build_buckets_and_engines(self) -> None:
+        plans = []
+        for device, params_per_rank in self._device_to_params_per_rank.items():
+            trainable = [[p for p in params if p.requires_grad] for params in params_per_rank]
+            # Checked before the old engines are closed.
+            plans.append((device, params_per_rank, trainable,
+                          _bucket_dtype(device, [p for mine in trainable for p in mine])))
         self._close_engines()
         self._buckets = [[] for _ in self._device_to_params_per_rank]
         self._syncs = []
-        for dev_i, (device, params_per_rank) in enumerate(self._device_to_params_per_rank.items()):
-            trainable = []
+        for dev_i, (device, params_per_rank, trainable, dtype) in enumerate(plans):
             for params in params_per_rank:
-                mine = []
                 for param in params:
-                    if param.requires_grad:
-                        mine.append(param)
-                    else:
+                    if not param.requires_grad:
                         # As PyTorch does: its data may be a view of an earlier bucket.
                         param.data = param.data.detach().clone()
-                trainable.append(mine)
-            dtype = _bucket_dtype(device, [p for mine in trainable for p in mine])
             counts = [sum(p.numel() for p in mine) for mine in trainable]
             offsets = [sum(counts[:r]) for r in range(self.world_size)]
             flat = torch.empty(sum(counts), dtype=dtype or torch.float32, device=device)
@@ -481,8 +520,14 @@ class ZeroRedundancyOptimizer(_TorchZero):
             layout.shard_values = [_pieces(n, pieces) for n in sync.counts]
             layout.policy = [self._policy] * pieces
             cuda = sync.device.type == "cuda"
-            native = make_transport(self._transport_kind, self.process_group, self._engine_config.timeout_s,
-                                    sync.device)
+            # One transport per device for the optimizer's life: a rebuild (add_param_group, a
+            # change of trainability) made a new process group each time, and gloo's groups stay
+            # until the process exits (5 file descriptors and 3 threads each).
+            native = self._natives.get(sync.device)
+            if native is None:
+                native = make_transport(self._transport_kind, self.process_group, self._engine_config.timeout_s,
+                                        sync.device, made=self._groups)
+                self._natives[sync.device] = native
             sync.engine = _ext.Engine(native, self._engine_config, [layout],
                                       device=(sync.device.index if sync.device.index is not None
                                               else torch.cuda.current_device()) if cuda else -1)
@@ -505,13 +550,38 @@ class ZeroRedundancyOptimizer(_TorchZero):
         failed too."""
         if self._closed:   # before PyTorch's step changes this rank's partition and its state
             raise ValueError("ciera.zero.ZeroRedundancyOptimizer is closed (close()); it cannot step")
-        rebuilds = self._get_is_trainable_mask() != self._is_trainable_mask
+        self._require_whole()
+        mask = self._get_is_trainable_mask()
+        self._require_same_trainability(mask)
+        builds = self._builds
         try:
             return super()._local_step(*args, **kwargs)
         except Exception as failure:
-            if not rebuilds:
+            # A rebuild this step that failed is a collective whose peers failed too; one that
+            # succeeded (or none) leaves them in the sync, which this rank refuses.
+            if mask == self._is_trainable_mask or self._builds > builds:
                 self._refuse_sync(f"its optimizer step failed: {type(failure).__name__}: {failure}")
             raise
+
+    def _require_whole(self) -> None:
+        if self._broken is not None:
+            raise RuntimeError(f"{_NAME}: its buckets could not be rebuilt ({self._broken}); it cannot step "
+                               "or sync any more (make a new optimizer)")
+
+    def _require_same_trainability(self, mask: list[bool]) -> None:
+        """Every rank must freeze and unfreeze the same parameters: a rank that rebuilds its
+        buckets alone would wait in the engines' set-up while its peers wait in the sync, until
+        the timeout. One all-gather of 8 bytes per step, on a gloo group of its own."""
+        if self._agreement is None:
+            return
+        mine = torch.tensor([zlib.crc32(bytes(mask)) | (len(mask) << 32)], dtype=torch.int64)
+        every = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(every, mine, group=self._agreement)
+        differing = [r for r, theirs in enumerate(every) if not torch.equal(theirs, every[0])]
+        if differing:
+            raise _ext.ConfigError(f"{_NAME}: the ranks differ in which parameters are trainable "
+                                   f"(requires_grad): rank {differing[0]}'s differ from rank 0's; every rank "
+                                   "must freeze and unfreeze the same parameters before step()")
 
     def _refuse_sync(self, reason: str) -> None:
         """Refuses this step's gather of every device's engine, in the order _sync_params starts
@@ -523,6 +593,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
         together and waited for in order. Raises on every rank if any rank's gather failed."""
         if self._closed:
             raise ValueError("ciera.zero.ZeroRedundancyOptimizer is closed (close()); it cannot sync parameters")
+        self._require_whole()
         start = time.perf_counter()
         tickets = []
         for k, sync in enumerate(self._syncs):
@@ -562,10 +633,20 @@ class ZeroRedundancyOptimizer(_TorchZero):
     def closed(self) -> bool:
         return self._closed
 
+    def add_param_group(self, param_group: dict) -> None:
+        if getattr(self, "_closed", False):   # before PyTorch adds it (PyTorch's constructor calls this too)
+            raise ValueError(f"{_NAME} is closed (close()); it takes no parameter group")
+        super().add_param_group(param_group)
+
     def close(self) -> None:
-        """Ends the engines (collective when their transport is); closing twice is harmless."""
+        """Ends the engines (collective when their transport is) and the process groups made for
+        them; closing twice is harmless."""
         if not self._closed:
             self._close_engines()
+            self._natives.clear()
+            for group in self._groups:
+                lifecycle.release_group(group)
+            self._groups.clear()
             self._closed = True
 
     def __enter__(self):

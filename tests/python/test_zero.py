@@ -235,3 +235,31 @@ def test_ciera_train_defaults_follow_zero_and_codec(tmp_path):
     # Under a budget the warmup is the selector's statistics, delta or not.
     assert resolved("--codec", "delta", "--budget-mb", "1") == ("delta", 30)
     assert resolved("--codec", "delta") == ("delta", 1)
+
+
+def test_rebuilds_and_their_failures():
+    results = all_ok(spawn(w.rebuilds_and_their_failures, 2))
+    name = "ciera.zero.ZeroRedundancyOptimizer"
+    for rank, r in enumerate(results):
+        # PyTorch builds the local optimizer before the engines' collective set-up: rank 0 waited
+        # there for rank 1 until the timeout.
+        error, seconds = r["bad_lr"]
+        assert error == (f"ValueError: {name}: on rank 1: optimizer_class SGD refused its arguments: "
+                         "Invalid learning rate: -1.0") and seconds < 15, (rank, r["bad_lr"])
+        # One process group for the transport and one for the trainability check, made once, not
+        # per rebuild (every rebuild made one, kept until exit); released by close().
+        before, built, rebuilt = r["groups"]
+        assert built == before + 2 and rebuilt == built and r["groups_after_close"] == before, (rank, r["groups"])
+        assert r["add_group_after_close"] == f"ValueError: {name} is closed (close()); it takes no parameter group"
+        error, seconds = r["fails_in_rebuild"]
+        expected = ("RuntimeError: a closure that fails on rank 1" if rank == 1 else
+                    "ConfigError: rank 1 rejected its gather of bucket 'zero:cpu': its optimizer step failed: "
+                    "RuntimeError: a closure that fails on rank 1")
+        assert error == expected and seconds < 15, (rank, r["fails_in_rebuild"])
+        error, seconds = r["differing_trainability"]
+        assert error == (f"ConfigError: {name}: the ranks differ in which parameters are trainable (requires_grad): "
+                         "rank 1's differ from rank 0's; every rank must freeze and unfreeze the same parameters "
+                         "before step()") and seconds < 15, (rank, r["differing_trainability"])
+        assert r["bad_group"].startswith(f"TypeError: {name}: the trainable parameters on cpu must share one dtype")
+        assert r["step_after_bad_group"].startswith(f"RuntimeError: {name}: its buckets could not be rebuilt "
+                                                    "(TypeError: "), (rank, r["step_after_bad_group"])

@@ -187,3 +187,89 @@ def a_step_that_fails_on_one_rank(rank):
     except Exception as e:  # noqa: BLE001 - compared by the test
         error = f"{type(e).__name__}: {e}"
     return {"error": error, "seconds": time.perf_counter() - start}
+
+
+def _timed(call):
+    """(what call() raised as "Type: text", or None; its seconds)."""
+    import time
+
+    start = time.perf_counter()
+    try:
+        call()
+        error = None
+    except Exception as e:  # noqa: BLE001 - compared by the test
+        error = f"{type(e).__name__}: {e}"
+    return error, time.perf_counter() - start
+
+
+def _optimizer(net, optimizer_class=torch.optim.SGD, **kwargs):
+    config = ciera.EngineConfig()
+    config.warmup_steps = 0
+    config.timeout_s = 20
+    return zero.ZeroRedundancyOptimizer(list(net.parameters()), optimizer_class, engine_config=config,
+                                        **{"lr": 0.1, **kwargs})
+
+
+def _ones_grads(net):
+    for p in net.parameters():
+        p.grad = torch.ones_like(p) if p.requires_grad else None
+
+
+def rebuilds_and_their_failures(rank, world):
+    """What a user audit found around the buckets' rebuilds (add_param_group, a change of
+    trainability): each case's error and seconds on this rank."""
+    from ciera.fsdp import lifecycle
+
+    out = {}
+    # An argument the optimizer class refuses on rank 1 alone: every rank, at once.
+    out["bad_lr"] = _timed(lambda: _optimizer(model(torch.bfloat16), lr=-1.0 if rank == 1 else 0.1))
+
+    # Rebuilds keep one transport (and one process group) per device; close() releases them.
+    groups_before = len(lifecycle._own_groups)
+    net = model(torch.bfloat16)
+    optimizer = _optimizer(net)
+    groups_built = len(lifecycle._own_groups)
+    for k in range(6):   # six rebuilds: layer 0 frozen, unfrozen, ...
+        net[0].weight.requires_grad_(k % 2 == 0)
+        _ones_grads(net)
+        optimizer.step()
+    out["groups"] = (groups_before, groups_built, len(lifecycle._own_groups))
+    optimizer.close()
+    out["groups_after_close"] = len(lifecycle._own_groups)
+    out["add_group_after_close"] = _timed(
+        lambda: optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))]}))[0]
+
+    # A step that fails on rank 1 in the step that rebuilds: rank 0 is told at once.
+    net = model(torch.bfloat16)
+    optimizer = _optimizer(net)
+    _ones_grads(net)
+    optimizer.step()
+    net[0].weight.requires_grad_(False)
+    _ones_grads(net)
+
+    def closure():
+        if rank == 1:
+            raise RuntimeError("a closure that fails on rank 1")
+        return torch.zeros(())
+
+    out["fails_in_rebuild"] = _timed(lambda: optimizer.step(closure))
+    optimizer.close()
+
+    # Ranks that differ in trainability: every rank at once, naming it.
+    net = model(torch.bfloat16)
+    optimizer = _optimizer(net)
+    if rank == 1:
+        net[0].weight.requires_grad_(False)
+    _ones_grads(net)
+    out["differing_trainability"] = _timed(optimizer.step)
+    optimizer.close()
+
+    # A rebuild that fails (an FP32 group on BF16 parameters): no later step runs as if it synced.
+    net = model(torch.bfloat16)
+    optimizer = _optimizer(net)
+    out["bad_group"] = _timed(
+        lambda: optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(4))]}))[0]
+    _ones_grads(net)
+    out["step_after_bad_group"] = _timed(optimizer.step)[0]
+    optimizer.close()
+    return out

@@ -59,6 +59,14 @@ def register_group(group):
     return group
 
 
+def release_group(group) -> None:
+    """Destroys a group register_group() noted, now rather than at exit (an owner that is done
+    with it: a closed ciera.zero optimizer)."""
+    if any(g is group for g in _own_groups):
+        _own_groups[:] = [g for g in _own_groups if g is not group]
+        destroy_group(group)
+
+
 def held_weakly(group):
     """A callable that returns `group` (one register_group() holds; None stays None), or raises
     CommError once the group was released at exit: never another group in its place."""

@@ -249,23 +249,24 @@ def check_transport(what: str, kind) -> None:
         raise ValueError(f"{what}: transport must be 'torch', 'mpi' or 'nccl', got {kind!r}")
 
 
-def make_transport(kind: str, process_group, timeout_s: float, device: torch.device | None = None):
+def make_transport(kind: str, process_group, timeout_s: float, device: torch.device | None = None,
+                   made: list | None = None):
     """The native transport for enable(transport=kind), for a model on `device` (CPU when None).
     "torch": a dedicated group beside `process_group` (default the world), gloo for a CPU model
     and NCCL for a CUDA one, whose collectives fail after `timeout_s` (the engine's timeout: a
     new group would otherwise wait torch's default 30 minutes for a stopped peer); "mpi": Open
     MPI, initialised once per process (the engine sets its timeout; host memory only); "nccl":
-    CIERA's NCCL transport (CUDA only)."""
+    CIERA's NCCL transport (CUDA only). A group made for "torch" is appended to `made` (if given),
+    for an owner that releases it before exit (lifecycle.release_group)."""
     cuda = device is not None and device.type == "cuda"
     if kind == "torch":
         ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
         timeout = datetime.timedelta(seconds=timeout_s)
-        if cuda:
-            backend = _cuda_backend(process_group)
-            group = lifecycle.register_group(dist.new_group(ranks=ranks, backend=backend, timeout=timeout))
-            return TorchCudaTransport(group, device, backend).make()
-        group = lifecycle.register_group(dist.new_group(ranks=ranks, backend="gloo", timeout=timeout))
-        return TorchTransport(group).make()
+        backend = _cuda_backend(process_group) if cuda else "gloo"
+        group = lifecycle.register_group(dist.new_group(ranks=ranks, backend=backend, timeout=timeout))
+        if made is not None:
+            made.append(group)
+        return TorchCudaTransport(group, device, backend).make() if cuda else TorchTransport(group).make()
     if kind == "nccl":
         if not cuda:
             raise _ext.ConfigError("transport 'nccl' moves device memory: the model must be on a CUDA device")
