@@ -3,10 +3,12 @@
 // really compressed; configuration mismatches, cold ranks, corrupted payloads and dead peers
 // handled the same way on every rank; misuse of the API rejected with std::invalid_argument.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <random>
@@ -545,6 +547,58 @@ TEST(Engine, AfterACommErrorEveryGatherSaysTheEngineGathersNoMore) {
         first[r] + "\n";
     EXPECT_EQ(later[r], once + once);
   }
+}
+
+// Resident memory of this process, in bytes (Linux: /proc/self/statm's second field, in pages).
+size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t total_pages = 0, resident_pages = 0;
+  statm >> total_pages >> resident_pages;
+  return resident_pages * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+// reliability.md row 11: a long soak with changing shapes keeps memory flat. Engines are made,
+// used and destroyed round after round with buckets of other shapes and dtypes (as a training
+// that re-lays its buckets, or FSDP2 wrapping another model); once every shape has been seen, the
+// process's resident memory stops growing: no engine, codec or transport state outlives its
+// engine. Not under the sanitizers, whose quarantine keeps freed memory on purpose.
+TEST(Engine, ASoakWithChangingShapesKeepsMemoryFlat) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP()
+      << "a sanitizer keeps freed memory (its quarantine): resident memory says nothing here";
+#else
+  struct Shape {
+    DType dtype;
+    std::vector<uint64_t> params;
+  };
+  const std::vector<Shape> shapes = {{DType::kBF16, {300000, 3000}},
+                                     {DType::kFP32, {50000, 50000, 7}},
+                                     {DType::kFP16, {1, 120000}},
+                                     {DType::kBF16, {70000}}};
+  EngineConfig config;
+  config.warmup_steps = 1;
+  const auto round = [&](size_t k) {
+    const Shape& shape = shapes[k % shapes.size()];
+    const BucketLayout layout = BucketLayout::fsdp_split("soak", shape.dtype, shape.params, 2);
+    testing::expect_no_errors(run_ranks(2, [&](int rank, Transport& t) {
+      BucketData data(layout, Pattern::kSparse, 7 + k);
+      CompressedAllgather engine(t, config, {layout});
+      std::vector<std::byte> out(layout.total_bytes());
+      for (int step = 0; step < 3; ++step) {
+        if (step > 0) data.trajectory.step();
+        engine.wait(engine.start(0, data.input(rank), out));
+        ASSERT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin()))
+            << "round " << k << " rank " << rank << " step " << step;
+      }
+    }));
+  };
+  for (size_t k = 0; k < 2 * shapes.size(); ++k) round(k);  // every shape, twice
+  const size_t settled = resident_bytes();
+  for (size_t k = 0; k < 10 * shapes.size(); ++k) round(k);
+  const size_t after = resident_bytes();
+  EXPECT_LT(after, settled + (8u << 20)) << "resident " << settled << " -> " << after
+                                         << " bytes over " << 10 * shapes.size() << " rounds";
+#endif
 }
 
 TEST(Engine, DeadPeerMakesOthersFailWithinTheTimeout) {

@@ -50,7 +50,7 @@ struct CollectivesConfig {
   uint32_t block_values = 512;
   // Parts move in rounds of slices of this many values, so that a worker thread codes the
   // rounds ahead (up to two) and decodes the rounds behind while the transport moves this one.
-  // Each rank keeps three rounds' slices of every peer in each direction (send, receive and, for
+  // Each rank keeps four rounds' slices of every peer in each direction (send, receive and, for
   // a reduce-scatter, decoded). Must match on every rank. 2^18 (from 2^20 until 2026-12-04): a
   // first and last slice of 2^16 leave less coding and decoding outside the transfers, which
   // on four ranks sharing two cores at 1 Gbit/s took the synthetic BF16 reduce-scatter of a
