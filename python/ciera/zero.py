@@ -101,8 +101,11 @@ class FP32MasterOptimizer(Optimizer):
         self.inner: Optimizer | None = None                     # built once the groups are known
         super().__init__(params, defaults)   # calls add_param_group per group (masters made below)
         self.inner = inner_class([self._inner_group(g) for g in self.param_groups], **defaults)
-        # The inner optimizer's defaults (betas, eps, ...) fill in what the caller left out.
+        # The inner optimizer's defaults (betas, eps, ...) fill in what the caller left out, in
+        # the groups and in `defaults` (which schedulers read: OneCycleLR's cycle_momentum looks
+        # for "betas" or "momentum" there, and groups added later take them from it).
         _copy_hyperparameters(self.inner.param_groups, self.param_groups)
+        self.defaults = {**self.inner.defaults, **self.defaults}
 
     # Optimizer.__init__ assigns an empty state; the state lives in the inner optimizer.
     @property

@@ -133,6 +133,22 @@ def test_fp32_master_matches_a_hand_written_reference():
     assert torch.equal(params[1].detach(), before)
 
 
+def test_fp32_master_defaults_are_the_inner_optimizers():
+    """Schedulers read `defaults`: OneCycleLR's cycle_momentum needs "betas" (or "momentum")
+    there, which the wrapper's own defaults (the caller's lr alone) lacked."""
+    params = _bf16_params()
+    optimizer = zero.fp32_master(torch.optim.AdamW)(params, lr=1e-3)
+    assert optimizer.defaults["lr"] == 1e-3
+    assert optimizer.defaults["betas"] == torch.optim.AdamW(params, lr=1e-3).defaults["betas"]
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=10, cycle_momentum=True)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    scheduler.step()   # sets the wrapper's betas; the inner optimizer takes them at the next step
+    optimizer.step()
+    assert optimizer.param_groups[0]["betas"] == optimizer.inner.param_groups[0]["betas"] != (0.9, 0.999)
+
+
 def test_fp32_master_state_dict_round_trip_and_fp32_params():
     params = _bf16_params()
     opt = zero.fp32_master(torch.optim.Adam)(params, lr=1e-3)
