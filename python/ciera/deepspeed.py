@@ -768,14 +768,14 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
     replaces the reduce-scatter, and is lossy), reduce_scatter off (DeepSpeed then all-reduces),
     an accelerator other than the CPU, parameters in more than one data-parallel group or in one
     smaller than the world; enabling an engine twice is a ValueError. A refusal on any rank is
-    raised on every rank, naming the rank, and so is a `transport` that differs between ranks.
+    raised on every rank, naming the rank, and so is a `transport` or `coding` that differs between ranks.
     It can be combined with enable() (the parameter gathers), or used alone."""
     # Every check first, on every rank (a rank that refused alone would leave the others waiting
     # in the transport's set-up until its timeout), with the transport the ranks chose.
     config, group = checked_on_every_rank(
         "ciera.deepspeed.enable_reduce_scatter()",
         lambda: _reduce_scatter_checked(engine, coding, transport, worker_niceness),
-        same={"transport": transport})
+        same={"transport": transport, "coding": coding})
     native = make_transport(transport, group, timeout_s)
     return ReduceScatterHandle(engine, _ext.LosslessCollectives(native, config), coding, group,
                                dist.get_world_size(group))

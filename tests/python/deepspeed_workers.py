@@ -170,6 +170,8 @@ def one_rank_fails(rank: int, world: int) -> list:
                                                                timeout_s=20)),
         error_of(lambda: ciera.deepspeed.enable_reduce_scatter(ds_engine, transport="mpi" if last else "torch",
                                                                timeout_s=20)),
+        error_of(lambda: ciera.deepspeed.enable_reduce_scatter(ds_engine, "raw" if last else "exponent",
+                                                               timeout_s=20)),
     ]
 
 

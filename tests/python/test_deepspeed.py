@@ -124,6 +124,8 @@ def test_a_refusal_or_option_on_one_rank_fails_every_rank_alike():
         "exponent, raw, auto, got 'bogus'",
         "ConfigError: ciera.deepspeed.enable_reduce_scatter(): the ranks differ in transport: 'torch' on rank 0; "
         "'mpi' on rank 1",
+        "ConfigError: ciera.deepspeed.enable_reduce_scatter(): the ranks differ in coding: 'exponent' on rank 0; "
+        "'raw' on rank 1",
     ]
     for rank, errors in enumerate(all_ok(spawn(w.one_rank_fails, 2))):
         assert errors == expected, (rank, errors)

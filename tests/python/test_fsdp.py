@@ -75,6 +75,7 @@ def test_options_that_differ_between_ranks_fail_every_rank_alike():
         "ConfigError: enable(): on rank 2: no cost model for the 3-rank group (0, 1, 2) (cost_model is for 4 ranks)",
         "TypeError: enable(): on rank 0: overlap must be True or False, got str 'no'",
         "ValueError: enable_reduce_scatter(): on rank 0: transport must be 'torch', 'mpi' or 'nccl', got 'gloo'",
+        "ConfigError: enable_reduce_scatter(): the ranks differ in coding: 'exponent' on ranks 0, 1; 'raw' on rank 2",
     ]
     for rank, errors in enumerate(all_ok(spawn(w.one_rank_differs, 3))):
         assert errors == expected, (rank, errors)

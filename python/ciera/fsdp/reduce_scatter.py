@@ -197,13 +197,13 @@ def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, t
     calls it with the same model and coding. Host memory (CPU models) only. `disable()` on the
     handle restores FSDP2's own reduce-scatter; enabling a model whose reduce-scatters already
     go through CIERA is a ValueError. A refusal on any rank is raised on every rank, naming the
-    rank, and so is a `transport` that differs between ranks (ConfigError)."""
+    rank, and so is a `transport` or `coding` that differs between ranks (ConfigError)."""
     # Every check first, on every rank (a rank that refused alone would leave the others waiting
     # in the transport's set-up until its timeout), with the transport the ranks chose.
     config, buckets, shard = checked_on_every_rank(
         "enable_reduce_scatter()", lambda: _checked(model, coding, transport, process_group, timeout_s,
                                                     worker_niceness),
-        same={"transport": transport})
+        same={"transport": transport, "coding": coding})
     if len(shard.partition) == 1:
         native = make_transport(transport, process_group, timeout_s)
     else:
