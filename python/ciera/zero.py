@@ -408,17 +408,6 @@ class ZeroRedundancyOptimizer(_TorchZero):
                     trainable.setdefault(param.device, []).append(param)
             for device, mine in trainable.items():
                 _bucket_dtype(device, mine)
-            # PyTorch builds the local optimizer before the collective set-up of the engines: an
-            # argument it refuses (lr=-1 on one rank) would raise there on that rank alone. A
-            # trial on one parameter like the first finds it here, on every rank.
-            if trainable:
-                first = next(iter(trainable.values()))[0]
-                trial = torch.zeros(1, dtype=first.dtype, device=first.device, requires_grad=True)
-                try:
-                    optimizer_class([trial], **defaults)
-                except Exception as e:  # noqa: BLE001 - raised on every rank, with its type and text
-                    raise type(e)(f"{_NAME}: optimizer_class {getattr(optimizer_class, '__name__', optimizer_class)}"
-                                  f" refused its arguments: {e}") if isinstance(e, (ValueError, TypeError)) else e
             return listed
 
         # Every rank checks its own arguments, and they must be the same on every rank of
@@ -456,6 +445,14 @@ class ZeroRedundancyOptimizer(_TorchZero):
             self._groups.append(self._agreement)
 
     # -- buckets ---------------------------------------------------------------------------------
+
+    def _init_local_optimizer(self) -> None:
+        """PyTorch's local optimizer on this rank's partition, agreed on every rank: PyTorch makes
+        it before the collective set-up of the engines, so an argument it refuses on one rank
+        (lr=-1 there, an optimizer that takes only 2-D parameters and got another kind in this
+        rank's partition) raised on that rank alone while its peers waited in the set-up until
+        the timeout."""
+        checked_on_every_rank(_NAME, super()._init_local_optimizer, self.process_group)
 
     def _build_param_buckets(self) -> None:
         """PyTorch's buckets (rank r's trainable parameters on a device, flattened in partition
