@@ -263,4 +263,11 @@ ip netns exec "$hub" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
   -x CIERA_LINKLAB_PREFIX -x CIERA_LINKLAB_GBIT -x CIERA_LINKLAB_DELAY_MS \
   -x CIERA_LINKLAB_NODES -x CIERA_LINKLAB_RANKS_PER_NODE -x CIERA_LINKLAB_UPLINKS \
   -x CIERA_LINKLAB_HUB_PID -x CIERA_LINKLAB_CC \
-  "$here/linklab-agent.sh" "$@"
+  "$here/linklab-agent.sh" "$@" &
+# mpirun runs in the background so that a SIGINT or SIGTERM to this script (ciera bench's or ciera
+# train's launcher passing one on) reaches it at once: bash runs a trap only once its foreground
+# child has ended, and a SIGKILL after waiting for that would leave mpirun, its ranks and the
+# namespaces behind. mpirun passes SIGTERM on to the ranks; teardown then removes the namespaces.
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null; kill -CONT "$child" 2>/dev/null; wait "$child"; exit 130' INT TERM
+wait "$child"

@@ -69,13 +69,21 @@ void end_launcher(pid_t launcher) {
 
 // Our exit status from the rank launcher's wait status: its own 0..3 (a rank's status or abort
 // code) as they are; anything else (a rank killed by a signal, the launcher's own failure) is the
-// work failing, 1, said in one line, or 128 + N after a signal N passed on to it.
-int launcher_status(int status, const char* launcher) {
+// work failing, 1, said in one line, or 128 + N after a signal N passed on to it (`killed`: it
+// had to be killed, 30 s after).
+int launcher_status(int status, const char* launcher, bool killed) {
   if (g_forwarded != 0) {
     const char* name = g_forwarded == SIGINT    ? "SIGINT"
                        : g_forwarded == SIGTERM ? "SIGTERM"
                                                 : "SIGHUP";
-    std::fprintf(stderr, "ciera: interrupted (%s); the ranks were ended\n", name);
+    if (killed) {
+      std::fprintf(stderr,
+                   "ciera: interrupted (%s); %s did not end within 30 s and was killed: ranks of "
+                   "it may be left running\n",
+                   name, launcher);
+    } else {
+      std::fprintf(stderr, "ciera: interrupted (%s); the ranks were ended\n", name);
+    }
     return 128 + g_forwarded;
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) <= kExitNotExact) return WEXITSTATUS(status);
@@ -143,6 +151,7 @@ bool under_mpi() {
   };
   sigemptyset(&forward.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &forward, nullptr);
+  signal(SIGCHLD, SIG_DFL);  // a caller's SIG_IGN would make waitpid fail (ECHILD)
   std::fflush(nullptr);
   const pid_t launcher = fork();
   if (launcher < 0)
@@ -155,19 +164,24 @@ bool under_mpi() {
   }
   g_launcher = launcher;
   if (g_forwarded != 0) end_launcher(launcher);  // a signal during the fork
+  // Polled, so that a signal between a look at g_forwarded and a blocking wait cannot go unseen.
   int status = 0;
   std::optional<std::chrono::steady_clock::time_point> kill_at;
+  bool killed = false;
   for (;;) {
-    const pid_t waited = waitpid(launcher, &status, kill_at ? WNOHANG : 0);
+    const pid_t waited = waitpid(launcher, &status, WNOHANG);
     if (waited == launcher) break;
     if (waited < 0 && errno != EINTR)
       throw Error("cannot wait for the ranks' launcher: " + std::string(std::strerror(errno)));
     if (g_forwarded != 0 && !kill_at)
       kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    if (kill_at && std::chrono::steady_clock::now() > *kill_at) kill(launcher, SIGKILL);
-    if (kill_at) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (kill_at && !killed && std::chrono::steady_clock::now() > *kill_at) {
+      kill(launcher, SIGKILL);
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  throw CommandExit(launcher_status(status, args[0]));
+  throw CommandExit(launcher_status(status, args[0], killed));
 }
 
 // Every rank must have been given the same options (mpirun's MPMD form can give each its own, and

@@ -26,9 +26,13 @@ def _env():
 
 
 def _kill_leftovers(job: subprocess.Popen, pids: list) -> None:
-    """After a test: the job and its ranks, if any is left (only when the test has failed)."""
+    """After a test: the job, the rank launcher it started (the native tool waits for its mpirun
+    rather than becoming it) and its ranks, if any is left (only when the test has failed)."""
     if job.poll() is None:
+        children = Path(f"/proc/{job.pid}/task/{job.pid}/children")
+        launchers = [int(p) for p in children.read_text().split()] if children.exists() else []
         job.kill()
+        pids = [*launchers, *pids]
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
