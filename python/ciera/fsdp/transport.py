@@ -281,15 +281,18 @@ def make_transport(kind: str, process_group, timeout_s: float, device: torch.dev
 def _require_mpi_world_is_the_group(native, process_group) -> None:
     """Transport 'mpi' runs on MPI's world, which must be the process group's ranks in their
     order. Under torchrun each process is an MPI world of one, and the engine's agreement said
-    only that a bucket "describes 2 ranks but the transport has 1", on every rank as rank 0."""
+    only that a bucket "describes 2 ranks but the transport has 1", on every rank as rank 0.
+    Every rank's MPI place is gathered (one all_gather_object on the group), so that all decide
+    alike: a rank whose own place looks right would otherwise go on into the engine's set-up."""
     ranks = (dist.get_process_group_ranks(process_group) if process_group is not None
              else list(range(dist.get_world_size())))
-    if native.size == len(ranks) and ranks[native.rank] == dist.get_rank():
+    places = [None] * len(ranks)
+    dist.all_gather_object(places, (native.size, native.rank), group=process_group)
+    if places == [(len(ranks), i) for i in range(len(ranks))]:
         return
-    if native.size == 1:
+    if any(size == 1 for size, _ in places):
         raise _ext.ConfigError(f"transport 'mpi' found an MPI world of 1 process, but the process group has "
                                f"{len(ranks)} ranks: start the ranks with mpirun (torchrun starts each as an "
                                f"MPI world of its own), or use transport 'torch'")
-    raise _ext.ConfigError(f"transport 'mpi' spans MPI's world of {native.size} ranks (this one MPI rank "
-                           f"{native.rank}), but the process group is the ranks {ranks} (this one "
-                           f"{dist.get_rank()}): it needs the whole world in MPI's order; use transport 'torch'")
+    raise _ext.ConfigError(f"transport 'mpi' needs the process group to be MPI's world in its order: the group's "
+                           f"ranks {ranks} are MPI's (world size, rank) {places}; use transport 'torch'")
