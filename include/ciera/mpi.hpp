@@ -28,25 +28,32 @@ inline constexpr std::chrono::milliseconds kMpiDefaultTimeout{std::chrono::minut
 // MPI_Init_thread waits for every rank of the job and has no deadline of its own: if it has not
 // returned within `timeout` (0: no deadline), a watchdog prints one line naming it and ends this
 // process with status 1 (_exit; the launcher, seeing a rank end early, ends the job). So, as for
-// any collective, the ranks must reach it within `timeout` of each other.
+// any collective, the ranks must reach it within `timeout` of each other. Where it starts MPI, it
+// sets MPI_ERRORS_RETURN on MPI_COMM_WORLD: Open MPI 4.1 reports an error found while testing a
+// nonblocking collective (a message truncated by a peer that sent more than it was told) through
+// MPI_COMM_WORLD's handler, whose default aborts the job; with MPI_ERRORS_RETURN it is a CommError.
+// A caller that starts MPI itself should do the same to get that CommError.
 int mpi_init(int* argc = nullptr, char*** argv = nullptr,
              std::chrono::milliseconds timeout = kMpiDefaultTimeout);
 
 // Duplicates `comm`, so CIERA's collectives never interleave with the caller's, and sets
 // MPI_ERRORS_RETURN on the duplicate. The duplicate is a collective over `comm`, polled like the
 // transport's own: a peer that does not join within `timeout` (also the transport's collective
-// timeout, until set_timeout) is a CommError. MPI must be initialised; if several threads use
-// MPI, with MPI_THREAD_MULTIPLE.
+// timeout, until set_timeout) is a CommError. MPI must be initialised and not finalised (else a
+// CommError), with MPI_THREAD_MULTIPLE (else a ConfigError naming the level): the engine calls
+// MPI from its own thread while its caller may call it too.
 std::unique_ptr<Transport> make_mpi_transport(
     MPI_Comm comm, std::chrono::milliseconds timeout = kMpiDefaultTimeout);
 
 // The transport on this rank's group `ranks` (ranks of `comm`, this one among them, in the order
 // that becomes the group's), where the groups of all ranks partition `comm`: collective over
-// `comm`, each rank naming its own group. Ranks that disagree on the groups are a ConfigError.
-// The split (MPI_Comm_split) cannot be polled: it runs under a watchdog that, past `timeout`,
-// prints one line naming it and ends the job with mpi_abort(1) (with MPI_THREAD_MULTIPLE; at a
-// lower thread level, where MPI_Abort from the watchdog's thread is not allowed, this process
-// only, with _exit(1)).
+// `comm`, each rank naming its own group. The groups are gathered first (polled, like the
+// transport's collectives): a group that leaves out its own rank, names a rank twice or one not
+// in `comm`, or that one of its members names otherwise (other ranks, or another order) is the
+// same ConfigError on every rank, before any split. The split (MPI_Comm_split) cannot be polled: it
+// runs under a watchdog that, past `timeout`, prints one line naming it and ends the job with
+// mpi_abort(1) (with MPI_THREAD_MULTIPLE; at a lower thread level, where MPI_Abort from the
+// watchdog's thread is not allowed, this process only, with _exit(1)).
 std::unique_ptr<Transport> make_mpi_transport(
     MPI_Comm comm, std::span<const int> ranks,
     std::chrono::milliseconds timeout = kMpiDefaultTimeout);

@@ -45,15 +45,21 @@ void check_records(std::span<const ControlRecord> records, size_t bucket,
                    const BucketLayout& layout, int my_rank,
                    std::span<const uint64_t> max_envelope_bytes) {
   const int world = static_cast<int>(records.size());
+  if (records[static_cast<size_t>(my_rank)].bucket != bucket) {  // this rank's own, as it sent it
+    throw CommError("rank " + std::to_string(my_rank) + "'s control record names bucket " +
+                    std::to_string(records[static_cast<size_t>(my_rank)].bucket) +
+                    ", not the bucket " + std::to_string(bucket) + " it gathers");
+  }
   for (int r = 0; r < world; ++r) {
     const ControlRecord& c = records[r];
     if (c.magic != kControlMagic || c.version != kEngineProtocolVersion) {
       throw CommError("rank " + std::to_string(r) + " speaks another CIERA protocol version");
     }
-    if (c.bucket != bucket) {
+    // Against rank 0's record, not this rank's: every rank names the same two.
+    if (c.bucket != records[0].bucket) {
       throw CommError("gathers out of order: rank " + std::to_string(r) + " is gathering bucket " +
-                      std::to_string(c.bucket) + " while rank " + std::to_string(my_rank) +
-                      " gathers bucket " + std::to_string(bucket) +
+                      std::to_string(c.bucket) + " while rank 0 gathers bucket " +
+                      std::to_string(records[0].bucket) +
                       " (start() must be called in the same order on every rank)");
     }
   }

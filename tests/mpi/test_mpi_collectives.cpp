@@ -279,6 +279,51 @@ TEST(MpiTransportSettings, DifferentOrUnreadableOnOneRankFailEveryRankAlike) {
   expect_an_allgather_lands(*transport);
 }
 
+// Sub-groups the ranks name differently (other members, another order, a rank left out of its own
+// group): the same ConfigError on every rank, before any split. Until stop 62 only the ranks whose
+// group came out of another size failed, another order passed, and a rank that left itself out
+// refused alone while its peers waited in MPI_Comm_split until its watchdog ended the job. A
+// partition in reverse order then works, its ranks in the order named.
+TEST(MpiSubgroups, GroupsTheRanksNameDifferentlyFailEveryRankAlike) {
+  const int W = size_of_world(), rank = rank_of_world();
+  ASSERT_GE(W, 2);
+  struct Case {
+    std::vector<int> group;  // this rank's
+    std::string expected;
+  };
+  const auto own = [&](int r) { return std::vector<int>{r}; };
+  const std::vector<Case> cases = {
+      {rank == 0 ? std::vector<int>{0, 1} : own(rank),
+       "rank 0 named {0, 1} and names rank 1, which named {1}"},
+      {rank == 0   ? std::vector<int>{0, 1}
+       : rank == 1 ? std::vector<int>{1, 0}
+                   : own(rank),
+       "rank 0 named {0, 1} and names rank 1, which named {1, 0}"},
+      {std::vector<int>{0}, "rank 1 named {0} and leaves itself out"},
+      {rank == W - 1 ? std::vector<int>{W - 1, W - 1} : own(rank),
+       "rank " + std::to_string(W - 1) + " named {" + std::to_string(W - 1) + ", " +
+           std::to_string(W - 1) + "} and names rank " + std::to_string(W - 1) + " twice"},
+  };
+  for (const Case& c : cases) {
+    std::string message;
+    try {
+      make_mpi_transport(MPI_COMM_WORLD, c.group, std::chrono::seconds(20));
+    } catch (const ConfigError& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("mpi_transport: the ranks disagree on the groups: " + c.expected),
+              std::string::npos)
+        << message;
+    EXPECT_TRUE(same_on_every_rank(message))
+        << "the ranks' messages differ; this rank's: " << message;
+  }
+  std::vector<int> reversed(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) reversed[static_cast<size_t>(r)] = W - 1 - r;
+  std::unique_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD, reversed);
+  EXPECT_EQ(transport->rank(), W - 1 - rank);
+  EXPECT_EQ(transport->size(), W);
+}
+
 // Parts beyond MPI's int counts, on some ranks only (run alone, at 3 ranks: see
 // tests/CMakeLists.txt). Rank 0 sends rank 1 more than 2 GiB, and rank 1 keeps its own part
 // beyond 2 GiB into its output, while rank 2's counts and displacements all fit in an int. The
@@ -308,6 +353,36 @@ TEST(MpiTransportBeyondInt, PartsOver2GiBOnSomeRanksLandWhole) {
     uint64_t wrong = 0;
     for (uint64_t i = 0; i < recv[p]; ++i) wrong += out[recv_at[p] + i] != byte_of(i, p, rank);
     EXPECT_EQ(wrong, 0u) << "the part from rank " << p << " (" << recv[p] << " bytes)";
+  }
+}
+
+// An allgatherv whose output reaches past 2 GiB (parts at displacements beyond MPI's int, as a
+// slot stride or parts of several GiB place them) lands whole: until stop 62 the direct path
+// refused it as "displacement ... exceeds MPI's per-rank count limit" (a CommError that ended the
+// engine), and in auto mode small calls always took that path. The output is allocated, not
+// touched: only the parts' pages are written.
+TEST(MpiTransportBeyondInt, AllgathervOutputsPast2GiBLandWhole) {
+  const int W = size_of_world(), rank = rank_of_world();
+  std::shared_ptr<Transport> transport = make_mpi_transport(MPI_COMM_WORLD);
+  transport->set_timeout(std::chrono::seconds(120));
+  const uint64_t far = (uint64_t{3} << 30) + 12345;
+  std::vector<uint64_t> counts(W), displs(W);
+  for (int r = 0; r < W; ++r) {
+    counts[r] = 16 + 3 * static_cast<uint64_t>(r);
+    displs[r] = r == 0 ? 0 : far + 4096 * static_cast<uint64_t>(r);
+  }
+  const uint64_t size = displs[W - 1] + counts[W - 1];
+  std::unique_ptr<uint8_t[]> out(new uint8_t[size]);  // NOLINT: left uninitialised on purpose
+  std::vector<uint8_t> in(counts[rank]);
+  for (uint64_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(rank * 31 + i + 1);
+  for (int round = 0; round < 3; ++round) {  // the first large calls are the auto mode's trials
+    transport->allgatherv(in.data(), out.get(), counts, displs);
+    for (int r = 0; r < W; ++r) {
+      for (uint64_t i = 0; i < counts[r]; ++i) {
+        ASSERT_EQ(out[displs[r] + i], static_cast<uint8_t>(r * 31 + i + 1))
+            << "round " << round << ", the part of rank " << r << ", byte " << i;
+      }
+    }
   }
 }
 

@@ -104,9 +104,21 @@ int checked_count(uint64_t bytes, const char* what) {
 class MpiTransport final : public Transport {
  public:
   MpiTransport(MPI_Comm comm, std::chrono::milliseconds timeout) : timeout_(timeout) {
-    int initialized = 0;
+    int initialized = 0, finalized = 0, level = 0;
     MPI_Initialized(&initialized);
     if (!initialized) throw CommError("MPI transport: MPI is not initialised");
+    MPI_Finalized(&finalized);
+    if (finalized)
+      throw CommError("MPI transport: MPI is finalised (mpi_shutdown or MPI_Finalize)");
+    // The engine calls MPI from its own thread while the caller may call it from another.
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE) {
+      throw ConfigError("MPI transport: MPI was initialised with thread level " +
+                        std::to_string(level) + ", below MPI_THREAD_MULTIPLE (" +
+                        std::to_string(MPI_THREAD_MULTIPLE) +
+                        "): the engine calls MPI from its own thread; initialise with "
+                        "ciera::mpi_init, or MPI_Init_thread asking for MPI_THREAD_MULTIPLE");
+    }
     MPI_Comm_rank(comm, &rank_);
     // A collective over `comm`, nonblocking and polled: a peer that never joins is a CommError.
     MPI_Request request;
@@ -153,14 +165,20 @@ class MpiTransport final : public Transport {
 
   void allgatherv_many(std::span<const AllgathervCall> calls,
                        const std::function<void(size_t)>& done = {}) override {
-    const Algorithm algorithm = size_ > 1 && ring_tags_fit(calls.size()) ? pick(calls) : Algorithm::kNbc;
+    // MPI_Iallgatherv takes int counts and displacements: an output past 2 GiB (a slot stride, or
+    // parts of several GiB) goes round the ring, which moves 64-bit spans, whatever was chosen.
+    // Every rank passes the same counts and displacements, so every rank decides alike.
+    const bool ring_only = !fits_in_ints(calls);
+    const bool ring =
+        size_ > 1 && ring_tags_fit(calls.size()) && (ring_only || pick(calls) == Algorithm::kRing);
+    const Algorithm algorithm = ring ? Algorithm::kRing : Algorithm::kNbc;
     const auto start = std::chrono::steady_clock::now();
     if (algorithm == Algorithm::kRing) {
       ring_allgatherv(calls, done);
     } else {
       nbc_allgatherv(calls, done);
     }
-    if (choice_ == Algorithm::kAuto && large(calls)) {
+    if (choice_ == Algorithm::kAuto && large(calls) && !ring_only) {
       Trial& t = trials_[algorithm == Algorithm::kRing ? 1 : 0];
       t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       t.bytes += static_cast<double>(total_bytes(calls));
@@ -249,6 +267,18 @@ class MpiTransport final : public Transport {
     double seconds = 0, bytes = 0;
   };
   static constexpr int kTrials = 4;
+
+  bool fits_in_ints(std::span<const AllgathervCall> calls) const {
+    constexpr uint64_t kMax = INT_MAX;
+    for (const AllgathervCall& c : calls) {
+      for (int r = 0; r < size_; ++r) {
+        const uint64_t count = c.counts[static_cast<size_t>(r)];
+        const uint64_t displ = c.displs[static_cast<size_t>(r)];
+        if (count > kMax || displ > kMax || count > kMax - displ) return false;
+      }
+    }
+    return true;
+  }
 
   uint64_t total_bytes(std::span<const AllgathervCall> calls) const {
     uint64_t total = 0;
@@ -624,15 +654,82 @@ std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, std::chrono::millis
   return std::make_unique<MpiTransport>(comm, timeout);
 }
 
+namespace {
+
+std::string group_text(std::span<const int> group) {
+  std::string text = "{";
+  for (size_t i = 0; i < group.size(); ++i) text += (i ? ", " : "") + std::to_string(group[i]);
+  return text + "}";
+}
+
+// Every rank's group, gathered before the split (polled against `timeout`, like the transport's
+// collectives), and checked alike on every rank: a group that leaves out its own rank, names a
+// rank twice or one outside `comm`, or that one of its members names otherwise (other ranks, or
+// another order) is the same ConfigError on every rank. The split alone failed only the ranks
+// whose group came out of another size, passed groups named in other orders, and left its peers
+// waiting (until the split's watchdog ended the job) for a rank that refused its list alone.
+void agree_on_groups(MPI_Comm comm, std::span<const int> ranks, std::chrono::milliseconds timeout) {
+  int world = 1;
+  MPI_Comm_size(comm, &world);
+  const int length = static_cast<int>(std::min<size_t>(ranks.size(), INT_MAX / world));
+  std::vector<int> lengths(static_cast<size_t>(world)), offsets(static_cast<size_t>(world));
+  MPI_Request request;
+  if (MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm, &request) !=
+      MPI_SUCCESS)
+    throw CommError("mpi_transport: MPI_Iallgather of the ranks' groups failed");
+  mpi_wait_all({&request, 1}, timeout, "MPI_Iallgather (the ranks' groups)");
+  int total = 0;
+  for (int r = 0; r < world; ++r) {
+    offsets[static_cast<size_t>(r)] = total;
+    total += lengths[static_cast<size_t>(r)];
+  }
+  std::vector<int> all(static_cast<size_t>(total));
+  if (MPI_Iallgatherv(ranks.data(), length, MPI_INT, all.data(), lengths.data(), offsets.data(),
+                      MPI_INT, comm, &request) != MPI_SUCCESS)
+    throw CommError("mpi_transport: MPI_Iallgatherv of the ranks' groups failed");
+  mpi_wait_all({&request, 1}, timeout, "MPI_Iallgatherv (the ranks' groups)");
+  const auto group_of = [&](int r) {
+    return std::span<const int>(all.data() + offsets[static_cast<size_t>(r)],
+                                static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+  };
+  for (int r = 0; r < world; ++r) {
+    const std::span<const int> group = group_of(r);
+    std::string problem;
+    std::vector<bool> seen(static_cast<size_t>(world), false);
+    for (const int m : group) {
+      if (m < 0 || m >= world) {
+        problem = "names rank " + std::to_string(m) +
+                  ", which is not a rank of the communicator (" + std::to_string(world) + " ranks)";
+      } else if (seen[static_cast<size_t>(m)]) {
+        problem = "names rank " + std::to_string(m) + " twice";
+      }
+      if (!problem.empty()) break;
+      seen[static_cast<size_t>(m)] = true;
+    }
+    if (problem.empty() && !seen[static_cast<size_t>(r)]) problem = "leaves itself out";
+    for (size_t k = 0; problem.empty() && k < group.size(); ++k) {
+      const std::span<const int> theirs = group_of(group[k]);
+      if (!std::equal(group.begin(), group.end(), theirs.begin(), theirs.end())) {
+        problem = "names rank " + std::to_string(group[k]) + ", which named " + group_text(theirs);
+      }
+    }
+    if (!problem.empty()) {
+      throw ConfigError("mpi_transport: the ranks disagree on the groups: rank " +
+                        std::to_string(r) + " named " + group_text(group) + " and " + problem +
+                        " (each rank names its own group, in the group's order, and the groups "
+                        "partition the communicator)");
+    }
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, std::span<const int> ranks,
                                               std::chrono::milliseconds timeout) {
+  agree_on_groups(comm, ranks, timeout);
   int me = 0;
   MPI_Comm_rank(comm, &me);
   const auto at = std::find(ranks.begin(), ranks.end(), me);
-  if (at == ranks.end()) {
-    throw ConfigError("mpi_transport: rank " + std::to_string(me) +
-                      " is not in the ranks it was given");
-  }
   // Groups partition `comm`, so the smallest rank of each names it; the order given is the
   // group's rank order.
   const int color = *std::min_element(ranks.begin(), ranks.end());
@@ -706,8 +803,15 @@ int mpi_init(int* argc, char*** argv, std::chrono::milliseconds timeout) {
   // MPI's MCA base reads the variable during MPI_Init_thread (processes started later from this
   // one inherit it, as they would any setting of the launcher's).
   setenv("OMPI_MCA_btl_tcp_progress_thread", "1", /*overwrite=*/0);
-  Watchdog watchdog("MPI_Init_thread", timeout, 1, Watchdog::End::kExit);
-  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  {
+    Watchdog watchdog("MPI_Init_thread", timeout, 1, Watchdog::End::kExit);
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  }
+  // Open MPI 4.1 reports an error found while testing a nonblocking collective's request (a
+  // message truncated by a peer that sent more than it was told) through MPI_COMM_WORLD's
+  // handler, not the transport's duplicate: the default one aborts the job. With this MPI that
+  // CIERA started, such an error is a CommError on the rank that sees it.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   return provided;
 }
 
