@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "ciera/collectives.hpp"
 #include "ciera/engine.hpp"
 #include "ciera/error.hpp"
 #include "ciera/loopback.hpp"
@@ -553,6 +554,48 @@ TEST(Engine, AfterACommErrorEveryGatherSaysTheEngineGathersNoMore) {
         first[r] + "\n";
     EXPECT_EQ(later[r], once + once);
   }
+}
+
+// An engine calls its transport from its own thread: a second engine, or lossless collectives,
+// on the same transport would interleave their calls with its own (until stop 62 two engines on
+// one MPI transport delivered wrong bytes without an error, then MPI aborted). Refused, naming the
+// holder; once the engine is gone the transport takes another. Lossless collectives, which call it
+// from their caller's thread, may share one (a coded one and its uncoded twin).
+TEST(Engine, ATransportServesOneEngineAtATime) {
+  auto world = make_loopback_world(1);
+  std::shared_ptr<Transport> t = make_loopback_transport(world, 0);
+  const std::vector<BucketLayout> layouts = {BucketLayout::fsdp_split("a", DType::kBF16, {64}, 1)};
+  {
+    CompressedAllgather engine(*t, EngineConfig{}, layouts);
+    const auto refused = [](const std::function<void()>& make, const std::string& who) {
+      try {
+        make();
+        ADD_FAILURE() << who << " was made on a transport an engine uses";
+      } catch (const ConfigError& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  who +
+                      ": the transport is in use by an engine (an engine needs a transport of "
+                      "its own: make one for each)");
+      }
+    };
+    refused([&] { CompressedAllgather second(*t, EngineConfig{}, layouts); },
+            "CompressedAllgather");
+    refused([&] { LosslessCollectives collectives(t); }, "LosslessCollectives");
+  }
+  {
+    LosslessCollectives coded(t), twin(t, {.coding = CollectiveCoding::kRaw});
+    try {
+      CompressedAllgather engine(*t, EngineConfig{}, layouts);
+      ADD_FAILURE() << "an engine was made on a transport lossless collectives use";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("in use by lossless collectives"), std::string::npos)
+          << e.what();
+    }
+  }
+  CompressedAllgather engine(*t, EngineConfig{}, layouts);  // the transport is free again
+  std::vector<std::byte> in(layouts[0].total_bytes(), std::byte{1}), out(in.size());
+  engine.run(0, in, out);
+  EXPECT_EQ(out, in);
 }
 
 // Resident memory of this process, in bytes (Linux: /proc/self/statm's second field, in pages).

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -112,6 +113,52 @@ class Transport {
   // Longest a collective waits for its peers before it throws CommError; zero waits forever.
   virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
+
+  // Who uses this transport, held for the user's life. An engine (CompressedAllgather) calls it
+  // from its own thread whenever a gather is in flight, so it must be the only user: a second
+  // engine, or lossless collectives called meanwhile, would interleave their calls with its own,
+  // and a peer could pair one's exchange with the other's (wrong bytes, or an MPI fault). Lossless
+  // collectives call it only from their caller's thread, one call at a time, so several may
+  // share a transport (a coded one and its uncoded twin), but not with an engine. A User that
+  // breaks this is a ConfigError naming who holds the transport. Direct calls are the caller's
+  // to order.
+  class User {
+   public:
+    // `exclusive`: an engine's use (alone); else a lossless collectives' (shared among them).
+    User(Transport& transport, const char* who, bool exclusive) : transport_(transport) {
+      std::lock_guard lock(transport.users_mutex_);
+      if (transport.engine_ != nullptr || (exclusive && transport.shared_users_ > 0)) {
+        throw ConfigError(std::string(who) + ": the transport is in use by " +
+                          (transport.engine_ != nullptr ? "an engine" : "lossless collectives") +
+                          " (an engine needs a transport of its own: make one for each)");
+      }
+      if (exclusive) {
+        transport.engine_ = who;
+      } else {
+        ++transport.shared_users_;
+      }
+      exclusive_ = exclusive;
+    }
+    ~User() {
+      std::lock_guard lock(transport_.users_mutex_);
+      if (exclusive_) {
+        transport_.engine_ = nullptr;
+      } else {
+        --transport_.shared_users_;
+      }
+    }
+    User(const User&) = delete;
+    User& operator=(const User&) = delete;
+
+   private:
+    Transport& transport_;
+    bool exclusive_ = false;
+  };
+
+ private:
+  std::mutex users_mutex_;
+  const char* engine_ = nullptr;
+  int shared_users_ = 0;
 };
 
 }  // namespace ciera

@@ -157,6 +157,7 @@ struct LosslessCollectives::Impl {
   explicit Impl(const CollectivesConfig& c) : pool(c.worker_threads, c.worker_niceness) {}
 
   std::shared_ptr<Transport> transport;
+  std::optional<Transport::User> user;  // given back once everything below has stopped
   CollectivesConfig config;
   int rank = 0, world = 1;
   uint64_t sequence = 0;
@@ -575,6 +576,7 @@ LosslessCollectives::LosslessCollectives(std::shared_ptr<Transport> transport,
   config.validate();
   impl_ = std::make_unique<Impl>(config);
   impl_->transport = std::move(transport);
+  impl_->user.emplace(*impl_->transport, "LosslessCollectives", /*exclusive=*/false);
   impl_->config = config;
   impl_->rank = impl_->transport->rank();
   impl_->world = impl_->transport->size();

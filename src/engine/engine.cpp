@@ -16,7 +16,8 @@ namespace ciera {
 
 CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts,
                                 std::shared_ptr<const CodecBackend> b)
-    : backend(std::move(b)),
+    : user(t, "CompressedAllgather", /*exclusive=*/true),
+      backend(std::move(b)),
       memory(backend->memory()),
       staged(backend->host_memory() ? nullptr : std::make_unique<StagedTransport>(t, memory)),
       transport(staged ? *staged : t),

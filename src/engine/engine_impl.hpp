@@ -156,6 +156,7 @@ struct CompressedAllgather::Impl {
   template <typename F>
   void timed(std::span<Gather* const> gathers, F&& collective);
 
+  Transport::User user;  // first: given back after everything below has stopped
   std::shared_ptr<const CodecBackend> backend;
   const MemoryOps& memory;  // every payload byte the engine moves goes through here
   // The caller's transport; with a backend whose memory is not host memory, wrapped so that
