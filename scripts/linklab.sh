@@ -250,6 +250,10 @@ done
 counting=1
 uplinks=$(IFS=,; echo "${uplink_hub_dev[*]}")
 export CIERA_LINKLAB_PREFIX="ciera${id}"
+# Set before mpirun starts, so that no signal finds it running and the old trap in place (which
+# would remove the namespaces under it): once it runs, a signal goes on to it (below).
+child=
+trap 'if [[ -n $child ]]; then kill -TERM "$child" 2>/dev/null; kill -CONT "$child" 2>/dev/null; wait "$child" || true; fi; exit 130' INT TERM
 # `exec` keeps the PID: CIERA_LINKLAB_HUB_PID is mpirun's, a process in the hub's namespace.
 ip netns exec "$hub" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   CIERA_LINKLAB_GBIT="$gbit" CIERA_LINKLAB_DELAY_MS="$delay_ms" \
@@ -269,5 +273,4 @@ ip netns exec "$hub" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
 # child has ended, and a SIGKILL after waiting for that would leave mpirun, its ranks and the
 # namespaces behind. mpirun passes SIGTERM on to the ranks; teardown then removes the namespaces.
 child=$!
-trap 'kill -TERM "$child" 2>/dev/null; kill -CONT "$child" 2>/dev/null; wait "$child"; exit 130' INT TERM
 wait "$child"

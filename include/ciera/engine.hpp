@@ -126,13 +126,13 @@ class CompressedAllgather {
   // or if `stream` is not 0 on a backend without streams (the host's).
   // A wrong input or output size is not thrown here: wait() throws ConfigError for it on every
   // rank.
-  // `slot_stride`: 0 (the default) puts the ranks' parts of `output` back to back, as
-  // layout.rank_offset() gives. Otherwise rank r's part begins r * slot_stride bytes into
-  // `output` (slot_stride at least layout.rank_bytes() of every rank), which then spans
-  // (ranks - 1) * slot_stride + rank_bytes(ranks - 1) bytes; the bytes between the parts are
-  // neither read nor written. So a gather lands in a caller's interleaved buffer without a copy:
-  // DeepSpeed's coalesced fetch, whose output holds each rank's partitions of several
-  // parameters, one engine bucket each.
+  // `slot_stride` (the same on every rank): 0 (the default) puts the ranks' parts of `output` back
+  // to back, as layout.rank_offset() gives. Otherwise rank r's part begins r * slot_stride bytes
+  // into `output` (slot_stride at least layout.rank_bytes() of every rank), which then spans (ranks
+  // - 1) * slot_stride + rank_bytes(ranks - 1) bytes; the bytes between the parts are neither read
+  // nor written. So a gather lands in a caller's interleaved buffer without a copy: DeepSpeed's
+  // coalesced fetch, whose output holds each rank's partitions of several parameters, one engine
+  // bucket each.
   Ticket start(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output,
                uintptr_t stream = 0, uint64_t slot_stride = 0);
   // Blocks until the gather is done. Throws CommError / ConfigError (the same on every rank)

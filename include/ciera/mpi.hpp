@@ -28,11 +28,11 @@ inline constexpr std::chrono::milliseconds kMpiDefaultTimeout{std::chrono::minut
 // MPI_Init_thread waits for every rank of the job and has no deadline of its own: if it has not
 // returned within `timeout` (0: no deadline), a watchdog prints one line naming it and ends this
 // process with status 1 (_exit; the launcher, seeing a rank end early, ends the job). So, as for
-// any collective, the ranks must reach it within `timeout` of each other. Where it starts MPI, it
-// sets MPI_ERRORS_RETURN on MPI_COMM_WORLD: Open MPI 4.1 reports an error found while testing a
-// nonblocking collective (a message truncated by a peer that sent more than it was told) through
-// MPI_COMM_WORLD's handler, whose default aborts the job; with MPI_ERRORS_RETURN it is a CommError.
-// A caller that starts MPI itself should do the same to get that CommError.
+// any collective, the ranks must reach it within `timeout` of each other. (Open MPI 4.1 reports an
+// error found while testing a nonblocking collective, such as a message truncated by a peer that
+// sent more than it was told, through MPI_COMM_WORLD's handler: by default the job aborts, loudly,
+// rather than the transport raising a CommError. The engine's records catch mismatched calls
+// before any payload moves, so only a transport used outside them meets this.)
 int mpi_init(int* argc = nullptr, char*** argv = nullptr,
              std::chrono::milliseconds timeout = kMpiDefaultTimeout);
 
@@ -40,8 +40,8 @@ int mpi_init(int* argc = nullptr, char*** argv = nullptr,
 // MPI_ERRORS_RETURN on the duplicate. The duplicate is a collective over `comm`, polled like the
 // transport's own: a peer that does not join within `timeout` (also the transport's collective
 // timeout, until set_timeout) is a CommError. MPI must be initialised and not finalised (else a
-// CommError), with MPI_THREAD_MULTIPLE (else a ConfigError naming the level): the engine calls
-// MPI from its own thread while its caller may call it too.
+// CommError); an engine needs MPI_THREAD_MULTIPLE, since it calls MPI from its own thread while
+// its caller may call it too (else the engine's constructor throws a ConfigError naming the level).
 std::unique_ptr<Transport> make_mpi_transport(
     MPI_Comm comm, std::chrono::milliseconds timeout = kMpiDefaultTimeout);
 

@@ -110,6 +110,12 @@ class Transport {
 
   virtual void barrier() = 0;
 
+  // Why this transport must not be called from a thread of an engine's own while its caller may
+  // call it too ("" if it may): an MPI below MPI_THREAD_MULTIPLE. An engine refuses such a
+  // transport (ConfigError); lossless collectives, which call it from their caller's thread, do
+  // not.
+  virtual std::string threading_problem() const { return ""; }
+
   // Longest a collective waits for its peers before it throws CommError; zero waits forever.
   virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
   virtual std::chrono::milliseconds timeout() const = 0;

@@ -25,6 +25,9 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
       rank(t.rank()),
       world(t.size()),
       pool(config.worker_threads) {
+  // An engine calls its transport from a thread of its own (its communication thread).
+  if (const std::string problem = t.threading_problem(); !problem.empty())
+    throw ConfigError("CompressedAllgather: " + problem);
   // A timeout <= 0 is refused in the agreement below, which then waits the default.
   transport.set_timeout(config.timeout.count() > 0 ? config.timeout : EngineConfig{}.timeout);
   // Local problems are not thrown yet: every rank first learns of them in the agreement, so

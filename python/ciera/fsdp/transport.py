@@ -226,7 +226,9 @@ def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, devic
     timeout = datetime.timedelta(seconds=timeout_s)
     lists = [list(p) for p in partition]
     if kind == "mpi":
-        return _mpi_transport(cuda, timeout_s, list(ranks))
+        native = _mpi_transport(cuda, timeout_s, list(ranks))
+        _require_mpi_groups_are_torchs(native, list(ranks))
+        return native
     if kind == "torch":
         backend = _cuda_backend(None) if cuda else "gloo"
         group, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout, backend=backend)
@@ -276,6 +278,21 @@ def make_transport(kind: str, process_group, timeout_s: float, device: torch.dev
         _require_mpi_world_is_the_group(native, process_group)
         return native
     raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")
+
+
+def _require_mpi_groups_are_torchs(native, ranks: list[int]) -> None:
+    """A sub-group transport 'mpi' is made from torch's ranks taken as MPI_COMM_WORLD's: each
+    process's place in its MPI group must be its torch rank's place in `ranks`, else shards of
+    equal size would be gathered into each other's places, silently. Every process's places are
+    gathered over the world (the call is collective over it), so all decide alike."""
+    places = [None] * dist.get_world_size()
+    dist.all_gather_object(places, (dist.get_rank(), tuple(ranks), native.rank, native.size))
+    for torch_rank, group, mpi_rank, size in places:
+        if size != len(group) or group[mpi_rank] != torch_rank:
+            raise _ext.ConfigError(
+                f"transport 'mpi': torch rank {torch_rank} took place {mpi_rank} of an MPI group of {size} "
+                f"for the group {list(group)}: MPI's ranks are not torch's (start the ranks with mpirun, in "
+                f"the same order; or use transport 'torch')")
 
 
 def _require_mpi_world_is_the_group(native, process_group) -> None:

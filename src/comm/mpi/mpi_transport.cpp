@@ -101,24 +101,20 @@ int checked_count(uint64_t bytes, const char* what) {
   return static_cast<int>(bytes);
 }
 
+// Before any MPI call of a transport's making: MPI started and not finished (either would abort
+// the job inside MPI's own checks).
+void require_usable_mpi() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw CommError("MPI transport: MPI is not initialised");
+  MPI_Finalized(&finalized);
+  if (finalized) throw CommError("MPI transport: MPI is finalised (mpi_shutdown or MPI_Finalize)");
+}
+
 class MpiTransport final : public Transport {
  public:
   MpiTransport(MPI_Comm comm, std::chrono::milliseconds timeout) : timeout_(timeout) {
-    int initialized = 0, finalized = 0, level = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) throw CommError("MPI transport: MPI is not initialised");
-    MPI_Finalized(&finalized);
-    if (finalized)
-      throw CommError("MPI transport: MPI is finalised (mpi_shutdown or MPI_Finalize)");
-    // The engine calls MPI from its own thread while the caller may call it from another.
-    MPI_Query_thread(&level);
-    if (level < MPI_THREAD_MULTIPLE) {
-      throw ConfigError("MPI transport: MPI was initialised with thread level " +
-                        std::to_string(level) + ", below MPI_THREAD_MULTIPLE (" +
-                        std::to_string(MPI_THREAD_MULTIPLE) +
-                        "): the engine calls MPI from its own thread; initialise with "
-                        "ciera::mpi_init, or MPI_Init_thread asking for MPI_THREAD_MULTIPLE");
-    }
+    require_usable_mpi();
     MPI_Comm_rank(comm, &rank_);
     // A collective over `comm`, nonblocking and polled: a peer that never joins is a CommError.
     MPI_Request request;
@@ -134,6 +130,17 @@ class MpiTransport final : public Transport {
       throw;
     }
   }
+  // The engine calls the transport from its own thread while its caller may call MPI too.
+  std::string threading_problem() const override {
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (level >= MPI_THREAD_MULTIPLE) return "";
+    return "MPI was initialised with thread level " + std::to_string(level) +
+           ", below MPI_THREAD_MULTIPLE (" + std::to_string(MPI_THREAD_MULTIPLE) +
+           "), and an engine calls MPI from a thread of its own: initialise with ciera::mpi_init, "
+           "or MPI_Init_thread asking for MPI_THREAD_MULTIPLE";
+  }
+
   ~MpiTransport() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -166,11 +173,22 @@ class MpiTransport final : public Transport {
   void allgatherv_many(std::span<const AllgathervCall> calls,
                        const std::function<void(size_t)>& done = {}) override {
     // MPI_Iallgatherv takes int counts and displacements: an output past 2 GiB (a slot stride, or
-    // parts of several GiB) goes round the ring, which moves 64-bit spans, whatever was chosen.
-    // Every rank passes the same counts and displacements, so every rank decides alike.
-    const bool ring_only = !fits_in_ints(calls);
-    const bool ring =
-        size_ > 1 && ring_tags_fit(calls.size()) && (ring_only || pick(calls) == Algorithm::kRing);
+    // parts of several GiB) goes round the ring, which moves 64-bit spans, whatever was chosen,
+    // in batches whose tags fit. Every rank passes the same counts and displacements (this
+    // interface's contract; the engine's slot_stride is the same on every rank), so every rank
+    // decides alike.
+    if (size_ > 1 && !fits_in_ints(calls)) {
+      const size_t batch = std::max<size_t>(
+          1, 32767 / (static_cast<size_t>(size_ - 1) * static_cast<size_t>(ring_segments())));
+      for (size_t first = 0; first < calls.size(); first += batch) {
+        const size_t n = std::min(batch, calls.size() - first);
+        ring_allgatherv(calls.subspan(first, n),
+                        done ? std::function<void(size_t)>([&](size_t i) { done(first + i); })
+                             : std::function<void(size_t)>());
+      }
+      return;
+    }
+    const bool ring = size_ > 1 && ring_tags_fit(calls.size()) && pick(calls) == Algorithm::kRing;
     const Algorithm algorithm = ring ? Algorithm::kRing : Algorithm::kNbc;
     const auto start = std::chrono::steady_clock::now();
     if (algorithm == Algorithm::kRing) {
@@ -178,7 +196,7 @@ class MpiTransport final : public Transport {
     } else {
       nbc_allgatherv(calls, done);
     }
-    if (choice_ == Algorithm::kAuto && large(calls) && !ring_only) {
+    if (choice_ == Algorithm::kAuto && large(calls)) {
       Trial& t = trials_[algorithm == Algorithm::kRing ? 1 : 0];
       t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       t.bytes += static_cast<double>(total_bytes(calls));
@@ -726,6 +744,7 @@ void agree_on_groups(MPI_Comm comm, std::span<const int> ranks, std::chrono::mil
 
 std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, std::span<const int> ranks,
                                               std::chrono::milliseconds timeout) {
+  require_usable_mpi();
   agree_on_groups(comm, ranks, timeout);
   int me = 0;
   MPI_Comm_rank(comm, &me);
@@ -803,15 +822,8 @@ int mpi_init(int* argc, char*** argv, std::chrono::milliseconds timeout) {
   // MPI's MCA base reads the variable during MPI_Init_thread (processes started later from this
   // one inherit it, as they would any setting of the launcher's).
   setenv("OMPI_MCA_btl_tcp_progress_thread", "1", /*overwrite=*/0);
-  {
-    Watchdog watchdog("MPI_Init_thread", timeout, 1, Watchdog::End::kExit);
-    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
-  }
-  // Open MPI 4.1 reports an error found while testing a nonblocking collective's request (a
-  // message truncated by a peer that sent more than it was told) through MPI_COMM_WORLD's
-  // handler, not the transport's duplicate: the default one aborts the job. With this MPI that
-  // CIERA started, such an error is a CommError on the rank that sees it.
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  Watchdog watchdog("MPI_Init_thread", timeout, 1, Watchdog::End::kExit);
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   return provided;
 }
 
