@@ -227,7 +227,7 @@ def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, devic
     lists = [list(p) for p in partition]
     if kind == "mpi":
         native = _mpi_transport(cuda, timeout_s, list(ranks))
-        _require_mpi_groups_are_torchs(native, list(ranks))
+        _require_mpi_places(native, list(ranks))
         return native
     if kind == "torch":
         backend = _cuda_backend(None) if cuda else "gloo"
@@ -275,41 +275,30 @@ def make_transport(kind: str, process_group, timeout_s: float, device: torch.dev
         return _nccl_transport(process_group, device, timeout_s)
     if kind == "mpi":
         native = _mpi_transport(cuda, timeout_s)
-        _require_mpi_world_is_the_group(native, process_group)
+        _require_mpi_places(native, dist.get_process_group_ranks(process_group) if process_group is not None
+                            else list(range(dist.get_world_size())), process_group)
         return native
     raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")
 
 
-def _require_mpi_groups_are_torchs(native, ranks: list[int]) -> None:
-    """A sub-group transport 'mpi' is made from torch's ranks taken as MPI_COMM_WORLD's: each
-    process's place in its MPI group must be its torch rank's place in `ranks`, else shards of
-    equal size would be gathered into each other's places, silently. Every process's places are
-    gathered over the world (the call is collective over it), so all decide alike."""
-    places = [None] * dist.get_world_size()
-    dist.all_gather_object(places, (dist.get_rank(), tuple(ranks), native.rank, native.size))
-    for torch_rank, group, mpi_rank, size in places:
-        if size != len(group) or group[mpi_rank] != torch_rank:
+def _require_mpi_places(native, ranks: list[int], group=None) -> None:
+    """Transport 'mpi' takes torch's ranks `ranks` (this process's group, in its order) as MPI's:
+    each process's place in its MPI group must be its torch rank's place in `ranks`. Else shards
+    of equal size would be gathered into each other's places, silently; and under torchrun each
+    process is an MPI world of one, where the engine's agreement said only that a bucket
+    "describes 2 ranks but the transport has 1", on every rank as rank 0. Every process's place
+    is gathered over `group` (None: the world; the caller's call is collective over it), so that
+    all decide alike: a rank whose own place looks right would otherwise go on into the engine's
+    set-up and wait there."""
+    places = [None] * dist.get_world_size(group)
+    dist.all_gather_object(places, (dist.get_rank(), tuple(ranks), native.rank, native.size), group=group)
+    for torch_rank, members, mpi_rank, size in places:
+        if size == 1 and len(members) > 1:
+            raise _ext.ConfigError(f"transport 'mpi' found an MPI world of 1 process, but the process group has "
+                                   f"{len(members)} ranks: start the ranks with mpirun (torchrun starts each as an "
+                                   f"MPI world of its own), or use transport 'torch'")
+        if size != len(members) or members[mpi_rank] != torch_rank:
             raise _ext.ConfigError(
                 f"transport 'mpi': torch rank {torch_rank} took place {mpi_rank} of an MPI group of {size} "
-                f"for the group {list(group)}: MPI's ranks are not torch's (start the ranks with mpirun, in "
+                f"for the group {list(members)}: MPI's ranks are not torch's (start the ranks with mpirun, in "
                 f"the same order; or use transport 'torch')")
-
-
-def _require_mpi_world_is_the_group(native, process_group) -> None:
-    """Transport 'mpi' runs on MPI's world, which must be the process group's ranks in their
-    order. Under torchrun each process is an MPI world of one, and the engine's agreement said
-    only that a bucket "describes 2 ranks but the transport has 1", on every rank as rank 0.
-    Every rank's MPI place is gathered (one all_gather_object on the group), so that all decide
-    alike: a rank whose own place looks right would otherwise go on into the engine's set-up."""
-    ranks = (dist.get_process_group_ranks(process_group) if process_group is not None
-             else list(range(dist.get_world_size())))
-    places = [None] * len(ranks)
-    dist.all_gather_object(places, (native.size, native.rank), group=process_group)
-    if places == [(len(ranks), i) for i in range(len(ranks))]:
-        return
-    if any(size == 1 for size, _ in places):
-        raise _ext.ConfigError(f"transport 'mpi' found an MPI world of 1 process, but the process group has "
-                               f"{len(ranks)} ranks: start the ranks with mpirun (torchrun starts each as an "
-                               f"MPI world of its own), or use transport 'torch'")
-    raise _ext.ConfigError(f"transport 'mpi' needs the process group to be MPI's world in its order: the group's "
-                           f"ranks {ranks} are MPI's (world size, rank) {places}; use transport 'torch'")
