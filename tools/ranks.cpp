@@ -194,32 +194,17 @@ void require_same_options(int argc, char** argv) {
   }
   std::string text;
   for (const std::string& arg : mine) text += arg + '\0';
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const int length = static_cast<int>(text.size());
-  std::vector<int> lengths(static_cast<size_t>(world)), offsets(static_cast<size_t>(world));
-  MPI_Request request;
-  MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD, &request);
-  wait_all({&request, 1}, "MPI_Iallgather (the ranks' options)");
-  int total = 0;
-  for (int r = 0; r < world; ++r) {
-    offsets[static_cast<size_t>(r)] = total;
-    total += lengths[static_cast<size_t>(r)];
-  }
-  std::string all(static_cast<size_t>(total), '\0');
-  MPI_Iallgatherv(text.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
-                  MPI_CHAR, MPI_COMM_WORLD, &request);
-  wait_all({&request, 1}, "MPI_Iallgatherv (the ranks' options)");
-  const auto args_of = [&](int r) {
+  const std::vector<std::string> all =
+      mpi_allgather_bytes(MPI_COMM_WORLD, text, mpi_timeout(), "the ranks' options");
+  const auto args_of = [&](size_t r) {
     std::vector<std::string> args;
-    std::string_view view(all.data() + offsets[static_cast<size_t>(r)],
-                          static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+    std::string_view view = all[r];
     for (size_t end; (end = view.find('\0')) != std::string_view::npos; view.remove_prefix(end + 1))
       args.emplace_back(view.substr(0, end));
     return args;
   };
   const std::vector<std::string> first = args_of(0);
-  for (int r = 1; r < world; ++r) {
+  for (size_t r = 1; r < all.size(); ++r) {
     const std::vector<std::string> other = args_of(r);
     if (other == first) continue;
     size_t i = 0;

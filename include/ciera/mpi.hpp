@@ -10,6 +10,9 @@
 #include <chrono>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "ciera/transport.hpp"
 
@@ -67,6 +70,14 @@ bool mpi_communication_failed();
 // CommError naming `what`, and counts as a communication failure for mpi_shutdown().
 void mpi_wait_all(std::span<MPI_Request> requests, std::chrono::milliseconds timeout,
                   const char* what);
+
+// Every rank's `mine` (bytes of any length; the lengths may differ across ranks), gathered onto
+// every rank of `comm` and returned in rank order: a collective over `comm` (the lengths first,
+// then the bytes), each part waited for as mpi_wait_all waits, so a timeout or an MPI error is a
+// CommError naming `what` (e.g. "the ranks' options"). For the checks that every rank agrees on
+// something of variable size before anything depends on it.
+std::vector<std::string> mpi_allgather_bytes(MPI_Comm comm, std::string_view mine,
+                                             std::chrono::milliseconds timeout, const char* what);
 
 // Ends MPI for this process, never blocking on a peer: MPI_Finalize when every collective
 // succeeded; after a communication failure mpi_abort(abort_code) instead, since MPI_Finalize

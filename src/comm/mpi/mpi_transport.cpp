@@ -689,26 +689,21 @@ std::string group_text(std::span<const int> group) {
 void agree_on_groups(MPI_Comm comm, std::span<const int> ranks, std::chrono::milliseconds timeout) {
   int world = 1;
   MPI_Comm_size(comm, &world);
-  const int length = static_cast<int>(std::min<size_t>(ranks.size(), INT_MAX / world));
-  std::vector<int> lengths(static_cast<size_t>(world)), offsets(static_cast<size_t>(world));
-  MPI_Request request;
-  if (MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm, &request) !=
-      MPI_SUCCESS)
-    throw CommError("mpi_transport: MPI_Iallgather of the ranks' groups failed");
-  mpi_wait_all({&request, 1}, timeout, "MPI_Iallgather (the ranks' groups)");
-  int total = 0;
+  // More than `world` ranks names one twice or one outside `comm`: world + 1 of them show it.
+  const std::span<const int> sent =
+      ranks.first(std::min(ranks.size(), static_cast<size_t>(world) + 1));
+  const std::vector<std::string> bytes = mpi_allgather_bytes(
+      comm, std::string_view(reinterpret_cast<const char*>(sent.data()), sent.size_bytes()),
+      timeout, "the ranks' groups");
+  std::vector<std::vector<int>> groups(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
-    offsets[static_cast<size_t>(r)] = total;
-    total += lengths[static_cast<size_t>(r)];
+    const std::string& mine = bytes[static_cast<size_t>(r)];
+    std::vector<int>& group = groups[static_cast<size_t>(r)];
+    group.resize(mine.size() / sizeof(int));
+    std::memcpy(group.data(), mine.data(), group.size() * sizeof(int));
   }
-  std::vector<int> all(static_cast<size_t>(total));
-  if (MPI_Iallgatherv(ranks.data(), length, MPI_INT, all.data(), lengths.data(), offsets.data(),
-                      MPI_INT, comm, &request) != MPI_SUCCESS)
-    throw CommError("mpi_transport: MPI_Iallgatherv of the ranks' groups failed");
-  mpi_wait_all({&request, 1}, timeout, "MPI_Iallgatherv (the ranks' groups)");
-  const auto group_of = [&](int r) {
-    return std::span<const int>(all.data() + offsets[static_cast<size_t>(r)],
-                                static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+  const auto group_of = [&](int r) -> std::span<const int> {
+    return groups[static_cast<size_t>(r)];
   };
   for (int r = 0; r < world; ++r) {
     const std::span<const int> group = group_of(r);
@@ -782,6 +777,44 @@ std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, std::span<const int
 }
 
 bool mpi_communication_failed() { return g_communication_failed; }
+
+std::vector<std::string> mpi_allgather_bytes(MPI_Comm comm, std::string_view mine,
+                                             std::chrono::milliseconds timeout, const char* what) {
+  int world = 1;
+  MPI_Comm_size(comm, &world);
+  if (mine.size() > static_cast<size_t>(INT_MAX / world)) {
+    throw ConfigError(std::string("mpi_allgather_bytes: ") + what + " take " +
+                      std::to_string(mine.size()) + " bytes on this rank, more than " +
+                      std::to_string(INT_MAX / world) + " (INT_MAX over the ranks)");
+  }
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(world)), offsets(static_cast<size_t>(world));
+  const std::string gather = std::string("MPI_Iallgather (") + what + ")";
+  MPI_Request request;
+  int code = MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm, &request);
+  if (code != MPI_SUCCESS) throw CommError(gather + " failed: " + mpi_error_text(code));
+  mpi_wait_all({&request, 1}, timeout, gather.c_str());
+  int64_t total = 0;
+  for (int r = 0; r < world; ++r) {
+    offsets[static_cast<size_t>(r)] = static_cast<int>(total);
+    total += lengths[static_cast<size_t>(r)];
+    if (lengths[static_cast<size_t>(r)] < 0 || total > INT_MAX) {
+      throw CommError(gather + ": rank " + std::to_string(r) + " sent an impossible length");
+    }
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  const std::string gatherv = std::string("MPI_Iallgatherv (") + what + ")";
+  code = MPI_Iallgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
+                         MPI_CHAR, comm, &request);
+  if (code != MPI_SUCCESS) throw CommError(gatherv + " failed: " + mpi_error_text(code));
+  mpi_wait_all({&request, 1}, timeout, gatherv.c_str());
+  std::vector<std::string> each(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    each[static_cast<size_t>(r)] = all.substr(static_cast<size_t>(offsets[static_cast<size_t>(r)]),
+                                              static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+  }
+  return each;
+}
 
 void mpi_wait_all(std::span<MPI_Request> requests, std::chrono::milliseconds timeout,
                   const char* what) {
