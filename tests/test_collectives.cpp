@@ -800,6 +800,45 @@ TEST(CollectivesConfig, AMovedFromObjectSaysSo) {
   EXPECT_EQ(first.rank(), 0);
 }
 
+// One thread at a time: of two threads calling one rank's object at once, one call is in flight
+// (its peer has not called yet) and the other is refused with a std::logic_error, not let in to
+// race on the call's buffers and pair with the peer's call; the call in flight then completes,
+// bit for bit, once the peer calls.
+TEST(CollectivesConfig, ASecondThreadsCallWhileOneIsInFlightIsRefused) {
+  auto world = make_loopback_world(2);
+  LosslessCollectives rank0(make_loopback_transport(world, 0));
+  LosslessCollectives rank1(make_loopback_transport(world, 1));
+  const std::vector<float> in0{1.0f, 2.0f, 3.0f, 4.0f}, in1{10.0f, 20.0f, 30.0f, 40.0f};
+  std::vector<float> out0[2] = {std::vector<float>(2), std::vector<float>(2)}, out1(2);
+  std::atomic<int> refused{0};
+  std::string error;
+  std::mutex error_lock;
+  const auto call = [&](int k) {
+    try {
+      rank0.reduce_scatter(DType::kFP32, ReduceOp::kSum, std::as_bytes(std::span(in0)),
+                           std::as_writable_bytes(std::span(out0[k])));
+    } catch (const std::logic_error& e) {
+      std::lock_guard lock(error_lock);
+      error = e.what();
+      ++refused;
+    }
+  };
+  std::thread first(call, 0), second(call, 1);
+  while (refused.load() == 0) std::this_thread::yield();  // the other waits for rank 1's call
+  rank1.reduce_scatter(DType::kFP32, ReduceOp::kSum, std::as_bytes(std::span(in1)),
+                       std::as_writable_bytes(std::span(out1)));
+  first.join();
+  second.join();
+  EXPECT_EQ(refused.load(), 1);
+  EXPECT_NE(error.find("LosslessCollectives: reduce_scatter was called while another thread's "
+                       "reduce_scatter call on the same object is in flight"),
+            std::string::npos)
+      << error;
+  const std::vector<float> sums{11.0f, 22.0f};
+  EXPECT_TRUE(out0[0] == sums || out0[1] == sums);
+  EXPECT_EQ(out1, (std::vector<float>{33.0f, 44.0f}));
+}
+
 // Holds a one-worker pool's worker in a task of `group` until release().
 class HeldWorker {
  public:

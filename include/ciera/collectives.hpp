@@ -116,7 +116,8 @@ struct CollectiveStats {
 // does not decode, or a dead peer raises on every rank (ConfigError, FormatError, CommError). A
 // failed reduce-scatter leaves its output untouched; a failed alltoallv's output holds whatever
 // parts arrived. Host memory only. Buffers grow to the largest call and are reused. One thread
-// at a time.
+// at a time: a call made while another thread's call on the same object is in flight is a
+// std::logic_error.
 class LosslessCollectives {
  public:
   LosslessCollectives(std::shared_ptr<Transport> transport, CollectivesConfig config = {});

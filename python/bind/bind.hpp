@@ -45,7 +45,8 @@ std::span<T> bytes_at(uintptr_t address, uint64_t bytes, const char* what) {
 // The memory of a Python object, held for as long as this lives: anything with the buffer
 // protocol (bytes, bytearray, memoryview, NumPy arrays), which must be C-contiguous; or a CPU
 // torch.Tensor (any object with data_ptr(), numel(), element_size() and is_contiguous()),
-// which must be contiguous. Throws ValueError/TypeError naming `what` otherwise.
+// which must be contiguous and, if `writable`, not require grad (autograd cannot record what
+// CIERA writes). Throws ValueError/TypeError naming `what` otherwise. Destroyed with the GIL held.
 class HostBuffer {
  public:
   HostBuffer(py::handle object, bool writable, const char* what);
@@ -59,8 +60,12 @@ class HostBuffer {
 
   // ConfigError naming `what` if the buffer's own element type (a tensor's dtype, a buffer's
   // format) is not `dtype`: a floating type other than `dtype`, or elements of another size.
-  // Untyped bytes and same-sized integers (uint16 views of BF16 values) pass.
-  void check_elements(DType dtype, const char* what) const;
+  // Untyped bytes and same-sized integers (uint16 views of BF16 values) pass where the values
+  // are only moved. Where they are added (`added`: a reduction), a torch tensor must be of
+  // `dtype` itself: torch has every dtype CIERA adds, so an integer or bool tensor there is a
+  // mistake whose bits would be summed as floats. (NumPy has no bfloat16: its same-sized
+  // integers still pass, as the values' bits.)
+  void check_elements(DType dtype, const char* what, bool added = false) const;
 
  private:
   // What the object says its elements are; bytes with no type say nothing.
@@ -74,6 +79,10 @@ class HostBuffer {
 
   Py_buffer view_{};
   bool have_view_ = false;
+  // A writable torch tensor: its version counter is bumped when this is released, as torch's own
+  // in-place operations do, since its memory is written behind autograd's back (a saved tensor
+  // then fails backward() instead of giving a wrong gradient).
+  py::object written_tensor_;
   std::byte* data_ = nullptr;
   size_t size_ = 0;
   Elements elements_;

@@ -82,6 +82,12 @@ HostBuffer::HostBuffer(py::handle object, bool writable, const char* what) {
     if (py::hasattr(object, "is_contiguous") && !object.attr("is_contiguous")().cast<bool>()) {
       throw py::value_error(std::string(what) + " must be a contiguous tensor");
     }
+    if (writable && py::getattr(object, "requires_grad", py::bool_(false)).cast<bool>()) {
+      throw py::value_error(std::string(what) +
+                            " requires grad: CIERA writes it in place, which autograd cannot "
+                            "record (pass one that does not, e.g. made under torch.no_grad())");
+    }
+    if (writable) written_tensor_ = py::reinterpret_borrow<py::object>(object);
     data_ = reinterpret_cast<std::byte*>(object.attr("data_ptr")().cast<uintptr_t>());
     elements_.bytes = object.attr("element_size")().cast<size_t>();
     size_ = object.attr("numel")().cast<size_t>() * elements_.bytes;
@@ -106,12 +112,20 @@ HostBuffer::HostBuffer(py::handle object, bool writable, const char* what) {
 
 HostBuffer::~HostBuffer() {
   if (have_view_) PyBuffer_Release(&view_);
+  if (written_tensor_) {
+    try {
+      py::module_::import("torch.autograd.graph").attr("increment_version")(written_tensor_);
+    } catch (const py::error_already_set&) {  // a torch without it: nothing to bump
+    }
+  }
 }
 
-void HostBuffer::check_elements(DType dtype, const char* what) const {
+void HostBuffer::check_elements(DType dtype, const char* what, bool added) const {
   const bool other_float = elements_.floating && elements_.dtype != dtype;
   const bool other_size = elements_.bytes != 1 && elements_.bytes != dtype_info(dtype).value_bytes;
-  if (other_float || other_size) {
+  const bool other_tensor =
+      added && elements_.name.starts_with("torch.") && elements_.dtype != dtype;
+  if (other_float || other_size || other_tensor) {
     throw ConfigError(std::string(what) + " holds " + elements_.name + " values, but dtype is " +
                       std::string(dtype_name(dtype)));
   }

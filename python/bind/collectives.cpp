@@ -15,22 +15,23 @@
 namespace ciera::python {
 namespace {
 
-// A call's input and output, held for the call: buffers of `dtype` values. Where this rank cannot
-// pass them (not a buffer, a DTensor, another dtype), `refuse` (a LosslessCollectives::refuse_*
+// A call's input and output, held for the call: buffers of `dtype` values (`adds`: a reduction's,
+// see HostBuffer::check_elements). Where this rank cannot pass them (not a buffer, a DTensor,
+// another dtype, an output that requires grad), `refuse` (a LosslessCollectives::refuse_*
 // method) fails the call on every rank, and this rank raises why (check_on_every_rank).
 // `more()`: the call's other checks, covered alike.
 struct CallBuffers {
   std::optional<HostBuffer> input, output;
 
   CallBuffers(LosslessCollectives& self, void (LosslessCollectives::*refuse)(const std::string&),
-              const std::string& call, py::handle in, py::handle out, DType dtype,
+              const std::string& call, py::handle in, py::handle out, DType dtype, bool adds,
               const std::function<void()>& more = {}) {
     check_on_every_rank(
         [&] {
           input.emplace(in, false, (call + " input").c_str());
           output.emplace(out, true, (call + " output").c_str());
-          input->check_elements(dtype, (call + " input").c_str());
-          output->check_elements(dtype, (call + " output").c_str());
+          input->check_elements(dtype, (call + " input").c_str(), adds);
+          output->check_elements(dtype, (call + " output").c_str(), adds);
           if (more) more();
         },
         [&](const std::string& reason) {
@@ -122,22 +123,23 @@ void bind_collectives(py::module_& m) {
           "reduce_scatter",
           [](LosslessCollectives& self, DType dtype, ReduceOp op, py::handle in, py::handle out) {
             const CallBuffers buffers(self, &LosslessCollectives::refuse_reduce_scatter,
-                                      "reduce_scatter", in, out, dtype);
+                                      "reduce_scatter", in, out, dtype, /*adds=*/true);
             py::gil_scoped_release release;
             return self.reduce_scatter(dtype, op, buffers.input->bytes(),
                                        buffers.output->writable_bytes());
           },
           py::arg("dtype"), py::arg("op"), py::arg("input"), py::arg("output"),
           "output (on rank r) = the rank-order sum (or average) of every rank's part r of input. "
-          "Arguments this rank cannot pass (not a buffer, a DTensor, another dtype) fail the call "
-          "on every rank.")
+          "Arguments this rank cannot pass (not a buffer, a DTensor, a tensor of another dtype, "
+          "an output that requires grad) fail the call on every rank. A tensor output's version "
+          "counter is bumped, as by an in-place op. One thread at a time per object.")
       .def(
           "alltoallv",
           [](LosslessCollectives& self, DType dtype, py::handle in, py::handle send_counts,
              py::handle out, py::handle recv_counts) {
             std::vector<uint64_t> send_values, recv_values;
             const CallBuffers buffers(self, &LosslessCollectives::refuse_alltoallv, "alltoallv", in,
-                                      out, dtype, [&] {
+                                      out, dtype, /*adds=*/false, [&] {
                                         send_values = counts_of(send_counts, "send_values");
                                         recv_values = counts_of(recv_counts, "recv_values");
                                       });

@@ -16,6 +16,7 @@
 // decode is an error on every rank, not a wrong result on one; a reduce-scatter's result reaches
 // its output only then.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -37,6 +38,7 @@
 #include "common/adaptive_switch.hpp"
 #include "common/checked.hpp"
 #include "common/moved_from.hpp"
+#include "common/one_caller.hpp"
 #include "common/poll.hpp"
 #include "common/thread_pool.hpp"
 
@@ -161,6 +163,7 @@ struct LosslessCollectives::Impl {
   CollectivesConfig config;
   int rank = 0, world = 1;
   uint64_t sequence = 0;
+  std::atomic<const char*> in_call{nullptr};  // the call in flight (OneCaller)
   // The adaptive switch (kAuto), keyed by call shape: one per (kind, dtype, bytes) seen.
   AdaptiveSwitch adaptive;
   std::map<std::tuple<CallKind, DType, uint64_t>, std::pair<size_t, uint64_t>>
@@ -593,19 +596,24 @@ int LosslessCollectives::rank() const { return state().rank; }
 int LosslessCollectives::size() const { return state().world; }
 
 void LosslessCollectives::refuse_reduce_scatter(const std::string& reason) {
-  state().reject(CallKind::kReduceScatter, DType::kBF16,
-                 reason.empty() ? "reduce_scatter: refused by its caller" : reason);
+  Impl& m = state();
+  const OneCaller one(m.in_call, "LosslessCollectives", "reduce_scatter");
+  m.reject(CallKind::kReduceScatter, DType::kBF16,
+           reason.empty() ? "reduce_scatter: refused by its caller" : reason);
 }
 
 void LosslessCollectives::refuse_alltoallv(const std::string& reason) {
-  state().reject(CallKind::kAlltoallv, DType::kBF16,
-                 reason.empty() ? "alltoallv: refused by its caller" : reason);
+  Impl& m = state();
+  const OneCaller one(m.in_call, "LosslessCollectives", "alltoallv");
+  m.reject(CallKind::kAlltoallv, DType::kBF16,
+           reason.empty() ? "alltoallv: refused by its caller" : reason);
 }
 
 CollectiveStats LosslessCollectives::reduce_scatter(DType dtype, ReduceOp op,
                                                     std::span<const std::byte> in,
                                                     std::span<std::byte> out) {
   Impl& m = state();
+  const OneCaller one(m.in_call, "LosslessCollectives", "reduce_scatter");
   m.check_codes(CallKind::kReduceScatter, dtype, op, "reduce_scatter");
   const uint32_t value_bytes = dtype_info(dtype).value_bytes;
   const auto world = static_cast<size_t>(m.world);
@@ -657,6 +665,7 @@ CollectiveStats LosslessCollectives::alltoallv(DType dtype, std::span<const std:
                                                std::span<std::byte> out,
                                                std::span<const uint64_t> recv_values) {
   Impl& m = state();
+  const OneCaller one(m.in_call, "LosslessCollectives", "alltoallv");
   m.check_codes(CallKind::kAlltoallv, dtype, ReduceOp::kSum, "alltoallv");
   const uint32_t value_bytes = dtype_info(dtype).value_bytes;
   const auto world = static_cast<size_t>(m.world);

@@ -183,14 +183,63 @@ def test_collectives_refuse_buffers_whose_own_dtype_is_not_the_declared_one():
                                                              np.empty(2, np.float32)))
     assert "reduce_scatter input holds float64 values, but dtype is fp32" in str(outcomes[0]), outcomes
 
-    # Untyped bytes and same-sized integers are the values of the declared dtype.
+    # Untyped bytes and same-sized integers are the values of the declared dtype: moved as they
+    # are by alltoallv; added by reduce_scatter only from a buffer (NumPy has no bfloat16).
     def untyped(rank, collectives):
         bf16_bits = torch.ones(4, dtype=torch.bfloat16).view(torch.int16)
-        out = np.empty(4, np.uint8)
-        return collectives.reduce_scatter(bf16, _ext.ReduceOp.sum, bf16_bits, out)
+        out = torch.empty(8, dtype=torch.uint8)
+        return collectives.alltoallv(bf16, bf16_bits, [2, 2], out, [2, 2])
 
     outcomes = _loopback(2, untyped)
     assert all(isinstance(s, ok) for s in outcomes), outcomes
+
+    def numpy_bits(rank, collectives):
+        bf16_bits = torch.ones(4, dtype=torch.bfloat16).view(torch.int16).numpy()
+        out = np.empty(4, np.uint8)
+        return collectives.reduce_scatter(bf16, _ext.ReduceOp.sum, bf16_bits, out), out
+
+    outcomes = _loopback(2, numpy_bits)
+    assert all(isinstance(s, ok) for s, _ in outcomes), outcomes
+    assert torch.from_numpy(outcomes[0][1]).view(torch.bfloat16).tolist() == [2.0, 2.0]
+
+    # An integer or bool torch tensor is not added as if its bits were floats: a sum of int32
+    # 2^24 read as fp32 would be 0x01800000 (subnormals add like integers, so small ones would
+    # have looked right).
+    for dtype in (torch.int32, torch.bool, torch.uint8):
+        def integers(rank, collectives, dtype=dtype):
+            size = 4 if dtype == torch.int32 else 16
+            x = torch.full((size,), 1 << 24 if dtype == torch.int32 else 1, dtype=dtype)
+            return collectives.reduce_scatter(fp32, _ext.ReduceOp.sum, x, torch.empty(2))
+
+        outcomes = _loopback(2, integers)
+        assert all(isinstance(e, ciera.ConfigError) for e in outcomes), outcomes
+        assert f"reduce_scatter input holds {dtype} values, but dtype is fp32" in str(outcomes[0]), outcomes
+
+
+def test_a_tensor_written_by_a_collective_is_seen_by_autograd():
+    """A collective writes its output through a pointer, behind autograd's back: an output that
+    requires grad is refused on every rank, and the version counter of one that does not is
+    bumped, so a tensor autograd saved before the call fails backward() instead of giving a wrong
+    gradient (what torch's own in-place operations and collectives do)."""
+    fp32 = _ext.DType.fp32
+    outcomes = _loopback(2, lambda rank, c: c.reduce_scatter(fp32, _ext.ReduceOp.sum, torch.ones(4),
+                                                             torch.zeros(2, requires_grad=True)))
+    assert all(isinstance(e, ValueError) and str(e).startswith("reduce_scatter output requires grad")
+               for e in outcomes), outcomes
+
+    def saved_then_written(rank, collectives):
+        w = torch.ones(2, requires_grad=True)
+        x = torch.full((2,), 2.0, requires_grad=True)
+        y = (x * w).sum()  # saves w for x's gradient
+        before = w._version
+        collectives.reduce_scatter(fp32, _ext.ReduceOp.sum, torch.full((4,), 5.0), w.detach())
+        assert w._version == before + 1
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+        return w.detach().clone()
+
+    outcomes = _loopback(2, saved_then_written)
+    assert all(isinstance(w, torch.Tensor) and w.tolist() == [10.0, 10.0] for w in outcomes), outcomes
 
 
 def test_arguments_one_rank_cannot_pass_fail_the_call_on_every_rank_at_once():
