@@ -25,6 +25,27 @@ step("configuring examples/ against the install"
      -DCMAKE_CXX_FLAGS=-Werror)
 step("building examples/" ${CMAKE_COMMAND} --build ${WORK}/build)
 
+# A consumer of the core library alone needs neither MPI nor the CUDA toolkit: with both hidden,
+# find_package(ciera) still gives ciera::ciera (and examples/ builds without its MPI programs);
+# asked for the mpi component, it fails, saying why.
+step("configuring examples/ with MPI and the CUDA toolkit hidden"
+     ${CMAKE_COMMAND} -S ${EXAMPLES} -B ${WORK}/core-only -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX}
+     -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+     -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON)
+step("building the core-only examples/" ${CMAKE_COMMAND} --build ${WORK}/core-only --target codec_roundtrip)
+file(WRITE ${WORK}/wants-mpi/CMakeLists.txt "cmake_minimum_required(VERSION 3.22)
+project(wants_mpi LANGUAGES CXX)
+find_package(ciera REQUIRED COMPONENTS mpi)
+")
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${WORK}/wants-mpi -B ${WORK}/wants-mpi/build -G ${GENERATOR}
+                        -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${WORK}/prefix
+                        -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON
+                RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 240)
+if(status EQUAL 0 OR NOT err MATCHES "component mpi: ")
+  message(FATAL_ERROR "find_package(ciera REQUIRED COMPONENTS mpi) without MPI did not fail naming why "
+                      "(${status}):\n${out}\n${err}")
+endif()
+
 # Every installed header compiles on its own, with only the include paths its targets export.
 file(GLOB headers RELATIVE ${WORK}/prefix/include ${WORK}/prefix/include/ciera/*.hpp)
 set(sources "")
