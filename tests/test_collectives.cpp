@@ -779,6 +779,18 @@ TEST(CollectivesConfig, NamesAndValidation) {
           << e.what();
     }
   }
+  CollectivesConfig many;
+  many.worker_threads = kMaxWorkerThreads;
+  EXPECT_NO_THROW(many.validate());
+  many.worker_threads = kMaxWorkerThreads + 1;
+  try {
+    many.validate();
+    ADD_FAILURE() << "worker_threads " << many.worker_threads << " accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("worker_threads must be at most 256, got 257"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A moved-from object says so (std::logic_error naming the class) instead of dereferencing null;

@@ -203,6 +203,19 @@ TEST(Engine, ANonPositiveTimeoutAndAnOverflowingLayoutAreConfigErrors) {
   });
   for (int r = 0; r < world; ++r)
     EXPECT_NE(errors[r].find("timeout must be > 0 ms, got -1 ms"), std::string::npos) << errors[r];
+  // Thousands of coding threads, one rank's typo, are refused on every rank before any start.
+  errors = run_ranks(world, [&](int rank, Transport& t) {
+    EngineConfig config;
+    config.worker_threads = rank == 1 ? 100000 : 2;
+    CompressedAllgather engine(t, config,
+                               {BucketLayout::fsdp_split("b", DType::kBF16, {1000}, world)});
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_NE(errors[r].find(r == 1 ? "worker_threads must be at most 256, got 100000"
+                                    : "rejected on rank 1"),
+              std::string::npos)
+        << errors[r];
+  }
   BucketLayout huge;
   huge.name = "huge";
   huge.dtype = DType::kBF16;

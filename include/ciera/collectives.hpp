@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "ciera/config.hpp"
 #include "ciera/dtype.hpp"
 #include "ciera/transport.hpp"
 
@@ -65,8 +66,8 @@ struct CollectivesConfig {
   // encoding them took about half the time there, for some 120 bytes per frame. At least 1;
   // need not match across ranks (every frame carries its size).
   uint64_t frame_values = uint64_t{1} << 17;
-  // Threads that code and decode beside the caller's thread; 0: everything on the caller's
-  // thread, one round after another.
+  // Threads that code and decode beside the caller's thread (at most kMaxWorkerThreads); 0:
+  // everything on the caller's thread, one round after another.
   unsigned worker_threads = 1;
   // The workers' nice value (Linux; 0..19, higher is lower priority). Above 0 they give way to
   // the thread that drives the transport: where ranks share cores, coding that holds a core

@@ -8,6 +8,11 @@
 
 namespace ciera {
 
+// The most coding threads an engine or a collectives object starts beside its caller's
+// (EngineConfig / CollectivesConfig::worker_threads): more is a ConfigError, not thousands of
+// threads that the cores could never run at once.
+inline constexpr unsigned kMaxWorkerThreads = 256;
+
 // How the sender finds blocks whose exponents changed since the last send (paper §3.1).
 enum class ChangeDetection : uint8_t {
   // Compare with the sender's copy of the exponents it last sent: no false "unchanged" is

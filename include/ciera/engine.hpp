@@ -65,7 +65,7 @@ struct EngineConfig {
   // Per bucket, time compressed and raw gathers after warmup and keep the faster, re-probing
   // every few hundred gathers (for links so fast, or cores so few, that coding does not pay).
   bool adaptive = false;
-  unsigned worker_threads = 2;  // encode/decode threads
+  unsigned worker_threads = 2;  // encode/decode threads, at most kMaxWorkerThreads
   // A collective waits this long for its peers before every rank fails with CommError.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
 };

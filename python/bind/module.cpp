@@ -9,6 +9,8 @@ PYBIND11_MODULE(_ext, m) {
   m.attr("__version__") = ciera::kLibraryVersion;
   m.attr("format_version") = ciera::kFormatVersion;
   m.attr("git_commit") = ciera::kGitCommit;  // the commit built from, or "unknown"
+  m.attr("MAX_WORKER_THREADS") =
+      ciera::kMaxWorkerThreads;  // Engine/CollectivesConfig.worker_threads
   m.attr("with_mpi") =
 #if defined(CIERA_WITH_MPI)
       true;

@@ -74,6 +74,11 @@ void CollectivesConfig::validate() const {
   }
   if (slice_values == 0) throw ConfigError("CollectivesConfig.slice_values must be at least 1");
   if (frame_values == 0) throw ConfigError("CollectivesConfig.frame_values must be at least 1");
+  if (worker_threads > kMaxWorkerThreads) {
+    throw ConfigError("CollectivesConfig.worker_threads must be at most " +
+                      std::to_string(kMaxWorkerThreads) + ", got " +
+                      std::to_string(worker_threads));
+  }
   if (worker_niceness < 0 || worker_niceness > 19) {
     throw ConfigError(
         "CollectivesConfig.worker_niceness must be 0..19 (a nice value; 19 is the lowest "

@@ -24,7 +24,7 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
       config(std::move(c)),
       rank(t.rank()),
       world(t.size()),
-      pool(config.worker_threads) {
+      pool(std::min(config.worker_threads, kMaxWorkerThreads)) {  // more: refused below
   // An engine calls its transport from a thread of its own (its communication thread).
   if (const std::string problem = t.threading_problem(); !problem.empty())
     throw ConfigError("CompressedAllgather: " + problem);
@@ -37,6 +37,10 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
     if (config.timeout.count() <= 0) {
       throw ConfigError("timeout must be > 0 ms, got " + std::to_string(config.timeout.count()) +
                         " ms");
+    }
+    if (config.worker_threads > kMaxWorkerThreads) {
+      throw ConfigError("worker_threads must be at most " + std::to_string(kMaxWorkerThreads) +
+                        ", got " + std::to_string(config.worker_threads));
     }
     config.codec.warmup_steps = config.warmup == WarmupMode::kKeyFrames ? config.warmup_steps : 0;
     config.codec.validate();
