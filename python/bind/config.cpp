@@ -45,6 +45,8 @@ void bind_config(py::module_& m) {
 
   py::class_<CodecConfig>(m, "CodecConfig")
       .def(py::init<>())
+      .def_readonly_static("MIN_BLOCK_VALUES", &CodecConfig::kMinBlockValues)
+      .def_readonly_static("MAX_BLOCK_VALUES", &CodecConfig::kMaxBlockValues)
       .def_readwrite("dtype", &CodecConfig::dtype)
       .def_readwrite("stream_kind", &CodecConfig::stream_kind)
       .def_readwrite("block_values", &CodecConfig::block_values)

@@ -40,8 +40,9 @@ def write_all(run_dir: Path) -> list[str]:
             label=f"{label} all-gather")
     ax.axvline(summary["warmup"] + 0.5, color="grey", ls=":", lw=1)
     ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title=title)
-    verdict = "bitwise identical" if summary["losses_identical"] else "NOT identical"
-    ax.text(0.98, 0.95, f"losses {verdict}", transform=ax.transAxes, ha="right", va="top")
+    if base in runs:  # with --no-baseline nothing was compared
+        verdict = "bitwise identical" if summary["losses_identical"] else "NOT identical"
+        ax.text(0.98, 0.95, f"losses {verdict}", transform=ax.transAxes, ha="right", va="top")
     ax.legend(loc="lower left")
     written.append(_save(fig, run_dir / "loss.png"))
 
@@ -73,7 +74,8 @@ def _scheme_plots(plt, runs: dict, summary: dict, title: str, run_dir: Path) -> 
     (a scheme bitwise identical to FSDP2 has no point there, and says so in the legend)."""
     base = {r["step"]: r["loss"] for r in runs["fsdp2"]}
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    ax.plot(sorted(base), [base[k] for k in sorted(base)], lw=4, alpha=0.3, color="grey", label="fsdp2 (plain)")
+    ax.plot([k + 1 for k in sorted(base)], [base[k] for k in sorted(base)], lw=4, alpha=0.3, color="grey",
+            label="fsdp2 (plain)")  # steps from 1, as every curve here
     for x in summary["schemes"]:
         recs = runs[x["run"]]
         ax.plot([r["step"] + 1 for r in recs], [r["loss"] for r in recs], lw=1.1,

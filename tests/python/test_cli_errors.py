@@ -71,7 +71,7 @@ TRAIN = [
     (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
     (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
     (["--lr=-1e-4"], "--lr must be a finite number > 0"),
-    (["--block", "0"], "--block must be a positive number of values, got 0"),
+    (["--block", "0"], "--block 0: a block holds 64..4096 values"),
     (["--block", "63"], "--block 63:"),
     (["--block", "8192"], "--block 8192:"),
     (["--threads", "-1"], "--threads must be >= 0 (0: encode and decode on the gathering thread), got -1"),
@@ -103,6 +103,16 @@ TRAIN = [
     (["--budget-mb", "nan"], "--budget-mb must be >= 0 MiB, got nan"),
     (["--reselect-every", "-1"], "--reselect-every must be >= 0, got -1"),
     (["--reselect-every", "5"], "--reselect-every re-runs the selection of --budget-mb"),
+    (["--budget-mb", "1", "--warmup", "1"], "--budget-mb selects from the exponent changes measured between warmup "
+                                            "steps: --warmup 1 measures none"),
+    (["--ablation", "--warmup", "0"], "--ablation selects from the exponent changes"),
+    (["--codec", "zeropp-int8", "--verify"], "--verify compares lossless gathers with torch's; zeropp-int8 is lossy"),
+    (["--hsdp", "--nodes", "2", "--ranks-per-node", "2", "--codec", "zipnn"],
+     "zipnn exchanges on one group of every rank; with --hsdp FSDP2 gathers on smaller groups"),
+    (["--reshard-after-forward", "2", "--schemes", "ciera,zipnn"], "zipnn exchanges on one group of every rank"),
+    (["--capture-activations", "{tmp}"], "a folder, not a file"),
+    (["--threads", "4294967296"], "--threads 4294967296: at most 256 codec threads per rank"),
+    (["--block", "99999999999"], "--block 99999999999: a block holds 64..4096 values"),
     (["--ablation", "--no-baseline"], "--ablation compares with plain FSDP2"),
     (["--trace", "{tmp}/t.json", "--no-baseline"], "--trace takes its compute times from the plain FSDP2 run"),
     (["--trace", "{tmp}"], "a folder, not a file"),
@@ -261,6 +271,8 @@ ENABLE = [
     (lambda e, m: e(m, cache_budget_bytes=True), TypeError, "cache_budget_bytes must be an int, got bool"),
     (lambda e, m: e(m, cache_budget_bytes=0, select_after_steps=-1), ValueError,
      "select_after_steps must be >= 0, got -1"),
+    (lambda e, m: e(m, cache_budget_bytes=0, select_after_steps=1), ValueError,
+     "the selector chooses after 1 steps, but it measures exponent changes between consecutive steps"),
     (lambda e, m: e(m, cache_budget_bytes=0, reselect_every=-2), ValueError, "reselect_every must be >= 0, got -2"),
     (lambda e, m: e(m, reselect_every=-2), ValueError, "reselect_every must be >= 0, got -2"),
     (lambda e, m: e(m, reselect_every=5), ValueError, "reselect_every=5 is for the selector; it needs cache_budget_bytes"),
@@ -289,7 +301,7 @@ def test_enable_with_good_arguments_gets_past_the_checks():
 
     with pytest.raises(ciera.ConfigError, match="no FSDP2"):
         ct.enable(torch.nn.Linear(4, 4), _config(30.0), transport="torch", cache_budget_bytes=0,
-                  select_after_steps=0, reselect_every=2)
+                  select_after_steps=2, reselect_every=2)
 
 
 def enable_twice(rank, world):

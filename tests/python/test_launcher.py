@@ -187,11 +187,14 @@ Root Cause (first observed failure):
                                           "of step 5 of the ciera run")
 
 
-def test_exit_status_counts_the_control():
+def test_exit_status_counts_the_control_and_the_parameters():
     from ciera.train.launcher import exit_status
 
-    good = {"losses_identical": True, "iteration_ms_fsdp2": 1.0, "wrong_bytes": 0}
+    good = {"losses_identical": True, "params_identical": True, "iteration_ms_fsdp2": 1.0, "wrong_bytes": 0}
     assert exit_status(good) == 0
+    # Losses can agree while the final parameters do not: that is not an exact run.
+    assert exit_status(dict(good, params_identical=False)) == 3
+    assert exit_status(dict(good, params_identical=False, iteration_ms_fsdp2=None)) == 0  # nothing compared
     assert exit_status(dict(good, control_identical=None)) == 0
     assert exit_status(dict(good, control_identical=True)) == 0
     assert exit_status(dict(good, control_identical=False)) == 3
@@ -214,4 +217,7 @@ def test_layout_and_inter_node_lines_only_for_nodes_of_several_ranks():
     resharded = summary("--ranks", "4", "--reshard-after-forward", "2")
     assert not two_level(resharded)
     assert layout_row(resharded) == [("layout", "FSDP2 reshard_after_forward=2 (backward gathers on that many ranks)")]
+    both = summary("--nodes", "2", "--ranks-per-node", "2", "--hsdp", "--reshard-after-forward", "1")
+    assert layout_row(both) == [("layout", "2 nodes of 2 ranks; HSDP (replicated across nodes, sharded inside each), "
+                                           "reshard_after_forward=1 (backward gathers on that many ranks)")]
     assert layout_row({}) == []

@@ -215,6 +215,11 @@ def _check_arguments(model, config, transport, policy, cache_budget_bytes, selec
                 raise ValueError(f"enable(): {name}={value!r} is for the selector; it needs cache_budget_bytes")
     elif policy is not None:
         raise ValueError("enable(): give either policy= or cache_budget_bytes=, not both")
+    else:
+        after = select_after_steps if select_after_steps is not None else (config or _ext.EngineConfig()).warmup_steps
+        if after < 2:
+            raise ValueError(f"enable(): the selector chooses after {after} steps, but it measures exponent changes "
+                             "between consecutive steps: select_after_steps (or config.warmup_steps) must be >= 2")
 
 
 def _described(model, process_group, selecting: bool, cost_model):

@@ -191,7 +191,9 @@ def exit_status(summary: dict) -> int:
         exact = summary["losses_identical"] and summary["params_identical"] and summary["wrong_bytes"] == 0
         return 0 if exact else 3
     only_lossy = bool(summary.get("schemes")) and all(x["lossy"] for x in summary["schemes"])
-    identical = (summary["losses_identical"] or only_lossy
+    # Losses alone can agree while the final parameters do not (a wrong last update, a wrong
+    # gather whose effect has not reached a loss yet): both must be identical.
+    identical = ((summary["losses_identical"] and summary["params_identical"]) or only_lossy
                  or summary.get("iteration_ms_fsdp2") is None)  # no baseline run
     deterministic = summary.get("control_identical") is not False  # None: no control run
     return 0 if identical and deterministic and summary["wrong_bytes"] == 0 else 3
@@ -274,11 +276,15 @@ def render_summary(s: dict, run_dir: Path) -> str:
     def ms(x):
         return "-" if x is None else f"{x:.1f}"
 
+    def times(x):  # a ratio; none without a baseline run
+        return "-" if x is None else f"{x:.3f}x"
+
     # --codec delta without a budget: value differences on every shard from the first step, no
     # warmup; with one, the selector chooses per shard after warmup, delta among the choices.
-    delta = s.get("codec") == "delta" and s.get("budget_bytes") is None
-    # The training the rows below describe: CIERA's, or the alternative --codec named.
+    # The training the rows below describe: CIERA's, or the alternative --codec (or the first of
+    # --schemes) named.
     main = s.get("main_scheme", "ciera")
+    delta = main == "delta" and s.get("budget_bytes") is None
     who = "CIERA" if main in ("ciera", "auto", "delta") else main
 
     rows = [
@@ -301,9 +307,9 @@ def render_summary(s: dict, run_dir: Path) -> str:
                                     f"{s['inter_node_fraction'] or float('nan'):.3f} of FSDP2's")]
           if two_level(s) and s.get("inter_node_allgather_bytes_fsdp2") else []),
         ("allgather time/step", f"FSDP2 {ms(s['allgather_ms_fsdp2'])} ms  {who} {ms(s['allgather_ms_ciera'])} ms  "
-                                f"speedup {s['allgather_speedup'] or float('nan'):.3f}x"),
+                                f"speedup {times(s['allgather_speedup'])}"),
         ("iteration time/step", f"FSDP2 {ms(s['iteration_ms_fsdp2'])} ms  {who} {ms(s['iteration_ms_ciera'])} ms  "
-                                f"speedup {s['iteration_speedup'] or float('nan'):.3f}x"),
+                                f"speedup {times(s['iteration_speedup'])}"),
         ("detect + encode", f"{s['detect_encode_ms_ciera']:.1f} ms/step on the slowest rank; "
                             f"{100 * s['allgather_hidden_fraction_ciera']:.0f}% of the gathers' duration hidden"
                             + (" (--overlap)" if s.get("overlap") else " (synchronous gathers)")),
@@ -320,7 +326,8 @@ def render_summary(s: dict, run_dir: Path) -> str:
             100 * s["characterisation"]["element_change_rate"]) + ", ".join(
             f"B={b} {100 * r:.1f}%" for b, r in s["characterisation"]["reusable_blocks_w4"].items()))]
           if s.get("characterisation") else []),
-        ("exponent change rate", f"{100 * s['exponent_change_rate']:.3f}% of values per step (steady state)"),
+        ("exponent change rate", "-" if s["exponent_change_rate"] is None
+            else f"{100 * s['exponent_change_rate']:.3f}% of values per step (steady state)"),
         ("exactness", exactness_text(s) + (f"; verify: {s['wrong_bytes']} wrong bytes of {s['verified_bytes']:,}"
                                            if s["verified_bytes"] else "")),
         *([("control", "plain FSDP2 trained twice: bitwise identical, the harness itself is deterministic"
@@ -367,10 +374,12 @@ def layout_row(s: dict) -> list:
 def layout_text(t: dict) -> str:
     """The nodes and FSDP2 layout of a run, in words."""
     nodes = f"{t['nodes']} nodes of {t['ranks_per_node']} ranks; " if t["ranks_per_node"] > 1 else ""
+    resharded = (f"reshard_after_forward={t['reshard_after_forward']} (backward gathers on that many ranks)"
+                 if t["reshard_after_forward"] else "")
     if t["hsdp"]:
-        return f"{nodes}HSDP (replicated across nodes, sharded inside each)"
-    if t["reshard_after_forward"]:
-        return f"{nodes}FSDP2 reshard_after_forward={t['reshard_after_forward']} (backward gathers on that many ranks)"
+        return f"{nodes}HSDP (replicated across nodes, sharded inside each)" + (f", {resharded}" if resharded else "")
+    if resharded:
+        return f"{nodes}FSDP2 {resharded}"
     return f"{nodes}FSDP2, one shard group"
 
 

@@ -25,6 +25,7 @@ LINK_LAB_MAX_RANKS = 253  # scripts/linklab.sh puts the ranks on one /24 beside 
 # The ranks are processes on this machine: more than this many a core is a typo (--ranks 4000
 # for 4) that would start thousands of them (the native tool's kMaxRanksPerCore).
 MAX_RANKS_PER_CORE = 16
+MAX_THREADS = _ext.MAX_WORKER_THREADS  # the library's own limit (kMaxWorkerThreads)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,7 +100,8 @@ def parser() -> argparse.ArgumentParser:
                         "drift from FSDP2, exactness")
     p.add_argument("--baselines", action="store_true",
                    help="--schemes with every scheme this installation can run: "
-                        + ", ".join(schemes.BASELINES) + " (zipnn when installed)")
+                        + ", ".join(schemes.BASELINES) + " (zipnn when installed, and not with --hsdp or "
+                        "--reshard-after-forward)")
     p.add_argument("--zero", action="store_true",
                    help="ZeRO-1/2 instead of FSDP2: DDP with torch's ZeroRedundancyOptimizer (BF16 parameters, "
                         "FP32 master weights) against the same with its parameter sync through CIERA "
@@ -272,15 +274,12 @@ def _check_values(args) -> None:
     _at_least("--warmup", args.warmup, 0)
     _check_model(args)
     _finite_above("--lr", args.lr, 0)
-    if not 1 <= args.block < 2**32:
-        _fail(f"--block must be a positive number of values, got {args.block}")
-    codec = _ext.CodecConfig()
-    codec.block_values = args.block
-    try:
-        codec.validate()
-    except _ext.ConfigError as e:
-        _fail(f"--block {args.block}: {e}")
+    low, high = _ext.CodecConfig.MIN_BLOCK_VALUES, _ext.CodecConfig.MAX_BLOCK_VALUES
+    if not low <= args.block <= high:
+        _fail(f"--block {args.block}: a block holds {low}..{high} values")
     _at_least("--threads", args.threads, 0, " (0: encode and decode on the gathering thread)")
+    if args.threads > MAX_THREADS:
+        _fail(f"--threads {args.threads}: at most {MAX_THREADS} codec threads per rank")
     _finite_above("--timeout", args.timeout, 0, unit=" seconds")
     _finite_above("--checkpoint-timeout", args.checkpoint_timeout, 0, unit=" seconds")
     _finite_above("--link-gbit", args.link_gbit, 0, inclusive=True, unit=" (0: no link lab)")
@@ -289,6 +288,9 @@ def _check_values(args) -> None:
     _at_least("--reselect-every", args.reselect_every, 0)
     if args.reselect_every and args.budget_mb is None and not args.ablation:
         _fail("--reselect-every re-runs the selection of --budget-mb (or --ablation); give one of them")
+    if (args.budget_mb is not None or args.ablation) and args.warmup < 2:
+        _fail(f"--{'budget-mb' if args.budget_mb is not None else 'ablation'} selects from the exponent changes "
+              f"measured between warmup steps: --warmup {args.warmup} measures none; give --warmup 2 or more")
     if args.no_baseline and args.ablation:
         _fail("--ablation compares with plain FSDP2; it cannot run with --no-baseline")
     if args.no_baseline and args.trace:
@@ -304,16 +306,21 @@ def _check_values(args) -> None:
     if args.capture_activations:
         if args.zero or args.framework == "deepspeed" or args.reduce_scatter != "fsdp2" or args.no_baseline:
             _fail("--capture-activations records the plain FSDP2 training of the main job")
-        _writable_folder("--capture-activations", str(Path(args.capture_activations).absolute().parent))
+        _output_file("--capture-activations", args.capture_activations)
     if args.save_checkpoints:
         _writable_folder("--save-checkpoints", args.save_checkpoints)
     if args.trace:
-        trace = Path(args.trace)
-        if trace.is_dir():
-            _fail(f"--trace {args.trace}: a folder, not a file")
-        if not trace.absolute().parent.is_dir():
-            _fail(f"--trace {args.trace}: folder {trace.absolute().parent} does not exist")
-        _writable_folder("--trace", str(trace.absolute().parent))
+        _output_file("--trace", args.trace)
+
+
+def _output_file(flag: str, path: str) -> None:
+    """A file the run writes at its end: refused now, not after the training, if it cannot be."""
+    file = Path(path)
+    if file.is_dir():
+        _fail(f"{flag} {path}: a folder, not a file")
+    if not file.absolute().parent.is_dir():
+        _fail(f"{flag} {path}: folder {file.absolute().parent} does not exist")
+    _writable_folder(flag, str(file.absolute().parent))
 
 
 def _defaults(args) -> None:
@@ -333,6 +340,8 @@ def _defaults(args) -> None:
             names = schemes.available_baselines() if args.baselines else schemes.parse(args.schemes)
         except ValueError as e:
             _fail(str(e))
+        if args.baselines and _sub_groups(args):  # what this layout can run (zipnn cannot)
+            names = [n for n in names if n != "zipnn"]
         args.schemes = ",".join(names)
     if args.reduce_scatter != "fsdp2" and args.codec is not None:
         _fail(f"--codec {args.codec}: --reduce-scatter compares reduce-scatters; every training there gathers "
@@ -372,6 +381,17 @@ def _check_schemes(args) -> None:
                 _fail(f"--codec {args.codec} is an alternative CIERA is compared with; it cannot run with {flag}")
     if peers and args.device == "cuda":
         _fail(f"{', '.join(peers)}: the peer schemes run on the host codec backend only; not with --device cuda")
+    if getattr(args, "verify", False) and all(schemes.is_lossy(n) for n in names):
+        _fail(f"--verify compares lossless gathers with torch's; {', '.join(names)} "
+              f"{'is' if len(names) == 1 else 'are'} lossy (its drift is in the table)")
+    if "zipnn" in names and _sub_groups(args):
+        _fail(f"zipnn exchanges on one group of every rank; with {_sub_groups(args)} FSDP2 gathers on smaller "
+              "groups (the CIERA schemes run there)")
+
+
+def _sub_groups(args) -> str:
+    """The option that makes FSDP2 gather on groups smaller than the world, if any."""
+    return "--hsdp" if args.hsdp else "--reshard-after-forward" if args.reshard_after_forward is not None else ""
 
 
 def _check_zero(args) -> None:

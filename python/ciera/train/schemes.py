@@ -23,7 +23,8 @@ SCHEMES = {s.name: s for s in (
     Scheme("ciera", False, "exponent reuse after warmup (CIERA, paper §3.1)"),
     Scheme("auto", False, "exponent reuse or raw, whichever the engine measures faster"),
     Scheme("delta", False, "value-delta frames from step 1 (receivers keep the previous values)"),
-    Scheme("stateless", False, "every exponent rANS-coded every step, no cache (ZipCCL's lossless idea)"),
+    Scheme("stateless", False, "every exponent rANS-coded every step with tables from its own counts, no cache (ZipCCL's stateless "
+           "setting; ZipCCL's own coder uses a fixed Gaussian-derived code instead of counts)"),
     Scheme("zipnn", False, "ZipNN 0.5.4 on each shard (Python), bytes exchanged over gloo"),
     Scheme("zeropp-int8", True, "ZeRO++ qwZ: int8 weights, one FP32 scale per 8000 values (LOSSY)"),
     Scheme("sdp4bit", True, "SDP4Bit qWD: 4-bit weight differences, one FP32 scale per 2048 (LOSSY)"),

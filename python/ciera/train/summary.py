@@ -223,13 +223,14 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
         "topology": options.topology(a),
         "inter_node_allgather_bytes_fsdp2": int(_median(base.results["inter_node"][steady])) if base else None,
         "launcher": a.launcher, "device": a.device, "process_group": program.backend,
-        "transport": a.transport, "codec": a.codec,
+        # --schemes trains several (their names in "schemes"): no one codec is this run's.
+        "transport": a.transport, "codec": None if a.schemes else a.codec,
         "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
         "loss_first": c["loss"][0], "loss_last": c["loss"][-1],
         "allgather_ms_fsdp2": ag_base * 1e3 if ag_base else None,
         "iteration_ms_fsdp2": it_base * 1e3 if it_base else None,
         **main,
-        "exponent_change_rate": statistics.fmean(rates) if rates else 0.0,
+        "exponent_change_rate": statistics.fmean(rates) if rates else None,  # None: no step measured it
         # Every lossless training of this run must match the baseline, not just the main one
         # (false when every training is lossy: nothing here is exact).
         "losses_identical": bool(exact_names) and all(described[n]["losses_identical"] for n in exact_names),
