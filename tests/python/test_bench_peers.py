@@ -84,16 +84,16 @@ def test_table_has_the_peer_rows_and_a_max_error_column():
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     header = next(line for line in lines if line.lstrip().startswith("codec"))
-    assert "max error" in header and "verified" in header, done.stdout
+    assert "max abs error" in header and "max rel error" in header and "verified" in header, done.stdout
     cells = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in
              (*LOSSLESS, "zeropp-int8", "sdp4bit", "zipnn")}
     assert set(cells) == {*LOSSLESS, "zeropp-int8", "sdp4bit", "zipnn"}, done.stdout
     for name, row in cells.items():
         assert row[-1] == "yes", done.stdout
         if name in ("zeropp-int8", "sdp4bit"):
-            assert float(row[-2]) > 0, done.stdout
+            assert float(row[-3]) > 0 and float(row[-2]) > 0, done.stdout
         else:
-            assert row[-2] == "-", done.stdout
+            assert row[-3] == row[-2] == "-", done.stdout
     assert "verified bit-exact every step: yes" in done.stdout, done.stdout
 
 

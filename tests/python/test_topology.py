@@ -2,6 +2,8 @@
 backward re-gather of a layer runs on N ranks) and HSDP (a 2-D mesh, sharded inside nodes), one
 engine per process group, bitwise identical to the same layout without CIERA."""
 
+import importlib.util
+
 import pytest
 
 import topology_workers as w
@@ -65,6 +67,14 @@ def test_a_failure_in_one_nodes_group_is_an_error_on_every_rank():
 def test_a_gather_on_an_unknown_group_is_refused():
     for m in all_ok(spawn(w.unknown_group_is_refused, 4)):
         assert "a group enable() did not find" in m
+
+
+@pytest.mark.skipif(importlib.util.find_spec("zipnn") is None, reason="needs zipnn (pip install '.[peers]')")
+@pytest.mark.parametrize("layout,groups", [("hsdp", "[((0, 1), (2, 3))]"), ("partial", "[((0, 1, 2, 3),), ((0, 1), (2, 3))]")])
+def test_zipnn_refuses_a_model_gathered_on_smaller_groups(layout, groups):
+    for m in all_ok(spawn(w.zipnn_on_sub_groups, 4, layout)):
+        assert m.startswith("enable_zipnn(): on rank "), m
+        assert f"FSDP2 gathers this model on the groups {groups}, but ZipNN exchanges on one group of ranks (0, 1, 2, 3)" in m, m
 
 
 def _train(tmp_path, *extra):

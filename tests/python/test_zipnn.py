@@ -77,6 +77,9 @@ def zipnn_vs_plain(rank, world, dtype_name):
         "gathers": len(records),
         "buckets": len(handle.buckets),
         "all_compressed": all(r.compressed and not r.resynchronised and r.exposed_s == -1 for r in records),
+        # What the inter-node byte counts read: the group, and this rank's own payload in the wire bytes.
+        "records_name_the_group": all(r.ranks == tuple(range(world)) and 0 < r.payload_bytes < r.wire_bytes
+                                      for r in records),
         "encode_s": min(r.encode_s for r in records),
         "wire_bytes": sum(r.wire_bytes for r in records),
         "raw_bytes": sum(r.raw_bytes for r in records),
@@ -105,7 +108,7 @@ def test_training_through_zipnn_is_bitwise_identical_to_plain_fsdp2(dtype_name):
         assert r["losses_equal"] and r["params_equal"], r
         assert r["wrong_bytes"] == 0 and r["verified_bytes"] > 0, r
         # Every step gathers each group for forward and the decoder layers again for backward.
-        assert r["gathers"] > STEPS * r["buckets"] and r["all_compressed"], r
+        assert r["gathers"] > STEPS * r["buckets"] and r["all_compressed"] and r["records_name_the_group"], r
         assert r["raw_matches_buckets"] and r["encode_s"] > 0, r
         assert r["observed"] == r["outputs"] == r["gathers"] == r["watched_calls"], r
         # ZipNN 0.5.4 reorders the bits of the buffer it compresses: FSDP's shard must not be it.

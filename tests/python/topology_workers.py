@@ -103,3 +103,17 @@ def unknown_group_is_refused(rank, world):
     finally:
         handle.disable()
     return "no error"
+
+
+def zipnn_on_sub_groups(rank, world, layout):
+    """enable_zipnn() on a model FSDP2 gathers on smaller groups than ZipNN's one group (HSDP, or
+    partial resharding): a ConfigError on every rank naming the groups, before any gather (it
+    was a FormatError at the first gather, or a size error in the first backward pass)."""
+    from ciera.fsdp.zipnn import enable_zipnn
+
+    model = build(tiny_spec("olmoe"), world, layout)
+    try:
+        enable_zipnn(model).disable()
+    except ciera.ConfigError as e:
+        return str(e)
+    return "no error"

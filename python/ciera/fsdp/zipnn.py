@@ -26,7 +26,7 @@ from ciera._dist import all_gather_single, checked_on_every_rank, refused_on_eve
 from ciera.fsdp import lifecycle
 from ciera.fsdp.api import Handle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime, check_input
-from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets
+from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups
 
 # The names ZipNN's byte interface gives the dtypes FSDP may all-gather (ciera.fsdp.layout.DTYPES).
 _ZIPNN_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -120,6 +120,7 @@ class ZipnnAllGather(AllGather):
         self._group = lifecycle.held_weakly(group)
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
+        self._ranks = tuple(dist.get_process_group_ranks(group))  # for the records (inter-node bytes)
         self.coder = ZipnnCoder(bucket.dtype)
         self._failed_peer = self.rank   # whose payload the last failure to decompress was
 
@@ -158,7 +159,8 @@ class ZipnnAllGather(AllGather):
         # (the padding gloo needs to gather unequal sizes is the transport's, not the scheme's).
         wire_bytes = int(frames[:, 0].sum()) + _FRAME_BYTES * self.world
         runtime.records.append(GatherRecord(b.index, now - start, raw_bytes, wire_bytes, True, False, -1.0, start,
-                                            encode_s))
+                                            encode_s, ranks=self._ranks,
+                                            payload_bytes=int(frames[self.rank, 0]) + _FRAME_BYTES))
         runtime.gathered(b, input_tensor, output_tensor, group)
         return None
 
@@ -274,6 +276,17 @@ def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = F
         if any(isinstance(all_gather_comm(module), (CieraAllGather, ZipnnAllGather)) for module, _ in described):
             raise ValueError("enable_zipnn(): the model's all-gathers already go through CIERA or ZipNN; call "
                              "disable() on the Handle of that call first")
+        # ZipNN exchanges on one group, `process_group`'s ranks: FSDP2 must gather on exactly those.
+        # An HSDP mesh (a shard group per node) or partial resharding (backward gathers on a
+        # sub-group) would have its all-gather output sized for fewer ranks than take part.
+        groups = describe_groups(described)
+        ranks = tuple(dist.get_process_group_ranks(process_group) if process_group is not None
+                      else range(dist.get_world_size()))
+        shapes = [kind.partition for kind in groups]
+        if len(groups) != 1 or groups[0].partition != (ranks,):
+            raise _ext.ConfigError(
+                f"enable_zipnn(): FSDP2 gathers this model on the groups {shapes}, but ZipNN exchanges on one "
+                f"group of ranks {ranks} (an HSDP mesh or reshard_after_forward=N is not supported)")
         return described
 
     # On every rank at once (zipnn missing on one node, say), and with the same `verify`, which
