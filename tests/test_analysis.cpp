@@ -655,6 +655,11 @@ TEST(ChangeStatistics, CountsOfAnotherGridAndStepZeroAreRefused) {
         << e.what();
   }
   stats.add(1, ShardType::kOther, same);  // still usable
+  // A type outside the enumeration reads nothing past the per-type counts (it did, out of bounds).
+  const auto unknown = static_cast<ShardType>(99);
+  EXPECT_THROW(stats.add(1, unknown, same), ConfigError);
+  EXPECT_THROW((void)stats.total(unknown), ConfigError);
+  EXPECT_THROW((void)stats.step(1, unknown), ConfigError);
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
+#include "ciera/peers.hpp"
+#include "ciera/selection.hpp"
 #include "codec/wire.hpp"
 #include "test_util.hpp"
 
@@ -458,6 +460,65 @@ TEST(CodecMisuse, BlockValuesZeroIsAConfigErrorEverywhere) {
   CodecConfig delta;
   delta.stream_kind = StreamKind::kValueDelta;
   EXPECT_THROW(codec_cache_bytes(delta, (uint64_t{1} << 63) + 8, true), ConfigError);  // wrapped
+}
+
+// From a user audit of the codec API. A peer scheme's stream kind given to the shard codec ran
+// exponent reuse under that name (and reported its cache); the size bounds wrapped for huge
+// counts (a bound below the real size); an encode into a buffer overlapping the shard sent a
+// frame the receiver rejected only at its checksum, the encoder moving on.
+TEST(CodecMisuse, PeerKindsHugeCountsAndOverlapsAreRefused) {
+  for (const StreamKind peer :
+       {StreamKind::kZeroppInt8, StreamKind::kSdp4bit, StreamKind::kStateless}) {
+    CodecConfig config;
+    config.stream_kind = peer;
+    EXPECT_THROW(ShardEncoder(config, 100), ConfigError);
+    EXPECT_THROW(ShardDecoder(config, 100), ConfigError);
+    EXPECT_NO_THROW(ShardEncoder::one_shot(config, 100, {}));  // one key frame: the stateless body
+    EXPECT_EQ(codec_cache_bytes(config, 100, true), peer == StreamKind::kSdp4bit ? 200u : 0u);
+    EXPECT_EQ(codec_cache_bytes(config, 100, false), peer == StreamKind::kSdp4bit ? 200u : 0u);
+  }
+  EXPECT_THROW(max_payload_bytes(DType::kBF16, ~uint64_t{0}, 512), ConfigError);
+  EXPECT_THROW(max_payload_bytes(DType::kFP32, uint64_t{1} << 62, 512), ConfigError);
+  EXPECT_NO_THROW(max_payload_bytes(DType::kFP32, kMaxShardValues, 512));
+  EXPECT_THROW(peers::int8_bound_bytes(DType::kFP32, ~uint64_t{0}, 8000), ConfigError);
+  EXPECT_THROW(peers::diff4_bound_bytes(DType::kFP32, ~uint64_t{0}, 2048), ConfigError);
+  EXPECT_THROW(ShardEncoder(CodecConfig{}, uint64_t{1} << 63), ConfigError);
+  EXPECT_THROW(ShardDecoder(CodecConfig{}, kMaxShardValues + 1), ConfigError);
+
+  const uint64_t n = 1000;
+  ShardEncoder encoder(CodecConfig{}, n);
+  std::vector<std::byte> buffer(encoder.max_payload_bytes() + 2 * n);
+  EXPECT_THROW(encoder.encode({buffer.data(), 2 * n}, {buffer.data(), encoder.max_payload_bytes()}),
+               std::invalid_argument);
+  EXPECT_THROW(
+      encoder.encode({buffer.data() + 8, 2 * n}, {buffer.data(), encoder.max_payload_bytes()}),
+      std::invalid_argument);
+  EXPECT_EQ(encoder.next_sequence(), 0u);  // nothing was sent
+  std::vector<std::byte> shard(2 * n), payload(encoder.max_payload_bytes()), out(2 * n);
+  ShardDecoder decoder(CodecConfig{}, n);
+  const FrameStats sent = encoder.encode(shard, payload);
+  decoder.decode({payload.data(), sent.payload_bytes}, out);
+  EXPECT_EQ(out, shard);
+
+  // A header whose value count passes the limit is malformed, at inspection and at decoding.
+  wire::Header h;
+  h.dtype = DType::kBF16;
+  h.block_values = 512;
+  h.num_values = kMaxShardValues + 1;
+  std::vector<std::byte> bytes(wire::kHeaderBytes);
+  wire::write_header(h, reinterpret_cast<uint8_t*>(bytes.data()));
+  try {
+    inspect_payload(bytes);
+    ADD_FAILURE() << "a header of 2^48 + 1 values was taken";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than a shard may hold"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(expected_delta_payload_bytes(100, std::numeric_limits<double>::quiet_NaN()),
+               ConfigError);
+  EXPECT_THROW(expected_delta_payload_bytes(100, std::numeric_limits<double>::infinity()),
+               ConfigError);
+  EXPECT_EQ(expected_delta_payload_bytes(100, -1.0), double(wire::kHeaderBytes));  // not measured
 }
 
 // Rates are fractions: a rate past 1 or NaN gave a frame larger than raw, or NaN bytes, silently.

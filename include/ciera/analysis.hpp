@@ -125,9 +125,8 @@ class ChangeStatistics {
   const ChangeCounts& step(uint32_t step) const;
   const ChangeCounts& step(uint32_t step, ShardType type) const;
   const ChangeCounts& total() const { return total_; }
-  const ChangeCounts& total(ShardType type) const {
-    return total_by_type_[static_cast<size_t>(type)];
-  }
+  // A `type` outside ShardType's values is a ConfigError (here and in step(step, type)).
+  const ChangeCounts& total(ShardType type) const;
 
  private:
   ChangeGrid grid_;

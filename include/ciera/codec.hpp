@@ -86,7 +86,8 @@ struct FrameStats {
   double coded_symbols_entropy_bits = 0;  // sum of n * H0
 };
 
-// Upper bound on the payload of a shard of `num_values` values; allocate this once.
+// Upper bound on the payload of a shard of `num_values` values; allocate this once. More than
+// kMaxShardValues values is a ConfigError (the bound would not fit 64 bits).
 size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values);
 
 // Expected delta frame of one shard of `values` values whose blocks change at rate
@@ -104,10 +105,14 @@ inline constexpr double kFineBytesPerBlock = 1.0;
 
 // Codec state a rank holds for one shard of `values` values of `codec.dtype` it sends (`sender`:
 // the copy of what it last sent) or receives (the exponent cache; for value-delta streams the
-// previous values), in bytes. ShardEncoder/ShardDecoder's cache_bytes() report the same.
+// previous values), in bytes. ShardEncoder/ShardDecoder's cache_bytes() report the same; for a
+// peer scheme's stream, what its coders keep (SDP4Bit: its reconstruction on both sides; the
+// stateless and int8 schemes nothing).
 uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sender);
 
-// Sender side of one shard.
+// Sender side of one shard, of a stream of the shard codec's own kinds (exponent reuse,
+// value-delta; a peer scheme's stream kind is a ConfigError: its coders are the engine's). At
+// most kMaxShardValues values. One thread at a time (an encoder and a decoder are independent).
 class ShardEncoder {
  public:
   // Every payload carries `identity`; its epoch is incremented by each request_key_frame().
@@ -122,7 +127,9 @@ class ShardEncoder {
   ShardEncoder& operator=(ShardEncoder&&) noexcept;
 
   // Encodes `shard` (num_values values, little-endian, any alignment) into `payload`, which must
-  // hold at least max_payload_bytes(). Returns what was sent; stats.payload_bytes is its length.
+  // hold at least max_payload_bytes() and must not overlap `shard`. Returns what was sent;
+  // stats.payload_bytes is its length. A shard of another size, a payload buffer too small or
+  // overlapping the shard is std::invalid_argument (the caller's mistake), and nothing changes.
   // The first frame, the first `warmup_steps` frames and the frame after request_key_frame()
   // are key frames.
   FrameStats encode(std::span<const std::byte> shard, std::span<std::byte> payload);
@@ -150,7 +157,8 @@ class ShardEncoder {
   std::unique_ptr<Impl> impl_;
 };
 
-// Receiver side of one peer shard; owns that shard's exponent cache.
+// Receiver side of one peer shard; owns that shard's exponent cache. The same kinds and limit as
+// ShardEncoder's; one thread at a time.
 class ShardDecoder {
  public:
   // Receives the stream `expected` names: its first frame must be a key frame of exactly that
@@ -170,6 +178,7 @@ class ShardDecoder {
   // a delta frame must be the next of the current epoch; a key frame must be the next of the
   // current epoch (or the first one decoded), or of a later epoch after request_resync(). On
   // error the cache, epoch and sequence are unchanged and the contents of `shard` unspecified.
+  // An output of another size than num_values values is std::invalid_argument.
   FrameStats decode(std::span<const std::byte> payload, std::span<std::byte> shard);
 
   // This receiver asked the sender to resynchronise (the sender's request_key_frame()): until a

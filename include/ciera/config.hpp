@@ -13,6 +13,11 @@ namespace ciera {
 // threads that the cores could never run at once.
 inline constexpr unsigned kMaxWorkerThreads = 256;
 
+// The most values one shard may hold: 2^48, beyond any machine's memory, and below which every
+// size the codec computes fits 64 bits. The coders and size functions refuse more (ConfigError);
+// a payload whose header claims more is malformed (FormatError).
+inline constexpr uint64_t kMaxShardValues = uint64_t{1} << 48;
+
 // How the sender finds blocks whose exponents changed since the last send (paper §3.1).
 enum class ChangeDetection : uint8_t {
   // Compare with the sender's copy of the exponents it last sent: no false "unchanged" is

@@ -170,7 +170,8 @@ void merge_counts_across_ranks(Transport& transport, std::vector<ShardChangeCoun
 
 // Expected value-delta frame of a shard of `values` values whose section costs
 // `section_bits_per_value` (measured: ShardChangeCounts::delta_bits_per_value): the payload header
-// plus the section. 0 for an empty shard (nothing is sent for it but its length).
+// plus the section. 0 for an empty shard (nothing is sent for it but its length). A negative rate
+// (not measured) counts as 0; a NaN or infinite one is a ConfigError.
 double expected_delta_payload_bytes(uint64_t values, double section_bits_per_value);
 
 // ---- Selector -----------------------------------------------------------------------------------

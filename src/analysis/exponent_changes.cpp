@@ -256,12 +256,23 @@ ChangeStatistics::ChangeStatistics(ChangeGrid grid, uint32_t warmup_steps)
   grid_.validate();
 }
 
-void ChangeStatistics::add(uint32_t step, ShardType type, const ChangeCounts& counts) {
-  if (step < 1) throw ConfigError("ChangeStatistics::add: steps count from 1, got 0");
+namespace {
+
+// The index of `type` among the per-type counts; ConfigError naming `who` for a value outside
+// the enumeration (an integer cast to ShardType).
+size_t type_index(ShardType type, const char* who) {
   if (static_cast<size_t>(type) >= kShardTypeCount) {
-    throw ConfigError("ChangeStatistics::add: unknown shard type " +
+    throw ConfigError(std::string(who) + ": unknown shard type " +
                       std::to_string(static_cast<int>(type)));
   }
+  return static_cast<size_t>(type);
+}
+
+}  // namespace
+
+void ChangeStatistics::add(uint32_t step, ShardType type, const ChangeCounts& counts) {
+  if (step < 1) throw ConfigError("ChangeStatistics::add: steps count from 1, got 0");
+  type_index(type, "ChangeStatistics::add");
   while (per_step_.size() < step) {
     per_step_.emplace_back(grid_);
     per_step_by_type_.emplace_back(kShardTypeCount, ChangeCounts(grid_));
@@ -279,9 +290,12 @@ const ChangeCounts& ChangeStatistics::step(uint32_t step) const {
 }
 
 const ChangeCounts& ChangeStatistics::step(uint32_t step, ShardType type) const {
-  return step >= 1 && step <= per_step_.size()
-             ? per_step_by_type_[step - 1][static_cast<size_t>(type)]
-             : empty_;
+  const size_t index = type_index(type, "ChangeStatistics::step");
+  return step >= 1 && step <= per_step_.size() ? per_step_by_type_[step - 1][index] : empty_;
+}
+
+const ChangeCounts& ChangeStatistics::total(ShardType type) const {
+  return total_by_type_[type_index(type, "ChangeStatistics::total")];
 }
 
 }  // namespace ciera

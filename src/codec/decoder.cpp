@@ -19,6 +19,7 @@
 #include "codec/chunking.hpp"
 #include "codec/differences.hpp"
 #include "codec/kernels.hpp"
+#include "codec/limits.hpp"
 #include "codec/wire.hpp"
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
@@ -612,7 +613,9 @@ ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values, Strea
     : ShardDecoder(config, num_values, expected, false) {}
 ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected,
                            bool one_shot)
-    : impl_(std::make_unique<Impl>(config, num_values, expected, one_shot)) {}
+    : impl_(
+          std::make_unique<Impl>(codec::coder_config(config, num_values, one_shot, "ShardDecoder"),
+                                 num_values, expected, one_shot)) {}
 ShardDecoder ShardDecoder::one_shot(const CodecConfig& config, uint64_t num_values,
                                     StreamIdentity expected) {
   return ShardDecoder(config, num_values, expected, true);

@@ -14,6 +14,7 @@
 #include "codec/differences.hpp"
 #include "codec/frame_schedule.hpp"
 #include "codec/kernels.hpp"
+#include "codec/limits.hpp"
 #include "codec/stream_stats.hpp"
 #include "codec/wire.hpp"
 #include "common/bits.hpp"
@@ -118,6 +119,7 @@ size_t max_payload_bytes(DType dtype, uint64_t num_values, uint32_t block_values
     throw ConfigError("max_payload_bytes: block_values " + std::to_string(block_values) +
                       " is out of range");
   }
+  codec::check_shard_values(num_values, "max_payload_bytes");
   const DTypeInfo info = dtype_info(dtype);
   const uint64_t sign_mantissa = format::SignMantissaLayout(dtype, num_values).total_bytes();
   return wire::sign_mantissa_offset(wire::bitmap_bytes_for(num_values, block_values), sign_mantissa) +
@@ -528,7 +530,9 @@ ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values, Strea
     : ShardEncoder(config, num_values, identity, false) {}
 ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity,
                            bool one_shot)
-    : impl_(std::make_unique<Impl>(config, num_values, identity, one_shot)) {}
+    : impl_(
+          std::make_unique<Impl>(codec::coder_config(config, num_values, one_shot, "ShardEncoder"),
+                                 num_values, identity, one_shot)) {}
 ShardEncoder ShardEncoder::one_shot(const CodecConfig& config, uint64_t num_values,
                                     StreamIdentity identity) {
   return ShardEncoder(config, num_values, identity, true);
@@ -548,6 +552,13 @@ FrameStats ShardEncoder::encode(std::span<const std::byte> shard, std::span<std:
     throw std::invalid_argument("ShardEncoder::encode: payload buffer is " +
                                 std::to_string(payload.size()) + " bytes, needs " +
                                 std::to_string(max_payload_bytes()));
+  }
+  // The frame is written while the shard is read: overlapping, it would code bytes it had
+  // already overwritten, and the receiver would reject the frame only at its checksum.
+  const auto* in = reinterpret_cast<const std::byte*>(shard.data());
+  if (!shard.empty() && in < payload.data() + payload.size() &&
+      payload.data() < in + shard.size()) {
+    throw std::invalid_argument("ShardEncoder::encode: the shard and the payload buffer overlap");
   }
   return state().encode(reinterpret_cast<const uint8_t*>(shard.data()),
                         reinterpret_cast<uint8_t*>(payload.data()), payload.size());

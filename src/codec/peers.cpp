@@ -12,6 +12,7 @@
 #include <string>
 
 #include "ciera/error.hpp"
+#include "codec/limits.hpp"
 #include "common/bytes.hpp"
 #include "common/floats.hpp"
 
@@ -134,6 +135,7 @@ int floor_to_int(float x) {
 
 size_t int8_bound_bytes(DType dtype, uint64_t values, uint32_t group_values) {
   check_group("int8_bound_bytes", group_values);
+  codec::check_shard_values(values, "int8_bound_bytes");
   const uint64_t per_value = std::max<uint64_t>(1, dtype_info(dtype).value_bytes);
   return groups_of(values, group_values) * kScaleBytes + values * per_value;
 }
@@ -215,6 +217,7 @@ void dequantize_int8(DType dtype, std::span<const std::byte> in, uint32_t group_
 
 size_t diff4_bound_bytes(DType dtype, uint64_t values, uint32_t group_values) {
   check_group("diff4_bound_bytes", group_values);
+  codec::check_shard_values(values, "diff4_bound_bytes");
   const uint64_t value_bytes = dtype_info(dtype).value_bytes;
   // A raw group (value_bytes per value) is never smaller than a nibble group.
   return groups_of(values, group_values) * kScaleBytes + values * value_bytes;

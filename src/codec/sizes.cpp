@@ -7,6 +7,7 @@
 
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
+#include "codec/limits.hpp"
 #include "codec/wire.hpp"
 #include "common/checked.hpp"
 #include "format/planes.hpp"
@@ -43,8 +44,13 @@ double expected_payload_bytes(const CodecConfig& codec, DType dtype, uint64_t va
 
 uint64_t codec_cache_bytes(const CodecConfig& codec, uint64_t values, bool sender) {
   codec.validate();
-  // A value-delta stream: both sides keep the previous values.
-  if (codec.stream_kind == StreamKind::kValueDelta) {
+  codec::check_shard_values(values, "codec_cache_bytes");
+  // The stateless and int8 peer schemes keep nothing between frames.
+  if (codec.stream_kind == StreamKind::kStateless || codec.stream_kind == StreamKind::kZeroppInt8)
+    return 0;
+  // A value-delta stream: both sides keep the previous values (and SDP4Bit's both sides their
+  // reconstruction).
+  if (codec.stream_kind == StreamKind::kValueDelta || codec.stream_kind == StreamKind::kSdp4bit) {
     const std::optional<uint64_t> bytes =
         checked_product(values, dtype_info(codec.dtype).value_bytes);
     if (!bytes)

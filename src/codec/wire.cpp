@@ -94,6 +94,10 @@ Header parse_header(const uint8_t* p, size_t size, bool trailing) {
     throw FormatError("payload block size " + std::to_string(h.block_values) + " is out of range");
   }
   h.num_values = load_le64(p + 16);
+  if (h.num_values > kMaxShardValues) {
+    throw FormatError("payload claims " + std::to_string(h.num_values) +
+                      " values, more than a shard may hold (2^48)");
+  }
   h.epoch = load_le32(p + 24);
   h.stream = load_le32(p + 28);
   h.sequence = load_le64(p + 32);

@@ -104,6 +104,10 @@ void estimate_shard(const std::byte* now, const std::byte* before, uint64_t n, S
 }  // namespace
 
 double expected_delta_payload_bytes(uint64_t values, double section_bits_per_value) {
+  if (!std::isfinite(section_bits_per_value)) {
+    throw ConfigError("expected_delta_payload_bytes: section_bits_per_value must be finite, got " +
+                      std::to_string(section_bits_per_value));
+  }
   if (values == 0) return 0;
   return double(wire::kHeaderBytes) + double(values) * std::max(0.0, section_bits_per_value) / 8;
 }
