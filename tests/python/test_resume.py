@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import all_ok, spawn
+from conftest import all_ok, spawn, torch
 
 import fsdp_workers as w
 
@@ -120,6 +120,7 @@ def test_a_damaged_or_unfit_checkpoint_is_refused_before_any_rank_starts(uninter
     cases = [
         (lambda d: (d / "rng-rank1.pt").unlink(), "rng-rank1.pt is missing (rank 1's RNG state)"),
         (lambda d: _truncate(d / "rng-rank0.pt", 100), "rng-rank0.pt is damaged"),
+        (lambda d: torch.save({"x": 1}, d / "rng-rank1.pt"), "rng-rank1.pt is damaged (it holds a dict, not a CPU RNG"),
         (lambda d: (d / "__1_0.distcp").unlink(), "__1_0.distcp is missing (.metadata names it)"),
         (lambda d: _truncate(d / "__0_0.distcp", 1000), "__0_0.distcp is 1000 bytes, but .metadata reads it"),
         (lambda d: _truncate(d / ".metadata", 1000), ".metadata is damaged"),

@@ -50,6 +50,12 @@ def test_without_a_culprit_the_failing_ranks_and_their_errors_are_named(tmp_path
     assert line.startswith("ciera train: rank 0 failed in the backward pass of step 5 of the ciera run: ValueError: bad thing")
     assert "rank 1 failed in step 3 of the ciera run: KeyError: 'other'" in line
     assert Watch(tmp_path / "none", 2).failure_line(3, "") == "ciera train: the ranks failed (exit 3)"
+    # No status to read (a rank whose status folder became unwritable): the cause from its output.
+    log = ("Traceback (most recent call last):\n  File \"watch.py\", line 1, in _write\n"
+           "PermissionError: [Errno 13] Permission denied: 'ranks/1.tmp'\nmpirun noticed that ...\n")
+    assert Watch(tmp_path / "none", 2).failure_line(1, log) == (
+        "ciera train: the ranks failed (exit 1); the last error in their output: "
+        "PermissionError: [Errno 13] Permission denied: 'ranks/1.tmp'")
 
 
 def test_waiting_line_says_who_is_behind_and_a_live_process_is_not_vanished(tmp_path):

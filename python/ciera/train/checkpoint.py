@@ -133,9 +133,17 @@ def _check_files(folder: Path, ranks: int, where: str) -> None:
         if not rng.is_file():
             raise SystemExit(f"{where}: {rng.name} is missing (rank {rank}'s RNG state)")
         try:
-            torch.load(rng, weights_only=True)
+            state = torch.load(rng, weights_only=True)
         except Exception as error:  # noqa: BLE001 - whatever torch.load raises, the file is damaged
             raise SystemExit(f"{where}: {rng.name} is damaged ({first_line(error)})") from None
+        # What torch.set_rng_state takes: a CPU generator's state, a byte tensor of its size (a
+        # loadable file of anything else failed only in the ranks' load, after they started).
+        like = torch.get_rng_state()
+        if not (isinstance(state, torch.Tensor) and state.dtype == like.dtype and state.shape == like.shape):
+            got = (f"a {state.dtype} tensor of shape {tuple(state.shape)}" if isinstance(state, torch.Tensor)
+                   else f"a {type(state).__name__}")
+            raise SystemExit(f"{where}: {rng.name} is damaged (it holds {got}, not a CPU RNG state of "
+                             f"{like.numel()} bytes)")
     try:
         storage = FileSystemReader(str(folder)).read_metadata().storage_data
     except Exception as error:  # noqa: BLE001 - as above

@@ -102,13 +102,18 @@ def launch(args, argv: list[str]) -> int:
             name = signal.Signals(interrupted.signum).name
             sys.stderr.write(f"\nciera train: interrupted ({name}); the ranks were ended (their output: {log_path})\n")
             return 128 + interrupted.signum
-    (run_dir / "rendezvous").unlink(missing_ok=True)  # the ranks' torch.distributed store
+    try:
+        (run_dir / "rendezvous").unlink(missing_ok=True)  # the ranks' torch.distributed store
+    except OSError:
+        pass  # a run folder no longer writable: the failure below (or the summary) says more
     summary_path = run_dir / "summary.json"
     if status != 0 or not summary_path.is_file():
         watch.read_statuses()  # the processes are gone now; what was seen of them stands
         sys.stderr.write(f"{watch.failure_line(status, log_path.read_text(errors='replace'))} "
                          f"(the ranks' output: {log_path})\n")
-        return status or 1
+        # The work failed: 1, whatever the launcher's own status (mpirun's 137 for a rank killed
+        # by a signal, torchrun's 1), as `ciera --help` documents.
+        return 1
     summary = json.loads(summary_path.read_text())
     uplinks = run_dir / "uplinks.json"
     if uplinks.is_file():

@@ -84,6 +84,13 @@ def killed_ranks(log_text: str) -> dict[int, str]:
     return {rank: f"was killed by signal {number} ({name})" for rank, (number, name) in killed.items()}
 
 
+def last_error_line(log_text: str) -> str | None:
+    """The last line of the job's output that ends a Python traceback ("PermissionError: ..."):
+    what a rank that could not write its status (its folder unwritable) died of."""
+    errors = re.findall(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*$", log_text, re.MULTILINE)
+    return errors[-1].strip() if errors else None
+
+
 def process_state(pid: int) -> str | None:
     """The state letter of `pid` (R, S, D, T for stopped, Z, ...), None if it is gone."""
     try:
@@ -175,7 +182,9 @@ class Watch:
         if missing and parts:
             parts.append(f"{_ranks(missing)} never started (no status)")
         if not parts:
-            return f"ciera train: the ranks failed (exit {status})"
+            error = last_error_line(log_text)
+            return f"ciera train: the ranks failed (exit {status})" + (f"; the last error in their output: {error}"
+                                                                        if error else "")
         return "ciera train: " + "; ".join(parts)
 
     def _where(self, rank: int) -> str:
