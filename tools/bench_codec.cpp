@@ -321,7 +321,7 @@ class CodecBench {
       if (!stateless_warm_) {
         // A coder's first call pays for its buffers' first touch (page faults): one untimed
         // round, whose results are dropped, so that one sample (a short run) is not that cost.
-        BenchResult dropped;
+        BenchResult dropped(request_);
         measure_stateless(values, dropped);
         measure_zeropp(values, dropped);
         stateless_warm_ = true;
