@@ -4,11 +4,11 @@ so that the simulator projects multi-node iteration times from measured GPU code
 of its assumed ones (issue 16). The links stay the base preset's (they were not measured: a
 one-GPU machine has none); the output says so in its notes and `source` fields.
 
-    scripts/device-check.sh codec OUT            # on a lent GPU: OUT/bench.json
-    scripts/gpu-cluster-config.py OUT/bench.json > measured.json
+    scripts/device-check.sh all OUT              # on a lent GPU: OUT/bench-256M.json (and -16M)
+    scripts/gpu-cluster-config.py OUT/bench-256M.json > measured.json
     ciera simulate --cluster-config measured.json --cluster h200-measured --model all
 
-Reads the largest shard size of bench.json: CIERA's steady-state encode and decode (GB/s of raw
+Reads the largest shard size of the benchmark file: CIERA's steady-state encode and decode (GB/s of raw
 shard bytes, the simulator's unit) and the change-detection kernel. Exits 1 with one line if the
 file is not a device-check benchmark or its run failed."""
 
@@ -34,7 +34,7 @@ def builtin_presets(tool: str) -> dict:
 
 
 def measured_kernels(bench: dict) -> dict:
-    sizes = bench.get("sizes") or fail("no 'sizes' in the benchmark file (not a device-check bench.json?)")
+    sizes = bench.get("sizes") or fail("no 'sizes' in the benchmark file (not a device-check bench-*.json?)")
     size = max(sizes, key=lambda s: s.get("values", 0))
     codec = size.get("codec", {})
     if codec.get("failure"):
@@ -54,7 +54,7 @@ def measured_kernels(bench: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("bench", help="bench.json of scripts/device-check.sh codec")
+    p.add_argument("bench", help="bench-256M.json (or bench-16M.json) of scripts/device-check.sh")
     p.add_argument("--base", default="h200-ndr", help="preset whose links and GPU are kept")
     p.add_argument("--name", default="h200-measured", help="name of the new preset")
     p.add_argument("--tool", default=shutil.which("ciera") or "build/release/tools/ciera", help="the ciera tool")
