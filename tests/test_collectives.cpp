@@ -768,6 +768,11 @@ TEST(CollectivesConfig, NamesAndValidation) {
   EXPECT_THROW(
       LosslessCollectives(make_loopback_transport(make_loopback_world(1), 0), {.frame_values = 0}),
       ConfigError);
+  // Past the codec's shard limit: refused at construction, not by the first call's bound on
+  // this rank alone (frame_values need not agree across ranks, so its peers would wait).
+  EXPECT_THROW(LosslessCollectives(make_loopback_transport(make_loopback_world(1), 0),
+                                   {.frame_values = kMaxShardValues + 1}),
+               ConfigError);
   for (int niceness : {-1, 20}) {
     CollectivesConfig bad;
     bad.worker_niceness = niceness;

@@ -203,7 +203,8 @@ TEST(Engine, ANonPositiveTimeoutAndAnOverflowingLayoutAreConfigErrors) {
   });
   for (int r = 0; r < world; ++r)
     EXPECT_NE(errors[r].find("timeout must be > 0 ms, got -1 ms"), std::string::npos) << errors[r];
-  // Thousands of coding threads, one rank's typo, are refused on every rank before any start.
+  // Thousands of coding threads, one rank's typo, are refused on every rank (that rank starts
+  // kMaxWorkerThreads of them before its agreement says no).
   errors = run_ranks(world, [&](int rank, Transport& t) {
     EngineConfig config;
     config.worker_threads = rank == 1 ? 100000 : 2;

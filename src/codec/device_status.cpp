@@ -6,6 +6,7 @@
 #include "ciera/error.hpp"
 #include "codec/device_decode.hpp"
 #include "codec/device_encode.hpp"
+#include "codec/limits.hpp"
 #include "codec/wire.hpp"
 #include "format/planes.hpp"
 
@@ -13,6 +14,7 @@ namespace ciera::codec::device {
 
 DecodeConfig make_decode_config(const CodecConfig& config, uint64_t num_values) {
   config.validate();
+  coder_config(config, num_values, /*one_shot=*/false, "cuda::ShardDecoder");
   const DTypeInfo info = dtype_info(config.dtype);
   DecodeConfig c;
   c.dtype = static_cast<uint8_t>(config.dtype);
@@ -32,6 +34,7 @@ DecodeConfig make_decode_config(const CodecConfig& config, uint64_t num_values) 
 
 EncodeConfig make_encode_config(const CodecConfig& config, uint64_t num_values) {
   config.validate();
+  coder_config(config, num_values, /*one_shot=*/false, "cuda::ShardEncoder");
   const DTypeInfo info = dtype_info(config.dtype);
   EncodeConfig c;
   c.dtype = static_cast<uint8_t>(config.dtype);

@@ -74,6 +74,13 @@ void CollectivesConfig::validate() const {
   }
   if (slice_values == 0) throw ConfigError("CollectivesConfig.slice_values must be at least 1");
   if (frame_values == 0) throw ConfigError("CollectivesConfig.frame_values must be at least 1");
+  // Here, at construction, not at the first call's bound on one rank (its peers would wait).
+  if (frame_values > kMaxShardValues) {
+    throw ConfigError(
+        "CollectivesConfig.frame_values must be at most 2^48 (a frame is a shard of "
+        "the codec), got " +
+        std::to_string(frame_values));
+  }
   if (worker_threads > kMaxWorkerThreads) {
     throw ConfigError("CollectivesConfig.worker_threads must be at most " +
                       std::to_string(kMaxWorkerThreads) + ", got " +

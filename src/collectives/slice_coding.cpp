@@ -9,7 +9,7 @@ namespace ciera::collectives {
 
 uint64_t coded_slice_bound(const CodecConfig& c, uint64_t values, uint64_t frame_values) {
   const uint64_t full = values / frame_values, rest = values % frame_values;
-  return full * max_payload_bytes(c.dtype, frame_values, c.block_values) +
+  return (full == 0 ? 0 : full * max_payload_bytes(c.dtype, frame_values, c.block_values)) +
          (rest == 0 ? 0 : max_payload_bytes(c.dtype, rest, c.block_values));
 }
 

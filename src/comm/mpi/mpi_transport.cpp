@@ -792,7 +792,10 @@ std::vector<std::string> mpi_allgather_bytes(MPI_Comm comm, std::string_view min
   const std::string gather = std::string("MPI_Iallgather (") + what + ")";
   MPI_Request request;
   int code = MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm, &request);
-  if (code != MPI_SUCCESS) throw CommError(gather + " failed: " + mpi_error_text(code));
+  if (code != MPI_SUCCESS) {
+    g_communication_failed = true;
+    throw CommError(gather + " failed: " + mpi_error_text(code));
+  }
   mpi_wait_all({&request, 1}, timeout, gather.c_str());
   int64_t total = 0;
   for (int r = 0; r < world; ++r) {
@@ -806,7 +809,10 @@ std::vector<std::string> mpi_allgather_bytes(MPI_Comm comm, std::string_view min
   const std::string gatherv = std::string("MPI_Iallgatherv (") + what + ")";
   code = MPI_Iallgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(),
                          MPI_CHAR, comm, &request);
-  if (code != MPI_SUCCESS) throw CommError(gatherv + " failed: " + mpi_error_text(code));
+  if (code != MPI_SUCCESS) {
+    g_communication_failed = true;
+    throw CommError(gatherv + " failed: " + mpi_error_text(code));
+  }
   mpi_wait_all({&request, 1}, timeout, gatherv.c_str());
   std::vector<std::string> each(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
