@@ -111,7 +111,7 @@ gtest_step() {
   local rc=$?
   local ran
   ran=$(grep -o '[0-9]* tests* from [0-9]* test suites* ran' "$logs/$log.log")
-  if [[ $rc -eq 124 ]]; then
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
     step "$name" "TIMED OUT after $limit s ($log.log: $(grep -c '^\[       OK \]' "$logs/$log.log") passed before)"
     status=1
   elif [[ $rc -ne 0 ]]; then
@@ -154,13 +154,15 @@ configure_and_build() {
   fi
 }
 
-# What the codec check builds (codec_build), and its steps (codec_steps).
+# What the codec check builds (codec_build), and its steps: the tests, memcheck and the 16M
+# benchmark (codec_steps FILTER), then the 256M benchmark (codec_bench 268435456). With `all`
+# the engine's tests (*CudaEngine*) are the collective check's, and the 256M size comes last.
 codec_build=(-DCIERA_NVCOMP_DIR="$deps/nvcomp" -- ciera_cuda_tests ciera_cuda_bench)
 codec_steps() {
   export LD_LIBRARY_PATH="$deps/nvcomp/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
   # 1. GPU tests.
-  gtest_step "GPU tests" 240 "$build/tests/ciera_cuda_tests" tests '*'
+  gtest_step "GPU tests" 240 "$build/tests/ciera_cuda_tests" tests "$1"
 
   # 2. compute-sanitizer on a short decode test.
   local sanitizer rc
@@ -191,28 +193,32 @@ codec_steps() {
     fi
   fi
 
-  # 3. The benchmark, a run per size (each its own JSON and cap: a size cut short keeps the other).
-  local values name
-  for values in 16777216 268435456; do
-    name="bench-$((values >> 20))M"
-    limit=$(left $((values > 16777216 ? 200 : 90)))
-    if ((limit == 0)); then
-      step "benchmark $((values >> 20))M" "not run: the deadline has passed"
-      status=1
-      continue
-    fi
-    capped "$limit" "$build/bench/cuda/ciera_cuda_bench" --values "$values" --reps 10 \
-      --json "$out/$name.json" > "$logs/$name.log" 2>&1
-    rc=$?
-    if [[ $rc -eq 0 ]]; then
-      step "benchmark $((values >> 20))M" "$name.json"
-    elif [[ $rc -eq 3 ]]; then
-      gpu_failure "benchmark $((values >> 20))M" "not run: $(tail -n 1 "$logs/$name.log")"
-    else
-      step "benchmark $((values >> 20))M" "FAILED or timed out ($limit s), status $rc ($name.log)"
-      status=1
-    fi
-  done
+  # 3. The benchmark at 16M values (256M: codec_bench, last).
+  codec_bench 16777216
+}
+
+# codec_bench VALUES: the benchmark at one size, a run of its own (its own JSON and cap: a size
+# cut short keeps the other's figures); then every size's figures so far, as a table.
+codec_bench() {
+  local values=$1 name limit rc
+  name="bench-$((values >> 20))M"
+  limit=$(left $((values > 16777216 ? 200 : 90)))
+  if ((limit == 0)); then
+    step "benchmark $((values >> 20))M" "not run: the deadline has passed"
+    status=1
+    return
+  fi
+  capped "$limit" "$build/bench/cuda/ciera_cuda_bench" --values "$values" --reps 10 \
+    --json "$out/$name.json" > "$logs/$name.log" 2>&1
+  rc=$?
+  if [[ $rc -eq 0 ]]; then
+    step "benchmark $((values >> 20))M" "$name.json"
+  elif [[ $rc -eq 3 ]]; then
+    gpu_failure "benchmark $((values >> 20))M" "not run: $(tail -n 1 "$logs/$name.log")"
+  else
+    step "benchmark $((values >> 20))M" "FAILED or timed out ($limit s), status $rc ($name.log)"
+    status=1
+  fi
 
   local reports=("$out"/bench-*M.json)
   if [[ -f ${reports[0]} ]]; then
@@ -322,7 +328,7 @@ collective_steps() {
   fi
 
   # 4. FSDP2 on CUDA against CIERA, launched as PyTorch users do: the package's sources beside
-  # the extension just built, in a copy of their own (build/device-check-collective/pkg).
+  # the extension just built, in a copy of their own ($build/pkg).
   limit=$(left 180)
   if [[ ${#arch_args[@]} -eq 0 ]]; then
     step "train --device cuda" "no GPU here"
@@ -360,6 +366,9 @@ if [[ $what != codec ]]; then
   add_build "${collective_build[@]}"
 fi
 configure_and_build "${args[@]}" -- "${targets[@]}"
-[[ $what != collective ]] && codec_steps
-[[ $what != codec ]] && collective_steps
+case $what in
+  codec) codec_steps '*'; codec_bench 268435456 ;;
+  collective) collective_steps ;;
+  all) codec_steps '-*CudaEngine*'; collective_steps; codec_bench 268435456 ;;
+esac
 exit $status

@@ -217,7 +217,10 @@ def test_layout_and_inter_node_lines_only_for_nodes_of_several_ranks():
     resharded = summary("--ranks", "4", "--reshard-after-forward", "2")
     assert not two_level(resharded)
     assert layout_row(resharded) == [("layout", "FSDP2 reshard_after_forward=2 (backward gathers on that many ranks)")]
-    both = summary("--nodes", "2", "--ranks-per-node", "2", "--hsdp", "--reshard-after-forward", "1")
-    assert layout_row(both) == [("layout", "2 nodes of 2 ranks; HSDP (replicated across nodes, sharded inside each), "
-                                           "reshard_after_forward=1 (backward gathers on that many ranks)")]
+    both = summary("--nodes", "2", "--ranks-per-node", "4", "--hsdp", "--reshard-after-forward", "2")
+    assert layout_row(both) == [("layout", "2 nodes of 4 ranks; HSDP (replicated across nodes, sharded inside each), "
+                                           "reshard_after_forward=2 (backward gathers on that many ranks)")]
+    kept = summary("--ranks", "4", "--reshard-after-forward", "1")
+    assert layout_row(kept) == [("layout", "FSDP2 reshard_after_forward=1 (parameters stay gathered for backward: "
+                                           "no re-gather)")]
     assert layout_row({}) == []

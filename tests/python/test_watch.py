@@ -54,7 +54,12 @@ def test_without_a_culprit_the_failing_ranks_and_their_errors_are_named(tmp_path
     log = ("Traceback (most recent call last):\n  File \"watch.py\", line 1, in _write\n"
            "PermissionError: [Errno 13] Permission denied: 'ranks/1.tmp'\nmpirun noticed that ...\n")
     assert Watch(tmp_path / "none", 2).failure_line(1, log) == (
-        "ciera train: the ranks failed (exit 1); the last error in their output: "
+        "ciera train: the ranks failed (exit 1); the first error in their output: "
+        "PermissionError: [Errno 13] Permission denied: 'ranks/1.tmp'")
+    # Under torchrun its own report follows the ranks': not the cause, nor a finalizer's warning.
+    torchrun = ("Exception ignored in: <function _Stream.__del__>\n" + log +
+                "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    assert Watch(tmp_path / "none", 2).failure_line(1, torchrun).endswith(
         "PermissionError: [Errno 13] Permission denied: 'ranks/1.tmp'")
 
 

@@ -288,9 +288,6 @@ def _check_values(args) -> None:
     _at_least("--reselect-every", args.reselect_every, 0)
     if args.reselect_every and args.budget_mb is None and not args.ablation:
         _fail("--reselect-every re-runs the selection of --budget-mb (or --ablation); give one of them")
-    if (args.budget_mb is not None or args.ablation) and args.warmup < 2:
-        _fail(f"--{'budget-mb' if args.budget_mb is not None else 'ablation'} selects from the exponent changes "
-              f"measured between warmup steps: --warmup {args.warmup} measures none; give --warmup 2 or more")
     if args.no_baseline and args.ablation:
         _fail("--ablation compares with plain FSDP2; it cannot run with --no-baseline")
     if args.no_baseline and args.trace:
@@ -302,6 +299,11 @@ def _check_values(args) -> None:
     _check_zero(args)
     _check_reduce_scatter(args)
     _check_deepspeed(args)
+    # After the checks above, which refuse --budget-mb / --ablation where they cannot run at all
+    # (--zero, delta, the peer schemes default to --warmup 1): their reason comes first.
+    if (args.budget_mb is not None or args.ablation) and args.warmup < 2:
+        _fail(f"--{'budget-mb' if args.budget_mb is not None else 'ablation'} selects from the exponent changes "
+              f"measured between warmup steps: --warmup {args.warmup} measures none; give --warmup 2 or more")
     _writable_folder("--out", args.out)
     if args.capture_activations:
         if args.zero or args.framework == "deepspeed" or args.reduce_scatter != "fsdp2" or args.no_baseline:
@@ -340,8 +342,6 @@ def _defaults(args) -> None:
             names = schemes.available_baselines() if args.baselines else schemes.parse(args.schemes)
         except ValueError as e:
             _fail(str(e))
-        if args.baselines and _sub_groups(args):  # what this layout can run (zipnn cannot)
-            names = [n for n in names if n != "zipnn"]
         args.schemes = ",".join(names)
     if args.reduce_scatter != "fsdp2" and args.codec is not None:
         _fail(f"--codec {args.codec}: --reduce-scatter compares reduce-scatters; every training there gathers "
@@ -385,13 +385,21 @@ def _check_schemes(args) -> None:
         _fail(f"--verify compares lossless gathers with torch's; {', '.join(names)} "
               f"{'is' if len(names) == 1 else 'are'} lossy (its drift is in the table)")
     if "zipnn" in names and _sub_groups(args):
-        _fail(f"zipnn exchanges on one group of every rank; with {_sub_groups(args)} FSDP2 gathers on smaller "
-              "groups (the CIERA schemes run there)")
+        if args.baselines:  # every scheme this layout can run: zipnn cannot
+            args.schemes = ",".join(n for n in names if n != "zipnn")
+        else:
+            _fail(f"zipnn exchanges on one group of every rank; with {_sub_groups(args)} FSDP2 gathers on smaller "
+                  "groups (the CIERA schemes run there)")
 
 
 def _sub_groups(args) -> str:
-    """The option that makes FSDP2 gather on groups smaller than the world, if any."""
-    return "--hsdp" if args.hsdp else "--reshard-after-forward" if args.reshard_after_forward is not None else ""
+    """The option that makes FSDP2 gather on groups smaller than the world, if any (after
+    _check_topology). reshard_after_forward=1 keeps the parameters gathered (no backward
+    gather), and N equal to the shard group is plain resharding: neither makes a sub-group."""
+    if args.hsdp:
+        return "--hsdp"
+    n = args.reshard_after_forward
+    return "--reshard-after-forward" if n is not None and n not in (1, args.ranks) else ""
 
 
 def _check_zero(args) -> None:

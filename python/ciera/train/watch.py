@@ -85,10 +85,14 @@ def killed_ranks(log_text: str) -> dict[int, str]:
 
 
 def last_error_line(log_text: str) -> str | None:
-    """The last line of the job's output that ends a Python traceback ("PermissionError: ..."):
-    what a rank that could not write its status (its folder unwritable) died of."""
-    errors = re.findall(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*$", log_text, re.MULTILINE)
-    return errors[-1].strip() if errors else None
+    """The first line of the job's output that ends a rank's Python traceback ("PermissionError:
+    ..."): what a rank that could not write its status (its folder unwritable) died of. The
+    launcher's own report (torchrun's ChildFailedError, after the ranks') and warnings from
+    finalizers ("Exception ignored in") are not causes."""
+    for line in re.findall(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*$", log_text, re.MULTILINE):
+        if not line.startswith(("torch.distributed.elastic.", "Exception ignored")) and "ChildFailedError" not in line:
+            return line.strip()
+    return None
 
 
 def process_state(pid: int) -> str | None:
@@ -183,7 +187,7 @@ class Watch:
             parts.append(f"{_ranks(missing)} never started (no status)")
         if not parts:
             error = last_error_line(log_text)
-            return f"ciera train: the ranks failed (exit {status})" + (f"; the last error in their output: {error}"
+            return f"ciera train: the ranks failed (exit {status})" + (f"; the first error in their output: {error}"
                                                                         if error else "")
         return "ciera train: " + "; ".join(parts)
 
