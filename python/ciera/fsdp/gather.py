@@ -122,17 +122,20 @@ class CieraAllGather(AllGather):
             if self.runtime.selector is not None:   # this rank's own work before the gather
                 self.runtime.selector.observe(gathering.kind, b.index, input_tensor)
 
+        # From here the gather's time runs: the selector's change detection in check() is on this
+        # thread, on the critical path, as is start().
+        start = time.perf_counter()
         # A rank whose gather is refused still takes part in it, so its peers fail at once.
         refused_on_every_rank(check, lambda reason: gathering.engine.refuse(b.index, reason))
         nbytes = input_tensor.numel() * input_tensor.element_size()
-        start = time.perf_counter()
         # On CUDA, FSDP calls this on its all-gather stream, where the copy-in of the input is
         # ordered: the engine starts encoding once that stream gets here (an event), and this
         # thread does not wait for it.
         stream = torch.cuda.current_stream(input_tensor.device).cuda_stream if input_tensor.is_cuda else 0
         ticket = gathering.engine.start(b.index, input_tensor.data_ptr(), nbytes, output_tensor.data_ptr(),
                                         output_tensor.numel() * output_tensor.element_size(), stream)
-        work = _GatherWork(self, gathering, ticket, start, output_tensor, input_tensor, group)
+        work = _GatherWork(self, gathering, ticket, start, output_tensor, input_tensor, group,
+                           caller_s=time.perf_counter() - start)
         if self.runtime.overlap:
             return work  # FSDP waits on it right before the module runs (CCP, paper §3.3)
         work.wait()
@@ -142,18 +145,35 @@ class CieraAllGather(AllGather):
 class _GatherWork(dist.distributed_c10d.Work):
     """A CIERA gather in flight: encoding, exchange and decoding run on the engine's threads while
     FSDP2 goes on (prefetching gathers overlap the previous module's compute); FSDP waits on this
-    before it reads the output. Waiting twice is harmless."""
+    before it reads the output. Waiting twice is harmless; a gather that failed fails again at
+    every later wait (FSDP may wait on a work twice: after a failed step, its next unshard finds
+    the result still pending and waits on it, and would otherwise copy out a buffer the gather
+    never filled)."""
 
-    def __init__(self, gather: CieraAllGather, gathering, ticket, start: float, output_tensor, input_tensor, group):
+    def __init__(self, gather: CieraAllGather, gathering, ticket, start: float, output_tensor, input_tensor, group,
+                 caller_s: float):
         super().__init__()
         self.gather, self.gathering, self.ticket, self.start = gather, gathering, ticket, start
         self.output_tensor, self.input_tensor, self.group = output_tensor, input_tensor, group
+        self.caller_s = caller_s  # this thread's part before the work was handed back (exposed)
         self.done = False
+        self.failure: BaseException | None = None
 
     def wait(self, timeout=None) -> bool:
+        if self.failure is not None:
+            raise self.failure
         if self.done:
             return True
         self.done = True
+        try:
+            self._finish()
+        except BaseException as error:
+            self.failure = error
+            self.output_tensor = self.input_tensor = None
+            raise
+        return True
+
+    def _finish(self) -> None:
         runtime, b = self.gather.runtime, self.gather.bucket
         waited = time.perf_counter()
         stats = self.gathering.engine.wait(self.ticket)
@@ -163,8 +183,9 @@ class _GatherWork(dist.distributed_c10d.Work):
                   f" = encode {stats.encode_s*1e3:.1f} exchange {stats.exchange_s*1e3:.1f} decode "
                   f"{stats.decode_s*1e3:.1f} wire {stats.wire_bytes} raw {stats.raw_bytes} "
                   f"compressed {stats.compressed}", flush=True)
-        # A gather finished before FSDP got it back is exposed in full (-1), start() included.
-        exposed = now - waited if runtime.overlap else -1.0
+        # Exposed: the caller's part before it got the work back, and the wait. A gather finished
+        # before FSDP got it back is exposed in full (-1), start() included.
+        exposed = self.caller_s + (now - waited) if runtime.overlap else -1.0
         runtime.records.append(GatherRecord(b.index, now - self.start, stats.raw_bytes, stats.wire_bytes,
                                             stats.compressed, stats.resynchronised, exposed, self.start,
                                             stats.encode_s, self.gathering.kind, self.gathering.ranks,
@@ -173,4 +194,3 @@ class _GatherWork(dist.distributed_c10d.Work):
         self.output_tensor = self.input_tensor = None
         # Observers see the shard group's layout: a post-forward gather only when verifying.
         runtime.gathered(b, input_tensor, output_tensor, self.group, observe=self.gathering.kind == 0)
-        return True
