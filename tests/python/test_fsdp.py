@@ -37,6 +37,8 @@ def test_disable_restores_the_plain_path():
         assert r["ran_after_disable"], r
         assert "engine is closed" in (r["closed_error"] or ""), r   # Handle.cache_bytes after disable()
         assert r["open_before"] == 1 and r["open_after"] == 0, r     # closed engines are forgotten
+        settled, after = r["resources"]   # threads, descriptors, CIERA's groups: no growth per cycle
+        assert after[2] == settled[2] == 0 and after[0] <= settled[0] and after[1] <= settled[1], r
 
 
 def test_gradients_are_averaged_like_a_single_process():
@@ -180,3 +182,27 @@ def test_measured_cost_model_selects_by_its_own_numbers_and_stays_exact():
             assert sum(s["gain_s"] for s in chosen if s["bucket"] == bucket) > r["round_overhead_s"] * gathers, bucket
         assert r["gain_s"] >= 0, r
     assert len({tuple(r["chosen"]) for r in results}) == 1     # every rank chose the same
+
+
+def test_a_failed_gather_fails_again_at_every_later_wait():
+    """FSDP2 may wait on a gather's work twice: after a failed step, its next unshard finds the
+    result still pending and waits on it. A second wait used to return True, and FSDP copied out
+    a buffer the gather never filled; it now raises the gather's error again."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import ciera
+    from ciera.fsdp.gather import _GatherWork
+
+    class FailingEngine:
+        def wait(self, ticket):
+            raise ciera.ConfigError("rank 1 rejected its gather of bucket 'b0': refused")
+
+    gather = SimpleNamespace(runtime=SimpleNamespace(overlap=True), bucket=SimpleNamespace(index=0))
+    work = _GatherWork(gather, SimpleNamespace(engine=FailingEngine()), 7, 0.0, torch.empty(4), torch.empty(2),
+                       None, caller_s=0.0)
+    for _ in range(3):
+        with pytest.raises(ciera.ConfigError, match="rank 1 rejected"):
+            work.wait()
+    assert work.output_tensor is None and work.input_tensor is None  # nothing kept alive for it
