@@ -42,7 +42,7 @@ import torch.distributed as dist
 from ciera import _ext
 from ciera._dist import checked_on_every_rank, refuse_each, wait_each
 from ciera.fsdp import api, lifecycle
-from ciera.fsdp.gather import GatherRecord, Runtime
+from ciera.fsdp.gather import GatherRecord, RecordLog, Runtime
 from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice, element_bytes
 from ciera.fsdp.selection import Selector
 from ciera.fsdp.transport import check_transport, make_transport
@@ -262,7 +262,7 @@ class _Timed:
 
     def __init__(self, params: list):
         self.params = params
-        self.records: list[GatherRecord] = []
+        self.records: list[GatherRecord] = RecordLog()
         self.wrapped: dict[int, object] = {}
 
 
@@ -298,7 +298,7 @@ class TimedHandle:
         self._timed = timed
 
     def take_records(self) -> list[GatherRecord]:
-        records, self._timed.records = self._timed.records, []
+        records, self._timed.records = self._timed.records, RecordLog()
         return records
 
     def disable(self) -> None:
@@ -615,7 +615,8 @@ class _OptimizerHook:
 
     def __init__(self, engine, what: str):
         optimizer = _stage3_optimizer(engine, what)
-        self.records: list = []
+        self.records: list = RecordLog()   # the latest calls' (RecordLog.LIMIT)
+        self.calls = 0                     # every call's, for the records' indices
         self.passed_through = 0   # reductions of this engine left to DeepSpeed (a layout CIERA did not serve)
         self._optimizer = optimizer
         self._on = False
@@ -668,7 +669,8 @@ class TimedReduceScatters(_OptimizerHook):
 
         start = time.perf_counter()
         work = _rs_hooks.original(input_tensor, output_tensor, group=group)
-        self.records.append(ReduceScatterRecord(len(self.records), start, time.perf_counter() - start,
+        self.calls += 1
+        self.records.append(ReduceScatterRecord(self.calls - 1, start, time.perf_counter() - start,
                                                 input_tensor.numel() * input_tensor.element_size()))
         return work
 
@@ -705,7 +707,8 @@ class ReduceScatterHandle(_OptimizerHook):
         result = torch.empty_like(output_tensor)
         stats = self.collectives.reduce_scatter(DTYPES[input_tensor.dtype], _ext.ReduceOp.sum, input_tensor, result)
         output_tensor.copy_(result)
-        self.records.append(LosslessReduceScatterRecord.of_call(len(self.records), start, input_tensor, stats))
+        self.calls += 1
+        self.records.append(LosslessReduceScatterRecord.of_call(self.calls - 1, start, input_tensor, stats))
         return None
 
     def disable(self) -> None:

@@ -206,3 +206,19 @@ def test_a_failed_gather_fails_again_at_every_later_wait():
         with pytest.raises(ciera.ConfigError, match="rank 1 rejected"):
             work.wait()
     assert work.output_tensor is None and work.input_tensor is None  # nothing kept alive for it
+
+
+def test_records_keep_the_latest_calls_and_count_those_let_go(monkeypatch):
+    """A handle's records are one per call: a training that never takes them held them all, for
+    ever. They keep the latest RecordLog.LIMIT (at most twice that between trims)."""
+    from ciera.fsdp.gather import RecordLog, Runtime
+
+    monkeypatch.setattr(RecordLog, "LIMIT", 4)
+    log = RecordLog()
+    for i in range(21):
+        log.append(i)
+        assert len(log) < 2 * RecordLog.LIMIT and log.dropped + len(log) == i + 1
+    assert list(log) == list(range(log.dropped, 21)) and log.dropped > 0
+    runtime = Runtime(None, [], [], False)
+    assert isinstance(runtime.records, RecordLog) and isinstance(runtime.take_records(), RecordLog)
+    assert isinstance(runtime.records, RecordLog)

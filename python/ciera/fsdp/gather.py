@@ -34,6 +34,25 @@ class GatherRecord:
     payload_bytes: int = 0    # what this rank sent (its own payload)
 
 
+class RecordLog(list):
+    """The records of a handle's calls (one per gather or reduce-scatter), of which it keeps the
+    latest LIMIT: a long training that never takes them (take_records) would otherwise hold one
+    per call for ever, gigabytes over a real model's run. `dropped` counts those let go."""
+
+    LIMIT = 1 << 16
+
+    def __init__(self, *records):
+        super().__init__(*records)
+        self.dropped = 0
+
+    def append(self, record) -> None:
+        super().append(record)
+        if len(self) >= 2 * self.LIMIT:   # trimmed in halves: amortised O(1) per record
+            extra = len(self) - self.LIMIT
+            del self[:extra]
+            self.dropped += extra
+
+
 @dataclass
 class Runtime:
     """What every bucket's all-gather shares: the engine, the layout, records and observers."""
@@ -41,7 +60,7 @@ class Runtime:
     buckets: list[Bucket]
     modules: list
     verify: bool
-    records: list[GatherRecord] = field(default_factory=list)
+    records: list[GatherRecord] = field(default_factory=RecordLog)
     wrong_bytes: int = 0
     verified_bytes: int = 0
     on_gather: object = None   # optional callback(bucket index, this rank's input) for statistics
@@ -65,7 +84,7 @@ class Runtime:
         return found
 
     def take_records(self) -> list[GatherRecord]:
-        records, self.records = self.records, []
+        records, self.records = self.records, RecordLog()
         return records
 
     def gathered(self, bucket: Bucket, input_tensor, output_tensor, group, observe: bool = True) -> None:

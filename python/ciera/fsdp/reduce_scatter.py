@@ -17,6 +17,7 @@ import torch.distributed as dist
 from ciera import _ext
 from ciera._dist import checked_on_every_rank, refused_on_every_rank
 from ciera.fsdp import lifecycle
+from ciera.fsdp.gather import RecordLog
 from ciera.fsdp.layout import (DTYPES, DefaultReduceScatter, ReduceScatter, describe_buckets, describe_groups,
                                reduce_scatter_comm)
 from ciera.fsdp.transport import check_transport, make_subgroup_transport, make_transport
@@ -114,7 +115,7 @@ class ReduceScatterHandle:
         self.collectives = collectives
         self.coding = coding
         self.ranks = ranks      # this rank's shard group (world ranks, in group rank order)
-        self.records: list[LosslessReduceScatterRecord] = []   # appended to by every call
+        self.records: list[LosslessReduceScatterRecord] = RecordLog()   # appended to by every call (the latest kept)
         self._made_groups: list = []   # the process groups its transport made, released by disable()
         # Each module with the reduce-scatter it had before (FSDP2's default, or one set on it).
         self._modules = [(module, reduce_scatter_comm(module)) for module in modules]
