@@ -380,8 +380,11 @@ def layout_text(t: dict) -> str:
     """The nodes and FSDP2 layout of a run, in words."""
     nodes = f"{t['nodes']} nodes of {t['ranks_per_node']} ranks; " if t["ranks_per_node"] > 1 else ""
     n = t["reshard_after_forward"]
-    resharded = ("" if not n else "reshard_after_forward=1 (parameters stay gathered for backward: no re-gather)"
-                 if n == 1 else f"reshard_after_forward={n} (backward gathers on that many ranks)")
+    resharded = ""
+    if n == 1:
+        resharded = "reshard_after_forward=1 (parameters stay gathered for backward: no re-gather)"
+    elif n:
+        resharded = f"reshard_after_forward={n} (backward gathers on that many ranks)"
     if t["hsdp"]:
         return f"{nodes}HSDP (replicated across nodes, sharded inside each)" + (f", {resharded}" if resharded else "")
     if resharded:

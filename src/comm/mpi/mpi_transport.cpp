@@ -178,8 +178,7 @@ class MpiTransport final : public Transport {
     // interface's contract; the engine's slot_stride is the same on every rank), so every rank
     // decides alike.
     if (size_ > 1 && !fits_in_ints(calls)) {
-      const size_t batch = std::max<size_t>(
-          1, 32767 / (static_cast<size_t>(size_ - 1) * static_cast<size_t>(ring_segments())));
+      const size_t batch = std::max<uint64_t>(1, kMaxRingTag / ring_tags_per_call());
       for (size_t first = 0; first < calls.size(); first += batch) {
         const size_t n = std::min(batch, calls.size() - first);
         ring_allgatherv(calls.subspan(first, n),
@@ -350,9 +349,13 @@ class MpiTransport final : public Transport {
   // every link sends and receives all the time and each rank keeps one connection per
   // direction (instead of one per peer and channel, which made TCP flows fight over the link).
   int ring_segments() const { return channels_; }
+  static constexpr uint64_t kMaxRingTag = 32767;  // MPI guarantees tags up to 32767
+  // A call's ring takes one tag per step and segment.
+  uint64_t ring_tags_per_call() const {
+    return static_cast<uint64_t>(size_ - 1) * static_cast<uint64_t>(ring_segments());
+  }
   bool ring_tags_fit(size_t calls) const {
-    return static_cast<uint64_t>(calls) * static_cast<uint64_t>(size_ - 1) *
-               static_cast<uint64_t>(ring_segments()) <= 32767;  // MPI guarantees tags to 32767
+    return static_cast<uint64_t>(calls) * ring_tags_per_call() <= kMaxRingTag;
   }
 
   void ring_allgatherv(std::span<const AllgathervCall> calls, const std::function<void(size_t)>& done) {
