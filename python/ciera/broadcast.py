@@ -95,9 +95,7 @@ class Broadcaster:
             if policy == "delta":
                 # A value-delta stream needs no warmup: its frames are small from the second on.
                 config.warmup_steps = 0
-        made: list = []
-        native = make_transport(transport, process_group, config.timeout_s, made=made)
-        self._made_groups = lifecycle.owned(made)   # the process group its transport made, released by close()
+        native = make_transport(transport, process_group, config.timeout_s)
         self.engine = _ext.Engine(native, config, layouts)
         lifecycle.register_engine(self.engine)
 
@@ -160,6 +158,5 @@ class Broadcaster:
         refuse_each([(self.engine, i) for i in range(len(self.tensors))], reason)
 
     def close(self) -> None:
-        """Ends the engine (collective: every rank closes) and gives back its process group."""
+        """Ends the engine (collective: every rank closes)."""
         lifecycle.close_engine(self.engine)
-        lifecycle.release_groups(self._made_groups)

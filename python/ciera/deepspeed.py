@@ -523,8 +523,7 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
                                 cost_model, allow_delta))
     config = config or _ext.EngineConfig()
     world = dist.get_world_size(group)
-    made: list = []
-    native = make_transport(transport, group, config.timeout_s, device, made)
+    native = make_transport(transport, group, config.timeout_s, device)
     if selecting and cost_model is None:
         largest = max(b.numel * world * element_bytes(b.dtype) for b in buckets)
         dtypes = sorted({DTYPES[b.dtype] for b in buckets}, key=int)
@@ -542,9 +541,7 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
     with _hooks.lock:
         _wrap(state, params, _hooks.states)
         _hooks.install()
-    handle = Handle(runtime, state, hook)
-    handle._made_groups = lifecycle.owned(made)   # released by disable() (api.Handle)
-    return handle
+    return Handle(runtime, state, hook)
 
 
 
@@ -716,7 +713,6 @@ class ReduceScatterHandle(_OptimizerHook):
         local (every rank calls it between steps). The records stay; calling it again does nothing."""
         super().disable()
         self.collectives = None
-        lifecycle.release_groups(getattr(self, "_made_groups", []))
 
 
 def _reduce_scatter_checked(engine, coding: str, transport: str, worker_niceness: int | None):
@@ -783,9 +779,6 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
         "ciera.deepspeed.enable_reduce_scatter()",
         lambda: _reduce_scatter_checked(engine, coding, transport, worker_niceness),
         same={"transport": transport, "coding": coding})
-    made: list = []
-    native = make_transport(transport, group, timeout_s, made=made)
-    handle = ReduceScatterHandle(engine, _ext.LosslessCollectives(native, config), coding, group,
-                                 dist.get_world_size(group))
-    handle._made_groups = lifecycle.owned(made)   # released by disable()
-    return handle
+    native = make_transport(transport, group, timeout_s)
+    return ReduceScatterHandle(engine, _ext.LosslessCollectives(native, config), coding, group,
+                               dist.get_world_size(group))

@@ -37,8 +37,6 @@ def test_disable_restores_the_plain_path():
         assert r["ran_after_disable"], r
         assert "engine is closed" in (r["closed_error"] or ""), r   # Handle.cache_bytes after disable()
         assert r["open_before"] == 1 and r["open_after"] == 0, r     # closed engines are forgotten
-        settled, after = r["resources"]   # threads, descriptors, CIERA's groups: no growth per cycle
-        assert after[2] == settled[2] == 0 and after[0] <= settled[0] and after[1] <= settled[1], r
 
 
 def test_gradients_are_averaged_like_a_single_process():

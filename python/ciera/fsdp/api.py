@@ -24,7 +24,6 @@ class Handle:
     def __init__(self, runtime: Runtime, hook=None):
         self._runtime = runtime
         self._hook = hook
-        self._made_groups: list = []   # the process groups its transports made, released by disable()
 
     @property
     def engine(self):
@@ -98,7 +97,6 @@ class Handle:
             self._hook = None
         for engine in self._engines():
             lifecycle.close_engine(engine)
-        lifecycle.release_groups(self._made_groups)
 
 
 def _layouts(buckets: list, world: int, selecting: bool, policy) -> list:
@@ -305,7 +303,6 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
                             cost_model, allow_delta))
     config = config or _ext.EngineConfig()
     models = []
-    made: list = []   # the process groups the transports make: the handle's, released by disable()
     for group, group_layouts in zip(groups, layouts):
         # One engine per kind of group, on this rank's group of that kind (created by every rank
         # at once, kind after kind, so groups of one kind form together). An engine agrees its
@@ -314,10 +311,9 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
         failure = None
         try:
             if len(group.partition) == 1:
-                native = make_transport(transport, process_group, config.timeout_s, device, made)
+                native = make_transport(transport, process_group, config.timeout_s, device)
             else:
-                native = make_subgroup_transport(transport, group.partition, group.ranks, config.timeout_s, device,
-                                                 made)
+                native = make_subgroup_transport(transport, group.partition, group.ranks, config.timeout_s, device)
             if selecting:
                 models.append(_cost_model(cost_model, native, group, config))
             group.engine = _ext.Engine(native, config, group_layouts,
@@ -342,6 +338,4 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
                                     overlap, config.codec, process_group, allow_delta=bool(allow_delta))
         # Prepended: the step must be counted before FSDP's own pre-forward hook gathers the root.
         hook = model.register_forward_pre_hook(runtime.selector.on_step, prepend=True)
-    handle = Handle(runtime, hook)
-    handle._made_groups = lifecycle.owned(made)
-    return handle
+    return Handle(runtime, hook)

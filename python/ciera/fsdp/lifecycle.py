@@ -55,17 +55,8 @@ def register_group(group):
     if not _own_groups:
         atexit.register(_release_groups)
         _note_uncaught_exceptions()
-    # Groups torch.distributed no longer holds (destroy_process_group() of everything) are let
-    # go: kept here, their gloo threads and sockets would live until exit.
-    _own_groups[:] = [g for g in _own_groups if _held_by_torch(g)]
     _own_groups.append(group)
     return group
-
-
-def _held_by_torch(group) -> bool:
-    import torch.distributed as dist
-
-    return dist.is_initialized() and group in dist.distributed_c10d._world.pg_map
 
 
 def release_group(group) -> None:
@@ -74,23 +65,6 @@ def release_group(group) -> None:
     if any(g is group for g in _own_groups):
         _own_groups[:] = [g for g in _own_groups if g is not group]
         destroy_group(group)
-
-
-def owned(groups: list) -> list:
-    """What an owner (a Handle) keeps of the groups its transports made: weak references, so that
-    register_group's stays the one strong reference and the exit handler still frees them."""
-    return [weakref.ref(group) for group in groups]
-
-
-def release_groups(owned_groups: list) -> None:
-    """release_group() of each group of owned(...) still alive, the list emptied: disable() and
-    close() give back the gloo groups they made, 3 threads and 5 file descriptors each, instead
-    of keeping them to exit (enable/disable in a loop grew without bound)."""
-    for ref in owned_groups:
-        group = ref()
-        if group is not None:
-            release_group(group)
-    owned_groups.clear()
 
 
 def held_weakly(group):
@@ -114,7 +88,7 @@ def destroy_group(group) -> None:
     owner or by destroy_process_group() of everything)."""
     import torch.distributed as dist
 
-    if _held_by_torch(group):
+    if dist.is_initialized() and group in dist.distributed_c10d._world.pg_map:
         dist.destroy_process_group(group)
 
 

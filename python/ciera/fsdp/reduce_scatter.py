@@ -16,7 +16,6 @@ import torch.distributed as dist
 
 from ciera import _ext
 from ciera._dist import checked_on_every_rank, refused_on_every_rank
-from ciera.fsdp import lifecycle
 from ciera.fsdp.gather import RecordLog
 from ciera.fsdp.layout import (DTYPES, DefaultReduceScatter, ReduceScatter, describe_buckets, describe_groups,
                                reduce_scatter_comm)
@@ -116,7 +115,6 @@ class ReduceScatterHandle:
         self.coding = coding
         self.ranks = ranks      # this rank's shard group (world ranks, in group rank order)
         self.records: list[LosslessReduceScatterRecord] = RecordLog()   # appended to by every call (the latest kept)
-        self._made_groups: list = []   # the process groups its transport made, released by disable()
         # Each module with the reduce-scatter it had before (FSDP2's default, or one set on it).
         self._modules = [(module, reduce_scatter_comm(module)) for module in modules]
 
@@ -134,7 +132,6 @@ class ReduceScatterHandle:
             module.set_custom_reduce_scatter(previous if previous is not None else DefaultReduceScatter())
         self._modules = []
         self.collectives = None
-        lifecycle.release_groups(self._made_groups)
 
 
 def _checked(model: torch.nn.Module, coding: str, transport: str, process_group, timeout_s: float,
@@ -208,14 +205,12 @@ def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, t
         "enable_reduce_scatter()", lambda: _checked(model, coding, transport, process_group, timeout_s,
                                                     worker_niceness),
         same={"transport": transport, "coding": coding})
-    made: list = []
     if len(shard.partition) == 1:
-        native = make_transport(transport, process_group, timeout_s, made=made)
+        native = make_transport(transport, process_group, timeout_s)
     else:
-        native = make_subgroup_transport(transport, shard.partition, shard.ranks, timeout_s, made=made)
+        native = make_subgroup_transport(transport, shard.partition, shard.ranks, timeout_s)
     handle = ReduceScatterHandle(_ext.LosslessCollectives(native, config), coding, shard.ranks,
                                  [module for module, _ in buckets])
-    handle._made_groups = lifecycle.owned(made)
     for module, bucket in buckets:
         module.set_custom_reduce_scatter(LosslessReduceScatter(handle, bucket.index))
     return handle

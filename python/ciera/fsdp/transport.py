@@ -214,15 +214,14 @@ def _mpi_transport(cuda: bool, timeout_s: float, ranks: list[int] | None = None)
     return _ext.mpi_transport(ranks, timeout_s)
 
 
-def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, device: torch.device | None = None,
-                            made: list | None = None):
+def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, device: torch.device | None = None):
     """The native transport on this rank's group `ranks`, one of the groups in `partition` (they
     split the world; every rank names the same partition). Collective over the world: every rank
-    creates its group at once. As make_transport otherwise (`made` too)."""
+    creates its group at once. As make_transport otherwise."""
     if len(partition) == 1:
         if tuple(partition[0]) != tuple(range(dist.get_world_size())):
             raise _ext.ConfigError(f"the ranks {tuple(partition[0])} are not the world in rank order")
-        return make_transport(kind, None, timeout_s, device, made)
+        return make_transport(kind, None, timeout_s, device)
     cuda = device is not None and device.type == "cuda"
     timeout = datetime.timedelta(seconds=timeout_s)
     lists = [list(p) for p in partition]
@@ -234,14 +233,10 @@ def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, devic
         backend = _cuda_backend(None) if cuda else "gloo"
         group, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout, backend=backend)
         lifecycle.register_group(group)
-        if made is not None:
-            made.append(group)
         return TorchCudaTransport(group, device, backend).make() if cuda else TorchTransport(group).make()
     if kind == "nccl":
         # A gloo group of our own carries the NCCL unique id.
         group, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout, backend="gloo")
-        if made is not None:
-            made.append(group)
         return make_transport(kind, lifecycle.register_group(group), timeout_s, device)
     raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")
 

@@ -244,7 +244,7 @@ class ZipnnHandle(Handle):
         if self._group is not None:
             group = self._group()
             self._group = None
-            lifecycle.release_group(group)
+            lifecycle.destroy_group(group)
 
 
 def _check_model(model: torch.nn.Module) -> None:
