@@ -17,6 +17,7 @@ that fails raises the same error on every rank and leaves no silently wrong valu
 from __future__ import annotations
 
 import operator
+import threading
 import time
 from dataclasses import dataclass
 
@@ -49,14 +50,41 @@ class BroadcastStats:
     seconds: float
 
 
+def _refuse_shared_memory(tensors: list, prefix: str) -> None:
+    """ConfigError when two of `tensors` share memory (the same tensor twice, overlapping views):
+    each is the output of its own bucket, decoded concurrently, so one would hold the other's
+    values."""
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), i)
+                   for i, t in enumerate(tensors) if t.numel() > 0)
+    for (_, end, i), (begin, _, j) in zip(spans, spans[1:]):
+        if begin < end:
+            first, second = sorted((i, j))
+            raise _ext.ConfigError(f"{prefix}tensors {first} and {second} share memory; each must be a tensor "
+                                   "of its own")
+
+
+def _agree_shapes(tensors: list, group) -> None:
+    """ConfigError on every rank unless every rank holds tensors of the same shapes: the engine
+    compares element counts and dtypes only, and a receiver's (3, 2) tensor would take a root's
+    (2, 3) values in the wrong places. Collective (one all_gather_object)."""
+    shapes = [tuple(t.shape) for t in tensors]
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, shapes, group=group)
+    for i in range(max(len(s) for s in everyone)):
+        held = [s[i] if i < len(s) else None for s in everyone]
+        if any(h != held[0] for h in held[1:]):
+            ranks = "; ".join(f"{list(h) if h is not None else 'no tensor'} on rank {r}" for r, h in enumerate(held))
+            raise _ext.ConfigError(f"Broadcaster: the ranks differ in the shape of tensor {i}: {ranks}")
+
+
 class Broadcaster:
     """Broadcasts `tensors` (contiguous CPU tensors of dtypes CIERA codes: bfloat16, float16,
     float32; the same shapes and dtypes on every rank) from rank `root` of `process_group` to
     the others, every time broadcast() is called. `policy`: "delta" (value-delta frames; the
     receivers keep the last values, value_bytes per value), "ciera" (exponent reuse) or "raw".
     `transport` as for ciera.torch.enable ("torch": a gloo group of its own; "mpi" under mpirun).
-    Collective: every rank constructs it with the same arguments (checked: ConfigError on every
-    rank otherwise). A rank whose own arguments are refused (no tensors, a tensor CIERA cannot
+    Collective: every rank constructs it with the same arguments (checked, shapes included:
+    ConfigError on every rank otherwise); the tensors must not share memory. A rank whose own arguments are refused (no tensors, a tensor CIERA cannot
     code) fails every rank alike, naming it: ValueError or TypeError as for bad arguments,
     ConfigError for tensors CIERA cannot take."""
 
@@ -76,8 +104,13 @@ class Broadcaster:
         # The checks read this rank's own tensors (receivers are often set up unlike the root):
         # every rank learns of any rank's failure here, rather than the others waiting in the
         # transport's set-up for the one that raised.
+        # `config`: None takes a delta stream's own defaults (no warmup), so a rank that passes
+        # one where another does not would differ in a setting it never wrote.
         agree_before_set_up("Broadcaster", failure, process_group,
-                            same={"root": root, "policy": policy, "transport": transport})
+                            same={"root": root, "policy": policy, "transport": transport,
+                                  "config": "None" if config is None else "an EngineConfig"})
+        _agree_shapes(self.tensors, process_group)
+        self._calling = threading.Lock()   # held by the thread in broadcast()
         self.root = root = operator.index(root)
         self.rank = dist.get_rank(process_group)
         self._dtypes = [t.dtype for t in self.tensors]   # what each bucket's bytes are
@@ -121,6 +154,7 @@ class Broadcaster:
                 raise _ext.ConfigError(f"tensor {i} is {t.dtype}; CIERA codes bfloat16, float16 and float32")
             if t.device.type != "cpu" or not t.is_contiguous():
                 raise _ext.ConfigError(f"tensor {i} must be a contiguous CPU tensor")
+        _refuse_shared_memory(self.tensors, "")
 
     @property
     def cache_bytes(self) -> int:
@@ -130,7 +164,19 @@ class Broadcaster:
 
     def broadcast(self) -> BroadcastStats:
         """Every rank's tensors become the root's, bit for bit. Collective. CommError or
-        ConfigError (the same on every rank) if it fails."""
+        ConfigError (the same on every rank) if it fails. One call at a time: a call from a
+        second thread while one is in flight is a RuntimeError on its rank, nothing started."""
+        # A second thread's call would start buckets the first has in flight, and this rank would
+        # gather more than its peers: refused here, before anything starts, the engine untouched.
+        if not self._calling.acquire(blocking=False):
+            raise RuntimeError("Broadcaster.broadcast: another thread's broadcast() on this Broadcaster is in "
+                               "flight; calls must not overlap")
+        try:
+            return self._broadcast()
+        finally:
+            self._calling.release()
+
+    def _broadcast(self) -> BroadcastStats:
         start = time.perf_counter()
         # A tensor changed since set-up on this rank alone (`.data` replaced by one of another
         # dtype of the same size, or moved, or made non-contiguous) would take the root's bytes
@@ -152,6 +198,7 @@ class Broadcaster:
                 raise _ext.ConfigError(f"Broadcaster: tensor {i} is now {t.dtype}; it was {dtype} at set-up")
             if t.device.type != "cpu" or not t.is_contiguous():
                 raise _ext.ConfigError(f"Broadcaster: tensor {i} is no longer a contiguous CPU tensor")
+        _refuse_shared_memory(self.tensors, "Broadcaster: ")
 
     def _refuse(self, reason: str) -> None:
         """This broadcast, refused on every bucket in the order the peers wait for them."""

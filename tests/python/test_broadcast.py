@@ -139,6 +139,74 @@ def test_a_tensor_changed_on_one_rank_fails_every_rank_at_once():
         assert error == expected and seconds < 15 and same, (rank, error, seconds, same)
 
 
+def misused(rank, world, case):
+    """The root's arguments are fine; the receivers' make a broadcast that cannot be bit-exact."""
+    config = None
+    if rank == 0:
+        tensors = [torch.zeros(2, 3)] if case == "shape" else [torch.zeros(8), torch.zeros(8)]
+    elif case == "shape":
+        tensors = [torch.zeros(3, 2)]   # the same count and dtype: the engine alone took it
+    elif case == "alias":
+        a = torch.zeros(8)
+        tensors = [a, a]
+    elif case == "overlap":
+        buffer = torch.zeros(12)
+        tensors = [buffer[0:8], buffer[4:12]]
+    else:
+        tensors, config = [torch.zeros(8), torch.zeros(8)], ciera.EngineConfig()
+    return error_of(lambda: ciera.broadcast.Broadcaster(tensors, root=0, config=config))
+
+
+@pytest.mark.parametrize("case,error", [
+    ("shape", "ConfigError: Broadcaster: the ranks differ in the shape of tensor 0: [2, 3] on rank 0; [3, 2] on "
+              "rank 1; [3, 2] on rank 2"),
+    ("alias", "ConfigError: Broadcaster: on rank 1: tensors 0 and 1 share memory"),
+    ("overlap", "ConfigError: Broadcaster: on rank 1: tensors 0 and 1 share memory"),
+    ("config", "ConfigError: Broadcaster: the ranks differ in config: 'None' on rank 0; 'an EngineConfig' on "
+               "ranks 1, 2")])
+def test_tensors_that_cannot_come_out_bit_exact_are_refused_on_every_rank(case, error):
+    # Each was taken before: the receivers' tensors then held the root's bytes in another shape,
+    # or one bucket's values over another's (the audit's [1, 1, 1, 1, 2, 2, 2, 2] for [1] * 8).
+    results = spawn(misused, 3, case)
+    assert all(status == "ok" for status, _ in results.values()), results
+    for rank, (_, text) in results.items():
+        assert text is not None and text.startswith(error), (rank, text)
+
+
+def overlapping_calls(rank, world):
+    """Rank 0 calls broadcast() from a second thread while its first call waits for rank 1: the
+    second is refused on rank 0 alone, nothing started, and the Broadcaster goes on working."""
+    import threading
+    import time
+
+    tensors = [torch.full((16,), float(rank + 1)), torch.full((16,), float(rank + 1), dtype=torch.bfloat16)]
+    broadcaster = ciera.broadcast.Broadcaster(tensors, root=1)
+    second = None
+    if rank == 0:
+        first = threading.Thread(target=broadcaster.broadcast)
+        first.start()
+        time.sleep(0.5)
+        second = error_of(broadcaster.broadcast)
+        first.join()
+    else:
+        time.sleep(2)
+        broadcaster.broadcast()
+    for t in tensors:
+        t.fill_(5.0 if rank == 1 else 0.0)
+    broadcaster.broadcast()
+    exact = all(torch.equal(t, torch.full_like(t, 5.0)) for t in tensors)
+    broadcaster.close()
+    return second, exact
+
+
+def test_a_second_threads_call_is_refused_and_leaves_the_broadcaster_working():
+    results = spawn(overlapping_calls, 2)
+    assert all(status == "ok" for status, _ in results.values()), results
+    assert results[0][1] == ("RuntimeError: Broadcaster.broadcast: another thread's broadcast() on this Broadcaster "
+                             "is in flight; calls must not overlap", True), results[0]
+    assert results[1][1] == (None, True), results[1]
+
+
 def test_broadcast_rejects_bad_arguments():
     results = spawn(bad_root, 2)
     assert all(status == "ok" for status, _ in results.values()), results
