@@ -3,8 +3,6 @@ reduces over ranks, so a field is named once instead of being a position in a te
 
 from __future__ import annotations
 
-import os
-import resource
 from dataclasses import astuple, dataclass, fields
 
 import torch
@@ -48,11 +46,15 @@ class StepMetrics:
 
 
 def resident_bytes() -> tuple[int, int]:
-    """This process's resident memory now and its peak so far, in bytes (Linux)."""
-    with open("/proc/self/statm") as f:
-        resident_pages = int(f.read().split()[1])
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return resident_pages * os.sysconf("SC_PAGE_SIZE"), peak_kib * 1024
+    """This process's resident memory now and its peak so far, in bytes (Linux): VmRSS and VmHWM,
+    read together. (getrusage's ru_maxrss is updated lazily and was seen below the current RSS.)"""
+    kib = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                kib[name] = int(value.split()[0])
+    return kib["VmRSS"] * 1024, max(kib["VmHWM"], kib["VmRSS"]) * 1024
 
 
 @dataclass
