@@ -29,7 +29,15 @@ _open_engines: "weakref.WeakSet" = weakref.WeakSet()
 _mpi_started = False
 _mpi_timeout_s = 120.0  # how long MPI_Finalize may wait for the peers at exit
 _uncaught = False  # an exception reached the top of the program (sys.excepthook ran)
-_own_groups: list = []  # process groups CIERA made, destroyed at exit (_release_groups)
+# Process groups CIERA made, destroyed at exit (_release_groups). disable() does not release
+# them (3 threads and 5 descriptors per enable() stay to exit): a release at disable() (217de71,
+# reverted) made examples/fsdp2_train.py abort at exit in 2 of 6 runs. The core showed why: not
+# CIERA's group but the script's default gloo group, whose worker thread dropped the last
+# reference to the tensor of the script's final all_reduce after Py_FinalizeEx had begun, and
+# died taking the GIL (std::terminate in a forced unwind). The exit handler's work here had
+# given that thread time to finish; without it the race in torch shows. A release at disable()
+# needs that race gone first.
+_own_groups: list = []
 _hooked = False  # sys.excepthook notes uncaught exceptions
 
 
