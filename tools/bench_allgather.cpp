@@ -125,6 +125,8 @@ Request parse(const Options& o, const std::string& command) {
               "use more --buckets");
   // As `ciera train --codec delta`: the first step carries the key frames, every later one is
   // the steady state.
+  require(o.codec == "raw" || o.codec == "ciera" || o.codec == "auto" || o.codec == "delta",
+          "--codec must be raw, ciera, auto or delta");
   if (o.codec == "delta" && !o.warmup_given) r.options.warmup = 1;
   require_steps_after_warmup(o.steps, r.options.warmup, o.warmup_given);
   CodecConfig codec;
@@ -132,8 +134,6 @@ Request parse(const Options& o, const std::string& command) {
   require_block_option(o.block);
   codec.block_values = o.block;
   codec.validate();
-  require(o.codec == "raw" || o.codec == "ciera" || o.codec == "auto" || o.codec == "delta",
-          "--codec must be raw, ciera, auto or delta");
   require(
       !o.broadcast || (o.root >= 0 && o.root < r.options.ranks),
       "--root " + std::to_string(o.root) + " is not a rank of " + std::to_string(r.options.ranks));
@@ -536,7 +536,9 @@ void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
                   "engine: raw (no coding), ciera (exponent reuse, always), auto (per bucket, whichever "
                   "is faster here), delta (value-delta frames: receivers keep the previous values)")
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "engine worker threads per rank")->capture_default_str();
+  cmd->add_option("--threads", o->threads,
+                  "engine worker threads per rank (0: each rank codes on its calling thread)")
+      ->capture_default_str();
   cmd->add_option("--lr", o->lr, "Adam learning rate of the trajectory")->capture_default_str();
   cmd->add_option("--seed", o->seed, "trajectory seed")->capture_default_str();
   cmd->add_option("--timeout", o->timeout_s, "seconds a collective may wait for peers")->capture_default_str();

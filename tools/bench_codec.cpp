@@ -706,7 +706,8 @@ void register_bench_codec(CLI::App& bench, const std::string& command) {
       "Comparison rows: the paper's block mode, stateless exponent coding, zstd -1/-3 (lossless), "
       "zeropp-int8 and sdp4bit (lossy: their max error columns; verified = every receiver's "
       "reconstruction equals the sender's bit for bit). Run as the Python package's `ciera`, a "
-      "zipnn row too, measured on the same shards (needs pip install 'ciera[peers]').");
+      "zipnn row too, measured on the same shards (needs pip install 'ciera[peers]').\n\n" +
+      std::string(kExitStatusHelp));
   cmd->add_option("--dtype", opts->dtype, "bf16 | fp16 | fp32")->capture_default_str();
   cmd->add_option("--values", opts->values, "values in the shard")->capture_default_str();
   cmd->add_option("--block", opts->block, "values per block (64..4096)")->capture_default_str();

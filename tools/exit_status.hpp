@@ -16,6 +16,12 @@ enum ExitStatus : int {
   kExitNotExact = 3,  // a result that must be exact was not (a benchmark's verification)
 };
 
+// What --help says of them, under every command.
+inline constexpr const char* kExitStatusHelp =
+    "Exit status: 0 done, every result that must be exact was; 1 the work failed (a peer died or "
+    "stalled past --timeout, a device or I/O error); 2 a command line no run could use here; 3 "
+    "a result that must be exact was not. `ciera train` exits the same way.";
+
 // A command line no run could use here: an option's value, an input file that cannot be read,
 // a device this machine lacks. Found by a command's parse step, before any work: status 2.
 class UsageError : public ConfigError {

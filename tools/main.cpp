@@ -120,10 +120,7 @@ int main(int argc, char** argv) {
   CLI::App app{"CIERA: lossless compressed allgather for sharded MoE training"};
   app.set_version_flag("--version", version_text(), "Print the version, commit and wire format");
   app.require_subcommand(1);
-  app.footer(
-      "Exit status: 0 done, every result that must be exact was; 1 the work failed (a peer died or "
-      "stalled past --timeout, a device or I/O error); 2 a command line no run could use here; 3 "
-      "a result that must be exact was not. `ciera train` exits the same way.");
+  app.footer(kExitStatusHelp);
   const std::string command = command_line(argc, argv);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks that verify what they time");
   bench->require_subcommand(1);
