@@ -7,7 +7,9 @@
 // break each rule of docs/format.md's "Value-delta frames" one at a time.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <random>
 #include <span>
@@ -340,8 +342,8 @@ TEST(DeviceDecoder, ValueDeltaFramesAreRefusedAsOnTheCpu) {
   std::printf("corrupted value-delta frames refused, by device status:%s\n", seen.c_str());
 }
 
-// A difference section built by hand (docs/format.md, "Value-delta frames"), packed streams, with
-// the defects of the canonical-form rules on request.
+// A difference section built by hand (docs/format.md, "Value-delta frames"), packed (or constant)
+// streams, with the defects of the canonical-form rules on request.
 struct SectionParts {
   std::vector<uint8_t> groups, escapes;
   std::vector<bool> extra;
@@ -371,7 +373,15 @@ SectionParts parts_of(const std::vector<uint32_t>& z) {
   return p;
 }
 
+// A stream in its canonical form: constant for one distinct symbol, else packed.
 void put_packed(std::vector<uint8_t>& out, const std::vector<uint8_t>& symbols) {
+  if (!symbols.empty() &&
+      std::all_of(symbols.begin(), symbols.end(), [&](uint8_t s) { return s == symbols[0]; })) {
+    out.push_back(1);
+    out.push_back(symbols[0]);
+    out.insert(out.end(), 8, 0);
+    return;
+  }
   unsigned w = 1;
   for (uint8_t s : symbols) w = std::max(w, width_of(s));
   const uint64_t body = (symbols.size() * w + 7) / 8;
@@ -605,6 +615,184 @@ TEST(DeviceDecoder, ValueDeltaStreamRulesMatchTheCpuDecoder) {
     d.reset();
     EXPECT_EQ(d.decode(bytes_of(frames[2], frames[2].size()), out), codec::device::kNoCache);
   }
+}
+
+// ---- non-canonical encodings of a content (docs/format.md, "Canonical form") --------------------
+
+// `payload` with its exponent section replaced by `section` (and, given, its bitmap by `bitmap`),
+// the header's lengths and checksum rewritten: the content and its checksum stay the same.
+std::vector<std::byte> with_section(const std::vector<std::byte>& payload,
+                                    const std::vector<uint8_t>& section,
+                                    const std::vector<uint8_t>& bitmap = {}) {
+  const auto* p = reinterpret_cast<const uint8_t*>(payload.data());
+  wire::Header h = wire::read_header(p, payload.size());
+  std::vector<std::byte> out(payload.begin(),
+                             payload.end() - static_cast<std::ptrdiff_t>(h.exponent_bytes));
+  if (!bitmap.empty()) {
+    EXPECT_EQ(bitmap.size(), h.bitmap_bytes);
+    std::memcpy(out.data() + wire::kHeaderBytes, bitmap.data(), bitmap.size());
+  }
+  for (uint8_t byte : section) out.push_back(static_cast<std::byte>(byte));
+  h.exponent_bytes = section.size();
+  wire::write_header(h, reinterpret_cast<uint8_t*>(out.data()));
+  return out;
+}
+
+std::vector<uint8_t> section_of(const std::vector<std::byte>& payload) {
+  const wire::Header h =
+      wire::read_header(reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
+  std::vector<uint8_t> section(h.exponent_bytes);
+  std::memcpy(section.data(), payload.data() + (payload.size() - h.exponent_bytes), section.size());
+  return section;
+}
+
+// A symbol stream's 10-byte framing with `body` after it.
+std::vector<uint8_t> stream_of(uint8_t method, uint8_t arg, const std::vector<uint8_t>& body) {
+  std::vector<uint8_t> out = {method, arg};
+  for (unsigned k = 0; k < 8; ++k)
+    out.push_back(static_cast<uint8_t>(uint64_t{body.size()} >> (8 * k)));
+  out.insert(out.end(), body.begin(), body.end());
+  return out;
+}
+
+std::vector<uint8_t> packed_body(const std::vector<uint8_t>& symbols, unsigned w) {
+  std::vector<uint8_t> body((symbols.size() * w + 7) / 8, 0);
+  for (size_t i = 0; i < symbols.size(); ++i) {
+    for (unsigned k = 0; k < w; ++k) {
+      if ((symbols[i] >> k) & 1)
+        body[(i * w + k) / 8] |= static_cast<uint8_t>(1u << ((i * w + k) % 8));
+    }
+  }
+  return body;
+}
+
+// Both decoders refuse the encodings of a content that are not its canonical one, where the
+// stream alone shows it: a packed stream of one distinct symbol, a rANS table of one symbol or
+// with a frequency 0 at an end, a varint longer than it needs to be, a bitmap that marks a block
+// whose exponents did not change. Each is otherwise a valid payload of the same content (the
+// content checksum matches), and each canonical original is accepted.
+TEST(DeviceDecoder, NonCanonicalEncodingsOfAContentAreRefusedAsOnTheCpu) {
+  using namespace codec::device;
+  const size_t n = 5000;
+  CodecConfig config;
+  config.dtype = DType::kBF16;
+  config.block_values = 512;
+  config.coding = ExponentCoding::kBlock;
+  config.warmup_steps = 0;
+  const StreamIdentity id{4, 2};
+  std::vector<std::byte> out(2 * n);
+  const std::span<uint8_t> dev{reinterpret_cast<uint8_t*>(out.data()), out.size()};
+  auto refused =
+      [&](const std::vector<std::byte>& payload, uint32_t expected, const std::string& what) {
+        SCOPED_TRACE(what);
+        ShardDecoder cpu(config, n, id);
+        EmulatedDecoder emulated(config, n, id);
+        EXPECT_THROW(cpu.decode(payload, out), FormatError);
+        const uint32_t status = emulated.decode(bytes_of(payload, payload.size()), dev);
+        EXPECT_EQ(status, expected)
+            << describe_status(status, emulated.plan().detail[0], emulated.plan().detail[1]);
+      };
+  auto key_frame = [&](const std::vector<std::byte>& values) {
+    ShardEncoder encoder(config, n, id);
+    std::vector<std::byte> payload(encoder.max_payload_bytes());
+    payload.resize(encoder.encode(values, payload).payload_bytes);
+    ShardDecoder cpu(config, n, id);
+    EmulatedDecoder emulated(config, n, id);
+    cpu.decode(payload, out);
+    EXPECT_EQ(emulated.decode(bytes_of(payload, payload.size()), dev), kOk);
+    return payload;
+  };
+
+  // Weights' exponents (normal, sigma 0.02): the full stream is rANS.
+  std::vector<std::byte> weights(2 * n);
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (size_t i = 0; i < n; ++i)
+    testing::put_value(DType::kBF16, weights, i, std::bit_cast<uint32_t>(normal(rng)) >> 16);
+  const auto rans_frame = key_frame(weights);
+  const std::vector<uint8_t> rans = section_of(rans_frame);
+  ASSERT_EQ(rans[0], 2) << "expected a rANS exponent stream";
+  const uint8_t first = rans[10], last = rans[11];
+  ASSERT_LT(last, 255);
+  size_t table_end = 12;
+  size_t one_byte = 0;  // the first frequency written in one byte
+  for (unsigned s = first; s <= last; ++s) {
+    if (one_byte == 0 && rans[table_end] < 0x80 && rans[table_end] != 0) one_byte = table_end;
+    while (rans[table_end] & 0x80) ++table_end;
+    ++table_end;
+  }
+  ASSERT_NE(one_byte, 0u);
+  auto rebuilt = [&](auto&& edit) {  // the rANS stream with its body edited, framing rewritten
+    std::vector<uint8_t> body(rans.begin() + 10, rans.end());
+    edit(body);
+    return stream_of(2, 0, body);
+  };
+  refused(with_section(rans_frame, rebuilt([&](std::vector<uint8_t>& body) {
+                         body[1] = static_cast<uint8_t>(last + 1);
+                         body.insert(body.begin() + static_cast<std::ptrdiff_t>(table_end - 10), 0);
+                       })),
+          kStreamMalformed, "rANS table with frequency 0 at its last symbol");
+  if (first > 0) {
+    refused(with_section(rans_frame, rebuilt([&](std::vector<uint8_t>& body) {
+                           body[0] = static_cast<uint8_t>(first - 1);
+                           body.insert(body.begin() + 2, 0);
+                         })),
+            kStreamMalformed, "rANS table with frequency 0 at its first symbol");
+  }
+  refused(with_section(rans_frame, rebuilt([&](std::vector<uint8_t>& body) {
+                         body[one_byte - 10] |= 0x80;
+                         body.insert(body.begin() + static_cast<std::ptrdiff_t>(one_byte - 10 + 1),
+                                     0);
+                       })),
+          kStreamMalformed, "a frequency in two bytes where one holds it");
+
+  // One exponent throughout (1.0 .. 2.0): the canonical stream is constant.
+  std::vector<std::byte> ones(2 * n);
+  for (size_t i = 0; i < n; ++i) testing::put_value(DType::kBF16, ones, i, 0x3F80u | (i % 128));
+  const auto constant_frame = key_frame(ones);
+  ASSERT_EQ(section_of(constant_frame), stream_of(1, 127, {}));
+  refused(
+      with_section(constant_frame, stream_of(0, 7, packed_body(std::vector<uint8_t>(n, 127), 7))),
+      kStreamMalformed, "packed stream of one distinct symbol");
+  std::vector<uint8_t> one_symbol = {127, 127, 0x80, 0x20};  // 4096 as a varint
+  for (unsigned k = 0; k < 16; ++k)
+    one_symbol.insert(one_symbol.end(), {0x00, 0x80, 0x00, 0x00});  // 2^15
+  refused(with_section(constant_frame, stream_of(2, 0, one_symbol)), kStreamMalformed,
+          "rANS table of one symbol");
+
+  // A block frame whose bitmap also marks block 1, unchanged, with its cached exponents sent.
+  std::vector<std::byte> next = ones;
+  testing::put_value(DType::kBF16, next, 3, 0x4000u);  // 2.0: block 0's exponents change
+  ShardEncoder encoder(config, n, id);
+  std::vector<std::byte> payload(encoder.max_payload_bytes());
+  payload.resize(encoder.encode(ones, payload).payload_bytes);
+  std::vector<std::byte> block_frame(encoder.max_payload_bytes());
+  const FrameStats stats = encoder.encode(next, block_frame);
+  block_frame.resize(stats.payload_bytes);
+  ASSERT_EQ(stats.section, ExponentSection::kBlock);
+  std::vector<uint8_t> exponents(1024, 127);
+  exponents[3] = 128;
+  const auto marked = with_section(block_frame, stream_of(0, 8, packed_body(exponents, 8)),
+                                   std::vector<uint8_t>{0x03, 0x00});
+  ShardDecoder cpu(config, n, id);
+  EmulatedDecoder emulated(config, n, id);
+  cpu.decode(payload, out);
+  ASSERT_EQ(emulated.decode(bytes_of(payload, payload.size()), dev), kOk);
+  try {
+    cpu.decode(marked, out);
+    ADD_FAILURE() << "the CPU decoder accepted a marked block whose exponents did not change";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("block 1 as changed"), std::string::npos) << e.what();
+  }
+  const uint32_t status = emulated.decode(bytes_of(marked, marked.size()), dev);
+  EXPECT_EQ(status, kBlockUnchanged)
+      << describe_status(status, emulated.plan().detail[0], emulated.plan().detail[1]);
+  EXPECT_EQ(emulated.plan().detail[0], 1u);
+  // The canonical frame still decodes on both, to `next`.
+  cpu.decode(block_frame, out);
+  EXPECT_EQ(out, next);
+  ASSERT_EQ(emulated.decode(bytes_of(block_frame, block_frame.size()), dev), kOk);
+  EXPECT_EQ(out, next);
 }
 
 }  // namespace

@@ -555,8 +555,14 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
              grid.block_first(changed_blocks[next_changed]) < chunk_end;
            ++next_changed) {
         const uint64_t block = changed_blocks[next_changed];
-        stream.get(chunk_exponents.data() + (grid.block_first(block) - chunk_first),
-                   grid.block_length(block));
+        uint8_t* decoded = chunk_exponents.data() + (grid.block_first(block) - chunk_first);
+        stream.get(decoded, grid.block_length(block));
+        if (std::memcmp(decoded, cache.data() + grid.block_first(block),
+                        grid.block_length(block)) == 0) {
+          throw FormatError("bitmap marks block " + std::to_string(block) +
+                            " as changed, but none of its exponents differs from the cached ones "
+                            "(canonical form: its bit is 0)");
+        }
       }
       exps = chunk_exponents.data();
     }

@@ -12,6 +12,7 @@
 //   expand     per value  fine frames: changed blocks' cached exponents into `decoded`
 //   fine       1 thread   fine frames: the change lists, applied to `decoded`
 //   finish     1 thread   the canonical-form checks that need every symbol (packed width)
+//   blocks     per block  block frames: each marked block changes an exponent (canonical form)
 //   merge      per value  (FP16: per 8 values) exponents and sign-mantissa plane into the output
 //   digest     per 16 KiB chunk of the output, then `verify` (1 thread): the content checksum
 //   commit     per value  the new exponents into the cache, then `commit_state` (1 thread)
@@ -80,6 +81,7 @@ enum Status : uint32_t {
   kDifferenceEscapeTooLarge, // detail: the escaped difference
   kDifferenceExtraBits,      // detail: L, the length the escapes need
   kDifferenceNoChange,       // a 'differences' section in which no value changed
+  kBlockUnchanged,           // detail: a marked block whose exponents all equal the cached ones
 };
 
 // The symbol streams a status names in detail[0] (kStreamMalformed, kSymbolTooLarge).
@@ -145,11 +147,13 @@ struct DecodePlan {
   uint64_t changed_blocks = 0;
   uint64_t block_symbols = 0;  // symbols of `decoded` (full: N; block/fine: changed blocks' values)
   uint32_t max_packed = 0;     // largest packed symbol seen (atomic max)
+  uint32_t packed_varied = 0;  // some packed symbol differs from the first (atomic max)
   StreamPlan exps;             // (a value-delta frame: the groups stream)
   StreamPlan fine[3];          // the fine section's counts, changes and escapes streams
   // Value-delta frames:
   StreamPlan escapes;          // the escapes stream
   uint32_t max_packed_escape = 0;
+  uint32_t packed_escape_varied = 0;
   uint32_t changed = 0;        // some value changed
   uint64_t groups_end = 0;     // payload offset past the groups stream
   uint64_t escape_count = 0;
@@ -267,6 +271,7 @@ CIERA_HD inline uint64_t plan_stream(const uint8_t* p, uint64_t at, uint64_t end
         if (q >= body_end || shift > 7) return fail(plan, kStreamMalformed, which), 0;
         const uint8_t byte = p[q++];
         f |= uint64_t{byte & 0x7Fu} << shift;
+        if (byte == 0 && shift > 0) return fail(plan, kStreamMalformed, which), 0;  // not shortest
         if ((byte & 0x80) == 0) break;
       }
       if (f > entropy::kRansTotal || sum + f > entropy::kRansTotal) return fail(plan, kStreamMalformed, which), 0;
@@ -274,6 +279,10 @@ CIERA_HD inline uint64_t plan_stream(const uint8_t* p, uint64_t at, uint64_t end
       sum += static_cast<uint32_t>(f);
     }
     if (sum != entropy::kRansTotal) return fail(plan, kStreamMalformed, which), 0;
+    // Canonical: the table spans exactly the symbols that occur, at least two (else constant).
+    if (first == last || sp->freq[first] == 0 || sp->freq[last] == 0) {
+      return fail(plan, kStreamMalformed, which), 0;
+    }
     uint32_t cumulative = 0;
     for (unsigned s = 0; s < 256; ++s) {
       sp->start[s] = static_cast<uint16_t>(cumulative);
@@ -331,6 +340,7 @@ struct SequentialStream {
   const uint32_t* slots = nullptr;
   uint64_t read = 0;
   uint32_t max_read = 0;
+  uint32_t min_read = 0xFF;  // a packed stream of one distinct symbol is not canonical
   // rANS
   uint64_t segment = 0;
   uint64_t local = 0;
@@ -374,6 +384,7 @@ CIERA_HD inline bool open_sequential(SequentialStream& s, const uint8_t* payload
   s.slots = slots;
   s.read = 0;
   s.max_read = 0;
+  s.min_read = 0xFF;
   if (sp.method == 2) {
     for (unsigned sym = 0; sym < 256; ++sym) {
       for (uint32_t slot = sp.start[sym]; slot < uint32_t{sp.start[sym]} + sp.freq[sym]; ++slot) {
@@ -424,6 +435,7 @@ CIERA_HD inline bool next_symbol(SequentialStream& s, uint32_t* symbol) {
   }
   if (v > sp.max_symbol) return false;
   if (v > s.max_read) s.max_read = v;
+  if (v < s.min_read) s.min_read = v;
   ++s.read;
   *symbol = v;
   return true;
@@ -434,7 +446,7 @@ CIERA_HD inline bool finish_sequential(const SequentialStream& s) {
   if (s.read != sp.symbols) return false;
   if (sp.method == 0 && sp.symbols > 0) {
     const unsigned w = bit_width(s.max_read);
-    if (sp.width != (w < 1 ? 1 : w)) return false;
+    if (sp.width != (w < 1 ? 1 : w) || s.min_read == s.max_read) return false;
   }
   if (sp.method == 2) return rans_close_segment(s);
   return true;
@@ -603,6 +615,9 @@ CIERA_HD inline void symbol_step(const Buffers& b, uint64_t i) {
     v = read_bits(b.payload + sp.body_at, sp.body_bytes, i * sp.width, sp.width);
     if (v > sp.max_symbol) return fail(plan, kSymbolTooLarge, plan->section == 4 ? uint32_t{kGroupStreamId} : 0u, v);
     atomic_max(&plan->max_packed, v);
+    if (v != read_bits(b.payload + sp.body_at, sp.body_bytes, 0, sp.width)) {
+      atomic_max(&plan->packed_varied, 1u);
+    }
   }
   b.decoded[i] = static_cast<uint8_t>(v);
 }
@@ -759,18 +774,36 @@ CIERA_HD inline void fine_step(const Buffers& b, const DecodeConfig& c) {
   if ((bit & 7) != 0 && (extra[bit >> 3] >> (bit & 7)) != 0) return fail(plan, kFineExtraBits);
 }
 
-// finish: 1 thread: the packed stream's width is the narrowest that holds its symbols.
+// finish: 1 thread: the packed stream's width is the narrowest that holds its symbols, and it
+// holds two distinct symbols at least (one is a constant stream).
 CIERA_HD inline void finish_step(const Buffers& b) {
   DecodePlan* plan = b.plan;
   if (plan->status != kOk || !exps_stream_used(*plan)) return;
   if (plan->exps.method == 0 && plan->exps.symbols > 0) {
     const unsigned w = bit_width(plan->max_packed);
-    if (plan->exps.width != (w < 1 ? 1 : w)) {
+    if (plan->exps.width != (w < 1 ? 1 : w) || plan->packed_varied == 0) {
       fail(plan, kStreamMalformed, plan->section == 4 ? uint32_t{kGroupStreamId} : 0u);
     }
   }
 }
 
+
+// blocks: block frames, one thread per block: a block the bitmap marks changes an exponent
+// (canonical form: a block whose exponents equal the cached ones has its bit 0). Mirrors the CPU
+// decoder's check in its block branch.
+CIERA_HD inline void block_changed_step(const Buffers& b, const DecodeConfig& c, uint64_t block) {
+  DecodePlan* plan = b.plan;
+  if (plan->status != kOk || plan->section != 2) return;
+  const uint64_t first = block * c.block_values;
+  if (first >= c.num_values || b.block_offset[block] == kNotChanged) return;
+  const uint64_t offset = b.block_offset[block];
+  const uint64_t length =
+      c.num_values - first < c.block_values ? c.num_values - first : c.block_values;
+  for (uint64_t k = 0; k < length; ++k) {
+    if (b.decoded[offset + k] != b.cache[first + k]) return;
+  }
+  fail(plan, kBlockUnchanged, block);
+}
 
 // --- value-delta frames (docs/format.md, "Value-delta frames") -----------------------------------
 // Each step does nothing unless the frame is a value-delta frame with a 'differences' section
@@ -860,6 +893,9 @@ CIERA_HD inline void escape_symbol_step(const Buffers& b, uint64_t i) {
     v = read_bits(b.payload + sp.body_at, sp.body_bytes, i * sp.width, sp.width);
     if (v > sp.max_symbol) return fail(plan, kSymbolTooLarge, kDifferenceEscapeStreamId, v);
     atomic_max(&plan->max_packed_escape, v);
+    if (v != read_bits(b.payload + sp.body_at, sp.body_bytes, 0, sp.width)) {
+      atomic_max(&plan->packed_escape_varied, 1u);
+    }
   }
   b.escape_symbols[i] = static_cast<uint8_t>(v);
 }
@@ -884,7 +920,9 @@ CIERA_HD inline void escape_finish_step(const Buffers& b) {
   if (!differences_pending(*plan)) return;
   if (plan->escapes.method == 0 && plan->escapes.symbols > 0) {
     const unsigned w = bit_width(plan->max_packed_escape);
-    if (plan->escapes.width != (w < 1 ? 1 : w)) fail(plan, kStreamMalformed, kDifferenceEscapeStreamId);
+    if (plan->escapes.width != (w < 1 ? 1 : w) || plan->packed_escape_varied == 0) {
+      fail(plan, kStreamMalformed, kDifferenceEscapeStreamId);
+    }
   }
 }
 
@@ -1066,6 +1104,10 @@ void decode_frame(Launch&& launch, const Buffers& b, const DecodeConfig& c) {
     launch(1, [=] CIERA_HD(uint64_t) { fine_step(b, c); });
   }
   launch(1, [=] CIERA_HD(uint64_t) { finish_step(b); });
+  if (!c.value_delta) {
+    launch((n + c.block_values - 1) / c.block_values,
+           [=] CIERA_HD(uint64_t k) { block_changed_step(b, c, k); });
+  }
   if (c.value_delta) {
     const uint64_t chunks = difference_group_chunks(n);
     launch(chunks, [=] CIERA_HD(uint64_t k) { difference_count_step(b, c, k); });

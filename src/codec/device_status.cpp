@@ -134,6 +134,10 @@ std::string describe_status(uint32_t status, uint64_t d0, uint64_t d1) {
              " (or its extra bits have non-zero padding)";
     case kDifferenceNoChange:
       return "'differences' section in which no value changed (canonical form: 'unchanged')";
+    case kBlockUnchanged:
+      return "bitmap marks block " + n(d0) +
+             " as changed, but none of its exponents differs from the cached ones "
+             "(canonical form: its bit is 0)";
     default: return "refused with unknown status " + n(status);
   }
 }

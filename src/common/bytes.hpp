@@ -65,7 +65,8 @@ class ByteReader {
     pos_ += 8;
     return v;
   }
-  // LEB128, at most `max_bits` significant bits.
+  // LEB128 in its shortest form (a last byte of 0 after another is refused), at most `max_bits`
+  // significant bits.
   uint64_t varint(unsigned max_bits) {
     uint64_t v = 0;
     for (unsigned shift = 0;; shift += 7) {
@@ -74,6 +75,9 @@ class ByteReader {
         throw FormatError(std::string(what_) + ": varint exceeds " + std::to_string(max_bits) + " bits");
       }
       v |= uint64_t{byte & 0x7Fu} << shift;
+      if (byte == 0 && shift > 0) {
+        throw FormatError(std::string(what_) + ": varint is not in its shortest form");
+      }
       if ((byte & 0x80) == 0) return v;
     }
   }

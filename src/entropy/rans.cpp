@@ -56,6 +56,15 @@ RansModel RansModel::read_table(ByteReader& in, unsigned max_symbol, const char*
     throw FormatError(std::string(what) + ": rANS frequencies sum to " + std::to_string(sum) +
                       ", not " + std::to_string(kRansTotal));
   }
+  // Canonical form: the table spans exactly the symbols that occur, and at least two of them
+  // (one symbol is a constant stream).
+  if (m.first == m.last || m.freq[m.first] == 0 || m.freq[m.last] == 0) {
+    throw FormatError(std::string(what) + ": rANS table [" + std::to_string(m.first) + ", " +
+                      std::to_string(m.last) + "] is not canonical (" +
+                      (m.first == m.last ? "one symbol: a constant stream"
+                                         : "a symbol at its ends has frequency 0") +
+                      ")");
+  }
   uint32_t cumulative = 0;
   for (unsigned s = 0; s < 256; ++s) {
     m.start[s] = static_cast<uint16_t>(cumulative);

@@ -140,6 +140,7 @@ void SymbolStreamReader::open(ByteReader& in, uint64_t symbols, unsigned max_sym
   ByteReader body_reader(in.cursor(), body, what);
   in.take(body);
   max_read_ = 0;
+  min_read_ = 255;
   // Each content has exactly one encoding, so no corruption can turn a payload into another
   // valid one (docs/format.md, "Symbol stream", canonical form).
   if (symbols == 0 && !(method == static_cast<uint8_t>(StreamMethod::kPacked) && arg == 1)) {
@@ -198,6 +199,7 @@ void SymbolStreamReader::get(uint8_t* out, size_t n) {
                             " exceeds the largest allowed, " + std::to_string(max_symbol_));
         }
         max_read_ = std::max<unsigned>(max_read_, out[i]);
+        min_read_ = std::min<unsigned>(min_read_, out[i]);
       }
       break;
     case StreamMethod::kConstant:
@@ -222,6 +224,11 @@ void SymbolStreamReader::finish() {
     if (symbols_ > 0 && width_ != std::max(1u, static_cast<unsigned>(std::bit_width(max_read_)))) {
       throw FormatError(std::string(what_) + ": packed width " + std::to_string(width_) +
                         " is not the narrowest that holds its symbols");
+    }
+    if (symbols_ > 0 && min_read_ == max_read_) {
+      throw FormatError(std::string(what_) +
+                        ": packed stream of one distinct symbol (canonical "
+                        "form: a constant stream)");
     }
   }
   if (method_ == StreamMethod::kRans) rans_.finish();

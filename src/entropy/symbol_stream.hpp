@@ -80,6 +80,7 @@ class SymbolStreamReader {
   unsigned width_ = 0;
   unsigned max_symbol_ = 0;
   unsigned max_read_ = 0;  // largest packed symbol read, for the canonical-width check
+  unsigned min_read_ = 255;  // smallest: a packed stream of one distinct symbol is not canonical
   uint8_t constant_ = 0;
   BitReader bits_;
   RansDecoder rans_;
