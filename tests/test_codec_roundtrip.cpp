@@ -235,6 +235,18 @@ TEST(Codec, StatelessRoundTripAndInspect) {
     std::vector<std::byte> out(t.values().size());
     decode_stateless(config, {payload.data(), len}, out);
     EXPECT_EQ(out, t.values());
+    // An output of another size is the caller's mistake, not a malformed payload.
+    std::vector<std::byte> short_out(out.size() - dtype_info(dtype).value_bytes);
+    try {
+      decode_stateless(config, {payload.data(), len}, short_out);
+      ADD_FAILURE() << "decoded into an output one value short";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("the output holds 49999 " +
+                                           std::string(dtype_name(dtype)) +
+                                           " values, but the payload holds 50000"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // Codec entry points shared by both directions: names, payload inspection, one-shot coding.
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -80,8 +81,24 @@ size_t encode_stateless(const CodecConfig& config, std::span<const std::byte> sh
 
 void decode_stateless(const CodecConfig& config, std::span<const std::byte> payload,
                       std::span<std::byte> shard) {
-  ShardDecoder decoder = ShardDecoder::one_shot(
-      config, values_in(config, shard.size(), "decode_stateless"), kStatelessStream);
+  const uint64_t values = values_in(config, shard.size(), "decode_stateless");
+  // The output's size is the caller's choice: a sound payload of another N means the output is
+  // the wrong size, said as such. (The decoder, set up for the output, would blame the payload.)
+  // A header that does not parse is the payload's fault, and the decoder says why.
+  if (payload.size() >= wire::kHeaderBytes) {
+    try {
+      const wire::Header h = wire::read_leading_header(
+          reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
+      if (h.num_values != values) {
+        throw std::invalid_argument(
+            "decode_stateless: the output holds " + std::to_string(values) + " " +
+            std::string(dtype_name(config.dtype)) + " values, but the payload holds " +
+            std::to_string(h.num_values));
+      }
+    } catch (const FormatError&) {
+    }
+  }
+  ShardDecoder decoder = ShardDecoder::one_shot(config, values, kStatelessStream);
   decoder.decode(payload, shard);
 }
 
