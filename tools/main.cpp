@@ -142,7 +142,13 @@ int main(int argc, char** argv) {
     // --help and --version are "errors" of status 0; every other parse error is one line,
     // as the commands' own checks are.
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::fprintf(stderr, "ciera: error: %s (see --help)\n", e.what());
+    std::string message = e.what();
+    // CLI11's words for an option given twice: "--params: At Most 1 required but received 2".
+    if (const size_t at = message.find(": At Most 1 required but received ");
+        at != std::string::npos) {
+      message = message.substr(0, at) + " given more than once";
+    }
+    std::fprintf(stderr, "ciera: error: %s (see --help)\n", message.c_str());
     return kExitUsage;
   } catch (const CommandExit& done) {
     return with_output_written(done.status);

@@ -171,7 +171,7 @@ NATIVE = [
     (["bench", "codec", "--values", "99999999999999999999"], "--values: 99999999999999999999 is larger than 2^64 - 1"),
     (["bench", "codec", "--mode", "bogus"], "--mode bogus: expected auto, block, fine or delta"),
     (["bench", "codec", "--render-json", "{tmp}"], "a directory, not a report"),
-    (["bench", "codec", "--values", "5", "--values", "6"], "--values: At Most 1 required but received 2"),
+    (["bench", "codec", "--values", "5", "--values", "6"], "--values given more than once"),
     (["bench", "codec", "--warmup", "-1"], "--warmup: '-1' is not a whole number >= 0"),
     (["bench", "codec", "--sample-every", "0", "--values", "1000", "--steps", "40"], "--sample-every must be at least 1"),
     (["bench", "codec", "--lr", "nan"], "--lr must be a finite number > 0"),
