@@ -86,7 +86,7 @@ def test_a_stopped_or_killed_rank_ends_the_job_with_one_line(tmp_path, transport
         if fault == "stop":
             # The others waited out the timeout for it, and say so. Each rank's timeout runs from
             # when its own wait began, which may be before the stop if the victim was behind.
-            assert "gave up" in last and "dead or stalled" in last or "imed out" in last, last
+            assert "gave up" in last and ("dead or stalled" in last or "imed out" in last), last
             assert elapsed >= TIMEOUT_S / 2, elapsed
         # No rank is left, the stopped one included.
         time.sleep(1)
