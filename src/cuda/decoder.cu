@@ -78,6 +78,7 @@ struct ShardDecoder::Impl {
   codec::device::DecodePlan* verdict = verdict_block.as<codec::device::DecodePlan>();  // pinned: the last plan
   cudaEvent_t done = nullptr;
   bool pending = false;
+  bool broken = false;  // a frame's launches failed part-way: its enqueued steps' effects are unknown
 };
 
 ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected)
@@ -90,6 +91,10 @@ ShardDecoder& ShardDecoder::operator=(ShardDecoder&&) noexcept = default;
 void ShardDecoder::decode(const void* payload, uint64_t payload_bytes, void* shard, Stream stream) {
   if (state().pending) check();
   Impl& m = state();
+  if (m.broken) {
+    throw Error("cuda::ShardDecoder: an earlier frame's launch failed part-way, so its cache may be "
+                "half committed; make a new decoder (and have its sender start with a key frame)");
+  }
   m.after_previous(stream);  // a request_resync() or reset() on another stream comes first
   codec::device::Buffers b;
   b.payload = static_cast<const uint8_t*>(payload);
@@ -111,10 +116,18 @@ void ShardDecoder::decode(const void* payload, uint64_t payload_bytes, void* sha
   b.escape_offsets = m.escape_offsets.as<uint64_t>();
   b.chunk_escapes = m.chunk_escapes.as<uint64_t>();
   b.chunk_bits = m.chunk_bits.as<uint64_t>();
-  codec::device::decode_frame(Launch{stream}, b, m.c);
-  check_cuda(cudaMemcpyAsync(m.verdict, m.plan.p, sizeof *m.verdict, cudaMemcpyDeviceToHost, stream),
-             "verdict copy");
-  check_cuda(cudaEventRecord(m.done, stream), "event record");
+  try {
+    codec::device::decode_frame(Launch{stream}, b, m.c);
+    check_cuda(cudaMemcpyAsync(m.verdict, m.plan.p, sizeof *m.verdict, cudaMemcpyDeviceToHost, stream),
+               "verdict copy");
+    check_cuda(cudaEventRecord(m.done, stream), "event record");
+  } catch (...) {
+    // The steps enqueued before the failure still run: later work (and ~Impl's wait before its
+    // memory is freed) must wait for them, and no later frame may follow them.
+    cudaEventRecord(m.done, stream);
+    m.broken = true;
+    throw;
+  }
   m.pending = true;
 }
 

@@ -75,6 +75,7 @@ struct ShardEncoder::Impl {
   detail::PinnedBlock length_block{sizeof(uint64_t)};
   uint64_t* length = length_block.as<uint64_t>();  // pinned: the last payload's length
   cudaEvent_t done = nullptr;
+  bool broken = false;  // a frame's launches failed part-way: its enqueued steps' effects are unknown
 };
 
 ShardEncoder::ShardEncoder(const CodecConfig& config, uint64_t num_values, StreamIdentity identity)
@@ -86,6 +87,10 @@ ShardEncoder& ShardEncoder::operator=(ShardEncoder&&) noexcept = default;
 
 void ShardEncoder::encode(const void* shard, void* payload, uint64_t* payload_bytes, Stream s) {
   Impl& m = state();
+  if (m.broken) {
+    throw Error("cuda::ShardEncoder: an earlier frame's launch failed part-way, so its state may be "
+                "half updated; make a new encoder (its first frame is a key frame)");
+  }
   // Frames use the same scratch and state: one waits for the one before, whatever its stream.
   check_cuda(cudaStreamWaitEvent(s, m.done, 0), "stream wait");
   codec::device::set_frame(m.c, m.schedule.next_is_key(), m.stream, m.schedule.epoch, m.schedule.sequence);
@@ -119,14 +124,21 @@ void ShardEncoder::encode(const void* shard, void* payload, uint64_t* payload_by
   b.chunk_escapes = m.chunk_escapes.as<uint64_t>();
   b.chunk_bits = m.chunk_bits.as<uint64_t>();
   b.extra_words = m.extra_words.as<uint32_t>();
-  codec::device::encode_frame(Launch{s}, b, m.c);
-  const auto* length_on_device = reinterpret_cast<const uint8_t*>(m.plan.p) +
-                                 offsetof(codec::device::EncodePlan, payload_bytes);
-  check_cuda(cudaMemcpyAsync(payload_bytes, length_on_device, sizeof(uint64_t), cudaMemcpyDeviceToDevice, s),
-             "payload length");
-  check_cuda(cudaMemcpyAsync(m.length, length_on_device, sizeof(uint64_t), cudaMemcpyDeviceToHost, s),
-             "payload length");
-  check_cuda(cudaEventRecord(m.done, s), "event record");
+  try {
+    codec::device::encode_frame(Launch{s}, b, m.c);
+    const auto* length_on_device = reinterpret_cast<const uint8_t*>(m.plan.p) +
+                                   offsetof(codec::device::EncodePlan, payload_bytes);
+    check_cuda(cudaMemcpyAsync(payload_bytes, length_on_device, sizeof(uint64_t), cudaMemcpyDeviceToDevice, s),
+               "payload length");
+    check_cuda(cudaMemcpyAsync(m.length, length_on_device, sizeof(uint64_t), cudaMemcpyDeviceToHost, s),
+               "payload length");
+    check_cuda(cudaEventRecord(m.done, s), "event record");
+  } catch (...) {
+    // As the decoder: later work waits for the steps already enqueued; no frame follows them.
+    cudaEventRecord(m.done, s);
+    m.broken = true;
+    throw;
+  }
   m.schedule.advance();
 }
 

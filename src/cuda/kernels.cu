@@ -22,6 +22,10 @@ unsigned blocks_for(uint64_t items) {
   return static_cast<unsigned>(blocks == 0 ? 1 : blocks);
 }
 
+// Before each launch: an earlier call on this thread may have left a non-sticky status
+// (cudaErrorNotReady from an event query), which check_launch would report as this launch's.
+void clear_stale_error() { (void)cudaGetLastError(); }
+
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
@@ -112,6 +116,7 @@ void split(DType dtype, const void* values, uint64_t n, uint8_t* exponents,
            uint8_t* sign_mantissa, Stream stream) {
   if (n == 0) return;
   const auto code = static_cast<uint8_t>(dtype);
+  clear_stale_error();
   split_groups<<<blocks_for(format::bits::group_count(code, n)), kThreads, 0, stream>>>(
       code, static_cast<const uint8_t*>(values), n, exponents, sign_mantissa);
   check_launch("split");
@@ -121,6 +126,7 @@ void merge(DType dtype, const uint8_t* exponents, const uint8_t* sign_mantissa, 
            void* values, Stream stream) {
   if (n == 0) return;
   const auto code = static_cast<uint8_t>(dtype);
+  clear_stale_error();
   merge_groups<<<blocks_for(format::bits::group_count(code, n)), kThreads, 0, stream>>>(
       code, exponents, sign_mantissa, n, static_cast<uint8_t*>(values));
   check_launch("merge");
@@ -130,6 +136,7 @@ void changed_blocks(const uint8_t* now, const uint8_t* before, uint64_t n, uint3
                     uint8_t* bitmap, Stream stream) {
   const uint64_t blocks = (n + block_values - 1) / block_values;
   if (blocks == 0) return;
+  clear_stale_error();
   changed_blocks_kernel<<<blocks_for(blocks), kThreads, 0, stream>>>(now, before, n, block_values,
                                                                      blocks, bitmap);
   check_launch("changed_blocks");
@@ -144,10 +151,12 @@ void content_checksum(const void* data, uint64_t bytes, uint64_t* digests, uint8
   static const Secret secret = host_secret();
   const uint64_t chunks = checksum_chunks(bytes);
   if (chunks > 0) {
+    clear_stale_error();
     chunk_digests<<<blocks_for(chunks), kThreads, 0, stream>>>(static_cast<const uint8_t*>(data),
                                                                bytes, chunks, digests, secret);
     check_launch("content_checksum");
   }
+  clear_stale_error();
   combine_digests<<<1, 1, 0, stream>>>(digests, chunks, scratch, result, secret);
   check_launch("content_checksum");
 }
@@ -156,6 +165,7 @@ void rans_decode(const uint32_t* slots, const uint8_t* segments, const uint64_t*
                  uint64_t symbols, uint8_t* out, uint32_t* failed, Stream stream) {
   const uint64_t count = entropy::rans_segment_count(symbols);
   if (count == 0) return;
+  clear_stale_error();
   rans_segments<<<blocks_for(count), kThreads, 0, stream>>>(slots, segments, offsets, symbols,
                                                             count, out, failed);
   check_launch("rans_decode");

@@ -78,7 +78,16 @@ struct DeviceMemory {
   explicit DeviceMemory(size_t bytes) {
     check_cuda(cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, thread_stream()), "cudaMallocAsync");
   }
-  ~DeviceMemory() { cudaFreeAsync(p, thread_stream()); }
+  // No throw from here: a destructor that threw would end the process. thread_stream() throws
+  // where a sticky error broke the context, and then any stream will do (the free fails too).
+  ~DeviceMemory() {
+    cudaStream_t stream = cudaStreamPerThread;
+    try {
+      stream = thread_stream();
+    } catch (...) {
+    }
+    cudaFreeAsync(p, stream);
+  }
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
   template <typename T>
