@@ -52,6 +52,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::memcpy(verdicts.data(), bytes.data() + world * sizeof(RoundControl),
               world * sizeof(RoundVerdicts));
   const World& setup = world_of(world);
+  // Sealed as the engine seals them, so that the input reaches the checks behind the checksums
+  // (the checksums themselves: tests/test_engine.cpp).
+  for (RoundControl& c : controls) seal(c);
+  for (RoundVerdicts& v : verdicts) seal(v);
 
   size_t ready = 0;
   try {
@@ -81,6 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (size_t i = 0; i < ready; ++i) {
     const std::string bucket_name = setup.buckets[0].name;
+    check_sealed(verdicts);
     const std::string failure = failure_text(verdicts, i, bucket_name);
     const bool any_failed =
         std::any_of(verdicts.begin(), verdicts.end(),

@@ -503,6 +503,86 @@ TEST(Engine, CorruptedPayloadIsCaughtAndResent) {
   testing::expect_no_errors(errors);
 }
 
+// Flips one bit of what a fixed-size allgather of `bytes` per rank delivered to this rank, at the
+// `nth` such call (0-based): a control record or a verdict damaged in transit.
+class RecordCorruptingTransport final : public Transport {
+ public:
+  RecordCorruptingTransport(std::unique_ptr<Transport> inner, size_t bytes, int nth, size_t at,
+                            std::byte bit)
+      : inner_(std::move(inner)), bytes_(bytes), nth_(nth), at_(at), bit_(bit) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string_view name() const override { return "record-corrupting"; }
+  void allgather(const void* in, size_t bytes, void* out) override {
+    inner_->allgather(in, bytes, out);
+    if (bytes == bytes_ && calls_++ == nth_) static_cast<std::byte*>(out)[at_] ^= bit_;
+  }
+  void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
+                  std::span<const uint64_t> displs) override {
+    inner_->allgatherv(in, out, counts, displs);
+  }
+  void barrier() override { inner_->barrier(); }
+  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  size_t bytes_;
+  int nth_;
+  size_t at_;
+  std::byte bit_;
+  int calls_ = 0;
+};
+
+// A control record or verdict the transport damaged on its way to one rank is an error on that
+// rank naming the sender (and, that rank gone, on the others at the timeout), never a decision:
+// rank 0's record with the raw flag set, as rank 1 saw it, once made rank 1 take the peers'
+// envelopes for raw values and return them with no error.
+TEST(Engine, ADamagedControlRecordOrVerdictIsAnErrorNeverADecision) {
+  const int world = 2;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {30000}, world);
+  EngineConfig config;
+  config.warmup_steps = 0;
+  config.timeout = std::chrono::seconds(2);
+  struct Case {
+    size_t record_bytes;
+    size_t at;  // in rank 0's part of what rank 1 received
+    const char* what;
+  };
+  // Control: rank 0's first record's flags (offset 16 + 12), the raw bit. Verdict: its first
+  // verdict's `failed` field.
+  for (const Case c : {Case{1040, 28, "control record"}, Case{1024, 0, "verdict record"}}) {
+    SCOPED_TRACE(c.what);
+    std::vector<char> returned(world, 0);
+    const auto errors = run_ranks(
+        world,
+        [&](int rank, Transport& t) {
+          BucketData data(layout, Pattern::kSparse, 6);
+          CompressedAllgather engine(t, config, {layout});
+          std::vector<std::byte> out(layout.total_bytes());
+          for (int step = 0; step < 4; ++step) {
+            data.trajectory.step();
+            engine.run(0, data.input(rank), out);
+            ASSERT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin()))
+                << step;
+          }
+          returned[rank] = 1;
+        },
+        [&](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
+          auto inner = make_loopback_transport(std::move(w), r);
+          if (r != 1) return inner;
+          const std::byte bit = c.record_bytes == 1040 ? std::byte{0x08} : std::byte{0x01};
+          return std::make_unique<RecordCorruptingTransport>(std::move(inner), c.record_bytes, 2,
+                                                             c.at, bit);
+        });
+    EXPECT_NE(errors[1].find(std::string("the ") + c.what + " from rank 0 arrived damaged"),
+              std::string::npos)
+        << errors[1];
+    EXPECT_NE(errors[0], "") << "rank 0 went on as if nothing happened";
+    EXPECT_FALSE(returned[0] || returned[1]);
+  }
+}
+
 TEST(Engine, PersistentCorruptionFailsOnEveryRank) {
   const int world = 2;
   const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {30000}, world);

@@ -11,6 +11,39 @@
 
 namespace ciera {
 
+namespace {
+
+uint64_t checksum_of(RoundControl round) {
+  round.checksum = 0;
+  return checksum64(&round, sizeof round);
+}
+
+uint32_t checksum_of(Verdict verdict) {
+  verdict.checksum = 0;
+  return static_cast<uint32_t>(checksum64(&verdict, sizeof verdict));
+}
+
+std::string damaged(const char* what, size_t rank) {
+  return std::string("the ") + what + " from rank " + std::to_string(rank) +
+         " arrived damaged (its checksum does not match): the transport corrupted it";
+}
+
+}  // namespace
+
+void seal(RoundControl& round) { round.checksum = checksum_of(round); }
+
+void seal(RoundVerdicts& round) {
+  for (Verdict& v : round.verdicts) v.checksum = checksum_of(v);
+}
+
+void check_sealed(std::span<const RoundVerdicts> all) {
+  for (size_t r = 0; r < all.size(); ++r) {
+    for (const Verdict& v : all[r].verdicts) {
+      if (v.checksum != checksum_of(v)) throw CommError(damaged("verdict record", r));
+    }
+  }
+}
+
 void write_text(char* field, size_t capacity, const std::string& text) {
   std::memset(field, 0, capacity);
   std::memcpy(field, text.data(), std::min(text.size(), capacity - 1));
@@ -33,6 +66,7 @@ uint64_t policy_digest(const BucketLayout& layout) {
 size_t gathers_ready(std::span<const RoundControl> all) {
   size_t ready = kMaxRoundGathers;
   for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].checksum != checksum_of(all[r])) throw CommError(damaged("control record", r));
     if (all[r].magic != kControlMagic || all[r].count == 0 || all[r].count > kMaxRoundGathers) {
       throw CommError("rank " + std::to_string(r) + " sent a malformed control record");
     }

@@ -37,8 +37,8 @@ static_assert(sizeof(ControlRecord) == 128);
 // One rank's records for the gathers it has ready, in start order.
 struct RoundControl {
   uint32_t magic;
-  uint32_t count;  // 1..kMaxRoundGathers
-  uint64_t reserved;
+  uint32_t count;     // 1..kMaxRoundGathers
+  uint64_t checksum;  // XXH3-64 of the 1040 bytes, this field 0 (seal)
   ControlRecord records[kMaxRoundGathers];
 };
 static_assert(sizeof(RoundControl) == 1040);
@@ -46,8 +46,8 @@ static_assert(sizeof(RoundControl) == 1040);
 struct Verdict {   // 128 bytes
   int32_t failed;  // 0: every shard decoded exactly
   int32_t peer;
-  int32_t param;  // -1: the envelope itself
-  int32_t reserved;
+  int32_t param;      // -1: the envelope itself
+  uint32_t checksum;  // low 32 bits of XXH3-64 of the 128 bytes, this field 0 (seal)
   char reason[112];
 };
 static_assert(sizeof(Verdict) == 128);
@@ -55,6 +55,15 @@ static_assert(sizeof(Verdict) == 128);
 struct RoundVerdicts {
   Verdict verdicts[kMaxRoundGathers];
 };
+
+// Sets the checksum of `round` (of each of its verdicts), last, before it is sent. The records
+// decide what every rank does next (the raw flag moves inputs straight into the output): one
+// the transport damaged must be an error, never a decision.
+void seal(RoundControl& round);
+void seal(RoundVerdicts& round);
+
+// Throws CommError naming the sender unless every rank's verdicts arrived as sealed.
+void check_sealed(std::span<const RoundVerdicts> all);
 
 // Writes `text` NUL-padded into a fixed field of `capacity` bytes, truncated if need be.
 void write_text(char* field, size_t capacity, const std::string& text);
@@ -67,7 +76,7 @@ void record_failure(Verdict& verdict, int peer, int param, const std::string& re
 uint64_t policy_digest(const BucketLayout& layout);
 
 // How many leading gathers every rank has ready, from every rank's RoundControl; throws
-// CommError if one is malformed.
+// CommError if one is malformed or arrived damaged (its checksum).
 size_t gathers_ready(std::span<const RoundControl> all);
 
 // Checks every rank's record for this rank's gather of `bucket` (`my_rank` started it):

@@ -6,6 +6,7 @@
 
 namespace ciera {
 
-constexpr uint8_t kEngineProtocolVersion = 1;
+// 2: control records and verdicts carry checksums (a damaged one is an error, not a decision).
+constexpr uint8_t kEngineProtocolVersion = 2;
 
 }  // namespace ciera

@@ -95,6 +95,7 @@ size_t CompressedAllgather::Impl::exchange_controls(std::span<Gather* const> gat
   mine.magic = kControlMagic;
   mine.count = static_cast<uint32_t>(gathers.size());
   for (size_t i = 0; i < gathers.size(); ++i) mine.records[i] = make_record(*gathers[i], flags);
+  seal(mine);
   std::vector<RoundControl> all(static_cast<size_t>(world));
   timed(gathers, [&] { transport.allgather(&mine, sizeof mine, all.data()); });
   const size_t ready = gathers_ready(all);
@@ -211,8 +212,10 @@ std::vector<std::string> CompressedAllgather::Impl::exchange_verdicts(
   phase = "verdict exchange";
   RoundVerdicts mine{};
   for (size_t i = 0; i < gathers.size(); ++i) mine.verdicts[i] = gathers[i]->verdict;
+  seal(mine);
   std::vector<RoundVerdicts> all(static_cast<size_t>(world));
   timed(gathers, [&] { transport.allgather(&mine, sizeof mine, all.data()); });
+  check_sealed(all);
   std::vector<std::string> failures(gathers.size());
   for (size_t i = 0; i < gathers.size(); ++i) {
     failures[i] = failure_text(all, i, buckets[gathers[i]->bucket].layout.name);
