@@ -76,9 +76,24 @@ class FakeFence final : public InputFence {
   FakeStream& stream_;
 };
 
+// How many coders a backend has made that are still alive, and the most at once.
+struct Census {
+  std::atomic<int> live{0}, peak{0};
+  void born() {
+    const int now = live.fetch_add(1) + 1;
+    for (int was = peak.load(); now > was && !peak.compare_exchange_weak(was, now);) {
+    }
+  }
+  void died() { live.fetch_sub(1); }
+};
+
 class TaggedEncoder final : public PayloadEncoder {
  public:
-  explicit TaggedEncoder(std::unique_ptr<PayloadEncoder> host) : host_(std::move(host)) {}
+  TaggedEncoder(std::unique_ptr<PayloadEncoder> host, Census& census)
+      : host_(std::move(host)), census_(census) {
+    census_.born();
+  }
+  ~TaggedEncoder() override { census_.died(); }
   uint64_t encode(const std::byte* shard, uint64_t shard_bytes, std::byte* payload) override {
     return host_->encode(untag(shard), shard_bytes, untag(payload));
   }
@@ -89,6 +104,7 @@ class TaggedEncoder final : public PayloadEncoder {
 
  private:
   std::unique_ptr<PayloadEncoder> host_;
+  Census& census_;
 };
 
 class TaggedDecoder final : public PayloadDecoder {
@@ -113,7 +129,7 @@ class TaggedBackend final : public CodecBackend {
   bool host_memory() const override { return false; }
   std::unique_ptr<PayloadEncoder> make_encoder(const CodecConfig& c, uint64_t n,
                                                StreamIdentity id) const override {
-    return std::make_unique<TaggedEncoder>(host_codec_backend()->make_encoder(c, n, id));
+    return std::make_unique<TaggedEncoder>(host_codec_backend()->make_encoder(c, n, id), encoders);
   }
   std::unique_ptr<PayloadDecoder> make_decoder(const CodecConfig& c, uint64_t n,
                                                StreamIdentity id) const override {
@@ -124,6 +140,7 @@ class TaggedBackend final : public CodecBackend {
     return std::make_unique<FakeFence>(*reinterpret_cast<FakeStream*>(stream));
   }
   TaggedMemory memory_;
+  mutable Census encoders;
 };
 
 std::shared_ptr<const CodecBackend> tagged() { return std::make_shared<TaggedBackend>(); }
@@ -201,6 +218,26 @@ TEST(EngineBackend, HostRecordsAreStagedThroughPayloadMemory) {
   const uint64_t before = backend->memory_.copies.load();
   CompressedAllgather engine(*transport, EngineConfig{}, {layout}, backend);
   EXPECT_GE(backend->memory_.copies.load() - before, 4u);  // agreement and epochs, in and out
+}
+
+// A policy switch drops the old codecs before it makes the new ones: never both at once, so a
+// selection that fits the cache budget fits it throughout the switch (here an 8 MiB shard's
+// exponent cache, then its previous values, 16 MiB).
+TEST(EngineBackend, APolicySwitchNeverHoldsTheOldAndNewCodecsAtOnce) {
+  auto backend = std::make_shared<TaggedBackend>();
+  auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {1000}, 1);
+  layout.policy = {ShardPolicy::kCiera};
+  auto world = make_loopback_world(1);
+  auto transport = make_loopback_transport(world, 0, backend->memory());
+  CompressedAllgather engine(*transport, EngineConfig{}, {layout}, backend);
+  ASSERT_EQ(backend->encoders.live.load(), 1);
+  backend->encoders.peak = 1;
+  engine.set_policy(0, 0, ShardPolicy::kDelta);
+  engine.set_policy(0, 0, ShardPolicy::kCiera);
+  EXPECT_EQ(backend->encoders.live.load(), 1);
+  EXPECT_EQ(backend->encoders.peak.load(), 1);
+  engine.set_policy(0, 0, ShardPolicy::kRaw);
+  EXPECT_EQ(backend->encoders.live.load(), 0);
 }
 
 // A gather started on a stream whose work is not done yet reads its input only once it is:

@@ -121,18 +121,30 @@ void CompressedAllgather::Impl::make_codecs(BucketState& s, size_t k, bool at_se
   const ShardPolicy policy = s.layout.policy[k];
   const bool coded = coded_policy(policy) && backend->codes(policy_stream_kind(policy));
   if (coded) codec.stream_kind = policy_stream_kind(policy);
-  if (s.encoders[k]) s.encoder_epoch[k] = s.encoders[k]->epoch() + 1;
+  // The old codecs go before the new ones are made, so that a switch never holds both: a
+  // selection that fits the cache budget fits it at every moment of the switch too.
+  release_codecs(s, k);
   s.encoders[k] = coded ? backend->make_encoder(codec, s.layout.shard_values[rank][k],
                                                 stream_of(s, rank, k, s.encoder_epoch[k]))
                         : nullptr;
   for (int p = 0; p < world; ++p) {
     auto& decoder = s.decoders[p][k];
-    if (decoder) s.decoder_epoch[p][k] = decoder->epoch() + 1;
     decoder = coded && p != rank
                   ? backend->make_decoder(codec, s.layout.shard_values[p][k],
                                           stream_of(s, p, k, s.decoder_epoch[p][k]))
                   : nullptr;
     if (decoder && !at_setup) decoder->request_resync();
+  }
+}
+
+// Drops parameter k's codecs; the next ones it gets start one epoch past these.
+void CompressedAllgather::Impl::release_codecs(BucketState& s, size_t k) {
+  if (s.encoders[k]) s.encoder_epoch[k] = s.encoders[k]->epoch() + 1;
+  s.encoders[k].reset();
+  for (int p = 0; p < world; ++p) {
+    auto& decoder = s.decoders[p][k];
+    if (decoder) s.decoder_epoch[p][k] = decoder->epoch() + 1;
+    decoder.reset();
   }
 }
 
@@ -370,7 +382,18 @@ void CompressedAllgather::set_policy(size_t bucket, size_t param, ShardPolicy po
   }
   if (s.layout.policy[param] == policy) return;
   s.layout.policy[param] = policy;
-  impl_->make_codecs(s, param);
+  try {
+    impl_->make_codecs(s, param);
+  } catch (...) {
+    // The old codecs are gone (released first) and the new ones could not be made (memory):
+    // the parameter goes raw, which needs none. Its policy now differs from the peers', so the
+    // bucket's next gather fails on every rank (the policy digest) rather than going on unlike.
+    s.layout.policy[param] = ShardPolicy::kRaw;
+    impl_->release_codecs(s, param);
+    impl_->refresh_policies(s);
+    impl_->size_buffers(s);
+    throw;
+  }
   impl_->refresh_policies(s);
   impl_->size_buffers(s);
 }

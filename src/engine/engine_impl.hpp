@@ -117,6 +117,7 @@ struct CompressedAllgather::Impl {
 
   // Setup (engine.cpp).
   void make_codecs(BucketState& s, size_t param, bool at_setup = false);
+  void release_codecs(BucketState& s, size_t param);
   void refresh_policies(BucketState& s) const;
   // "" if this rank's backend can code every parameter of `layout` as its policy asks, else
   // "parameter k: ..." naming the first it cannot.

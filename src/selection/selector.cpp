@@ -44,7 +44,8 @@ std::string format_seconds(double s) {
 }  // namespace
 
 double compressed_round_overhead_s(const CostModel& model) {
-  // Two extra collectives of a few bytes per rank and per parameter.
+  // The two extra small collectives of a compressed round (envelope sizes, verdicts), each
+  // priced as an allgather of 64 bytes per rank, whatever the number of parameters.
   return 2 * model.allgather.seconds(64.0 * model.world_size);
 }
 

@@ -323,6 +323,7 @@ def selection_vs_plain(rank, world, budget_bytes, reselect_every=0, overlap=True
         "chosen_memory_bytes": sum(s.chosen_memory_bytes for s in shards),
         "types": sorted({s.type for s in shards if s.chosen}),
         "selections": selector.history,
+        "monitor_bytes": selector.monitor_bytes,   # after the last step
         "gain_s": selection.gain_s,
         # What the selector saw and decided, per shard, to check it against the cost model.
         "shards": [{k: getattr(s, k) for k in ("name", "bucket", "regathers", "chosen", "raw_bytes",

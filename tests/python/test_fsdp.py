@@ -129,6 +129,8 @@ def test_selection_with_delta_chooses_three_ways_within_the_budget_and_stays_exa
         assert r["peak_cache_bytes"] <= r["selected_cache_bytes"] <= budget, r
         assert r["selected_cache_bytes"] == r["chosen_memory_bytes"], r
         assert r["compressed_gathers"] > 0 and r["wire_bytes"] < r["raw_bytes"], r
+        # No selection follows: the monitors (the previous values too, with delta) are gone.
+        assert r["monitor_bytes"] == 0, r
     if budget == 10**12:
         # Unlimited cache on a slow link: value-delta frames are the smallest for training weights.
         assert results[0]["delta"], results[0]
@@ -151,6 +153,7 @@ def test_zero_budget_selects_nothing_and_gathers_raw():
 def test_reselection_every_few_steps_stays_exact_without_overlap():
     for r in all_ok(spawn(w.selection_vs_plain, 2, 10**12, 2, False)):
         assert len(r["selections"]) >= 3, r                    # steps 3, 5, 7, 9
+        assert r["monitor_bytes"] > 0, r                        # they count for the next one
         assert r["losses_equal"] and r["params_equal"] and r["wrong_bytes"] == 0, r
 
 

@@ -52,6 +52,7 @@ class Selector:
         self.selected_regathers: dict = {}   # (kind, bucket) -> re-gathers the latest selection counted
         self.policies = {(kind, b.index, k): _ext.ShardPolicy.raw for kind, (buckets, _, _) in enumerate(self.kinds)
                          for b in buckets for k in range(len(b.params))}
+        self.memory: dict = {}   # (kind, bucket, param) -> cache bytes of its policy (absent: raw, none)
         self.selection: _ext.Selection | None = None   # the latest
         self.selection_step: int | None = None         # the training step it was made at
         self.history: list[dict] = []   # one entry per selection: step, chosen count, cache bytes
@@ -68,9 +69,19 @@ class Selector:
         """The shard group's tracker (call it with (bucket, shard) for each gather)."""
         return self.trackers[0]
 
+    @property
+    def finished(self) -> bool:
+        """No selection will follow the latest one (reselect_every 0): statistics are no longer
+        needed, and the monitors are gone."""
+        return self.reselect_every == 0 and self.selection is not None
+
     def observe(self, kind: int, bucket: int, shard) -> None:
         """Counts a gather of `bucket` on the group of `kind`: how many there are per step, and
-        (its first of the step) the changes since the previous step."""
+        (its first of the step) the changes since the previous step. Nothing once `finished`: the
+        monitors cost a pass over the shard on each gather's critical path and, with delta, 1.5x a
+        BF16 shard of memory that no budget counts."""
+        if self.finished:
+            return
         self.gathers[(kind, bucket)] = self.gathers.get((kind, bucket), 0) + 1
         self.trackers[kind](bucket, shard)
 
@@ -163,13 +174,19 @@ class Selector:
         options.codec = self.codec
         options.allow_delta = self.allow_delta
         selection = _ext.select_shards(self.candidates(merged, regathers), self.models, options)
-        for shard in selection.shards:
+        changes = [x for x in selection.shards if self.policies[(x.group, x.bucket, x.param)] != x.policy]
+        # The changes that free cache first, then those that take it: the selection fits the budget,
+        # and so does every moment of the switch from the previous one.
+        changes.sort(key=lambda x: x.chosen_memory_bytes - self.memory.get((x.group, x.bucket, x.param), 0))
+        for shard in changes:
             key = (shard.group, shard.bucket, shard.param)
-            wanted = shard.policy
-            if self.policies[key] != wanted:
-                self.kinds[shard.group][1].set_policy(shard.bucket, shard.param, wanted)
-                self.policies[key] = wanted
+            self.kinds[shard.group][1].set_policy(shard.bucket, shard.param, shard.policy)
+            self.policies[key] = shard.policy
+            self.memory[key] = shard.chosen_memory_bytes
         self.selection, self.selected_from = selection, merged
+        if self.finished:
+            for tracker in self.trackers:
+                tracker.release()
         return selection
 
     def state_dict(self) -> dict:

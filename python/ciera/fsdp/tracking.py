@@ -55,6 +55,11 @@ class ExponentTracker:
             self.changed += c.changed_values - changed
             self.total += c.values - compared
 
+    def release(self) -> None:
+        """Drops the monitors and their memory (the counts and last exponents or values)."""
+        self.monitors.clear()
+        self.seen.clear()
+
     def clear_counts(self) -> None:
         """Starts the per-parameter counts afresh (the last exponents are kept)."""
         for monitor in self.monitors.values():

@@ -346,7 +346,10 @@ def render_summary(s: dict, run_dir: Path) -> str:
     if len(s.get("schemes") or []) > 1 or any(x["lossy"] for x in s.get("schemes") or []):
         text += "\n\n" + scheme_table(s)
     if s.get("selection_table"):
-        text += "\n\nselection (paper §3.2) at the end of warmup:\n" + s["selection_table"]
+        # The latest selection: with --reselect-every, not the one warmup ended with.
+        at = s.get("selection_step")
+        text += (f"\n\nselection (paper §3.2), the latest{f' (step {at})' if at is not None else ''}:\n"
+                 + s["selection_table"])
     if s.get("ablation"):
         text += ("\n\nablation (cumulative, speedups over plain FSDP2 in this run):\n"
                  f"{'config':<18} {'allgather ms':>12} {'speedup':>8} {'iteration ms':>12} {'speedup':>8} "

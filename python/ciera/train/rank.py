@@ -224,6 +224,10 @@ class RankProgram:
             return [("ciera", a.budget_mb, a.overlap)]
         budget = a.budget_mb if a.budget_mb is not None else float("inf")  # BSC by gain alone
         # The paper's Table 3, cumulative: exponent reuse on every shard, + selection, + pipelining.
+        # Each training selects for itself: "bsc" without overlap counts the encode time in each
+        # shard's gain, "ciera" with overlap does not (the paper's formula assumes pipelining), so
+        # "ciera" may select more shards than "bsc", and its row then adds selection as well as
+        # overlap.
         return [("er", None, False), ("bsc", budget, False), ("ciera", budget, True)]
 
     def add_plain(self, runs: dict, name: str) -> None:

@@ -95,6 +95,7 @@ def selection_fields(handle) -> dict:
         "candidate_shards": len(shards),
         "selected_by_type": {t: sum(1 for x in chosen if x.type == t) for t in sorted({x.type for x in shards})},
         "selection_table": fsdp.selection_table(selection),
+        "selection_step": handle.selector.selection_step,
         "selection": [{k: getattr(x, k) for k in ("name", "type", "value_change_rate", "block_change_rate", "gain_s",
                                                   "memory_bytes", "chosen", "reason")}
                       for x in shards],
