@@ -682,12 +682,19 @@ TEST(DeviceDecoder, NonCanonicalEncodingsOfAContentAreRefusedAsOnTheCpu) {
   const StreamIdentity id{4, 2};
   std::vector<std::byte> out(2 * n);
   const std::span<uint8_t> dev{reinterpret_cast<uint8_t*>(out.data()), out.size()};
+  // Both refuse `payload`: the CPU decoder saying `cpu_says`, the device with `expected`.
   auto refused =
-      [&](const std::vector<std::byte>& payload, uint32_t expected, const std::string& what) {
+      [&](const std::vector<std::byte>& payload, uint32_t expected, const std::string& what,
+          const std::string& cpu_says) {
         SCOPED_TRACE(what);
         ShardDecoder cpu(config, n, id);
         EmulatedDecoder emulated(config, n, id);
-        EXPECT_THROW(cpu.decode(payload, out), FormatError);
+        try {
+          cpu.decode(payload, out);
+          ADD_FAILURE() << "the CPU decoder accepted it";
+        } catch (const FormatError& e) {
+          EXPECT_NE(std::string(e.what()).find(cpu_says), std::string::npos) << e.what();
+        }
         const uint32_t status = emulated.decode(bytes_of(payload, payload.size()), dev);
         EXPECT_EQ(status, expected)
             << describe_status(status, emulated.plan().detail[0], emulated.plan().detail[1]);
@@ -731,20 +738,23 @@ TEST(DeviceDecoder, NonCanonicalEncodingsOfAContentAreRefusedAsOnTheCpu) {
                          body[1] = static_cast<uint8_t>(last + 1);
                          body.insert(body.begin() + static_cast<std::ptrdiff_t>(table_end - 10), 0);
                        })),
-          kStreamMalformed, "rANS table with frequency 0 at its last symbol");
+          kStreamMalformed, "rANS table with frequency 0 at its last symbol",
+          "a symbol at its ends has frequency 0");
   if (first > 0) {
     refused(with_section(rans_frame, rebuilt([&](std::vector<uint8_t>& body) {
                            body[0] = static_cast<uint8_t>(first - 1);
                            body.insert(body.begin() + 2, 0);
                          })),
-            kStreamMalformed, "rANS table with frequency 0 at its first symbol");
+            kStreamMalformed, "rANS table with frequency 0 at its first symbol",
+            "a symbol at its ends has frequency 0");
   }
   refused(with_section(rans_frame, rebuilt([&](std::vector<uint8_t>& body) {
                          body[one_byte - 10] |= 0x80;
                          body.insert(body.begin() + static_cast<std::ptrdiff_t>(one_byte - 10 + 1),
                                      0);
                        })),
-          kStreamMalformed, "a frequency in two bytes where one holds it");
+          kStreamMalformed, "a frequency in two bytes where one holds it",
+          "varint is not in its shortest form");
 
   // One exponent throughout (1.0 .. 2.0): the canonical stream is constant.
   std::vector<std::byte> ones(2 * n);
@@ -753,12 +763,12 @@ TEST(DeviceDecoder, NonCanonicalEncodingsOfAContentAreRefusedAsOnTheCpu) {
   ASSERT_EQ(section_of(constant_frame), stream_of(1, 127, {}));
   refused(
       with_section(constant_frame, stream_of(0, 7, packed_body(std::vector<uint8_t>(n, 127), 7))),
-      kStreamMalformed, "packed stream of one distinct symbol");
+      kStreamMalformed, "packed stream of one distinct symbol", "packed stream of one distinct symbol");
   std::vector<uint8_t> one_symbol = {127, 127, 0x80, 0x20};  // 4096 as a varint
   for (unsigned k = 0; k < 16; ++k)
     one_symbol.insert(one_symbol.end(), {0x00, 0x80, 0x00, 0x00});  // 2^15
   refused(with_section(constant_frame, stream_of(2, 0, one_symbol)), kStreamMalformed,
-          "rANS table of one symbol");
+          "rANS table of one symbol", "one symbol: a constant stream");
 
   // A block frame whose bitmap also marks block 1, unchanged, with its cached exponents sent.
   std::vector<std::byte> next = ones;

@@ -544,14 +544,14 @@ TEST(Engine, ADamagedControlRecordOrVerdictIsAnErrorNeverADecision) {
   EngineConfig config;
   config.warmup_steps = 0;
   config.timeout = std::chrono::seconds(2);
-  struct Case {
+  struct Damage {
     size_t record_bytes;
     size_t at;  // in rank 0's part of what rank 1 received
     const char* what;
   };
   // Control: rank 0's first record's flags (offset 16 + 12), the raw bit. Verdict: its first
   // verdict's `failed` field.
-  for (const Case c : {Case{1040, 28, "control record"}, Case{1024, 0, "verdict record"}}) {
+  for (const Damage c : {Damage{1040, 28, "control record"}, Damage{1024, 0, "verdict record"}}) {
     SCOPED_TRACE(c.what);
     std::vector<char> returned(world, 0);
     const auto errors = run_ranks(

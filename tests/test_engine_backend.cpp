@@ -221,8 +221,8 @@ TEST(EngineBackend, HostRecordsAreStagedThroughPayloadMemory) {
 }
 
 // A policy switch drops the old codecs before it makes the new ones: never both at once, so a
-// selection that fits the cache budget fits it throughout the switch (here an 8 MiB shard's
-// exponent cache, then its previous values, 16 MiB).
+// selection that fits the cache budget fits it throughout the switch (here a 1000-value shard's
+// exponent cache, then its previous values, then its exponent cache again).
 TEST(EngineBackend, APolicySwitchNeverHoldsTheOldAndNewCodecsAtOnce) {
   auto backend = std::make_shared<TaggedBackend>();
   auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {1000}, 1);

@@ -114,6 +114,7 @@ class Broadcaster:
         self.root = root = operator.index(root)
         self.rank = dist.get_rank(process_group)
         self._dtypes = [t.dtype for t in self.tensors]   # what each bucket's bytes are
+        self._shapes = [t.shape for t in self.tensors]   # agreed across ranks at set-up
         shard_policy = getattr(_ext.ShardPolicy, _POLICIES[policy])
         layouts = []
         for i, t in enumerate(self.tensors):
@@ -196,6 +197,9 @@ class Broadcaster:
         for i, (t, dtype) in enumerate(zip(self.tensors, self._dtypes)):
             if t.dtype != dtype:
                 raise _ext.ConfigError(f"Broadcaster: tensor {i} is now {t.dtype}; it was {dtype} at set-up")
+            if t.shape != self._shapes[i]:
+                raise _ext.ConfigError(f"Broadcaster: tensor {i} is now of shape {list(t.shape)}; it was "
+                                       f"{list(self._shapes[i])} at set-up")
             if t.device.type != "cpu" or not t.is_contiguous():
                 raise _ext.ConfigError(f"Broadcaster: tensor {i} is no longer a contiguous CPU tensor")
         _refuse_shared_memory(self.tensors, "Broadcaster: ")

@@ -207,6 +207,27 @@ def test_a_second_threads_call_is_refused_and_leaves_the_broadcaster_working():
     assert results[1][1] == (None, True), results[1]
 
 
+def reshaped_on_one_rank(rank, world):
+    """Rank 1 gives a tensor data of the same size and dtype but another shape after set-up."""
+    config = ciera.EngineConfig()
+    config.timeout_s = 20
+    tensors = [torch.zeros(2, 3)]
+    broadcaster = ciera.broadcast.Broadcaster(tensors, root=0, config=config)
+    if rank == 1:
+        tensors[0].data = torch.zeros(3, 2)
+    error = error_of(broadcaster.broadcast)
+    broadcaster.close()
+    return error
+
+
+def test_a_tensor_reshaped_after_set_up_is_refused_on_every_rank():
+    results = spawn(reshaped_on_one_rank, 2)
+    assert all(status == "ok" for status, _ in results.values()), results
+    reason = "Broadcaster: tensor 0 is now of shape [3, 2]; it was [2, 3] at set-up"
+    assert results[1][1] == f"ConfigError: {reason}", results[1]
+    assert results[0][1] == f"ConfigError: rank 1 rejected its gather of bucket 'tensor0': {reason}", results[0]
+
+
 def test_broadcast_rejects_bad_arguments():
     results = spawn(bad_root, 2)
     assert all(status == "ok" for status, _ in results.values()), results
