@@ -43,7 +43,9 @@ CollectiveCoding parse_collective_coding(std::string_view name);
 struct CollectivesConfig {
   CollectiveCoding coding = CollectiveCoding::kExponent;
   // XXH3-64 of every coded part's values in its payload, checked by the receiver. Must match on
-  // every rank (checked at each call).
+  // every rank (checked at each call). Off, a bit flipped in transit in a coded part's sign or
+  // mantissa bytes gives a wrong value with no error (damage to its exponent stream still fails
+  // to decode), as in a raw part: what the checksum buys.
   bool content_checksum = true;
   // Values per block of the coded parts' frames (the stateless code ignores blocks but the
   // frame header records them, and a decoder takes only its own); any value CodecConfig

@@ -5,15 +5,19 @@
 
 #include "ciera/error.hpp"
 #include "common/bytes.hpp"
+#include "common/checksum.hpp"
 
 namespace ciera::collectives {
 namespace {
 
 constexpr uint32_t kRecordMagic = 0x31434C43;  // "CLC1", little-endian
 // 2: a coded slice is frames of frame_values values; 3: short first and last slices (slice_of);
-// 4: the frames' block size and checksum setting, checked to agree.
-constexpr uint8_t kVersion = 4;
-constexpr size_t kHeaderBytes = 40;
+// 4: the frames' block size and checksum setting, checked to agree; 5: records and verdicts
+// carry checksums (a record damaged in transit steered the receiver's reading of the data).
+constexpr uint8_t kVersion = 5;
+constexpr size_t kHeaderBytes = 48;
+constexpr size_t kRecordChecksumAt = 40;  // u64: XXH3-64 of the record, this field 0
+constexpr size_t kVerdictChecksumAt = 4;  // u32: low 32 bits of XXH3-64 of the verdict, this field 0
 constexpr size_t kPeerBytes = 24;
 constexpr size_t kVerdictMessageBytes = 240;
 
@@ -32,6 +36,19 @@ std::string describe(const CallRecord& r) {
             std::to_string(r.part_values.front()) + " values per rank)";
   }
   return text;
+}
+
+// The checksum of a record or verdict `in` whose checksum field (`field_bytes` at `offset`) is
+// taken as 0: XXH3-64 of it.
+uint64_t sealed_checksum(std::span<const std::byte> in, size_t offset, size_t field_bytes) {
+  std::vector<std::byte> copy(in.begin(), in.end());
+  std::memset(copy.data() + offset, 0, field_bytes);
+  return checksum64(copy.data(), copy.size());
+}
+
+std::string damaged(const char* what, int from) {
+  return std::string("lossless collectives: the ") + what + " from rank " + std::to_string(from) +
+         " arrived damaged (its checksum does not match): the transport corrupted it";
 }
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
@@ -70,8 +87,8 @@ size_t call_record_bytes(int world) {
 }
 
 // Layout: magic u32, version u8, kind u8, dtype u8, op u8, world u32, flags u32 (bit 0: rejected,
-// bit 1: content checksum), sequence u64, round u32, block values u32, slice values u64, then per
-// peer: values sent u64, bytes of this round's slice sent u64, values expected u64.
+// bit 1: content checksum), sequence u64, round u32, block values u32, slice values u64, checksum
+// u64, then per peer: values sent u64, bytes of this round's slice sent u64, values expected u64.
 void write_call_record(const CallRecord& r, std::span<std::byte> out) {
   const auto world = static_cast<uint32_t>(r.part_values.size());
   store_le32(at(out, 0), kRecordMagic);
@@ -91,15 +108,21 @@ void write_call_record(const CallRecord& r, std::span<std::byte> out) {
     store_le64(peer + 8, r.part_bytes[p]);
     store_le64(peer + 16, r.expected_values[p]);
   }
+  store_le64(at(out, kRecordChecksumAt), 0);
+  store_le64(at(out, kRecordChecksumAt),
+             sealed_checksum({out.data(), call_record_bytes(static_cast<int>(world))}, kRecordChecksumAt, 8));
 }
 
-CallRecord read_call_record(std::span<const std::byte> in, int world) {
+CallRecord read_call_record(std::span<const std::byte> in, int world, int from) {
   if (in.size() != call_record_bytes(world) || load_le32(at(in, 0)) != kRecordMagic ||
       *at(in, 4) != kVersion || load_le32(at(in, 8)) != static_cast<uint32_t>(world)) {
     throw FormatError("lossless collectives: a peer's call record is not a version-" +
                       std::to_string(kVersion) + " record for " + std::to_string(world) +
                       " ranks (a different CIERA build, or a transport "
                       "shared with another protocol)");
+  }
+  if (load_le64(at(in, kRecordChecksumAt)) != sealed_checksum(in, kRecordChecksumAt, 8)) {
+    throw CommError(damaged("call record", from));
   }
   const uint8_t kind = *at(in, 5), dtype = *at(in, 6), op = *at(in, 7);
   if ((kind != 1 && kind != 2) || !is_valid_dtype_code(dtype) || op > 1) {
@@ -207,15 +230,21 @@ void check_agreement(std::span<const CallRecord> records) {
 
 size_t verdict_bytes() { return 16 + kVerdictMessageBytes; }
 
-// Layout: ok u8, reserved 7 bytes (0), seconds f64, message (NUL-padded).
+// Layout: ok u8, reserved 3 bytes (0), checksum u32, seconds f64, message (NUL-padded).
 void write_verdict(const Verdict& v, std::span<std::byte> out) {
   std::memset(out.data(), 0, verdict_bytes());
   *at(out, 0) = v.ok ? 1 : 0;
   std::memcpy(at(out, 8), &v.seconds, sizeof v.seconds);
   std::memcpy(at(out, 16), v.message.data(), std::min(v.message.size(), kVerdictMessageBytes - 1));
+  store_le32(at(out, kVerdictChecksumAt),
+             static_cast<uint32_t>(sealed_checksum({out.data(), verdict_bytes()}, kVerdictChecksumAt, 4)));
 }
 
-Verdict read_verdict(std::span<const std::byte> in) {
+Verdict read_verdict(std::span<const std::byte> in, int from) {
+  if (load_le32(at(in, kVerdictChecksumAt)) !=
+      static_cast<uint32_t>(sealed_checksum(in, kVerdictChecksumAt, 4))) {
+    throw CommError(damaged("verdict", from));
+  }
   Verdict v;
   v.ok = *at(in, 0) == 1;
   std::memcpy(&v.seconds, at(in, 8), sizeof v.seconds);

@@ -45,8 +45,9 @@ struct CallRecord {
 // Bytes of one rank's record among `world` ranks.
 size_t call_record_bytes(int world);
 void write_call_record(const CallRecord& record, std::span<std::byte> out);
-// Throws FormatError if `in` is not a record of this version for `world` ranks.
-CallRecord read_call_record(std::span<const std::byte> in, int world);
+// Rank `from`'s record. Throws FormatError if `in` is not a record of this version for `world`
+// ranks, CommError naming `from` if it arrived damaged (its checksum).
+CallRecord read_call_record(std::span<const std::byte> in, int world, int from);
 
 // Slice `round` of a part of `values` values (docs/format.md, "Rounds"): with S = slice_values
 // and an edge E = max(1, S / 4), a part of more than 2E values is a first slice of E values,
@@ -83,6 +84,7 @@ struct Verdict {
 };
 size_t verdict_bytes();
 void write_verdict(const Verdict& verdict, std::span<std::byte> out);
-Verdict read_verdict(std::span<const std::byte> in);
+// Rank `from`'s verdict; CommError naming `from` if it arrived damaged (its checksum).
+Verdict read_verdict(std::span<const std::byte> in, int from);
 
 }  // namespace ciera::collectives

@@ -299,7 +299,7 @@ struct LosslessCollectives::Impl {
     std::vector<std::string> reasons;
     for (int r = 0; r < world; ++r) {
       reasons.push_back(
-          collectives::read_verdict({verdicts.data() + bytes * static_cast<size_t>(r), bytes})
+          collectives::read_verdict({verdicts.data() + bytes * static_cast<size_t>(r), bytes}, r)
               .message);
     }
     return reasons;
@@ -348,7 +348,7 @@ struct LosslessCollectives::Impl {
     std::vector<CallRecord> all;
     for (int r = 0; r < world; ++r) {
       all.push_back(collectives::read_call_record(
-          {records.data() + bytes * static_cast<size_t>(r), bytes}, world));
+          {records.data() + bytes * static_cast<size_t>(r), bytes}, world, r));
     }
     for (size_t r = 0; r < all.size(); ++r) {
       if (all[r].rejected) {
@@ -569,7 +569,7 @@ struct LosslessCollectives::Impl {
     slowest_s = 0;
     for (int r = 0; r < world; ++r) {
       const Verdict v =
-          collectives::read_verdict({verdicts.data() + bytes * static_cast<size_t>(r), bytes});
+          collectives::read_verdict({verdicts.data() + bytes * static_cast<size_t>(r), bytes}, r);
       if (!v.ok) {
         throw FormatError("lossless collectives, call " + std::to_string(sequence) + ": " +
                           v.message);
