@@ -400,6 +400,11 @@ class ZeroRedundancyOptimizer(_TorchZero):
                                  f"got {chunk_values!r}")
             _policy(policy)
             listed = _listed(params)   # read twice: here, then by PyTorch's constructor
+            # PyTorch's constructor's own local checks (an empty list, sparse or mixed dense
+            # types), here: raised by it on one rank alone, they left the peers waiting in the
+            # collective that follows (_init_local_optimizer's agreement) until the timeout.
+            self._verify_and_init_params(listed)
+            self._verify_same_dense_param_type()
             # The buckets' dtypes, which PyTorch's constructor would find only inside the
             # collective set-up that builds the engines (a rank alone with float64 parameters).
             trainable: dict[torch.device, list[torch.Tensor]] = {}
@@ -576,7 +581,11 @@ class ZeroRedundancyOptimizer(_TorchZero):
             return
         mine = torch.tensor([zlib.crc32(bytes(mask)) | (len(mask) << 32)], dtype=torch.int64)
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(every, mine, group=self._agreement)
+        try:
+            dist.all_gather(every, mine, group=self._agreement)
+        except RuntimeError as e:   # gloo's: a peer dead, stalled past the timeout, or closed
+            raise _ext.CommError(f"{_NAME}: the ranks' check before step() failed (a peer dead, stalled "
+                                 f"past {self._engine_config.timeout_s:g} s, or its optimizer closed): {e}") from e
         differing = [r for r, theirs in enumerate(every) if not torch.equal(theirs, every[0])]
         if differing:
             raise _ext.ConfigError(f"{_NAME}: the ranks differ in which parameters are trainable "

@@ -225,7 +225,7 @@ def test_ciera_train_framework_deepspeed_reduce_scatter_is_bitwise_its_twin(tmp_
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--zero"], "--zero is for the FSDP2 comparison; it cannot run with --framework deepspeed"),
+    (["--zero"], "--zero is its own comparison (ZeRO-1/2 against PyTorch's); it cannot run with --framework deepspeed"),
     (["--baselines"], "--baselines is for the FSDP2 comparison; it cannot run with --framework deepspeed"),
     (["--codec", "stateless"], "--codec stateless: --framework deepspeed compares CIERA's own codecs"),
     (["--device", "cuda"], "--framework deepspeed trains on DeepSpeed's CPU accelerator; not yet with --device cuda"),

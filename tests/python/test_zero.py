@@ -44,7 +44,14 @@ def test_parameters_are_bitwise_identical_to_torch_zero():
                                      "chunk_values: 4194304 on rank 0; 512 on rank 1"), d
         assert d["fp64"] == ("TypeError: ciera.zero.ZeroRedundancyOptimizer: on rank 1: CIERA carries bf16, fp16 and "
                              "fp32 parameters; the parameters on cpu are torch.float64"), d
-        assert d["bad_policy_s"] < 30 and d["chunk_values_s"] < 30 and d["fp64_s"] < 30, d
+        # PyTorch's own local checks, run inside the agreement: raised by its constructor on rank
+        # 1 alone, they left rank 0 waiting in the next collective until the group's timeout.
+        assert d["empty"] == ("ValueError: ciera.zero.ZeroRedundancyOptimizer: on rank 1: ZeroRedundancyOptimizer got "
+                              "an empty parameter list"), d
+        assert d["mixed_dense"] == ("ValueError: ciera.zero.ZeroRedundancyOptimizer: on rank 1: ZeroRedundancyOptimizer "
+                                    "only supports using the same dense type for all parameters but got both "
+                                    "torch.BFloat16Tensor and torch.FloatTensor"), d
+        assert all(d[k + "_s"] < 30 for k in ("bad_policy", "chunk_values", "fp64", "empty", "mixed_dense")), d
     # Rank 1's optimizer step fails: rank 0, in the sync, is told at once, not at the timeout.
     failed = [r["step_fails"] for r in results]
     assert failed[1]["error"] == "RuntimeError: out of memory on rank 1", failed
@@ -279,3 +286,9 @@ def test_rebuilds_and_their_failures():
         assert r["bad_group"].startswith(f"TypeError: {name}: the trainable parameters on cpu must share one dtype")
         assert r["step_after_bad_group"].startswith(f"RuntimeError: {name}: its buckets could not be rebuilt "
                                                     "(TypeError: "), (rank, r["step_after_bad_group"])
+
+
+def test_a_peer_that_leaves_is_a_comm_error_within_the_timeout():
+    results = spawn(w.a_peer_that_leaves, 2)
+    status, (error, seconds) = results[0]
+    assert status == "ok" and error == "CommError" and seconds < 15, results[0]

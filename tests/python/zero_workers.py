@@ -142,12 +142,16 @@ def arguments_that_differ(rank):
 
     out = {}
     for name, kwargs in (("bad_policy", {"policy": "fast"}), ("chunk_values", {"chunk_values": 512}),
-                         ("fp64", {})):
+                         ("fp64", {}), ("empty", {}), ("mixed_dense", {})):
         start = time.perf_counter()
         dtype = torch.float64 if name == "fp64" and rank == 1 else torch.bfloat16
+        params = list(model(dtype).parameters())
+        if rank == 1 and name == "empty":
+            params = []
+        if rank == 1 and name == "mixed_dense":   # a frozen FP32 tensor among BF16 parameters
+            params.append(torch.zeros(3, requires_grad=False))
         try:
-            zero.ZeroRedundancyOptimizer(model(dtype).parameters(), torch.optim.SGD, lr=0.1,
-                                         **(kwargs if rank == 1 else {}))
+            zero.ZeroRedundancyOptimizer(params, torch.optim.SGD, lr=0.1, **(kwargs if rank == 1 else {}))
             out[name] = "accepted"
         except Exception as e:  # noqa: BLE001 - compared by the test
             out[name] = f"{type(e).__name__}: {e}"
@@ -273,3 +277,27 @@ def rebuilds_and_their_failures(rank, world):
     out["step_after_bad_group"] = _timed(optimizer.step)[0]
     optimizer.close()
     return out
+
+
+def a_peer_that_leaves(rank, world):
+    """Rank 1 ends (os._exit) after one step; rank 0's next step fails with a ciera.CommError
+    (it was gloo's RuntimeError from the check before the step) within the timeout."""
+    import os
+    import time
+
+    config = ciera.EngineConfig()
+    config.timeout_s = 5
+    config.warmup_steps = 0
+    net = model(torch.bfloat16)
+    optimizer = zero.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, lr=0.1, engine_config=config)
+    _ones_grads(net)
+    optimizer.step()
+    if rank == 1:
+        os._exit(0)
+    time.sleep(0.5)
+    start = time.perf_counter()
+    try:
+        optimizer.step()
+        return None, time.perf_counter() - start
+    except Exception as e:  # noqa: BLE001 - compared by the test
+        return type(e).__name__, time.perf_counter() - start

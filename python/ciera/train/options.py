@@ -462,7 +462,8 @@ def _check_deepspeed(args) -> None:
                    ("--control", args.control), ("--baselines", args.baselines), ("--schemes", args.schemes)]
     for flag, given in unsupported:
         if given:
-            _fail(f"{flag} is for the FSDP2 comparison; it cannot run with --framework deepspeed")
+            what = "its own comparison (ZeRO-1/2 against PyTorch's)" if flag == "--zero" else "for the FSDP2 comparison"
+            _fail(f"{flag} is {what}; it cannot run with --framework deepspeed")
     if args.overlap:
         _fail("--overlap is how the FSDP2 runs gather; under --framework deepspeed both runs always overlap their "
               "gathers with compute (DeepSpeed's prefetching): drop it")
