@@ -474,6 +474,32 @@ TEST(Engine, CodecsReplacedAfterAResyncInRawWarmupTakeTheNextKeyFrame) {
   testing::expect_no_errors(errors);
 }
 
+// reset_caches() called again before the next gather keeps the codecs the first call made:
+// made anew each time, the cold rank's decoders moved one epoch ahead per call while its peers'
+// encoders move one per key-frame round, and three resets in a row failed every later gather
+// ("stale or out-of-sequence key frame ... again after a key-frame round").
+TEST(Engine, ResetsInARowAreOneReset) {
+  const int world = 2;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {20000, 3333}, world);
+  EngineConfig config;
+  config.warmup_steps = 0;
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    BucketData data(layout, Pattern::kSparse, 7);
+    CompressedAllgather engine(t, config, {layout});
+    std::vector<std::byte> out(layout.total_bytes());
+    for (int step = 0; step < 8; ++step) {
+      data.trajectory.step();
+      if (rank == 0 && (step == 2 || step == 5)) {
+        for (int i = 0; i < (step == 2 ? 3 : 5); ++i) engine.reset_caches();
+      }
+      const GatherStats stats = engine.run(0, data.input(rank), out);
+      EXPECT_EQ(stats.resynchronised, step == 2 || step == 5) << step;
+      ASSERT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin())) << step;
+    }
+  });
+  testing::expect_no_errors(errors);
+}
+
 // Corrupts the gathered payload of one rank at chosen calls: the decoder rejects it, every rank
 // agrees on a key-frame round, and the result is exact. Persistent corruption fails everywhere.
 TEST(Engine, CorruptedPayloadIsCaughtAndResent) {

@@ -357,7 +357,10 @@ void CompressedAllgather::reset_caches() {
     }
   }
   for (BucketState& s : impl_->buckets) {
-    for (size_t k = 0; k < s.layout.params(); ++k) impl_->make_codecs(s, k);
+    if (!s.reset_since_gather) {
+      for (size_t k = 0; k < s.layout.params(); ++k) impl_->make_codecs(s, k);
+    }
+    s.reset_since_gather = true;
     s.cold = true;
     s.step = 0;
   }

@@ -239,6 +239,7 @@ void CompressedAllgather::Impl::finish(Gather& g) {
     adaptive.record(g.bucket, g.control[0].previous_compressed != 0, slowest_us * 1e-6);
   }
   s.cold = false;
+  s.reset_since_gather = false;
   s.step = g.step + 1;
   g.stats.step = g.step;
   g.stats.warmup = warmup_raw(g.step);
@@ -356,6 +357,7 @@ void CompressedAllgather::Impl::fail_round(std::vector<std::shared_ptr<Gather>>&
       // Peers may have advanced their codec state; resynchronise next time rather than find
       // out through a failed decode.
       s.cold = true;
+      s.reset_since_gather = false;  // its codecs may have coded: a reset makes new ones
     }
     g->failure = failure;
     g->failure_text = text;
