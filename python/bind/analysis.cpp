@@ -48,12 +48,11 @@ void check_index(size_t index, size_t size, const char* what) {
   }
 }
 
-const ChangeCounts& observe_bytes(ExponentChangeCounter& counter,
-                                  std::span<const std::byte> bytes) {
+ChangeCounts observe_bytes(ExponentChangeCounter& counter, std::span<const std::byte> bytes) {
+  InUse only(&counter, "ExponentChangeCounter");
   py::gil_scoped_release release;
   return counter.observe(bytes);
 }
-
 
 // Parameter types and the grid of world and block sizes counts are kept for.
 void bind_shard_types(py::module_& m) {
@@ -181,11 +180,19 @@ void bind_change_counters(py::module_& m) {
       .def_property_readonly("grid", &ExponentChangeCounter::grid)
       .def_property_readonly("warmup_steps", &ExponentChangeCounter::warmup_steps)
       .def_property_readonly("transitions", &ExponentChangeCounter::transitions)
-      .def_property_readonly("total", &ExponentChangeCounter::total,
-                             "Counts summed over the transitions after warmup.")
+      .def_property_readonly(
+          "total",
+          [](const ExponentChangeCounter& c) {
+            InUse only(&c, "ExponentChangeCounter");
+            return c.total();
+          },
+          "Counts summed over the transitions after warmup.")
       .def_property_readonly(
           "changed_values_per_step",
-          [](const ExponentChangeCounter& c) { return list_of(c.changed_values_per_step()); },
+          [](const ExponentChangeCounter& c) {
+            InUse only(&c, "ExponentChangeCounter");
+            return list_of(c.changed_values_per_step());
+          },
           "Changed values of every transition, warmup included.");
 
   // Sums of ChangeCounts over tensors and steps: per step, per step and type, and after warmup.

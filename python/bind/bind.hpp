@@ -10,9 +10,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_set>
 
 #include "ciera/dtype.hpp"
 
@@ -41,6 +43,37 @@ std::span<T> bytes_at(uintptr_t address, uint64_t bytes, const char* what) {
   }
   return {reinterpret_cast<T*>(address), static_cast<size_t>(bytes)};
 }
+
+// One thread at a time in the calls on `object` that hold this, for classes bound as they are
+// (no busy flag of their own): a call releases the GIL while it works, so a second thread could
+// otherwise enter and race on the object's state (a ChangeMonitor's swap of its buffers tore
+// them: a crash, a double free). The second call is a RuntimeError naming `what`, nothing done.
+class InUse {
+ public:
+  InUse(const void* object, const char* what) : object_(object) {
+    std::lock_guard lock(mutex());
+    if (!objects().insert(object).second) {
+      throw std::runtime_error(std::string(what) + " is in use by another thread");
+    }
+  }
+  ~InUse() {
+    std::lock_guard lock(mutex());
+    objects().erase(object_);
+  }
+  InUse(const InUse&) = delete;
+  InUse& operator=(const InUse&) = delete;
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::unordered_set<const void*>& objects() {
+    static std::unordered_set<const void*> in_use;
+    return in_use;
+  }
+  const void* object_;
+};
 
 // The memory of a Python object, held for as long as this lives: anything with the buffer
 // protocol (bytes, bytearray, memoryview, NumPy arrays), which must be C-contiguous; or a CPU

@@ -99,10 +99,13 @@ class PyEngine {
     Engine& engine;
     ~Releaser() { engine.reset(); }
   };
+  // `engine` is emptied while the GIL is still held (another thread's live() copies it under
+  // the GIL: emptied unlocked, the two raced on the pointer), and its engine dropped unlocked.
   static void release(Engine& engine) {
-    if (!engine) return;
+    Engine last = std::move(engine);
+    if (!last) return;
     py::gil_scoped_release unlocked;
-    engine.reset();
+    last.reset();
   }
 
   std::shared_ptr<Transport> transport_;

@@ -123,13 +123,24 @@ void bind_change_monitor(py::module_& m) {
           "observe",
           [](ChangeMonitor& monitor, uintptr_t data, uint64_t bytes) {
             const auto snapshot = bytes_at<const std::byte>(data, bytes, "data_ptr");
+            InUse only(&monitor, "ChangeMonitor");
             py::gil_scoped_release release;
             monitor.observe(snapshot);
           },
-          py::arg("data_ptr"), py::arg("nbytes"))
-      .def_property_readonly("counts", &ChangeMonitor::counts)
+          py::arg("data_ptr"), py::arg("nbytes"),
+          "One thread at a time: a call while another thread's observe() is in flight is a "
+          "RuntimeError, as are counts and clear_counts() then.")
+      .def_property_readonly("counts",
+                             [](const ChangeMonitor& monitor) {
+                               InUse only(&monitor, "ChangeMonitor");
+                               return monitor.counts();
+                             })
       .def_property_readonly("tracks_values", &ChangeMonitor::tracks_values)
-      .def("clear_counts", &ChangeMonitor::clear_counts)
+      .def("clear_counts",
+           [](ChangeMonitor& monitor) {
+             InUse only(&monitor, "ChangeMonitor");
+             monitor.clear_counts();
+           })
       .def_property_readonly("memory_bytes", &ChangeMonitor::memory_bytes);
 }
 

@@ -281,28 +281,31 @@ CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
   g->out = output.data();
   g->slot_stride = slot_stride;
   g->started = std::chrono::steady_clock::now();
-  // Wrong sizes are not thrown here: the peers are about to gather with this rank, so every
-  // rank learns of the problem in the control exchange and fails alike.
-  if (!refusal.empty()) {
-    g->local_error = std::move(refusal);
-  } else if (!s.policy_error.empty()) {
-    g->local_error = s.policy_error;
-  } else if (input.size() != s.layout.rank_bytes(m.rank)) {
-    g->local_error = "input is " + std::to_string(input.size()) +
-                     " bytes, the layout gives this rank " +
-                     std::to_string(s.layout.rank_bytes(m.rank));
-  } else if (std::string slots = slot_error(s.layout, slot_stride); !slots.empty()) {
-    g->local_error = slots;
-  } else if (output.size() != output_bytes(s.layout, slot_stride)) {
-    g->local_error = "output is " + std::to_string(output.size()) + " bytes, the bucket gathers " +
-                     std::to_string(output_bytes(s.layout, slot_stride)) +
-                     (slot_stride ? " at a slot stride of " + std::to_string(slot_stride) : "");
-  }
   {
+    // Under the lock: set_policy() on another thread rewrites the layout's policies and the
+    // bucket's policy_error, and refuses only once the bucket is busy.
     std::lock_guard lock(m.mutex);
     if (s.busy) {
       throw std::invalid_argument("start: bucket " + std::to_string(bucket) +
                                   " already has a gather in flight");
+    }
+    // Wrong sizes are not thrown here: the peers are about to gather with this rank, so every
+    // rank learns of the problem in the control exchange and fails alike.
+    if (!refusal.empty()) {
+      g->local_error = std::move(refusal);
+    } else if (!s.policy_error.empty()) {
+      g->local_error = s.policy_error;
+    } else if (input.size() != s.layout.rank_bytes(m.rank)) {
+      g->local_error = "input is " + std::to_string(input.size()) +
+                       " bytes, the layout gives this rank " +
+                       std::to_string(s.layout.rank_bytes(m.rank));
+    } else if (std::string slots = slot_error(s.layout, slot_stride); !slots.empty()) {
+      g->local_error = slots;
+    } else if (output.size() != output_bytes(s.layout, slot_stride)) {
+      g->local_error = "output is " + std::to_string(output.size()) +
+                       " bytes, the bucket gathers " +
+                       std::to_string(output_bytes(s.layout, slot_stride)) +
+                       (slot_stride ? " at a slot stride of " + std::to_string(slot_stride) : "");
     }
     s.busy = true;
     g->ticket = m.next_ticket++;
@@ -411,6 +414,7 @@ int CompressedAllgather::world_size() const { return impl_->world; }
 const CodecBackend& CompressedAllgather::backend() const { return *impl_->backend; }
 
 size_t CompressedAllgather::cache_bytes() const {
+  std::lock_guard lock(impl_->mutex);  // set_policy() and reset_caches() replace the codecs
   size_t bytes = 0;
   for (const BucketState& s : impl_->buckets) {
     for (const auto& e : s.encoders) bytes += e ? e->cache_bytes() : 0;

@@ -363,3 +363,37 @@ def test_codec_refuses_arrays_of_another_float_type():
     ciera.ShardDecoder(config, n).decode(payload, out)
     assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), bf16)
     _ext.decode_stateless(config, stateless, bytearray(bf16.nbytes))
+
+
+def test_monitors_and_counters_take_one_thread_at_a_time():
+    """ChangeMonitor.observe and ExponentChangeCounter.observe release the GIL while they scan:
+    two threads on one object swapped its buffers at once (a crash, a double free, torn counts).
+    A second thread's call is now refused while one is in flight; every call either counts or
+    is refused, and the counts agree with the calls that counted."""
+    n = 1 << 22
+    values = np.random.default_rng(1).standard_normal(n).astype(np.float32).view(np.uint32)
+    shard = (values >> 16).astype(np.uint16)   # BF16 bits
+    monitor = _ext.ChangeMonitor(_ext.DType.bf16, [n], 512)
+    counter = _ext.ExponentChangeCounter(_ext.DType.bf16, n)
+    outcomes = {"monitor": [], "counter": []}
+
+    def hammer(name, call):
+        for _ in range(12):
+            try:
+                call()
+                outcomes[name].append("ok")
+            except RuntimeError as e:
+                assert "is in use by another thread" in str(e), e
+                outcomes[name].append("refused")
+
+    calls = {"monitor": lambda: monitor.observe(shard.ctypes.data, shard.nbytes),
+             "counter": lambda: counter.observe(shard.ctypes.data, shard.nbytes)}
+    threads = [threading.Thread(target=hammer, args=(name, call)) for name, call in calls.items() for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counted = outcomes["monitor"].count("ok")
+    # The first observation is the baseline; each later one adds an observation of every shard.
+    assert monitor.counts[0].observations == counted - 1, (outcomes, monitor.counts[0].observations)
+    assert counter.transitions == outcomes["counter"].count("ok") - 1, (outcomes, counter.transitions)
