@@ -377,3 +377,102 @@ def selector_resume(rank, world):
             "verified_bytes": resumed.verified_bytes}
     resumed.disable()
     return out
+
+
+class _SkippingLM(torch.nn.Module):
+    """Embedding, three FSDP blocks and a head; `skip_last` leaves the last block out (an early
+    exit in an evaluation pass)."""
+
+    def __init__(self, vocab=64, width=32):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, width)
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.ReLU(),
+                                                              torch.nn.Linear(2 * width, width)) for _ in range(3))
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.skip_last = False
+
+    def forward(self, x):
+        h = self.emb(x)
+        for i, layer in enumerate(self.layers):
+            if not (self.skip_last and i == len(self.layers) - 1):
+                h = h + layer(h)
+        return self.head(h)
+
+
+def skipped_module_after_a_change(rank, world, with_ciera):
+    """Trains 6 steps; after each, a no-grad evaluation pass that skips the last block; after step
+    3 every parameter is halved in place. Returns the loss bits and each rank's parameter bits,
+    and what the modules prefetch before enable(), after it and after disable(). enable()'s
+    default overlap once turned on forward prefetch: the skipped block kept the values it had
+    gathered, and the next step used them after the halving (plain FSDP2 diverged from CIERA at
+    step 5)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = _SkippingLM()
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+    def prefetching():
+        return [len(m._get_fsdp_state()._states_to_forward_prefetch) for m in [*model.layers, model]]
+
+    before = prefetching()
+    handle = None
+    if with_ciera:
+        config = ciera.EngineConfig()
+        config.warmup_steps = 1
+        handle = ct.enable(model, config)   # the defaults: overlap on
+    during = prefetching()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(6):
+        x = torch.Generator().manual_seed(100 * step + rank)
+        tokens = torch.randint(0, 64, (4, 16), generator=x)
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(int(loss.detach().view(torch.int32)))
+        model.skip_last = True
+        with torch.no_grad():
+            model(tokens)
+        model.skip_last = False
+        if step == 2:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(0.5)
+    # The root stays unsharded after the no-grad pass (its parameters are plain tensors then).
+    params = [(p.to_local() if hasattr(p, "to_local") else p).detach().contiguous().view(torch.uint8).numpy().tobytes()
+              for p in model.parameters()]
+    wrong = handle.wrong_bytes if handle is not None else 0
+    if handle is not None:
+        handle.disable()
+    return {"losses": losses, "params": params, "before": before, "during": during, "after": prefetching(),
+            "wrong_bytes": wrong}
+
+
+def forward_prefetch_is_put_back(rank, world):
+    """enable(forward_prefetch=True) sets each module to prefetch the next; disable() puts back
+    what the user had set."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = _SkippingLM()
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.layers[0].set_modules_to_forward_prefetch([model.layers[1], model.layers[2]])
+
+    def prefetching():
+        return [[id(s) for s in m._get_fsdp_state()._states_to_forward_prefetch] for m in [*model.layers, model]]
+
+    before = prefetching()
+    handle = ct.enable(model, ciera.EngineConfig(), forward_prefetch=True)
+    during = prefetching()
+    handle.disable()
+    return {"changed": during != before, "restored": prefetching() == before}

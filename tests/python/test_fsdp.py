@@ -223,3 +223,21 @@ def test_records_keep_the_latest_calls_and_count_those_let_go(monkeypatch):
     runtime = Runtime(None, [], [], False)
     assert isinstance(runtime.records, RecordLog) and isinstance(runtime.take_records(), RecordLog)
     assert isinstance(runtime.records, RecordLog)
+
+
+def test_enable_leaves_forward_prefetch_alone_and_a_skipped_module_sees_changed_parameters():
+    """A no-grad pass that skips a module, then an in-place change of every parameter: CIERA's
+    training stays bitwise FSDP2's (enable()'s default overlap once turned on forward prefetch,
+    which left the skipped module's stale gather for the next step)."""
+    plain = all_ok(spawn(w.skipped_module_after_a_change, 2, False))
+    ciera_runs = all_ok(spawn(w.skipped_module_after_a_change, 2, True))
+    for p, c in zip(plain, ciera_runs):
+        assert c["losses"] == p["losses"], (p["losses"], c["losses"])
+        assert c["params"] == p["params"]
+        assert c["wrong_bytes"] == 0
+        assert c["before"] == c["during"] == c["after"], c   # the modules' prefetch untouched
+
+
+def test_forward_prefetch_is_opt_in_and_put_back_by_disable():
+    for r in all_ok(spawn(w.forward_prefetch_is_put_back, 2)):
+        assert r["changed"] and r["restored"], r

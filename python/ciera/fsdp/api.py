@@ -13,7 +13,7 @@ from ciera._dist import checked_on_every_rank, first_failure
 from ciera.fsdp import lifecycle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
 from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
-                               element_bytes, prefetch_forward)
+                               element_bytes, prefetch_forward, restore_forward_prefetch)
 from ciera.fsdp.selection import Selector
 from ciera.fsdp.transport import check_transport, make_subgroup_transport, make_transport
 
@@ -24,6 +24,7 @@ class Handle:
     def __init__(self, runtime: Runtime, hook=None):
         self._runtime = runtime
         self._hook = hook
+        self._prefetched: list = []   # enable(forward_prefetch=True): each module's prefetch before it
 
     @property
     def engine(self):
@@ -89,9 +90,12 @@ class Handle:
         return self._runtime.selector
 
     def disable(self) -> None:
-        """Restores FSDP2's default all-gather on every module and closes the engine; collective."""
+        """Restores FSDP2's default all-gather on every module (and the forward prefetch it had
+        before enable(forward_prefetch=True)) and closes the engine; collective."""
         for module in self._runtime.modules:
             module.set_custom_all_gather(DefaultAllGather())
+        restore_forward_prefetch(self._prefetched)
+        self._prefetched = []
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -178,7 +182,8 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 
 def _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps,
-                     reselect_every, cost_model, allow_delta=False, verify=False, overlap=True) -> None:
+                     reselect_every, cost_model, allow_delta=False, verify=False, overlap=True,
+                     forward_prefetch=False) -> None:
     """enable()'s arguments, each on its own and together: TypeError or ValueError naming the
     argument and its value, before anything is set up."""
     def count(name, value, allow_none=False):
@@ -191,9 +196,13 @@ def _check_arguments(model, config, transport, policy, cache_budget_bytes, selec
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"enable(): model must be a torch.nn.Module, got {type(model).__name__}")
-    for name, value in (("verify", verify), ("overlap", overlap), ("allow_delta", allow_delta)):
+    for name, value in (("verify", verify), ("overlap", overlap), ("allow_delta", allow_delta),
+                        ("forward_prefetch", forward_prefetch)):
         if isinstance(value, str) or value not in (True, False):   # a NumPy bool, 0 or 1 pass
             raise TypeError(f"enable(): {name} must be True or False, got {type(value).__name__} {value!r}")
+    if forward_prefetch and not overlap:
+        raise ValueError("enable(): forward_prefetch=True prefetches gathers that overlap compute: it needs "
+                         "overlap=True")
     if cost_model is not None and not (isinstance(cost_model, _ext.CostModel) or (
             isinstance(cost_model, dict) and all(isinstance(m, _ext.CostModel) for m in cost_model.values()))):
         raise TypeError(f"enable(): cost_model must be a ciera CostModel, or a dict from group size to CostModel, "
@@ -247,7 +256,8 @@ def _described(model, process_group, selecting: bool, cost_model):
 def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, process_group=None,
            transport: str = "torch", verify: bool = False, policy=None,
            cache_budget_bytes: int | None = None, select_after_steps: int | None = None,
-           reselect_every: int = 0, overlap: bool = True, cost_model=None, allow_delta: bool = False) -> Handle:
+           reselect_every: int = 0, overlap: bool = True, cost_model=None, allow_delta: bool = False,
+           forward_prefetch: bool = False) -> Handle:
     """Routes every FSDP2 parameter group's all-gather of `model` through CIERA.
 
     Collective: every rank calls it with the same model structure and configuration (checked;
@@ -275,7 +285,12 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
 
     With `overlap` (CCP, paper §3.3), a gather is handed back to FSDP in flight: encoding,
     exchange and decoding run on the engine's threads while the previous module computes
-    (FSDP's backward prefetch, and forward prefetch which enable() turns on). `overlap=False`
+    (FSDP's backward prefetch; forward prefetch, `forward_prefetch=True`, makes each FSDP module
+    start the next one's gather in model.modules() order, put back by disable(): every forward
+    must then run the modules in that order, since a module prefetched and skipped keeps what it
+    gathered and misses a change to its parameters before it next runs, as with FSDP2's own
+    set_modules_to_forward_prefetch; off by default, so that enable() changes nothing FSDP2
+    does but the gathers themselves). `overlap=False`
     finishes each gather before returning, and makes the selector charge detection and encoding
     to the critical path. `cost_model` (an _ext.CostModel, the same on every rank) replaces the
     start-up measurement, for tests and for reusing one measured earlier.
@@ -290,7 +305,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     # chose other options (the engine agrees only its own configuration).
     def prepare():
         _check_arguments(model, config, transport, policy, cache_budget_bytes, select_after_steps,
-                         reselect_every, cost_model, allow_delta, verify, overlap)
+                         reselect_every, cost_model, allow_delta, verify, overlap, forward_prefetch)
         described, groups, device = _described(model, process_group, selecting, cost_model)
         if selecting and cost_model is not None:
             for group in groups:
@@ -300,7 +315,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     described, groups, device, layouts = checked_on_every_rank(
         "enable()", prepare, process_group,
         same=shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every, overlap,
-                            cost_model, allow_delta))
+                            cost_model, allow_delta) | {"forward_prefetch": bool(forward_prefetch)})
     config = config or _ext.EngineConfig()
     models = []
     for group, group_layouts in zip(groups, layouts):
@@ -329,8 +344,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
                       overlap=overlap, groups=groups)
     for module, bucket in described:
         module.set_custom_all_gather(CieraAllGather(runtime, bucket))
-    if overlap:
-        prefetch_forward(model)
+    prefetched = prefetch_forward(model) if forward_prefetch else []
     hook = None
     if selecting:
         after = config.warmup_steps if select_after_steps is None else select_after_steps
@@ -338,4 +352,6 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
                                     overlap, config.codec, process_group, allow_delta=bool(allow_delta))
         # Prepended: the step must be counted before FSDP's own pre-forward hook gathers the root.
         hook = model.register_forward_pre_hook(runtime.selector.on_step, prepend=True)
-    return Handle(runtime, hook)
+    handle = Handle(runtime, hook)
+    handle._prefetched = prefetched   # put back by disable()
+    return handle

@@ -177,12 +177,24 @@ def reduce_scatter_comm(module: FSDPModule):
     return getattr(_param_group(module), "_reduce_scatter_comm", None)  # torch 2.12 and earlier: none
 
 
-def prefetch_forward(model: torch.nn.Module) -> None:
-    """Makes each FSDP module start the next one's all-gather before it runs (FSDP2 prefetches
-    backward gathers itself, forward ones only when told), so an in-flight gather overlaps compute."""
+def prefetch_forward(model: torch.nn.Module) -> list:
+    """Makes each FSDP module start the next one's all-gather (in model.modules() order) before it
+    runs (FSDP2 prefetches backward gathers itself, forward ones only when told), so an in-flight
+    gather overlaps compute. Returns what each module prefetched before, for
+    restore_forward_prefetch. As with FSDP2's own set_modules_to_forward_prefetch, every forward
+    must then run the modules in that order: a module prefetched and then skipped keeps the
+    values it gathered, and a change to its parameters before it next runs is not seen."""
     modules = [m for m, _ in describe_buckets(model)]
+    before = [(m, list(m._get_fsdp_state()._states_to_forward_prefetch)) for m in modules]
     for current, following in zip(modules, modules[1:]):
         current.set_modules_to_forward_prefetch([following])
+    return before
+
+
+def restore_forward_prefetch(before: list) -> None:
+    """Puts back the forward prefetch prefetch_forward() replaced."""
+    for module, states in before:
+        module._get_fsdp_state()._states_to_forward_prefetch = list(states)
 
 
 def element_bytes(dtype: torch.dtype) -> int:

@@ -3,6 +3,7 @@ and its choice applied on every rank at the same step."""
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from ciera import _ext
@@ -21,7 +22,8 @@ class Selector:
     statistics (q_i, the block change rate of each parameter's shards, and with `allow_delta` the
     estimated size of its value-delta frames, measured in C++ on the shards about to be gathered),
     a cost model measured at enable() on the same transport, and a cache budget. Training steps are
-    counted by a forward pre-hook on the root module (training mode only); each bucket's first
+    counted by a forward pre-hook on the root module (training mode with gradients; an evaluation
+    pass and its gathers are not counted); each bucket's first
     gather of a step is observed."""
 
     def __init__(self, runtime, cost_model, budget_bytes: int, select_after: int,
@@ -47,6 +49,7 @@ class Selector:
         self.trackers = [ExponentTracker(buckets, codec.block_values, track_values=allow_delta)
                          for buckets, _, _ in self.kinds]
         self.step = 0
+        self.counting = True         # the forward running is a training step's (on_step)
         self.gathers: dict = {}      # (kind, bucket) -> gathers since the last selection
         self.counted_steps = 0       # training steps those gathers came from
         self.selected_regathers: dict = {}   # (kind, bucket) -> re-gathers the latest selection counted
@@ -80,7 +83,7 @@ class Selector:
         (its first of the step) the changes since the previous step. Nothing once `finished`: the
         monitors cost a pass over the shard on each gather's critical path and, with delta, 1.5x a
         BF16 shard of memory that no budget counts."""
-        if self.finished:
+        if self.finished or not self.counting:
             return
         self.gathers[(kind, bucket)] = self.gathers.get((kind, bucket), 0) + 1
         self.trackers[kind](bucket, shard)
@@ -98,7 +101,10 @@ class Selector:
         return sum(t.memory_bytes for t in self.trackers)
 
     def on_step(self, module, args) -> None:
-        if not module.training:
+        # An evaluation pass (eval mode, or no gradients) is no training step, and its gathers
+        # are not counted: they made the re-gathers per step look higher than training has.
+        self.counting = module.training and torch.is_grad_enabled()
+        if not self.counting:
             return
         for tracker in self.trackers:
             tracker.new_step()

@@ -274,7 +274,10 @@ class RankProgram:
         if budget_mb is not None:
             # The selector counts steps itself and selects at the start of step `warmup`.
             # With --codec delta the selector chooses among raw, exponent reuse and delta.
+            # forward_prefetch as the plain FSDP2 run gets it (time_plain_all_gathers): the model
+            # runs every module in order, every forward.
             handle = fsdp.enable(model, config, transport=a.transport, verify=a.verify, overlap=overlap,
+                                 forward_prefetch=overlap,
                                  cache_budget_bytes=budget_bytes(budget_mb), select_after_steps=a.warmup,
                                  reselect_every=a.reselect_every, allow_delta=scheme == "delta")
         else:
@@ -283,7 +286,7 @@ class RankProgram:
             # A lossy scheme's gathers never match torch's: --verify checks the lossless ones.
             first = schemes.first_policy(scheme)
             handle = fsdp.enable(model, config, transport=a.transport, verify=a.verify and not schemes.is_lossy(scheme),
-                                 overlap=overlap, policy=lambda bucket, param: first)
+                                 overlap=overlap, forward_prefetch=overlap, policy=lambda bucket, param: first)
         return self.add_handle(runs, handles, name, model, handle, budget_mb), spec
 
     def add_handle(self, runs: dict, handles: dict, name: str, model, handle, budget_mb: float | None):
