@@ -34,10 +34,11 @@ struct BucketState {
   uint32_t value_bytes = 0;
   uint64_t step = 0;  // gathers completed (agreed by all ranks)
   bool cold = false;  // set by reset_caches(): peers must resynchronise with this rank
-  // reset_caches() made every codec of the bucket and no gather has run since: another reset
-  // keeps them. (Made again, the decoders would move one more epoch ahead each time, while a
-  // peer's encoder moves one per key-frame round: three resets in a row left this rank's
-  // decoders ahead of every frame its peers could send.)
+  // reset_caches() made every codec of the bucket and no gather has completed since (a failed
+  // one leaves the bucket cold, its next gather a key-frame round): another reset keeps them. (Made
+  // again, the decoders would move one more epoch ahead each time, while a peer's encoder moves one
+  // per key-frame round: three resets in a row left this rank's decoders ahead of every frame its
+  // peers could send.)
   bool reset_since_gather = false;
   bool busy = false;
   double last_gather_s = 0;  // this rank's time for the previous gather (0: none yet)

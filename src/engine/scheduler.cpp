@@ -357,7 +357,6 @@ void CompressedAllgather::Impl::fail_round(std::vector<std::shared_ptr<Gather>>&
       // Peers may have advanced their codec state; resynchronise next time rather than find
       // out through a failed decode.
       s.cold = true;
-      s.reset_since_gather = false;  // its codecs may have coded: a reset makes new ones
     }
     g->failure = failure;
     g->failure_text = text;
