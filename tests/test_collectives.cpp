@@ -765,8 +765,10 @@ TEST(CollectiveFailures, ADamagedCallRecordOrVerdictIsAnErrorNeverAReading) {
     std::byte bit;
     const char* what;
   };
-  // The record's per-peer fields start at 48: rank 1's entry, bytes of its slice (+8).
+  // The record's per-peer fields start at 48: rank 1's entry, bytes of its slice (+8). Its magic
+  // (offset 0): damage, not another build, since the checksum is read first.
   for (const Damage d : {Damage{record, 48 + 24 + 8, std::byte{0x01}, "call record"},
+                         Damage{record, 0, std::byte{0x01}, "call record"},
                          Damage{collectives::verdict_bytes(), 0, std::byte{0x01}, "verdict"}}) {
     SCOPED_TRACE(d.what);
     std::vector<std::vector<std::byte>> outputs(2);

@@ -179,7 +179,11 @@ void bind_change_counters(py::module_& m) {
       .def_property_readonly("values", &ExponentChangeCounter::num_values)
       .def_property_readonly("grid", &ExponentChangeCounter::grid)
       .def_property_readonly("warmup_steps", &ExponentChangeCounter::warmup_steps)
-      .def_property_readonly("transitions", &ExponentChangeCounter::transitions)
+      .def_property_readonly("transitions",
+                             [](const ExponentChangeCounter& c) {
+                               InUse only(&c, "ExponentChangeCounter");
+                               return c.transitions();
+                             })
       .def_property_readonly(
           "total",
           [](const ExponentChangeCounter& c) {

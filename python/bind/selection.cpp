@@ -129,7 +129,7 @@ void bind_change_monitor(py::module_& m) {
           },
           py::arg("data_ptr"), py::arg("nbytes"),
           "One thread at a time: a call while another thread's observe() is in flight is a "
-          "RuntimeError, as are counts and clear_counts() then.")
+          "RuntimeError, as are counts, memory_bytes and clear_counts() then.")
       .def_property_readonly("counts",
                              [](const ChangeMonitor& monitor) {
                                InUse only(&monitor, "ChangeMonitor");
@@ -141,7 +141,10 @@ void bind_change_monitor(py::module_& m) {
              InUse only(&monitor, "ChangeMonitor");
              monitor.clear_counts();
            })
-      .def_property_readonly("memory_bytes", &ChangeMonitor::memory_bytes);
+      .def_property_readonly("memory_bytes", [](const ChangeMonitor& monitor) {
+        InUse only(&monitor, "ChangeMonitor");
+        return monitor.memory_bytes();
+      });
 }
 
 // The budgeted selector and its result.
