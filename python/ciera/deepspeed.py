@@ -537,7 +537,7 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
         after = config.warmup_steps if select_after_steps is None else select_after_steps
         runtime.selector = Selector(runtime, cost_model, int(cache_budget_bytes), after, reselect_every, overlap,
                                     config.codec, group, allow_delta=bool(allow_delta))
-        hook = engine.module.register_forward_pre_hook(runtime.selector.on_step, prepend=True)
+        hook = runtime.selector.install(engine.module)
     with _hooks.lock:
         _wrap(state, params, _hooks.states)
         _hooks.install()

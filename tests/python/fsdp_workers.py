@@ -399,6 +399,17 @@ class _SkippingLM(torch.nn.Module):
         return self.head(h)
 
 
+def _sharded_skipping_lm(world):
+    """A _SkippingLM from seed 0, each block and the root under fully_shard."""
+    torch.manual_seed(0)
+    model = _SkippingLM()
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 def skipped_module_after_a_change(rank, world, with_ciera):
     """Trains 6 steps; after each, a no-grad evaluation pass that skips the last block; after step
     3 every parameter is halved in place. Returns the loss bits and each rank's parameter bits,
@@ -406,15 +417,7 @@ def skipped_module_after_a_change(rank, world, with_ciera):
     default overlap once turned on forward prefetch: the skipped block kept the values it had
     gathered, and the next step used them after the halving (plain FSDP2 diverged from CIERA at
     step 5)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = _SkippingLM()
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = _sharded_skipping_lm(world)
 
     def prefetching():
         return [len(m._get_fsdp_state()._states_to_forward_prefetch) for m in [*model.layers, model]]
@@ -457,15 +460,7 @@ def skipped_module_after_a_change(rank, world, with_ciera):
 def forward_prefetch_is_put_back(rank, world):
     """enable(forward_prefetch=True) sets each module to prefetch the next; disable() puts back
     what the user had set."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = _SkippingLM()
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = _sharded_skipping_lm(world)
     model.layers[0].set_modules_to_forward_prefetch([model.layers[1], model.layers[2]])
 
     def prefetching():
@@ -476,3 +471,34 @@ def forward_prefetch_is_put_back(rank, world):
     during = prefetching()
     handle.disable()
     return {"changed": during != before, "restored": prefetching() == before}
+
+
+def selector_counts_with_evaluation_passes(rank, world, evaluating):
+    """Three training steps under a budget (the selection comes later), with `evaluating` a
+    no-grad pass between each forward and its backward and an eval-mode pass after each step.
+    Returns the selector's step count and gathers per bucket: evaluation passes add neither
+    (a no-grad pass once counted as a step, its gathers as re-gathers, and dropped the backward
+    re-gathers of the step it sat in)."""
+    model = _sharded_skipping_lm(world)
+    handle = ct.enable(model, ciera.EngineConfig(), cache_budget_bytes=10**9, select_after_steps=10,
+                       cost_model=slow_link_model(world))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for step in range(3):
+        tokens = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(100 * step + rank))
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+        if evaluating:
+            with torch.no_grad():
+                model(tokens)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if evaluating:
+            model.eval()
+            model(tokens)
+            model.train()
+    selector = handle.selector
+    # The blocks' buckets: FSDP2 keeps the root gathered after a forward, so after an evaluation
+    # pass the next training step does not gather it at all (fewer gathers there, rightly counted).
+    out = {"step": selector.step, "gathers": sorted((k, n) for k, n in selector.gathers.items() if k[1] != 0)}
+    handle.disable()
+    return out

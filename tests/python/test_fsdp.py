@@ -241,3 +241,10 @@ def test_enable_leaves_forward_prefetch_alone_and_a_skipped_module_sees_changed_
 def test_forward_prefetch_is_opt_in_and_put_back_by_disable():
     for r in all_ok(spawn(w.forward_prefetch_is_put_back, 2)):
         assert r["changed"] and r["restored"], r
+
+
+def test_evaluation_passes_are_not_counted_by_the_selector():
+    plain = all_ok(spawn(w.selector_counts_with_evaluation_passes, 2, False))
+    evaluating = all_ok(spawn(w.selector_counts_with_evaluation_passes, 2, True))
+    assert plain == evaluating, (plain, evaluating)
+    assert plain[0]["step"] == 3 and plain[0]["gathers"], plain

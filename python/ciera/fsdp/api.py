@@ -344,14 +344,13 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
                       overlap=overlap, groups=groups)
     for module, bucket in described:
         module.set_custom_all_gather(CieraAllGather(runtime, bucket))
-    prefetched = prefetch_forward(model) if forward_prefetch else []
     hook = None
     if selecting:
         after = config.warmup_steps if select_after_steps is None else select_after_steps
         runtime.selector = Selector(runtime, models, int(cache_budget_bytes), after, reselect_every,
                                     overlap, config.codec, process_group, allow_delta=bool(allow_delta))
-        # Prepended: the step must be counted before FSDP's own pre-forward hook gathers the root.
-        hook = model.register_forward_pre_hook(runtime.selector.on_step, prepend=True)
+        hook = runtime.selector.install(model)
     handle = Handle(runtime, hook)
-    handle._prefetched = prefetched   # put back by disable()
+    # Last, when nothing can fail any more: no handle would be there to put it back.
+    handle._prefetched = prefetch_forward(model) if forward_prefetch else []
     return handle

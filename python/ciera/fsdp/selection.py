@@ -11,6 +11,17 @@ from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.tracking import ExponentTracker
 
 
+class _Hooks:
+    """Module hooks removed together."""
+
+    def __init__(self, *handles):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 def shard_type(name: str) -> str:
     """expert_ffn, attention, router, norm, embedding, dense_ffn or other, from the parameter name."""
     return _ext.classify_parameter(name)
@@ -49,7 +60,8 @@ class Selector:
         self.trackers = [ExponentTracker(buckets, codec.block_values, track_values=allow_delta)
                          for buckets, _, _ in self.kinds]
         self.step = 0
-        self.counting = True         # the forward running is a training step's (on_step)
+        self.counting = True         # gathers now are a training step's (on_step, after_forward)
+        self._resume: bool | None = None   # during an evaluation pass: `counting` before it
         self.gathers: dict = {}      # (kind, bucket) -> gathers since the last selection
         self.counted_steps = 0       # training steps those gathers came from
         self.selected_regathers: dict = {}   # (kind, bucket) -> re-gathers the latest selection counted
@@ -100,12 +112,24 @@ class Selector:
     def monitor_bytes(self) -> int:
         return sum(t.memory_bytes for t in self.trackers)
 
+    def install(self, root: torch.nn.Module):
+        """Counts training steps on `root`: a forward pre-hook, prepended so that the step is
+        counted before FSDP's own pre-forward hook gathers the root, and a forward hook that ends
+        an evaluation pass. Returns what removes both (.remove())."""
+        return _Hooks(root.register_forward_pre_hook(self.on_step, prepend=True),
+                      root.register_forward_hook(self.after_forward))
+
     def on_step(self, module, args) -> None:
         # An evaluation pass (eval mode, or no gradients) is no training step, and its gathers
-        # are not counted: they made the re-gathers per step look higher than training has.
-        self.counting = module.training and torch.is_grad_enabled()
-        if not self.counting:
+        # are not counted, until it ends (after_forward): they made the re-gathers per step look
+        # higher than training has, and a no-grad pass between a training forward and its
+        # backward must not drop that backward's re-gathers.
+        if not (module.training and torch.is_grad_enabled()):
+            if self._resume is None:
+                self._resume = self.counting
+            self.counting = False
             return
+        self.counting = True
         for tracker in self.trackers:
             tracker.new_step()
         done = self.step
@@ -114,6 +138,10 @@ class Selector:
                                          and (done - self.select_after) % self.reselect_every == 0):
             self.select()
         self.counted_steps += 1   # the step starting now
+
+    def after_forward(self, module, args, output) -> None:
+        if self._resume is not None:
+            self.counting, self._resume = self._resume, None
 
     def candidates(self, merged: list, regathers: dict) -> list:
         """Every parameter of every group as the selector sees it, from the statistics merged over
