@@ -209,5 +209,11 @@ class Broadcaster:
         refuse_each([(self.engine, i) for i in range(len(self.tensors))], reason)
 
     def close(self) -> None:
-        """Ends the engine (collective: every rank closes)."""
-        lifecycle.close_engine(self.engine)
+        """Ends the engine (collective: every rank closes). Not while this rank's broadcast() is
+        in flight on another thread: a RuntimeError then, the engine left open."""
+        if not self._calling.acquire(blocking=False):
+            raise RuntimeError("Broadcaster.close: a broadcast() on this Broadcaster is in flight; close it after")
+        try:
+            lifecycle.close_engine(self.engine)
+        finally:
+            self._calling.release()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import threading
 import time
 import zlib
 from collections.abc import MutableMapping
@@ -435,6 +436,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
         self._builds = 0                                  # bucket builds that succeeded
         self._broken: str | None = None                   # why a rebuild failed: no step after it
         self._closed = False
+        self._stepping = threading.Lock()                 # held by the thread in step()
         self.last_sync: SyncStats | None = None
         self.sync_count = 0
         super().__init__(params, optimizer_class, process_group=process_group, parameters_as_bucket_view=True,
@@ -545,6 +547,17 @@ class ZeroRedundancyOptimizer(_TorchZero):
                 sync.engine = None
 
     # -- the sync --------------------------------------------------------------------------------
+
+    def step(self, closure=None, **kwargs):
+        """PyTorch's step: this rank's partition, then the sync. One call at a time: a second
+        thread's step() while one is in flight is a RuntimeError on its rank, before its local step
+        rewrites parameters that the first one's sync reads."""
+        if not self._stepping.acquire(blocking=False):
+            raise RuntimeError(f"{_NAME}.step: another thread's step() is in flight; steps must not overlap")
+        try:
+            return super().step(closure, **kwargs)
+        finally:
+            self._stepping.release()
 
     def _local_step(self, *args, **kwargs):
         """PyTorch's local step (this rank's partition). If it raises (an out-of-memory as the

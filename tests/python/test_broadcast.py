@@ -187,8 +187,10 @@ def overlapping_calls(rank, world):
         first.start()
         time.sleep(0.5)
         second = error_of(broadcaster.broadcast)
+        closing = error_of(broadcaster.close)   # refused too: the first call still runs
         first.join()
     else:
+        closing = None
         time.sleep(2)
         broadcaster.broadcast()
     for t in tensors:
@@ -196,15 +198,17 @@ def overlapping_calls(rank, world):
     broadcaster.broadcast()
     exact = all(torch.equal(t, torch.full_like(t, 5.0)) for t in tensors)
     broadcaster.close()
-    return second, exact
+    return second, closing, exact
 
 
 def test_a_second_threads_call_is_refused_and_leaves_the_broadcaster_working():
     results = spawn(overlapping_calls, 2)
     assert all(status == "ok" for status, _ in results.values()), results
     assert results[0][1] == ("RuntimeError: Broadcaster.broadcast: another thread's broadcast() on this Broadcaster "
-                             "is in flight; calls must not overlap", True), results[0]
-    assert results[1][1] == (None, True), results[1]
+                             "is in flight; calls must not overlap",
+                             "RuntimeError: Broadcaster.close: a broadcast() on this Broadcaster is in flight; close it "
+                             "after", True), results[0]
+    assert results[1][1] == (None, None, True), results[1]
 
 
 def reshaped_on_one_rank(rank, world):

@@ -292,3 +292,11 @@ def test_a_peer_that_leaves_is_a_comm_error_within_the_timeout():
     results = spawn(w.a_peer_that_leaves, 2)
     status, (error, seconds) = results[0]
     assert status == "ok" and error == "CommError" and seconds < 15, results[0]
+
+
+def test_a_second_threads_step_is_refused_before_its_local_step():
+    results = all_ok(spawn(w.overlapping_steps, 2))
+    assert results[0][0] == ("RuntimeError: ciera.zero.ZeroRedundancyOptimizer.step: another thread's step() is in "
+                             "flight; steps must not overlap"), results[0][0]
+    assert results[1][0] is None
+    assert results[0][1] == results[1][1]   # two steps on each rank, the ranks' parameters agree

@@ -301,3 +301,31 @@ def a_peer_that_leaves(rank, world):
         return None, time.perf_counter() - start
     except Exception as e:  # noqa: BLE001 - compared by the test
         return type(e).__name__, time.perf_counter() - start
+
+
+def overlapping_steps(rank, world):
+    """Rank 0 calls step() from a second thread while its first step waits in the sync for rank 1
+    (which steps 2 s late): the second is refused before its local step; the next steps work."""
+    import threading
+    import time
+
+    net = model(torch.bfloat16)
+    optimizer = zero.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, lr=0.1)
+    _ones_grads(net)
+    second = None
+    if rank == 0:
+        first = threading.Thread(target=optimizer.step)
+        first.start()
+        time.sleep(0.5)
+        try:
+            optimizer.step()
+        except Exception as e:  # noqa: BLE001 - compared by the test
+            second = f"{type(e).__name__}: {e}"
+        first.join()
+    else:
+        time.sleep(2)
+        optimizer.step()
+    optimizer.step()
+    bits = [p.detach().view(torch.int16).tolist() for p in net.parameters()]
+    optimizer.close()
+    return second, bits
