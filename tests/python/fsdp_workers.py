@@ -222,6 +222,9 @@ def one_rank_differs(rank, world):
         error_of(lambda: ct.enable_reduce_scatter(model, transport="gloo", timeout_s=20)),
         # Each coding alone is exact; differing ones break the promise of one coding per call.
         error_of(lambda: ct.enable_reduce_scatter(model, "raw" if last else "exponent", timeout_s=20)),
+        error_of(lambda: ct.enable(model, ciera.EngineConfig(), forward_prefetch=last)),
+        error_of(lambda: ct.enable(model, ciera.EngineConfig(), overlap=False, forward_prefetch=True)),
+        error_of(lambda: ct.enable(model, ciera.EngineConfig(), forward_prefetch="yes")),
     ]
 
 

@@ -76,6 +76,10 @@ def test_options_that_differ_between_ranks_fail_every_rank_alike():
         "TypeError: enable(): on rank 0: overlap must be True or False, got str 'no'",
         "ValueError: enable_reduce_scatter(): on rank 0: transport must be 'torch', 'mpi' or 'nccl', got 'gloo'",
         "ConfigError: enable_reduce_scatter(): the ranks differ in coding: 'exponent' on ranks 0, 1; 'raw' on rank 2",
+        "ConfigError: enable(): the ranks differ in forward_prefetch: False on ranks 0, 1; True on rank 2",
+        "ValueError: enable(): on rank 0: forward_prefetch=True prefetches gathers that overlap compute: it needs "
+        "overlap=True",
+        "TypeError: enable(): on rank 0: forward_prefetch must be True or False, got str 'yes'",
     ]
     for rank, errors in enumerate(all_ok(spawn(w.one_rank_differs, 3))):
         assert errors == expected, (rank, errors)
