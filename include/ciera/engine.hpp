@@ -86,7 +86,10 @@ struct GatherStats {
 // exist; a call that conflicts with a gather in flight) throws std::invalid_argument at once and
 // changes nothing. Problems the peers must learn of too, because they are about to gather with
 // this rank (configuration or layout mismatches, wrong buffer sizes, bad payloads, dead peers),
-// throw ConfigError or CommError with the same text on every rank. A ConfigError fails that
+// throw ConfigError or CommError on every rank: with the same text where the ranks agree on the
+// fact, with each rank's own where they cannot (a dead peer: one rank times out, another sees the
+// connection close; a control record damaged in transit: the rank that read it names the sender,
+// its peers time out). A ConfigError fails that
 // gather only; the next one works. A CommError is final: the transport may be left
 // mid-collective (a peer gone, a timeout, ranks gathering in different orders), so every later
 // gather throws CommError too, saying that the engine gathers no more and naming the first

@@ -84,9 +84,9 @@ class Broadcaster:
     receivers keep the last values, value_bytes per value), "ciera" (exponent reuse) or "raw".
     `transport` as for ciera.torch.enable ("torch": a gloo group of its own; "mpi" under mpirun).
     Collective: every rank constructs it with the same arguments (checked, shapes included:
-    ConfigError on every rank otherwise); the tensors must not share memory. A rank whose own arguments are refused (no tensors, a tensor CIERA cannot
-    code) fails every rank alike, naming it: ValueError or TypeError as for bad arguments,
-    ConfigError for tensors CIERA cannot take."""
+    ConfigError on every rank otherwise); the tensors must not share memory. A rank whose own
+    arguments are refused (no tensors, a tensor CIERA cannot code) fails every rank alike, naming
+    it: ValueError or TypeError as for bad arguments, ConfigError for tensors CIERA cannot take."""
 
     def __init__(self, tensors, root: int = 0, *, process_group=None, transport: str = "torch",
                  config: _ext.EngineConfig | None = None, policy: str = "delta"):

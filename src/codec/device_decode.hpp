@@ -11,7 +11,8 @@
 //   symbols    per symbol / per rANS segment: the full/block stream into `decoded`
 //   expand     per value  fine frames: changed blocks' cached exponents into `decoded`
 //   fine       1 thread   fine frames: the change lists, applied to `decoded`
-//   finish     1 thread   the canonical-form checks that need every symbol (packed width)
+//   finish     1 thread   the canonical-form checks that need every symbol (a packed stream's
+//                         width, and its two distinct symbols at least)
 //   blocks     per block  block frames: each marked block changes an exponent (canonical form)
 //   merge      per value  (FP16: per 8 values) exponents and sign-mantissa plane into the output
 //   digest     per 16 KiB chunk of the output, then `verify` (1 thread): the content checksum

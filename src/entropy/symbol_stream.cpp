@@ -141,8 +141,8 @@ void SymbolStreamReader::open(ByteReader& in, uint64_t symbols, unsigned max_sym
   in.take(body);
   max_read_ = 0;
   min_read_ = 255;
-  // Each content has exactly one encoding, so no corruption can turn a payload into another
-  // valid one (docs/format.md, "Symbol stream", canonical form).
+  // The canonical-form checks the stream alone allows (docs/format.md, "Canonical form");
+  // corruption is the content checksum's to catch.
   if (symbols == 0 && !(method == static_cast<uint8_t>(StreamMethod::kPacked) && arg == 1)) {
     throw FormatError(std::string(what) + ": an empty stream must be packed with width 1");
   }
