@@ -83,9 +83,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (c.step > step) std::abort();
     }
   }
+  check_sealed(verdicts);
   for (size_t i = 0; i < ready; ++i) {
     const std::string bucket_name = setup.buckets[0].name;
-    check_sealed(verdicts);
     const std::string failure = failure_text(verdicts, i, bucket_name);
     const bool any_failed =
         std::any_of(verdicts.begin(), verdicts.end(),

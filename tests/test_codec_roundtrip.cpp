@@ -241,10 +241,10 @@ TEST(Codec, StatelessRoundTripAndInspect) {
       decode_stateless(config, {payload.data(), len}, short_out);
       ADD_FAILURE() << "decoded into an output one value short";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("the output holds 49999 " +
-                                           std::string(dtype_name(dtype)) +
-                                           " values, but the payload holds 50000"),
-                std::string::npos)
+      EXPECT_NE(
+          std::string(e.what()).find("the output holds 49999 " + std::string(dtype_name(dtype)) +
+                                     " values, but the payload holds 50000"),
+          std::string::npos)
           << e.what();
     }
   }

@@ -788,7 +788,8 @@ TEST(CollectiveFailures, ADamagedCallRecordOrVerdictIsAnErrorNeverAReading) {
     EXPECT_NE(errors[1].find(std::string("the ") + d.what + " from rank 0 arrived damaged"),
               std::string::npos)
         << errors[1];
-    EXPECT_EQ(outputs[1], std::vector<std::byte>(n * 2, std::byte{0x5A})) << "rank 1 wrote an output";
+    EXPECT_EQ(outputs[1], std::vector<std::byte>(n * 2, std::byte{0x5A}))
+        << "rank 1 wrote an output";
   }
 }
 

@@ -683,22 +683,21 @@ TEST(DeviceDecoder, NonCanonicalEncodingsOfAContentAreRefusedAsOnTheCpu) {
   std::vector<std::byte> out(2 * n);
   const std::span<uint8_t> dev{reinterpret_cast<uint8_t*>(out.data()), out.size()};
   // Both refuse `payload`: the CPU decoder saying `cpu_says`, the device with `expected`.
-  auto refused =
-      [&](const std::vector<std::byte>& payload, uint32_t expected, const std::string& what,
-          const std::string& cpu_says) {
-        SCOPED_TRACE(what);
-        ShardDecoder cpu(config, n, id);
-        EmulatedDecoder emulated(config, n, id);
-        try {
-          cpu.decode(payload, out);
-          ADD_FAILURE() << "the CPU decoder accepted it";
-        } catch (const FormatError& e) {
-          EXPECT_NE(std::string(e.what()).find(cpu_says), std::string::npos) << e.what();
-        }
-        const uint32_t status = emulated.decode(bytes_of(payload, payload.size()), dev);
-        EXPECT_EQ(status, expected)
-            << describe_status(status, emulated.plan().detail[0], emulated.plan().detail[1]);
-      };
+  auto refused = [&](const std::vector<std::byte>& payload, uint32_t expected,
+                     const std::string& what, const std::string& cpu_says) {
+    SCOPED_TRACE(what);
+    ShardDecoder cpu(config, n, id);
+    EmulatedDecoder emulated(config, n, id);
+    try {
+      cpu.decode(payload, out);
+      ADD_FAILURE() << "the CPU decoder accepted it";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(cpu_says), std::string::npos) << e.what();
+    }
+    const uint32_t status = emulated.decode(bytes_of(payload, payload.size()), dev);
+    EXPECT_EQ(status, expected) << describe_status(status, emulated.plan().detail[0],
+                                                   emulated.plan().detail[1]);
+  };
   auto key_frame = [&](const std::vector<std::byte>& values) {
     ShardEncoder encoder(config, n, id);
     std::vector<std::byte> payload(encoder.max_payload_bytes());
@@ -763,7 +762,8 @@ TEST(DeviceDecoder, NonCanonicalEncodingsOfAContentAreRefusedAsOnTheCpu) {
   ASSERT_EQ(section_of(constant_frame), stream_of(1, 127, {}));
   refused(
       with_section(constant_frame, stream_of(0, 7, packed_body(std::vector<uint8_t>(n, 127), 7))),
-      kStreamMalformed, "packed stream of one distinct symbol", "packed stream of one distinct symbol");
+      kStreamMalformed, "packed stream of one distinct symbol",
+      "packed stream of one distinct symbol");
   std::vector<uint8_t> one_symbol = {127, 127, 0x80, 0x20};  // 4096 as a varint
   for (unsigned k = 0; k < 16; ++k)
     one_symbol.insert(one_symbol.end(), {0x00, 0x80, 0x00, 0x00});  // 2^15

@@ -92,9 +92,10 @@ Request parse(const Options& o, const std::string& command) {
   r.command = command;
   r.dtype = o.collective == "alltoall" ? DType::kBF16 : gradient_dtype(o.dtype);
   // The library's parser also takes raw, which is the baseline this benchmark runs anyway.
-  require(o.coding == "exponent" || o.coding == "auto",
-          "--coding must be exponent or auto (raw is the baseline this benchmark runs anyway), got '" +
-              o.coding + "'");
+  require(
+      o.coding == "exponent" || o.coding == "auto",
+      "--coding must be exponent or auto (raw is the baseline this benchmark runs anyway), got '" +
+          o.coding + "'");
   r.coding = parse_collective_coding(o.coding);
   require(o.ranks >= 2, "--ranks must be at least 2 (one rank has nobody to send to)");
   require(o.slice_values >= 1, "--slice-values must be at least 1");

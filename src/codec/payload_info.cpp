@@ -90,10 +90,10 @@ void decode_stateless(const CodecConfig& config, std::span<const std::byte> payl
       const wire::Header h = wire::read_leading_header(
           reinterpret_cast<const uint8_t*>(payload.data()), payload.size());
       if (h.dtype == config.dtype && h.num_values != values) {  // another dtype: the decoder says
-        throw std::invalid_argument(
-            "decode_stateless: the output holds " + std::to_string(values) + " " +
-            std::string(dtype_name(config.dtype)) + " values, but the payload holds " +
-            std::to_string(h.num_values));
+        throw std::invalid_argument("decode_stateless: the output holds " + std::to_string(values) +
+                                    " " + std::string(dtype_name(config.dtype)) +
+                                    " values, but the payload holds " +
+                                    std::to_string(h.num_values));
       }
     } catch (const FormatError&) {
     }

@@ -16,8 +16,10 @@ constexpr uint32_t kRecordMagic = 0x31434C43;  // "CLC1", little-endian
 // carry checksums (a record damaged in transit steered the receiver's reading of the data).
 constexpr uint8_t kVersion = 5;
 constexpr size_t kHeaderBytes = 48;
-constexpr size_t kRecordChecksumAt = 40;  // u64: XXH3-64 of the record, this field 0
-constexpr size_t kVerdictChecksumAt = 4;  // u32: low 32 bits of XXH3-64 of the verdict, this field 0
+// Checksum fields: a record's u64 XXH3-64, a verdict's u32 low half, each over the whole with the
+// field itself 0.
+constexpr size_t kRecordChecksumAt = 40;
+constexpr size_t kVerdictChecksumAt = 4;
 constexpr size_t kPeerBytes = 24;
 constexpr size_t kVerdictMessageBytes = 240;
 
@@ -115,7 +117,8 @@ void write_call_record(const CallRecord& r, std::span<std::byte> out) {
   }
   store_le64(at(out, kRecordChecksumAt), 0);
   store_le64(at(out, kRecordChecksumAt),
-             sealed_checksum({out.data(), call_record_bytes(static_cast<int>(world))}, kRecordChecksumAt, 8));
+             sealed_checksum({out.data(), call_record_bytes(static_cast<int>(world))},
+                             kRecordChecksumAt, 8));
 }
 
 CallRecord read_call_record(std::span<const std::byte> in, int world, int from) {
@@ -244,8 +247,9 @@ void write_verdict(const Verdict& v, std::span<std::byte> out) {
   *at(out, 0) = v.ok ? 1 : 0;
   std::memcpy(at(out, 8), &v.seconds, sizeof v.seconds);
   std::memcpy(at(out, 16), v.message.data(), std::min(v.message.size(), kVerdictMessageBytes - 1));
-  store_le32(at(out, kVerdictChecksumAt),
-             static_cast<uint32_t>(sealed_checksum({out.data(), verdict_bytes()}, kVerdictChecksumAt, 4)));
+  store_le32(
+      at(out, kVerdictChecksumAt),
+      static_cast<uint32_t>(sealed_checksum({out.data(), verdict_bytes()}, kVerdictChecksumAt, 4)));
 }
 
 Verdict read_verdict(std::span<const std::byte> in, int from) {
