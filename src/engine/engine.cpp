@@ -360,19 +360,10 @@ void CompressedAllgather::reset_caches() {
     }
   }
   for (BucketState& s : impl_->buckets) {
+    // Kept from an earlier reset otherwise. A gather that failed since may have moved them on:
+    // the bucket is cold, so its next gather resynchronises every codec (resynchronise()).
     if (!s.reset_since_gather) {
       for (size_t k = 0; k < s.layout.params(); ++k) impl_->make_codecs(s, k);
-    } else {
-      // Kept from the earlier reset. A gather that failed since may have moved them on; the next
-      // gather is a key-frame round anyway (the bucket is cold), which these expect as new ones.
-      for (auto& e : s.encoders) {
-        if (e) e->request_key_frame();
-      }
-      for (auto& peer : s.decoders) {
-        for (auto& d : peer) {
-          if (d) d->request_resync();
-        }
-      }
     }
     s.reset_since_gather = true;
     s.cold = true;
