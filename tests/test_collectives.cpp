@@ -26,6 +26,7 @@
 #include "common/floats.hpp"
 #include "common/thread_pool.hpp"
 #include "rank_threads.hpp"
+#include "record_flipping_transport.hpp"
 #include "test_util.hpp"
 
 namespace ciera {
@@ -716,42 +717,6 @@ TEST(CollectiveFailures, TheVerdictNamesTheEarliestCorruptedRound) {
   }
 }
 
-// Flips bit `bit` of byte `at` of rank 0's part of what a fixed-size allgather of `bytes` per
-// rank delivers to this rank, at the first such call: a call record or a verdict damaged in
-// transit.
-class RecordFlippingTransport final : public Transport {
- public:
-  RecordFlippingTransport(std::shared_ptr<Transport> inner, size_t bytes, size_t at, std::byte bit)
-      : inner_(std::move(inner)), bytes_(bytes), at_(at), bit_(bit) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string_view name() const override { return "record-flipping"; }
-  void allgather(const void* in, size_t bytes, void* out) override {
-    inner_->allgather(in, bytes, out);
-    if (bytes == bytes_ && !done_) {
-      static_cast<std::byte*>(out)[at_] ^= bit_;
-      done_ = true;
-    }
-  }
-  void allgatherv(const void* in, void* out, std::span<const uint64_t> c,
-                  std::span<const uint64_t> d) override {
-    inner_->allgatherv(in, out, c, d);
-  }
-  void alltoallv(const void* in, std::span<const uint64_t> sc, std::span<const uint64_t> sd,
-                 void* out, std::span<const uint64_t> rc, std::span<const uint64_t> rd) override {
-    inner_->alltoallv(in, sc, sd, out, rc, rd);
-  }
-  void barrier() override { inner_->barrier(); }
-  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
-
- private:
-  std::shared_ptr<Transport> inner_;
-  size_t bytes_, at_;
-  std::byte bit_;
-  bool done_ = false;
-};
-
 // A call record or verdict the transport damaged on its way to rank 1 is an error there naming
 // the sender, never a reading. (An audit damaged rank 0's byte count of its slice for rank 1
 // into the slice's raw size: rank 1 read coded bytes as values and returned them with no error
@@ -783,7 +748,8 @@ TEST(CollectiveFailures, ADamagedCallRecordOrVerdictIsAnErrorNeverAReading) {
         std::chrono::seconds(2),
         [&](std::shared_ptr<Transport> inner, int rank) -> std::shared_ptr<Transport> {
           if (rank != 1) return inner;
-          return std::make_shared<RecordFlippingTransport>(std::move(inner), d.bytes, d.at, d.bit);
+          return std::make_shared<testing::RecordFlippingTransport>(std::move(inner), d.bytes, 0,
+                                                                    d.at, d.bit);
         });
     EXPECT_NE(errors[1].find(std::string("the ") + d.what + " from rank 0 arrived damaged"),
               std::string::npos)

@@ -24,6 +24,7 @@
 #include "engine_backend_suite.hpp"
 #include "engine_wire_bound.hpp"
 #include "rank_threads.hpp"
+#include "record_flipping_transport.hpp"
 #include "test_util.hpp"
 
 namespace ciera {
@@ -537,37 +538,6 @@ TEST(Engine, CorruptedPayloadIsCaughtAndResent) {
   testing::expect_no_errors(errors);
 }
 
-// Flips one bit of what a fixed-size allgather of `bytes` per rank delivered to this rank, at the
-// `nth` such call (0-based): a control record or a verdict damaged in transit.
-class RecordCorruptingTransport final : public Transport {
- public:
-  RecordCorruptingTransport(std::unique_ptr<Transport> inner, size_t bytes, int nth, size_t at,
-                            std::byte bit)
-      : inner_(std::move(inner)), bytes_(bytes), nth_(nth), at_(at), bit_(bit) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string_view name() const override { return "record-corrupting"; }
-  void allgather(const void* in, size_t bytes, void* out) override {
-    inner_->allgather(in, bytes, out);
-    if (bytes == bytes_ && calls_++ == nth_) static_cast<std::byte*>(out)[at_] ^= bit_;
-  }
-  void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
-                  std::span<const uint64_t> displs) override {
-    inner_->allgatherv(in, out, counts, displs);
-  }
-  void barrier() override { inner_->barrier(); }
-  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
-
- private:
-  std::unique_ptr<Transport> inner_;
-  size_t bytes_;
-  int nth_;
-  size_t at_;
-  std::byte bit_;
-  int calls_ = 0;
-};
-
 // A control record or verdict the transport damaged on its way to one rank is an error on that
 // rank naming the sender (and, that rank gone, on the others at the timeout), never a decision:
 // rank 0's record with the raw flag set, as rank 1 saw it, once made rank 1 take the peers'
@@ -606,8 +576,8 @@ TEST(Engine, ADamagedControlRecordOrVerdictIsAnErrorNeverADecision) {
           auto inner = make_loopback_transport(std::move(w), r);
           if (r != 1) return inner;
           const std::byte bit = c.record_bytes == 1040 ? std::byte{0x08} : std::byte{0x01};
-          return std::make_unique<RecordCorruptingTransport>(std::move(inner), c.record_bytes, 2,
-                                                             c.at, bit);
+          return std::make_unique<testing::RecordFlippingTransport>(std::move(inner),
+                                                                    c.record_bytes, 2, c.at, bit);
         });
     EXPECT_NE(errors[1].find(std::string("the ") + c.what + " from rank 0 arrived damaged"),
               std::string::npos)
