@@ -252,3 +252,37 @@ def test_evaluation_passes_are_not_counted_by_the_selector():
     evaluating = all_ok(spawn(w.selector_counts_with_evaluation_passes, 2, True))
     assert plain == evaluating, (plain, evaluating)
     assert plain[0]["step"] == 3 and plain[0]["gathers"], plain
+
+
+def test_a_reselection_applies_the_changes_that_free_cache_first(monkeypatch):
+    """A selection that drops one shard and picks another of the same size fits the budget only if
+    the dropped shard's cache goes first: the engine must see the changes in that order, whatever
+    order the selector listed them in, and never a call for a shard whose policy stays."""
+    from types import SimpleNamespace
+
+    import ciera.fsdp.selection as selection
+    from ciera import _ext
+
+    calls = []
+    engine = SimpleNamespace(set_policy=lambda bucket, param, policy: calls.append((param, policy)))
+    ciera, raw = _ext.ShardPolicy.ciera, _ext.ShardPolicy.raw
+    shard = lambda param, policy, memory: SimpleNamespace(group=0, bucket=0, param=param, policy=policy,
+                                                          chosen_memory_bytes=memory)
+    # Listed taking first: param 2 becomes coded (takes 100), param 0 goes raw (frees 100),
+    # param 1 stays coded, param 3 grows from 40 to 60.
+    chosen = SimpleNamespace(shards=[shard(2, ciera, 100), shard(3, _ext.ShardPolicy.delta, 60),
+                                     shard(1, ciera, 100), shard(0, raw, 0)])
+    monkeypatch.setattr(selection, "_ext", SimpleNamespace(
+        SelectorOptions=SimpleNamespace, ShardPolicy=_ext.ShardPolicy,
+        select_shards=lambda candidates, models, options: chosen))
+    s = object.__new__(selection.Selector)
+    s.kinds = [([], engine, set())]
+    s.models, s.trackers = [], []
+    s.budget_bytes, s.overlap, s.codec, s.allow_delta, s.reselect_every = 260, True, None, True, 2
+    s.policies = {(0, 0, 0): ciera, (0, 0, 1): ciera, (0, 0, 2): raw, (0, 0, 3): ciera}
+    s.memory = {(0, 0, 0): 100, (0, 0, 1): 100, (0, 0, 3): 40}
+    monkeypatch.setattr(s, "candidates", lambda merged, regathers: [], raising=False)
+    assert s.choose([], regathers={}) is chosen
+    assert calls == [(0, raw), (3, _ext.ShardPolicy.delta), (2, ciera)], calls
+    assert s.memory == {(0, 0, 0): 0, (0, 0, 1): 100, (0, 0, 2): 100, (0, 0, 3): 60}
+    assert sum(s.memory.values()) <= s.budget_bytes
