@@ -240,6 +240,75 @@ TEST(EngineBackend, APolicySwitchNeverHoldsTheOldAndNewCodecsAtOnce) {
   EXPECT_EQ(backend->encoders.live.load(), 0);
 }
 
+// A backend that cannot make codecs once `fail` is set (as when device memory runs out).
+class FailingBackend final : public CodecBackend {
+ public:
+  std::string_view name() const override { return "failing"; }
+  const MemoryOps& memory() const override { return host_memory_ops(); }
+  bool host_memory() const override { return true; }
+  std::unique_ptr<PayloadEncoder> make_encoder(const CodecConfig& c, uint64_t n,
+                                               StreamIdentity id) const override {
+    if (fail) throw std::bad_alloc();
+    return host_codec_backend()->make_encoder(c, n, id);
+  }
+  std::unique_ptr<PayloadDecoder> make_decoder(const CodecConfig& c, uint64_t n,
+                                               StreamIdentity id) const override {
+    if (fail) throw std::bad_alloc();
+    return host_codec_backend()->make_decoder(c, n, id);
+  }
+  std::unique_ptr<InputFence> fence(uintptr_t) const override { return nullptr; }
+  std::atomic<bool> fail{false};
+};
+
+// A policy switch whose new codecs cannot be made throws on that rank, which keeps the parameter
+// raw: the bucket's next gather then fails on every rank (the peers switched), naming the
+// policies, instead of going on with ranks that disagree; switching every rank to raw recovers.
+TEST(EngineBackend, APolicySwitchThatCannotMakeItsCodecsFailsTheNextGatherOnEveryRank) {
+  const int world = 2;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {3000, 500}, world);
+  std::vector<std::string> thrown(world);
+  auto errors = testing::run_backend_ranks(
+      world, [](int) { return std::make_shared<FailingBackend>(); },
+      [&](int rank, Transport& t, auto base) {
+        auto backend = std::const_pointer_cast<CodecBackend>(base);
+        auto& failing = static_cast<FailingBackend&>(*backend);
+        testing::Trajectory data(DType::kBF16, layout.total_bytes() / 2, testing::Pattern::kSparse,
+                                 5);
+        std::vector<std::byte> out(layout.total_bytes());
+        EngineConfig config;
+        config.warmup_steps = 0;
+        CompressedAllgather engine(t, config, {layout}, backend);
+        const auto mine = [&] {
+          return data.span().subspan(layout.rank_offset(rank), layout.rank_bytes(rank));
+        };
+        data.step();
+        engine.run(0, mine(), out);
+        failing.fail = rank == 0;
+        try {
+          engine.set_policy(0, 0, ShardPolicy::kDelta);
+        } catch (const std::bad_alloc&) {
+          thrown[rank] = "bad_alloc";
+        }
+        failing.fail = false;
+        EXPECT_EQ(engine.bucket(0).policy[0], rank == 0 ? ShardPolicy::kRaw : ShardPolicy::kDelta);
+        data.step();
+        try {
+          engine.run(0, mine(), out);
+          ADD_FAILURE() << "rank " << rank << ": a gather with unlike policies went on";
+        } catch (const ConfigError& e) {
+          EXPECT_NE(std::string(e.what()).find("polic"), std::string::npos) << e.what();
+        }
+        engine.set_policy(0, 0, ShardPolicy::kRaw);
+        for (int step = 0; step < 3; ++step) {
+          data.step();
+          engine.run(0, mine(), out);
+          ASSERT_TRUE(std::equal(out.begin(), out.end(), data.values().begin())) << "step " << step;
+        }
+      });
+  testing::expect_no_errors(errors);
+  EXPECT_EQ(thrown, (std::vector<std::string>{"bad_alloc", ""}));
+}
+
 // A gather started on a stream whose work is not done yet reads its input only once it is:
 // here the input is written after start(), before the stream is released, in a raw warmup
 // gather (straight from input to output) and in compressed ones.
