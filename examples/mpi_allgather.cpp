@@ -25,7 +25,7 @@ uint16_t bf16_bits(float value) {
 
 // Gathers `steps` times and counts the gathers whose output differs from MPI_Allgatherv's.
 int differing_gathers(ciera::CompressedAllgather& engine, int steps, ciera::GatherStats& last) {
-  const ciera::BucketLayout& layout = engine.bucket(0);
+  const ciera::BucketLayout layout = engine.bucket(0);
   const int rank = engine.rank(), world = engine.world_size();
   std::vector<int> counts(world), displs(world);
   for (int r = 0; r < world; ++r) {

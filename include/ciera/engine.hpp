@@ -167,8 +167,10 @@ class CompressedAllgather {
   // ShardPolicy value, or the bucket has a gather in flight.
   void set_policy(size_t bucket, size_t param, ShardPolicy policy);
 
+  // A copy of the bucket's layout, its policies as set_policy() left them (taken under the lock
+  // set_policy() writes them under, so another thread's switch is seen whole or not at all).
   // Throws std::invalid_argument if `index` does not exist.
-  const BucketLayout& bucket(size_t index) const;
+  BucketLayout bucket(size_t index) const;
   size_t bucket_count() const;
   int rank() const;
   int world_size() const;

@@ -406,7 +406,8 @@ void CompressedAllgather::set_policy(size_t bucket, size_t param, ShardPolicy po
   impl_->size_buffers(s);
 }
 
-const BucketLayout& CompressedAllgather::bucket(size_t index) const {
+BucketLayout CompressedAllgather::bucket(size_t index) const {
+  std::lock_guard lock(impl_->mutex);
   check_bucket("bucket", index, impl_->buckets.size());
   return impl_->buckets[index].layout;
 }
