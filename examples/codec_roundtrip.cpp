@@ -1,6 +1,7 @@
 // The shard codec on its own (README, "Using the library"): one sender's BF16 shard over 40
 // training-like steps, encoded and decoded, each step checked bit for bit. Prints the wire bits
-// per value of the last key frame and of the last step; exits 1 if any step was not exact.
+// per value of the last key frame and of the last step; exits 1 if any step was not exact or the
+// codec failed.
 #include <ciera/ciera.hpp>
 
 #include <bit>
@@ -19,9 +20,9 @@ uint16_t bf16_bits(float value) {
   return static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
 }
 
-}  // namespace
-
-int main() {
+// Returns 0 if every step was exact, 1 if one was not; throws ciera::Error (FormatError for a
+// payload the decoder refuses) if the codec fails.
+int roundtrip() {
   constexpr uint64_t shard_values = 1 << 16;
   constexpr int steps = 40;
   std::mt19937 random(7);
@@ -56,4 +57,15 @@ int main() {
       "key frame, %.2f in the last step (raw: 16)\n",
       steps, static_cast<unsigned long long>(shard_values), key_bits, last_bits);
   return 0;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    return roundtrip();
+  } catch (const ciera::Error& e) {
+    std::fprintf(stderr, "codec_roundtrip: %s\n", e.what());
+    return 1;
+  }
 }

@@ -1,5 +1,5 @@
 // The shard codec: exponent reuse (paper §3.1, Algorithm 1) and, beyond the paper, value-delta
-// streams (CodecConfig::stream). Wire format: docs/format.md.
+// streams (CodecConfig::stream_kind). Wire format: docs/format.md.
 //
 // One ShardEncoder per local shard on the sender, one ShardDecoder per peer shard on the
 // receiver. The decoder owns the exponent cache that lets the encoder omit unchanged exponents.

@@ -104,7 +104,7 @@ struct CodecConfig {
   uint32_t warmup_steps = 30;
   ChangeDetection detection = ChangeDetection::kExact;
   ExponentCoding coding = ExponentCoding::kAuto;
-  // XXH3-64 of the reconstructed shard in every payload. A decoder with `checksum` on rejects
+  // XXH3-64 of the reconstructed shard in every payload. A decoder with `content_checksum` on rejects
   // payloads that carry none; one with it off still verifies a checksum that is present.
   bool content_checksum = true;
   // Test hook for the reliability suite: keep only this many bits of each block hash (1..128) to

@@ -30,7 +30,8 @@ void bind_config(py::module_& m) {
       .value("sdp4bit", ShardPolicy::kSdp4bit)
       .value("stateless", ShardPolicy::kStateless);
   m.def("parse_shard_policy", [](std::string_view name) { return parse_shard_policy(name); },
-        "The policy named as `ciera train --codec` names it (raw, ciera, delta, zeropp-int8, sdp4bit, stateless).");
+        "The policy of one name: raw, ciera, delta, zeropp-int8, sdp4bit or stateless (`ciera train --codec` "
+        "names schemes, not policies: it also takes auto and zipnn, and has no raw).");
   m.def("shard_policy_name", [](ShardPolicy p) { return std::string(shard_policy_name(p)); });
   m.def("lossy_policy", &lossy_policy, "Whether gathers of this policy may differ from the input.");
   py::enum_<StreamKind>(m, "StreamKind")

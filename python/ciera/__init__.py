@@ -95,4 +95,5 @@ __all__ = [
     "ShardChoice", "ShardDecoder", "ShardEncoder", "ShardPolicy", "ShardType", "WarmupMode", "classify_parameter",
     "decode_stateless", "encode_stateless", "loopback_transport", "loopback_world", "max_payload_bytes",
     "measure_codec", "measure_cost_model", "python_transport", "select_shards", "cmake_prefix_path",
+    "format_version", "new_stream_epoch", "with_mpi",
 ]

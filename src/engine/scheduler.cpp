@@ -349,6 +349,8 @@ void CompressedAllgather::Impl::fail_round(std::vector<std::shared_ptr<Gather>>&
     try {
       g->encoding.wait();
     } catch (...) {
+      // The round has already failed with `error`; an encoding that also failed (it was the
+      // cause, or saw the same broken state) adds nothing the gathers' callers could act on.
     }
     {
       std::lock_guard lock(mutex);
