@@ -56,6 +56,20 @@ def test_one_budget_covers_every_groups_engine(allow_delta):
     assert sum(results[0]["chosen_by_group"]) > 0
 
 
+def test_groups_of_one_kind_that_measure_unlike_still_select_alike():
+    """The selector's cost models measured at enable(): the two nodes' 2-rank groups measure links
+    a thousand times apart, but one selection sets every kind's policies, the world group's too;
+    every rank must price alike (each kind as its slowest group) or the world engine's next
+    gather fails on policies that differ between the nodes."""
+    budget = 60_000
+    results = all_ok(spawn(w.hierarchical_vs_plain, 4, "partial", budget, False, True))
+    for r in results:
+        check_exact(r)
+        assert r["peak_cache_bytes"] <= budget
+    assert len({tuple(r["chosen_by_group"]) for r in results}) == 1
+    assert sum(results[0]["chosen_by_group"]) > 0
+
+
 def test_a_failure_in_one_nodes_group_is_an_error_on_every_rank():
     messages = all_ok(spawn(w.engine_failure_in_one_group, 4))
     for m in messages:

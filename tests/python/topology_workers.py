@@ -31,9 +31,21 @@ def build(spec, world, layout, seed=0):
     return model
 
 
-def hierarchical_vs_plain(rank, world, layout, budget=None, allow_delta=False):
+def hierarchical_vs_plain(rank, world, layout, budget=None, allow_delta=False, measured_unlike=False):
     """Trains the same model plainly and through CIERA on `layout`; compares them bit for bit and
-    says which groups CIERA gathered on, how often, and what they sent."""
+    says which groups CIERA gathered on, how often, and what they sent. With `measured_unlike` the
+    selector's cost models are measured at enable(), and the second node's 2-rank group comes out
+    a thousand times faster than the first's (as two nodes' links may measure)."""
+    if measured_unlike:
+        measure = ciera._ext.measure_cost_model
+
+        def unlike(native, *args, **kwargs):
+            measure(native, *args, **kwargs)   # the real measurement, a collective, then a stand-in
+            model = slow_link_model(native.size)
+            if native.size == 2 and rank >= 2:
+                model.allgather = ciera._ext.CommCurve.fit([(0.0, 1e-7), (1e10, 1.0000001)])
+            return model
+        ciera._ext.measure_cost_model = unlike
     corpus = data.load_corpus(1 << 20)
     spec = tiny_spec("olmoe")
     plain = build(spec, world, layout)
@@ -45,7 +57,7 @@ def hierarchical_vs_plain(rank, world, layout, budget=None, allow_delta=False):
     config.warmup_steps = 0 if budget is not None else 2
     options = {}
     if budget is not None:
-        models = {world: slow_link_model(world), 2: slow_link_model(2)}
+        models = None if measured_unlike else {world: slow_link_model(world), 2: slow_link_model(2)}
         options = dict(cache_budget_bytes=budget, select_after_steps=3, cost_model=models, allow_delta=allow_delta)
     handle = ct.enable(model, config, verify=True, **options)
     groups = [{"kind": g.kind, "ranks": list(g.ranks), "partition": [list(p) for p in g.partition],

@@ -166,6 +166,41 @@ def _cost_model(given, native, group, config):
     return given_cost_model(given, group.size, group.ranks)
 
 
+def _agree_cost_models(models: list, groups, process_group) -> list:
+    """The measured cost models, one per kind of group, made the same on every rank of the world.
+    measure_cost_model() agrees its numbers inside one group, so the groups of one kind (a node
+    each, say) can measure differently; but the selection is one, under one budget, and it sets
+    the policies of every kind's engine, the world group's too: ranks that priced with other
+    numbers would choose unlike and fail that engine's next gather. Each kind is priced as its
+    slowest group, the rule measure_cost_model() applies to ranks: the most seconds at every probed
+    size (refitted) and the fewest bytes per second of each codec. Collective over
+    `process_group`."""
+    if all(len(g.partition) == 1 for g in groups):
+        return models   # one group per kind: agreed already
+    def plain(m):
+        speeds = [[(t.detect_bytes_per_s, t.encode_bytes_per_s, t.decode_bytes_per_s)
+                   for t in (m.throughput(d), m.delta_throughput(d))] for d in DTYPES.values()]
+        return m.allgather.samples, speeds
+
+    everyone = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(everyone, [plain(m) for m in models], group=process_group)
+    agreed = []
+    for kind, model in enumerate(models):
+        curves = [_ext.CommCurve.fit(samples) for samples, _ in (rank[kind] for rank in everyone)]
+        sizes = sorted({size for samples, _ in (rank[kind] for rank in everyone) for size, _ in samples})
+        merged = _ext.CostModel()
+        merged.world_size = model.world_size
+        merged.allgather = _ext.CommCurve.fit([(size, max(c.seconds(size) for c in curves)) for size in sizes])
+        for i, dtype in enumerate(DTYPES.values()):
+            for j, setter in enumerate((merged.set_throughput, merged.set_delta_throughput)):
+                slowest = _ext.CodecThroughput()
+                slowest.detect_bytes_per_s, slowest.encode_bytes_per_s, slowest.decode_bytes_per_s = (
+                    min(column) for column in zip(*(rank[kind][1][i][j] for rank in everyone)))
+                setter(dtype, slowest)
+        agreed.append(merged)
+    return agreed
+
+
 def _model_device(model: torch.nn.Module) -> torch.device:
     """The one device the model's parameters are on: CPU, or one CUDA device (whose index the
     engine codes on). ConfigError for anything else."""
@@ -340,6 +375,8 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
             _agree_across_groups(process_group, group, failure, groups)
         elif failure is not None:
             raise failure
+    if selecting and cost_model is None:
+        models = _agree_cost_models(models, groups, process_group)
     runtime = Runtime(groups[0].engine, [b for _, b in described], [m for m, _ in described], verify,
                       overlap=overlap, groups=groups)
     for module, bucket in described:

@@ -40,8 +40,8 @@ class Selector:
     def __init__(self, runtime, cost_model, budget_bytes: int, select_after: int,
                  reselect_every: int, overlap: bool, codec, group=None, allow_delta: bool = False):
         """`cost_model`: one CostModel for runtime.engine's gathers, or with runtime.groups (FSDP2
-        gathering on several groups) one per group, in their order: each group's shards are priced
-        on its own link, and all of them share the budget."""
+        gathering on several groups) one per group, in their order, the same on every rank: each
+        group's shards are priced on its own link, and all of them share the budget."""
         self.runtime = runtime
         self.models = list(cost_model) if isinstance(cost_model, (list, tuple)) else [cost_model]
         groups = runtime.groups or [None]
