@@ -20,25 +20,51 @@ reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.red
 _SAME_TYPE = {"ValueError": ValueError, "TypeError": TypeError, "ImportError": ImportError}
 
 
-def _gather_failures(failure: BaseException | None, same: dict | None, group) -> list:
-    """Every rank's (failure as (type name, text) or None, `same`), in group rank order."""
+def _gather_failures(failure: BaseException | None, same: dict | None, group, parameters=None) -> list:
+    """Every rank's (failure as (type name, text) or None, `same`, `parameters`), in group rank
+    order."""
     everyone = [None] * dist.get_world_size(group)
-    mine = (None if failure is None else (type(failure).__name__, str(failure)), same or {})
+    mine = (None if failure is None else (type(failure).__name__, str(failure)), same or {}, parameters)
     dist.all_gather_object(everyone, mine, group=group)
     return everyone
 
 
-def checked_on_every_rank(what: str, step, group=None, same: dict | None = None):
+def parameter_shapes(model) -> list:
+    """The model's parameters as every rank of a sharded training must have them alike: (name,
+    global shape, dtype) in order."""
+    return [(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in model.named_parameters()]
+
+
+def _first_parameter_difference(everyone: list, ranks) -> str | None:
+    """Where the ranks' parameter_shapes() (`everyone`, of world ranks `ranks`) first differ from
+    the first rank's, in words; None if nowhere."""
+    first, base = everyone[0], ranks[0]
+    for rank, other in zip(ranks[1:], everyone[1:]):
+        if other == first:
+            continue
+        for i, (mine, theirs) in enumerate(zip(first, other)):
+            if mine[0] != theirs[0]:
+                return f"parameter {i} is '{mine[0]}' on rank {base}, '{theirs[0]}' on rank {rank}"
+            if mine != theirs:
+                return (f"parameter '{mine[0]}' is {list(mine[1])} {mine[2]} on rank {base}, "
+                        f"{list(theirs[1])} {theirs[2]} on rank {rank}")
+        return f"rank {base} has {len(first)} parameters, rank {rank} has {len(other)}"
+    return None
+
+
+def checked_on_every_rank(what: str, step, group=None, same: dict | None = None, parameters=None):
     """`step()`: this rank's local checks and preparation before a collective set-up (no
-    collective in it), then agree_before_set_up(what, whatever it raised, group, same). Returns
-    what `step` returned, where it succeeded on every rank and `same` agrees; else raises the
-    same error on every rank. Collective: one all_gather_object."""
-    failure = result = None
+    collective in it), then agree_before_set_up(what, whatever it raised, group, same, and
+    `parameters()`'s parameter_shapes() if given). Returns what `step` returned, where it
+    succeeded on every rank and `same` and the parameters agree; else raises the same error on
+    every rank. Collective: one all_gather_object."""
+    failure = result = shapes = None
     try:
         result = step()
+        shapes = None if parameters is None else parameters()
     except Exception as e:  # noqa: BLE001 - raised on every rank by agree_before_set_up
         failure = e
-    agree_before_set_up(what, failure, group, same)
+    agree_before_set_up(what, failure, group, same, shapes)
     return result
 
 
@@ -46,20 +72,25 @@ def first_failure(failure: BaseException | None, group=None) -> tuple[int, str, 
     """Collective over `group` (default the world): whether any rank's local step failed
     (`failure`: its exception, or None). Returns (rank, type name, text) of the lowest rank that
     failed, the same on every rank, or None if none did."""
-    for rank, (failed, _) in enumerate(_gather_failures(failure, None, group)):
+    everyone = _gather_failures(failure, None, group)
+    world_rank = dist.get_process_group_ranks(group) if group is not None else range(len(everyone))
+    for rank, (failed, _, _) in zip(world_rank, everyone):
         if failed is not None:
             return (rank, *failed)
     return None
 
 
-def agree_before_set_up(what: str, failure: BaseException | None, group=None, same: dict | None = None) -> None:
+def agree_before_set_up(what: str, failure: BaseException | None, group=None, same: dict | None = None,
+                        parameters: list | None = None) -> None:
     """Before a collective set-up, a step that reads this rank's own arguments or state (checks,
     a user's callable; `failure`: what it raised, or None) and the settings every rank must share
     (`same`, name -> value; they must compare equal, not merely look alike). If the step failed on
     any rank: the lowest such rank's error on every rank of `group`, naming it (a ValueError,
     TypeError or ImportError keeps its type, anything else is a ConfigError; a text that starts
     with `what` does not repeat it). Else, if a setting differs: a ConfigError on every rank
-    naming the first that does and each rank's value. So no rank raises alone while the others
+    naming the first that does and each rank's value; else, if `parameters` (parameter_shapes(),
+    where the set-up needs the ranks' models alike) differ: a ConfigError on every rank naming the
+    first parameter that does. So no rank raises alone while the others
     wait in the next collective until its timeout, and no ranks go on to make different calls.
     Collective: one all_gather_object; none without a default process group, where `failure`
     (if any) is raised as it is and there is no one to agree with."""
@@ -72,8 +103,10 @@ def agree_before_set_up(what: str, failure: BaseException | None, group=None, sa
         # and does nothing: this rank would go on as if every rank had agreed.
         raise _ext.ConfigError(f"{what}: rank {dist.get_rank()} is not in process_group; only its ranks may call it"
                                f" with that group")
-    everyone = _gather_failures(failure, same, group)
-    for rank, (failed, _) in enumerate(everyone):
+    everyone = _gather_failures(failure, same, group, parameters)
+    # Errors name world ranks, as every other message does, not ranks within `group`.
+    world_rank = dist.get_process_group_ranks(group) if group is not None else range(len(everyone))
+    for rank, (failed, _, _) in zip(world_rank, everyone):
         if failed is not None:
             kind, text = failed
             text = text.removeprefix(f"{what}: ")
@@ -82,14 +115,18 @@ def agree_before_set_up(what: str, failure: BaseException | None, group=None, sa
                 error, text = _ext.ConfigError, (text if kind in ("ConfigError", "Error") else f"{kind}: {text}")
             raise error(f"{what}: on rank {rank}: {text}")
     for name in same or {}:
-        values = [settings.get(name) for _, settings in everyone]
+        values = [settings.get(name) for _, settings, _ in everyone]
         if any(v != values[0] for v in values[1:]):
             ranks: dict[str, list[int]] = {}
-            for rank, value in enumerate(values):
+            for rank, value in zip(world_rank, values):
                 ranks.setdefault(repr(value), []).append(rank)
             held = "; ".join(f"{value} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}"
                              for value, r in ranks.items())
             raise _ext.ConfigError(f"{what}: the ranks differ in {name}: {held}")
+    if parameters is not None:
+        difference = _first_parameter_difference([shapes for _, _, shapes in everyone], world_rank)
+        if difference is not None:
+            raise _ext.ConfigError(f"{what}: the ranks' models differ: {difference}")
 
 
 def refused_on_every_rank(check, refuse) -> None:

@@ -228,6 +228,31 @@ def one_rank_differs(rank, world):
     ]
 
 
+def models_or_cost_models_that_differ(rank, world):
+    """On the last rank only: a model whose one weight is transposed (as many values, so each
+    rank's shard sizes agree), one whose parameter is named otherwise, and a cost model of the
+    right size with other numbers. What each enable() raised on this rank, in that order."""
+    from torch.distributed.fsdp import fully_shard
+
+    last = rank == world - 1
+
+    def linear(shape, name="0"):
+        model = torch.nn.Sequential()
+        model.add_module(name, torch.nn.Linear(*shape, bias=False, dtype=torch.bfloat16))
+        fully_shard(model)
+        return model
+
+    other = slow_link_model(world)
+    if last:
+        other.allgather = ciera._ext.CommCurve.fit([(0.0, 1e-6), (1e7, 0.5)])
+    return [
+        error_of(lambda: ct.enable(linear((8, 4) if last else (4, 8)), ciera.EngineConfig())),
+        error_of(lambda: ct.enable(linear((4, 8), "b" if last else "a"), ciera.EngineConfig())),
+        error_of(lambda: ct.enable(linear((4, 8)), ciera.EngineConfig(), cache_budget_bytes=1 << 20,
+                                   cost_model=other)),
+    ]
+
+
 def enable_on_a_group_of_rank_0(rank, world):
     """enable() with a process group of rank 0 alone, called on every rank: what each raised."""
     import torch.distributed as dist

@@ -85,6 +85,19 @@ def test_options_that_differ_between_ranks_fail_every_rank_alike():
         assert errors == expected, (rank, errors)
 
 
+def test_models_or_cost_models_that_differ_between_ranks_fail_every_rank_alike():
+    """A transposed weight has the same shard sizes, so the engine's agreement cannot see it; each
+    rank would gather its peers' values into its own shape."""
+    for rank, errors in enumerate(all_ok(spawn(w.models_or_cost_models_that_differ, 3))):
+        assert errors[:2] == [
+            "ConfigError: enable(): the ranks' models differ: parameter '0.weight' is [8, 4] bfloat16 on rank 0, "
+            "[4, 8] bfloat16 on rank 2",
+            "ConfigError: enable(): the ranks' models differ: parameter 0 is 'a.weight' on rank 0, 'b.weight' on "
+            "rank 2"], (rank, errors)
+        assert errors[2].startswith("ConfigError: enable(): the ranks differ in cost_model: "), (rank, errors)
+        assert "on ranks 0, 1;" in errors[2] and errors[2].endswith("on rank 2"), (rank, errors)
+
+
 def test_enable_on_a_group_a_rank_is_not_in_says_so_on_that_rank():
     errors = all_ok(spawn(w.enable_on_a_group_of_rank_0, 2))
     assert errors[0] == "ConfigError: enable(): on rank 0: process_group has 1 ranks, the model is sharded over 2"

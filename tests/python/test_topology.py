@@ -78,6 +78,16 @@ def test_a_failure_in_one_nodes_group_is_an_error_on_every_rank():
     assert len(set(messages)) == 1
 
 
+def test_a_process_group_without_the_shard_group_is_refused_at_enable():
+    """Under HSDP the replicate group was accepted; its ranks then merged selection statistics
+    with ranks they share no engine with and chose unlike, failing after the warmup."""
+    for rank, m in enumerate(all_ok(spawn(w.replicate_group_is_refused, 4))):
+        # The lowest rank of this rank's replicate group ({0, 2} or {1, 3}) names its shard peer.
+        first = rank % 2
+        assert m.startswith(f"enable(): on rank {first}: FSDP2 gathers this rank's parameters on ranks [0, 1], "
+                            f"but [{1 - first}] is not in process_group (ranks [{first}, {first + 2}])"), (rank, m)
+
+
 def test_a_gather_on_an_unknown_group_is_refused():
     for m in all_ok(spawn(w.unknown_group_is_refused, 4)):
         assert "a group enable() did not find" in m

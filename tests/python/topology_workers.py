@@ -96,6 +96,18 @@ def engine_failure_in_one_group(rank, world):
     return "no error"
 
 
+def replicate_group_is_refused(rank, world):
+    """enable(process_group=<the HSDP mesh's replicate group>): the engines' peers (the shard
+    group) are outside it. What enable() raised on this rank."""
+    model = build(tiny_spec("olmoe"), world, "hsdp")
+    replicate, _ = dist.new_subgroups_by_enumeration([[r for r in range(world) if r % 2 == k] for k in range(2)])
+    try:
+        ct.enable(model, ciera.EngineConfig(), process_group=replicate)
+    except ciera.ConfigError as e:
+        return str(e)
+    return "no error"
+
+
 def unknown_group_is_refused(rank, world):
     """A gather on a group the model's meshes do not have is a ConfigError, not a wrong result."""
     spec = tiny_spec("olmoe")

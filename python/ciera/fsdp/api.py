@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank, first_failure
+from ciera._dist import checked_on_every_rank, first_failure, parameter_shapes
 from ciera.fsdp import lifecycle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
 from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
@@ -123,9 +123,23 @@ def shared_options(transport, verify, cache_budget_bytes, select_after_steps, re
     """enable()'s options every rank must share, beyond the engine configuration its engine agrees:
     ranks that differ in one would make different calls (another transport, verify's extra
     gathers, the selector's collectives at other steps, a cost model measured on some ranks)."""
+    given = (None if cost_model is None else {size: plain_cost_model(m) for size, m in sorted(cost_model.items())}
+             if isinstance(cost_model, dict) else plain_cost_model(cost_model))
     return {"transport": transport, "verify": bool(verify), "cache_budget_bytes": cache_budget_bytes,
             "select_after_steps": select_after_steps, "reselect_every": reselect_every, "overlap": bool(overlap),
-            "cost_model given": cost_model is not None, "allow_delta": bool(allow_delta)}
+            "cost_model": given, "allow_delta": bool(allow_delta)}
+
+
+def plain_cost_model(model) -> tuple | str:
+    """A CostModel as plain data, to compare and send between ranks: (world size, the allgather
+    curve's (bytes, seconds) samples, per dtype the (detect, encode, decode) bytes per second of
+    exponent reuse and of value-delta frames); for anything else its type (the argument checks
+    name it)."""
+    if not isinstance(model, _ext.CostModel):
+        return type(model).__name__
+    speeds = [[(t.detect_bytes_per_s, t.encode_bytes_per_s, t.decode_bytes_per_s)
+               for t in (model.throughput(d), model.delta_throughput(d))] for d in DTYPES.values()]
+    return model.world_size, model.allgather.samples, speeds
 
 
 def _agree_across_groups(process_group, group, failure, groups) -> None:
@@ -177,13 +191,8 @@ def _agree_cost_models(models: list, groups, process_group) -> list:
     `process_group`."""
     if all(len(g.partition) == 1 for g in groups):
         return models   # one group per kind: agreed already
-    def plain(m):
-        speeds = [[(t.detect_bytes_per_s, t.encode_bytes_per_s, t.decode_bytes_per_s)
-                   for t in (m.throughput(d), m.delta_throughput(d))] for d in DTYPES.values()]
-        return m.allgather.samples, speeds
-
     everyone = [None] * dist.get_world_size(process_group)
-    dist.all_gather_object(everyone, [plain(m) for m in models], group=process_group)
+    dist.all_gather_object(everyone, [plain_cost_model(m)[1:] for m in models], group=process_group)
     agreed = []
     for kind, model in enumerate(models):
         curves = [_ext.CommCurve.fit(samples) for samples, _ in (rank[kind] for rank in everyone)]
@@ -285,6 +294,17 @@ def _described(model, process_group, selecting: bool, cost_model):
         if dist.get_world_size(process_group) != groups[0].size:
             raise _ext.ConfigError(f"enable(): process_group has {dist.get_world_size(process_group)} ranks, the "
                                    f"model is sharded over {groups[0].size}")
+    members = set(dist.get_process_group_ranks(process_group) if process_group is not None
+                  else range(dist.get_world_size()))
+    for group in groups:
+        outside = sorted(set(group.ranks) - members)
+        if outside:
+            # The set-up agrees this rank's engines over process_group, and the selector merges its
+            # statistics there: an engine's peers outside it would set up and select on their own.
+            raise _ext.ConfigError(f"enable(): FSDP2 gathers this rank's parameters on ranks {list(group.ranks)}, "
+                                   f"but {outside} {'is' if len(outside) == 1 else 'are'} not in process_group "
+                                   f"(ranks {sorted(members)}); under HSDP pass the world or the shard group, "
+                                   "not the replicate group")
     return described, groups, device
 
 
@@ -295,8 +315,10 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
            forward_prefetch: bool = False) -> Handle:
     """Routes every FSDP2 parameter group's all-gather of `model` through CIERA.
 
-    Collective: every rank calls it with the same model structure and configuration (checked;
-    a difference raises ConfigError on every rank). The model's parameters are on the CPU or on
+    Collective: every rank calls it with the same model structure (parameter names, shapes and
+    dtypes) and configuration (checked; a difference raises ConfigError on every rank), on a
+    `process_group` (default the world) that holds every rank its gathers reach (under HSDP the
+    world or the shard group, not the replicate group). The model's parameters are on the CPU or on
     one CUDA device: then payloads live and are coded in that device's memory (CIERA built with
     CUDA). `transport` is "torch" (a dedicated group beside `process_group`, default the world:
     gloo for CPU models, NCCL for CUDA ones), "mpi" (CIERA's Open MPI transport, CPU only; the
@@ -350,7 +372,8 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     described, groups, device, layouts = checked_on_every_rank(
         "enable()", prepare, process_group,
         same=shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every, overlap,
-                            cost_model, allow_delta) | {"forward_prefetch": bool(forward_prefetch)})
+                            cost_model, allow_delta) | {"forward_prefetch": bool(forward_prefetch)},
+        parameters=lambda: parameter_shapes(model))
     config = config or _ext.EngineConfig()
     models = []
     for group, group_layouts in zip(groups, layouts):

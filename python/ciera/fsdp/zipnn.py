@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import all_gather_single, checked_on_every_rank, refused_on_every_rank
+from ciera._dist import all_gather_single, checked_on_every_rank, parameter_shapes, refused_on_every_rank
 from ciera.fsdp import lifecycle
 from ciera.fsdp.api import Handle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime, check_input
@@ -292,7 +292,8 @@ def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = F
     # On every rank at once (zipnn missing on one node, say), and with the same `verify`, which
     # adds a collective to every gather: one rank alone would leave the others waiting.
     try:
-        described = checked_on_every_rank("enable_zipnn()", checked, process_group, same={"verify": bool(verify)})
+        described = checked_on_every_rank("enable_zipnn()", checked, process_group, same={"verify": bool(verify)},
+                                          parameters=lambda: parameter_shapes(model))
     except ZipnnUnavailable:
         raise
     except ImportError as missing:   # a peer's ZipnnUnavailable, as every rank raises it
