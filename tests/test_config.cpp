@@ -2,6 +2,7 @@
 
 #include "ciera/config.hpp"
 #include "ciera/error.hpp"
+#include "common/text.hpp"
 
 #include <bit>
 
@@ -28,6 +29,27 @@ TEST(Config, InvalidFieldsAreNamed) {
   c = CodecConfig{};
   c.hash_bits = 0;
   EXPECT_THROW(c.validate(), ConfigError);
+}
+
+// Error texts cut to a record field or an excerpt end on a character boundary: a cut inside a
+// UTF-8 character made the binding raise UnicodeDecodeError in place of the error.
+TEST(Text, CutsNeverSplitAUtf8Character) {
+  const std::string text =
+      "ab\xC3\xA9"
+      "c\xE5\xB1\xA4";  // "abéc層": 2 + 2 + 1 + 3 bytes
+  EXPECT_EQ(utf8_prefix(text, 100), text);
+  EXPECT_EQ(utf8_prefix(text, 3), "ab");
+  EXPECT_EQ(utf8_prefix(text, 4), "ab\xC3\xA9");
+  EXPECT_EQ(utf8_prefix(text, 6),
+            "ab\xC3\xA9"
+            "c");
+  EXPECT_EQ(utf8_prefix(text, 7),
+            "ab\xC3\xA9"
+            "c");
+  EXPECT_EQ(utf8_prefix(text, 0), "");
+  EXPECT_EQ(shortened(text, 8), text);
+  EXPECT_EQ(shortened(text, 7), "ab\xC3\xA9...");
+  EXPECT_EQ(shortened(text, 6), "ab...");
 }
 
 TEST(Config, NamesParse) {

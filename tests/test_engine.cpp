@@ -191,6 +191,57 @@ TEST(Engine, MismatchedShardSizesAndDtypesAreNamed) {
     EXPECT_NE(errors[r].find("rejected on rank 1"), std::string::npos) << errors[r];
 }
 
+// Whether `text` is UTF-8 throughout (what the binding needs to make it a Python exception).
+bool is_utf8(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const size_t n = lead < 0x80         ? 1
+                     : (lead >> 5) == 6  ? 2
+                     : (lead >> 4) == 14 ? 3
+                     : (lead >> 3) == 30 ? 4
+                                         : 0;
+    if (n == 0 || i + n > text.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+// A refusal's reason is cut to its record field, and a long value in a configuration mismatch to
+// an excerpt: both on a character boundary (a cut inside one made the binding raise
+// UnicodeDecodeError on every rank instead of the error), and the excerpt where the values differ
+// (names that differed only past the 77th byte were shown as two identical prefixes).
+TEST(Engine, TextsCutForTheWireStayUtf8AndShowWhereLongValuesDiffer) {
+  const int world = 2;
+  const std::string reason = std::string(78, 'x') + "\xC3\xA9";  // 80 bytes; the field keeps 79
+  auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {1000}, world);
+    CompressedAllgather engine(t, EngineConfig{}, {layout});
+    std::vector<std::byte> in(layout.rank_bytes(rank)), out(layout.total_bytes());
+    if (rank == 1) engine.refuse(0, reason);
+    engine.run(0, in, out);
+  });
+  for (const std::string& e : errors) {
+    EXPECT_TRUE(is_utf8(e)) << e;
+    EXPECT_NE(e.find(": " + std::string(78, 'x')), std::string::npos) << e;
+  }
+  std::string layers;
+  for (int i = 0; i < 40; ++i) layers += "\xE5\xB1\xA4";  // 120 bytes of a 3-byte character
+  errors = run_ranks(world, [&](int rank, Transport& t) {
+    const std::string name = layers + (rank == 0 ? "attention" : "experts");
+    CompressedAllgather engine(t, EngineConfig{},
+                               {BucketLayout::fsdp_split(name, DType::kBF16, {1000}, world)});
+  });
+  for (const std::string& e : errors) {
+    EXPECT_TRUE(is_utf8(e)) << e;
+    EXPECT_NE(e.find("attention' on rank 0"), std::string::npos) << e;
+    EXPECT_NE(e.find("experts' on rank 1"), std::string::npos) << e;
+    EXPECT_EQ(e, errors[0]);
+  }
+}
+
 // A timeout <= 0 used to reach the transport, whose first wait then said that the peers "did
 // not arrive within -1 ms"; a layout past 2^64 bytes wrapped to a size of 0 that a raw gather
 // took, or died in an allocation. Both are now named in the agreement, on every rank.

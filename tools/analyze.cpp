@@ -440,11 +440,11 @@ int run(const Request& r) {
   const nlohmann::json j = analyze_json(r, result);
   if (!o.json_file.empty()) {
     std::ofstream out(o.json_file);
-    out << j.dump() << "\n";
+    out << json_text(j) << "\n";
     if (!out) throw ConfigError("cannot write " + o.json_file);
   }
   if (o.json) {
-    std::cout << j.dump() << std::endl;
+    std::cout << json_text(j) << std::endl;
   } else {
     print_report(r, result, std::cout);
   }

@@ -454,7 +454,7 @@ int run_child(const Request& r) {
   if (rank == 0) {
     const nlohmann::json j = allgather_json(r, result);
     if (r.options.json) {
-      std::cout << j.dump(2) << std::endl;
+      std::cout << json_text(j, 2) << std::endl;
     } else {
       print_report(r, j, std::cout);
     }

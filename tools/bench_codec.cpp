@@ -278,7 +278,7 @@ class CodecBench {
       const nlohmann::json header = {{"format", "ciera-bench-shards"}, {"version", 1},
                                      {"dtype", r.options.dtype}, {"values", r.values},
                                      {"value_bytes", r.value_bytes}};
-      shards_file_ << header.dump() << "\n";
+      shards_file_ << json_text(header) << "\n";
       check_shards_file();
     }
     if (r.compare_block) {
@@ -672,7 +672,7 @@ int run(const Request& r) {
   const BenchResult result = measure(r);
   const nlohmann::json j = bench_json(r, result);
   if (r.options.json) {
-    std::cout << j.dump(2) << std::endl;
+    std::cout << json_text(j, 2) << std::endl;
   } else {
     print_report(j, std::cout);
   }

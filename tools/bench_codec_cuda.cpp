@@ -56,7 +56,7 @@ int run_bench_codec_cuda(const DeviceBenchOptions& o) {
                             {"verified", r.verified},
                             {"failure", r.failure}};
   if (o.json) {
-    std::cout << j.dump(2) << std::endl;
+    std::cout << json_text(j, 2) << std::endl;
   } else {
     std::cout << r.gpu << ": " << r.values << " " << dtype_name(o.config.dtype) << " values, B = "
               << o.config.block_values << ", " << r.ciera.frames << " steady steps\n";

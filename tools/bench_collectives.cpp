@@ -484,7 +484,7 @@ int run_child(const Request& r) {
   if (rank == 0) {
     const nlohmann::json j = to_json(r, result);
     if (r.o.json) {
-      std::cout << j.dump(2) << std::endl;
+      std::cout << json_text(j, 2) << std::endl;
     } else {
       print_report(r, j, std::cout);
     }

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -56,5 +57,11 @@ std::string machine_description();
 inline constexpr const char* kCommandLineVariable = "CIERA_COMMAND_LINE";
 // The command line as typed, for reports (in a launched rank, its launcher's).
 std::string command_line(int argc, char** argv);
+// `j` as JSON text (`indent` as nlohmann's dump() takes it). Strings that are not UTF-8 (a path
+// or an argument in another encoding, from the command line) get U+FFFD for each bad byte rather
+// than failing the report after the work is done.
+inline std::string json_text(const nlohmann::json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 }  // namespace ciera::tools

@@ -409,7 +409,7 @@ ProjectionResult compute_projection(const ProjectionRequest& p) {
 void render_projection(const Request& request, const ProjectionResult& result,
                        std::ostream& out) {
   if (request.json) {
-    out << projection_json(request, result).dump() << std::endl;
+    out << json_text(projection_json(request, result)) << std::endl;
     return;
   }
   print_header(request, out);

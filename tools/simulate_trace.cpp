@@ -255,7 +255,7 @@ void render_trace(const Request& request, const TraceResult& result, std::ostrea
     nlohmann::json j = trace_json(result);
     j["command"] = request.command;
     j["kind"] = "trace";
-    out << j.dump() << std::endl;
+    out << json_text(j) << std::endl;
     return;
   }
   print_trace_setup(request, result, out);
@@ -272,7 +272,7 @@ void render_validation(const Request& request, const std::vector<TraceResult>& r
     j["traces"] = nlohmann::json::array();
     for (const TraceResult& r : results) j["traces"].push_back(trace_json(r));
     j["worst_abs_error"] = worst;
-    out << j.dump() << std::endl;
+    out << json_text(j) << std::endl;
     return;
   }
   out << "ciera simulate --validate: predicted iteration time against the traces' measurements\n"

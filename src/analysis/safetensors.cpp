@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "ciera/error.hpp"
+#include "common/text.hpp"
 
 namespace ciera {
 namespace {
@@ -57,9 +58,7 @@ class HeaderError {
 };
 
 std::string describe(const nlohmann::json& value) {
-  std::string text = value.dump();
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
-  return text;
+  return shortened(value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), 60);
 }
 
 SafetensorsTensor parse_entry(const HeaderError& error, const std::string& name,

@@ -6,6 +6,7 @@
 #include "ciera/error.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
+#include "common/text.hpp"
 
 namespace ciera::collectives {
 namespace {
@@ -246,7 +247,8 @@ void write_verdict(const Verdict& v, std::span<std::byte> out) {
   std::memset(out.data(), 0, verdict_bytes());
   *at(out, 0) = v.ok ? 1 : 0;
   std::memcpy(at(out, 8), &v.seconds, sizeof v.seconds);
-  std::memcpy(at(out, 16), v.message.data(), std::min(v.message.size(), kVerdictMessageBytes - 1));
+  const std::string_view message = utf8_prefix(v.message, kVerdictMessageBytes - 1);
+  std::memcpy(at(out, 16), message.data(), message.size());
   store_le32(
       at(out, kVerdictChecksumAt),
       static_cast<uint32_t>(sealed_checksum({out.data(), verdict_bytes()}, kVerdictChecksumAt, 4)));

@@ -3,13 +3,16 @@
 // know (it shows as <absent>); format_version and protocol_version are facts like the others.
 #include "engine/agreement.hpp"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
 #include "ciera/version.hpp"
+#include "common/text.hpp"
 #include "engine/protocol.hpp"
 
 namespace ciera {
@@ -85,7 +88,15 @@ std::map<std::string, std::string> parse_facts(const std::string& text) {
   return facts;
 }
 
-std::string shorten(const std::string& s) { return s.size() > 80 ? s.substr(0, 77) + "..." : s; }
+// At most 80 bytes of `value` that show where it departs from the other ranks' (after the first
+// `common` bytes they all share): a long name that differs only near its end is shown there.
+std::string excerpt(const std::string& value, size_t common) {
+  if (value.size() <= 80) return value;
+  size_t from = common > 40 ? common - 20 : 0;
+  while (from > 0 && (static_cast<unsigned char>(value[from]) & 0xC0) == 0x80) --from;
+  return (from > 0 ? "..." : "") +
+         shortened(std::string_view(value).substr(from), from > 0 ? 77 : 80);
+}
 
 std::string join_ranks(const std::vector<int>& ranks) {
   std::string s;
@@ -144,10 +155,19 @@ void throw_first_difference(const std::string& rank0_text,
       holders[it == facts[r].end() ? "<absent>" : it->second].push_back(r);
     }
     if (holders.size() > 1) {
+      const std::string& some = holders.begin()->first;
+      size_t common = some.size();
+      for (const auto& [value, ranks] : holders) {
+        common = std::min<size_t>(
+            common, std::mismatch(some.begin(), some.begin() + std::min(some.size(), value.size()),
+                                  value.begin())
+                            .first -
+                        some.begin());
+      }
       std::string text = "configuration mismatch across ranks: " + key + " is";
       bool first = true;
       for (const auto& [value, ranks] : holders) {
-        text += std::string(first ? " " : "; ") + "'" + shorten(value) + "' on rank" +
+        text += std::string(first ? " " : "; ") + "'" + excerpt(value, common) + "' on rank" +
                 (ranks.size() > 1 ? "s " : " ") + join_ranks(ranks);
         first = false;
       }

@@ -7,6 +7,7 @@
 
 #include "ciera/error.hpp"
 #include "common/checksum.hpp"
+#include "common/text.hpp"
 #include "engine/protocol.hpp"
 
 namespace ciera {
@@ -46,7 +47,8 @@ void check_sealed(std::span<const RoundVerdicts> all) {
 
 void write_text(char* field, size_t capacity, const std::string& text) {
   std::memset(field, 0, capacity);
-  std::memcpy(field, text.data(), std::min(text.size(), capacity - 1));
+  const std::string_view kept = utf8_prefix(text, capacity - 1);
+  std::memcpy(field, kept.data(), kept.size());
 }
 
 void record_failure(Verdict& verdict, int peer, int param, const std::string& reason) {

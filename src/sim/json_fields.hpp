@@ -9,6 +9,7 @@
 
 #include "ciera/config.hpp"
 #include "ciera/error.hpp"
+#include "common/text.hpp"
 
 namespace ciera::sim::detail {
 
@@ -23,8 +24,7 @@ inline Json parse_json(const std::string& text, const std::string& origin) {
 }
 
 inline std::string describe_json(const Json& value) {
-  std::string text = value.dump();
-  return text.size() > 40 ? text.substr(0, 37) + "..." : text;
+  return shortened(value.dump(-1, ' ', false, Json::error_handler_t::replace), 40);
 }
 
 // One JSON object and where it sits in its file.

@@ -1,0 +1,28 @@
+// Texts cut to a byte limit (error messages in fixed-size record fields, excerpts in messages)
+// without splitting a UTF-8 character: a cut inside one leaves bytes that are not UTF-8, and
+// Python (the binding) refuses to turn such a message into an exception's text.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace ciera {
+
+// The longest prefix of `text` of at most `bytes` bytes that ends at a character boundary.
+inline std::string_view utf8_prefix(std::string_view text, size_t bytes) {
+  if (text.size() <= bytes) return text;
+  // A UTF-8 continuation byte is 10xxxxxx: back off until the cut falls before a lead byte.
+  size_t cut = bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return text.substr(0, cut);
+}
+
+// `text` itself if it has at most `bytes` bytes, else its utf8_prefix of `bytes` - 3 bytes and
+// "...".
+inline std::string shortened(std::string_view text, size_t bytes) {
+  if (text.size() <= bytes) return std::string(text);
+  return std::string(utf8_prefix(text, bytes - 3)) + "...";
+}
+
+}  // namespace ciera
