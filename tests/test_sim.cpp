@@ -601,6 +601,26 @@ TEST(SimTopology, ZeroPlusPlusKeepsItsSecondaryCopyInTheNode) {
 
 // ---- Gather schemes: SDP4Bit and stateless exponent coding -----------------------------------
 
+// One GPU gathers nothing: no scheme codes anything, so each costs as ZeRO-3 (charged their
+// kernels, stateless coding came out 3.5x slower than CIERA with no communication at all).
+TEST(SimSystems, OnOneGpuEverySchemeCostsAsZero3) {
+  const ModelShape m = tiny_model();
+  Cluster c = two_tier_cluster();
+  c.quantize_GBps = 500;
+  c.dequantize_GBps = 250;
+  Workload w;
+  w.world = 1;
+  const ChangeRates rates = paper_rates(find_model("olmoe-1b-7b"));
+  const Projection base = project(m, c, w, rates, System::kZero3);
+  EXPECT_GT(base.breakdown.total_s, 0);
+  for (System system : {System::kZeroPP, System::kCiera, System::kSdp4Bit, System::kStateless}) {
+    const Projection p = project(m, c, w, rates, system);
+    EXPECT_EQ(p.breakdown.total_s, base.breakdown.total_s) << system_name(system);
+    EXPECT_EQ(p.breakdown.allgather_bytes, base.breakdown.allgather_bytes) << system_name(system);
+    EXPECT_EQ(p.breakdown.exposed_codec_s, 0) << system_name(system);
+  }
+}
+
 TEST(SimSystems, Sdp4BitSendsFourBitDifferencesInEveryGatherAndRawGradients) {
   const ModelShape m = tiny_model();
   Cluster c = two_tier_cluster();
@@ -849,9 +869,9 @@ TEST(SimModels, ChangeRatesFromPaperAndFromAJsonFile) {
   EXPECT_EQ(rates.of(ShardType::kExpertFfn).source.rfind("paper Fig. 4", 0), 0u);
   EXPECT_LT(rates.of(ShardType::kOther).element, 0);
   apply_rates_json(rates,
-                   R"({"expert_ffn": 0.004, "block": {"attention": 0.5}, "block_values": 256})",
+                   R"({"expert_ffn": 0.004, "block": {"attention": 0.5}, "block_values": 512})",
                    "rates r.json");
-  EXPECT_NEAR(rates.block_rate(ShardType::kExpertFfn), 1 - std::pow(1 - 0.004, 256), 1e-12);
+  EXPECT_NEAR(rates.block_rate(ShardType::kExpertFfn), 1 - std::pow(1 - 0.004, 512), 1e-12);
   EXPECT_DOUBLE_EQ(rates.block_rate(ShardType::kAttention), 0.5);
   EXPECT_EQ(rates.of(ShardType::kAttention).source, "rates r.json");
   expect_error([&] { apply_rates_json(rates, R"({"experts": 0.1})", "rates r.json"); },
@@ -874,9 +894,31 @@ TEST(SimModels, RatesFileBlockSizeIsOneTheCodecAccepts) {
   expect_error([&] { apply_rates_json(rates, R"({"block_values": -512})", "rates r.json"); },
                {"\"block_values\"", "non-negative integer"});
   apply_rates_json(rates, R"({"block_values": 4096})", "rates r.json");
+  EXPECT_EQ(rates.block_values, 512u);  // the B of the file's block rates, never --block's
+}
+
+// A rates file's "block_values" is the B its block rates were measured at. It used to replace the
+// projection's B (--block) silently; now, at another B, a type's block rate is derived from the
+// file's element rate for it, and a block rate without one is an error naming both Bs.
+TEST(SimModels, RatesFileBlockRatesAtAnotherBlockSize) {
+  ChangeRates rates = paper_rates(find_model("olmoe-1b-7b"));
+  rates.block_values = 4096;
+  apply_rates_json(rates,
+                   R"({"expert_ffn": 0.004, "block": {"expert_ffn": 0.2}, "block_values": 512})",
+                   "rates r.json");
   EXPECT_EQ(rates.block_values, 4096u);
-  apply_rates_json(rates, R"({"block_values": 64})", "rates r.json");
-  EXPECT_EQ(rates.block_values, 64u);
+  EXPECT_NEAR(rates.block_rate(ShardType::kExpertFfn), 1 - std::pow(1 - 0.004, 4096), 1e-12);
+  expect_error(
+      [&] {
+        apply_rates_json(rates, R"({"block": {"router": 0.5}, "block_values": 512})",
+                         "rates r.json");
+      },
+      {"rates r.json", "\"block\" rates are at B = 512", "the projection's B is 4096",
+       "give --block 512, or an element rate for \"router\""});
+  // The paper's Fig. 4 rates are at B = 512 and the paper gives no other: used as they are, and
+  // marked so.
+  EXPECT_EQ(rates.of(ShardType::kAttention).block_at, 512u);
+  EXPECT_DOUBLE_EQ(rates.block_rate(ShardType::kAttention), 0.96);
 }
 
 // ---- Cluster presets ------------------------------------------------------------------------
@@ -1283,6 +1325,9 @@ TEST(SimTrace, NegativeTimeIsAnError) {
   text.replace(text.find(R"("seconds": 0.5)"), 14, R"("seconds": -1)");
   expect_error([&] { parse_trace(text, "trace t.json"); },
                {"\"comm.allgather[0].seconds\"", ">= 0"});
+  // 1e300 seconds made the predictions infinite and their ratios NaN.
+  expect_error([] { parse_trace(trace_text("", "1e300"), "trace t.json"); },
+               {"\"buckets[0].forward_s\"", "at most 1e18", "1e+300"});
 }
 
 // A measured time of 0 has no relative error (it read as a perfect prediction); a bucket of bytes

@@ -80,7 +80,9 @@ void check_values(const Options& o) {
   if (o.prefetch < 0)
     throw ConfigError("--prefetch must be at least 0 (got " + std::to_string(o.prefetch) + ")");
   require_block_option(o.block);
-  if (o.gbit && !(std::isfinite(*o.gbit) && *o.gbit > 0)) throw ConfigError("--gbit must be > 0");
+  // 1 kbit/s .. 1 Pbit/s: beyond either the projected times overflow to infinity or vanish.
+  if (o.gbit && !(*o.gbit >= 1e-6 && *o.gbit <= 1e6))
+    throw ConfigError("--gbit must be in 1e-6..1e6 (Gbit/s)");
   if (o.latency_ms && !(std::isfinite(*o.latency_ms) && *o.latency_ms >= 0))
     throw ConfigError("--latency-ms must be >= 0");
   if (o.gpus_per_node && *o.gpus_per_node < 1)
@@ -178,6 +180,14 @@ GatherSchemes resolve_schemes(const Options& o, const std::vector<Baseline>& bas
                               const Cluster& cluster) {
   GatherSchemes schemes = default_gather_schemes();
   if (!o.codec_bench_file.empty()) {
+    // Its rows are only SDP4Bit's and stateless coding's figures: without those baselines it
+    // would be read for nothing, and silently.
+    require(std::any_of(baselines.begin(), baselines.end(),
+                        [](const Baseline& b) {
+                          return b.system == System::kSdp4Bit || b.system == System::kStateless;
+                        }),
+            "--codec-bench gives the figures of the sdp4bit and stateless baselines: ask for one "
+            "of them with --baseline, or leave --codec-bench out");
     apply_codec_bench(schemes, read_text_file(o.codec_bench_file, "codec bench"),
                       "codec bench " + o.codec_bench_file, o.baselines);
   }
@@ -270,6 +280,13 @@ Request parse(const Options& o, const std::string& command) {
   } else if (!o.validate.empty()) {
     r.mode = Mode::kValidate;
     for (const std::string& path : o.validate) r.traces.push_back(load_trace_input(path));
+    // Nothing measured would validate as a worst error of 0%: a check that cannot fail.
+    require(std::any_of(r.traces.begin(), r.traces.end(),
+                        [](const TraceInput& t) {
+                          return t.trace.measured_baseline || t.trace.measured_ciera;
+                        }),
+            "--validate: no trace given has a measurement (\"measured\"), so there is nothing "
+            "to compare the predictions with; --trace FILE predicts a run without one");
   } else if (!o.trace_file.empty() && o.model.empty()) {
     r.mode = Mode::kTrace;
     r.traces.push_back(load_trace_input(o.trace_file));

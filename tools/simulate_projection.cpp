@@ -71,7 +71,9 @@ std::string rates_text(const ChangeRates& rates) {
   for (ShardType type : kAllShardTypes) {
     const TypeRate& r = rates.of(type);
     std::string item = std::string(to_string(type)) + " " + fixed(rates.block_rate(type), 3);
-    if (r.block < 0 && r.element >= 0) {
+    if (r.block >= 0 && r.block_at != 0 && r.block_at != rates.block_values) {
+      item += " (at B=" + std::to_string(r.block_at) + ")";
+    } else if (r.block < 0 && r.element >= 0) {
       item += " (from element rate " + fixed(r.element, 5) + ")";
     } else if (r.element >= 0) {
       item += " (element " + fixed(r.element, 4) + ")";
@@ -91,6 +93,11 @@ nlohmann::json rates_json(const ChangeRates& rates) {
     j[std::string(to_string(type))] = {
         {"block_rate", rates.block_rate(type)},
         {"element_rate", r.element >= 0 ? nlohmann::json(r.element) : nlohmann::json()},
+        // The B the block rate was measured at (the paper's 512 at another --block); null where
+        // it is derived from the element rate.
+        {"block_rate_measured_at",
+         r.block >= 0 ? nlohmann::json(r.block_at ? r.block_at : rates.block_values)
+                      : nlohmann::json()},
         {"source", r.source}};
   }
   return j;

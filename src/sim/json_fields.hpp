@@ -53,16 +53,21 @@ class Fields {
     }
     return value.get<double>();
   }
+  // Times, byte counts and rates are at most 1e18 (an exabyte, thirty billion years): products of
+  // such numbers in a projection stay finite, where 1e300 made infinite times and NaN ratios.
+  static constexpr double kLargest = 1e18;
   double non_negative(const char* key) const {
     const double value = number(key);
-    if (value < 0)
-      fail(quoted(path_of(key)), "must be >= 0 (got " + describe_json(required(key)) + ")");
+    if (!(value >= 0 && value <= kLargest))
+      fail(quoted(path_of(key)),
+           "must be >= 0 and at most 1e18 (got " + describe_json(required(key)) + ")");
     return value;
   }
   double positive(const char* key) const {
     const double value = number(key);
-    if (value <= 0)
-      fail(quoted(path_of(key)), "must be > 0 (got " + describe_json(required(key)) + ")");
+    if (!(value > 0 && value <= kLargest))
+      fail(quoted(path_of(key)),
+           "must be > 0 and at most 1e18 (got " + describe_json(required(key)) + ")");
     return value;
   }
   double fraction(const char* key) const {

@@ -247,6 +247,7 @@ ChangeRates paper_rates(const ModelShape& model) {
     if (model.name != row.model) continue;
     const auto set = [&](ShardType type, double block, const std::string& source) {
       rates.of(type).block = block;
+      rates.of(type).block_at = 512;
       rates.of(type).element = kPaperElementRate;
       rates.of(type).source = source + "; element 0.51% assumed (paper §2.2: 0.30-0.51%)";
     };
@@ -280,7 +281,8 @@ void apply_rates_json(ChangeRates& rates, const std::string& json_text, const st
   using detail::Fields;
   const detail::Json json = detail::parse_json(json_text, origin);
   const Fields top(json, "", origin);
-  if (top.has("block_values")) rates.block_values = top.block_values("block_values");
+  const uint32_t measured_at =
+      top.has("block_values") ? top.block_values("block_values") : rates.block_values;
   for (const auto& [key, value] : json.items()) {
     if (key == "block" || key == "block_values" || key == "format" || key == "version" ||
         key == "source")
@@ -294,7 +296,19 @@ void apply_rates_json(ChangeRates& rates, const std::string& json_text, const st
     const Fields block = top.object("block");
     for (const auto& [key, value] : block.json().items()) {
       const ShardType type = shard_type_in(origin, "block." + key);
-      rates.of(type).block = block.fraction(key.c_str());
+      const double rate = block.fraction(key.c_str());
+      if (measured_at != rates.block_values) {
+        // At another B than the projection's: the file's element rate for the type stands in
+        // (set above, its block rate derived), as a trace's do.
+        if (rates.of(type).source == origin && rates.of(type).element >= 0) continue;
+        throw ConfigError(origin + ": \"block\" rates are at B = " + std::to_string(measured_at) +
+                          " (\"block_values\"), the projection's B is " +
+                          std::to_string(rates.block_values) + " (--block): give --block " +
+                          std::to_string(measured_at) + ", or an element rate for \"" + key +
+                          "\" to derive its block rate from");
+      }
+      rates.of(type).block = rate;
+      rates.of(type).block_at = 0;
       rates.of(type).source = origin;
     }
   }

@@ -385,8 +385,11 @@ Projection project(const ModelShape& model, const Cluster& cluster, const Worklo
     drop_types_that_slow_the_step(c, units, rates, optimizer_s, options, result);
 
   std::vector<UnitCost> costs;
+  // On one GPU no gather or reduction runs, so no scheme codes anything: each costs as ZeRO-3
+  // (charging the others their coding kernels made them look slower than no communication).
+  const System costed = work.world == 1 ? System::kZero3 : system;
   for (const GatherUnit& unit : units) {
-    switch (system) {
+    switch (costed) {
       case System::kZero3:
         costs.push_back(baseline_cost(c, unit));
         break;

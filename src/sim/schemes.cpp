@@ -69,8 +69,9 @@ Fields find_row(const Fields& top, const std::string& name, const std::string& n
     }
   }
   throw ConfigError(top.origin() + ": no row \"" + name + "\" in \"comparisons\" (needed " +
-                    needed_by + "; rows: " + row_names(rows) +
-                    "). Write the file with `ciera bench codec --json`, without --no-compare");
+                    needed_by + "; rows: " + row_names(rows) + "). Write the file with `ciera " +
+                    (name == "ciera-auto" ? "bench codec --json` at its default --mode auto"
+                                          : "bench codec --json`, without --no-compare"));
 }
 
 }  // namespace

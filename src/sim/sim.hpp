@@ -158,6 +158,9 @@ uint64_t parameter_count(const ModelShape& model, bool with_embeddings = true);
 struct TypeRate {
   double element = -1;  // fraction of values whose exponent changes per step (-1: unknown)
   double block = -1;    // fraction of B-value blocks with at least one change (-1: unknown)
+  // The B `block` was measured at, where it is not the projection's (the paper's Fig. 4: 512);
+  // 0: at the projection's B. The paper gives no other B, so its rates are used as they are.
+  uint32_t block_at = 0;
   std::string source;   // "paper Fig. 4", "assumed", "trace FILE", "rates FILE"
 };
 struct ChangeRates {
@@ -172,7 +175,10 @@ struct ChangeRates {
 // paper gives none (docs/simulator.md, "Change rates").
 ChangeRates paper_rates(const ModelShape& model);
 // Overrides the types a measured-rates JSON names: {"expert_ffn": 0.004, ...} (element rates),
-// optionally {"block": {"expert_ffn": 0.21, ...}, "block_values": 512}.
+// optionally {"block": {"expert_ffn": 0.21, ...}, "block_values": 512}: the block rates and the
+// B they were measured at (default: the projection's, `rates.block_values`, which the file never
+// changes). At another B a type's block rate is derived from the file's element rate for it;
+// without one, ConfigError.
 void apply_rates_json(ChangeRates& rates, const std::string& json_text, const std::string& origin);
 
 // ---- Schedule -----------------------------------------------------------------------------

@@ -68,9 +68,9 @@ TraceTopology read_topology(const Fields& t, int world_size) {
   TraceTopology topology;
   const uint64_t nodes = t.count("nodes"), ranks_per_node = t.count("ranks_per_node");
   if (nodes < 1 || nodes > (1u << 20))
-    t.fail("field \"" + t.path_of("nodes") + "\"", "must be at least 1");
+    t.fail("field \"" + t.path_of("nodes") + "\"", "must be in 1..2^20 (1048576)");
   if (ranks_per_node < 1 || ranks_per_node > (1u << 20))
-    t.fail("field \"" + t.path_of("ranks_per_node") + "\"", "must be at least 1");
+    t.fail("field \"" + t.path_of("ranks_per_node") + "\"", "must be in 1..2^20 (1048576)");
   if (nodes * ranks_per_node != static_cast<uint64_t>(world_size)) {
     t.fail("field \"" + t.path_of("nodes") + "\"",
            "x ranks_per_node must be world_size (got " + std::to_string(nodes) + " x " +
@@ -170,7 +170,8 @@ Trace parse_trace(const std::string& json_text, const std::string& origin) {
   trace.family = model.string("family");
   trace.params = model.count("params");
   const uint64_t world = top.count("world_size");
-  if (world < 1 || world > (1u << 20)) top.fail("field \"world_size\"", "must be at least 1");
+  if (world < 1 || world > (1u << 20))
+    top.fail("field \"world_size\"", "must be in 1..2^20 (1048576)");
   trace.world_size = static_cast<int>(world);
   try {
     trace.dtype = parse_dtype(top.string("dtype"));
@@ -262,6 +263,7 @@ void apply_trace_rates(ChangeRates& rates, const Trace& trace) {
     rate.element = changed[t] / values[t];
     const bool same_block = trace.block_values == rates.block_values;
     rate.block = block_values[t] > 0 && same_block ? blocks_weighted[t] / block_values[t] : -1.0;
+    rate.block_at = 0;
     rate.source = trace.origin;
   }
 }

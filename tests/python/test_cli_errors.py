@@ -191,7 +191,14 @@ NATIVE = [
     (["analyze", "a", "b", "--plot", "x", "--plot", "y"], "--plot given twice"),
     (["analyze", "a", "b", "--plot"], "--plot needs a value"),
     (["simulate", "--block", "0"], "--block must be in 64..4096"),
-    (["simulate", "--gbit", "-1"], "--gbit must be > 0"),
+    (["simulate", "--gbit", "-1"], "--gbit must be in 1e-6..1e6 (Gbit/s)"),
+    # 1e-300 made every projected time infinite.
+    (["simulate", "--gbit", "1e-300"], "--gbit must be in 1e-6..1e6 (Gbit/s)"),
+    # Read for nothing, and silently, before.
+    (["simulate", "--model", "olmoe-1b-7b", "--gpus", "16", "--baseline", "zero3", "--codec-bench", "x.json"],
+     "--codec-bench gives the figures of the sdp4bit and stateless baselines: ask for one of them"),
+    # Validated as a worst error of 0.0%, status 0, before.
+    (["simulate", "--validate", "unmeasured.json"], "--validate: no trace given has a measurement"),
     (["simulate", "--mfu", "nan"], "--mfu must be in (0, 1]"),
     (["simulate", "--gpus", "8,0"], "--gpus: 0 is not a GPU count"),
     (["simulate", "--trace", "/nonexistent.json"], "cannot read trace /nonexistent.json"),
@@ -214,10 +221,23 @@ def _safetensors(path: Path, values: list[int]) -> None:
     path.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack(f"<{len(values)}H", *values))
 
 
+# A trace of one bucket without "measured" (docs/simulator.md, "Trace format").
+UNMEASURED_TRACE = """{"format": "ciera-trace", "version": 1, "model": {"family": "olmoe", "params": 1000000},
+  "world_size": 4, "dtype": "bf16", "link": {"kind": "linklab", "gbit": 1.0, "latency_ms": 0.0},
+  "codec": {"encode_GBps": 1000, "decode_GBps": 1000, "detect_GBps": 0},
+  "comm": {"allgather": [{"bytes": 1000000, "seconds": 0.5}, {"bytes": 2000000, "seconds": 1.0}],
+           "reduce_scatter": [{"bytes": 1000000, "seconds": 0.5}]},
+  "optimizer_s": 0.1,
+  "buckets": [{"name": "layers.0", "forward_s": 1.0, "backward_s": 2.0, "raw_bytes": 1000000, "wire_bytes": 500000,
+               "grad_bytes": 1000000, "shards": [{"name": "experts", "type": "expert_ffn", "values": 400000,
+                                                  "change_rate": 0.01}]}]}"""
+
+
 @pytest.mark.parametrize("args,message", NATIVE, ids=[" ".join(a) or "(none)" for a, _ in NATIVE])
 def test_native_commands_refuse_in_one_line(tmp_path, args, message):
     _native_tool_or_skip()
     _safetensors(tmp_path / "a.safetensors", [0x3F80] * 64)
+    (tmp_path / "unmeasured.json").write_text(UNMEASURED_TRACE)
     if "{tmp}" in args:  # the folder as a series: only step-numbered files in it
         (tmp_path / "a.safetensors").rename(tmp_path / "step_1.safetensors")
         _safetensors(tmp_path / "step_2.safetensors", [0x3F80] * 64)
