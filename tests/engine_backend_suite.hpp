@@ -174,6 +174,7 @@ class CorruptingTransport final : public Transport {
   void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
                   std::span<const uint64_t> displs) override {
     inner_->allgatherv(in, out, counts, displs);
+    for (const uint64_t n : counts) carried_ += n;
     if (corrupt_call_(calls_++) && counts[0] > 0) {
       std::byte* at = static_cast<std::byte*>(out) + displs[0] + counts[0] / 2;
       std::byte bit;
@@ -185,12 +186,15 @@ class CorruptingTransport final : public Transport {
   void barrier() override { inner_->barrier(); }
   void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  // Bytes all ranks' allgatherv calls carried so far (payloads: records go by allgather).
+  uint64_t carried() const { return carried_; }
 
  private:
   std::unique_ptr<Transport> inner_;
   const MemoryOps& memory_;
   std::function<bool(int)> corrupt_call_;
   int calls_ = 0;
+  uint64_t carried_ = 0;
 };
 
 // A payload corrupted in transit on one rank is caught by that rank's decoder, every rank

@@ -573,11 +573,16 @@ TEST(Engine, CorruptedPayloadIsCaughtAndResent) {
         BucketData data(layout, Pattern::kSparse, 6);
         CompressedAllgather engine(t, config, {layout});
         std::vector<std::byte> out(layout.total_bytes());
+        const auto& counted = dynamic_cast<const testing::CorruptingTransport&>(t);
         for (int step = 0; step < 10; ++step) {
           data.trajectory.step();
+          const uint64_t before = counted.carried();
           const GatherStats stats = engine.run(0, data.input(rank), out);
           EXPECT_EQ(stats.resynchronised, step == 4) << "rank " << rank << " step " << step;
           ASSERT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin()));
+          // Both exchanges of the re-sent gather (the first alone was reported before).
+          EXPECT_EQ(stats.wire_bytes, counted.carried() - before)
+              << "rank " << rank << " step " << step;
         }
       },
       [](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {

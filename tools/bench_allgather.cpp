@@ -532,9 +532,11 @@ void add_options(CLI::App* cmd, const std::shared_ptr<Options>& o) {
       ->capture_default_str();
   cmd->add_option("--delay-ms", o->delay_ms, "one-way link delay in the link lab")->capture_default_str();
   cmd->add_flag("--link-lab", o->link_lab, "run in the link lab even without shaping (TCP over veth)");
-  cmd->add_option("--codec", o->codec,
-                  "engine: raw (no coding), ciera (exponent reuse, always), auto (per bucket, whichever "
-                  "is faster here), delta (value-delta frames: receivers keep the previous values)")
+  cmd->add_option(
+         "--codec", o->codec,
+         "engine: raw (no coding), ciera (exponent reuse, always), auto (whichever of raw and "
+         "ciera is faster here, for the whole engine, re-probed now and then), delta (value-delta "
+         "frames: receivers keep the previous values)")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads,
                   "engine worker threads per rank (0: each rank codes on its calling thread)")

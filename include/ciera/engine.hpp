@@ -62,8 +62,13 @@ struct EngineConfig {
   CodecConfig codec;
   uint32_t warmup_steps = 30;  // per bucket: gathers before exponent reuse starts (not delta)
   WarmupMode warmup = WarmupMode::kRaw;
-  // Per bucket, time compressed and raw gathers after warmup and keep the faster, re-probing
-  // every few hundred gathers (for links so fast, or cores so few, that coding does not pay).
+  // Time compressed and raw gathers after warmup and keep the faster, re-probing every few
+  // hundred gathers (for links so fast, or cores so few, that coding does not pay). One choice
+  // for the whole engine, from the summed typical times of the buckets measured both ways
+  // (common/adaptive_switch.hpp); it may change at any gather whose time tips the sums, not only
+  // at a probe. Each gather's mode is read when it starts, so with several buckets in flight two
+  // ranks may gather one bucket in different modes around a change: exact all the same (every
+  // envelope says how it is coded), and that gather's time is not sampled.
   bool adaptive = false;
   unsigned worker_threads = 2;  // encode/decode threads, at most kMaxWorkerThreads
   // A collective waits this long for its peers before every rank fails with CommError.
@@ -77,7 +82,9 @@ struct GatherStats {
   bool compressed = false;       // this rank's envelope carried codec frames (CIERA or delta)
   bool resynchronised = false;   // a key-frame round ran (cold rank, steps out of step, bad payload)
   uint64_t raw_bytes = 0;        // the gathered output
-  uint64_t wire_bytes = 0;       // all ranks' payloads together: what the transport carried
+  // All ranks' payloads together: what the transport carried (both exchanges of a gather re-sent
+  // as key frames after a bad payload), and this rank's part of it.
+  uint64_t wire_bytes = 0;
   uint64_t local_payload_bytes = 0;
   double encode_s = 0, exchange_s = 0, decode_s = 0, total_s = 0;  // wall time on this rank
 };

@@ -4,12 +4,18 @@
 // then in case conditions changed. The engine keys it by bucket (its allgathers); the lossless
 // collectives by call shape (their reduce-scatters and alltoallvs).
 //
-// In the engine the choice is engine-wide and depends only on a bucket's gather index, so all
-// buckets switch together: gathers batched into one round share their exchange, and only
-// same-mode rounds give comparable times. Every rank feeds it the same agreed numbers (the
-// slowest rank's time for each gather), so every rank makes the same choice. Switching is free
-// and exact: while a bucket goes raw its encoders and decoders stay frozen at the same state, and
-// its next compressed gather is a delta against it.
+// In the engine the choice is engine-wide, so all buckets switch together: gathers batched into
+// one round share their exchange, and only same-mode rounds give comparable times. Every rank
+// feeds it the same agreed numbers (the slowest rank's time for each gather), so the ranks come
+// to the same preferences; but a gather reads the preference when it starts, on the caller's
+// thread, while other buckets' gathers finishing on the communication thread may change it, so
+// with several buckets in flight two ranks can start one bucket's gather on either side of a
+// change (seen about once in a few hundred gathers where both ways cost nearly the same). That
+// gather is then mixed, which is exact (every envelope says how it is coded); its time is not
+// sampled (finish() keeps same-mode gathers only). The preference has no margin: it follows
+// the sums whenever a new sample tips them, at a probe or not; the medians of kKeptSamples damp
+// it. Switching is free and exact: while a bucket goes raw its encoders and decoders stay frozen
+// at the same state, and its next compressed gather is a delta against it.
 #pragma once
 
 #include <algorithm>

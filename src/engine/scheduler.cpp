@@ -179,16 +179,17 @@ void CompressedAllgather::Impl::exchange_and_decode(std::span<Gather* const> gat
         counts[i][r] = s.layout.rank_bytes(r);
         displs[i][r] = g.slot_offset(s.layout, r);
       }
-      g.stats.wire_bytes = s.layout.total_bytes();
-      g.stats.local_payload_bytes = s.layout.rank_bytes(rank);
+      g.stats.wire_bytes += s.layout.total_bytes();
+      g.stats.local_payload_bytes += s.layout.rank_bytes(rank);
       // As plain MPI would: one transfer. Raw gathers are chosen where links are fast and the
       // cores busy, and there extra channels only add per-message work.
       g.wait_for_input();
       calls.push_back({g.in, g.out, counts[i], displs[i], 1});
       continue;
     }
-    g.stats.wire_bytes = total;
-    g.stats.local_payload_bytes = g.control[rank].envelope_bytes;
+    // Added: a gather re-sent after a bad payload carries both exchanges' bytes.
+    g.stats.wire_bytes += total;
+    g.stats.local_payload_bytes += g.control[rank].envelope_bytes;
     calls.push_back(
         {s.send.data() + s.send_layout.envelope_offset, s.recv.data(), counts[i], displs[i]});
   }

@@ -32,6 +32,9 @@ def test_ciera_train_is_bitwise_identical_to_fsdp2(tmp_path, family, transport):
     assert summary["losses_identical"] and summary["params_identical"]
     assert summary["wrong_bytes"] == 0 and summary["verified_bytes"] > 0
     assert 0 < summary["bits_per_value"] < 16
+    # Bytes per step and the ratio come from the same steady steps (medians of the bytes beside a
+    # ratio of sums once disagreed): the printed raw / wire is the printed ratio.
+    assert summary["allgather_raw_bytes"] / summary["allgather_wire_bytes"] == pytest.approx(summary["ratio"], rel=1e-5)
     run_dir = next(tmp_path.iterdir())
     for name in ("metrics.jsonl", "summary.json", "loss.png", "bits_per_value.png", "exponent_change_rate.png"):
         assert (run_dir / name).is_file(), name

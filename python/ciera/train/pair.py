@@ -57,15 +57,18 @@ def median(xs):
 
 
 def steady_medians(program, base: Run, ours: Run, comm: str = "allgather_s") -> dict:
-    """Steady-state (after --warmup) medians of both trainings: ours' raw and wire bytes per step,
-    both trainings' communication (`comm`: a Run.results key) and iteration seconds; ours' ratio
-    and bits per value over the steady steps together."""
+    """Steady-state (after --warmup) figures of both trainings: ours' raw and wire bytes per step
+    (means) and its ratio and bits per value, all three over the steady steps together (medians of
+    the bytes beside a ratio of sums disagreed where a few steps differ, as the adaptive switch's
+    compressed probes among raw steps); both trainings' communication (`comm`: a Run.results key)
+    and iteration seconds, medians."""
     a = program.args
     steady = slice(min(a.warmup, a.steps - 1), a.steps)
     b, c = base.results, ours.results
     raw, wire = sum(c["raw"][steady]), sum(c["wire"][steady])
+    steps = max(1, len(c["raw"][steady]))
     return {
-        "raw": int(statistics.median(c["raw"][steady])), "wire": int(statistics.median(c["wire"][steady])),
+        "raw": round(raw / steps), "wire": round(wire / steps),
         "ratio": raw / wire if wire else None, "bits_per_value": 16.0 * wire / raw if raw else None,
         "comm_base": median(b[comm][steady]), "comm_ours": median(c[comm][steady]),
         "iteration_base": median(b["iteration_s"][steady]), "iteration_ours": median(c["iteration_s"][steady]),
