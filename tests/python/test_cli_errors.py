@@ -115,6 +115,9 @@ TRAIN = [
     (["--block", "99999999999"], "--block 99999999999: a block holds 64..4096 values"),
     (["--ablation", "--no-baseline"], "--ablation compares with plain FSDP2"),
     (["--trace", "{tmp}/t.json", "--no-baseline"], "--trace takes its compute times from the plain FSDP2 run"),
+    # Both wrote traces that looked right: compute moved between layers, delta frames as exponent reuse.
+    (["--trace", "{tmp}/t.json", "--overlap"], "--trace measures each layer's compute as the gaps between blocking"),
+    (["--trace", "{tmp}/t.json", "--codec", "delta"], "--trace records exponent reuse's codec speeds and no codec"),
     (["--trace", "{tmp}"], "a folder, not a file"),
     (["--trace", "{tmp}/absent/t.json"], "/absent does not exist"),
     (["--save-checkpoints", "/dev/null/ckpt"], "--save-checkpoints /dev/null/ckpt: /dev/null is not a folder"),

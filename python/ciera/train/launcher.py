@@ -302,6 +302,10 @@ def render_summary(s: dict, run_dir: Path) -> str:
                   + "; steady state = steps "
                   f"{max(s['warmup'], s.get('steps_before', 0)) + 1}..{s['steps']}"
                   + (" (step 1 carries the key frames)" if delta and s["warmup"] == 1 else "")
+                  # Exponent reuse's first frames after the warmup (or a resume) resend every
+                  # exponent: counted in the steady state, which a short run's ratio shows.
+                  + (f" (step {max(s['warmup'], s.get('steps_before', 0)) + 1} carries the key frames)"
+                     if main in ("ciera", "auto") and s.get("budget_bytes") is None else "")
                   + (f"; resumed after step {s['steps_before']} from {s['resumed_from']}" if s.get("resumed_from") else "")),
         *layout_row(s),
         ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),

@@ -292,6 +292,15 @@ def _check_values(args) -> None:
         _fail("--ablation compares with plain FSDP2; it cannot run with --no-baseline")
     if args.no_baseline and args.trace:
         _fail("--trace takes its compute times from the plain FSDP2 run; it cannot run with --no-baseline")
+    if args.trace and args.overlap and not args.ablation:
+        # trace.compute_times reads the gaps between blocking collectives as compute; prefetched
+        # gathers overlap it (a layer's compute went to the next, the last one's backward to 0).
+        _fail("--trace measures each layer's compute as the gaps between blocking collectives; with --overlap "
+              "the plain run's gathers overlap compute: trace without --overlap (the simulator schedules the "
+              "overlap itself; --ablation traces a sequential baseline)")
+    if args.trace and args.codec == "delta":
+        _fail("--trace records exponent reuse's codec speeds and no codec name: a --codec delta run's frames "
+              "would be predicted as exponent reuse's; trace with --codec ciera or auto")
     if args.link_gbit > 0 and args.ranks > LINK_LAB_MAX_RANKS:
         _fail(f"--ranks {args.ranks}: the link lab has room for at most {LINK_LAB_MAX_RANKS} ranks")
     _check_combinations(args)
