@@ -97,15 +97,19 @@ def engine_failure_in_one_group(rank, world):
 
 
 def replicate_group_is_refused(rank, world):
-    """enable(process_group=<the HSDP mesh's replicate group>): the engines' peers (the shard
-    group) are outside it. What enable() raised on this rank."""
+    """enable() and enable_reduce_scatter() with process_group=<the HSDP mesh's replicate group>:
+    the engines' peers (the shard group) are outside it. What each raised on this rank."""
     model = build(tiny_spec("olmoe"), world, "hsdp")
     replicate, _ = dist.new_subgroups_by_enumeration([[r for r in range(world) if r % 2 == k] for k in range(2)])
-    try:
-        ct.enable(model, ciera.EngineConfig(), process_group=replicate)
-    except ciera.ConfigError as e:
-        return str(e)
-    return "no error"
+    errors = []
+    for enable in (lambda: ct.enable(model, ciera.EngineConfig(), process_group=replicate),
+                   lambda: ct.enable_reduce_scatter(model, process_group=replicate, timeout_s=20)):
+        try:
+            enable()
+            errors.append("no error")
+        except ciera.ConfigError as e:
+            errors.append(str(e))
+    return errors
 
 
 def unknown_group_is_refused(rank, world):

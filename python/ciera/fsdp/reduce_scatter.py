@@ -64,7 +64,8 @@ def _reduce_op(op) -> _ext.ReduceOp:
     kind = getattr(op, "op", op)
     name = getattr(kind, "name", str(kind))
     raise _ext.ConfigError(f"CIERA's reduce-scatter sums or averages; FSDP2 asked for {name} (a gradient divide "
-                           "factor other than the world size: set_gradient_divide_factor)")
+                           "factor other than the shard group's size, the world's on a flat mesh: "
+                           "set_gradient_divide_factor)")
 
 
 class LosslessReduceScatter(ReduceScatter):
@@ -179,6 +180,13 @@ def _checked(model: torch.nn.Module, coding: str, transport: str, process_group,
             raise _ext.ConfigError(f"enable_reduce_scatter(): process_group holds ranks "
                                    f"{tuple(dist.get_process_group_ranks(process_group))}, the model is sharded over "
                                    f"{world}")
+    elif process_group is not None and not set(shard.ranks) <= set(dist.get_process_group_ranks(process_group)):
+        # HSDP: the collectives run on the shard groups, whatever process_group says; one that
+        # lacks this rank's shard group was accepted and ignored.
+        raise _ext.ConfigError(f"enable_reduce_scatter(): FSDP2 reduce-scatters this rank's gradients on ranks "
+                               f"{shard.ranks}, not all in process_group (ranks "
+                               f"{tuple(dist.get_process_group_ranks(process_group))}); under HSDP pass the world "
+                               "or the shard group, not the replicate group")
     return config, buckets, shard
 
 
