@@ -66,6 +66,15 @@ void check_options(const Options& o) {
   if (o.worlds.empty() || o.blocks.empty()) {
     throw ConfigError("--worlds and --blocks need at least one value");
   }
+  // A value twice would be a duplicate column of every table, as `simulate --gpus` refuses.
+  for (const auto& [flag, values] :
+       {std::pair{"--worlds", &o.worlds}, std::pair{"--blocks", &o.blocks}}) {
+    for (size_t i = 0; i < values->size(); ++i) {
+      if (std::find(values->begin(), values->begin() + i, (*values)[i]) != values->begin() + i)
+        throw ConfigError(std::string(flag) + ": " + std::to_string((*values)[i]) +
+                          " is given twice");
+    }
+  }
   if (o.max_interval < 1) throw ConfigError("--max-interval must be at least 1");
   if (!o.json_file.empty()) {
     const std::filesystem::path dir =

@@ -104,8 +104,10 @@ struct CodecConfig {
   uint32_t warmup_steps = 30;
   ChangeDetection detection = ChangeDetection::kExact;
   ExponentCoding coding = ExponentCoding::kAuto;
-  // XXH3-64 of the reconstructed shard in every payload. A decoder with `content_checksum` on rejects
-  // payloads that carry none; one with it off still verifies a checksum that is present.
+  // XXH3-64 of the reconstructed shard in every payload. A decoder with `content_checksum` on
+  // rejects payloads that carry none; one with it off still verifies a checksum that is present.
+  // Off on both sides, nothing checks the values: damage in transit or a wrong base decodes to
+  // wrong values without an error (docs/format.md, "Integrity").
   bool content_checksum = true;
   // Test hook for the reliability suite: keep only this many bits of each block hash (1..128) to
   // force collisions in kHash mode. Leave at 128.

@@ -165,9 +165,13 @@ class CompressedAllgather {
   // Throws std::invalid_argument if any bucket has a gather in flight.
   void reset_caches();
 
-  // Changes a parameter's policy on this rank's view; all ranks must make the same change before
+  // Changes a parameter's policy on this rank's view; all ranks must make the same changes before
   // the bucket's next gather (checked there: ConfigError on every rank). Codec state of the
-  // parameter is dropped and restarted (its next frame is a key frame). kDelta on a backend that
+  // parameter is dropped and restarted (its next frame is a key frame), in a new epoch of its
+  // streams: a rank that switches away and back alone ends with the peers' policy but not their
+  // epochs, which the check does not see; the next gather then fails with a CommError on every
+  // rank and the engine gathers no more (the selectors of ciera.torch and ciera.deepspeed make
+  // every change on every rank). kDelta on a backend that
   // cannot code it is recorded too, and the bucket's next gather fails with a ConfigError naming
   // the parameter and the backend on every rank (until the policy is changed back).
   // Throws std::invalid_argument if `bucket` or `param` does not exist, `policy` is not a

@@ -133,12 +133,14 @@ class PyShardDecoder {
 void bind_codec(py::module_& m) {
   py::enum_<FrameKind>(m, "FrameKind")
       .value("key", FrameKind::kKey)
-      .value("delta", FrameKind::kDelta);
+      .value("delta", FrameKind::kDelta)
+      .value("value_delta", FrameKind::kValueDelta);
   py::enum_<ExponentSection>(m, "ExponentSection")
       .value("full", ExponentSection::kFull)
       .value("unchanged", ExponentSection::kUnchanged)
       .value("block", ExponentSection::kBlock)
-      .value("fine", ExponentSection::kFine);
+      .value("fine", ExponentSection::kFine)
+      .value("differences", ExponentSection::kDifferences);
 
   py::class_<FrameStats>(m, "FrameStats",
                          "What one frame contained; sizes in bytes unless named otherwise.")
@@ -204,7 +206,9 @@ void bind_codec(py::module_& m) {
       .def("decode", &PyShardDecoder::decode, py::arg("payload"), py::arg("out"),
            "Reconstructs the shard bit for bit into `out`, or raises FormatError naming the "
            "problem; after an error the decoder is unchanged and usable, and `out` holds "
-           "unspecified values (it may be partly written).")
+           "unspecified values (it may be partly written). Bit for bit is checked by the "
+           "payload's content checksum: with config.content_checksum off on both sides, a "
+           "damaged payload or a frame on another base decodes to wrong values without an error.")
       .def(
           "reset", &PyShardDecoder::reset,
           "Forgets the cache and asks for a resynchronisation: the next frame must be a key frame.")
@@ -220,7 +224,8 @@ void bind_codec(py::module_& m) {
                              [](PyShardDecoder& d) { return d.decoder().last_sequence(); })
       .def_property_readonly(
           "cache_bytes", [](PyShardDecoder& d) { return d.decoder().cache_bytes(); },
-          "Bytes of the exponent cache.");
+          "Bytes of the cache: the exponents (exponent reuse) or the previous values (value-delta "
+          "streams).");
 
   // One-shot key frames over any buffer (bytes, NumPy arrays, CPU tensors).
   m.def("new_stream_epoch", &new_stream_epoch,

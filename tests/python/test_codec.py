@@ -41,6 +41,25 @@ def test_round_trip_over_steps_is_bit_exact(values):
     assert decoder.has_cache
 
 
+def test_value_delta_frames_through_the_public_names():
+    """ciera.StreamKind was bound but not exported (a value-delta codec needed ciera._ext), and a
+    value-delta frame's kind and section printed as FrameKind.??? and ExponentSection.???."""
+    values = 4097
+    config = ciera.CodecConfig()
+    config.stream_kind = ciera.StreamKind.value_delta
+    encoder, decoder = ciera.ShardEncoder(config, values), ciera.ShardDecoder(config, values)
+    out = np.empty(values, dtype=np.uint16)
+    for step, shard in enumerate(bf16_steps(values, 3, 7)):
+        payload, sent = encoder.encode(shard)
+        got = decoder.decode(payload, out)
+        assert np.array_equal(out, shard), step
+        if step:
+            assert got.kind == sent.kind == ciera.FrameKind.value_delta
+            assert sent.section == ciera.ExponentSection.differences
+            assert "???" not in repr(sent.kind) + repr(sent.section)
+    assert decoder.cache_bytes == 2 * values   # the previous BF16 values
+
+
 def test_round_trip_of_torch_bf16_tensors():
     torch = pytest.importorskip("torch")
     values = 10_000
