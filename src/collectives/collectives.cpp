@@ -501,12 +501,21 @@ struct LosslessCollectives::Impl {
         // Round k + 1 goes in behind round k as soon as it is coded, or after round k if round
         // k ends first (ranks may choose differently: every rank starts the exchanges in the
         // same order, and a start does not wait for the peers).
-        const auto x0 = Clock::now();
-        const bool behind =
-            k + 1 < count && coded_first(*current.exchange, coding[(k + 1) % kRegions]);
-        if (behind) start_next(k);
+        // exchange_s: this thread's wait for the exchange, without what start_next() counts
+        // itself or the coding coded_first() ran here (encode_s has it): counted twice, the
+        // exchange time came out above the whole call's.
+        auto x0 = Clock::now();
+        double coded_here_s = 0;
+        const bool behind = k + 1 < count && coded_first(*current.exchange,
+                                                         coding[(k + 1) % kRegions], coded_here_s);
+        if (behind) {
+          exchange_s += seconds_since(x0) - coded_here_s;
+          coded_here_s = 0;
+          start_next(k);
+          x0 = Clock::now();
+        }
         current.exchange->finish();
-        exchange_s += seconds_since(x0);
+        exchange_s += seconds_since(x0) - coded_here_s;
         pool.submit(decoding[k % kRegions],
                     [&, k, all = std::move(current.all), recv_at = std::move(current.recv_at)] {
                       decode_round(call, in_at, k, all, recv_at);
@@ -546,11 +555,14 @@ struct LosslessCollectives::Impl {
   // "The next round as soon as it is coded"). A coding no worker has started yet, this thread
   // runs itself: the transport moves the bytes meanwhile (Open MPI's TCP progress thread,
   // ciera::mpi_init).
-  bool coded_first(Transport::PendingExchange& exchange, TaskGroup& next) {
+  // `coded_here_s` gets the seconds this thread spent coding.
+  bool coded_first(Transport::PendingExchange& exchange, TaskGroup& next, double& coded_here_s) {
     bool coded = false;
     poll_until(
         [&] {
+          const auto ran = Clock::now();
           pool.run_queued(next);
+          coded_here_s += seconds_since(ran);
           if (next.done()) return coded = true;
           return exchange.test();
         },
