@@ -83,9 +83,9 @@ struct GatherStats {
   bool resynchronised = false;   // a key-frame round ran (cold rank, steps out of step, bad payload)
   uint64_t raw_bytes = 0;        // the gathered output
   // All ranks' payloads together: what the transport carried (both exchanges of a gather re-sent
-  // as key frames after a bad payload), and this rank's part of it.
+  // as key frames after a bad payload).
   uint64_t wire_bytes = 0;
-  uint64_t local_payload_bytes = 0;
+  uint64_t local_payload_bytes = 0;                                // this rank's part of wire_bytes
   double encode_s = 0, exchange_s = 0, decode_s = 0, total_s = 0;  // wall time on this rank
 };
 
@@ -168,10 +168,11 @@ class CompressedAllgather {
   // Changes a parameter's policy on this rank's view; all ranks must make the same changes before
   // the bucket's next gather (checked there: ConfigError on every rank). Codec state of the
   // parameter is dropped and restarted (its next frame is a key frame), in a new epoch of its
-  // streams: a rank that switches away and back alone ends with the peers' policy but not their
-  // epochs, which the check does not see; the next gather then fails with a CommError on every
-  // rank and the engine gathers no more (the selectors of ciera.torch and ciera.deepspeed make
-  // every change on every rank). kDelta on a backend that
+  // streams. A rank that switches between two coded policies and back alone (ciera, delta, ciera)
+  // ends with the peers' policy but not their epochs, which the check does not see: the next
+  // gather fails with a CommError on every rank and the engine gathers no more. (Through raw,
+  // which has no codecs, the next gather's key-frame round recovers. The selectors of ciera.torch
+  // and ciera.deepspeed make every change on every rank.) kDelta on a backend that
   // cannot code it is recorded too, and the bucket's next gather fails with a ConfigError naming
   // the parameter and the backend on every rank (until the policy is changed back).
   // Throws std::invalid_argument if `bucket` or `param` does not exist, `policy` is not a

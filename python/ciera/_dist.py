@@ -7,6 +7,8 @@ And agree_before_set_up: a rank's local failure before a collective set-up, or s
 between ranks, raised on every rank; refused_on_every_rank: the same for one collective call, through
 the library's own refusal of it."""
 
+import hashlib
+
 import torch.distributed as dist
 
 from ciera import _ext
@@ -21,10 +23,12 @@ _SAME_TYPE = {"ValueError": ValueError, "TypeError": TypeError, "ImportError": I
 
 
 def _gather_failures(failure: BaseException | None, same: dict | None, group, parameters=None) -> list:
-    """Every rank's (failure as (type name, text) or None, `same`, `parameters`), in group rank
-    order."""
+    """Every rank's (failure as (type name, text) or None, `same`, a digest of `parameters`), in
+    group rank order. A digest, not the list: a model of thousands of parameters on a thousand
+    ranks would send every rank megabytes."""
     everyone = [None] * dist.get_world_size(group)
-    mine = (None if failure is None else (type(failure).__name__, str(failure)), same or {}, parameters)
+    digest = None if parameters is None else hashlib.sha256(repr(parameters).encode()).hexdigest()
+    mine = (None if failure is None else (type(failure).__name__, str(failure)), same or {}, digest)
     dist.all_gather_object(everyone, mine, group=group)
     return everyone
 
@@ -57,7 +61,7 @@ def checked_on_every_rank(what: str, step, group=None, same: dict | None = None,
     collective in it), then agree_before_set_up(what, whatever it raised, group, same, and
     `parameters()`'s parameter_shapes() if given). Returns what `step` returned, where it
     succeeded on every rank and `same` and the parameters agree; else raises the same error on
-    every rank. Collective: one all_gather_object."""
+    every rank. Collective: one all_gather_object (a second where the parameters differ)."""
     failure = result = shapes = None
     try:
         result = step()
@@ -92,8 +96,9 @@ def agree_before_set_up(what: str, failure: BaseException | None, group=None, sa
     where the set-up needs the ranks' models alike) differ: a ConfigError on every rank naming the
     first parameter that does. So no rank raises alone while the others
     wait in the next collective until its timeout, and no ranks go on to make different calls.
-    Collective: one all_gather_object; none without a default process group, where `failure`
-    (if any) is raised as it is and there is no one to agree with."""
+    Collective: one all_gather_object (a second where the parameters differ); none without a
+    default process group, where `failure` (if any) is raised as it is and there is no one to
+    agree with."""
     if not dist.is_initialized():
         if failure is not None:
             raise failure
@@ -104,7 +109,7 @@ def agree_before_set_up(what: str, failure: BaseException | None, group=None, sa
         raise _ext.ConfigError(f"{what}: rank {dist.get_rank()} is not in process_group; only its ranks may call it"
                                f" with that group")
     everyone = _gather_failures(failure, same, group, parameters)
-    # Errors name world ranks, as every other message does, not ranks within `group`.
+    # Errors name world ranks, not ranks within `group` (the rank a user launched).
     world_rank = dist.get_process_group_ranks(group) if group is not None else range(len(everyone))
     for rank, (failed, _, _) in zip(world_rank, everyone):
         if failed is not None:
@@ -123,10 +128,13 @@ def agree_before_set_up(what: str, failure: BaseException | None, group=None, sa
             held = "; ".join(f"{value} on rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}"
                              for value, r in ranks.items())
             raise _ext.ConfigError(f"{what}: the ranks differ in {name}: {held}")
-    if parameters is not None:
-        difference = _first_parameter_difference([shapes for _, _, shapes in everyone], world_rank)
-        if difference is not None:
-            raise _ext.ConfigError(f"{what}: the ranks' models differ: {difference}")
+    if parameters is not None and any(digest != everyone[0][2] for _, _, digest in everyone):
+        # Every rank saw the digests differ: the lists themselves, to name the first difference.
+        lists = [None] * len(everyone)
+        dist.all_gather_object(lists, parameters, group=group)
+        difference = _first_parameter_difference(lists, world_rank)
+        raise _ext.ConfigError(f"{what}: the ranks' models differ: "
+                               f"{difference or 'their parameters print alike but do not compare equal'}")
 
 
 def refused_on_every_rank(check, refuse) -> None:

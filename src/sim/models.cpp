@@ -290,6 +290,7 @@ void apply_rates_json(ChangeRates& rates, const std::string& json_text, const st
     const ShardType type = shard_type_in(origin, key);
     rates.of(type).element = top.fraction(key.c_str());
     rates.of(type).block = -1;
+    rates.of(type).block_at = 0;
     rates.of(type).source = origin;
   }
   if (top.has("block")) {

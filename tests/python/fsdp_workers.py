@@ -231,7 +231,8 @@ def one_rank_differs(rank, world):
 def models_or_cost_models_that_differ(rank, world):
     """On the last rank only: a model whose one weight is transposed (as many values, so each
     rank's shard sizes agree), one whose parameter is named otherwise, and a cost model of the
-    right size with other numbers. What each enable() raised on this rank, in that order."""
+    right size with other numbers; and the transposed weight for enable_reduce_scatter(). What each
+    raised on this rank, in that order."""
     from torch.distributed.fsdp import fully_shard
 
     last = rank == world - 1
@@ -250,6 +251,7 @@ def models_or_cost_models_that_differ(rank, world):
         error_of(lambda: ct.enable(linear((4, 8), "b" if last else "a"), ciera.EngineConfig())),
         error_of(lambda: ct.enable(linear((4, 8)), ciera.EngineConfig(), cache_budget_bytes=1 << 20,
                                    cost_model=other)),
+        error_of(lambda: ct.enable_reduce_scatter(linear((8, 4) if last else (4, 8)), timeout_s=20)),
     ]
 
 

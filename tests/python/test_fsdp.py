@@ -96,6 +96,8 @@ def test_models_or_cost_models_that_differ_between_ranks_fail_every_rank_alike()
             "rank 2"], (rank, errors)
         assert errors[2].startswith("ConfigError: enable(): the ranks differ in cost_model: "), (rank, errors)
         assert "on ranks 0, 1;" in errors[2] and errors[2].endswith("on rank 2"), (rank, errors)
+        assert errors[3] == ("ConfigError: enable_reduce_scatter(): the ranks' models differ: parameter '0.weight' is "
+                             "[8, 4] bfloat16 on rank 0, [4, 8] bfloat16 on rank 2"), (rank, errors)
 
 
 def test_enable_on_a_group_a_rank_is_not_in_says_so_on_that_rank():

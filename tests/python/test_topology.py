@@ -80,12 +80,15 @@ def test_a_failure_in_one_nodes_group_is_an_error_on_every_rank():
 
 def test_a_process_group_without_the_shard_group_is_refused_at_enable():
     """Under HSDP the replicate group was accepted; its ranks then merged selection statistics
-    with ranks they share no engine with and chose unlike, failing after the warmup."""
+    with ranks they share no engine with and chose unlike, failing after the warmup. (The shard
+    group is refused too: enable() agrees the nodes' set-up over the world, or one node could
+    fail alone and leave the other in FSDP2's all-reduce across nodes.)"""
     for rank, (gathers, reductions) in enumerate(all_ok(spawn(w.replicate_group_is_refused, 4))):
         # The lowest rank of this rank's replicate group ({0, 2} or {1, 3}) names its shard peer.
         first = rank % 2
-        assert gathers.startswith(f"enable(): on rank {first}: FSDP2 gathers this rank's parameters on ranks [0, 1], "
-                                  f"but [{1 - first}] is not in process_group (ranks [{first}, {first + 2}])"), (rank, gathers)
+        assert gathers == (f"enable(): on rank {first}: FSDP2 gathers this model on groups of several nodes (HSDP or "
+                           f"reshard_after_forward=N), whose set-up enable() agrees over the world; process_group "
+                           f"holds ranks [{first}, {first + 2}]: pass the world (the default)"), (rank, gathers)
         # The reduce-scatter's checks agree over the world: rank 0's refusal on every rank (the
         # collectives ran on the shard groups and process_group was ignored).
         assert reductions == ("enable_reduce_scatter(): on rank 0: FSDP2 reduce-scatters this rank's gradients on "

@@ -123,7 +123,10 @@ def shared_options(transport, verify, cache_budget_bytes, select_after_steps, re
     """enable()'s options every rank must share, beyond the engine configuration its engine agrees:
     ranks that differ in one would make different calls (another transport, verify's extra
     gathers, the selector's collectives at other steps, a cost model measured on some ranks)."""
-    given = (None if cost_model is None else {size: plain_cost_model(m) for size, m in sorted(cost_model.items())}
+    # Before the agreed step, on one rank alone if it raised: nothing here may (keys of mixed
+    # types do not sort; a value that is no CostModel is named by its type, and refused there).
+    given = (None if cost_model is None else
+             {repr(size): plain_cost_model(m) for size, m in sorted(cost_model.items(), key=lambda kv: repr(kv[0]))}
              if isinstance(cost_model, dict) else plain_cost_model(cost_model))
     return {"transport": transport, "verify": bool(verify), "cache_budget_bytes": cache_budget_bytes,
             "select_after_steps": select_after_steps, "reselect_every": reselect_every, "overlap": bool(overlap),
@@ -296,6 +299,13 @@ def _described(model, process_group, selecting: bool, cost_model):
                                    f"model is sharded over {groups[0].size}")
     members = set(dist.get_process_group_ranks(process_group) if process_group is not None
                   else range(dist.get_world_size()))
+    if any(len(g.partition) > 1 for g in groups) and len(members) != dist.get_world_size():
+        # Groups of one kind on every node (HSDP, reshard_after_forward=N): enable() agrees their
+        # set-up, cost models and selection over process_group, and a node that failed alone
+        # would leave the others in FSDP2's own collectives across nodes.
+        raise _ext.ConfigError(f"enable(): FSDP2 gathers this model on groups of several nodes (HSDP or "
+                               f"reshard_after_forward=N), whose set-up enable() agrees over the world; "
+                               f"process_group holds ranks {sorted(members)}: pass the world (the default)")
     for group in groups:
         outside = sorted(set(group.ranks) - members)
         if outside:
@@ -303,8 +313,7 @@ def _described(model, process_group, selecting: bool, cost_model):
             # statistics there: an engine's peers outside it would set up and select on their own.
             raise _ext.ConfigError(f"enable(): FSDP2 gathers this rank's parameters on ranks {list(group.ranks)}, "
                                    f"but {outside} {'is' if len(outside) == 1 else 'are'} not in process_group "
-                                   f"(ranks {sorted(members)}); under HSDP pass the world or the shard group, "
-                                   "not the replicate group")
+                                   f"(ranks {sorted(members)})")
     return described, groups, device
 
 
@@ -317,8 +326,9 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
 
     Collective: every rank calls it with the same model structure (parameter names, shapes and
     dtypes) and configuration (checked; a difference raises ConfigError on every rank), on a
-    `process_group` (default the world) that holds every rank its gathers reach (under HSDP the
-    world or the shard group, not the replicate group). The model's parameters are on the CPU or on
+    `process_group` (default the world) that holds every rank its gathers reach (the world under
+    HSDP or reshard_after_forward=N, whose groups of every node enable() sets up together). The
+    model's parameters are on the CPU or on
     one CUDA device: then payloads live and are coded in that device's memory (CIERA built with
     CUDA). `transport` is "torch" (a dedicated group beside `process_group`, default the world:
     gloo for CPU models, NCCL for CUDA ones), "mpi" (CIERA's Open MPI transport, CPU only; the

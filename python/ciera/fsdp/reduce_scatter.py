@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank, refused_on_every_rank
+from ciera._dist import checked_on_every_rank, parameter_shapes, refused_on_every_rank
 from ciera.fsdp.gather import RecordLog
 from ciera.fsdp.layout import (DTYPES, DefaultReduceScatter, ReduceScatter, describe_buckets, describe_groups,
                                reduce_scatter_comm)
@@ -212,7 +212,7 @@ def enable_reduce_scatter(model: torch.nn.Module, coding: str = "exponent", *, t
     config, buckets, shard = checked_on_every_rank(
         "enable_reduce_scatter()", lambda: _checked(model, coding, transport, process_group, timeout_s,
                                                     worker_niceness),
-        same={"transport": transport, "coding": coding})
+        same={"transport": transport, "coding": coding}, parameters=lambda: parameter_shapes(model))
     if len(shard.partition) == 1:
         native = make_transport(transport, process_group, timeout_s)
     else:

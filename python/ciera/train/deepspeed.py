@@ -199,7 +199,7 @@ def finish(program, runs: dict, handle, version: str) -> None:
     from ciera.train.summary import selection_fields
 
     a = program.args
-    m = pair.steady_medians(program, base, ours)
+    m = pair.steady_figures(program, base, ours)
     summary = {
         "mode": "deepspeed", **pair.common_summary(program, runs, ours, total, differs),
         "framework": "deepspeed", "deepspeed_version": version, "params": ours.params,

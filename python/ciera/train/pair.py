@@ -56,7 +56,7 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
-def steady_medians(program, base: Run, ours: Run, comm: str = "allgather_s") -> dict:
+def steady_figures(program, base: Run, ours: Run, comm: str = "allgather_s") -> dict:
     """Steady-state (after --warmup) figures of both trainings: ours' raw and wire bytes per step
     (means) and its ratio and bits per value, all three over the steady steps together (medians of
     the bytes beside a ratio of sums disagreed where a few steps differ, as the adaptive switch's
@@ -98,7 +98,7 @@ def common_summary(program, runs: dict[str, Run], ours: Run, total: RunCheck, di
 
 
 def timing_fields(m: dict, comm: str, base: str) -> dict:
-    """The summary's times from steady_medians(): `{comm}_ms_{base}` and `{comm}_ms_ciera`, the
+    """The summary's times from steady_figures(): `{comm}_ms_{base}` and `{comm}_ms_ciera`, the
     iteration's the same way, their speedups, and CIERA's encoding time."""
     return {
         f"{comm}_ms_{base}": m["comm_base"] * 1e3, f"{comm}_ms_ciera": m["comm_ours"] * 1e3,

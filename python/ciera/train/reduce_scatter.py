@@ -218,7 +218,7 @@ def finish(program, framework, runs: dict) -> None:
     if program.rank != 0:
         return
     values, exponent_bytes, entropy_bits = coding.tolist()
-    m = pair.steady_medians(program, twin, ours, comm="reduce_scatter_s")
+    m = pair.steady_figures(program, twin, ours, comm="reduce_scatter_s")
     steady = slice(min(a.warmup, a.steps - 1), a.steps)
     own_rs = pair.median(own.results["reduce_scatter_s"][steady])
     value_bits = 8 * torch.empty(0, dtype=REDUCE_DTYPES[a.reduce_dtype]).element_size()

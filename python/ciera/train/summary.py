@@ -133,8 +133,10 @@ def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None,
     ag, it = _median(r["allgather_s"][steady]), _median(r["iteration_s"][steady])
     ag_base = _median(base.results["allgather_s"][steady]) if base else None
     it_base = _median(base.results["iteration_s"][steady]) if base else None
-    inter = int(_median(r["inter_node"][steady]))
-    inter_base = int(_median(base.results["inter_node"][steady])) if base else None
+    # Means, as the bytes per step below.
+    inter = round(sum(r["inter_node"][steady]) / max(1, len(r["inter_node"][steady])))
+    inter_base = (round(sum(base.results["inter_node"][steady]) / max(1, len(base.results["inter_node"][steady])))
+                  if base else None)
     return {
         "inter_node_allgather_bytes": inter,
         "inter_node_fraction": inter / inter_base if inter_base else None,

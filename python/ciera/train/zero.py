@@ -147,7 +147,7 @@ def finish(program, runs: dict) -> None:
     total, differs, (peak,) = pair.compare(base, ours)
     if program.rank != 0:
         return
-    m = pair.steady_medians(program, base, ours)
+    m = pair.steady_figures(program, base, ours)
     values = ours.raw_bytes // 2   # BF16
     summary = {
         "mode": "zero", **pair.common_summary(program, runs, ours, total, differs), "params": values,
