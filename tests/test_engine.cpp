@@ -242,6 +242,61 @@ TEST(Engine, TextsCutForTheWireStayUtf8AndShowWhereLongValuesDiffer) {
   }
 }
 
+// wait() from inside a transport call (where a Python transport's callables run) waited for
+// itself for ever; it is refused. Tickets are unique across engines: another engine's is unknown
+// (it used to be taken for this engine's gather of the same number).
+TEST(Engine, WaitFromTheCommunicationThreadAndForeignTicketsAreRefused) {
+  struct CallingBack final : Transport {
+    std::unique_ptr<Transport> inner;
+    std::function<void()> during;
+    int rank() const override { return inner->rank(); }
+    int size() const override { return inner->size(); }
+    std::string_view name() const override { return "calling back"; }
+    void allgather(const void* in, size_t bytes, void* out) override {
+      inner->allgather(in, bytes, out);
+    }
+    void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
+                    std::span<const uint64_t> displs) override {
+      if (during) during();
+      inner->allgatherv(in, out, counts, displs);
+    }
+    void barrier() override { inner->barrier(); }
+    void set_timeout(std::chrono::milliseconds t) override { inner->set_timeout(t); }
+    std::chrono::milliseconds timeout() const override { return inner->timeout(); }
+  };
+  auto world = make_loopback_world(1);
+  CallingBack transport;
+  transport.inner = make_loopback_transport(world, 0);
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {1000}, 1);
+  CompressedAllgather engine(transport, EngineConfig{}, {layout});
+  std::vector<std::byte> in(layout.rank_bytes(0)), out(layout.total_bytes());
+  std::atomic<CompressedAllgather::Ticket> target{0};
+  std::string refused;
+  bool on_communication_thread = false;
+  transport.during = [&] {
+    while (target.load() == 0) std::this_thread::yield();  // start() returns before the exchange
+    on_communication_thread = engine.on_communication_thread();
+    try {
+      engine.wait(target.load());
+    } catch (const std::invalid_argument& e) {
+      refused = e.what();
+    }
+  };
+  target = engine.start(0, in, out);
+  EXPECT_NO_THROW(engine.wait(target.load()));
+  transport.during = nullptr;
+  EXPECT_TRUE(on_communication_thread);
+  EXPECT_FALSE(engine.on_communication_thread());
+  EXPECT_NE(refused.find("communication thread"), std::string::npos) << refused;
+
+  auto other_world = make_loopback_world(1);
+  auto other_transport = make_loopback_transport(other_world, 0);
+  CompressedAllgather other(*other_transport, EngineConfig{}, {layout});
+  const CompressedAllgather::Ticket theirs = other.start(0, in, out);
+  EXPECT_THROW(engine.wait(theirs), std::invalid_argument);
+  EXPECT_NO_THROW(other.wait(theirs));
+}
+
 // A timeout <= 0 used to reach the transport, whose first wait then said that the peers "did
 // not arrive within -1 ms"; a layout past 2^64 bytes wrapped to a size of 0 that a raw gather
 // took, or died in an allocation. Both are now named in the agreement, on every rank.

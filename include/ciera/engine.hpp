@@ -147,7 +147,9 @@ class CompressedAllgather {
                uintptr_t stream = 0, uint64_t slot_stride = 0);
   // Blocks until the gather is done. Throws CommError / ConfigError (the same on every rank)
   // if it failed; output is then unspecified.
-  // Throws std::invalid_argument if `ticket` was not returned by start() or was waited for.
+  // Throws std::invalid_argument if `ticket` was not returned by this engine's start() (tickets
+  // are unique across engines) or was waited for, or if called on the engine's communication
+  // thread (from inside a transport call), where it would wait for itself for ever.
   GatherStats wait(Ticket ticket);
   // start() then wait(); throws what they throw.
   GatherStats run(size_t bucket, std::span<const std::byte> input, std::span<std::byte> output,
@@ -190,6 +192,10 @@ class CompressedAllgather {
   // ciera parameters, previous values for delta ones), in the backend's memory.
   size_t cache_bytes() const;
   const CodecBackend& backend() const;
+  // Whether the caller is this engine's communication thread: inside one of its transport's
+  // calls (a Python transport's callables run there). The engine cannot be destroyed there (its
+  // destructor joins that thread), nor waited for.
+  bool on_communication_thread() const noexcept;
 
  private:
   // start(), or with a non-empty `refusal` refuse()'s gather.

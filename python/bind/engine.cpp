@@ -5,6 +5,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bind.hpp"
@@ -47,7 +48,19 @@ class PyEngine {
     engine_ = std::make_shared<CompressedAllgather>(*transport_, std::move(config),
                                                     std::move(buckets), std::move(backend));
   }
-  ~PyEngine() { release(engine_); }
+  ~PyEngine() {
+    if (engine_ && engine_->on_communication_thread()) {
+      // The garbage collector ran inside one of the engine's own transport calls: its destructor
+      // would join the thread it runs on (std::terminate). Another thread drops it, and the
+      // transport with it, once that call has returned.
+      std::thread([engine = std::move(engine_), transport = std::move(transport_)]() mutable {
+        engine.reset();
+        transport.reset();
+      }).detach();
+      return;
+    }
+    release(engine_);
+  }
   PyEngine(const PyEngine&) = delete;
   PyEngine& operator=(const PyEngine&) = delete;
 
@@ -55,6 +68,7 @@ class PyEngine {
     Engine engine = engine_;
     if (!engine)
       throw py::value_error("the CIERA engine is closed (Engine.close(), or Handle.disable())");
+    refuse_own_thread(*engine);
     return engine;
   }
 
@@ -91,9 +105,21 @@ class PyEngine {
     });
   }
 
-  void close() { release(engine_); }
+  void close() {
+    if (engine_) refuse_own_thread(*engine_);
+    release(engine_);
+  }
 
  private:
+  // A transport callable (which runs on the engine's communication thread) calling the engine:
+  // wait() would wait for itself for ever, close() would join its own thread.
+  static void refuse_own_thread(const CompressedAllgather& engine) {
+    if (engine.on_communication_thread()) {
+      throw py::value_error(
+          "the CIERA engine was called from inside one of its own transport's calls (its "
+          "communication thread); call it from another thread");
+    }
+  }
   // Drops `engine` while the GIL is released by the caller's scope.
   struct Releaser {
     Engine& engine;
@@ -150,16 +176,27 @@ void bind_engine(py::module_& m) {
            "there; the transport must move device memory)")
       .def("start", &PyEngine::gather<&CompressedAllgather::start>, py::arg("bucket"),
            py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
-           py::arg("output_bytes"), py::arg("stream") = 0, py::arg("slot_stride") = 0)
+           py::arg("output_bytes"), py::arg("stream") = 0, py::arg("slot_stride") = 0,
+           "Starts gathering `bucket` and returns a ticket for wait(). The pointers are raw "
+           "addresses (Tensor.data_ptr(), ndarray.ctypes.data): nothing keeps their memory "
+           "alive, so the caller keeps both buffers, unresized, until wait() returns (freed "
+           "earlier, the engine writes into freed memory). The input may overlap the output "
+           "only as this rank's own slot of it (an in-place gather). Wrong sizes and null "
+           "pointers fail the gather on every rank (ConfigError from wait()).")
       .def(
           "wait",
           [](PyEngine& e, CompressedAllgather::Ticket ticket) {
             return e.unlocked([&](CompressedAllgather& engine) { return engine.wait(ticket); });
           },
-          py::arg("ticket"))
+          py::arg("ticket"),
+          "Blocks until the gather of `ticket` (from this engine's start()) is done and returns "
+          "its GatherStats; CommError / ConfigError, on every rank, if it failed. Blocks with "
+          "the GIL released and does not see Ctrl-C until the gather ends (at most the "
+          "configured timeout).")
       .def("run", &PyEngine::gather<&CompressedAllgather::run>, py::arg("bucket"),
            py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
-           py::arg("output_bytes"), py::arg("stream") = 0, py::arg("slot_stride") = 0)
+           py::arg("output_bytes"), py::arg("stream") = 0, py::arg("slot_stride") = 0,
+           "start() then wait(), with their rules for the buffers.")
       .def(
           "refuse",
           [](PyEngine& e, size_t bucket, const std::string& reason) {
@@ -214,7 +251,9 @@ void bind_engine(py::module_& m) {
                              })
       .def_property_readonly("closed", &PyEngine::closed)
       .def("close", &PyEngine::close,
-           "Ends the engine (joins its threads); closing twice is harmless.");
+           "Ends the engine (joins its threads); closing twice is harmless. A gather in flight "
+           "is finished first (up to the configured timeout), so its buffers may be freed once "
+           "close() returns; its wait() then raises ValueError (closed).");
 }
 
 }  // namespace ciera::python

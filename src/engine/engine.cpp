@@ -4,9 +4,11 @@
 // unit), scheduler.cpp (rounds on the communication thread), codec_tasks.cpp (encoding and
 // decoding on worker threads), memory_ops.hpp (every payload byte moved).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "ciera/error.hpp"
 #include "engine/agreement.hpp"
@@ -308,7 +310,9 @@ CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
                        (slot_stride ? " at a slot stride of " + std::to_string(slot_stride) : "");
     }
     s.busy = true;
-    g->ticket = m.next_ticket++;
+    // Unique across engines: another engine's ticket is unknown here, not one of this engine's.
+    static std::atomic<Ticket> next_ticket{1};
+    g->ticket = next_ticket.fetch_add(1, std::memory_order_relaxed);
     m.pending[g->ticket] = g;
     g->sends_raw = m.send_raw(s, s.step);
   }
@@ -322,6 +326,11 @@ CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
 }
 
 GatherStats CompressedAllgather::wait(Ticket ticket) {
+  if (on_communication_thread()) {
+    throw std::invalid_argument(
+        "wait: called on the engine's communication thread (from a "
+        "transport call), it would wait for itself");
+  }
   std::shared_ptr<Gather> g;
   {
     std::lock_guard lock(impl_->mutex);
@@ -412,6 +421,9 @@ BucketLayout CompressedAllgather::bucket(size_t index) const {
   return impl_->buckets[index].layout;
 }
 size_t CompressedAllgather::bucket_count() const { return impl_->buckets.size(); }
+bool CompressedAllgather::on_communication_thread() const noexcept {
+  return impl_->comm.get_id() == std::this_thread::get_id();
+}
 int CompressedAllgather::rank() const { return impl_->rank; }
 int CompressedAllgather::world_size() const { return impl_->world; }
 const CodecBackend& CompressedAllgather::backend() const { return *impl_->backend; }

@@ -181,7 +181,6 @@ struct CompressedAllgather::Impl {
   std::condition_variable wake;
   std::deque<std::shared_ptr<Gather>> queue;
   std::map<Ticket, std::shared_ptr<Gather>> pending;
-  Ticket next_ticket = 1;
   bool stopping = false;
   std::string broken;  // after a CommError the engine fails every later gather with this
   // Which exchange the communication thread is in, for a CommError's text: what a rank was

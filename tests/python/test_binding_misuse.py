@@ -398,3 +398,47 @@ def test_monitors_and_counters_take_one_thread_at_a_time():
     # The first observation is the baseline; each later one adds an observation of every shard.
     assert monitor.counts[0].observations == counted - 1, (outcomes, monitor.counts[0].observations)
     assert counter.transitions == outcomes["counter"].count("ok") - 1, (outcomes, counter.transitions)
+
+
+def test_the_engine_called_or_collected_inside_its_own_transport_call_does_not_abort():
+    """A transport callable runs on the engine's communication thread. close() there, or the
+    garbage collector dropping the engine there, destroyed it on the thread its destructor joins
+    (std::terminate, the process gone); wait() there waited for itself for ever."""
+    lines = _child_output("""
+        import gc, time, numpy as np
+        layout = ciera.BucketLayout.fsdp_split("b", ciera.DType.bf16, [1000], 1)
+        def transport(during):
+            def allgather(inp, out):
+                out[:] = inp
+                during()
+            def allgatherv(inp, out, counts, displs):
+                out[displs[0]:displs[0] + counts[0]] = inp
+            return ciera.python_transport(0, 1, allgather, allgatherv, lambda: None)
+        inp, out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
+
+        held = {}
+        def call_back():
+            if held.get("engine") is not None and held.pop("armed", False):
+                for call in (lambda e: e.close(), lambda e: e.wait(held["ticket"])):
+                    try:
+                        call(held["engine"])
+                    except ValueError as e:
+                        print("refused:", e)
+        held["engine"] = engine = ciera.Engine(transport(call_back), ciera.EngineConfig(), [layout])
+        held["armed"], held["ticket"] = True, engine.start(0, inp.ctypes.data, inp.nbytes, out.ctypes.data, out.nbytes)
+        engine.wait(held["ticket"])
+        engine.close()
+
+        gc.disable()
+        class Owner: pass
+        owner = Owner(); owner.cycle = owner
+        owner.engine = ciera.Engine(transport(lambda: (time.sleep(0.2), gc.collect())), ciera.EngineConfig(), [layout])
+        # The buffers outlive the engine: the dropped engine still finishes its gather.
+        owner.engine.start(0, inp.ctypes.data, inp.nbytes, out.ctypes.data, out.nbytes)
+        del owner    # collected inside the gather's own transport call, by the gc.collect() there
+        time.sleep(1)
+        print("survived")
+    """)
+    assert lines[-1] == "survived", lines
+    refusals = [line for line in lines if line.startswith("refused:")]
+    assert len(refusals) == 2 and all("its own transport's calls" in line for line in refusals), lines
