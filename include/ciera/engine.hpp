@@ -133,7 +133,8 @@ class CompressedAllgather {
   // output is complete in device memory, for any stream to read. The host backend has no
   // streams: pass 0.
   // Throws std::invalid_argument if `bucket` does not exist or already has a gather in flight,
-  // or if `stream` is not 0 on a backend without streams (the host's).
+  // if `stream` is not 0 on a backend without streams (the host's), or if called on the
+  // engine's communication thread (from inside a transport call).
   // A wrong input or output size is not thrown here: wait() throws ConfigError for it on every
   // rank.
   // `slot_stride` (the same on every rank): 0 (the default) puts the ranks' parts of `output` back

@@ -2,10 +2,11 @@
 // byte counts (FSDP's flat tensors); the engine keeps its transport alive as long as it lives.
 #include <pybind11/stl.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bind.hpp"
@@ -50,14 +51,17 @@ class PyEngine {
   }
   ~PyEngine() {
     if (engine_ && engine_->on_communication_thread()) {
-      // The garbage collector ran inside one of the engine's own transport calls: its destructor
-      // would join the thread it runs on (std::terminate). Another thread drops it, and the
-      // transport with it, once that call has returned.
-      std::thread([engine = std::move(engine_), transport = std::move(transport_)]() mutable {
-        engine.reset();
-        transport.reset();
-      }).detach();
-      return;
+      // The garbage collector dropped the engine inside one of its own transport's calls, so a
+      // gather is in flight, and its buffers went with the same collection as often as not. The
+      // engine cannot be destroyed here (its destructor joins this thread), and kept alive it
+      // would finish that gather into memory that may be freed: stop, saying why, rather than
+      // corrupt the heap silently.
+      std::fprintf(stderr,
+                   "ciera: an Engine was garbage-collected inside one of its own transport's "
+                   "calls, with a gather in flight whose buffers may be freed by now; aborting "
+                   "rather than writing into them (keep the engine until its gathers are waited "
+                   "for, or close() it)\n");
+      std::abort();
     }
     release(engine_);
   }

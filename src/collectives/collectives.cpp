@@ -492,8 +492,13 @@ struct LosslessCollectives::Impl {
         pool.wait(coding[region]);  // round k + 1's sizes go into its record
         exchange_start = Clock::now();
         next.all = exchange_records(call, k + 1);
-        // Round k + 1 - kRegions decoded: its receive region is round k + 1's.
-        if (k + 1 >= kRegions) pool.wait(decoding[region]);
+        // Round k + 1 - kRegions decoded: its receive region is round k + 1's. Not timed as
+        // exchange: the wait may decode and reduce on this thread (decode_s and reduce_s).
+        if (k + 1 >= kRegions) {
+          exchange_s += seconds_since(exchange_start);
+          pool.wait(decoding[region]);
+          exchange_start = Clock::now();
+        }
         next.exchange = start_slices(next.all, k + 1, next.recv_at);
         exchange_s += seconds_since(exchange_start);
       };

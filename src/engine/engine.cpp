@@ -275,6 +275,13 @@ CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
                                                        std::string refusal) {
   Impl& m = *impl_;
   check_bucket("start", bucket, m.buckets.size());
+  // From a transport call, wait() is refused (it would wait for itself), so run() would leave
+  // this gather writing into the caller's buffers after it threw: refused before it starts.
+  if (on_communication_thread()) {
+    throw std::invalid_argument(
+        "start: called on the engine's communication thread (from a "
+        "transport call)");
+  }
   BucketState& s = m.buckets[bucket];
   auto g = std::make_shared<Gather>();
   g->ready = m.backend->fence(stream);  // before anything changes: it may throw

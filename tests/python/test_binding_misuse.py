@@ -400,11 +400,13 @@ def test_monitors_and_counters_take_one_thread_at_a_time():
     assert counter.transitions == outcomes["counter"].count("ok") - 1, (outcomes, counter.transitions)
 
 
-def test_the_engine_called_or_collected_inside_its_own_transport_call_does_not_abort():
-    """A transport callable runs on the engine's communication thread. close() there, or the
-    garbage collector dropping the engine there, destroyed it on the thread its destructor joins
-    (std::terminate, the process gone); wait() there waited for itself for ever."""
-    lines = _child_output("""
+def test_the_engine_called_or_collected_inside_its_own_transport_call():
+    """A transport callable runs on the engine's communication thread. close() there destroyed the
+    engine on the thread its destructor joins (std::terminate, the process gone) and wait() there
+    waited for itself for ever: both are a ValueError now. The garbage collector dropping the
+    engine there still ends the process, since the gather in flight would write into buffers the
+    same collection may have freed, but with a message that says so."""
+    transport = """
         import gc, time, numpy as np
         layout = ciera.BucketLayout.fsdp_split("b", ciera.DType.bf16, [1000], 1)
         def transport(during):
@@ -415,7 +417,8 @@ def test_the_engine_called_or_collected_inside_its_own_transport_call_does_not_a
                 out[displs[0]:displs[0] + counts[0]] = inp
             return ciera.python_transport(0, 1, allgather, allgatherv, lambda: None)
         inp, out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
-
+    """
+    lines = _child_output(transport + """
         held = {}
         def call_back():
             if held.get("engine") is not None and held.pop("armed", False):
@@ -428,17 +431,20 @@ def test_the_engine_called_or_collected_inside_its_own_transport_call_does_not_a
         held["armed"], held["ticket"] = True, engine.start(0, inp.ctypes.data, inp.nbytes, out.ctypes.data, out.nbytes)
         engine.wait(held["ticket"])
         engine.close()
-
-        gc.disable()
-        class Owner: pass
-        owner = Owner(); owner.cycle = owner
-        owner.engine = ciera.Engine(transport(lambda: (time.sleep(0.2), gc.collect())), ciera.EngineConfig(), [layout])
-        # The buffers outlive the engine: the dropped engine still finishes its gather.
-        owner.engine.start(0, inp.ctypes.data, inp.nbytes, out.ctypes.data, out.nbytes)
-        del owner    # collected inside the gather's own transport call, by the gc.collect() there
-        time.sleep(1)
         print("survived")
     """)
     assert lines[-1] == "survived", lines
     refusals = [line for line in lines if line.startswith("refused:")]
     assert len(refusals) == 2 and all("its own transport's calls" in line for line in refusals), lines
+    done = subprocess.run([sys.executable, "-c", _CHILD_PRELUDE + textwrap.dedent(transport + """
+        gc.disable()
+        class Owner: pass
+        owner = Owner(); owner.cycle = owner
+        owner.engine = ciera.Engine(transport(lambda: (time.sleep(0.2), gc.collect())), ciera.EngineConfig(), [layout])
+        owner.engine.start(0, inp.ctypes.data, inp.nbytes, out.ctypes.data, out.nbytes)
+        del owner    # collected inside the gather's own transport call, by the gc.collect() there
+        time.sleep(1)
+        print("went on")
+    """)], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "went on" not in done.stdout, (done.returncode, done.stdout, done.stderr)
+    assert "ciera: an Engine was garbage-collected inside one of its own transport's calls" in done.stderr, done.stderr
