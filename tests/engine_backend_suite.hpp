@@ -18,6 +18,7 @@
 #include "ciera/backend.hpp"
 #include "ciera/engine.hpp"
 #include "ciera/loopback.hpp"
+#include "forwarding_transport.hpp"
 #include "rank_threads.hpp"
 #include "test_util.hpp"
 
@@ -162,18 +163,17 @@ inline void expect_exact_gathers(int world, const BackendOf& backend_of, DType d
 
 // Flips one bit in the middle of rank 0's envelope (its payload's sign-mantissa plane) after
 // each allgatherv call `corrupt_call(call)` picks (calls counted from 0), through `memory`.
-class CorruptingTransport final : public Transport {
+class CorruptingTransport final : public ForwardingTransport {
  public:
   CorruptingTransport(std::unique_ptr<Transport> inner, const MemoryOps& memory,
                       std::function<bool(int)> corrupt_call)
-      : inner_(std::move(inner)), memory_(memory), corrupt_call_(std::move(corrupt_call)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingTransport(std::move(inner)),
+        memory_(memory),
+        corrupt_call_(std::move(corrupt_call)) {}
   std::string_view name() const override { return "corrupting"; }
-  void allgather(const void* in, size_t bytes, void* out) override { inner_->allgather(in, bytes, out); }
   void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
                   std::span<const uint64_t> displs) override {
-    inner_->allgatherv(in, out, counts, displs);
+    ForwardingTransport::allgatherv(in, out, counts, displs);
     for (const uint64_t n : counts) carried_ += n;
     if (corrupt_call_(calls_++) && counts[0] > 0) {
       std::byte* at = static_cast<std::byte*>(out) + displs[0] + counts[0] / 2;
@@ -183,14 +183,10 @@ class CorruptingTransport final : public Transport {
       memory_.copy(at, &bit, 1);
     }
   }
-  void barrier() override { inner_->barrier(); }
-  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   // Bytes all ranks' allgatherv calls carried so far (payloads: records go by allgather).
   uint64_t carried() const { return carried_; }
 
  private:
-  std::unique_ptr<Transport> inner_;
   const MemoryOps& memory_;
   std::function<bool(int)> corrupt_call_;
   int calls_ = 0;

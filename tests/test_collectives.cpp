@@ -25,6 +25,7 @@
 #include "collectives/reduction.hpp"
 #include "common/floats.hpp"
 #include "common/thread_pool.hpp"
+#include "forwarding_transport.hpp"
 #include "rank_threads.hpp"
 #include "record_flipping_transport.hpp"
 #include "test_util.hpp"
@@ -640,33 +641,20 @@ TEST(CollectiveFailures, AlltoallvCountsPastSixtyFourBitsAreRefusedOnEveryRank) 
 }
 
 // Flips one byte of what rank `victim` receives in every alltoallv from the `first`-th on.
-class CorruptingTransport final : public Transport {
+class CorruptingTransport final : public testing::ForwardingTransport {
  public:
   CorruptingTransport(std::shared_ptr<Transport> inner, bool victim, int first = 0)
-      : inner_(std::move(inner)), victim_(victim), first_(first) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingTransport(std::move(inner)), victim_(victim), first_(first) {}
   std::string_view name() const override { return "corrupting"; }
-  void allgather(const void* in, size_t bytes, void* out) override {
-    inner_->allgather(in, bytes, out);
-  }
-  void allgatherv(const void* in, void* out, std::span<const uint64_t> c,
-                  std::span<const uint64_t> d) override {
-    inner_->allgatherv(in, out, c, d);
-  }
   void alltoallv(const void* in, std::span<const uint64_t> sc, std::span<const uint64_t> sd,
                  void* out, std::span<const uint64_t> rc, std::span<const uint64_t> rd) override {
-    inner_->alltoallv(in, sc, sd, out, rc, rd);
-    const size_t peer = static_cast<size_t>(1 - inner_->rank());
+    ForwardingTransport::alltoallv(in, sc, sd, out, rc, rd);
+    const size_t peer = static_cast<size_t>(1 - rank());
     if (victim_ && calls_++ >= first_ && rc[peer] > 100)
       static_cast<std::byte*>(out)[rd[peer] + rc[peer] - 9] ^= std::byte{0x10};
   }
-  void barrier() override { inner_->barrier(); }
-  void set_timeout(std::chrono::milliseconds t) override { inner_->set_timeout(t); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
 
  private:
-  std::shared_ptr<Transport> inner_;
   bool victim_;
   int first_, calls_ = 0;
 };

@@ -23,6 +23,7 @@
 #include "common/adaptive_switch.hpp"
 #include "engine_backend_suite.hpp"
 #include "engine_wire_bound.hpp"
+#include "forwarding_transport.hpp"
 #include "rank_threads.hpp"
 #include "record_flipping_transport.hpp"
 #include "test_util.hpp"
@@ -246,27 +247,17 @@ TEST(Engine, TextsCutForTheWireStayUtf8AndShowWhereLongValuesDiffer) {
 // itself for ever; it is refused. Tickets are unique across engines: another engine's is unknown
 // (it used to be taken for this engine's gather of the same number).
 TEST(Engine, WaitFromTheCommunicationThreadAndForeignTicketsAreRefused) {
-  struct CallingBack final : Transport {
-    std::unique_ptr<Transport> inner;
+  struct CallingBack final : testing::ForwardingTransport {
+    using ForwardingTransport::ForwardingTransport;
     std::function<void()> during;
-    int rank() const override { return inner->rank(); }
-    int size() const override { return inner->size(); }
-    std::string_view name() const override { return "calling back"; }
-    void allgather(const void* in, size_t bytes, void* out) override {
-      inner->allgather(in, bytes, out);
-    }
     void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
                     std::span<const uint64_t> displs) override {
       if (during) during();
-      inner->allgatherv(in, out, counts, displs);
+      ForwardingTransport::allgatherv(in, out, counts, displs);
     }
-    void barrier() override { inner->barrier(); }
-    void set_timeout(std::chrono::milliseconds t) override { inner->set_timeout(t); }
-    std::chrono::milliseconds timeout() const override { return inner->timeout(); }
   };
   auto world = make_loopback_world(1);
-  CallingBack transport;
-  transport.inner = make_loopback_transport(world, 0);
+  CallingBack transport(make_loopback_transport(world, 0));
   const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {1000}, 1);
   CompressedAllgather engine(transport, EngineConfig{}, {layout});
   std::vector<std::byte> in(layout.rank_bytes(0)), out(layout.total_bytes());
