@@ -33,6 +33,12 @@ def _gather_failures(failure: BaseException | None, same: dict | None, group, pa
     return everyone
 
 
+def _world_ranks(group, size: int):
+    """The world ranks of `group`'s members in group rank order (the world's: 0..size-1): errors
+    name world ranks, the ranks a user launched, not ranks within a group."""
+    return dist.get_process_group_ranks(group) if group is not None else range(size)
+
+
 def parameter_shapes(model) -> list:
     """The model's parameters as every rank of a sharded training must have them alike: (name,
     global shape, dtype) in order."""
@@ -77,8 +83,7 @@ def first_failure(failure: BaseException | None, group=None) -> tuple[int, str, 
     (`failure`: its exception, or None). Returns (rank, type name, text) of the lowest rank that
     failed, the same on every rank, or None if none did."""
     everyone = _gather_failures(failure, None, group)
-    world_rank = dist.get_process_group_ranks(group) if group is not None else range(len(everyone))
-    for rank, (failed, _, _) in zip(world_rank, everyone):
+    for rank, (failed, _, _) in zip(_world_ranks(group, len(everyone)), everyone):
         if failed is not None:
             return (rank, *failed)
     return None
@@ -109,8 +114,7 @@ def agree_before_set_up(what: str, failure: BaseException | None, group=None, sa
         raise _ext.ConfigError(f"{what}: rank {dist.get_rank()} is not in process_group; only its ranks may call it"
                                f" with that group")
     everyone = _gather_failures(failure, same, group, parameters)
-    # Errors name world ranks, not ranks within `group` (the rank a user launched).
-    world_rank = dist.get_process_group_ranks(group) if group is not None else range(len(everyone))
+    world_rank = _world_ranks(group, len(everyone))
     for rank, (failed, _, _) in zip(world_rank, everyone):
         if failed is not None:
             kind, text = failed

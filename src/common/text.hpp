@@ -9,13 +9,17 @@
 
 namespace ciera {
 
+// The largest character boundary of `text` at or before byte `at` (at most text.size()).
+inline size_t utf8_boundary(std::string_view text, size_t at) {
+  // A UTF-8 continuation byte is 10xxxxxx: back off until `at` falls before a lead byte.
+  while (at > 0 && at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
+  return at;
+}
+
 // The longest prefix of `text` of at most `bytes` bytes that ends at a character boundary.
 inline std::string_view utf8_prefix(std::string_view text, size_t bytes) {
   if (text.size() <= bytes) return text;
-  // A UTF-8 continuation byte is 10xxxxxx: back off until the cut falls before a lead byte.
-  size_t cut = bytes;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return text.substr(0, cut);
+  return text.substr(0, utf8_boundary(text, bytes));
 }
 
 // `text` itself if it has at most `bytes` bytes, else its utf8_prefix of `bytes` - 3 bytes and

@@ -92,8 +92,7 @@ std::map<std::string, std::string> parse_facts(const std::string& text) {
 // `common` bytes they all share): a long name that differs only near its end is shown there.
 std::string excerpt(const std::string& value, size_t common) {
   if (value.size() <= 80) return value;
-  size_t from = common > 40 ? common - 20 : 0;
-  while (from > 0 && (static_cast<unsigned char>(value[from]) & 0xC0) == 0x80) --from;
+  const size_t from = utf8_boundary(value, common > 40 ? common - 20 : 0);
   return (from > 0 ? "..." : "") +
          shortened(std::string_view(value).substr(from), from > 0 ? 77 : 80);
 }

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from ciera.train import options
 from ciera.train.metrics import Run, RunCheck
-from ciera.train.summary import _compare, _links_text
+from ciera.train.summary import _compare, _links_text, mean_per_step
 
 
 def train(program, runs: dict[str, Run], step, handle, ours: str) -> None:
@@ -66,9 +66,8 @@ def steady_figures(program, base: Run, ours: Run, comm: str = "allgather_s") -> 
     steady = slice(min(a.warmup, a.steps - 1), a.steps)
     b, c = base.results, ours.results
     raw, wire = sum(c["raw"][steady]), sum(c["wire"][steady])
-    steps = max(1, len(c["raw"][steady]))
     return {
-        "raw": round(raw / steps), "wire": round(wire / steps),
+        "raw": mean_per_step(c["raw"][steady]), "wire": mean_per_step(c["wire"][steady]),
         "ratio": raw / wire if wire else None, "bits_per_value": 16.0 * wire / raw if raw else None,
         "comm_base": median(b[comm][steady]), "comm_ours": median(c[comm][steady]),
         "iteration_base": median(b["iteration_s"][steady]), "iteration_ours": median(c["iteration_s"][steady]),

@@ -20,6 +20,12 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def mean_per_step(xs) -> int:
+    """Bytes per step over the steps `xs` holds: their mean, rounded (0 for none). Byte figures
+    are means, so that they give the ratios of sums printed beside them."""
+    return round(sum(xs) / len(xs)) if xs else 0
+
+
 def _compare(base: Run, run: Run, check: RunCheck) -> list[int]:
     """Fills `check` with this rank's differences between two trainings; returns, per step,
     whether their losses differ (1) or not (0)."""
@@ -133,17 +139,15 @@ def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None,
     ag, it = _median(r["allgather_s"][steady]), _median(r["iteration_s"][steady])
     ag_base = _median(base.results["allgather_s"][steady]) if base else None
     it_base = _median(base.results["iteration_s"][steady]) if base else None
-    # Means, as the bytes per step below.
-    inter = round(sum(r["inter_node"][steady]) / max(1, len(r["inter_node"][steady])))
-    inter_base = (round(sum(base.results["inter_node"][steady]) / max(1, len(base.results["inter_node"][steady])))
-                  if base else None)
+    inter = mean_per_step(r["inter_node"][steady])
+    inter_base = mean_per_step(base.results["inter_node"][steady]) if base else None
     return {
         "inter_node_allgather_bytes": inter,
         "inter_node_fraction": inter / inter_base if inter_base else None,
-        # Means over the steady steps, as the ratio: medians beside a ratio of sums disagreed where
-        # a few steps differ (the adaptive switch's compressed probes among raw steps).
-        "allgather_raw_bytes": round(raw / max(1, len(r["raw"][steady]))),
-        "allgather_wire_bytes": round(wire / max(1, len(r["wire"][steady]))),
+        # Medians beside a ratio of sums disagreed where a few steps differ (the adaptive
+        # switch's compressed probes among raw steps).
+        "allgather_raw_bytes": mean_per_step(r["raw"][steady]),
+        "allgather_wire_bytes": mean_per_step(r["wire"][steady]),
         "ratio": raw / wire if wire else None,
         "bits_per_value": 16.0 * wire / raw if raw else None,
         "allgather_ms_ciera": ag * 1e3,
@@ -226,10 +230,7 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
         "buckets": len(handles[main_name].buckets), "links": _links_text(a),
         "rank_cores": program.rank_cores, "pin_cores": a.pin_cores,
         "topology": options.topology(a),
-        # A mean, as the CIERA run's inter-node bytes it is printed beside.
-        "inter_node_allgather_bytes_fsdp2": (round(sum(base.results["inter_node"][steady])
-                                                   / max(1, len(base.results["inter_node"][steady])))
-                                             if base else None),
+        "inter_node_allgather_bytes_fsdp2": mean_per_step(base.results["inter_node"][steady]) if base else None,
         "launcher": a.launcher, "device": a.device, "process_group": program.backend,
         # --schemes trains several (their names in "schemes"): no one codec is this run's.
         "transport": a.transport, "codec": None if a.schemes else a.codec,
