@@ -4,9 +4,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bind.hpp"
@@ -32,35 +35,57 @@ std::shared_ptr<const CodecBackend> backend_for(int device) {
 #endif
 }
 
+// What start(keep=...) keeps alive: each ticket's object until its wait() returns, and which
+// tickets in flight were started without one. Read and written with the GIL held only.
+struct Kept {
+  std::map<CompressedAllgather::Ticket, py::object> objects;
+  std::set<CompressedAllgather::Ticket> unkept;
+};
+
 // An engine that close() can end before Python drops the object: every later call is a
 // ValueError, as for a closed file. Each call holds its own reference to the engine, so a
 // close() from another thread, or the garbage collector, never destroys an engine a call is
 // still inside; the engine goes when the last of them lets go. It is always destroyed with the
-// GIL released: joining its communication thread may need the GIL (a PythonTransport).
+// GIL released: joining its communication thread may need the GIL (a PythonTransport). Its
+// transport and the objects start(keep=) holds go after it (they outlive every gather the
+// destruction finishes), with the GIL taken back for them.
 class PyEngine {
  public:
   using Engine = std::shared_ptr<CompressedAllgather>;
 
   PyEngine(std::shared_ptr<Transport> transport, EngineConfig config,
            std::vector<BucketLayout> buckets, int device)
-      : transport_(std::move(transport)) {
+      : kept_(std::make_shared<Kept>()) {
     auto backend = backend_for(device);
     py::gil_scoped_release release;  // the agreement is collective
-    engine_ = std::make_shared<CompressedAllgather>(*transport_, std::move(config),
-                                                    std::move(buckets), std::move(backend));
+    Transport& t = *transport;
+    engine_ = Engine(
+        new CompressedAllgather(t, std::move(config), std::move(buckets), std::move(backend)),
+        [transport = std::move(transport), kept = kept_](CompressedAllgather* e) mutable {
+          delete e;
+          py::gil_scoped_acquire gil;
+          transport.reset();
+          kept->objects.clear();
+        });
   }
   ~PyEngine() {
     if (engine_ && engine_->on_communication_thread()) {
       // The garbage collector dropped the engine inside one of its own transport's calls, so a
-      // gather is in flight, and its buffers went with the same collection as often as not. The
-      // engine cannot be destroyed here (its destructor joins this thread), and kept alive it
-      // would finish that gather into memory that may be freed: stop, saying why, rather than
-      // corrupt the heap silently.
+      // gather is in flight. The engine cannot be destroyed here: its destructor joins this
+      // thread. Where every gather in flight keeps its buffers (start(keep=)), another thread
+      // ends it once this call has returned and those gathers are finished.
+      if (kept_->unkept.empty()) {
+        std::thread([engine = std::move(engine_)]() mutable { engine.reset(); }).detach();
+        return;
+      }
+      // Otherwise that gather's buffers went with the same collection as often as not, and
+      // kept alive the engine would finish it into memory that may be freed: stop, saying why,
+      // rather than corrupt the heap silently.
       std::fprintf(stderr,
                    "ciera: an Engine was garbage-collected inside one of its own transport's "
                    "calls, with a gather in flight whose buffers may be freed by now; aborting "
-                   "rather than writing into them (keep the engine until its gathers are waited "
-                   "for, or close() it)\n");
+                   "rather than writing into them (pass the buffers as start(keep=...), keep the "
+                   "engine until its gathers are waited for, or close() it)\n");
       std::abort();
     }
     release(engine_);
@@ -109,6 +134,35 @@ class PyEngine {
     });
   }
 
+  // start(): `keep` (None: nothing) is held until the ticket's wait() returns, or the engine
+  // has finished the gather as it closes. While start() runs, the call itself holds this
+  // engine, so no collection can end it before the ticket is recorded.
+  CompressedAllgather::Ticket start(size_t bucket, uintptr_t input, uint64_t input_bytes,
+                                    uintptr_t output, uint64_t output_bytes, uintptr_t stream,
+                                    uint64_t slot_stride, py::object keep) {
+    const CompressedAllgather::Ticket ticket = gather<&CompressedAllgather::start>(
+        bucket, input, input_bytes, output, output_bytes, stream, slot_stride);
+    if (keep.is_none()) {
+      kept_->unkept.insert(ticket);
+    } else {
+      kept_->objects.emplace(ticket, std::move(keep));
+    }
+    return ticket;
+  }
+
+  // wait(): whether it returns or raises, the gather is over and its kept object let go.
+  GatherStats wait(CompressedAllgather::Ticket ticket) {
+    struct Forget {
+      Kept& kept;
+      CompressedAllgather::Ticket ticket;
+      ~Forget() {
+        kept.unkept.erase(ticket);
+        kept.objects.erase(ticket);
+      }
+    } forget{*kept_, ticket};
+    return unlocked([&](CompressedAllgather& engine) { return engine.wait(ticket); });
+  }
+
   void close() {
     if (engine_) refuse_own_thread(*engine_);
     release(engine_);
@@ -138,7 +192,7 @@ class PyEngine {
     last.reset();
   }
 
-  std::shared_ptr<Transport> transport_;
+  std::shared_ptr<Kept> kept_;
   Engine engine_;
 };
 
@@ -178,25 +232,23 @@ void bind_engine(py::module_& m) {
            py::arg("device") = -1,
            "device: -1 for host memory, d >= 0 for CUDA device d (payloads in its memory, coded "
            "there; the transport must move device memory)")
-      .def("start", &PyEngine::gather<&CompressedAllgather::start>, py::arg("bucket"),
-           py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
-           py::arg("output_bytes"), py::arg("stream") = 0, py::arg("slot_stride") = 0,
+      .def("start", &PyEngine::start, py::arg("bucket"), py::arg("input_ptr"),
+           py::arg("input_bytes"), py::arg("output_ptr"), py::arg("output_bytes"),
+           py::arg("stream") = 0, py::arg("slot_stride") = 0, py::arg("keep") = py::none(),
            "Starts gathering `bucket` and returns a ticket for wait(). The pointers are raw "
-           "addresses (Tensor.data_ptr(), ndarray.ctypes.data): nothing keeps their memory "
-           "alive, so the caller keeps both buffers, unresized, until wait() returns (freed "
-           "earlier, the engine writes into freed memory). The input may overlap the output "
-           "only as this rank's own slot of it (an in-place gather). Wrong sizes and null "
-           "pointers fail the gather on every rank (ConfigError from wait()).")
-      .def(
-          "wait",
-          [](PyEngine& e, CompressedAllgather::Ticket ticket) {
-            return e.unlocked([&](CompressedAllgather& engine) { return engine.wait(ticket); });
-          },
-          py::arg("ticket"),
-          "Blocks until the gather of `ticket` (from this engine's start()) is done and returns "
-          "its GatherStats; CommError / ConfigError, on every rank, if it failed. Blocks with "
-          "the GIL released and does not see Ctrl-C until the gather ends (at most the "
-          "configured timeout).")
+           "addresses (Tensor.data_ptr(), ndarray.ctypes.data): the memory must stay valid, "
+           "unresized, until wait() returns (freed earlier, the engine writes into freed "
+           "memory). `keep` (e.g. the two tensors) is held by the engine until then, or until "
+           "the engine has finished the gather as it closes; an engine whose gathers in flight "
+           "all keep their buffers may even be garbage-collected inside its own transport's "
+           "call, which otherwise ends the process. The input may overlap the output only as "
+           "this rank's own slot of it (an in-place gather). Wrong sizes and null pointers fail "
+           "the gather on every rank (ConfigError from wait()).")
+      .def("wait", &PyEngine::wait, py::arg("ticket"),
+           "Blocks until the gather of `ticket` (from this engine's start()) is done and returns "
+           "its GatherStats; CommError / ConfigError, on every rank, if it failed. Blocks with "
+           "the GIL released and does not see Ctrl-C until the gather ends (at most the "
+           "configured timeout).")
       .def("run", &PyEngine::gather<&CompressedAllgather::run>, py::arg("bucket"),
            py::arg("input_ptr"), py::arg("input_bytes"), py::arg("output_ptr"),
            py::arg("output_bytes"), py::arg("stream") = 0, py::arg("slot_stride") = 0,

@@ -188,7 +188,7 @@ class Broadcaster:
             nbytes = t.numel() * t.element_size()
             # The root's input is its tensor, which is also its slot of the output (in place).
             in_bytes = nbytes if self.rank == self.root else 0
-            tickets.append(self.engine.start(i, t.data_ptr(), in_bytes, t.data_ptr(), nbytes))
+            tickets.append(self.engine.start(i, t.data_ptr(), in_bytes, t.data_ptr(), nbytes, keep=t))
         stats = wait_each([(self.engine, ticket) for ticket in tickets])
         return BroadcastStats(sum(s.raw_bytes for s in stats), sum(s.wire_bytes for s in stats),
                               time.perf_counter() - start)

@@ -150,7 +150,8 @@ class _Gather:
                     runtime.selector.observe(0, b, shard)
                 ticket = runtime.engine.start(b, shard.data_ptr(), bucket.numel * size,
                                               output_tensor.data_ptr() + offset * size,
-                                              (state.world - 1) * slot + bucket.numel * size, stream, slot)
+                                              (state.world - 1) * slot + bucket.numel * size, stream, slot,
+                                              keep=(shard, output_tensor))
             except Exception as failure:
                 self._abandon([b for b, _ in pieces[k:]], str(failure))
                 raise

@@ -623,7 +623,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
             stream = torch.cuda.current_stream(sync.device).cuda_stream if sync.device.type == "cuda" else 0
             tickets.append(sync.engine.start(0, mine.data_ptr(), mine.numel() * mine.element_size(),
                                              sync.flat.data_ptr(), sync.flat.numel() * sync.flat.element_size(),
-                                             stream))
+                                             stream, keep=(mine, sync.flat)))
         stats = wait_each([(sync.engine, t) for sync, t in zip(self._syncs, tickets)])
         self.sync_count += 1
         self.last_sync = SyncStats(step=self.sync_count, raw_bytes=sum(s.raw_bytes for s in stats),

@@ -404,10 +404,11 @@ def test_the_engine_called_or_collected_inside_its_own_transport_call():
     """A transport callable runs on the engine's communication thread. close() there destroyed the
     engine on the thread its destructor joins (std::terminate, the process gone) and wait() there
     waited for itself for ever: both are a ValueError now. The garbage collector dropping the
-    engine there still ends the process, since the gather in flight would write into buffers the
-    same collection may have freed, but with a message that says so."""
+    engine there ends the process, with a message that says why (the gather in flight would write
+    into buffers the same collection may have freed), unless start(keep=) holds those buffers: then
+    another thread finishes the gather and lets them go."""
     transport = """
-        import gc, time, numpy as np
+        import gc, threading, time, numpy as np
         layout = ciera.BucketLayout.fsdp_split("b", ciera.DType.bf16, [1000], 1)
         def transport(during):
             def allgather(inp, out):
@@ -419,16 +420,21 @@ def test_the_engine_called_or_collected_inside_its_own_transport_call():
         inp, out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
     """
     lines = _child_output(transport + """
-        held = {}
+        held, started = {}, threading.Event()
         def call_back():
             if held.get("engine") is not None and held.pop("armed", False):
+                # start() returns while this call may already run: wait until the main thread
+                # holds the ticket, so the calls below are made whatever the threads' order.
+                assert started.wait(30), "start() did not return while its gather ran"
                 for call in (lambda e: e.close(), lambda e: e.wait(held["ticket"])):
                     try:
                         call(held["engine"])
                     except ValueError as e:
                         print("refused:", e)
         held["engine"] = engine = ciera.Engine(transport(call_back), ciera.EngineConfig(), [layout])
-        held["armed"], held["ticket"] = True, engine.start(0, inp.ctypes.data, inp.nbytes, out.ctypes.data, out.nbytes)
+        held["armed"] = True
+        held["ticket"] = engine.start(0, inp.ctypes.data, inp.nbytes, out.ctypes.data, out.nbytes)
+        started.set()
         engine.wait(held["ticket"])
         engine.close()
         print("survived")
@@ -436,15 +442,53 @@ def test_the_engine_called_or_collected_inside_its_own_transport_call():
     assert lines[-1] == "survived", lines
     refusals = [line for line in lines if line.startswith("refused:")]
     assert len(refusals) == 2 and all("its own transport's calls" in line for line in refusals), lines
-    done = subprocess.run([sys.executable, "-c", _CHILD_PRELUDE + textwrap.dedent(transport + """
-        gc.disable()
-        class Owner: pass
-        owner = Owner(); owner.cycle = owner
-        owner.engine = ciera.Engine(transport(lambda: (time.sleep(0.2), gc.collect())), ciera.EngineConfig(), [layout])
-        owner.engine.start(0, inp.ctypes.data, inp.nbytes, out.ctypes.data, out.nbytes)
-        del owner    # collected inside the gather's own transport call, by the gc.collect() there
-        time.sleep(1)
-        print("went on")
-    """)], capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "went on" not in done.stdout, (done.returncode, done.stdout, done.stderr)
-    assert "ciera: an Engine was garbage-collected inside one of its own transport's calls" in done.stderr, done.stderr
+    lines = _child_output(transport + """
+        import weakref
+        class Buffers: pass
+        buffers = Buffers()
+        buffers.inp, buffers.out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
+        engine = ciera.Engine(transport(lambda: None), ciera.EngineConfig(), [layout])
+        ticket = engine.start(0, buffers.inp.ctypes.data, 2000, buffers.out.ctypes.data, 2000, keep=buffers)
+        kept = weakref.ref(buffers)
+        del buffers
+        print("held until wait:", kept() is not None)
+        engine.wait(ticket)
+        print("let go by wait:", kept() is None)
+        engine.close()
+    """)
+    assert lines == ["held until wait: True", "let go by wait: True"], lines
+    for keep in (False, True):
+        done = subprocess.run([sys.executable, "-c", _CHILD_PRELUDE + textwrap.dedent(transport) + textwrap.dedent(f"""
+            gc.disable()
+            class Owner: pass
+            class Buffers:
+                def __init__(self):
+                    self.inp, self.out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
+                def __del__(self):
+                    print("buffers let go, gathered:", bool((self.out == 1).all()), flush=True)
+                    freed.set()
+            freed = threading.Event()
+            owner = Owner(); owner.cycle = owner
+            owner.buffers = buffers = Buffers()
+            armed, dropped = threading.Event(), threading.Event()
+            # The agreement in the constructor calls the transport too: only the gather collects.
+            during = lambda: armed.is_set() and (dropped.wait(30), gc.collect())
+            owner.engine = ciera.Engine(transport(during), ciera.EngineConfig(), [layout])
+            armed.set()
+            owner.engine.start(0, buffers.inp.ctypes.data, 2000, buffers.out.ctypes.data, 2000,
+                               keep=buffers if {keep} else None)
+            del owner, buffers  # collected inside the gather's own transport call, by gc.collect() there
+            dropped.set()
+            if {keep}:
+                freed.wait(30)  # let go once another thread has finished the gather
+            else:
+                time.sleep(30)  # the process ends long before this does
+            print("went on", flush=True)
+        """)], capture_output=True, text=True, timeout=60)
+        if keep:  # the buffers outlive the gather, which another thread finishes
+            assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+            assert done.stdout.splitlines() == ["buffers let go, gathered: True", "went on"], done.stdout
+        else:
+            assert done.returncode != 0 and "went on" not in done.stdout, (done.returncode, done.stdout, done.stderr)
+            assert "ciera: an Engine was garbage-collected inside one of its own transport's calls" in done.stderr, \
+                done.stderr

@@ -152,7 +152,8 @@ class CieraAllGather(AllGather):
         # thread does not wait for it.
         stream = torch.cuda.current_stream(input_tensor.device).cuda_stream if input_tensor.is_cuda else 0
         ticket = gathering.engine.start(b.index, input_tensor.data_ptr(), nbytes, output_tensor.data_ptr(),
-                                        output_tensor.numel() * output_tensor.element_size(), stream)
+                                        output_tensor.numel() * output_tensor.element_size(), stream,
+                                        keep=(input_tensor, output_tensor))
         work = _GatherWork(self, gathering, ticket, start, output_tensor, input_tensor, group,
                            caller_s=time.perf_counter() - start)
         if self.runtime.overlap:
