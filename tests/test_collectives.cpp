@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <latch>
 #include <mutex>
 #include <random>
 #include <string>
@@ -352,13 +353,19 @@ TEST(ReductionKernels, EveryTargetIsTheRankOrderDefinition) {
 TEST(ReduceScatterStats, ArrivalWaitIsTheWaitForTheLastRank) {
   const int world = 3;
   std::vector<double> waits(world, -1);
+  std::latch early_ranks_ready(world - 1);
   const auto errors = run_ranks(world, [&](int rank, std::shared_ptr<Transport> t) {
     LosslessCollectives collectives(t);
     const auto in = gradients(DType::kBF16, 64 * world, 7 + rank, false);
     std::vector<std::byte> out(64 * 2);
-    // Long enough that ranks 0 and 1 still wait most of it if a loaded machine (or a sanitizer)
-    // holds them up on the way to the call.
-    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    // Rank 2 comes a second after ranks 0 and 1 are at the call, however late a loaded machine
+    // (or a sanitizer) makes them on the way to it.
+    if (rank == 2) {
+      early_ranks_ready.wait();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    } else {
+      early_ranks_ready.count_down();
+    }
     waits[rank] = collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out).arrival_wait_s;
   });
   for (int r = 0; r < world; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;

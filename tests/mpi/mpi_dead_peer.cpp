@@ -135,8 +135,9 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     // Test only: let the other survivor print its line before the first abort ends the job. Its
     // deadline can run up to one timeout behind this one's: a wait of its that completes just
-    // before this rank gives up (its peer still progressing) is followed by a fresh one.
-    std::this_thread::sleep_for(kTimeout + std::chrono::seconds(1));
+    // before this rank gives up (its peer still progressing) is followed by a fresh one. Twice
+    // that, for a loaded machine.
+    std::this_thread::sleep_for(2 * kTimeout + std::chrono::seconds(1));
     ciera::mpi_shutdown(4);  // aborts the job: a communication failed
     std::printf("survivor %d: mpi_shutdown returned after a failure\n", rank);
     return 1;

@@ -42,6 +42,23 @@ def _entry(rank, world, store, fn, args, queue):
             pass
 
 
+def ranks_store():
+    """The spawned ranks' store (the file store beside their gloo group): for a test's own signals
+    between ranks while one of them is inside a collective."""
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()
+
+
+def until(condition, what: str, seconds: float = 30) -> None:
+    """Waits until condition() holds (a thread got somewhere), or fails naming `what`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds} s: {what}")
+        time.sleep(0.005)
+
+
 # What every rank imports, imported once by the fork server that starts the ranks: each rank is
 # a fork of it (no threads have started there) instead of a fresh interpreter importing torch
 # and transformers again, about two seconds of CPU per rank on this machine.

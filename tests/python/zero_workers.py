@@ -305,25 +305,28 @@ def a_peer_that_leaves(rank, world):
 
 def overlapping_steps(rank, world):
     """Rank 0 calls step() from a second thread while its first step waits in the sync for rank 1
-    (which steps 2 s late): the second is refused before its local step; the next steps work."""
+    (which steps only once rank 0 has tried): the second is refused before its local step; the
+    next steps work."""
     import threading
-    import time
+
+    from conftest import ranks_store, until
 
     net = model(torch.bfloat16)
     optimizer = zero.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, lr=0.1)
     _ones_grads(net)
-    second = None
+    second, store = None, ranks_store()
     if rank == 0:
         first = threading.Thread(target=optimizer.step)
         first.start()
-        time.sleep(0.5)
+        until(optimizer._stepping.locked, "the first thread's step() began")
         try:
             optimizer.step()
         except Exception as e:  # noqa: BLE001 - compared by the test
             second = f"{type(e).__name__}: {e}"
+        store.set("overlapped", "1")   # rank 1 joins the first step only now
         first.join()
     else:
-        time.sleep(2)
+        store.wait(["overlapped"])
         optimizer.step()
     optimizer.step()
     bits = [p.detach().view(torch.int16).tolist() for p in net.parameters()]

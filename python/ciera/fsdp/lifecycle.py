@@ -110,15 +110,16 @@ def _release_groups() -> None:
     _own_groups.clear()
 
 
-def init_mpi_once(timeout_s: float) -> None:
+def init_mpi_once(timeout_s: float, start_up_s: float | None = None) -> None:
     """Starts MPI once for this process. Its start-up and, at exit, its MPI_Finalize wait for every
     rank; past `timeout_s` (a peer dead or stopped outside any collective) the process ends with
-    one line naming the call (docs/reliability.md, row 22). A later call keeps the longest
-    timeout for the finalize."""
+    one line naming the call (docs/reliability.md, row 22). `start_up_s`, if given, is the
+    start-up's own limit: the ranks reach it as far apart as their imports and set-up make them.
+    A later call keeps the longest timeout for the finalize."""
     global _mpi_started, _mpi_timeout_s
     _mpi_timeout_s = max(_mpi_timeout_s, timeout_s) if _mpi_started else timeout_s
     if not _mpi_started:
-        _ext.mpi_init(timeout_s)
+        _ext.mpi_init(timeout_s if start_up_s is None else start_up_s)
         _mpi_started = True
         atexit.register(_shutdown_mpi)
         _note_uncaught_exceptions()
