@@ -95,8 +95,9 @@ def main() -> int:
     records = handle.take_records()
     handle.disable()
 
-    same = torch.tensor([int(losses == plain_losses and
-                             all(torch.equal(a, b) for a, b in zip(local_bits(model), plain_params)))])
+    params = local_bits(model)
+    same = torch.tensor([int(losses == plain_losses and len(params) == len(plain_params) > 0 and
+                             all(torch.equal(a, b) for a, b in zip(params, plain_params)))])
     dist.all_reduce(same, op=dist.ReduceOp.MIN)   # identical on every rank, or a failure on every rank
     raw, wire = sum(r.raw_bytes for r in records), sum(r.wire_bytes for r in records)
     if rank == 0:

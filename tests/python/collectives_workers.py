@@ -9,7 +9,7 @@ import ciera
 from ciera import _ext, data, fsdp, models
 from ciera.fsdp.layout import DefaultReduceScatter, describe_buckets, reduce_scatter_comm
 
-from fsdp_workers import build, local_bits, tiny_spec, train
+from fsdp_workers import build, local_bits, same_bits, tiny_spec, train
 
 
 def _build(spec, world, reduce_dtype, layout):
@@ -52,7 +52,7 @@ def fsdp_reduce_scatter(rank, world, coding, reduce_dtype, layout="flat", steps=
     ours, twin, own = out[coding], out["raw"], out["fsdp2"]
     return {
         "losses_equal": ours["losses"] == twin["losses"],
-        "params_equal": all(torch.equal(a, b) for a, b in zip(ours["params"], twin["params"])),
+        "params_equal": same_bits(ours["params"], twin["params"]),
         "max_loss_diff_vs_fsdp2": max(abs(a - b) for a, b in zip(ours["losses"], own["losses"])),
         "raw": ours["raw"], "wire": ours["wire"], "calls": ours["calls"], "twin_wire": twin["wire"],
         "twin_raw": twin["raw"], "group": ours["group"],
@@ -99,7 +99,7 @@ def disable_reduce_scatter(rank, world):
     except ciera.ConfigError as e:
         sliced_refused = str(e)
     return {"restored_equal": restored_losses == plain_losses
-            and all(torch.equal(a, b) for a, b in zip(local_bits(restored), local_bits(plain))),
+            and same_bits(local_bits(restored), local_bits(plain)),
             "calls": calls, "calls_after_disable": len(handle.records), "refused": refused,
             "comms": sorted(comms), "default": DefaultReduceScatter.__name__, "enabled": handle.enabled,
             "calls_again": len(again.records), "sliced_refused": sliced_refused}

@@ -63,6 +63,10 @@ def test_ciera_train_writes_a_trace(tmp_path):
     simulated = subprocess.run([sys.executable, "-m", "ciera.cli", "simulate", "--trace", str(trace), "--json"],
                                capture_output=True, text=True, env=_env(), timeout=120)
     assert warned == (simulated.returncode != 0), (written["comm"], simulated.stderr[-2000:], done.stderr[-2000:])
+    if simulated.returncode != 0:   # for that reason alone: a trace it cannot read fails here
+        assert "measured time does not increase with bytes" in simulated.stderr, simulated.stderr[-2000:]
+    else:
+        assert json.loads(simulated.stdout), simulated.stdout[-2000:]
     assert written["buckets"] and all(p["seconds"] > 0 for kind in written["comm"].values() for p in kind)
     for kind in ("allgather", "reduce_scatter"):
         points = written["comm_probe"][kind]

@@ -71,7 +71,7 @@ def zipnn_vs_plain(rank, world, dtype_name):
     params = w.local_bits(model)
     result = {
         "losses_equal": losses == plain_losses,
-        "params_equal": all(torch.equal(a, b) for a, b in zip(params, plain_params)),
+        "params_equal": w.same_bits(params, plain_params),
         "wrong_bytes": handle.wrong_bytes,
         "verified_bytes": handle.verified_bytes,
         "gathers": len(records),

@@ -88,10 +88,18 @@ Library open_library(const std::string& path) {
   return lib;
 }
 
+namespace {
+std::mutex library_mutex;
+std::unique_ptr<const Library> loaded;  // guarded by library_mutex
+}  // namespace
+
+bool library_loaded() {
+  std::lock_guard<std::mutex> lock(library_mutex);
+  return loaded != nullptr;
+}
+
 const Library& library() {
-  static std::mutex mutex;
-  static std::unique_ptr<const Library> loaded;
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::mutex> lock(library_mutex);
   if (loaded) return *loaded;
 
   std::vector<std::string> candidates;

@@ -65,4 +65,7 @@ Library open_library(const std::string& path);
 // every file tried and why each failed; a later call tries again.
 const Library& library();
 
+// Whether library() has loaded NCCL in this process (so CIERA_NCCL_LIBRARY no longer applies).
+bool library_loaded();
+
 }  // namespace ciera::nccl::detail
