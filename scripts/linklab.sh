@@ -159,7 +159,7 @@ teardown() {
   exit "$status"
 }
 trap teardown EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT TERM HUP
 
 # tbf needs a bucket that covers a few milliseconds at the rate (and at least a 64 KiB GSO packet).
 shape() {  # namespace device
@@ -253,7 +253,7 @@ export CIERA_LINKLAB_PREFIX="ciera${id}"
 # Set before mpirun starts, so that no signal finds it running and the old trap in place (which
 # would remove the namespaces under it): once it runs, a signal goes on to it (below).
 child=
-trap 'if [[ -n $child ]]; then kill -TERM "$child" 2>/dev/null; kill -CONT "$child" 2>/dev/null; wait "$child" || true; fi; exit 130' INT TERM
+trap 'if [[ -n $child ]]; then kill -TERM "$child" 2>/dev/null; kill -CONT "$child" 2>/dev/null; wait "$child" || true; fi; exit 130' INT TERM HUP
 # `exec` keeps the PID: CIERA_LINKLAB_HUB_PID is mpirun's, a process in the hub's namespace.
 ip netns exec "$hub" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   CIERA_LINKLAB_GBIT="$gbit" CIERA_LINKLAB_DELAY_MS="$delay_ms" \
@@ -268,7 +268,7 @@ ip netns exec "$hub" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
   -x CIERA_LINKLAB_NODES -x CIERA_LINKLAB_RANKS_PER_NODE -x CIERA_LINKLAB_UPLINKS \
   -x CIERA_LINKLAB_HUB_PID -x CIERA_LINKLAB_CC \
   "$here/linklab-agent.sh" "$@" &
-# mpirun runs in the background so that a SIGINT or SIGTERM to this script (ciera bench's or ciera
+# mpirun runs in the background so that a SIGINT, SIGTERM or SIGHUP to this script (ciera bench's or ciera
 # train's launcher passing one on) reaches it at once: bash runs a trap only once its foreground
 # child has ended, and a SIGKILL after waiting for that would leave mpirun, its ranks and the
 # namespaces behind. mpirun passes SIGTERM on to the ranks; teardown then removes the namespaces.

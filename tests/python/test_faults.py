@@ -195,12 +195,14 @@ def test_the_python_api_ends_the_mpi_job_after_a_stalled_peer(where):
     assert "no error although" not in output
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("launcher,sig", [("mpirun", signal.SIGINT), ("mpirun", signal.SIGTERM),
+                                          ("mpirun", signal.SIGHUP), ("torchrun", signal.SIGINT),
+                                          ("torchrun", signal.SIGTERM)])
 def test_a_signal_to_the_launcher_ends_the_ranks_too(tmp_path, launcher, sig):
-    """`timeout N ciera train`, a scheduler, kill PID: the signal reaches the launcher alone. It
-    used to exit (a traceback for SIGINT) and leave mpirun and the ranks training in the run
-    folder; it now ends them, says so in one line and exits 128 + the signal's number."""
+    """`timeout N ciera train`, a scheduler, kill PID, a closed ssh session: the signal reaches the
+    launcher alone. It used to exit (a traceback for SIGINT; silently, status 129, for SIGHUP)
+    and leave mpirun and the ranks training in the run folder; it now ends them, says so in one
+    line and exits 128 + the signal's number."""
     cmd = [sys.executable, "-m", "ciera.train", "--ranks", "2", "--steps", "500", "--warmup", "2",
            "--layers", "1", "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32",
            "--launcher", launcher, "--no-baseline", "--out", str(tmp_path)]

@@ -77,6 +77,8 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_in_one_line(uninterru
         ([*TINY, "--steps", 12, "--ablation", "--resume", step6], "not er, bsc"),
         ([*TINY, "--steps", 12, "--codec", "zeropp-int8", "--resume", step6],
          "written with --codec ciera, this run has --codec zeropp-int8"),
+        ([*TINY, "--steps", 12, "--reshard-after-forward", 1, "--resume", step6],
+         "written with --reshard-after-forward None, this run has --reshard-after-forward 1"),
         ([*TINY, "--steps", 12, "--resume", ""], "--resume needs a checkpoint folder"),
         ([*TINY, "--steps", 12, "--checkpoint-every", 13], "--checkpoint-every 13 would write no checkpoint"),
         ([*TINY, "--steps", 12, "--checkpoint-every", 0], "--checkpoint-every must be >= 1"),
@@ -89,6 +91,13 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_in_one_line(uninterru
         assert done.returncode != 0 and reason in done.stderr, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr   # one line, no traceback
     assert not (tmp_path / "runs").exists()   # refused before a run folder was made
+    # The hint names the whole checkpoints only: one cut short (no metadata yet) is refused too.
+    cut_short = tmp_path / "cut"
+    (cut_short / "checkpoints" / "step-000003").mkdir(parents=True)
+    (cut_short / "checkpoints" / "step-000006").mkdir()
+    (cut_short / "checkpoints" / "step-000006" / "ciera-checkpoint.json").write_text("{}")
+    done = _train(*TINY, "--steps", 12, "--resume", cut_short, "--out", tmp_path / "runs", timeout=120)
+    assert done.returncode == 2 and "(its checkpoints/ holds step-000006)" in done.stderr, done.stderr
 
 
 def _damaged(step: Path, tmp_path: Path, damage) -> Path:

@@ -61,6 +61,15 @@ def test_without_a_culprit_the_failing_ranks_and_their_errors_are_named(tmp_path
                 "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
     assert Watch(tmp_path / "none", 2).failure_line(1, torchrun).endswith(
         "PermissionError: [Errno 13] Permission denied: 'ranks/1.tmp'")
+    # The link lab refused to start (no rank ran): its reason, not its banner or byte counts.
+    lab = ("linklab: 2 ranks, 1 Gbit/s, TCP bbr9\n"
+           "linklab: the kernel offers no TCP congestion control 'bbr9' (it has: reno cubic)\n"
+           "linklab: inter-node bytes while the command ran: 0 sent, 0 received over 2 node uplinks\n")
+    assert Watch(tmp_path / "none", 2).failure_line(2, lab) == (
+        "ciera train: the ranks failed (exit 2); the first error in their output: "
+        "linklab: the kernel offers no TCP congestion control 'bbr9' (it has: reno cubic)")
+    assert Watch(tmp_path / "none", 2).failure_line(1, lab.splitlines()[0] + "\n" + log).endswith(
+        "PermissionError: [Errno 13] Permission denied: 'ranks/1.tmp'")
 
 
 def test_waiting_line_says_who_is_behind_and_a_live_process_is_not_vanished(tmp_path):

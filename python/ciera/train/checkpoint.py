@@ -35,6 +35,12 @@ METADATA = "ciera-checkpoint.json"
 _SAME = {"model": "--model", "layers": "--layers", "hidden": "--hidden", "experts": "--experts",
          "expert_intermediate": "--expert-intermediate", "seq_len": "--seq-len", "batch": "--batch",
          "lr": "--lr", "seed": "--seed", "codec": "--codec"}
+# The FSDP2 layout: HSDP reduces gradients in another order than one flat group, and a selector's
+# state is per gather group. --ranks-per-node shapes the groups under --hsdp only (without it,
+# --nodes only shapes the link lab). Checkpoints written before these were recorded have none
+# and are not checked for them.
+_LAYOUT = {"hsdp": "--hsdp", "ranks_per_node": "--ranks-per-node",
+           "reshard_after_forward": "--reshard-after-forward"}
 
 
 def _differs(key: str, saved, wanted) -> bool:
@@ -77,7 +83,8 @@ def check_resume(args) -> int:
     if not folder.is_dir():
         raise SystemExit(f"{where}: no such folder")
     if not (folder / METADATA).is_file() or not (folder / ".metadata").is_file():
-        found = sorted(p.name for p in (folder / "checkpoints").glob("step-*"))
+        # Only whole ones: a checkpoint cut short (no metadata, written last) is refused too.
+        found = sorted(p.name for p in (folder / "checkpoints").glob("step-*") if (p / METADATA).is_file())
         hint = f" (its checkpoints/ holds {', '.join(found)})" if found else ""
         raise SystemExit(f"{where}: not a checkpoint folder; give one <run>/checkpoints/step-NNNNNN{hint}")
     try:
@@ -97,6 +104,11 @@ def check_resume(args) -> int:
         if _differs(key, config.get(key), getattr(args, key)):
             raise SystemExit(f"{where}: written with {flag} {config.get(key)}, this run has {flag} "
                              f"{getattr(args, key)} (a resumed run trains the same model on the same data)")
+    hsdp = bool(args.hsdp or config.get("hsdp"))
+    for key, flag in _LAYOUT.items():
+        if (key != "ranks_per_node" or hsdp) and key in config and config[key] != getattr(args, key):
+            raise SystemExit(f"{where}: written with {flag} {config[key]}, this run has {flag} "
+                             f"{getattr(args, key)} (a resumed run goes on in the same FSDP2 layout)")
     missing = [name for name in trainings(args) if name not in saved]
     if missing:
         raise SystemExit(f"{where}: holds the trainings {', '.join(saved)}, not {', '.join(missing)} "
@@ -184,7 +196,7 @@ def save(program, runs: dict, handles: dict, steps_done: int) -> Path:
     dist.barrier(group=group)  # every rank's files are complete before the metadata says so
     if program.rank == 0:
         meta = {"version": VERSION, "steps_done": steps_done, "ranks": program.world,
-                "trainings": list(runs), "config": {key: getattr(a, key) for key in _SAME},
+                "trainings": list(runs), "config": {key: getattr(a, key) for key in (*_SAME, *_LAYOUT)},
                 "selectors": selectors, "resumed_from": a.resume}
         tmp = folder / (METADATA + ".tmp")
         tmp.write_text(json.dumps(meta, indent=1))

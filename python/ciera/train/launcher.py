@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 from ciera.train import checkpoint, options
@@ -92,11 +91,16 @@ def launch(args, argv: list[str]) -> int:
     log_path = run_dir / "log.txt"
     watch = Watch(run_dir, args.ranks)
     with open(log_path, "w") as log, _interruptible() as interrupted:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # Its own process group, so that a last resort can end every process under it; the
+        # terminal's Ctrl-C reaches this launcher, which passes it on.
+        # (Its stdin is not the terminal: a background group that read it would be stopped.)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                process_group=0)
         try:
+            interrupted.armed = True   # a signal that came while Popen ran is raised now
             status = follow(proc, run_dir / "metrics.jsonl", args, watch)
         except (KeyboardInterrupt, _Terminated):
-            for sig in (signal.SIGINT, signal.SIGTERM):   # a second one must not cut the ending short
+            for sig in _ENDING_SIGNALS:   # a second one must not cut the ending short
                 signal.signal(sig, signal.SIG_IGN)
             _end(proc)
             name = signal.Signals(interrupted.signum).name
@@ -126,7 +130,10 @@ def launch(args, argv: list[str]) -> int:
     except Exception as e:  # plots are a convenience; the numbers are in the files
         summary["plots"] = []
         sys.stderr.write(f"ciera train: plots skipped: {e}\n")
-    summary_path.write_text(json.dumps(summary, indent=2))
+    # Whole or not at all: the ranks' summary is the run's result, and a signal may come now.
+    rewritten = summary_path.with_name(summary_path.name + ".tmp")
+    rewritten.write_text(json.dumps(summary, indent=2))
+    os.replace(rewritten, summary_path)
     print(render_summary(summary, run_dir))
     if summary.get("trace"):
         from ciera import trace
@@ -144,44 +151,75 @@ def launch(args, argv: list[str]) -> int:
 
 
 class _Terminated(Exception):
-    """SIGTERM (a scheduler's, `timeout`'s) while the ranks run, raised in the launcher's loop."""
+    """SIGTERM (a scheduler's, `timeout`'s) or SIGHUP (a closed terminal or ssh session) while
+    the ranks run, raised in the launcher's loop."""
+
+
+_ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _raise_for(signum: int):
+    raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
+
+
+class _Caught:
+    """The signal _interruptible() caught. Until `armed` is set (the rank launcher started, so
+    there is something to end) a signal is held, and raised as soon as it is set."""
+
+    def __init__(self):
+        self.signum = signal.SIGINT
+        self._pending = False
+        self._armed = False
+
+    def __call__(self, signum, frame):  # the handler
+        self.signum = signum
+        if not self._armed:
+            self._pending = True
+            return
+        _raise_for(signum)
+
+    @property
+    def armed(self) -> bool:
+        return self._armed
+
+    @armed.setter
+    def armed(self, value: bool) -> None:
+        self._armed = value
+        if value and self._pending:
+            self._pending = False
+            _raise_for(self.signum)
 
 
 @contextlib.contextmanager
 def _interruptible():
-    """While the ranks run: SIGINT raises KeyboardInterrupt and SIGTERM _Terminated in the
-    launcher, which then ends the rank launcher (mpirun, torchrun) and its ranks, instead of
-    exiting alone and leaving them training in the run folder. Yields the signal's number."""
-    caught = types.SimpleNamespace(signum=signal.SIGINT)
-
-    def on_sigint(signum, frame):
-        caught.signum = signum
-        raise KeyboardInterrupt
-
-    def on_sigterm(signum, frame):
-        caught.signum = signum
-        raise _Terminated
-
-    before = signal.signal(signal.SIGINT, on_sigint), signal.signal(signal.SIGTERM, on_sigterm)
+    """While the ranks run: SIGINT raises KeyboardInterrupt, SIGTERM and SIGHUP _Terminated in
+    the launcher, which then ends the rank launcher (mpirun, torchrun) and its ranks, instead of
+    exiting alone and leaving them training in the run folder. Yields the _Caught signal."""
+    caught = _Caught()
+    before = {sig: signal.signal(sig, caught) for sig in _ENDING_SIGNALS}
     try:
         yield caught
     finally:
-        signal.signal(signal.SIGINT, before[0])
-        signal.signal(signal.SIGTERM, before[1])
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _end(proc: subprocess.Popen) -> None:
-    """Ends the rank launcher: SIGTERM, which mpirun and torchrun pass on to their ranks (and
-    SIGCONT, so that a stopped one takes it), then SIGKILL if it has not exited in 30 s."""
-    for sig in (signal.SIGTERM, signal.SIGCONT):
-        try:
-            proc.send_signal(sig)
-        except ProcessLookupError:
-            return
+    """Ends the rank launcher: SIGTERM, which mpirun and torchrun pass on to their ranks, and
+    SIGCONT to every process of its group, so that a stopped rank takes it; then SIGKILL to the
+    whole group if the launcher has not exited in 45 s (torchrun gives its ranks 30)."""
     try:
-        proc.wait(timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGCONT)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=45)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         proc.wait()
 
 

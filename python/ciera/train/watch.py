@@ -85,10 +85,15 @@ def killed_ranks(log_text: str) -> dict[int, str]:
 
 
 def last_error_line(log_text: str) -> str | None:
-    """The first line of the job's output that ends a rank's Python traceback ("PermissionError:
-    ..."): what a rank that could not write its status (its folder unwritable) died of. The
-    launcher's own report (torchrun's ChildFailedError, after the ranks') and warnings from
-    finalizers ("Exception ignored in") are not causes."""
+    """The link lab's own refusal ("linklab: network namespaces are not permitted here": no rank
+    started), else the first line of the job's output that ends a rank's Python traceback
+    ("PermissionError: ..."): what a rank that could not write its status (its folder
+    unwritable) died of. The lab's banner and byte counts, the launcher's own report (torchrun's
+    ChildFailedError, after the ranks') and warnings from finalizers ("Exception ignored in")
+    are not causes."""
+    for line in re.findall(r"^linklab: .*$", log_text, re.MULTILINE):
+        if not re.match(r"linklab: (\d+ ranks|inter-node bytes while)", line):
+            return line.strip()
     for line in re.findall(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*$", log_text, re.MULTILINE):
         if not line.startswith(("torch.distributed.elastic.", "Exception ignored")) and "ChildFailedError" not in line:
             return line.strip()
