@@ -369,8 +369,8 @@ def test_monitors_and_counters_take_one_thread_at_a_time():
     """ChangeMonitor.observe and ExponentChangeCounter.observe release the GIL while they scan:
     two threads on one object swapped its buffers at once (a crash, a double free, torn counts).
     A second thread's call is now refused while one is in flight; every call either counts or
-    is refused, and the counts agree with the calls that counted. (Whether the threads overlap is
-    up to the scheduler: this checks that nothing tears when they do, not that they did.)"""
+    is refused, and the counts agree with the calls that counted; and calls made again and again
+    while another thread's runs meet a refusal."""
     n = 1 << 22
     values = np.random.default_rng(1).standard_normal(n).astype(np.float32).view(np.uint32)
     shard = (values >> 16).astype(np.uint16)   # BF16 bits
@@ -398,6 +398,24 @@ def test_monitors_and_counters_take_one_thread_at_a_time():
     # The first observation is the baseline; each later one adds an observation of every shard.
     assert monitor.counts[0].observations == counted - 1, (outcomes, monitor.counts[0].observations)
     assert counter.transitions == outcomes["counter"].count("ok") - 1, (outcomes, counter.transitions)
+    # And the guard is there: a call made while another thread's is in flight is refused. Each
+    # try calls again and again for as long as the other thread's call runs (milliseconds), so
+    # that some call lands inside it; without a guard none is ever refused.
+    for name, call in calls.items():
+        refused = False
+        for _ in range(200):
+            other = threading.Thread(target=call)
+            other.start()
+            while other.is_alive() and not refused:
+                try:
+                    call()
+                except RuntimeError as e:
+                    assert "is in use by another thread" in str(e), e
+                    refused = True
+            other.join()
+            if refused:
+                break
+        assert refused, f"{name}: no call was refused in 200 tries while another thread's ran"
 
 
 def test_the_engine_called_or_collected_inside_its_own_transport_call():
