@@ -537,3 +537,18 @@ def selector_counts_with_evaluation_passes(rank, world, evaluating):
     out = {"step": selector.step, "gathers": sorted((k, n) for k, n in selector.gathers.items() if k[1] != 0)}
     handle.disable()
     return out
+
+
+def verify_on_a_wrong_gather(rank, world):
+    """verify=True's check on an exact output, then on one wrong on rank 1 alone: the error on
+    every rank, and each rank's own count of wrong bytes."""
+    from ciera.fsdp.gather import Runtime
+
+    runtime = Runtime(None, [], [], True)
+    mine = torch.full((4,), float(rank + 1), dtype=torch.bfloat16)
+    right = torch.cat([torch.full((4,), float(r + 1), dtype=torch.bfloat16) for r in range(world)])
+    runtime.verified(mine, right.clone(), None)   # exact: nothing raised
+    wrong = right.clone()
+    if rank == 1:
+        wrong[0] = 7.0   # 0x40e0 for 1.0's 0x3f80: both bytes differ
+    return error_of(lambda: runtime.verified(mine, wrong, None)), runtime.wrong_bytes, runtime.verified_bytes

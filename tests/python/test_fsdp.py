@@ -118,6 +118,16 @@ def test_a_call_one_rank_refuses_fails_every_rank_at_once():
     assert all(seconds < 15 for _, seconds in results), results   # not the 20 s timeout
 
 
+def test_verify_makes_a_gather_that_is_not_exact_an_error_on_every_rank():
+    """verify counted the bytes that differed from torch's gather and let training go on with
+    them: not exact is now an error on every rank, though only one rank's output was wrong."""
+    results = all_ok(spawn(w.verify_on_a_wrong_gather, 2))
+    for rank, (error, wrong, verified) in enumerate(results):
+        assert error == ("Error: verify: CIERA's gather differs from torch.distributed's in 2 bytes over the "
+                         f"group's ranks ({wrong} on rank {rank})"), (rank, error)
+        assert (wrong, verified) == (2 * rank, 32), (rank, wrong, verified)
+
+
 def test_a_dead_rank_makes_the_others_fail_within_the_timeout():
     results = spawn(w.dead_rank, 3, timeout=120)
     survivors = [results[r] for r in (0, 1)]

@@ -333,7 +333,8 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     CUDA). `transport` is "torch" (a dedicated group beside `process_group`, default the world:
     gloo for CPU models, NCCL for CUDA ones), "mpi" (CIERA's Open MPI transport, CPU only; the
     job must run under mpirun) or "nccl" (CIERA's own NCCL communicator, CUDA only). With `verify`, every gather is also done by torch.distributed
-    and compared byte for byte (Handle.wrong_bytes). `policy(bucket, param) -> ShardPolicy`
+    and compared byte for byte: a difference on any rank raises ciera.Error on every rank before
+    the output is used (Handle.wrong_bytes counts the bytes that differed). `policy(bucket, param) -> ShardPolicy`
     chooses per parameter; the default compresses everything.
 
     With `cache_budget_bytes`, the benefit-driven selector decides instead (paper §3.2): every

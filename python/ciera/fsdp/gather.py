@@ -96,13 +96,21 @@ class Runtime:
 
     def verified(self, input_tensor, output_tensor, group) -> None:
         """With `verify`: the output compared with torch's all-gather on `group`, byte for byte.
+        A difference on any rank is an error on every rank, raised before anything reads the
+        output (wrong_bytes counts what differed here).
         Collective: every rank, for every gather, before any observer runs (an observer that
         raises on one rank must not leave its peers in the next of these all-gathers)."""
         if self.verify:
             reference = torch.empty_like(output_tensor)
             all_gather_single(reference, input_tensor, group=group)
-            self.wrong_bytes += int((reference.view(torch.uint8) != output_tensor.view(torch.uint8)).sum())
+            wrong = int((reference.view(torch.uint8) != output_tensor.view(torch.uint8)).sum())
+            self.wrong_bytes += wrong
             self.verified_bytes += reference.numel() * reference.element_size()
+            seen = torch.tensor([wrong], dtype=torch.int64, device=reference.device)
+            dist.all_reduce(seen, group=group)
+            if seen.item():
+                raise _ext.Error(f"verify: CIERA's gather differs from torch.distributed's in {seen.item()} bytes "
+                                 f"over the group's ranks ({wrong} on rank {dist.get_rank()})")
 
     def observed(self, bucket: Bucket, input_tensor, output_tensor) -> None:
         """The observers, told of a gather of `bucket` (local: no collective)."""

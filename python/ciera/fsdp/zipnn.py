@@ -261,7 +261,8 @@ def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = F
     ZipNN: each rank's shard is compressed, the compressed bytes of all ranks are exchanged on a
     dedicated gloo group beside `process_group` (default the world), and each peer's are
     decompressed into its slot; the output is bitwise a plain all-gather's. With `verify`, every
-    gather is also done by torch.distributed and compared byte for byte (wrong_bytes).
+    gather is also done by torch.distributed and compared byte for byte (a difference is an error
+    on every rank; wrong_bytes).
 
     Collective: every rank calls it with the same model structure. Raises ZipnnUnavailable (an
     ImportError) when zipnn is not installed (pip install 'ciera[peers]'), and refuses a model
