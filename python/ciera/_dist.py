@@ -45,6 +45,10 @@ def parameter_shapes(model) -> list:
     return [(name, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in model.named_parameters()]
 
 
+def _described(parameter: tuple) -> str:
+    return " ".join([str(list(parameter[1])), *map(str, parameter[2:])])
+
+
 def _first_parameter_difference(everyone: list, ranks) -> str | None:
     """Where the ranks' parameter_shapes() (`everyone`, of world ranks `ranks`) first differ from
     the first rank's, in words; None if nowhere."""
@@ -55,9 +59,9 @@ def _first_parameter_difference(everyone: list, ranks) -> str | None:
         for i, (mine, theirs) in enumerate(zip(first, other)):
             if mine[0] != theirs[0]:
                 return f"parameter {i} is '{mine[0]}' on rank {base}, '{theirs[0]}' on rank {rank}"
-            if mine != theirs:
-                return (f"parameter '{mine[0]}' is {list(mine[1])} {mine[2]} on rank {base}, "
-                        f"{list(theirs[1])} {theirs[2]} on rank {rank}")
+            if mine != theirs:   # (name, shape, dtype, and what else a framework adds, in words)
+                return (f"parameter '{mine[0]}' is {_described(mine)} on rank {base}, "
+                        f"{_described(theirs)} on rank {rank}")
         return f"rank {base} has {len(first)} parameters, rank {rank} has {len(other)}"
     return None
 

@@ -424,6 +424,8 @@ def _check_engine(engine) -> None:
          "parameters are then fetched by all-reduce, not all-gather"),
         ("mics_shard_size", (getattr(engine._config, "mics_shard_size", -1) or -1) > 0,
          "MiCS gathers through its own coalesced collectives"),
+        ("stage3_allgather_sequential", bool(getattr(zero, "allgather_sequential", False)),
+         "parameters are then gathered one at a time, outside the coalesced fetch CIERA serves"),
         ("offload_param", getattr(zero, "offload_param", None) is not None
          and str(getattr(zero.offload_param, "device", "none")).split(".")[-1].lower() != "none",
          "offloaded partitions are gathered from host or NVMe copies"),
@@ -431,6 +433,28 @@ def _check_engine(engine) -> None:
     for name, given, why in refused:
         if given:
             raise _ext.ConfigError(f"ciera.deepspeed.enable(): {name} is set; {why}")
+
+
+# The ZeRO-3 settings that decide which parameters are gathered, and when: ranks that differ in
+# them (a persistence threshold, say) make different gathers for the same calls, which the
+# engines would pair up until one waits out its timeout.
+_SCHEDULE = ("param_persistence_threshold", "model_persistence_threshold", "prefetch_bucket_size",
+             "max_live_parameters", "max_reuse_distance")
+
+
+def _schedule_settings(engine) -> dict:
+    """The engine's _SCHEDULE settings by their names in DeepSpeed's config (none for what is not
+    a DeepSpeedEngine: _check_engine refuses it)."""
+    zero = getattr(getattr(engine, "_config", None), "zero_config", None)
+    return {f"zero_optimization.stage3_{name}": getattr(zero, name, None) for name in _SCHEDULE}
+
+
+def _parameters(engine) -> list:
+    """parameter_shapes() for a ZeRO-3 module: each parameter's name, full shape (ds_shape), dtype
+    and whether it is persistent (never gathered), as every rank must have them alike."""
+    return [(name, tuple(getattr(p, "ds_shape", p.shape)), str(p.dtype).removeprefix("torch."),
+             "persistent" if getattr(p, "ds_persist", False) else "partitioned")
+            for name, p in engine.module.named_parameters()]
 
 
 def _zero3_params(engine) -> list:
@@ -495,9 +519,10 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
     engine's configuration raises ConfigError on every rank). The options are enable()'s for
     FSDP2 (ciera.fsdp.enable): the engine configuration, transport ("torch": a dedicated group
     beside DeepSpeed's data-parallel group; "mpi"; "nccl"), `verify` (every gather also done by
-    torch.distributed and compared byte for byte: Handle.wrong_bytes), a per-parameter
+    torch.distributed and compared byte for byte, a difference an error on every rank), a per-parameter
     `policy(bucket, param)` or a cache budget for the benefit-driven selector (training steps
-    counted by a forward pre-hook on the engine's module), and `overlap` (gathers handed back to
+    counted by a forward pre-hook on the engine's module: with gradient accumulation, each
+    micro-batch's forward counts as a step), and `overlap` (gathers handed back to
     DeepSpeed in flight, so its prefetching overlaps them with compute). Each bucket is one ZeRO-3
     parameter (Handle.params).
 
@@ -520,8 +545,9 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
 
     params, group, device, buckets, layouts, cost_model = checked_on_every_rank(
         "ciera.deepspeed.enable()", prepare,
-        same=api.shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every, overlap,
-                                cost_model, allow_delta))
+        same={**api.shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every, overlap,
+                                   cost_model, allow_delta), **_schedule_settings(engine)},
+        parameters=lambda: _parameters(engine))
     config = config or _ext.EngineConfig()
     world = dist.get_world_size(group)
     native = make_transport(transport, group, config.timeout_s, device)

@@ -143,17 +143,22 @@ def refused(rank: int, world: int, cases: list) -> list[str]:
     return out
 
 
-def mismatched(rank: int, world: int) -> str:
-    """Ranks that disagree on the engine configuration: ConfigError on every rank."""
+def mismatched(rank: int, world: int) -> list[str]:
+    """Ranks that disagree on the engine configuration, then on DeepSpeed's persistence
+    threshold (rank 1 keeps the default): ConfigError on every rank, each time."""
     deepspeed = _deepspeed(rank, world)
-    ds_engine = engine(deepspeed, 0, config(stage3_param_persistence_threshold=0))
-    engine_config = ciera.EngineConfig()
-    engine_config.codec.block_values = 512 if rank == 0 else 256
-    try:
-        ciera.deepspeed.enable(ds_engine, engine_config)
-    except ciera.ConfigError as error:
-        return str(error)
-    return "accepted"
+    out = []
+    for engine_config, zero in ((ciera.EngineConfig(), {"stage3_param_persistence_threshold": 0}),
+                                (None, {"stage3_param_persistence_threshold": 0} if rank == 0 else {})):
+        if engine_config is not None:
+            engine_config.codec.block_values = 512 if rank == 0 else 256
+        ds_engine = engine(deepspeed, 0, config(**zero))
+        try:
+            ciera.deepspeed.enable(ds_engine, engine_config).disable()
+            out.append("accepted")
+        except ciera.ConfigError as error:
+            out.append(str(error))
+    return out
 
 
 def one_rank_fails(rank: int, world: int) -> list:

@@ -31,8 +31,9 @@ def test_gathers_are_bitwise_plain_zero3s(zero, overlap):
         assert r["wrong_bytes"] == 0 and r["verified_bytes"] > 0, (rank, r)
         assert r["passed_through"] == 0, (rank, r)
         assert r["restored"], "disable() must put DeepSpeed's own gather back"
-        # Every parameter is gathered every step; after the warmup step, every gather is coded
-        # and moves fewer bytes than raw.
+        # Every parameter is gathered every step; after its first gather (warmup_steps counts a
+        # bucket's gathers, two a step for most), every gather is coded and moves fewer bytes
+        # than raw.
         assert all(s["gathers"] >= r["buckets"] for s in r["per_step"]), r["per_step"]
         for s in r["per_step"][1:]:
             assert s["compressed"] == s["gathers"] and s["wire"] < 0.75 * s["raw"], (rank, r["per_step"])
@@ -46,6 +47,9 @@ REFUSED = [
     ({"stage3_use_all_reduce_for_fetch_params": True}, {},
      "stage3_use_all_reduce_for_fetch_params is set; parameters are then fetched by all-reduce"),
     ({"zero_hpz_partition_size": 2}, {}, "zero_hpz_partition_size is set"),
+    # Served by DeepSpeed's own gather, one parameter at a time: uncompressed, and unsaid.
+    ({"stage3_allgather_sequential": True}, {}, "stage3_allgather_sequential is set; parameters are then gathered "
+                                                "one at a time"),
     ({}, {"transport": "udp"}, "transport must be 'torch', 'mpi' or 'nccl', got 'udp'"),
     ({}, {"reselect_every": 3}, "reselect_every=3 is for the selector; it needs cache_budget_bytes"),
 ]
@@ -112,9 +116,15 @@ def test_selection_with_delta_under_a_budget_stays_bitwise_plain_zero3s():
 
 
 def test_ranks_with_different_options_fail_together():
+    """CIERA's options, and the ZeRO-3 settings that decide which parameters are gathered when
+    (a persistence threshold on one rank alone: its peers' gathers were paired with others and
+    one rank failed at the timeout, the other went on)."""
     results = all_ok(spawn(w.mismatched, 2))
-    for rank, text in enumerate(results):
-        assert "block_values" in text, (rank, text)
+    for rank, (options, schedule) in enumerate(results):
+        assert "block_values" in options, (rank, options)
+        assert schedule == ("ciera.deepspeed.enable(): the ranks differ in "
+                            "zero_optimization.stage3_param_persistence_threshold: 0 on rank 0; 100000 on rank 1"), \
+            (rank, schedule)
 
 
 def test_a_refusal_or_option_on_one_rank_fails_every_rank_alike():
@@ -197,6 +207,13 @@ def test_ciera_train_framework_deepspeed_is_bitwise_identical_to_zero3(tmp_path)
     records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     assert {r["run"] for r in records} == {"zero3", "ciera"} and len(records) == 8
     assert all(r["gathers"] > 0 and r["allgather_ms"] > 0 for r in records)
+    # --warmup counts steps (the engine's warmup counts a bucket's gathers, two a step): raw
+    # before step --warmup, exponent reuse from it on.
+    ciera_steps = sorted((r for r in records if r["run"] == "ciera"), key=lambda r: r["step"])
+    warmup = int(TINY[TINY.index("--warmup") + 1])
+    assert 0 < warmup < len(ciera_steps), TINY
+    assert all(r["ratio"] == 1.0 for r in ciera_steps[:warmup]), ciera_steps
+    assert all(r["ratio"] > 1.3 for r in ciera_steps[warmup:]), ciera_steps
     assert (run_dir / "loss.png").is_file()
 
 
@@ -254,7 +271,10 @@ def test_ciera_train_framework_deepspeed_options_reach_enable():
     assert delta["policy"](None, None) == ciera.ShardPolicy.delta and job.engine_config(parsed("--codec", "delta")).warmup_steps == 0
     budget = job.gather_options(parsed("--codec", "delta", "--budget-mb", "40", "--warmup", "5"))
     assert budget == {"cache_budget_bytes": 40 << 20, "select_after_steps": 5, "reselect_every": 0, "allow_delta": True}
-    assert job.gather_options(parsed()) == {} and job.engine_config(parsed("--warmup", "7")).warmup_steps == 7
+    # --warmup counts steps, the engine's warmup a bucket's gathers: raw by policy until step --warmup.
+    plain = job.gather_options(parsed())
+    assert list(plain) == ["policy"] and plain["policy"](None, None) == ciera.ShardPolicy.raw
+    assert job.engine_config(parsed("--warmup", "7")).warmup_steps == 0
     assert job.ds_config(parsed())["zero_optimization"] == {"stage": 3}
     assert job.ds_config(parsed("--reduce-bucket-size", "5000000"))["zero_optimization"] == {
         "stage": 3, "reduce_bucket_size": 5000000}

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import ciera
-from ciera.train import pair
+from ciera.train import pair, schemes
 from ciera.train.metrics import Run, StepMetrics
 
 PLAIN = "zero3"    # DeepSpeed ZeRO-3's own gathers: the baseline
@@ -61,9 +61,11 @@ def ds_config(args) -> dict:
 def engine_config(a) -> ciera.EngineConfig:
     config = ciera.EngineConfig()
     config.codec.block_values = a.block
-    # Exponent reuse sends raw during warmup; value-delta frames start at once (their first frame
-    # carries the values), and under a budget the selector keeps every shard raw until it selects.
-    config.warmup_steps = a.warmup if a.codec in ("ciera", "auto") and a.budget_mb is None else 0
+    # The engine's warmup counts a bucket's gathers (about two a step under ZeRO-3): --warmup
+    # counts steps, so exponent reuse starts at step --warmup by policy instead (train_deepspeed),
+    # as under FSDP2. Value-delta frames start at once (their first frame carries the values), and
+    # under a budget the selector keeps every shard raw until it selects.
+    config.warmup_steps = 0
     config.adaptive = a.codec == "auto"
     config.worker_threads = a.threads
     config.timeout_s = a.timeout
@@ -74,18 +76,15 @@ def gather_options(a) -> dict:
     """What ciera.deepspeed.enable() is given beside the engine configuration, as for FSDP2:
     --budget-mb: the selector, after --warmup steps, among raw and exponent reuse (and value-delta
     frames with --codec delta); else --codec delta: every parameter in value-delta frames; else
-    exponent reuse after warmup. Always in flight, as DeepSpeed's own gathers are: its
-    prefetching overlaps them with compute."""
-    from ciera.train import schemes
+    raw until step --warmup, then exponent reuse (train_deepspeed). Always in flight, as
+    DeepSpeed's own gathers are: its prefetching overlaps them with compute."""
     from ciera.train.options import budget_bytes
 
     if a.budget_mb is not None:
         return {"cache_budget_bytes": budget_bytes(a.budget_mb), "select_after_steps": a.warmup,
                 "reselect_every": a.reselect_every, "allow_delta": a.codec == "delta"}
-    if a.codec == "delta":
-        delta = schemes.first_policy("delta")
-        return {"policy": lambda bucket, param: delta}
-    return {}
+    first = schemes.first_policy(a.codec)   # raw until warmup ends, for exponent reuse
+    return {"policy": lambda bucket, param: first}
 
 
 def make_engine(program, deepspeed):
@@ -178,7 +177,18 @@ def train_deepspeed(program) -> None:
     built = {name: build(program, deepspeed, name) for name in (PLAIN, CIERA)}
     runs = {name: run for name, (run, _) in built.items()}
     handle = built[CIERA][1]
-    pair.train(program, runs, step, handle, CIERA)
+    a = program.args
+
+    def stepped(program, run: Run, step_index: int, tokens) -> dict:
+        if (run.name == CIERA and step_index == a.warmup and a.budget_mb is None
+                and schemes.switches_after_warmup(a.codec)):
+            # Warmup over: every parameter through exponent reuse (all ranks at once).
+            for bucket in handle.buckets:
+                for k in range(len(bucket.params)):
+                    handle.set_policy(bucket.index, k, ciera.ShardPolicy.ciera)
+        return step(program, run, step_index, tokens)
+
+    pair.train(program, runs, stepped, handle, CIERA)
     for run in runs.values():
         run.final = partitions(run.model)
         run.digest = digest(deepspeed, run.model, program.rank)
