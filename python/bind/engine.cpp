@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,14 @@ std::shared_ptr<const CodecBackend> backend_for(int device) {
   throw ConfigError("device " + std::to_string(device) +
                     ": this build of CIERA has no CUDA backend (build it with nvcc: "
                     "CIERA_CUDA=ON pip install .)");
+#endif
+}
+
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
 #endif
 }
 
@@ -63,8 +72,18 @@ class PyEngine {
         new CompressedAllgather(t, std::move(config), std::move(buckets), std::move(backend)),
         [transport = std::move(transport), kept = kept_](CompressedAllgather* e) mutable {
           delete e;
+          if (python_finalizing()) {
+            // An engine ended by another thread as the interpreter shuts down (one collected
+            // on its communication thread): Python objects can no longer be touched. Left.
+            new std::shared_ptr<Transport>(std::move(transport));
+            new auto(std::move(kept->objects));
+            return;
+          }
           py::gil_scoped_acquire gil;
           transport.reset();
+          // Out of the map before they go: a __del__ that runs then may call wait(), which
+          // erases from it.
+          auto objects = std::move(kept->objects);
           kept->objects.clear();
         });
   }
@@ -142,6 +161,9 @@ class PyEngine {
                                     uint64_t slot_stride, py::object keep) {
     const CompressedAllgather::Ticket ticket = gather<&CompressedAllgather::start>(
         bucket, input, input_bytes, output, output_bytes, stream, slot_stride);
+    // Closed by another thread meanwhile: the engine, ended as this call let go of it, has
+    // finished the gather, and nothing is left to wait for.
+    if (closed()) return ticket;
     if (keep.is_none()) {
       kept_->unkept.insert(ticket);
     } else {
@@ -150,17 +172,24 @@ class PyEngine {
     return ticket;
   }
 
-  // wait(): whether it returns or raises, the gather is over and its kept object let go.
+  // wait(): once the engine has taken the ticket, whether the gather succeeded or failed, it is
+  // over and its kept object is let go. A wait() refused before that (the engine closed, called
+  // from the communication thread, a ticket not this engine's or waited for by another call)
+  // leaves the gather, which may still run, its buffers.
   GatherStats wait(CompressedAllgather::Ticket ticket) {
-    struct Forget {
-      Kept& kept;
-      CompressedAllgather::Ticket ticket;
-      ~Forget() {
-        kept.unkept.erase(ticket);
-        kept.objects.erase(ticket);
-      }
-    } forget{*kept_, ticket};
-    return unlocked([&](CompressedAllgather& engine) { return engine.wait(ticket); });
+    GatherStats stats;
+    try {
+      stats = unlocked([&](CompressedAllgather& engine) { return engine.wait(ticket); });
+    } catch (const py::value_error&) {
+      throw;
+    } catch (const std::invalid_argument&) {
+      throw;
+    } catch (...) {
+      forget(ticket);
+      throw;
+    }
+    forget(ticket);
+    return stats;
   }
 
   void close() {
@@ -178,6 +207,12 @@ class PyEngine {
           "communication thread); call it from another thread");
     }
   }
+  void forget(CompressedAllgather::Ticket ticket) {
+    kept_->unkept.erase(ticket);
+    // Out of the map before it goes: its __del__ may call wait(), which erases from it.
+    auto node = kept_->objects.extract(ticket);
+  }
+
   // Drops `engine` while the GIL is released by the caller's scope.
   struct Releaser {
     Engine& engine;

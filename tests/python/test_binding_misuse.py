@@ -475,6 +475,33 @@ def test_the_engine_called_or_collected_inside_its_own_transport_call():
         engine.close()
     """)
     assert lines == ["held until wait: True", "let go by wait: True"], lines
+    # A wait() refused (here from inside the gather's own transport call) leaves the gather its
+    # buffers: they go once the wait that took the ticket returns, not when the refused one did.
+    lines = _child_output(transport + """
+        held, started = {}, threading.Event()
+        class Buffers:
+            def __init__(self):
+                self.inp, self.out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
+            def __del__(self):
+                print("buffers let go", flush=True)
+        def call_back():
+            if held.pop("armed", False):
+                assert started.wait(30), "start() did not return while its gather ran"
+                try:
+                    held["engine"].wait(held["ticket"])
+                except ValueError:
+                    print("refused inside the gather", flush=True)
+        held["engine"] = engine = ciera.Engine(transport(call_back), ciera.EngineConfig(), [layout])
+        buffers = Buffers()
+        held["armed"] = True
+        held["ticket"] = engine.start(0, buffers.inp.ctypes.data, 2000, buffers.out.ctypes.data, 2000, keep=buffers)
+        del buffers
+        started.set()
+        engine.wait(held["ticket"])
+        print("waited", flush=True)
+        engine.close()
+    """)
+    assert lines == ["refused inside the gather", "buffers let go", "waited"], lines
     for keep in (False, True):
         done = subprocess.run([sys.executable, "-c", _CHILD_PRELUDE + textwrap.dedent(transport) + textwrap.dedent(f"""
             gc.disable()
