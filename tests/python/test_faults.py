@@ -195,23 +195,29 @@ def test_the_python_api_ends_the_mpi_job_after_a_stalled_peer(where):
     assert "no error although" not in output
 
 
-@pytest.mark.parametrize("launcher,sig", [("mpirun", signal.SIGINT), ("mpirun", signal.SIGTERM),
-                                          ("mpirun", signal.SIGHUP), ("torchrun", signal.SIGINT),
-                                          ("torchrun", signal.SIGTERM)])
-def test_a_signal_to_the_launcher_ends_the_ranks_too(tmp_path, launcher, sig):
+@pytest.mark.parametrize("launcher,sig,nohup", [("mpirun", signal.SIGINT, False), ("mpirun", signal.SIGTERM, False),
+                                                ("mpirun", signal.SIGHUP, False), ("torchrun", signal.SIGINT, False),
+                                                ("torchrun", signal.SIGTERM, False), ("torchrun", signal.SIGHUP, True)])
+def test_a_signal_to_the_launcher_ends_the_ranks_too(tmp_path, launcher, sig, nohup):
     """`timeout N ciera train`, a scheduler, kill PID, a closed ssh session: the signal reaches the
     launcher alone. It used to exit (a traceback for SIGINT; silently, status 129, for SIGHUP)
     and leave mpirun and the ranks training in the run folder; it now ends them, says so in one
-    line and exits 128 + the signal's number."""
+    line and exits 128 + the signal's number. Under nohup a SIGHUP stays ignored: the run goes
+    on, and a SIGTERM then ends it."""
     cmd = [sys.executable, "-m", "ciera.train", "--ranks", "2", "--steps", "500", "--warmup", "2",
            "--layers", "1", "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32",
            "--launcher", launcher, "--no-baseline", "--out", str(tmp_path)]
     # Its own session: the signal goes to the launcher's pid only, as kill or timeout send it.
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                           start_new_session=True)
+    job = subprocess.Popen(["nohup", *cmd] if nohup else cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=_env(), start_new_session=True)
     pids = []
     try:
         pids = [s["pid"] for s in _when_every_rank_reaches(job, tmp_path, 2, 2).values()]
+        if nohup:
+            job.send_signal(sig)
+            reached = max((s.get("step") or 0) for s in rank_statuses(tmp_path).values())
+            _when_every_rank_reaches(job, tmp_path, 2, reached + 2)   # fails if the job ends
+            sig = signal.SIGTERM
         job.send_signal(sig)
         _, stderr = job.communicate(timeout=60)
         assert job.returncode == 128 + sig, (job.returncode, stderr[-3000:])

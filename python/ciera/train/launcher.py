@@ -91,11 +91,7 @@ def launch(args, argv: list[str]) -> int:
     log_path = run_dir / "log.txt"
     watch = Watch(run_dir, args.ranks)
     with open(log_path, "w") as log, _interruptible() as interrupted:
-        # Its own process group, so that a last resort can end every process under it; the
-        # terminal's Ctrl-C reaches this launcher, which passes it on.
-        # (Its stdin is not the terminal: a background group that read it would be stopped.)
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                process_group=0)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             interrupted.armed = True   # a signal that came while Popen ran is raised now
             status = follow(proc, run_dir / "metrics.jsonl", args, watch)
@@ -151,11 +147,11 @@ def launch(args, argv: list[str]) -> int:
 
 
 class _Terminated(Exception):
-    """SIGTERM (a scheduler's, `timeout`'s) or SIGHUP (a closed terminal or ssh session) while
-    the ranks run, raised in the launcher's loop."""
+    """SIGTERM (a scheduler's, `timeout`'s), SIGHUP (a closed terminal or ssh session, unless
+    nohup ignores it) or SIGQUIT while the ranks run, raised in the launcher's loop."""
 
 
-_ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _raise_for(signum: int):
@@ -164,18 +160,23 @@ def _raise_for(signum: int):
 
 class _Caught:
     """The signal _interruptible() caught. Until `armed` is set (the rank launcher started, so
-    there is something to end) a signal is held, and raised as soon as it is set."""
+    there is something to end) a signal is held, and raised as soon as it is set. Raised once:
+    a second signal (a double Ctrl-C) must not cut the ending of the ranks short."""
 
     def __init__(self):
         self.signum = signal.SIGINT
         self._pending = False
         self._armed = False
+        self._raised = False
 
     def __call__(self, signum, frame):  # the handler
+        if self._raised:
+            return
         self.signum = signum
         if not self._armed:
             self._pending = True
             return
+        self._raised = True
         _raise_for(signum)
 
     @property
@@ -185,18 +186,20 @@ class _Caught:
     @armed.setter
     def armed(self, value: bool) -> None:
         self._armed = value
-        if value and self._pending:
-            self._pending = False
+        if value and self._pending and not self._raised:
+            self._pending, self._raised = False, True
             _raise_for(self.signum)
 
 
 @contextlib.contextmanager
 def _interruptible():
-    """While the ranks run: SIGINT raises KeyboardInterrupt, SIGTERM and SIGHUP _Terminated in
-    the launcher, which then ends the rank launcher (mpirun, torchrun) and its ranks, instead of
+    """While the ranks run: SIGINT raises KeyboardInterrupt, SIGTERM, SIGHUP and SIGQUIT
+    _Terminated in the launcher, which then ends the rank launcher (mpirun, torchrun) and its ranks, instead of
     exiting alone and leaving them training in the run folder. Yields the _Caught signal."""
     caught = _Caught()
-    before = {sig: signal.signal(sig, caught) for sig in _ENDING_SIGNALS}
+    # A signal ignored already stays ignored: SIGHUP under nohup must not end the run.
+    before = {sig: signal.signal(sig, caught) for sig in _ENDING_SIGNALS
+              if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield caught
     finally:
@@ -204,23 +207,58 @@ def _interruptible():
             signal.signal(sig, handler)
 
 
+def _descendants(pid: int) -> dict[int, str]:
+    """Every process under `pid` (mpirun or torchrun, its ranks, the link lab's ip netns exec),
+    each with its start time, which tells it from a later process given the same pid."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue   # gone meanwhile
+            fields = stat[stat.rindex(")") + 2:].split()   # the name may hold spaces and parentheses
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            started[int(entry)] = fields[19]
+    found, todo = {}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = started[child]
+            todo.append(child)
+    return found
+
+
+def _signal_each(processes: dict[int, str], sig: int) -> None:
+    """`sig` to each of `processes` (pid -> start time) that is still the process it was."""
+    for pid, start in processes.items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat[stat.rindex(")") + 2:].split()[19] == start:
+                os.kill(pid, sig)
+        except (OSError, IndexError):
+            pass   # gone
+
+
 def _end(proc: subprocess.Popen) -> None:
     """Ends the rank launcher: SIGTERM, which mpirun and torchrun pass on to their ranks, and
-    SIGCONT to every process of its group, so that a stopped rank takes it; then SIGKILL to the
-    whole group if the launcher has not exited in 45 s (torchrun gives its ranks 30)."""
+    SIGCONT to it and every process under it, so that a stopped rank takes it. If it has not
+    exited in 45 s (torchrun gives its ranks 30), SIGKILL to it and them; and whatever of them
+    outlived it is killed then too, so that no rank trains on in the run folder."""
+    under = _descendants(proc.pid)
     try:
         proc.send_signal(signal.SIGTERM)
-        os.killpg(proc.pid, signal.SIGCONT)
+        proc.send_signal(signal.SIGCONT)
     except ProcessLookupError:
-        return
+        pass
+    _signal_each(under, signal.SIGCONT)
     try:
         proc.wait(timeout=45)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        under.update(_descendants(proc.pid))
+        proc.kill()
         proc.wait()
+    _signal_each(under, signal.SIGKILL)
 
 
 def exit_status(summary: dict) -> int:

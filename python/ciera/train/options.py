@@ -54,8 +54,8 @@ def parser() -> argparse.ArgumentParser:
                 formatter_class=_HelpFormatter,
                 epilog="Exit status: 0 when every comparison the run made is exact; 1 when the run failed "
                        "(a rank died or stalled past --timeout); 2 for a command line no run could use; "
-                       "3 when a comparison that must be exact was not; 130, 143 or 129 when interrupted (SIGINT, "
-                       "SIGTERM, SIGHUP), after ending the ranks.")
+                       "3 when a comparison that must be exact was not; 128 + the signal when interrupted (130 "
+                       "SIGINT, 143 SIGTERM, 129 SIGHUP, 131 SIGQUIT), after ending the ranks.")
     p.add_argument("--model", default="olmoe", choices=["olmoe", "mixtral", "qwen2_moe", "deepseek"],
                    help="the MoE architecture (Hugging Face transformers), built small from a config, no download")
     p.add_argument("--ranks", type=int, default=None, help="data-parallel ranks (processes); default 4, or "
