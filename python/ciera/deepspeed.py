@@ -157,6 +157,7 @@ class _Gather:
                 raise
             self.tickets.append((bucket, offset, shard, ticket))
         self.done = False
+        self.failure: BaseException | None = None
 
     def _abandon(self, unstarted: list[int], reason: str) -> None:
         """After this rank failed to start the gather of unstarted[0]: the peers, who start them
@@ -177,9 +178,21 @@ class _Gather:
         return self.output.view(self.state.world, self.input.numel()).narrow(1, offset, numel)
 
     def wait(self, timeout=None) -> bool:
+        """Finishes the fetch; a fetch that failed fails again at every later wait (a caller that
+        waits twice must not read outputs that were never filled, or failed verification)."""
+        if self.failure is not None:
+            raise self.failure
         if self.done:
             return True
-        self.done = True
+        self.done = True   # while _finish runs: a re-entrant wait returns at once, as before
+        try:
+            self._finish()
+        except BaseException as failure:
+            self.failure = failure
+            raise
+        return True
+
+    def _finish(self) -> None:
         runtime = self.state.runtime
         # Each parameter's record holds its share of the call: together they add up to the
         # call's duration and, in flight, to the time DeepSpeed waited for it.
@@ -209,7 +222,6 @@ class _Gather:
                 runtime.observed(bucket, shard, output)
         self.tickets = []
         self.input = self.output = None
-        return True
 
     def is_completed(self) -> bool:
         return self.done

@@ -280,3 +280,29 @@ def test_ciera_train_framework_deepspeed_options_reach_enable():
         "stage": 3, "reduce_bucket_size": 5000000}
     line = job._codec_line({"budget_bytes": 1, "codec": "delta", "selected_shards": 4, "candidate_shards": 25})
     assert line == "the selector, after warmup, among raw, exponent reuse and value-delta frames: 4 of 25 parameters coded"
+
+
+def test_a_fetch_that_failed_fails_again_at_every_later_wait():
+    """A fetch marked itself done before its gathers were waited for: when one failed, a second
+    wait() (DeepSpeed's, or a caller's retry) returned True over outputs never filled."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import ciera
+    from ciera.deepspeed import _Gather
+
+    class FailingEngine:
+        def start(self, *args, **kwargs):
+            return 1
+
+        def wait(self, ticket):
+            raise ciera.CommError("a peer is dead or stalled")
+
+    runtime = SimpleNamespace(engine=FailingEngine(), buckets=[SimpleNamespace(numel=4, index=0)], selector=None,
+                              overlap=True, verify=False, on_gather=None, on_output=None, records=[])
+    gather = _Gather(SimpleNamespace(runtime=runtime, world=2), [(0, 0)], torch.zeros(4, dtype=torch.bfloat16),
+                     torch.zeros(8, dtype=torch.bfloat16), None)
+    for _ in range(2):
+        with pytest.raises(ciera.CommError, match="dead or stalled"):
+            gather.wait()
