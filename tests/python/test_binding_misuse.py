@@ -378,8 +378,8 @@ def test_monitors_and_counters_take_one_thread_at_a_time():
     counter = _ext.ExponentChangeCounter(_ext.DType.bf16, n)
     outcomes = {"monitor": [], "counter": []}
 
-    def hammer(name, call):
-        for _ in range(12):
+    def hammer(name, call, times=12):
+        for _ in range(times):
             try:
                 call()
                 outcomes[name].append("ok")
@@ -404,7 +404,7 @@ def test_monitors_and_counters_take_one_thread_at_a_time():
     for name, call in calls.items():
         refused = False
         for _ in range(200):
-            other = threading.Thread(target=call)
+            other = threading.Thread(target=hammer, args=(name, call, 1))   # refused or not, it says so
             other.start()
             while other.is_alive() and not refused:
                 try:
