@@ -49,6 +49,7 @@ bool python_finalizing() {
 struct Kept {
   std::map<CompressedAllgather::Ticket, py::object> objects;
   std::set<CompressedAllgather::Ticket> unkept;
+  std::set<CompressedAllgather::Ticket> waiting;  // a wait() of this ticket is in the engine
 };
 
 // An engine that close() can end before Python drops the object: every later call is a
@@ -72,9 +73,10 @@ class PyEngine {
         new CompressedAllgather(t, std::move(config), std::move(buckets), std::move(backend)),
         [transport = std::move(transport), kept = kept_](CompressedAllgather* e) mutable {
           delete e;
-          if (python_finalizing()) {
-            // An engine ended by another thread as the interpreter shuts down (one collected
-            // on its communication thread): Python objects can no longer be touched. Left.
+          if (PyGILState_GetThisThreadState() == nullptr && python_finalizing()) {
+            // An engine ended by a thread of its own as the interpreter shuts down (one
+            // collected on its communication thread): Python objects can no longer be touched
+            // from there. Left.
             new std::shared_ptr<Transport>(std::move(transport));
             new auto(std::move(kept->objects));
             return;
@@ -159,11 +161,14 @@ class PyEngine {
   CompressedAllgather::Ticket start(size_t bucket, uintptr_t input, uint64_t input_bytes,
                                     uintptr_t output, uint64_t output_bytes, uintptr_t stream,
                                     uint64_t slot_stride, py::object keep) {
+    // This call's own reference until `keep` is recorded: an engine closed meanwhile by another
+    // thread then ends (finishing the gather) only after it, and lets `keep` go after that.
+    struct Held {
+      Engine engine;
+      ~Held() { release(engine); }
+    } held{live()};
     const CompressedAllgather::Ticket ticket = gather<&CompressedAllgather::start>(
         bucket, input, input_bytes, output, output_bytes, stream, slot_stride);
-    // Closed by another thread meanwhile: the engine, ended as this call let go of it, has
-    // finished the gather, and nothing is left to wait for.
-    if (closed()) return ticket;
     if (keep.is_none()) {
       kept_->unkept.insert(ticket);
     } else {
@@ -172,18 +177,27 @@ class PyEngine {
     return ticket;
   }
 
-  // wait(): once the engine has taken the ticket, whether the gather succeeded or failed, it is
-  // over and its kept object is let go. A wait() refused before that (the engine closed, called
-  // from the communication thread, a ticket not this engine's or waited for by another call)
-  // leaves the gather, which may still run, its buffers.
+  // wait(): once the engine has been asked for the ticket, its gather is over however the call
+  // ends (or the ticket was never one of this engine's gathers in flight), and its kept object
+  // is let go. One call per ticket at a time reaches the engine, so a second one, refused here,
+  // never lets go of the buffers of the gather the first waits for; so does a call refused
+  // before it reaches the engine (closed, or from the communication thread).
   GatherStats wait(CompressedAllgather::Ticket ticket) {
+    if (engine_) refuse_own_thread(*engine_);  // said as such, before any other refusal
+    if (!kept_->waiting.insert(ticket).second) {
+      throw py::value_error("wait: ticket " + std::to_string(ticket) +
+                            " is being waited for by another call");
+    }
+    struct Done {
+      Kept& kept;
+      CompressedAllgather::Ticket ticket;
+      ~Done() { kept.waiting.erase(ticket); }
+    } done{*kept_, ticket};
     GatherStats stats;
     try {
       stats = unlocked([&](CompressedAllgather& engine) { return engine.wait(ticket); });
     } catch (const py::value_error&) {
-      throw;
-    } catch (const std::invalid_argument&) {
-      throw;
+      throw;  // from live(): the engine never saw the ticket
     } catch (...) {
       forget(ticket);
       throw;

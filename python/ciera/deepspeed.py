@@ -189,6 +189,7 @@ class _Gather:
             self._finish()
         except BaseException as failure:
             self.failure = failure
+            self.input = self.output = None   # its traceback holds this fetch: not the buffers too
             raise
         return True
 

@@ -502,6 +502,44 @@ def test_the_engine_called_or_collected_inside_its_own_transport_call():
         engine.close()
     """)
     assert lines == ["refused inside the gather", "buffers let go", "waited"], lines
+    # Two threads wait for one ticket while its gather runs: one is refused, and the buffers go
+    # only once the other's wait returns, after the gather.
+    lines = _child_output(transport + """
+        held, release_gather, results = {}, threading.Event(), []
+        class Buffers:
+            def __init__(self):
+                self.inp, self.out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
+            def __del__(self):
+                print("buffers let go", flush=True)
+        def call_back():
+            if held.pop("armed", False):
+                assert release_gather.wait(30), "the test never let the gather go on"
+        engine = ciera.Engine(transport(call_back), ciera.EngineConfig(), [layout])
+        buffers = Buffers()
+        held["armed"] = True
+        ticket = engine.start(0, buffers.inp.ctypes.data, 2000, buffers.out.ctypes.data, 2000, keep=buffers)
+        del buffers
+        def waiter():
+            try:
+                engine.wait(ticket)
+                results.append("returned")
+            except ValueError:
+                print("refused", flush=True)
+                results.append("refused")
+        threads = [threading.Thread(target=waiter) for _ in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while "refused" not in results and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("gather let go on", flush=True)
+        release_gather.set()
+        for t in threads:
+            t.join()
+        print(sorted(results), flush=True)
+        engine.close()
+    """)
+    assert lines == ["refused", "gather let go on", "buffers let go", "['refused', 'returned']"], lines
     for keep in (False, True):
         done = subprocess.run([sys.executable, "-c", _CHILD_PRELUDE + textwrap.dedent(transport) + textwrap.dedent(f"""
             gc.disable()

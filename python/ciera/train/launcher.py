@@ -91,7 +91,7 @@ def launch(args, argv: list[str]) -> int:
     log_path = run_dir / "log.txt"
     watch = Watch(run_dir, args.ranks)
     with open(log_path, "w") as log, _interruptible() as interrupted:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             interrupted.armed = True   # a signal that came while Popen ran is raised now
             status = follow(proc, run_dir / "metrics.jsonl", args, watch)
@@ -243,8 +243,10 @@ def _signal_each(processes: dict[int, str], sig: int) -> None:
 def _end(proc: subprocess.Popen) -> None:
     """Ends the rank launcher: SIGTERM, which mpirun and torchrun pass on to their ranks, and
     SIGCONT to it and every process under it, so that a stopped rank takes it. If it has not
-    exited in 45 s (torchrun gives its ranks 30), SIGKILL to it and them; and whatever of them
-    outlived it is killed then too, so that no rank trains on in the run folder."""
+    exited in 45 s (torchrun gives its ranks 30), SIGKILL to every process under it first (the
+    link lab's script then still removes its namespaces), then to it; whatever of them outlived
+    it is killed too, so that no rank trains on in the run folder. The processes under it are
+    looked for every second while it runs: ranks it started after the signal count too."""
     under = _descendants(proc.pid)
     try:
         proc.send_signal(signal.SIGTERM)
@@ -252,12 +254,19 @@ def _end(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     _signal_each(under, signal.SIGCONT)
-    try:
-        proc.wait(timeout=45)
-    except subprocess.TimeoutExpired:
-        under.update(_descendants(proc.pid))
-        proc.kill()
-        proc.wait()
+    for _ in range(45):
+        try:
+            proc.wait(timeout=1)
+            break
+        except subprocess.TimeoutExpired:
+            under.update(_descendants(proc.pid))
+    else:
+        _signal_each(under, signal.SIGKILL)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     _signal_each(under, signal.SIGKILL)
 
 
