@@ -436,6 +436,11 @@ def test_the_engine_called_or_collected_inside_its_own_transport_call():
                 out[displs[0]:displs[0] + counts[0]] = inp
             return ciera.python_transport(0, 1, allgather, allgatherv, lambda: None)
         inp, out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
+        class Buffers:   # a gather's input and output, which say when they go
+            def __init__(self):
+                self.inp, self.out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
+            def __del__(self):
+                print("buffers let go", flush=True)
     """
     lines = _child_output(transport + """
         held, started = {}, threading.Event()
@@ -479,11 +484,6 @@ def test_the_engine_called_or_collected_inside_its_own_transport_call():
     # buffers: they go once the wait that took the ticket returns, not when the refused one did.
     lines = _child_output(transport + """
         held, started = {}, threading.Event()
-        class Buffers:
-            def __init__(self):
-                self.inp, self.out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
-            def __del__(self):
-                print("buffers let go", flush=True)
         def call_back():
             if held.pop("armed", False):
                 assert started.wait(30), "start() did not return while its gather ran"
@@ -506,11 +506,6 @@ def test_the_engine_called_or_collected_inside_its_own_transport_call():
     # only once the other's wait returns, after the gather.
     lines = _child_output(transport + """
         held, release_gather, results = {}, threading.Event(), []
-        class Buffers:
-            def __init__(self):
-                self.inp, self.out = np.ones(2000, np.uint8), np.zeros(2000, np.uint8)
-            def __del__(self):
-                print("buffers let go", flush=True)
         def call_back():
             if held.pop("armed", False):
                 assert release_gather.wait(30), "the test never let the gather go on"
