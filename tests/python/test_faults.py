@@ -207,9 +207,15 @@ def test_a_signal_to_the_launcher_ends_the_ranks_too(tmp_path, launcher, sig, no
     cmd = [sys.executable, "-m", "ciera.train", "--ranks", "2", "--steps", "500", "--warmup", "2",
            "--layers", "1", "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32",
            "--launcher", launcher, "--no-baseline", "--out", str(tmp_path)]
-    # Its own session: the signal goes to the launcher's pid only, as kill or timeout send it.
+    # Its own session: the signal goes to the launcher's pid only, as kill or timeout send it. As
+    # from a terminal: whatever this test runs under (nohup, a script's background job), the
+    # launcher starts with SIGHUP and SIGINT at their defaults, unless nohup ignores SIGHUP.
+    def as_from_a_terminal():
+        for default in (signal.SIGHUP, signal.SIGINT):
+            signal.signal(default, signal.SIG_DFL)
+
     job = subprocess.Popen(["nohup", *cmd] if nohup else cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, env=_env(), start_new_session=True)
+                           text=True, env=_env(), start_new_session=True, preexec_fn=as_from_a_terminal)
     pids = []
     try:
         pids = [s["pid"] for s in _when_every_rank_reaches(job, tmp_path, 2, 2).values()]

@@ -197,9 +197,11 @@ def _interruptible():
     _Terminated in the launcher, which then ends the rank launcher (mpirun, torchrun) and its ranks, instead of
     exiting alone and leaving them training in the run folder. Yields the _Caught signal."""
     caught = _Caught()
-    # A signal ignored already stays ignored: SIGHUP under nohup must not end the run.
+    # A SIGHUP ignored already stays ignored: under nohup it must not end the run. (SIGINT and
+    # SIGQUIT are ignored in any job a script starts in the background, where a kill -INT is
+    # still meant: they are always handled.)
     before = {sig: signal.signal(sig, caught) for sig in _ENDING_SIGNALS
-              if signal.getsignal(sig) is not signal.SIG_IGN}
+              if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield caught
     finally:
