@@ -8,7 +8,6 @@
 #include <memory>
 #include <set>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>

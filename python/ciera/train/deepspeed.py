@@ -182,10 +182,7 @@ def train_deepspeed(program) -> None:
     def stepped(program, run: Run, step_index: int, tokens) -> dict:
         if (run.name == CIERA and step_index == a.warmup and a.budget_mb is None
                 and schemes.switches_after_warmup(a.codec)):
-            # Warmup over: every parameter through exponent reuse (all ranks at once).
-            for bucket in handle.buckets:
-                for k in range(len(bucket.params)):
-                    handle.set_policy(bucket.index, k, ciera.ShardPolicy.ciera)
+            schemes.end_warmup(handle)   # warmup over: every parameter through exponent reuse
         return step(program, run, step_index, tokens)
 
     pair.train(program, runs, stepped, handle, CIERA)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ciera.train import checkpoint, options
 from ciera.train.options import BASELINE, CONTROL, budget_text
-from ciera.train.watch import Stall, Watch
+from ciera.train.watch import Stall, Watch, stat_fields
 
 ROOT = Path(__file__).resolve().parents[1]   # the ciera package
 
@@ -93,11 +93,9 @@ def launch(args, argv: list[str]) -> int:
     with open(log_path, "w") as log, _interruptible() as interrupted:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            interrupted.armed = True   # a signal that came while Popen ran is raised now
+            interrupted.arm()   # a signal that came while Popen ran is raised now
             status = follow(proc, run_dir / "metrics.jsonl", args, watch)
-        except (KeyboardInterrupt, _Terminated):
-            for sig in _ENDING_SIGNALS:   # a second one must not cut the ending short
-                signal.signal(sig, signal.SIG_IGN)
+        except (KeyboardInterrupt, _Terminated):   # raised once: a second signal is let be
             _end(proc)
             name = signal.Signals(interrupted.signum).name
             sys.stderr.write(f"\nciera train: interrupted ({name}); the ranks were ended (their output: {log_path})\n")
@@ -159,9 +157,9 @@ def _raise_for(signum: int):
 
 
 class _Caught:
-    """The signal _interruptible() caught. Until `armed` is set (the rank launcher started, so
-    there is something to end) a signal is held, and raised as soon as it is set. Raised once:
-    a second signal (a double Ctrl-C) must not cut the ending of the ranks short."""
+    """The signal _interruptible() caught. Until arm() (the rank launcher started, so there is
+    something to end) a signal is held, and raised by arm(). Raised once: a second signal (a
+    double Ctrl-C) must not cut the ending of the ranks short."""
 
     def __init__(self):
         self.signum = signal.SIGINT
@@ -179,14 +177,9 @@ class _Caught:
         self._raised = True
         _raise_for(signum)
 
-    @property
-    def armed(self) -> bool:
-        return self._armed
-
-    @armed.setter
-    def armed(self, value: bool) -> None:
-        self._armed = value
-        if value and self._pending and not self._raised:
+    def arm(self) -> None:
+        self._armed = True
+        if self._pending and not self._raised:
             self._pending, self._raised = False, True
             _raise_for(self.signum)
 
@@ -215,12 +208,8 @@ def _descendants(pid: int) -> dict[int, str]:
     children: dict[int, list[int]] = {}
     started: dict[int, str] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue   # gone meanwhile
-            fields = stat[stat.rindex(")") + 2:].split()   # the name may hold spaces and parentheses
+        fields = stat_fields(int(entry)) if entry.isdigit() else None
+        if fields:   # a process not gone meanwhile
             children.setdefault(int(fields[1]), []).append(int(entry))
             started[int(entry)] = fields[19]
     found, todo = {}, [pid]
@@ -234,12 +223,12 @@ def _descendants(pid: int) -> dict[int, str]:
 def _signal_each(processes: dict[int, str], sig: int) -> None:
     """`sig` to each of `processes` (pid -> start time) that is still the process it was."""
     for pid, start in processes.items():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if stat[stat.rindex(")") + 2:].split()[19] == start:
+        fields = stat_fields(pid)
+        if fields and fields[19] == start:
+            try:
                 os.kill(pid, sig)
-        except (OSError, IndexError):
-            pass   # gone
+            except OSError:
+                pass   # gone since
 
 
 def _end(proc: subprocess.Popen) -> None:

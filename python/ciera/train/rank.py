@@ -378,9 +378,7 @@ class RankProgram:
             # of an exponent-reuse training now goes through it (all ranks at once).
             for name, handle in handles.items():
                 if handle.selector is None and schemes.switches_after_warmup(self.scheme_of(name)):
-                    for bucket in handle.buckets:
-                        for k in range(len(bucket.params)):
-                            handle.set_policy(bucket.index, k, ciera.ShardPolicy.ciera)
+                    schemes.end_warmup(handle)
         # Whichever model steps first after the previous pair is measurably slower on an
         # oversubscribed machine (caches and schedulers settle); rotating the order every
         # step gives every run the same share of that cost.

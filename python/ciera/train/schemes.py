@@ -83,3 +83,11 @@ def first_policy(name: str):
 
 def switches_after_warmup(name: str) -> bool:
     return name in ("ciera", "auto")
+
+
+def end_warmup(handle) -> None:
+    """Every parameter of `handle`'s buckets through exponent reuse from now on (collective:
+    every rank at the same step)."""
+    for bucket in handle.buckets:
+        for k in range(len(bucket.params)):
+            handle.set_policy(bucket.index, k, _ext.ShardPolicy.ciera)

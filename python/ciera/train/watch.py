@@ -100,13 +100,20 @@ def last_error_line(log_text: str) -> str | None:
     return None
 
 
-def process_state(pid: int) -> str | None:
-    """The state letter of `pid` (R, S, D, T for stopped, Z, ...), None if it is gone."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, from the state on (so field N of
+    proc(5) is [N - 3]: the state [0], the parent [1], the start time [19]); None if it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2]  # the command name may hold spaces and parentheses
+    return stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of `pid` (R, S, D, T for stopped, Z, ...), None if it is gone."""
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
 
 
 @dataclass
