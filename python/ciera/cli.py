@@ -72,16 +72,17 @@ def _option_value(args: list[str], name: str) -> tuple[str | None, list[str]]:
 
 
 def _check_plot_dir(plot_dir: str) -> None:
-    """Before the analysis runs: the figures can be drawn, and written to plot_dir."""
+    """Before the analysis runs: the figures can be written to plot_dir, and drawn (a folder no
+    installation could write to is refused for that first)."""
     import importlib.util
 
-    if importlib.util.find_spec("matplotlib") is None:
-        _fail("--plot needs matplotlib (pip install 'ciera[train]')")
     from ciera.paths import folder_problem
 
     problem = folder_problem(plot_dir)
     if problem:
         _fail(f"--plot {plot_dir}: {problem}")
+    if importlib.util.find_spec("matplotlib") is None:
+        _fail("--plot needs matplotlib (pip install 'ciera[train]')")
 
 
 def analyze_with_plots(tool: Path, args: list[str], plot_dir: str) -> int:

@@ -15,11 +15,19 @@ try:  # the installed package (pip install .); else this checkout's sources with
 except ImportError:
     sys.path.insert(0, str(ROOT / "python"))
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+# torch and transformers are imported by the tests that use them (`needs_torch()`), so the codec,
+# binding and command-line tests also run where only `pip install .` (no PyTorch) was done.
+
+
+def needs_torch():
+    """torch for a test module that trains or spawns ranks; the module is skipped without torch
+    and transformers (`pip install '.[train]'`). Call at module level: `torch = needs_torch()`."""
+    pytest.importorskip("transformers")
+    return pytest.importorskip("torch")
 
 
 def _entry(rank, world, store, fn, args, queue):
+    import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)

@@ -12,7 +12,9 @@ import time
 
 import numpy as np
 import pytest
-from conftest import torch
+from conftest import needs_torch
+
+torch = needs_torch()
 
 import ciera
 from ciera import _ext

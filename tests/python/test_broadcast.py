@@ -2,7 +2,9 @@
 
 import pytest
 
-from conftest import error_of, ranks_store, spawn, torch, until
+from conftest import error_of, needs_torch, ranks_store, spawn, until
+
+torch = needs_torch()
 
 import ciera
 import ciera.broadcast  # noqa: F401  (the submodule)

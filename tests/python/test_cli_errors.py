@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import all_ok, spawn
+from conftest import all_ok, needs_torch, spawn
 
 import ciera
 from ciera import _ext
@@ -135,6 +135,30 @@ def test_train_refuses_before_any_rank_starts(tmp_path, args, message):
     _assert_refused(done, message)
     assert done.stderr.startswith("ciera train: ")
     assert not out.exists()  # no run folder: the launcher never got to start ranks
+
+
+def test_train_asks_for_a_missing_package_after_the_options_conflicts(monkeypatch, tmp_path):
+    """Without the zipnn package, a run that no installation could start is refused for its
+    options; one that could is told what to install. --baselines leaves zipnn out."""
+    from ciera.train import options, schemes
+
+    monkeypatch.setattr(schemes, "zipnn_installed", lambda: False)
+
+    def refusal(argv):
+        args = options.parser().parse_args([*argv, "--out", str(tmp_path / "runs")])
+        try:
+            options.check(args)
+        except SystemExit as e:
+            return str(e)
+        return f"accepted: {args.schemes or args.codec}"
+
+    missing = "zipnn needs the zipnn package: pip install 'ciera[peers]'"
+    assert refusal(["--codec", "zipnn"]) == f"ciera train: --codec zipnn: {missing}"
+    assert refusal(["--schemes", "ciera,zipnn"]) == f"ciera train: --schemes: {missing}"
+    assert "zipnn exchanges on one group of every rank" in refusal(["--hsdp", "--nodes", "2", "--ranks-per-node", "2",
+                                                                     "--codec", "zipnn"])
+    assert "--zero cannot run with --schemes" in refusal(["--schemes", "zipnn", "--zero"])
+    assert "zipnn" not in refusal(["--baselines"])
 
 
 @pytest.mark.parametrize("out,message", [("/dev/null", "--out /dev/null: not a folder"),
@@ -306,7 +330,7 @@ ENABLE = [
 
 @pytest.mark.parametrize("call,error,message", ENABLE, ids=[m for _, _, m in ENABLE])
 def test_enable_refuses_bad_arguments_before_setting_anything_up(call, error, message):
-    import torch
+    torch = needs_torch()
 
     import ciera.torch as ct
 
@@ -318,7 +342,7 @@ def test_enable_refuses_bad_arguments_before_setting_anything_up(call, error, me
 
 
 def test_enable_with_good_arguments_gets_past_the_checks():
-    import torch
+    torch = needs_torch()
 
     import ciera.torch as ct
 
@@ -346,6 +370,7 @@ def enable_twice(rank, world):
 
 
 def test_enable_twice_on_one_model_is_refused():
+    needs_torch()
     for message in all_ok(spawn(enable_twice, 2)):
         assert "already go through CIERA" in message and "disable()" in message, message
 

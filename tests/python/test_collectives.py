@@ -10,8 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import all_ok, spawn
+from conftest import all_ok, needs_torch, spawn
+
+torch = needs_torch()
 
 import ciera
 from ciera import _ext

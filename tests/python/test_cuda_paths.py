@@ -6,8 +6,9 @@ check (scripts/device-check.sh collective)."""
 from __future__ import annotations
 
 import pytest
-import torch
-from conftest import ROOT  # noqa: F401  (puts the package on sys.path)
+from conftest import ROOT, needs_torch  # noqa: F401  (puts the package on sys.path)
+
+torch = needs_torch()
 
 import ciera
 from ciera import _ext

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, process_alive, rank_statuses  # noqa: F401  (ROOT makes ciera importable)
+from conftest import ROOT, needs_torch, process_alive, rank_statuses  # noqa: F401  (ROOT makes ciera importable)
+
+needs_torch()  # every test here trains: torch and transformers (pip install '.[train]')
 
 TIMEOUT_S = 10
 MARGIN_S = 40  # start-up of the job's end: mpirun ending the ranks, the launcher's last poll

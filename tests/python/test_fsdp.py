@@ -2,9 +2,10 @@
 FSDP2's own all-gather, for every supported model family."""
 
 import pytest
-from conftest import all_ok, spawn
+from conftest import all_ok, needs_torch, spawn
 
-import fsdp_workers as w
+needs_torch()
+import fsdp_workers as w  # noqa: E402
 
 
 @pytest.mark.parametrize("family", ["olmoe", "mixtral", "qwen2_moe", "deepseek"])

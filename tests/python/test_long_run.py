@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT  # noqa: F401  (makes ciera importable)
+from conftest import ROOT, needs_torch  # noqa: F401  (makes ciera importable)
+
+needs_torch()  # every test here trains: torch and transformers (pip install '.[train]')
 
 STEPS = 200
 

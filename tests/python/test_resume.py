@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import all_ok, spawn, torch
+from conftest import all_ok, needs_torch, spawn
+
+torch = needs_torch()
 
 import fsdp_workers as w
 

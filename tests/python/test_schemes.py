@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT  # noqa: F401  (makes ciera importable)
+from conftest import ROOT, needs_torch  # noqa: F401  (makes ciera importable)
+
+needs_torch()  # every test here trains: torch and transformers (pip install '.[train]')
 
 SMALL = ["--ranks", "2", "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32"]
 

@@ -5,9 +5,10 @@ engine per process group, bitwise identical to the same layout without CIERA."""
 import importlib.util
 
 import pytest
+from conftest import all_ok, needs_torch, spawn
 
-import topology_workers as w
-from conftest import all_ok, spawn
+needs_torch()
+import topology_workers as w  # noqa: E402
 
 
 def check_exact(r):

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import all_ok, spawn
+from conftest import all_ok, needs_torch, spawn
+
+torch = needs_torch()
 
 import ciera
 import zero_workers as w

@@ -8,8 +8,9 @@ import re
 import sys
 
 import pytest
-import torch
-from conftest import all_ok, spawn
+from conftest import all_ok, needs_torch, spawn
+
+torch = needs_torch()
 
 from ciera import _ext, fsdp
 from ciera.fsdp.layout import AllGather

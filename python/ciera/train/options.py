@@ -308,6 +308,7 @@ def _check_values(args) -> None:
     _check_zero(args)
     _check_reduce_scatter(args)
     _check_deepspeed(args)
+    _check_installed(args)
     # After the checks above, which refuse --budget-mb / --ablation where they cannot run at all
     # (--zero, delta, the peer schemes default to --warmup 1): their reason comes first.
     if (args.budget_mb is not None or args.ablation) and args.warmup < 2:
@@ -357,7 +358,7 @@ def _defaults(args) -> None:
               "with FSDP2's own all-gather")
     if args.codec is None:
         args.codec = "delta" if args.zero and has_delta else "ciera"
-    problem = schemes.unavailable(args.codec)
+    problem = schemes.unknown(args.codec)
     if problem:
         _fail(f"--codec {args.codec}: {problem}")
     args.warmup_given = args.warmup is not None
@@ -399,6 +400,16 @@ def _check_schemes(args) -> None:
         else:
             _fail(f"zipnn exchanges on one group of every rank; with {_sub_groups(args)} FSDP2 gathers on smaller "
                   "groups (the CIERA schemes run there)")
+
+
+def _check_installed(args) -> None:
+    """What this installation lacks for the schemes asked for (the zipnn package, a build's shard
+    policy): after the options' conflicts, so that a run no installation could start is refused
+    for that first."""
+    for name in scheme_names(args):
+        problem = schemes.unavailable(name)
+        if problem:
+            _fail(f"{'--schemes' if args.schemes else f'--codec {args.codec}'}: {problem}")
 
 
 def _sub_groups(args) -> str:

@@ -42,10 +42,17 @@ def zipnn_installed() -> bool:
     return importlib.util.find_spec("zipnn") is not None
 
 
-def unavailable(name: str) -> str | None:
-    """Why this installation cannot run scheme `name` (None: it can)."""
+def unknown(name: str) -> str | None:
+    """Why `name` is no scheme (None: it is one)."""
     if name not in SCHEMES:
         return f"unknown scheme {name!r} (expected one of {', '.join(BASELINES)}, or auto)"
+    return None
+
+
+def unavailable(name: str) -> str | None:
+    """Why this installation cannot run scheme `name` (None: it can)."""
+    if unknown(name):
+        return unknown(name)
     if name == "zipnn" and not zipnn_installed():
         return "zipnn needs the zipnn package: pip install 'ciera[peers]'"
     if name in _FROM_FIRST_STEP and not hasattr(_ext.ShardPolicy, _FROM_FIRST_STEP[name]):
@@ -58,14 +65,16 @@ def available_baselines() -> list[str]:
 
 
 def parse(text: str) -> list[str]:
-    """--schemes a,b,c: the names in order, each once; ValueError naming the first bad one."""
+    """--schemes a,b,c: the names in order, each once; ValueError naming the first bad one.
+    Whether this installation can run them is unavailable()'s question, asked after the options'
+    conflicts (a run that cannot be is refused for that before a package is asked for)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise ValueError("--schemes needs at least one scheme name")
     for name in names:
         if names.count(name) > 1:
             raise ValueError(f"--schemes lists {name} twice")
-        problem = unavailable(name)
+        problem = unknown(name)
         if problem:
             raise ValueError(f"--schemes: {problem}")
     return names
