@@ -391,6 +391,39 @@ TEST(Engine, WrongBufferSizeOnOneRankFailsEveryRank) {
   }
 }
 
+// In place means exactly this rank's part of the output: an input elsewhere in the output (here
+// rank 0's part, on rank 1) would be overwritten while the gather reads it, and the output
+// would be wrong with no error. Refused on every rank, and the next, correct, gather works.
+TEST(Engine, AnInputOverlappingTheOutputOutsideItsOwnPartFailsEveryRank) {
+  const int world = 2;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {3000}, world);
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    CompressedAllgather engine(t, EngineConfig{}, {layout});
+    BucketData data(layout, Pattern::kSparse, 5);
+    std::vector<std::byte> out(layout.total_bytes());
+    const auto input = data.input(rank);
+    std::byte* at = out.data() + (rank == 1 ? layout.rank_offset(0) : layout.rank_offset(rank));
+    std::memcpy(at, input.data(), input.size());
+    try {
+      engine.run(0, {at, input.size()}, out);
+      ADD_FAILURE() << "rank " << rank << ": the gather from the wrong part completed";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("rank 1 rejected its gather of bucket 'b': input overlaps "
+                                     "the output at byte 0, not at this rank's part (byte "
+                                     "3000)"),
+          std::string::npos)
+          << e.what();
+    }
+    std::byte* own = out.data() + layout.rank_offset(rank);
+    std::memcpy(own, input.data(), input.size());
+    engine.run(0, {own, input.size()}, out);
+    EXPECT_EQ(std::memcmp(out.data(), data.trajectory.span().data(), out.size()), 0)
+        << "rank " << rank;
+  });
+  testing::expect_no_errors(errors);
+}
+
 // A caller's refusal (a binding that found a null pointer) fails the gather on every rank at
 // once, naming the rank and its reason; the bucket's next gather then succeeds everywhere.
 TEST(Engine, ARefusedGatherFailsEveryRankAtOnceAndTheNextOneWorks) {

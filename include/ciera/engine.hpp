@@ -122,7 +122,11 @@ class CompressedAllgather {
 
   // Starts gathering `bucket`: `input` is this rank's shards (layout.rank_bytes(rank) bytes),
   // `output` receives layout.total_bytes(). In place: `input` may be this rank's slot of
-  // `output`. Both must stay valid until wait(). Encoding starts at once on worker threads;
+  // `output`; an input that overlaps the output anywhere else is refused (ConfigError from
+  // wait(), on every rank). Both must stay valid until wait() returns, and also past the
+  // engine's destruction when no wait() comes: ~CompressedAllgather finishes every gather in
+  // flight into them (waiting for the peers up to config.timeout), so declare the buffers before
+  // the engine, or wait() for the ticket before they go. Encoding starts at once on worker threads;
   // gathers complete in start order, which must be the same on every rank. One gather per
   // bucket may be in flight.
   // `stream`: with a device backend, the caller's stream (a cudaStream_t, as an integer) on

@@ -229,6 +229,23 @@ uint64_t output_bytes(const BucketLayout& layout, uint64_t slot_stride) {
   return static_cast<uint64_t>(last) * slot_stride + layout.rank_bytes(last);
 }
 
+// "" unless `input` shares bytes with `output` anywhere but exactly at this rank's part (in
+// place): elsewhere the gather would overwrite the input while reading it, or write this
+// rank's part into another's, and return a wrong output with no error.
+std::string overlap_error(std::span<const std::byte> input, std::span<std::byte> output,
+                          uint64_t own_offset) {
+  const auto in = reinterpret_cast<uintptr_t>(input.data());
+  const auto out = reinterpret_cast<uintptr_t>(output.data());
+  if (input.empty() || output.empty() || in >= out + output.size() || out >= in + input.size()) {
+    return "";
+  }
+  if (in == out + own_offset) return "";
+  const auto at = static_cast<int64_t>(in - out);  // wraps to negative where input starts first
+  // At most 98 characters: the control record's reason field holds 111.
+  return "input overlaps the output at byte " + std::to_string(at) +
+         ", not at this rank's part (byte " + std::to_string(own_offset) + ")";
+}
+
 // "" unless some rank's part would not fit its slot (slots overlapping).
 std::string slot_error(const BucketLayout& layout, uint64_t slot_stride) {
   if (slot_stride == 0) return "";
@@ -315,6 +332,12 @@ CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
                        " bytes, the bucket gathers " +
                        std::to_string(output_bytes(s.layout, slot_stride)) +
                        (slot_stride ? " at a slot stride of " + std::to_string(slot_stride) : "");
+    } else if (std::string overlap =
+                   overlap_error(input, output,
+                                 slot_stride ? static_cast<uint64_t>(m.rank) * slot_stride
+                                             : s.layout.rank_offset(m.rank));
+               !overlap.empty()) {
+      g->local_error = overlap;
     }
     s.busy = true;
     // Unique across engines: another engine's ticket is unknown here, not one of this engine's.
