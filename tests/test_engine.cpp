@@ -845,6 +845,27 @@ TEST(Engine, ATransportServesOneEngineAtATime) {
   EXPECT_EQ(out, in);
 }
 
+// The engine waits for its peers as long as its own configuration says, and gives its caller
+// the transport back as it was: with the timeout the caller had set, also after a constructor
+// that refused its configuration.
+TEST(Engine, GivesTheTransportBackWithTheTimeoutItHad) {
+  using std::chrono::milliseconds;
+  auto world = make_loopback_world(1);
+  std::shared_ptr<Transport> t = make_loopback_transport(world, 0);
+  t->set_timeout(milliseconds(4321));
+  const std::vector<BucketLayout> layouts = {BucketLayout::fsdp_split("a", DType::kBF16, {64}, 1)};
+  EngineConfig config;
+  config.timeout = milliseconds(1234);
+  {
+    CompressedAllgather engine(*t, config, layouts);
+    EXPECT_EQ(t->timeout(), milliseconds(1234));
+  }
+  EXPECT_EQ(t->timeout(), milliseconds(4321));
+  config.worker_threads = 1000;  // refused by the constructor
+  EXPECT_THROW(CompressedAllgather(*t, config, layouts), ConfigError);
+  EXPECT_EQ(t->timeout(), milliseconds(4321));
+}
+
 // Resident memory of this process, in bytes (Linux: /proc/self/statm's second field, in pages).
 size_t resident_bytes() {
   std::ifstream statm("/proc/self/statm");

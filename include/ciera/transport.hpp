@@ -127,7 +127,8 @@ class Transport {
   // collectives call it only from their caller's thread, one call at a time, so several may
   // share a transport (a coded one and its uncoded twin), but not with an engine. A User that
   // breaks this is a ConfigError naming who holds the transport. Direct calls are the caller's
-  // to order.
+  // to order. An engine sets the timeout to its own (EngineConfig::timeout); its User gives the
+  // transport back with the timeout it had before.
   class User {
    public:
     // `exclusive`: an engine's use (alone); else a lossless collectives' (shared among them).
@@ -140,6 +141,7 @@ class Transport {
       }
       if (exclusive) {
         transport.engine_ = who;
+        timeout_before_ = transport.timeout();
       } else {
         ++transport.shared_users_;
       }
@@ -148,6 +150,7 @@ class Transport {
     ~User() {
       std::lock_guard lock(transport_.users_mutex_);
       if (exclusive_) {
+        transport_.set_timeout(timeout_before_);
         transport_.engine_ = nullptr;
       } else {
         --transport_.shared_users_;
@@ -159,6 +162,7 @@ class Transport {
    private:
     Transport& transport_;
     bool exclusive_ = false;
+    std::chrono::milliseconds timeout_before_{0};
   };
 
  private:
