@@ -1,5 +1,5 @@
-# Third-party dependencies, all from Debian packages. Included by the build and by the installed
-# cieraConfig.cmake, so that find_package(ciera) consumers resolve the same imported targets.
+# Third-party dependencies, all from Debian packages, for the build (the installed
+# cieraConfig.cmake looks for the xxHash library alone, which is all its consumers link).
 #
 # xxHash: the system library (libxxhash-dev), or, where only its header is at hand (the bare GPU
 # machine of scripts/device-check.sh, CIERA_XXHASH_HEADER_DIR), a library compiled from that

@@ -46,6 +46,36 @@ if(status EQUAL 0 OR NOT err MATCHES "component mpi: ")
                       "(${status}):\n${out}\n${err}")
 endif()
 
+# Without the xxHash library (its folder hidden) the package is not found: a QUIET search goes on
+# with ciera_FOUND false, a REQUIRED one fails naming xxHash; neither stops at an internal path.
+load_cache(${BUILD} READ_WITH_PREFIX built_ CIERA_XXHASH_LIBRARY)
+if(built_CIERA_XXHASH_LIBRARY)  # not when the build compiled xxHash from its header
+  # Its folder under every name (/lib is /usr/lib on a merged /usr).
+  get_filename_component(xxhash_dir ${built_CIERA_XXHASH_LIBRARY} DIRECTORY)
+  string(REGEX REPLACE "^/usr/" "/" xxhash_dir_merged ${xxhash_dir})
+  foreach(mode QUIET REQUIRED)
+    file(WRITE ${WORK}/no-xxhash-${mode}/CMakeLists.txt "cmake_minimum_required(VERSION 3.22)
+project(no_xxhash LANGUAGES CXX)
+set(CMAKE_IGNORE_PATH ${xxhash_dir} ${xxhash_dir_merged})
+find_package(ciera ${mode})
+if(ciera_FOUND)
+  message(FATAL_ERROR \"ciera found without the xxHash library\")
+endif()
+")
+    execute_process(COMMAND ${CMAKE_COMMAND} -S ${WORK}/no-xxhash-${mode} -B ${WORK}/no-xxhash-${mode}/build
+                            -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${WORK}/prefix
+                            -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+                    RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 240)
+    if(mode STREQUAL "QUIET" AND NOT status EQUAL 0)
+      message(FATAL_ERROR "find_package(ciera QUIET) without xxHash stopped the configure:\n${out}\n${err}")
+    endif()
+    if(mode STREQUAL "REQUIRED" AND (status EQUAL 0 OR NOT err MATCHES "ciera needs the xxHash library"))
+      message(FATAL_ERROR "find_package(ciera REQUIRED) without xxHash did not fail naming it "
+                          "(${status}):\n${out}\n${err}")
+    endif()
+  endforeach()
+endif()
+
 # Every installed header compiles on its own, with only the include paths its targets export.
 file(GLOB headers RELATIVE ${WORK}/prefix/include ${WORK}/prefix/include/ciera/*.hpp)
 set(sources "")
