@@ -119,6 +119,62 @@ TEST(SimCollectives, ByteReductionBound) {
   EXPECT_NEAR(byte_reduction_bound(0.6, 1.0), 1.0, 1e-12);
 }
 
+// Per gather group: the inter-node gathers' ratio on their busy time, the rest's on theirs. Here
+// the inter-node gathers (1 s) halve their bytes and the in-node ones (0.1 s) keep theirs: at most
+// 0.5 s saved, 4 / 3.5. The pooled ratio (200 / 150 bytes) on all 1.1 s saves 0.275 s: 4 / 3.725,
+// below what a schedule can reach.
+TEST(SimCollectives, ByteReductionBoundIsTakenPerGatherGroup) {
+  Breakdown base, coded;
+  base.total_s = 4;
+  base.allgather_busy_s = 1.1;
+  base.allgather_inter_node_busy_s = 1;
+  base.allgather_bytes = 200;
+  base.allgather_inter_node_bytes = 100;
+  coded.allgather_bytes = 150;
+  coded.allgather_inter_node_bytes = 50;
+  EXPECT_NEAR(byte_reduction_bound(base, coded), 4 / 3.5, 1e-12);
+  EXPECT_NEAR(byte_reduction_bound(base.allgather_busy_s / base.total_s, 200.0 / 150), 4 / 3.725,
+              1e-12);  // pooled: below the bound per group
+  // One group alone is the pooled bound.
+  base.allgather_inter_node_busy_s = base.allgather_busy_s;
+  base.allgather_inter_node_bytes = base.allgather_bytes;
+  coded.allgather_inter_node_bytes = coded.allgather_bytes;
+  EXPECT_NEAR(byte_reduction_bound(base, coded),
+              byte_reduction_bound(base.allgather_busy_s / base.total_s, 200.0 / 150), 1e-12);
+}
+
+// Against ZeRO-3 (no codec time of its own) the bound holds for every model, cluster, topology,
+// dtype and size the tool projects.
+TEST(SimTopology, NoProjectedSpeedupOverZero3ExceedsTheByteReductionBound) {
+  const std::string config = builtin_cluster_config();
+  int checked = 0;
+  for (const ModelShape& m : model_zoo()) {
+    const ChangeRates rates = paper_rates(m);
+    for (const std::string& name : cluster_names(config)) {
+      const Cluster c = load_cluster(config, name);
+      for (Topology topology : {Topology::kFlat, Topology::kPartial, Topology::kHsdp}) {
+        for (DType dtype : {DType::kBF16, DType::kFP16}) {
+          for (int gpus : {8, 16, 32, 64, 128}) {
+            if (gpus % c.gpus_per_node != 0) continue;
+            Workload w;
+            w.world = gpus;
+            w.dtype = dtype;
+            w.topology = topology;
+            const Projection zero3 = project(m, c, w, rates, System::kZero3);
+            const Projection ciera = project(m, c, w, rates, System::kCiera);
+            const double speedup = zero3.breakdown.total_s / ciera.breakdown.total_s;
+            EXPECT_LE(speedup, byte_reduction_bound(zero3.breakdown, ciera.breakdown) + 1e-9)
+                << m.name << " " << name << " " << topology_name(topology) << " "
+                << dtype_name(dtype) << " " << gpus << " GPUs";
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
 // ---- Schedule -------------------------------------------------------------------------------
 
 UnitCost simple_unit() {

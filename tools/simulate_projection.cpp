@@ -25,7 +25,7 @@ Comparison compare(const Baseline& baseline, const ModelInput& model, int gpus,
   // The allgathers' busy share, not their exposed share: shrinking work by x can shorten a
   // schedule by at most x, so this bound holds even where prefetch hides part of the gathers.
   c.allgather_share = base.breakdown.allgather_busy_s / base.breakdown.total_s;
-  c.bound = byte_reduction_bound(c.allgather_share, c.byte_ratio);
+  c.bound = byte_reduction_bound(base.breakdown, ciera.breakdown);
   return c;
 }
 

@@ -183,10 +183,7 @@ void print_trace_prediction(const TraceResult& r, std::ostream& out) {
   out << table.render() << "predicted speedup " << fixed(p.baseline.total_s / p.ciera.total_s, 3)
       << "x; allgather byte ratio " << fixed(byte_ratio, 3) << "x";
   if (p.baseline_overlap == p.ciera_overlap) {  // else the schedule, not bytes, differs too
-    out << "; bound from bytes alone "
-        << fixed(byte_reduction_bound(p.baseline.allgather_busy_s / p.baseline.total_s,
-                                      byte_ratio),
-                 3)
+    out << "; bound from bytes alone " << fixed(byte_reduction_bound(p.baseline, p.ciera), 3)
         << "x";
   }
   out << "\n";

@@ -108,4 +108,18 @@ double byte_reduction_bound(double allgather_share, double byte_ratio) {
   return 1.0 / (1.0 - allgather_share * (1.0 - 1.0 / byte_ratio));
 }
 
+double byte_reduction_bound(const Breakdown& baseline, const Breakdown& coded) {
+  if (!(baseline.total_s > 0)) return 1.0;
+  // The busy time a group saves if it shrinks by exactly its byte ratio.
+  const auto saved = [](double busy_s, double baseline_bytes, double coded_bytes) {
+    return baseline_bytes > 0 ? busy_s * (1.0 - coded_bytes / baseline_bytes) : 0.0;
+  };
+  const double inter = saved(baseline.allgather_inter_node_busy_s,
+                             baseline.allgather_inter_node_bytes, coded.allgather_inter_node_bytes);
+  const double rest = saved(baseline.allgather_busy_s - baseline.allgather_inter_node_busy_s,
+                            baseline.allgather_bytes - baseline.allgather_inter_node_bytes,
+                            coded.allgather_bytes - coded.allgather_inter_node_bytes);
+  return baseline.total_s / (baseline.total_s - inter - rest);
+}
+
 }  // namespace ciera::sim

@@ -349,6 +349,13 @@ Projection project(const ModelShape& model, const Cluster& cluster, const Worklo
 // iteration, shrank by exactly the byte ratio and nothing else changed. With the busy (not the
 // exposed) share it bounds any schedule: shortening work by x shortens the iteration by <= x.
 double byte_reduction_bound(double allgather_share, double byte_ratio);
+// The same bound for two projections of one model, taken per gather group: the gathers whose
+// group spans nodes, and the rest, each shrinking by its own byte ratio. One ratio pooled over
+// both would move the inter-node gathers' shrink onto in-node time, which costs far less per byte
+// (under partial resharding, forward gathers across nodes shrink while backward ones inside the
+// node may not), and could fall below the speedup it bounds. Within a group every byte costs the
+// same link time (plus a latency that does not shrink), so the group's pooled ratio bounds it.
+double byte_reduction_bound(const Breakdown& baseline, const Breakdown& coded);
 
 // ---- Traces (docs/simulator.md, "Trace format v1") -----------------------------------------
 
