@@ -129,7 +129,10 @@ class Broadcaster:
             if policy == "delta":
                 # A value-delta stream needs no warmup: its frames are small from the second on.
                 config.warmup_steps = 0
-        native = make_transport(transport, process_group, config.timeout_s)
+        # The group made for a "torch" transport, released by close(): one Broadcaster per
+        # evaluation pass would otherwise leave a gloo group (5 descriptors, 3 threads) each.
+        self._groups: list = []
+        native = make_transport(transport, process_group, config.timeout_s, made=self._groups)
         self.engine = _ext.Engine(native, config, layouts)
         lifecycle.register_engine(self.engine)
 
@@ -215,5 +218,8 @@ class Broadcaster:
             raise RuntimeError("Broadcaster.close: a broadcast() on this Broadcaster is in flight; close it after")
         try:
             lifecycle.close_engine(self.engine)
+            for group in self._groups:
+                lifecycle.release_group(group)
+            self._groups.clear()
         finally:
             self._calling.release()

@@ -44,7 +44,7 @@ from ciera import _ext
 from ciera._dist import checked_on_every_rank, refuse_each, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
-from ciera.fsdp.transport import check_transport, make_transport
+from ciera.fsdp.transport import check_transport, group_beside, make_transport
 
 __all__ = ["CieraZeroRedundancyOptimizer", "FP32MasterOptimizer", "SyncStats", "ZeroRedundancyOptimizer",
            "fp32_master"]
@@ -446,9 +446,8 @@ class ZeroRedundancyOptimizer(_TorchZero):
         # peer).
         self._agreement = None
         if self.world_size > 1:
-            self._agreement = lifecycle.register_group(dist.new_group(
-                ranks=dist.get_process_group_ranks(self.process_group), backend="gloo",
-                timeout=datetime.timedelta(seconds=self._engine_config.timeout_s)))
+            self._agreement = group_beside(self.process_group, "gloo",
+                                           datetime.timedelta(seconds=self._engine_config.timeout_s))
             self._groups.append(self._agreement)
 
     # -- buckets ---------------------------------------------------------------------------------
@@ -662,14 +661,21 @@ class ZeroRedundancyOptimizer(_TorchZero):
 
     def close(self) -> None:
         """Ends the engines (collective when their transport is) and the process groups made for
-        them; closing twice is harmless."""
-        if not self._closed:
-            self._close_engines()
-            self._natives.clear()
-            for group in self._groups:
-                lifecycle.release_group(group)
-            self._groups.clear()
-            self._closed = True
+        them; closing twice is harmless. Not while this rank's step() is in flight on another
+        thread: a RuntimeError then, the optimizer left open (closed under it, the step would
+        still have rewritten this rank's partition, and only then failed, its peers with it)."""
+        if not self._stepping.acquire(blocking=False):
+            raise RuntimeError(f"{_NAME}.close: a step() of this optimizer is in flight; close it after")
+        try:
+            if not self._closed:
+                self._close_engines()
+                self._natives.clear()
+                for group in self._groups:
+                    lifecycle.release_group(group)
+                self._groups.clear()
+                self._closed = True
+        finally:
+            self._stepping.release()
 
     def __enter__(self):
         return self

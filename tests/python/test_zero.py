@@ -297,7 +297,18 @@ def test_a_peer_that_leaves_is_a_comm_error_within_the_timeout():
 
 def test_a_second_threads_step_is_refused_before_its_local_step():
     results = all_ok(spawn(w.overlapping_steps, 2))
-    assert results[0][0] == ("RuntimeError: ciera.zero.ZeroRedundancyOptimizer.step: another thread's step() is in "
-                             "flight; steps must not overlap"), results[0][0]
+    second, closing, closed = results[0][0]
+    assert second == ("RuntimeError: ciera.zero.ZeroRedundancyOptimizer.step: another thread's step() is in "
+                      "flight; steps must not overlap"), second
+    assert closing == ("RuntimeError: ciera.zero.ZeroRedundancyOptimizer.close: a step() of this optimizer is in "
+                       "flight; close it after") and not closed, closing
     assert results[1][0] is None
     assert results[0][1] == results[1][1]   # two steps on each rank, the ranks' parameters agree
+
+
+def test_each_of_two_subgroups_syncs_and_broadcasts_on_groups_of_its_own():
+    results = all_ok(spawn(w.in_two_subgroups, 4))
+    for rank, (equal, received, groups_left) in enumerate(results):
+        assert all(equal), (rank, equal)
+        assert received == [[10.0 * (rank // 2)], [10.0 * (rank // 2) + 1]], (rank, received)
+        assert groups_left == 0, (rank, groups_left)   # each Broadcaster's group released by close()

@@ -8,6 +8,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 
 import ciera
 from ciera import zero
+from ciera.broadcast import Broadcaster
 
 # The shard policy under test: value deltas where this build has them.
 POLICY = "delta" if hasattr(ciera.ShardPolicy, "delta") else "ciera"
@@ -309,7 +310,7 @@ def overlapping_steps(rank, world):
     next steps work."""
     import threading
 
-    from conftest import ranks_store, until
+    from conftest import error_of, ranks_store, until
 
     net = model(torch.bfloat16)
     optimizer = zero.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, lr=0.1)
@@ -323,6 +324,9 @@ def overlapping_steps(rank, world):
             optimizer.step()
         except Exception as e:  # noqa: BLE001 - compared by the test
             second = f"{type(e).__name__}: {e}"
+        # Nor is close() under the first step: it would still rewrite the partition, then fail.
+        closing = error_of(optimizer.close)
+        second = (second, closing, optimizer.closed)
         store.set("overlapped", "1")   # rank 1 joins the first step only now
         first.join()
     else:
@@ -332,3 +336,43 @@ def overlapping_steps(rank, world):
     bits = [p.detach().view(torch.int16).tolist() for p in net.parameters()]
     optimizer.close()
     return second, bits
+
+
+def in_two_subgroups(rank, world):
+    """Four ranks in two data-parallel groups ([0, 1] and [2, 3], each its own model), each with
+    CIERA's ZeRO beside PyTorch's and a Broadcaster on its group: the groups CIERA makes beside
+    each subgroup are its members' alone (until stop 67 both took one name: the second group's
+    connections failed). Returns per step whether CIERA's parameters equal PyTorch's, what the
+    Broadcaster delivered, and how many process groups a Broadcaster left after close()."""
+    from torch.distributed.distributed_c10d import _world
+
+    group, _ = dist.new_subgroups_by_enumeration([[0, 1], [2, 3]])
+    index = rank // 2
+    config = ciera.EngineConfig()
+    config.warmup_steps = 0
+    config.timeout_s = 30
+    plain_net, net = model(torch.bfloat16, seed=index), model(torch.bfloat16, seed=index)
+    plain = TorchZero(plain_net.parameters(), torch.optim.SGD, process_group=group, parameters_as_bucket_view=True,
+                      lr=0.1)
+    ours = zero.ZeroRedundancyOptimizer(net.parameters(), torch.optim.SGD, process_group=group, lr=0.1,
+                                        engine_config=config)
+    equal = []
+    for s in range(3):
+        for n, optimizer in ((plain_net, plain), (net, ours)):
+            g = torch.Generator().manual_seed(100 * s + index)   # the group's averaged gradients
+            for p in n.parameters():
+                p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        equal.append(same_bits(plain_net, net))
+    ours.close()
+    groups = len(_world.pg_map)
+    received = []
+    for round_ in range(2):
+        x = torch.full((1000,), float(10 * index + round_) if dist.get_rank(group) == 0 else -1.0,
+                       dtype=torch.bfloat16)
+        bcast = Broadcaster([x], root=0, process_group=group, config=config)
+        bcast.broadcast()
+        received.append(x.unique().tolist())
+        bcast.close()
+    return equal, received, len(_world.pg_map) - groups

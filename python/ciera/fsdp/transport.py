@@ -251,6 +251,23 @@ def check_transport(what: str, kind) -> None:
         raise ValueError(f"{what}: transport must be 'torch', 'mpi' or 'nccl', got {kind!r}")
 
 
+def group_beside(process_group, backend: str, timeout: datetime.timedelta):
+    """A new group of `process_group`'s ranks (None: the world), registered for release at exit.
+    Over the world every process makes it, as torch.distributed asks of new_group. Over a
+    subgroup only its members do (the ranks of another subgroup build their own meanwhile, or
+    none), so it is made with local synchronisation: named by its ranks and each member's count of
+    groups, not by the world's group counter, which two subgroups building at once both took
+    (one store prefix for both, their gloo connections crossed: a refused connection on one rank,
+    a timeout on another)."""
+    if process_group is None or dist.get_world_size(process_group) == dist.get_world_size():
+        ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+        group = dist.new_group(ranks=ranks, backend=backend, timeout=timeout)
+    else:
+        group = dist.new_group(ranks=dist.get_process_group_ranks(process_group), backend=backend, timeout=timeout,
+                               use_local_synchronization=True)
+    return lifecycle.register_group(group)
+
+
 def make_transport(kind: str, process_group, timeout_s: float, device: torch.device | None = None,
                    made: list | None = None):
     """The native transport for enable(transport=kind), for a model on `device` (CPU when None).
@@ -262,10 +279,8 @@ def make_transport(kind: str, process_group, timeout_s: float, device: torch.dev
     for an owner that releases it before exit (lifecycle.release_group)."""
     cuda = device is not None and device.type == "cuda"
     if kind == "torch":
-        ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
-        timeout = datetime.timedelta(seconds=timeout_s)
         backend = _cuda_backend(process_group) if cuda else "gloo"
-        group = lifecycle.register_group(dist.new_group(ranks=ranks, backend=backend, timeout=timeout))
+        group = group_beside(process_group, backend, datetime.timedelta(seconds=timeout_s))
         if made is not None:
             made.append(group)
         return TorchCudaTransport(group, device, backend).make() if cuda else TorchTransport(group).make()

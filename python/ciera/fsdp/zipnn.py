@@ -27,6 +27,7 @@ from ciera.fsdp import lifecycle
 from ciera.fsdp.api import Handle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime, check_input
 from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups
+from ciera.fsdp.transport import group_beside
 
 # The names ZipNN's byte interface gives the dtypes FSDP may all-gather (ciera.fsdp.layout.DTYPES).
 _ZIPNN_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -299,11 +300,9 @@ def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = F
         raise
     except ImportError as missing:   # a peer's ZipnnUnavailable, as every rank raises it
         raise ZipnnUnavailable(str(missing)) from None
-    ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
     # The engine's timeout (one source of truth): a new group would otherwise wait torch's
     # default 30 minutes for a stopped peer.
-    timeout = datetime.timedelta(seconds=_ext.EngineConfig().timeout_s)
-    group = lifecycle.register_group(dist.new_group(ranks=ranks, backend="gloo", timeout=timeout))
+    group = group_beside(process_group, "gloo", datetime.timedelta(seconds=_ext.EngineConfig().timeout_s))
     # new_group can return on one rank while a peer is still connecting to it; a rank that then
     # destroyed the group (disable() at once, or its exit) would fail the peer's connect
     # ("Connection closed by peer", seen in CI). The barrier returns once every rank is in.
