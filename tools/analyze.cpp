@@ -77,6 +77,12 @@ void check_options(const Options& o) {
   }
   if (o.max_interval < 1) throw ConfigError("--max-interval must be at least 1");
   if (!o.json_file.empty()) {
+    // "--json-file --quiet" took the option as the file's name.
+    if (o.json_file.starts_with("-"))
+      throw ConfigError("--json-file needs a file name, got " + o.json_file);
+    std::error_code error;
+    if (std::filesystem::is_directory(o.json_file, error))
+      throw ConfigError("--json-file " + o.json_file + ": a folder, not a file");
     const std::filesystem::path dir =
         std::filesystem::absolute(std::filesystem::path(o.json_file)).parent_path();
     if (!std::filesystem::is_directory(dir))

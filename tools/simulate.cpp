@@ -57,11 +57,15 @@ void check_values(const Options& o) {
   }
   if (o.baselines.empty())
     throw ConfigError("--baseline needs at least one of " + baseline_list("or"));
-  for (const std::string& name : o.baselines) {
+  for (size_t i = 0; i < o.baselines.size(); ++i) {
+    const std::string& name = o.baselines[i];
     if (std::find(kBaselineNames.begin(), kBaselineNames.end(), name) == kBaselineNames.end()) {
       throw ConfigError("unknown --baseline \"" + name + "\" (expected " + baseline_list("or") +
                         ")");
     }
+    if (std::find(o.baselines.begin(), o.baselines.begin() + static_cast<std::ptrdiff_t>(i),
+                  name) != o.baselines.begin() + static_cast<std::ptrdiff_t>(i))
+      throw ConfigError("--baseline: " + name + " is given twice");
   }
   if (o.dtype != "auto" && parse_dtype(o.dtype) == DType::kFP32) {
     // The zoo's states, optimizer and baselines are those of 16-bit parameters (paper §4).

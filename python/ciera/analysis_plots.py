@@ -122,8 +122,30 @@ def main(argv=None) -> int:
     if len(argv) != 2:
         print("usage: python -m ciera.analysis_plots REPORT.json OUT_DIR", file=sys.stderr)
         return 2
-    lines = Path(argv[0]).read_text().strip().splitlines()
-    for path in write_figures(json.loads(lines[-1]), argv[1]):
+    report_path, out = argv
+
+    def fail(problem: str) -> int:
+        print(f"python -m ciera.analysis_plots: error: {problem}", file=sys.stderr)
+        return 2
+
+    from ciera.paths import folder_problem
+
+    problem = folder_problem(out)
+    if problem:
+        return fail(f"{out}: {problem}")
+    try:
+        lines = Path(report_path).read_text().strip().splitlines()
+        report = json.loads(lines[-1]) if lines else None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return fail(f"{report_path}: {e}")
+    # The report `ciera analyze --json` writes (its last line): an object with these sections.
+    if not isinstance(report, dict) or not {"grid", "total"} <= report.keys():
+        return fail(f"{report_path}: not a report of `ciera analyze --json` (an object with \"grid\" and \"total\")")
+    try:
+        written = write_figures(report, out)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        return fail(f"{report_path}: a report this tool cannot draw ({type(e).__name__}: {e})")
+    for path in written:
         print(path)
     return 0
 

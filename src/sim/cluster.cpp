@@ -1,5 +1,6 @@
 // Cluster presets: the built-in src/sim/clusters.json or a user's file of the same format.
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -32,6 +33,10 @@ Link read_link(const Fields& link) {
 }  // namespace
 
 std::string read_text_file(const std::string& path, const std::string& what) {
+  // A folder opens as a stream on Linux and reads as empty: "not valid JSON" would name no cause.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error))
+    throw ConfigError(what + " " + path + ": a folder, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError("cannot read " + what + " " + path);
   std::ostringstream text;

@@ -20,6 +20,8 @@ inline Json parse_json(const std::string& text, const std::string& origin) {
     return Json::parse(text);
   } catch (const Json::parse_error& e) {
     throw ConfigError(origin + ": not valid JSON: " + e.what());
+  } catch (const Json::exception& e) {  // a number beyond a double (1e400): out_of_range
+    throw ConfigError(origin + ": not readable JSON: " + e.what());
   }
 }
 

@@ -308,6 +308,14 @@ void apply_rates_json(ChangeRates& rates, const std::string& json_text, const st
                           std::to_string(measured_at) + ", or an element rate for \"" + key +
                           "\" to derive its block rate from");
       }
+      // A block changes when any of its values does: never less often than its values do.
+      if (rates.of(type).source == origin && rates.of(type).element > rate) {
+        throw ConfigError(origin + ": field \"block." + key +
+                          "\": a block changes whenever one of its "
+                          "values does, so its rate (" +
+                          std::to_string(rate) + ") cannot be below the element rate (" +
+                          std::to_string(rates.of(type).element) + ")");
+      }
       rates.of(type).block = rate;
       rates.of(type).block_at = 0;
       rates.of(type).source = origin;

@@ -170,8 +170,9 @@ Trace parse_trace(const std::string& json_text, const std::string& origin) {
   trace.family = model.string("family");
   trace.params = model.count("params");
   const uint64_t world = top.count("world_size");
-  if (world < 1 || world > (1u << 20))
-    top.fail("field \"world_size\"", "must be in 1..2^20 (1048576)");
+  // One rank gathers nothing: its trace has no collective to predict (the projections agree).
+  if (world < 2 || world > (1u << 20))
+    top.fail("field \"world_size\"", "must be in 2..2^20 (1048576): one rank runs no collective");
   trace.world_size = static_cast<int>(world);
   try {
     trace.dtype = parse_dtype(top.string("dtype"));

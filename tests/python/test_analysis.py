@@ -1,6 +1,10 @@
 """Exponent-change characterisation from Python: the counter binding, parameter classification,
 and `ciera analyze --plot` end to end (native tool + figures)."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from conftest import ROOT  # noqa: F401  (puts the package on sys.path)
@@ -103,6 +107,28 @@ def test_analyze_plot_end_to_end(tmp_path, monkeypatch):
     names = sorted(p.name for p in figures.glob("*.png"))
     assert names == ["fig2_exponent_change_rate.png", "fig3a_shard_change_rate.png",
                      "fig3b_reusable_blocks.png", "fig4_block_change_by_type.png", "fig5_check_interval.png"]
+
+
+@pytest.mark.parametrize("report,out,message", [
+    ("absent.json", "figures", "absent.json: [Errno 2] No such file or directory"),
+    ("empty.json", "figures", "empty.json: not a report of `ciera analyze --json`"),
+    ("trace.json", "figures", "trace.json: not a report of `ciera analyze --json`"),
+    ("list.json", "figures", "list.json: not a report of `ciera analyze --json`"),
+    ("bad.json", "figures", "bad.json: Expecting property name"),
+    ("bad.json", "empty.json", "empty.json: not a folder"),
+])
+def test_plots_of_a_file_that_is_no_report_are_one_line(tmp_path, report, out, message):
+    """python -m ciera.analysis_plots (docs/analysis.md) printed a traceback for each of these."""
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "trace.json").write_text('{"format": "ciera-trace", "version": 1}')
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "bad.json").write_text("{not json")
+    done = subprocess.run([sys.executable, "-m", "ciera.analysis_plots", report, out], cwd=tmp_path,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"python -m ciera.analysis_plots: error: {message}"), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "figures").exists()
 
 
 def test_counter_summary_has_the_shape_of_ciera_analyze():

@@ -230,6 +230,15 @@ NATIVE = [
     (["simulate", "--gpus", "8,0"], "--gpus: 0 is not a GPU count"),
     (["simulate", "--trace", "/nonexistent.json"], "cannot read trace /nonexistent.json"),
     (["simulate", "--model", "gpt"], "unknown model \"gpt\""),
+    # Found by a user audit (stop 67): each passed, or failed naming no cause.
+    (["simulate", "--model", "olmoe-1b-7b", "--baseline", "zero3,zero3"], "--baseline: zero3 is given twice"),
+    (["simulate", "--trace", "{tmp}"], "a folder, not a file"),
+    (["simulate", "--trace", "overflow.json"], "trace overflow.json: not readable JSON: "),
+    (["simulate", "--trace", "one_rank.json"], "must be in 2..2^20 (1048576): one rank runs no collective"),
+    (["simulate", "--model", "olmoe-1b-7b", "--rates", "rates.json"],
+     "a block changes whenever one of its values does"),
+    (["analyze", "a", "b", "--json-file", "--quiet"], "--json-file needs a file name, got --quiet"),
+    (["analyze", "a", "b", "--json-file", "{tmp}"], "a folder, not a file"),
 ]
 if _ext.with_mpi:
     NATIVE += [
@@ -265,6 +274,9 @@ def test_native_commands_refuse_in_one_line(tmp_path, args, message):
     _native_tool_or_skip()
     _safetensors(tmp_path / "a.safetensors", [0x3F80] * 64)
     (tmp_path / "unmeasured.json").write_text(UNMEASURED_TRACE)
+    (tmp_path / "overflow.json").write_text(UNMEASURED_TRACE.replace('"optimizer_s": 0.1', '"optimizer_s": 1e400'))
+    (tmp_path / "one_rank.json").write_text(UNMEASURED_TRACE.replace('"world_size": 4', '"world_size": 1'))
+    (tmp_path / "rates.json").write_text('{"expert_ffn": 0.004, "block": {"expert_ffn": 0.0001}}')
     if "{tmp}" in args:  # the folder as a series: only step-numbered files in it
         (tmp_path / "a.safetensors").rename(tmp_path / "step_1.safetensors")
         _safetensors(tmp_path / "step_2.safetensors", [0x3F80] * 64)
