@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <latch>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <string>
@@ -30,6 +31,10 @@
 #include "rank_threads.hpp"
 #include "record_flipping_transport.hpp"
 #include "test_util.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 namespace ciera {
 namespace {
@@ -348,6 +353,30 @@ TEST(ReductionKernels, EveryTargetIsTheRankOrderDefinition) {
   }
 }
 
+// The reduction is the definition's whatever the caller's floating-point mode: a caller that
+// flushes subnormals (torch.set_flush_denormal(True) sets FTZ and DAZ on its own thread) reduced
+// them to zero while the pool's workers, in the default mode, did not, so a reduce-scatter's bits
+// depended on which thread reduced a round. Subnormal sums here stay subnormal, and the caller's
+// mode is given back.
+TEST(ReductionKernels, TheCallersFlushToZeroModeChangesNoBit) {
+#if defined(__x86_64__) || defined(__i386__)
+  const float tiny = std::numeric_limits<float>::denorm_min() * 1000;
+  std::vector<float> a(100, tiny), b(100, tiny), out(100, 1.0f);
+  const std::byte* parts[] = {reinterpret_cast<const std::byte*>(a.data()),
+                              reinterpret_cast<const std::byte*>(b.data())};
+  const unsigned before = _mm_getcsr();
+  _mm_setcsr(before | 0x8040u);  // FTZ and DAZ
+  collectives::reduce_in_rank_order(DType::kFP32, ReduceOp::kSum, parts,
+                                    reinterpret_cast<std::byte*>(out.data()), out.size());
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(before);
+  EXPECT_EQ(after, before | 0x8040u);  // the caller's mode, back
+  for (float v : out) ASSERT_EQ(v, 2 * tiny);
+#else
+  GTEST_SKIP() << "the flush-to-zero mode is tested on x86 only";
+#endif
+}
+
 // arrival_wait_s is the wait for the last rank to enter the call: long on the ranks that came
 // early, short on the one that came last.
 TEST(ReduceScatterStats, ArrivalWaitIsTheWaitForTheLastRank) {
@@ -533,6 +562,24 @@ TEST(CollectiveFailures, RanksWithDifferentFrameSettingsFailTogetherNamingThem) 
                                  "(CollectivesConfig.content_checksum must match)");
     }
   }
+}
+
+// Rounds write the output while later rounds read the input: in place, counts that differ
+// between pairs of ranks came back wrong with no error. Refused on every rank, one rank's
+// overlap being enough.
+TEST(CollectiveFailures, AlltoallvInPlaceFailsEveryRank) {
+  const auto errors = run_ranks(2, [&](int rank, std::shared_ptr<Transport> t) {
+    LosslessCollectives collectives(t);
+    const std::vector<uint64_t> send = {3000, 5000};  // each rank's
+    const uint64_t from_each = send[static_cast<size_t>(rank)];
+    const std::vector<uint64_t> recv = {from_each, from_each};
+    std::vector<std::byte> buffer(10000 * 4), apart(2 * from_each * 4);
+    const std::span<const std::byte> in(buffer.data(), 8000 * 4);
+    const std::span<std::byte> out = rank == 1 ? std::span<std::byte>(buffer) : apart;  // in place
+    collectives.alltoallv(DType::kFP32, in, send, out, recv);
+  });
+  expect_every_rank(
+      errors, "alltoallv: the input and the output overlap; give the output a buffer of its own");
 }
 
 TEST(CollectiveFailures, AlltoallvCountsThatDoNotMatchFailEveryRank) {

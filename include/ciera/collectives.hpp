@@ -137,7 +137,8 @@ class LosslessCollectives {
 
   // Sends send_values[p] values to each rank p (the parts lie back to back in `in`, rank order)
   // and receives recv_values[p] values from p (back to back in `out`, rank order). recv_values[p]
-  // must equal what p sends here: checked, on every rank.
+  // must equal what p sends here: checked, on every rank. `in` and `out` must not overlap (not
+  // in place): refused on every rank.
   CollectiveStats alltoallv(DType dtype, std::span<const std::byte> in,
                             std::span<const uint64_t> send_values, std::span<std::byte> out,
                             std::span<const uint64_t> recv_values);

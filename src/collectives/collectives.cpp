@@ -720,6 +720,16 @@ CollectiveStats LosslessCollectives::alltoallv(DType dtype, std::span<const std:
                  std::to_string(*receiving / value_bytes) + " " + std::string(dtype_name(dtype)) +
                  " values");
   }
+  // Each round's parts are written to the output while later rounds still read the input: in
+  // place, or overlapping, the exchange would read what it already wrote (wrong output, no
+  // error, wherever the counts are not the same for every pair of ranks).
+  const auto in_at = reinterpret_cast<uintptr_t>(in.data());
+  const auto out_at_byte = reinterpret_cast<uintptr_t>(out.data());
+  if (!in.empty() && !out.empty() && in_at < out_at_byte + out.size() &&
+      out_at_byte < in_at + in.size()) {
+    m.reject(CallKind::kAlltoallv, dtype,
+             "alltoallv: the input and the output overlap; give the output a buffer of its own");
+  }
   auto [compress, shape] = m.decide(CallKind::kAlltoallv, dtype, in.size());
   const std::vector<uint64_t> out_at = offsets_of(recv_values);  // in values
   auto place = [&, out_at](size_t p, uint32_t k) {
