@@ -14,6 +14,7 @@
 #include "ciera/error.hpp"
 #include "codec/limits.hpp"
 #include "common/bytes.hpp"
+#include "common/float_mode.hpp"
 #include "common/floats.hpp"
 
 namespace ciera::peers {
@@ -142,6 +143,9 @@ size_t int8_bound_bytes(DType dtype, uint64_t values, uint32_t group_values) {
 
 size_t quantize_int8(DType dtype, std::span<const std::byte> values, uint32_t group_values,
                      std::span<std::byte> out) {
+  // Every rank computes with the values these give (lossy: the same on every rank, or the
+  // ranks train apart): IEEE arithmetic whatever the thread flushes (common/float_mode.hpp).
+  const DefinedFloatingPoint defined;
   check_group("quantize_int8", group_values);
   check_values("quantize_int8", dtype, values.size());
   return with_values(dtype, [&]<typename V>(V) -> size_t {
@@ -183,6 +187,7 @@ size_t quantize_int8(DType dtype, std::span<const std::byte> values, uint32_t gr
 
 void dequantize_int8(DType dtype, std::span<const std::byte> in, uint32_t group_values,
                      std::span<std::byte> values) {
+  const DefinedFloatingPoint defined;  // as quantize_int8's
   check_group("dequantize_int8", group_values);
   check_values("dequantize_int8", dtype, values.size());
   with_values(dtype, [&]<typename V>(V) {
@@ -227,6 +232,7 @@ size_t diff4_bound_bytes(DType dtype, uint64_t values, uint32_t group_values) {
 // is the low nibble of byte i / 2 when i is even, the high nibble when odd.
 size_t quantize_diff4(DType dtype, std::span<const std::byte> values, std::span<std::byte> base,
                       uint32_t group_values, uint64_t seed, std::span<std::byte> out) {
+  const DefinedFloatingPoint defined;  // as quantize_int8's
   check_group("quantize_diff4", group_values);
   check_values("quantize_diff4", dtype, values.size());
   if (base.size() != values.size()) {
@@ -278,6 +284,7 @@ size_t quantize_diff4(DType dtype, std::span<const std::byte> values, std::span<
 
 void apply_diff4(DType dtype, std::span<const std::byte> in, uint32_t group_values,
                  std::span<std::byte> base) {
+  const DefinedFloatingPoint defined;  // as quantize_int8's
   check_group("apply_diff4", group_values);
   check_values("apply_diff4", dtype, base.size());
   with_values(dtype, [&]<typename V>(V) {
