@@ -241,9 +241,10 @@ std::string overlap_error(std::span<const std::byte> input, std::span<std::byte>
   }
   if (in == out + own_offset) return "";
   const auto at = static_cast<int64_t>(in - out);  // wraps to negative where input starts first
-  // At most 98 characters: the control record's reason field holds 111.
-  return "input overlaps the output at byte " + std::to_string(at) +
-         ", not at this rank's part (byte " + std::to_string(own_offset) + ")";
+  // Short: the control record's error text (kErrorTextBytes) holds 79 characters, which this
+  // fits for offsets below 10^15 bytes.
+  return "input overlaps output byte " + std::to_string(at) + ", own part at " +
+         std::to_string(own_offset);
 }
 
 // "" unless some rank's part would not fit its slot (slots overlapping).

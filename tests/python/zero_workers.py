@@ -342,11 +342,15 @@ def in_two_subgroups(rank, world):
     """Four ranks in two data-parallel groups ([0, 1] and [2, 3], each its own model), each with
     CIERA's ZeRO beside PyTorch's and a Broadcaster on its group: the groups CIERA makes beside
     each subgroup are its members' alone (until stop 67 both took one name: the second group's
-    connections failed). Returns per step whether CIERA's parameters equal PyTorch's, what the
-    Broadcaster delivered, and how many process groups a Broadcaster left after close()."""
+    connections failed; and a name torch derived from the groups each process holds came back
+    after close(), or differed between members). Returns per step whether CIERA's parameters equal
+    PyTorch's, what the Broadcasters delivered, and how many process groups they left after close()."""
     from torch.distributed.distributed_c10d import _world
 
     group, _ = dist.new_subgroups_by_enumeration([[0, 1], [2, 3]])
+    # A group of ranks 0-2 only: rank 2 now holds one more group than rank 3 (torch's local names
+    # count them, and differed between the two).
+    dist.new_group([0, 1, 2])
     index = rank // 2
     config = ciera.EngineConfig()
     config.warmup_steps = 0
@@ -368,7 +372,7 @@ def in_two_subgroups(rank, world):
     ours.close()
     groups = len(_world.pg_map)
     received = []
-    for round_ in range(2):
+    for round_ in range(3):   # each after the last one's group was destroyed: no name comes back
         x = torch.full((1000,), float(10 * index + round_) if dist.get_rank(group) == 0 else -1.0,
                        dtype=torch.bfloat16)
         bcast = Broadcaster([x], root=0, process_group=group, config=config)

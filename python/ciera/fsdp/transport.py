@@ -5,6 +5,8 @@ mpirun) or CIERA's NCCL transport (CUDA; a communicator of its own)."""
 from __future__ import annotations
 
 import datetime
+import hashlib
+import threading
 import warnings
 
 import torch
@@ -251,20 +253,41 @@ def check_transport(what: str, kind) -> None:
         raise ValueError(f"{what}: transport must be 'torch', 'mpi' or 'nccl', got {kind!r}")
 
 
+# How many groups this process made beside each subgroup (its sorted ranks): the serial in the
+# next one's name. Every member makes the same groups over its subgroup in the same order (the
+# callers are collective over it), so the members agree on it whatever else each has made.
+_serials: dict[tuple[int, ...], int] = {}
+_naming = threading.Lock()
+
+
 def group_beside(process_group, backend: str, timeout: datetime.timedelta):
     """A new group of `process_group`'s ranks (None: the world), registered for release at exit.
     Over the world every process makes it, as torch.distributed asks of new_group. Over a
-    subgroup only its members do (the ranks of another subgroup build their own meanwhile, or
-    none), so it is made with local synchronisation: named by its ranks and each member's count of
-    groups, not by the world's group counter, which two subgroups building at once both took
-    (one store prefix for both, their gloo connections crossed: a refused connection on one rank,
-    a timeout on another)."""
+    subgroup only its members do (another subgroup's ranks build their own meanwhile, or none):
+    with local synchronisation, under a name of CIERA's that no group had before. torch names a
+    group by the world's counter, which two subgroups building at once both took (one store
+    prefix, their gloo connections crossed); or, with local synchronisation, by its ranks and how
+    many groups the process holds now, which gives a group made after one was destroyed that
+    one's name (the peers read its stale addresses: a connect timeout), and differs between
+    members that joined different groups before (a wait on two prefixes)."""
     if process_group is None or dist.get_world_size(process_group) == dist.get_world_size():
         ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
-        group = dist.new_group(ranks=ranks, backend=backend, timeout=timeout)
-    else:
-        group = dist.new_group(ranks=dist.get_process_group_ranks(process_group), backend=backend, timeout=timeout,
-                               use_local_synchronization=True)
+        return lifecycle.register_group(dist.new_group(ranks=ranks, backend=backend, timeout=timeout))
+    ranks = sorted(dist.get_process_group_ranks(process_group))
+    key = tuple(ranks)
+    with _naming:
+        serial = _serials.get(key, 0)
+        digest = hashlib.sha1(",".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()[:16]
+        name = f"ciera-{digest}-{serial}"
+        # new_group takes no name: its naming function, for this call only.
+        c10d = dist.distributed_c10d
+        naming = c10d._process_group_name
+        c10d._process_group_name = lambda *args, **kwargs: name
+        _serials[key] = serial + 1   # taken even if this one fails: the members' serials stay equal
+        try:
+            group = dist.new_group(ranks=ranks, backend=backend, timeout=timeout, use_local_synchronization=True)
+        finally:
+            c10d._process_group_name = naming
     return lifecycle.register_group(group)
 
 
