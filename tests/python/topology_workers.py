@@ -145,3 +145,36 @@ def zipnn_on_sub_groups(rank, world, layout):
     except ciera.ConfigError as e:
         return str(e)
     return "no error"
+
+
+def one_replica_enables_on_its_own_mesh(rank, world):
+    """A 2 x 2 mesh whose rows train apart, FSDP2 on each row's 1-D mesh: only the first row calls
+    enable(), with the default process_group (which is then that row's group: the other row never
+    calls it). Before stop 67 the first row waited for the second in the world's set-up. Returns
+    whether the losses equal plain FSDP2's on the same mesh, and the gathers' verified bytes."""
+    from ciera import models
+
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replica", "shard"))["shard"]
+
+    def build_on_row():
+        model = models.build(tiny_spec("olmoe"), 0)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in models.decoder_layers(model):
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        return model
+
+    corpus = data.load_corpus(1 << 16)
+    plain_losses = train(build_on_row(), rank % 2, 3, corpus)
+    model = build_on_row()
+    handle = None
+    if rank < 2:
+        config = ciera.EngineConfig()
+        config.warmup_steps = 1
+        config.timeout_s = 20
+        handle = ct.enable(model, config, verify=True)
+    losses = train(model, rank % 2, 3, corpus)
+    verified = handle.verified_bytes if handle else None
+    if handle:
+        handle.disable()
+    return losses == plain_losses, verified

@@ -13,7 +13,7 @@ from ciera._dist import checked_on_every_rank, first_failure, parameter_shapes
 from ciera.fsdp import lifecycle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
 from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
-                               element_bytes, prefetch_forward, restore_forward_prefetch)
+                               element_bytes, lone_shard_group, prefetch_forward, restore_forward_prefetch)
 from ciera.fsdp.selection import Selector
 from ciera.fsdp.transport import check_transport, make_subgroup_transport, make_transport
 
@@ -91,7 +91,11 @@ class Handle:
 
     def disable(self) -> None:
         """Restores FSDP2's default all-gather on every module (and the forward prefetch it had
-        before enable(forward_prefetch=True)) and closes the engine; collective."""
+        before enable(forward_prefetch=True)) and closes the engine; collective. The process
+        group enable() made for transport "torch" stays until the process exits (released here,
+        torch's teardown raced with it at exit: ciera.fsdp.lifecycle): each enable()/disable()
+        cycle keeps one gloo group, about 5 file descriptors and 3 threads, so enable once per
+        training rather than around every evaluation."""
         for module in self._runtime.modules:
             module.set_custom_all_gather(DefaultAllGather())
         restore_forward_prefetch(self._prefetched)
@@ -326,8 +330,10 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
 
     Collective: every rank calls it with the same model structure (parameter names, shapes and
     dtypes) and configuration (checked; a difference raises ConfigError on every rank), on a
-    `process_group` (default the world) that holds every rank its gathers reach (the world under
-    HSDP or reshard_after_forward=N, whose groups of every node enable() sets up together). The
+    `process_group` that holds every rank its gathers reach (the world under HSDP or
+    reshard_after_forward=N, whose groups of every node enable() sets up together). By default it
+    is the world, or, for a model FSDP2 shards on a mesh of some of the world's ranks only (a
+    mesh made on a subgroup), that mesh's group: its ranks call enable(), the others need not. The
     model's parameters are on the CPU or on
     one CUDA device: then payloads live and are coded in that device's memory (CIERA built with
     CUDA). `transport` is "torch" (a dedicated group beside `process_group`, default the world:
@@ -367,6 +373,14 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     whose all-gathers already go through CIERA (enabled and not disabled): on every rank, naming
     the rank where it arose, whether one rank or all of them got it wrong."""
     selecting = cache_budget_bytes is not None
+    if process_group is None:
+        # A model sharded on one group of some ranks (its mesh made on a subgroup): the set-up
+        # agrees over that group, not the world, whose other ranks may never call enable() (they
+        # waited here until torch's timeout) or shard apart.
+        try:
+            process_group = lone_shard_group(describe_buckets(model))
+        except Exception:  # noqa: BLE001 - the checks below raise it on every rank, with its reason
+            process_group = None
     # Every local step first, on every rank, before any collective: the arguments, the model's
     # state and `policy` (the user's callable) can fail on one rank alone, and the others must
     # hear of it here, not wait for that rank in a set-up until its timeout; so must ranks that

@@ -153,12 +153,29 @@ def describe_groups(described: list[tuple[FSDPModule, Bucket]]) -> list[GatherGr
                 factor = shard_size // len(partition[0])
                 mine = tuple(dist.get_process_group_ranks(info.shard_process_group))
                 if mine not in partition:
+                    row = next((r for r in partition if sorted(r) == sorted(mine)), None)
+                    if row is not None:   # torch's groups hold their ranks in ascending order
+                        raise _ext.ConfigError(f"the mesh lists this rank's FSDP group as {row}, its process group "
+                                               f"holds them as {mine}: CIERA needs mesh rows in ascending rank order")
                     raise _ext.ConfigError(f"this rank's FSDP group {mine} is not one of the mesh's {partition}")
                 match = GatherGroup(len(kinds), mine, partition, factor,
                                     [_scaled(b, factor) for _, b in described], set())
                 kinds.append(match)
             match.gathered.add(bucket.index)
     return kinds
+
+
+def lone_shard_group(described: list[tuple[FSDPModule, Bucket]]):
+    """The process group FSDP2 shards the model on, where its mesh is that one group of some of
+    the world's ranks (a mesh made on a subgroup: the other ranks train apart, or not at all);
+    else None. Local: no collective."""
+    import torch.distributed as dist
+
+    group = _param_group(described[0][0]) if described else None
+    if group is None or group._use_post_forward_mesh or len(_partition(group.mesh_info)) != 1:
+        return None
+    process_group = group.mesh_info.shard_process_group
+    return process_group if dist.get_world_size(process_group) != dist.get_world_size() else None
 
 
 def is_hsdp(module: FSDPModule) -> bool:
