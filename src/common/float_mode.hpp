@@ -31,9 +31,9 @@ class DefinedFloatingPoint {
     asm volatile("mrs %0, fpcr" : "=r"(saved_));
     const uint64_t defined = saved_ & ~((3ull << 22) | (1ull << 24) | (1ull << 19) | (1ull << 25) |
                                         (1ull << 1) | (1ull << 0));
-    asm volatile("msr fpcr, %0" : : "r"(defined));
+    asm volatile("msr fpcr, %0" : : "r"(defined) : "memory");
   }
-  ~DefinedFloatingPoint() { asm volatile("msr fpcr, %0" : : "r"(saved_)); }
+  ~DefinedFloatingPoint() { asm volatile("msr fpcr, %0" : : "r"(saved_) : "memory"); }
 
  private:
   uint64_t saved_;

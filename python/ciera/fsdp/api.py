@@ -378,7 +378,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
         # agrees over that group, not the world, whose other ranks may never call enable() (they
         # waited here until torch's timeout) or shard apart.
         try:
-            process_group = lone_shard_group(describe_buckets(model))
+            process_group = lone_shard_group(model)
         except Exception:  # noqa: BLE001 - the checks below raise it on every rank, with its reason
             process_group = None
     # Every local step first, on every rank, before any collective: the arguments, the model's

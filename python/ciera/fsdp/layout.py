@@ -165,17 +165,28 @@ def describe_groups(described: list[tuple[FSDPModule, Bucket]]) -> list[GatherGr
     return kinds
 
 
-def lone_shard_group(described: list[tuple[FSDPModule, Bucket]]):
-    """The process group FSDP2 shards the model on, where its mesh is that one group of some of
-    the world's ranks (a mesh made on a subgroup: the other ranks train apart, or not at all);
-    else None. Local: no collective."""
+def lone_shard_group(model: torch.nn.Module):
+    """The process group FSDP2 shards `model` on, where every FSDP module's mesh is that one
+    group of some of the world's ranks (a mesh made on a subgroup: the other ranks train apart,
+    or not at all) and none reshards to a smaller group after forward; else None. From the
+    meshes alone (no bucket is built, so a model enable() must refuse still finds the group to
+    refuse it on), and local: no collective."""
     import torch.distributed as dist
 
-    group = _param_group(described[0][0]) if described else None
-    if group is None or group._use_post_forward_mesh or len(_partition(group.mesh_info)) != 1:
-        return None
-    process_group = group.mesh_info.shard_process_group
-    return process_group if dist.get_world_size(process_group) != dist.get_world_size() else None
+    found = None
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = _param_group(module)
+        if group is None or not group.fsdp_params:
+            continue
+        if group._use_post_forward_mesh or len(_partition(group.mesh_info)) != 1:
+            return None
+        process_group = group.mesh_info.shard_process_group
+        if found is not None and process_group is not found:
+            return None
+        found = process_group
+    return found if found is not None and dist.get_world_size(found) != dist.get_world_size() else None
 
 
 def is_hsdp(module: FSDPModule) -> bool:

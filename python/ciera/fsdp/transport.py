@@ -8,6 +8,7 @@ import datetime
 import hashlib
 import threading
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -253,11 +254,47 @@ def check_transport(what: str, kind) -> None:
         raise ValueError(f"{what}: transport must be 'torch', 'mpi' or 'nccl', got {kind!r}")
 
 
-# How many groups this process made beside each subgroup (its sorted ranks): the serial in the
-# next one's name. Every member makes the same groups over its subgroup in the same order (the
-# callers are collective over it), so the members agree on it whatever else each has made.
+# How many groups this process made beside each subgroup (its sorted ranks), under the default
+# group they belong to: the serial in the next one's name. Every member makes the same groups over
+# its subgroup in the same order (the callers are collective over it), so the members agree on it
+# whatever else each has made; a new default group (init_process_group again) starts afresh.
 _serials: dict[tuple[int, ...], int] = {}
-_naming = threading.Lock()
+_serials_world = None   # a weak reference to the default group _serials count under
+_serials_lock = threading.Lock()
+_pending = threading.local()   # the name this thread's next new_group takes
+
+
+def _next_name(ranks: list[int]) -> str:
+    global _serials_world
+    world = dist.distributed_c10d._get_default_group()
+    with _serials_lock:
+        if _serials_world is None or _serials_world() is not world:
+            _serials.clear()
+            _serials_world = weakref.ref(world)
+        key = tuple(ranks)
+        serial = _serials.get(key, 0)
+        _serials[key] = serial + 1   # taken even if the group then fails: the members stay equal
+    digest = hashlib.sha1(",".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()[:16]
+    return f"ciera-{digest}-{serial}"
+
+
+def _name_groups_of_this_thread() -> None:
+    """torch's new_group takes no name: its naming function, wrapped once, gives this thread's
+    pending name to the one new_group call that follows, and every other call torch's own name."""
+    c10d = dist.distributed_c10d
+    if getattr(c10d._process_group_name, "ciera_names", False):
+        return
+    torch_names = c10d._process_group_name
+
+    def named(*args, **kwargs):
+        name = getattr(_pending, "name", None)
+        if name is None:
+            return torch_names(*args, **kwargs)
+        _pending.name = None
+        return name
+
+    named.ciera_names = True
+    c10d._process_group_name = named
 
 
 def group_beside(process_group, backend: str, timeout: datetime.timedelta):
@@ -274,20 +311,12 @@ def group_beside(process_group, backend: str, timeout: datetime.timedelta):
         ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
         return lifecycle.register_group(dist.new_group(ranks=ranks, backend=backend, timeout=timeout))
     ranks = sorted(dist.get_process_group_ranks(process_group))
-    key = tuple(ranks)
-    with _naming:
-        serial = _serials.get(key, 0)
-        digest = hashlib.sha1(",".join(map(str, ranks)).encode(), usedforsecurity=False).hexdigest()[:16]
-        name = f"ciera-{digest}-{serial}"
-        # new_group takes no name: its naming function, for this call only.
-        c10d = dist.distributed_c10d
-        naming = c10d._process_group_name
-        c10d._process_group_name = lambda *args, **kwargs: name
-        _serials[key] = serial + 1   # taken even if this one fails: the members' serials stay equal
-        try:
-            group = dist.new_group(ranks=ranks, backend=backend, timeout=timeout, use_local_synchronization=True)
-        finally:
-            c10d._process_group_name = naming
+    _name_groups_of_this_thread()
+    _pending.name = _next_name(ranks)
+    try:
+        group = dist.new_group(ranks=ranks, backend=backend, timeout=timeout, use_local_synchronization=True)
+    finally:
+        _pending.name = None
     return lifecycle.register_group(group)
 
 
