@@ -336,7 +336,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     mesh made on a subgroup), that mesh's group: its ranks call enable(), the others need not. The
     model's parameters are on the CPU or on
     one CUDA device: then payloads live and are coded in that device's memory (CIERA built with
-    CUDA). `transport` is "torch" (a dedicated group beside `process_group`, default the world:
+    CUDA). `transport` is "torch" (a dedicated group beside `process_group`:
     gloo for CPU models, NCCL for CUDA ones), "mpi" (CIERA's Open MPI transport, CPU only; the
     job must run under mpirun) or "nccl" (CIERA's own NCCL communicator, CUDA only). With `verify`, every gather is also done by torch.distributed
     and compared byte for byte: a difference on any rank raises ciera.Error on every rank before
