@@ -167,9 +167,11 @@ def test_ciera_train_in_the_two_level_link_lab_reports_the_uplinks(tmp_path):
     assert crossed > 6 * (s["inter_node_allgather_bytes_fsdp2"] + s["inter_node_allgather_bytes"]) / 2
 
 
-@pytest.mark.parametrize("rows", ["first", "both"])
-def test_enable_on_a_mesh_of_some_ranks_agrees_over_that_mesh(rows):
-    results = all_ok(spawn(w.one_replica_enables_on_its_own_mesh, 4, rows, timeout=180))
+@pytest.mark.parametrize("rows,scheme", [("first", "ciera"), ("both", "ciera"), ("first", "zipnn")])
+def test_enable_on_a_mesh_of_some_ranks_agrees_over_that_mesh(rows, scheme):
+    if scheme == "zipnn" and importlib.util.find_spec("zipnn") is None:
+        pytest.skip("zipnn is not installed: pip install 'ciera[peers]'")
+    results = all_ok(spawn(w.one_replica_enables_on_its_own_mesh, 4, rows, scheme, timeout=180))
     for rank, (same, verified) in enumerate(results):
         assert same, rank
         enabled = rank < 2 or rows == "both"

@@ -147,12 +147,13 @@ def zipnn_on_sub_groups(rank, world, layout):
     return "no error"
 
 
-def one_replica_enables_on_its_own_mesh(rank, world, rows):
+def one_replica_enables_on_its_own_mesh(rank, world, rows, scheme="ciera"):
     """A 2 x 2 mesh whose rows train apart, FSDP2 on each row's 1-D mesh: the first row (rows
     "first") or both ("both") call enable(), with the default process_group, which is then each
     row's group. Before stop 67 the first row alone waited for the second in the world's set-up,
     and both rows were refused ("bucket describes 2 ranks but the transport has 4"). Returns
-    whether the losses equal plain FSDP2's on the same mesh, and the gathers' verified bytes."""
+    whether the losses equal plain FSDP2's on the same mesh, and the gathers' verified bytes.
+    `scheme` "zipnn": enable_zipnn() in place of enable(), which defaults alike."""
     from ciera import models
 
     mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replica", "shard"))["shard"]
@@ -169,7 +170,11 @@ def one_replica_enables_on_its_own_mesh(rank, world, rows):
     plain_losses = train(build_on_row(), rank % 2, 3, corpus)
     model = build_on_row()
     handle = None
-    if rank < 2 or rows == "both":
+    if (rank < 2 or rows == "both") and scheme == "zipnn":
+        from ciera.fsdp.zipnn import enable_zipnn
+
+        handle = enable_zipnn(model, verify=True)
+    elif rank < 2 or rows == "both":
         config = ciera.EngineConfig()
         config.warmup_steps = 1
         config.timeout_s = 20

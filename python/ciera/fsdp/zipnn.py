@@ -26,7 +26,8 @@ from ciera._dist import all_gather_single, checked_on_every_rank, parameter_shap
 from ciera.fsdp import lifecycle
 from ciera.fsdp.api import Handle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime, check_input
-from ciera.fsdp.layout import AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups
+from ciera.fsdp.layout import (AllGather, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
+                               lone_shard_group)
 from ciera.fsdp.transport import group_beside
 
 # The names ZipNN's byte interface gives the dtypes FSDP may all-gather (ciera.fsdp.layout.DTYPES).
@@ -260,7 +261,8 @@ def _check_model(model: torch.nn.Module) -> None:
 def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = False) -> ZipnnHandle:
     """Routes every FSDP2 parameter group's all-gather of `model` (CPU, bf16/fp16/fp32) through
     ZipNN: each rank's shard is compressed, the compressed bytes of all ranks are exchanged on a
-    dedicated gloo group beside `process_group` (default the world), and each peer's are
+    dedicated gloo group beside `process_group` (default: the world, or the mesh's group for a
+    model sharded on a mesh of some ranks only, as enable()'s), and each peer's are
     decompressed into its slot; the output is bitwise a plain all-gather's. With `verify`, every
     gather is also done by torch.distributed and compared byte for byte (a difference is an error
     on every rank; wrong_bytes).
@@ -268,6 +270,13 @@ def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = F
     Collective: every rank calls it with the same model structure. Raises ZipnnUnavailable (an
     ImportError) when zipnn is not installed (pip install 'ciera[peers]'), and refuses a model
     whose all-gathers already go through CIERA or ZipNN, or whose parameters are not on the CPU."""
+
+    if process_group is None:
+        # As enable(): a model sharded on a mesh of some ranks only agrees over that mesh.
+        try:
+            process_group = lone_shard_group(model)
+        except Exception:  # noqa: BLE001 - checked() raises it on every rank, with its reason
+            process_group = None
 
     def checked():
         _check_model(model)
