@@ -121,6 +121,12 @@ std::vector<fs::path> list_checkpoints(const std::vector<std::string>& arguments
     }
   }
   if (files.size() < 2) {
+    // A path that does not exist is what the user should hear of, not the count.
+    for (const fs::path& file : files) {
+      std::error_code error;
+      if (!fs::exists(file, error))
+        throw ConfigError("checkpoint " + file.string() + " does not exist");
+    }
     throw ConfigError("ciera analyze needs at least two checkpoints to compare, got " +
                       std::to_string(files.size()));
   }

@@ -239,6 +239,7 @@ NATIVE = [
      "a block changes whenever one of its values does"),
     (["analyze", "a", "b", "--json-file", "--quiet"], "--json-file needs a file name, got --quiet"),
     (["analyze", "a", "b", "--json-file", "{tmp}"], "a folder, not a file"),
+    (["analyze", "/nonexistent/a.safetensors"], "checkpoint /nonexistent/a.safetensors does not exist"),
 ]
 if _ext.with_mpi:
     NATIVE += [
