@@ -132,6 +132,10 @@ Request parse(const Options& o, const std::string& command) {
   CodecConfig codec;
   codec.dtype = r.dtype;
   require_block_option(o.block);
+  // The engine checks it too, but only once every rank has started: one line here instead.
+  require(o.threads <= kMaxWorkerThreads, "--threads must be at most " +
+                                              std::to_string(kMaxWorkerThreads) + " (got " +
+                                              std::to_string(o.threads) + ")");
   codec.block_values = o.block;
   codec.validate();
   require(

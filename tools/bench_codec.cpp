@@ -89,6 +89,11 @@ Request parse(const Options& o, const std::string& command) {
   r.config.validate();
   if (o.values < 1) throw ConfigError("--values must be at least 1");
   require_steps_after_warmup(o.steps, o.warmup, o.warmup_given);
+  // Step 0 is every codec's key frame, and its exponents have no step before them: counted as a
+  // steady step, it read as a third of the exponents changing.
+  if (o.warmup < 1)
+    throw ConfigError(
+        "--warmup must be at least 1 (step 0 is the key frame; the steady figures start after it)");
   if (o.sample_every < 1) throw ConfigError("--sample-every must be at least 1");
   if (!(std::isfinite(o.learning_rate) && o.learning_rate > 0))
     throw ConfigError("--lr must be a finite number > 0");

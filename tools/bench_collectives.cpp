@@ -221,22 +221,26 @@ struct Result {
   double entropy_bits = 0;
   uint32_t hidden = 0;
 
-  // One steady step: the three times (each the slowest rank's) and CIERA's stats.
+  // One steady step: the three times (each the slowest rank's) and CIERA's stats, the bytes and
+  // the coding summed over every rank (CollectiveStats holds this rank's alone; until stop 67
+  // rank 0's were reported as the mean link's); collective.
   void add_step(double raw, double twin, double ciera, const CollectiveStats& s) {
     raw_s.push_back(raw);
     twin_s.push_back(twin);
     ciera_s.push_back(ciera);
-    raw_bytes.push_back(static_cast<double>(s.raw_bytes));
-    wire_bytes.push_back(static_cast<double>(s.wire_bytes));
+    // Per rank, as "bytes sent/rank" says: the mean over ranks.
+    raw_bytes.push_back(static_cast<double>(sum_over_ranks(s.raw_bytes)) / world);
+    wire_bytes.push_back(static_cast<double>(sum_over_ranks(s.wire_bytes)) / world);
     encode_s.push_back(max_over_ranks(s.encode_s));
     exchange_s.push_back(max_over_ranks(s.exchange_s));
     decode_s.push_back(max_over_ranks(s.decode_s));
     reduce_s.push_back(max_over_ranks(s.reduce_s));
-    coded_values += s.coded_values;
-    coded_exponent_bytes += s.coded_exponent_bytes;
-    busiest_raw += s.busiest_link_raw_bytes;
+    coded_values += sum_over_ranks(s.coded_values);
+    coded_exponent_bytes += sum_over_ranks(s.coded_exponent_bytes);
+    busiest_raw +=
+        s.busiest_link_raw_bytes;  // the same on every rank (every rank reads every record)
     busiest_wire += s.busiest_link_wire_bytes;
-    entropy_bits += s.exponent_entropy_bits;
+    entropy_bits += sum_over_ranks(s.exponent_entropy_bits);
   }
 };
 
@@ -410,7 +414,7 @@ Result measure_reduce_scatter(const Request& r, int rank, int world) {
 nlohmann::json to_json(const Request& r, const Result& x) {
   const Options& o = r.o;
   const bool alltoall = o.collective == "alltoall";
-  // Bytes and coding over every rank's coded parts (this rank's, as all ranks do alike).
+  // Bytes and coding over every rank's coded parts (summed over ranks by add_step).
   double raw = 0, wire = 0;
   for (size_t i = 0; i < x.raw_bytes.size(); ++i) raw += x.raw_bytes[i], wire += x.wire_bytes[i];
   nlohmann::json j;

@@ -321,5 +321,6 @@ void barrier() {
 
 double max_over_ranks(double mine) { return reduce_over_ranks(mine, MPI_DOUBLE, MPI_MAX); }
 uint64_t sum_over_ranks(uint64_t mine) { return reduce_over_ranks(mine, MPI_UINT64_T, MPI_SUM); }
+double sum_over_ranks(double mine) { return reduce_over_ranks(mine, MPI_DOUBLE, MPI_SUM); }
 
 }  // namespace ciera::tools

@@ -64,5 +64,6 @@ void wait_all(std::span<MPI_Request> requests, const char* what);
 void barrier();
 double max_over_ranks(double mine);
 uint64_t sum_over_ranks(uint64_t mine);
+double sum_over_ranks(double mine);
 
 }  // namespace ciera::tools

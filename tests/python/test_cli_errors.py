@@ -205,6 +205,8 @@ NATIVE = [
     (["bench", "codec", "--block", "0"], "--block must be in 64..4096 values (got 0)"),
     (["bench", "codec", "--dtype", "int8"], "unknown dtype 'int8'"),
     (["bench", "codec", "--nope"], "The following argument was not expected: --nope"),
+    # Counted step 0's key frame as steady, against exponents of zero (stop 67).
+    (["bench", "codec", "--warmup", "0"], "--warmup must be at least 1 (step 0 is the key frame"),
     (["analyze"], "checkpoints is required"),
     (["analyze", "/nonexistent/a.safetensors", "/nonexistent/b.safetensors"], "cannot open"),
     (["analyze", "{tmp}/a.safetensors", "{tmp}/./a.safetensors"], "a.safetensors is given twice"),
@@ -245,6 +247,8 @@ if _ext.with_mpi:
     NATIVE += [
         (["bench", "allgather", "--ranks", "1"], "--ranks must be at least 2 (one rank has nobody to send to)"),
         (["bench", "allgather", "--buckets", "0"], "--buckets must be at least 1"),
+        # Refused by the engine on every rank once they had started (status 1), before stop 67.
+        (["bench", "allgather", "--threads", "100000"], "--threads must be at most 256 (got 100000)"),
         (["bench", "allgather", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
         (["bench", "allgather", "--link-gbit", "-1"], "--link-gbit must be >= 0"),
         (["bench", "allgather", "--ranks", "300", "--link-gbit", "1"], "the link lab has room for at most 253"),
