@@ -76,17 +76,21 @@ def _bucket(index: int, module_name: str, group, names: dict) -> Bucket:
     return Bucket(index, module_name, dtypes.pop(), params, offset)
 
 
+def _param_groups(model: torch.nn.Module):
+    """(module, its FSDP parameter group) of every FSDP module that has parameters, in module order."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            group = _param_group(module)
+            if group is not None and group.fsdp_params:
+                yield module, group
+
+
 def describe_buckets(model: torch.nn.Module) -> list[tuple[FSDPModule, Bucket]]:
     """One bucket per FSDP parameter group, in module order (the same on every rank)."""
     names = {id(p): n for n, p in model.named_parameters()}
     module_names = {id(m): n for n, m in model.named_modules()}
     out = []
-    for module in model.modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        group = _param_group(module)
-        if group is None or not group.fsdp_params:
-            continue
+    for module, group in _param_groups(model):
         out.append((module, _bucket(len(out), module_names.get(id(module), ""), group, names)))
     return out
 
@@ -174,12 +178,7 @@ def lone_shard_group(model: torch.nn.Module):
     import torch.distributed as dist
 
     found = None
-    for module in model.modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        group = _param_group(module)
-        if group is None or not group.fsdp_params:
-            continue
+    for _, group in _param_groups(model):
         if group._use_post_forward_mesh or len(_partition(group.mesh_info)) != 1:
             return None
         process_group = group.mesh_info.shard_process_group
