@@ -377,10 +377,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
         # A model sharded on one group of some ranks (its mesh made on a subgroup): the set-up
         # agrees over that group, not the world, whose other ranks may never call enable() (they
         # waited here until torch's timeout) or shard apart.
-        try:
-            process_group = lone_shard_group(model)
-        except Exception:  # noqa: BLE001 - the checks below raise it on every rank, with its reason
-            process_group = None
+        process_group = lone_shard_group(model)
     # Every local step first, on every rank, before any collective: the arguments, the model's
     # state and `policy` (the user's callable) can fail on one rank alone, and the others must
     # hear of it here, not wait for that rank in a set-up until its timeout; so must ranks that

@@ -174,17 +174,21 @@ def lone_shard_group(model: torch.nn.Module):
     group of some of the world's ranks (a mesh made on a subgroup: the other ranks train apart,
     or not at all) and none reshards to a smaller group after forward; else None. From the
     meshes alone (no bucket is built, so a model enable() must refuse still finds the group to
-    refuse it on), and local: no collective."""
+    refuse it on), and local: no collective. A model it cannot read gives None: the callers'
+    checks then refuse it on every rank, with its reason."""
     import torch.distributed as dist
 
     found = None
-    for _, group in _param_groups(model):
-        if group._use_post_forward_mesh or len(_partition(group.mesh_info)) != 1:
-            return None
-        process_group = group.mesh_info.shard_process_group
-        if found is not None and process_group is not found:
-            return None
-        found = process_group
+    try:
+        for _, group in _param_groups(model):
+            if group._use_post_forward_mesh or len(_partition(group.mesh_info)) != 1:
+                return None
+            process_group = group.mesh_info.shard_process_group
+            if found is not None and process_group is not found:
+                return None
+            found = process_group
+    except Exception:  # noqa: BLE001 - refused by the callers' checks, on every rank
+        return None
     return found if found is not None and dist.get_world_size(found) != dist.get_world_size() else None
 
 

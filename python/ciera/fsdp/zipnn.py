@@ -273,10 +273,7 @@ def enable_zipnn(model: torch.nn.Module, *, process_group=None, verify: bool = F
 
     if process_group is None:
         # As enable(): a model sharded on a mesh of some ranks only agrees over that mesh.
-        try:
-            process_group = lone_shard_group(model)
-        except Exception:  # noqa: BLE001 - checked() raises it on every rank, with its reason
-            process_group = None
+        process_group = lone_shard_group(model)
 
     def checked():
         _check_model(model)
