@@ -218,8 +218,6 @@ class Broadcaster:
             raise RuntimeError("Broadcaster.close: a broadcast() on this Broadcaster is in flight; close it after")
         try:
             lifecycle.close_engine(self.engine)
-            for group in self._groups:
-                lifecycle.release_group(group)
-            self._groups.clear()
+            lifecycle.release_groups(self._groups)
         finally:
             self._calling.release()

@@ -670,9 +670,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
             if not self._closed:
                 self._close_engines()
                 self._natives.clear()
-                for group in self._groups:
-                    lifecycle.release_group(group)
-                self._groups.clear()
+                lifecycle.release_groups(self._groups)
                 self._closed = True
         finally:
             self._stepping.release()

@@ -75,6 +75,13 @@ def release_group(group) -> None:
         destroy_group(group)
 
 
+def release_groups(groups: list) -> None:
+    """release_group() of each of an owner's `groups`, which is left empty (the owner is done)."""
+    for group in groups:
+        release_group(group)
+    groups.clear()
+
+
 def held_weakly(group):
     """A callable that returns `group` (one register_group() holds; None stays None), or raises
     CommError once the group was released at exit: never another group in its place."""
