@@ -555,9 +555,7 @@ FrameStats ShardEncoder::encode(std::span<const std::byte> shard, std::span<std:
   }
   // The frame is written while the shard is read: overlapping, it would code bytes it had
   // already overwritten, and the receiver would reject the frame only at its checksum.
-  const auto* in = reinterpret_cast<const std::byte*>(shard.data());
-  if (!shard.empty() && in < payload.data() + payload.size() &&
-      payload.data() < in + shard.size()) {
+  if (ranges_overlap(shard.data(), shard.size(), payload.data(), payload.size())) {
     throw std::invalid_argument("ShardEncoder::encode: the shard and the payload buffer overlap");
   }
   return state().encode(reinterpret_cast<const uint8_t*>(shard.data()),

@@ -36,6 +36,7 @@
 #include "collectives/reduction.hpp"
 #include "collectives/slice_coding.hpp"
 #include "common/adaptive_switch.hpp"
+#include "common/bytes.hpp"
 #include "common/checked.hpp"
 #include "common/moved_from.hpp"
 #include "common/one_caller.hpp"
@@ -723,10 +724,7 @@ CollectiveStats LosslessCollectives::alltoallv(DType dtype, std::span<const std:
   // Each round's parts are written to the output while later rounds still read the input: in
   // place, or overlapping, the exchange would read what it already wrote (wrong output, no
   // error, wherever the counts are not the same for every pair of ranks).
-  const auto in_at = reinterpret_cast<uintptr_t>(in.data());
-  const auto out_at_byte = reinterpret_cast<uintptr_t>(out.data());
-  if (!in.empty() && !out.empty() && in_at < out_at_byte + out.size() &&
-      out_at_byte < in_at + in.size()) {
+  if (ranges_overlap(in.data(), in.size(), out.data(), out.size())) {
     m.reject(CallKind::kAlltoallv, dtype,
              "alltoallv: the input and the output overlap; give the output a buffer of its own");
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -32,6 +33,14 @@ inline uint64_t load_le64(const uint8_t* p) {
 inline void store_le16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
 inline void store_le32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, sizeof v); }
 inline void store_le64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, sizeof v); }
+
+// Whether two byte ranges share a byte (an empty range shares none). Compared as addresses,
+// since `<` on pointers into different objects is unspecified.
+inline bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto a_at = reinterpret_cast<uintptr_t>(a);
+  const auto b_at = reinterpret_cast<uintptr_t>(b);
+  return a_bytes != 0 && b_bytes != 0 && a_at < b_at + b_bytes && b_at < a_at + a_bytes;
+}
 
 // Reads untrusted bytes; every read past the end throws FormatError naming `what`.
 class ByteReader {

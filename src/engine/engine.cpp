@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "ciera/error.hpp"
+#include "common/bytes.hpp"
 #include "engine/agreement.hpp"
 #include "engine/engine_impl.hpp"
 
@@ -234,11 +235,9 @@ uint64_t output_bytes(const BucketLayout& layout, uint64_t slot_stride) {
 // rank's part into another's, and return a wrong output with no error.
 std::string overlap_error(std::span<const std::byte> input, std::span<std::byte> output,
                           uint64_t own_offset) {
+  if (!ranges_overlap(input.data(), input.size(), output.data(), output.size())) return "";
   const auto in = reinterpret_cast<uintptr_t>(input.data());
   const auto out = reinterpret_cast<uintptr_t>(output.data());
-  if (input.empty() || output.empty() || in >= out + output.size() || out >= in + input.size()) {
-    return "";
-  }
   if (in == out + own_offset) return "";
   const auto at = static_cast<int64_t>(in - out);  // wraps to negative where input starts first
   // Short: the control record's error text (kErrorTextBytes) holds 79 characters, which this
