@@ -102,9 +102,12 @@ class ThreadPool {
       wrapped();
       return;
     }
-    {
+    try {
       std::lock_guard lock(mutex_);
       queue_.push_back({&group, std::move(wrapped)});
+    } catch (...) {
+      group.finish();  // never queued (out of memory): the group must not wait for it
+      throw;
     }
     ready_.notify_one();
   }

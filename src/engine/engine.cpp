@@ -346,7 +346,20 @@ CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
     m.pending[g->ticket] = g;
     g->sends_raw = m.send_raw(s, s.step);
   }
-  if (g->local_error.empty() && !g->sends_raw) m.encode(*g, s, false);
+  if (g->local_error.empty() && !g->sends_raw) {
+    try {
+      m.encode(*g, s, false);
+    } catch (const std::exception& e) {
+      // Encoding could not be handed to the workers (out of memory). The gather is queued all
+      // the same, failing, so that the peers learn of it in the control exchange and the bucket
+      // is not left busy; the tasks already handed over read the input, so they finish first.
+      try {
+        g->encoding.wait();
+      } catch (...) {
+      }
+      g->local_error = std::string("encoding could not start: ") + e.what();
+    }
+  }
   {
     std::lock_guard lock(m.mutex);
     m.queue.push_back(g);
