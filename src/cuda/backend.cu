@@ -21,6 +21,7 @@
 #include "ciera/cuda.hpp"
 #include "ciera/error.hpp"
 #include "codec/device_decode.hpp"
+#include "common/bytes.hpp"
 #include "launch.cuh"
 
 namespace ciera::cuda {
@@ -87,17 +88,19 @@ class DeviceMemory final : public MemoryOps {
   }
   void move(std::byte* dst, const std::byte* src, size_t bytes) const override {
     if (bytes == 0 || dst == src) return;
-    const bool overlap = dst < src + bytes && src < dst + bytes;
-    if (!overlap) return copy(dst, src, bytes);
+    if (!ranges_overlap(dst, bytes, src, bytes)) return copy(dst, src, bytes);
     // cudaMemcpy leaves overlapping ranges undefined: bounce through scratch (two device
     // copies at device bandwidth; only packing an envelope slides payloads this way).
     DeviceGuard on(device_);
     cudaStream_t s = thread_stream();
     void* tmp = nullptr;
     check_cuda(cudaMallocAsync(&tmp, bytes, s), "cudaMallocAsync (move scratch)");  // from the pool
-    check_cuda(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
-    check_cuda(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
-    check_cuda(cudaFreeAsync(tmp, s), "cudaFreeAsync");
+    // The scratch goes back to the pool whether or not the copies could be enqueued.
+    cudaError_t copied = cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, s);
+    if (copied == cudaSuccess) copied = cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, s);
+    const cudaError_t freed = cudaFreeAsync(tmp, s);
+    check_cuda(copied, "cudaMemcpyAsync");
+    check_cuda(freed, "cudaFreeAsync");
     check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
 
