@@ -216,10 +216,10 @@ std::vector<U> random_values(size_t n, std::mt19937_64& rng) {
 
 template <typename U>
 struct KernelSet {
-  uint64_t (*differences)(const U*, U*, size_t, U*);
+  uint64_t (*differences)(const uint8_t*, U*, size_t, U*);
   uint64_t (*group_symbols)(const U*, size_t, uint8_t*);
   void (*expand_groups)(const uint8_t*, size_t, U*);
-  uint64_t (*apply_differences)(U*, const U*, size_t, U*);
+  uint64_t (*apply_differences)(U*, const U*, size_t, uint8_t*);
   uint64_t (*collect_escapes)(const U*, size_t, U*);
   void (*place_escapes)(U*, size_t, const U*);
 };
@@ -256,7 +256,10 @@ void check_kernels(const CodecKernels& table, const KernelSet<U>& k, uint64_t se
           ASSERT_EQ(ref_z(values[i], base[i], w), z[i]) << i;
           want_changed += z[i] != 0;
         }
-        EXPECT_EQ(k.differences(values.data(), b.data(), n, got.data()), want_changed);
+        // The caller's values at an odd address: the shard may have any alignment.
+        std::vector<uint8_t> odd(n * sizeof(U) + 1);
+        std::memcpy(odd.data() + 1, values.data(), n * sizeof(U));
+        EXPECT_EQ(k.differences(odd.data() + 1, b.data(), n, got.data()), want_changed);
         EXPECT_TRUE(std::equal(z.begin(), z.begin() + n, got.begin()));
         EXPECT_EQ(b, values);
         for (size_t i = n; i < got.size(); ++i) ASSERT_EQ(got[i], static_cast<U>(0xA5A5A5A5u)) << i;
@@ -306,13 +309,17 @@ void check_kernels(const CodecKernels& table, const KernelSet<U>& k, uint64_t se
       // apply_differences: out = base = the values.
       {
         std::vector<U> b = base;
-        std::vector<U> out(n + 64, static_cast<U>(0x3C3C3C3Cu));
+        // The caller's output at an odd address, with a canary on each side.
+        std::vector<uint8_t> out(n * sizeof(U) + 65, 0x3C);
         uint64_t want_changed = 0;
         for (size_t i = 0; i < n; ++i) want_changed += z[i] != 0;
-        EXPECT_EQ(k.apply_differences(b.data(), z.data(), n, out.data()), want_changed);
-        EXPECT_TRUE(std::equal(values.begin(), values.end(), out.begin()));
+        EXPECT_EQ(k.apply_differences(b.data(), z.data(), n, out.data() + 1), want_changed);
+        if (n > 0) {
+          EXPECT_EQ(std::memcmp(out.data() + 1, values.data(), n * sizeof(U)), 0);
+        }
         EXPECT_EQ(b, values);
-        for (size_t i = n; i < out.size(); ++i) ASSERT_EQ(out[i], static_cast<U>(0x3C3C3C3Cu));
+        EXPECT_EQ(out[0], 0x3C);
+        for (size_t i = n * sizeof(U) + 1; i < out.size(); ++i) ASSERT_EQ(out[i], 0x3C) << i;
       }
     }
   }

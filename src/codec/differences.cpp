@@ -42,15 +42,16 @@ void DifferenceWriter::reserve_escapes(uint64_t escaped, unsigned max_extra_bits
 }
 
 template <typename U>
-void DifferenceWriter::scan(const U* values, U* base, uint64_t n,
+void DifferenceWriter::scan(const uint8_t* values, U* base, uint64_t n,
                             format::ContentChecksum* checksum) {
   const CodecKernels& k = codec_kernels();
-  U* z = reinterpret_cast<U*>(chunk_z_.data());
+  U* z = chunk_.z<U>(kChunkValues);
+  U* escaped_z = chunk_.escaped<U>(kChunkValues);
   uint8_t* groups = groups_.data();
   SlackBitWriter extra(extra_.data());
   for (uint64_t first = 0; first < n; first += kChunkValues) {
     const size_t count = static_cast<size_t>(std::min<uint64_t>(kChunkValues, n - first));
-    const U* v = values + first;
+    const uint8_t* v = values + first * sizeof(U);
     uint8_t* g = groups + first / kGroupValues;
     uint64_t escaped;
     if constexpr (sizeof(U) == 2) {
@@ -66,7 +67,6 @@ void DifferenceWriter::scan(const U* values, U* base, uint64_t n,
     if (checksum) checksum->update(v, count * sizeof(U));
     if (escaped == 0) continue;
     reserve_escapes(escaped, 8 * sizeof(U) - 1, extra);
-    U* escaped_z = reinterpret_cast<U*>(chunk_escaped_.data());
     if constexpr (sizeof(U) == 2) {
       k.collect_escapes16(z, count, escaped_z);
     } else {
@@ -102,17 +102,15 @@ DifferenceWriter::Result DifferenceWriter::write(DType dtype, const uint8_t* val
   // than the previous values themselves, in every encoder.
   if (groups_.size() < groups) groups_.resize(groups);
   if (extra_.size() < 8) extra_.resize(8);
-  if (chunk_z_.size() < kChunkValues) chunk_z_.resize(kChunkValues);
-  if (chunk_escaped_.size() < kChunkValues + 32) chunk_escaped_.resize(kChunkValues + 32);
   escape_count_ = 0;
   changed_ = 0;
   extra_bits_ = 0;
   group_counter_.clear();
   escape_counter_.clear();
   if (value_bytes == 2) {
-    scan(reinterpret_cast<const uint16_t*>(values), reinterpret_cast<uint16_t*>(base), n, checksum);
+    scan(values, reinterpret_cast<uint16_t*>(base), n, checksum);
   } else {
-    scan(reinterpret_cast<const uint32_t*>(values), reinterpret_cast<uint32_t*>(base), n, checksum);
+    scan(values, reinterpret_cast<uint32_t*>(base), n, checksum);
   }
   Result result;
   result.changed = changed_;
@@ -146,7 +144,7 @@ void DifferenceReader::chunk_differences(uint64_t chunk, size_t count, U* z,
   if (escaped == 0) return;
   // Escaped values (class 3) take their difference from the escape stream, in value order.
   constexpr uint64_t kMaxZ = static_cast<U>(~U(0));
-  U* escaped_z = reinterpret_cast<U*>(chunk_escaped_.data());
+  U* escaped_z = chunk_.escaped<U>(kChunkValues);
   const auto overflow = [](const std::string& value) {
     return FormatError("difference section escapes a difference of " + value + ", beyond the dtype's " +
                        std::to_string(8 * sizeof(U)) + " bits");
@@ -175,10 +173,10 @@ void DifferenceReader::chunk_differences(uint64_t chunk, size_t count, U* z,
 }
 
 template <typename U>
-uint64_t DifferenceReader::reconstruct(U* base, uint64_t n, U* out,
+uint64_t DifferenceReader::reconstruct(U* base, uint64_t n, uint8_t* out,
                                        format::ContentChecksum* checksum) {
   const CodecKernels& k = codec_kernels();
-  U* z = reinterpret_cast<U*>(chunk_z_.data());
+  U* z = chunk_.z<U>(kChunkValues);
   const uint8_t* escape = escapes_.data();
   uint64_t bit = 0;
   uint64_t changed = 0;
@@ -187,12 +185,12 @@ uint64_t DifferenceReader::reconstruct(U* base, uint64_t n, U* out,
     const size_t count = static_cast<size_t>(std::min<uint64_t>(kChunkValues, n - first));
     chunk_differences(applied_chunks_, count, z, escape, bit);
     if constexpr (sizeof(U) == 2) {
-      changed += k.apply_differences16(base + first, z, count, out + first);
+      changed += k.apply_differences16(base + first, z, count, out + first * sizeof(U));
     } else {
-      changed += k.apply_differences32(base + first, z, count, out + first);
+      changed += k.apply_differences32(base + first, z, count, out + first * sizeof(U));
     }
     ++applied_chunks_;
-    if (checksum) checksum->update(out + first, count * sizeof(U));
+    if (checksum) checksum->update(out + first * sizeof(U), count * sizeof(U));
   }
   format::stream_fence();  // the previous values went past the caches
   return changed;
@@ -201,7 +199,7 @@ uint64_t DifferenceReader::reconstruct(U* base, uint64_t n, U* out,
 // The error path: the differences of the chunks applied so far, subtracted again.
 template <typename U>
 void DifferenceReader::undo(U* base, uint64_t n) {
-  U* z = reinterpret_cast<U*>(chunk_z_.data());
+  U* z = chunk_.z<U>(kChunkValues);
   const uint8_t* escape = escapes_.data();
   uint64_t bit = 0;
   for (uint64_t chunk = 0; chunk < applied_chunks_; ++chunk) {
@@ -222,8 +220,6 @@ void DifferenceReader::open(const uint8_t* section, uint64_t size, uint64_t n,
   ByteReader in(section, size, "difference section");
   // Sized from this decoder's own value count, never from the payload.
   if (groups_.size() < groups) groups_.resize(groups);
-  if (chunk_z_.size() < kChunkValues) chunk_z_.resize(kChunkValues);
-  if (chunk_escaped_.size() < kChunkValues + 32) chunk_escaped_.resize(kChunkValues + 32);
   // The group symbols, decoded a piece at a time and their escapes counted (per chunk of the
   // reconstruction pass) while the piece is in cache.
   constexpr uint64_t kChunkGroups = kChunkValues / kGroupValues;
@@ -281,11 +277,9 @@ uint64_t DifferenceReader::read(DType dtype, const uint8_t* section, uint64_t si
   open(section, size, n, value_bits);
   try {
     if (value_bits == 16) {
-      return reconstruct(reinterpret_cast<uint16_t*>(base), n, reinterpret_cast<uint16_t*>(out),
-                         checksum);
+      return reconstruct(reinterpret_cast<uint16_t*>(base), n, out, checksum);
     }
-    return reconstruct(reinterpret_cast<uint32_t*>(base), n, reinterpret_cast<uint32_t*>(out),
-                       checksum);
+    return reconstruct(reinterpret_cast<uint32_t*>(base), n, out, checksum);
   } catch (...) {
     revert(dtype, base, n);
     throw;

@@ -65,6 +65,39 @@ inline unsigned escape_bucket(uint32_t v) { return static_cast<unsigned>(std::bi
 CIERA_HD inline unsigned escape_extra_bits(unsigned bucket) { return bucket - (bucket != 0); }
 CIERA_HD inline uint64_t escape_base(unsigned bucket) { return (uint64_t{1} << bucket) >> 1; }
 
+// A pass's scratch: a chunk's z and its escaped z (room for `values` + 32), in the width of the
+// shard's values. One vector per width, so that no buffer is read through a pointer to another
+// type than its own.
+class ChunkScratch {
+ public:
+  template <typename U>
+  U* z(uint64_t values) {
+    return sized(pick<U>(z16_, z32_), values);
+  }
+  template <typename U>
+  U* escaped(uint64_t values) {
+    return sized(pick<U>(escaped16_, escaped32_), values + 32);
+  }
+
+ private:
+  template <typename U>
+  static std::vector<U>& pick(std::vector<uint16_t>& narrow, std::vector<uint32_t>& wide) {
+    static_assert(sizeof(U) == 2 || sizeof(U) == 4);
+    if constexpr (sizeof(U) == 2) {
+      return narrow;
+    } else {
+      return wide;
+    }
+  }
+  template <typename U>
+  static U* sized(std::vector<U>& v, uint64_t values) {
+    if (v.size() < values) v.resize(values);
+    return v.data();
+  }
+  std::vector<uint16_t> z16_, escaped16_;
+  std::vector<uint32_t> z32_, escaped32_;
+};
+
 // Sender side: codes `values` against `base` (what the receivers hold) and then makes `base`
 // equal to `values`, in one pass that also feeds `checksum`.
 class DifferenceWriter {
@@ -79,7 +112,7 @@ class DifferenceWriter {
 
  private:
   template <typename U>
-  void scan(const U* values, U* base, uint64_t n, format::ContentChecksum* checksum);
+  void scan(const uint8_t* values, U* base, uint64_t n, format::ContentChecksum* checksum);
   // Room for `escaped` more escapes of at most `max_extra_bits` extra bits each.
   void reserve_escapes(uint64_t escaped, unsigned max_extra_bits, SlackBitWriter& extra);
 
@@ -89,8 +122,7 @@ class DifferenceWriter {
   entropy::SymbolCounter<1u << kEscapeSymbolBits> escape_counter_;  // of escapes_, chunk by chunk
   std::vector<uint8_t> extra_;
   std::vector<uint8_t> scratch_;
-  std::vector<uint32_t> chunk_z_;
-  std::vector<uint32_t> chunk_escaped_;  // a chunk's escaped z, in order (16- or 32-bit)
+  ChunkScratch chunk_;
   uint64_t escape_count_ = 0;
   uint64_t changed_ = 0;
   uint64_t extra_bits_ = 0;
@@ -115,16 +147,15 @@ class DifferenceReader {
   template <typename U>
   void chunk_differences(uint64_t chunk, size_t count, U* z, const uint8_t*& escape, uint64_t& bit);
   template <typename U>
-  uint64_t reconstruct(U* base, uint64_t n, U* out, format::ContentChecksum* checksum);
+  uint64_t reconstruct(U* base, uint64_t n, uint8_t* out, format::ContentChecksum* checksum);
   template <typename U>
   void undo(U* base, uint64_t n);
 
   std::vector<uint8_t> groups_;
   std::vector<uint8_t> escapes_;
   std::vector<uint8_t> extra_;
-  std::vector<uint32_t> chunk_z_;
+  ChunkScratch chunk_;
   std::vector<uint32_t> chunk_escapes_;  // escaped values per chunk of the pass
-  std::vector<uint32_t> chunk_escaped_;  // a chunk's escaped z, in order (16- or 32-bit)
   const uint8_t* extra_data_ = nullptr;
   uint64_t applied_chunks_ = 0;  // chunks whose differences are in the base
 };

@@ -41,15 +41,17 @@ struct CodecKernels {
                          const uint16_t* offsets, uint32_t block_values, uint8_t exponent_mask,
                          FinePositionState& state, uint16_t* positions, uint8_t* steps);
 
-  // Value-delta frames, for 16-bit (…16) and 32-bit (…32) values. `differences`: for n values,
+  // Value-delta frames, for 16-bit (…16) and 32-bit (…32) values. `values` and `out` are the
+  // caller's shard, at any byte alignment (read and written as bytes); `base` and `z` are the
+  // codec's own, aligned to their type. `differences`: for n values,
   // z[i] = zigzag(to_ordered(values[i]) - to_ordered(base[i])) (codec/differences.hpp), then
   // base[i] = values[i] (non-temporal stores where `base` is on a cache line: call
   // format::stream_fence() before it is read on another thread); returns how many z[i] are
   // not 0. `group_symbols`: the symbols of
   // ceil(n / 3) groups of z (z holds zeros up to the next multiple of 3); returns how many of
   // the n values are escaped (z >= 3).
-  uint64_t (*differences16)(const uint16_t* values, uint16_t* base, size_t n, uint16_t* z);
-  uint64_t (*differences32)(const uint32_t* values, uint32_t* base, size_t n, uint32_t* z);
+  uint64_t (*differences16)(const uint8_t* values, uint16_t* base, size_t n, uint16_t* z);
+  uint64_t (*differences32)(const uint8_t* values, uint32_t* base, size_t n, uint32_t* z);
   uint64_t (*group_symbols16)(const uint16_t* z, size_t n, uint8_t* groups);
   uint64_t (*group_symbols32)(const uint32_t* z, size_t n, uint8_t* groups);
   // The inverse passes. `expand_groups`: z of 3 * groups values from their group symbols
@@ -60,8 +62,8 @@ struct CodecKernels {
   // not 0.
   void (*expand_groups16)(const uint8_t* groups, size_t groups_n, uint16_t* z);
   void (*expand_groups32)(const uint8_t* groups, size_t groups_n, uint32_t* z);
-  uint64_t (*apply_differences16)(uint16_t* base, const uint16_t* z, size_t n, uint16_t* out);
-  uint64_t (*apply_differences32)(uint32_t* base, const uint32_t* z, size_t n, uint32_t* out);
+  uint64_t (*apply_differences16)(uint16_t* base, const uint16_t* z, size_t n, uint8_t* out);
+  uint64_t (*apply_differences32)(uint32_t* base, const uint32_t* z, size_t n, uint8_t* out);
   // Escapes. `collect_escapes`: the z >= 3 of n values, in order, to `escaped` (room for n + 32);
   // returns how many. `place_escapes`: replaces each z == 3 of n values, in order, with the next
   // of `escaped` (which the caller has counted; 32 readable past the last).
