@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import operator
 import threading
+import weakref
 import time
 from dataclasses import dataclass
 
@@ -129,9 +130,12 @@ class Broadcaster:
             if policy == "delta":
                 # A value-delta stream needs no warmup: its frames are small from the second on.
                 config.warmup_steps = 0
-        # The group made for a "torch" transport, released by close(): one Broadcaster per
-        # evaluation pass would otherwise leave a gloo group (5 descriptors, 3 threads) each.
+        # The group made for a "torch" transport, released by close() or when the Broadcaster is
+        # collected unclosed: one Broadcaster per evaluation pass would otherwise leave a gloo
+        # group (5 descriptors, 3 threads) each. The exit handler releases what is left at exit.
         self._groups: list = []
+        self._release_groups = weakref.finalize(self, lifecycle.release_groups, self._groups)
+        self._release_groups.atexit = False
         native = make_transport(transport, process_group, config.timeout_s, made=self._groups)
         self.engine = _ext.Engine(native, config, layouts)
         lifecycle.register_engine(self.engine)
@@ -218,6 +222,12 @@ class Broadcaster:
             raise RuntimeError("Broadcaster.close: a broadcast() on this Broadcaster is in flight; close it after")
         try:
             lifecycle.close_engine(self.engine)
-            lifecycle.release_groups(self._groups)
+            self._release_groups()
         finally:
             self._calling.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -30,6 +30,7 @@ import datetime
 import math
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -433,6 +434,10 @@ class ZeroRedundancyOptimizer(_TorchZero):
         self._syncs: list[_DeviceSync] = []
         self._natives: dict[torch.device, object] = {}   # one transport per device, kept across rebuilds
         self._groups: list = []                           # the process groups those transports made
+        # Released by close(), or when the optimizer is collected unclosed (each group keeps 3
+        # threads and 5 descriptors); the exit handler releases what is left at exit.
+        self._release_groups = weakref.finalize(self, lifecycle.release_groups, self._groups)
+        self._release_groups.atexit = False
         self._builds = 0                                  # bucket builds that succeeded
         self._broken: str | None = None                   # why a rebuild failed: no step after it
         self._closed = False
@@ -670,7 +675,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
             if not self._closed:
                 self._close_engines()
                 self._natives.clear()
-                lifecycle.release_groups(self._groups)
+                self._release_groups()
                 self._closed = True
         finally:
             self._stepping.release()

@@ -274,6 +274,7 @@ def test_rebuilds_and_their_failures():
         # per rebuild (every rebuild made one, kept until exit); released by close().
         before, built, rebuilt = r["groups"]
         assert built == before + 2 and rebuilt == built and r["groups_after_close"] == before, (rank, r["groups"])
+        assert r["groups_of_dropped"] == 2 and r["groups_after_drop"] == before, (rank, r)   # collected unclosed
         assert r["add_group_after_close"] == f"ValueError: {name} is closed (close()); it takes no parameter group"
         error, seconds = r["fails_in_rebuild"]
         expected = ("RuntimeError: a closure that fails on rank 1" if rank == 1 else
@@ -311,4 +312,4 @@ def test_each_of_two_subgroups_syncs_and_broadcasts_on_groups_of_its_own():
     for rank, (equal, received, groups_left) in enumerate(results):
         assert all(equal), (rank, equal)
         assert received == [[10.0 * (rank // 2) + k] for k in range(3)], (rank, received)
-        assert groups_left == 0, (rank, groups_left)   # each Broadcaster's group released by close()
+        assert groups_left == 0, (rank, groups_left)   # each Broadcaster's group released by close() or collection

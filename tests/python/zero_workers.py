@@ -1,6 +1,7 @@
 """Rank bodies for test_zero.py (module-level so that spawned processes can import them)."""
 
 import copy
+import gc
 
 import torch
 import torch.distributed as dist
@@ -241,6 +242,12 @@ def rebuilds_and_their_failures(rank, world):
     out["groups"] = (groups_before, groups_built, len(lifecycle._own_groups))
     optimizer.close()
     out["groups_after_close"] = len(lifecycle._own_groups)
+    # Dropped without close(): its groups go when it is collected.
+    dropped = _optimizer(model(torch.bfloat16))
+    out["groups_of_dropped"] = len(lifecycle._own_groups) - groups_before
+    del dropped
+    gc.collect()
+    out["groups_after_drop"] = len(lifecycle._own_groups)
     out["add_group_after_close"] = _timed(
         lambda: optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))]}))[0]
 
@@ -344,7 +351,8 @@ def in_two_subgroups(rank, world):
     each subgroup are its members' alone (until stop 67 both took one name: the second group's
     connections failed; and a name torch derived from the groups each process holds came back
     after close(), or differed between members). Returns per step whether CIERA's parameters equal
-    PyTorch's, what the Broadcasters delivered, and how many process groups they left after close()."""
+    PyTorch's, what the Broadcasters delivered, and how many process groups they left after close()
+    (the second one: after it was collected unclosed; the third: at the end of a with block)."""
     from torch.distributed.distributed_c10d import _world
 
     group, _ = dist.new_subgroups_by_enumeration([[0, 1], [2, 3]])
@@ -375,8 +383,17 @@ def in_two_subgroups(rank, world):
     for round_ in range(3):   # each after the last one's group was destroyed: no name comes back
         x = torch.full((1000,), float(10 * index + round_) if dist.get_rank(group) == 0 else -1.0,
                        dtype=torch.bfloat16)
+        if round_ == 2:   # closed at the end of a with block
+            with Broadcaster([x], root=0, process_group=group, config=config) as bcast:
+                bcast.broadcast()
+            received.append(x.unique().tolist())
+            continue
         bcast = Broadcaster([x], root=0, process_group=group, config=config)
         bcast.broadcast()
         received.append(x.unique().tolist())
-        bcast.close()
+        if round_ == 1:   # dropped, not closed: its group goes when it is collected
+            del bcast
+            gc.collect()
+        else:
+            bcast.close()
     return equal, received, len(_world.pg_map) - groups
