@@ -7,8 +7,8 @@ training harness (:mod:`ciera.train`); ZeRO-1/2 parameter sync through CIERA is
 
 The codec itself, over NumPy arrays, bytes-like objects or CPU tensors::
 
-    encoder = ciera.ShardEncoder(ciera.CodecConfig(), values)   # sender, one per shard
-    decoder = ciera.ShardDecoder(ciera.CodecConfig(), values)   # receiver, one per peer shard
+    encoder = ciera.ShardEncoder(ciera.CodecConfig(), values.size)   # sender, one per shard
+    decoder = ciera.ShardDecoder(ciera.CodecConfig(), values.size)   # receiver, one per peer shard
     payload, stats = encoder.encode(shard)                      # every step
     decoder.decode(payload, out)                                # bit-exact, or ciera.FormatError
 
