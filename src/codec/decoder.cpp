@@ -20,6 +20,7 @@
 #include "codec/differences.hpp"
 #include "codec/kernels.hpp"
 #include "codec/limits.hpp"
+#include "codec/stream_position.hpp"
 #include "codec/wire.hpp"
 #include "common/bits.hpp"
 #include "common/bytes.hpp"
@@ -334,29 +335,29 @@ void ShardDecoder::Impl::check_stream(const wire::Header& h) const {
     throw FormatError(frame() + " cannot be decoded: a one-shot decoder takes one key frame" +
                       (decoded_any ? std::string(" and has decoded it") : std::string()));
   }
-  const bool next_in_epoch =
-      h.epoch == epoch && (!decoded_any || h.sequence == last_sequence + 1);
-  if (h.kind == FrameKind::kDelta || h.kind == FrameKind::kValueDelta) {
-    if (!has_cache) {
-      throw FormatError(frame() + " cannot be decoded: this decoder holds no " +
-                        (value_delta ? "previous values" : "exponent cache") +
-                        " and needs a key frame");
-    }
-    if (!next_in_epoch) throw FormatError("stale or out-of-sequence " + frame() + ": " + position());
-    return;
+  const bool key = h.kind != FrameKind::kDelta && h.kind != FrameKind::kValueDelta;
+  if (!key && !has_cache) {
+    throw FormatError(frame() + " cannot be decoded: this decoder holds no " +
+                      (value_delta ? "previous values" : "exponent cache") +
+                      " and needs a key frame");
   }
-  if (next_in_epoch) return;
-  const uint32_t ahead = h.epoch - epoch;  // serial-number arithmetic: wraps mod 2^32
-  if (h.epoch == epoch || ahead > uint32_t{1} << 31) {
-    throw FormatError("stale or out-of-sequence " + frame() + ": " + position());
-  }
-  if (!resync_requested) {
-    throw FormatError(frame() + " starts a new epoch, but this receiver asked for no "
-                      "resynchronisation (" + position() + ")");
-  }
-  if (ahead > kMaxResyncEpochs) {
-    throw FormatError(frame() + " is " + std::to_string(ahead) +
-                      " epochs ahead: not a resynchronisation of this stream (" + position() + ")");
+  uint32_t ahead = 0;
+  switch (codec::stream_position(h.epoch, h.sequence, epoch, last_sequence, decoded_any, key,
+                                 resync_requested, ahead)) {
+    case codec::StreamPosition::kNext:
+    case codec::StreamPosition::kResync:
+      return;
+    case codec::StreamPosition::kStale:
+      throw FormatError("stale or out-of-sequence " + frame() + ": " + position());
+    case codec::StreamPosition::kUnrequested:
+      throw FormatError(frame() +
+                        " starts a new epoch, but this receiver asked for no "
+                        "resynchronisation (" +
+                        position() + ")");
+    case codec::StreamPosition::kTooFarAhead:
+      throw FormatError(frame() + " is " + std::to_string(ahead) +
+                        " epochs ahead: not a resynchronisation of this stream (" + position() +
+                        ")");
   }
 }
 

@@ -35,6 +35,7 @@
 #include "ciera/config.hpp"
 #include "codec/differences.hpp"
 #include "codec/fine_alphabet.hpp"
+#include "codec/stream_position.hpp"
 #include "common/host_device.hpp"
 #include "entropy/rans_core.hpp"
 #include "entropy/rans_segment.hpp"
@@ -520,18 +521,19 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
   // The stream position (docs/format.md, "Streams").
   const DecodeState& st = *b.state;
   if (stream != st.stream) return fail(plan, kMisrouted, stream);
-  const bool next_in_epoch =
-      plan->epoch == st.epoch && (!st.decoded_any || plan->sequence == st.last_sequence + 1);
-  if (!key) {
-    if (!st.has_cache) return fail(plan, kNoCache);
-    if (!next_in_epoch) return fail(plan, kOutOfSequence, plan->epoch, plan->sequence);
-  } else if (!next_in_epoch) {
-    const uint32_t ahead = plan->epoch - st.epoch;
-    if (plan->epoch == st.epoch || ahead > (uint32_t{1} << 31)) {
+  if (!key && !st.has_cache) return fail(plan, kNoCache);
+  uint32_t ahead = 0;
+  switch (stream_position(plan->epoch, plan->sequence, st.epoch, st.last_sequence,
+                          st.decoded_any != 0, key, st.resync_requested != 0, ahead)) {
+    case StreamPosition::kNext:
+    case StreamPosition::kResync:
+      break;
+    case StreamPosition::kStale:
       return fail(plan, kOutOfSequence, plan->epoch, plan->sequence);
-    }
-    if (!st.resync_requested) return fail(plan, kUnrequestedEpoch, plan->epoch);
-    if (ahead > (uint32_t{1} << 16)) return fail(plan, kTooFarAhead, ahead);
+    case StreamPosition::kUnrequested:
+      return fail(plan, kUnrequestedEpoch, plan->epoch);
+    case StreamPosition::kTooFarAhead:
+      return fail(plan, kTooFarAhead, ahead);
   }
   plan->sign_mantissa_at = sm_at;
   plan->section_at = sm_at + sm_bytes;

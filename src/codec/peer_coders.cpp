@@ -11,6 +11,7 @@
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
 #include "ciera/peers.hpp"
+#include "codec/stream_position.hpp"
 #include "common/bytes.hpp"
 #include "common/checksum.hpp"
 
@@ -263,15 +264,24 @@ class PeerDecoder final : public PayloadDecoder {
     if (h.stream != stream_) reject("misrouted: it belongs to stream " + std::to_string(h.stream));
     const bool needs_base = h.kind == StreamKind::kSdp4bit && h.frame != PeerFrame::kValues;
     if (needs_base && !has_base_) reject("(" + frame + ") needs the values this receiver has not got yet");
-    const bool next_in_epoch = h.epoch == epoch_ && (!decoded_any_ || h.sequence == last_sequence_ + 1);
-    if (next_in_epoch) return;
-    const uint32_t ahead = h.epoch - epoch_;  // serial-number arithmetic
-    if (needs_base || h.epoch == epoch_ || ahead > uint32_t{1} << 31) {
-      reject("stale or out of sequence (" + frame + "; this decoder is at epoch " + std::to_string(epoch_) +
-             (decoded_any_ ? ", sequence " + std::to_string(last_sequence_) : std::string(", nothing decoded")) + ")");
+    uint32_t ahead = 0;
+    switch (codec::stream_position(h.epoch, h.sequence, epoch_, last_sequence_, decoded_any_,
+                                   !needs_base, resync_requested_, ahead)) {
+      case codec::StreamPosition::kNext:
+      case codec::StreamPosition::kResync:
+        return;
+      case codec::StreamPosition::kStale:
+        reject("stale or out of sequence (" + frame + "; this decoder is at epoch " +
+               std::to_string(epoch_) +
+               (decoded_any_ ? ", sequence " + std::to_string(last_sequence_)
+                             : std::string(", nothing decoded")) +
+               ")");
+      case codec::StreamPosition::kUnrequested:
+        reject("(" + frame +
+               ") starts a new epoch, but this receiver asked for no resynchronisation");
+      case codec::StreamPosition::kTooFarAhead:
+        reject("(" + frame + ") is not a resynchronisation of this stream");
     }
-    if (!resync_requested_) reject("(" + frame + ") starts a new epoch, but this receiver asked for no resynchronisation");
-    if (ahead > kMaxResyncEpochs) reject("(" + frame + ") is not a resynchronisation of this stream");
   }
 
   CodecConfig config_;
