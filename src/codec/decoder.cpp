@@ -30,6 +30,7 @@
 #include "entropy/symbol_stream.hpp"
 #include "format/content_checksum.hpp"
 #include "format/planes.hpp"
+#include "format/value_bits.hpp"
 
 namespace ciera {
 namespace {
@@ -485,11 +486,10 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   const uint8_t* bitmap = payload + wire::kHeaderBytes;
   const uint8_t* sm_plane = payload + h.sign_mantissa_at();
   const uint8_t* section = sm_plane + h.sign_mantissa_bytes;
-  if (config.dtype == DType::kFP16 && (3 * grid.num_values) % 8 != 0) {
-    const uint8_t padding = static_cast<uint8_t>(0xFFu << ((3 * grid.num_values) % 8));
-    if ((sm_plane[layout.total_bytes() - 1] & padding) != 0) {
-      throw FormatError("sign-mantissa plane has non-zero padding bits");
-    }
+  const uint8_t padding = format::bits::fp16_high3_padding_mask(grid.num_values);
+  if (config.dtype == DType::kFP16 && padding != 0 &&
+      (sm_plane[layout.total_bytes() - 1] & padding) != 0) {
+    throw FormatError("sign-mantissa plane has non-zero padding bits");
   }
   read_bitmap(bitmap, h);
 

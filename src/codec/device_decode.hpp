@@ -537,9 +537,9 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
   }
   plan->sign_mantissa_at = sm_at;
   plan->section_at = sm_at + sm_bytes;
-  if (c.dtype == 2 && (3 * n) % 8 != 0 && !differences) {
-    const uint8_t padding = static_cast<uint8_t>(0xFFu << ((3 * n) % 8));
-    if ((p[sm_at + sm_bytes - 1] & padding) != 0) return fail(plan, kSignMantissaPadding);
+  const uint8_t padding = format::bits::fp16_high3_padding_mask(n);
+  if (c.dtype == 2 && !differences && padding != 0 && (p[sm_at + sm_bytes - 1] & padding) != 0) {
+    return fail(plan, kSignMantissaPadding);
   }
   // The bitmap: each changed block's place in `decoded`.
   uint64_t symbols = 0;

@@ -39,6 +39,12 @@ CIERA_HD inline uint32_t fp16_pack_high3(const uint8_t* high3, unsigned count) {
 CIERA_HD inline uint8_t fp16_unpack_high3(uint32_t word, unsigned i) {
   return static_cast<uint8_t>((word >> (3 * i)) & 0x7);
 }
+// The bits of the packed 3-bit plane's last byte (of a plane of n values) that no value
+// occupies, which the wire requires to be 0; 0 where the 3n bits fill whole bytes.
+CIERA_HD inline uint8_t fp16_high3_padding_mask(uint64_t n) {
+  const unsigned used = static_cast<unsigned>((3 * n) % 8);
+  return used == 0 ? uint8_t{0} : static_cast<uint8_t>(0xFFu << used);
+}
 
 // FP32: exponent bits 30..23; a byte (sign << 7) | mantissa[22:16]; mantissa[15:0].
 CIERA_HD inline uint8_t fp32_exponent(uint32_t x) { return static_cast<uint8_t>(x >> 23); }
