@@ -41,7 +41,7 @@ std::string mismatch(const char* what, const std::string& payload, const std::st
 
 void skip_stream(ByteReader& reader) {
   reader.need(entropy::kStreamHeaderBytes);
-  const uint64_t body = load_le64(reader.cursor() + 2);
+  const uint64_t body = load_le64(reader.cursor() + entropy::kStreamBodyBytesAt);
   reader.take(entropy::kStreamHeaderBytes);
   reader.take(body);
 }

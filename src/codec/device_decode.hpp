@@ -36,14 +36,34 @@
 #include "codec/differences.hpp"
 #include "codec/fine_alphabet.hpp"
 #include "codec/stream_position.hpp"
+#include "codec/wire.hpp"
 #include "common/host_device.hpp"
 #include "entropy/rans_core.hpp"
 #include "entropy/rans_segment.hpp"
+#include "entropy/stream_header.hpp"
 #include "format/content_checksum.hpp"
 #include "format/value_bits.hpp"
 #include "format/xxh3.hpp"
 
 namespace ciera::codec::device {
+
+// The wire codes the steps compare, as the integers the plan holds (docs/format.md; the enums of
+// ciera/codec.hpp, ciera/dtype.hpp and entropy/stream_header.hpp).
+inline constexpr uint32_t kKeyFrame = static_cast<uint32_t>(FrameKind::kKey);
+inline constexpr uint32_t kExponentDeltaFrame = static_cast<uint32_t>(FrameKind::kDelta);
+inline constexpr uint32_t kValueDeltaFrame = static_cast<uint32_t>(FrameKind::kValueDelta);
+inline constexpr uint32_t kFullSection = static_cast<uint32_t>(ExponentSection::kFull);
+inline constexpr uint32_t kUnchangedSection = static_cast<uint32_t>(ExponentSection::kUnchanged);
+inline constexpr uint32_t kBlockSection = static_cast<uint32_t>(ExponentSection::kBlock);
+inline constexpr uint32_t kFineSection = static_cast<uint32_t>(ExponentSection::kFine);
+inline constexpr uint32_t kDifferencesSection =
+    static_cast<uint32_t>(ExponentSection::kDifferences);
+inline constexpr uint32_t kPackedStream = static_cast<uint32_t>(entropy::StreamMethod::kPacked);
+inline constexpr uint32_t kConstantStream = static_cast<uint32_t>(entropy::StreamMethod::kConstant);
+inline constexpr uint32_t kRansStream = static_cast<uint32_t>(entropy::StreamMethod::kRans);
+inline constexpr uint32_t kBf16Code = static_cast<uint32_t>(DType::kBF16);
+inline constexpr uint32_t kFp16Code = static_cast<uint32_t>(DType::kFP16);
+inline constexpr uint32_t kFp32Code = static_cast<uint32_t>(DType::kFP32);
 
 // Why a frame was refused; the host words it (cuda::ShardDecoder), with detail[0..1].
 enum Status : uint32_t {
@@ -235,28 +255,30 @@ CIERA_HD inline uint32_t read_bits(const uint8_t* data, uint64_t size, uint64_t 
 CIERA_HD inline uint64_t plan_stream(const uint8_t* p, uint64_t at, uint64_t end, uint64_t symbols,
                                      uint32_t max_symbol, uint32_t which, StreamPlan* sp,
                                      DecodePlan* plan) {
-  if (end - at < 10) return fail(plan, kStreamMalformed, which), 0;
+  constexpr uint64_t kHeader = entropy::kStreamHeaderBytes;
+  if (end - at < kHeader) return fail(plan, kStreamMalformed, which), 0;
   const uint32_t method = p[at];
-  const uint32_t arg = p[at + 1];
-  const uint64_t body = rd64(p + at + 2);
-  if (body > end - at - 10) return fail(plan, kStreamMalformed, which), 0;
+  const uint32_t arg = p[at + entropy::kStreamArgumentAt];
+  const uint64_t body = rd64(p + at + entropy::kStreamBodyBytesAt);
+  if (body > end - at - kHeader) return fail(plan, kStreamMalformed, which), 0;
   sp->method = method;
   sp->symbols = symbols;
   sp->max_symbol = max_symbol;
-  sp->body_at = at + 10;
+  sp->body_at = at + kHeader;
   sp->body_bytes = body;
-  if (symbols == 0 && !(method == 0 && arg == 1)) return fail(plan, kStreamMalformed, which), 0;
-  if (method == 0) {
+  if (symbols == 0 && !(method == kPackedStream && arg == 1))
+    return fail(plan, kStreamMalformed, which), 0;
+  if (method == kPackedStream) {
     if (arg < 1 || arg > 8 || body != (symbols * arg + 7) / 8) return fail(plan, kStreamMalformed, which), 0;
     sp->width = arg;
     const uint64_t used = symbols * arg;
     if (used % 8 != 0 && (p[sp->body_at + body - 1] >> (used % 8)) != 0) {
       return fail(plan, kStreamMalformed, which), 0;  // non-zero padding bits
     }
-  } else if (method == 1) {
+  } else if (method == kConstantStream) {
     if (body != 0 || arg > max_symbol) return fail(plan, kStreamMalformed, which), 0;
     sp->constant = arg;
-  } else if (method == 2) {
+  } else if (method == kRansStream) {
     if (arg != 0) return fail(plan, kStreamMalformed, which), 0;
     // Table: first, last, then LEB128 frequencies summing to kRansTotal.
     uint64_t q = sp->body_at;
@@ -298,7 +320,18 @@ CIERA_HD inline uint64_t plan_stream(const uint8_t* p, uint64_t at, uint64_t end
   } else {
     return fail(plan, kStreamMalformed, which), 0;
   }
-  return at + 10 + body;
+  return at + kHeader + body;
+}
+
+// The end of the symbol stream at `at`, its header read for the body's length alone; 0 (the plan
+// failed, naming stream `which`) where it does not fit before `end`.
+CIERA_HD inline uint64_t skip_stream(const uint8_t* p, uint64_t at, uint64_t end, uint32_t which,
+                                     DecodePlan* plan) {
+  constexpr uint64_t kHeader = entropy::kStreamHeaderBytes;
+  if (end - at < kHeader) return fail(plan, kStreamMalformed, which), 0;
+  const uint64_t body = rd64(p + at + entropy::kStreamBodyBytesAt);
+  if (body > end - at - kHeader) return fail(plan, kStreamMalformed, which), 0;
+  return at + kHeader + body;
 }
 
 // Validates a rANS stream's segment lengths and writes each segment's offset from the first
@@ -387,7 +420,7 @@ CIERA_HD inline bool open_sequential(SequentialStream& s, const uint8_t* payload
   s.read = 0;
   s.max_read = 0;
   s.min_read = 0xFF;
-  if (sp.method == 2) {
+  if (sp.method == kRansStream) {
     for (unsigned sym = 0; sym < 256; ++sym) {
       for (uint32_t slot = sp.start[sym]; slot < uint32_t{sp.start[sym]} + sp.freq[sym]; ++slot) {
         slots[slot] = entropy::rans_slot_entry(sym, sp.freq[sym], sp.start[sym]);
@@ -413,9 +446,9 @@ CIERA_HD inline bool next_symbol(SequentialStream& s, uint32_t* symbol) {
   const StreamPlan& sp = *s.plan;
   if (s.read >= sp.symbols) return false;
   uint32_t v = 0;
-  if (sp.method == 0) {
+  if (sp.method == kPackedStream) {
     v = read_bits(s.body, sp.body_bytes, s.read * sp.width, sp.width);
-  } else if (sp.method == 1) {
+  } else if (sp.method == kConstantStream) {
     v = sp.constant;
   } else {
     if (s.local == entropy::kRansSegmentSymbols) {
@@ -446,11 +479,11 @@ CIERA_HD inline bool next_symbol(SequentialStream& s, uint32_t* symbol) {
 CIERA_HD inline bool finish_sequential(const SequentialStream& s) {
   const StreamPlan& sp = *s.plan;
   if (s.read != sp.symbols) return false;
-  if (sp.method == 0 && sp.symbols > 0) {
+  if (sp.method == kPackedStream && sp.symbols > 0) {
     const unsigned w = bit_width(s.max_read);
     if (sp.width != (w < 1 ? 1 : w) || s.min_read == s.max_read) return false;
   }
-  if (sp.method == 2) return rans_close_segment(s);
+  if (sp.method == kRansStream) return rans_close_segment(s);
   return true;
 }
 
@@ -462,44 +495,54 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
   *plan = DecodePlan{};
   const uint8_t* p = b.payload;
   const uint64_t size = b.payload_bytes;
-  if (size < 80) return fail(plan, kTruncated);
-  if (rd32(p) != 0x52454943u) return fail(plan, kBadMagic);
-  if (p[4] != 5) return fail(plan, kBadVersion, p[4]);
-  if (rd32(p + 72) != static_cast<uint32_t>(format::xxh3::hash64(p, 72, b.secret))) {
+  namespace field = wire::field;
+  if (size < wire::kHeaderBytes) return fail(plan, kTruncated);
+  if (rd32(p + field::kMagic) != wire::kMagic) return fail(plan, kBadMagic);
+  if (p[field::kVersion] != wire::kVersion) return fail(plan, kBadVersion, p[field::kVersion]);
+  if (rd32(p + field::kHeaderChecksum) !=
+      static_cast<uint32_t>(format::xxh3::hash64(p, field::kHeaderChecksum, b.secret))) {
     return fail(plan, kHeaderChecksum);
   }
-  if (rd16(p + 10) != 0 || rd32(p + 76) != 0) return fail(plan, kReservedNonZero);
-  if (p[5] < 1 || p[5] > 3) return fail(plan, kBadCode, 5, p[5]);
-  if (p[6] < 1 || p[6] > 3) return fail(plan, kBadCode, 6, p[6]);
-  if (p[7] > 4) return fail(plan, kBadCode, 7, p[7]);
-  const bool key = p[6] == 1;
-  const bool differences = p[6] == 3;  // a value-delta frame
+  if (rd16(p + field::kReserved16) != 0 || rd32(p + field::kReserved32) != 0) {
+    return fail(plan, kReservedNonZero);
+  }
+  const uint32_t dtype = p[field::kDtype], kind = p[field::kKind], section = p[field::kSection];
+  if (dtype < kBf16Code || dtype > kFp32Code) return fail(plan, kBadCode, field::kDtype, dtype);
+  if (kind < kKeyFrame || kind > kValueDeltaFrame) return fail(plan, kBadCode, field::kKind, kind);
+  if (section > kDifferencesSection) return fail(plan, kBadCode, field::kSection, section);
+  const bool key = kind == kKeyFrame;
+  const bool differences = kind == kValueDeltaFrame;
   // Key frames: full; exponent-delta frames: unchanged, block or fine; value-delta frames:
   // unchanged or differences.
-  const bool paired = key ? p[7] == 0 : differences ? (p[7] == 1 || p[7] == 4) : (p[7] >= 1 && p[7] <= 3);
+  const bool paired = key ? section == kFullSection
+                      : differences
+                          ? (section == kUnchangedSection || section == kDifferencesSection)
+                          : (section >= kUnchangedSection && section <= kFineSection);
   if (!paired) return fail(plan, kKindSectionMismatch);
-  const uint16_t flags = rd16(p + 8);
-  if ((flags & ~1u) != 0) return fail(plan, kBadFlags, flags);
-  const uint32_t block_values = rd32(p + 12);
-  if (block_values < 64 || block_values > 4096) return fail(plan, kBadBlockSize, block_values);
-  const uint64_t n = rd64(p + 16);
-  plan->kind = p[6];
-  plan->section = p[7];
-  plan->epoch = rd32(p + 24);
-  const uint32_t stream = rd32(p + 28);
-  plan->sequence = rd64(p + 32);
-  const uint64_t bitmap_bytes = rd64(p + 40);
-  const uint64_t sm_bytes = rd64(p + 48);
-  plan->exponent_bytes = rd64(p + 56);
-  plan->content_checksum = rd64(p + 64);
-  plan->has_checksum = flags & 1u;
+  const uint16_t flags = rd16(p + field::kFlags);
+  if ((flags & ~uint32_t{wire::kFlagContentChecksum}) != 0) return fail(plan, kBadFlags, flags);
+  const uint32_t block_values = rd32(p + field::kBlockValues);
+  if (block_values < CodecConfig::kMinBlockValues || block_values > CodecConfig::kMaxBlockValues) {
+    return fail(plan, kBadBlockSize, block_values);
+  }
+  const uint64_t n = rd64(p + field::kNumValues);
+  plan->kind = kind;
+  plan->section = section;
+  plan->epoch = rd32(p + field::kEpoch);
+  const uint32_t stream = rd32(p + field::kStream);
+  plan->sequence = rd64(p + field::kSequence);
+  const uint64_t bitmap_bytes = rd64(p + field::kBitmapBytes);
+  const uint64_t sm_bytes = rd64(p + field::kSignMantissaBytes);
+  plan->exponent_bytes = rd64(p + field::kExponentBytes);
+  plan->content_checksum = rd64(p + field::kContentChecksum);
+  plan->has_checksum = (flags & wire::kFlagContentChecksum) != 0;
   if (!plan->has_checksum && plan->content_checksum != 0) return fail(plan, kChecksumWithoutFlag);
   // Section lengths, one at a time against what is there (format "Header").
-  uint64_t left = size - 80;
+  uint64_t left = size - wire::kHeaderBytes;
   if (bitmap_bytes > left) return fail(plan, kTruncated);
   left -= bitmap_bytes;
-  const uint64_t bitmap_end = 80 + bitmap_bytes;
-  const uint64_t sm_at = sm_bytes < (64 * 1024) ? bitmap_end : (bitmap_end + 63) / 64 * 64;
+  const uint64_t bitmap_end = wire::kHeaderBytes + bitmap_bytes;
+  const uint64_t sm_at = wire::sign_mantissa_offset(bitmap_bytes, sm_bytes);
   if (sm_at - bitmap_end > left) return fail(plan, kTruncated);
   left -= sm_at - bitmap_end;
   if (sm_bytes > left) return fail(plan, kTruncated);
@@ -511,12 +554,18 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
     if (p[at] != 0) return fail(plan, kPaddingNonZero, at);
   }
   // Against this decoder's configuration.
-  if (p[5] != c.dtype) return fail(plan, kConfigMismatch, 5, p[5]);
-  if (block_values != c.block_values) return fail(plan, kConfigMismatch, 12, block_values);
-  if (n != c.num_values) return fail(plan, kConfigMismatch, 16, n);
-  if (c.value_delta ? p[6] == 2 : differences) return fail(plan, kWrongStreamKind, p[6]);
-  if (sm_bytes != (differences ? 0 : c.sign_mantissa_bytes)) return fail(plan, kConfigMismatch, 48, sm_bytes);
-  if (bitmap_bytes != (p[6] == 2 ? c.bitmap_bytes : 0)) return fail(plan, kConfigMismatch, 40, bitmap_bytes);
+  if (dtype != c.dtype) return fail(plan, kConfigMismatch, field::kDtype, dtype);
+  if (block_values != c.block_values)
+    return fail(plan, kConfigMismatch, field::kBlockValues, block_values);
+  if (n != c.num_values) return fail(plan, kConfigMismatch, field::kNumValues, n);
+  if (c.value_delta ? kind == kExponentDeltaFrame : differences)
+    return fail(plan, kWrongStreamKind, kind);
+  if (sm_bytes != (differences ? 0 : c.sign_mantissa_bytes)) {
+    return fail(plan, kConfigMismatch, field::kSignMantissaBytes, sm_bytes);
+  }
+  if (bitmap_bytes != (kind == kExponentDeltaFrame ? c.bitmap_bytes : 0)) {
+    return fail(plan, kConfigMismatch, field::kBitmapBytes, bitmap_bytes);
+  }
   if (c.require_checksum && !plan->has_checksum) return fail(plan, kChecksumRequired);
   // The stream position (docs/format.md, "Streams").
   const DecodeState& st = *b.state;
@@ -538,7 +587,8 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
   plan->sign_mantissa_at = sm_at;
   plan->section_at = sm_at + sm_bytes;
   const uint8_t padding = format::bits::fp16_high3_padding_mask(n);
-  if (c.dtype == 2 && !differences && padding != 0 && (p[sm_at + sm_bytes - 1] & padding) != 0) {
+  if (c.dtype == kFp16Code && !differences && padding != 0 &&
+      (p[sm_at + sm_bytes - 1] & padding) != 0) {
     return fail(plan, kSignMantissaPadding);
   }
   // The bitmap: each changed block's place in `decoded`.
@@ -550,7 +600,7 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
     symbols = (n + kGroupValues - 1) / kGroupValues;  // the groups stream
   } else {
     for (uint64_t byte = 0; byte < bitmap_bytes; ++byte) {
-      const uint8_t bits = p[80 + byte];
+      const uint8_t bits = p[wire::kHeaderBytes + byte];
       for (unsigned k = 0; k < 8; ++k) {
         const uint64_t block = 8 * byte + k;
         const bool set = (bits >> k) & 1u;
@@ -571,39 +621,45 @@ CIERA_HD inline void plan_frame(const Buffers& b, const DecodeConfig& c) {
   }
   plan->changed_blocks = changed;
   plan->block_symbols = symbols;
-  const uint32_t section = plan->section;
-  if (section == 1 && changed != 0) return fail(plan, kSectionBitmapMismatch);
-  if ((section == 2 || section == 3) && changed == 0) return fail(plan, kSectionBitmapMismatch);
-  if (section == 1 && plan->exponent_bytes != 0) return fail(plan, kTrailingBytes, plan->exponent_bytes);
-  if (section == 0 || section == 2) {
+  if (section == kUnchangedSection && changed != 0) return fail(plan, kSectionBitmapMismatch);
+  if ((section == kBlockSection || section == kFineSection) && changed == 0)
+    return fail(plan, kSectionBitmapMismatch);
+  if (section == kUnchangedSection && plan->exponent_bytes != 0)
+    return fail(plan, kTrailingBytes, plan->exponent_bytes);
+  if (section == kFullSection || section == kBlockSection) {
     const uint64_t end = plan->section_at + plan->exponent_bytes;
     const uint32_t max_exponent = (1u << c.exponent_bits) - 1;
     const uint64_t past = plan_stream(p, plan->section_at, end, symbols, max_exponent, 0, &plan->exps, plan);
     if (past == 0) return;
     if (past != end) return fail(plan, kTrailingBytes, end - past);
-    if (plan->exps.method == 2 && !plan_segments(p, plan->exps, b.segment_offsets, 0, plan)) return;
+    if (plan->exps.method == kRansStream &&
+        !plan_segments(p, plan->exps, b.segment_offsets, 0, plan))
+      return;
   }
-  if (section == 4) {
+  if (section == kDifferencesSection) {
     // The groups stream; the escapes stream and the extra bits follow it (difference_plan_step).
     const uint64_t end = plan->section_at + plan->exponent_bytes;
     const uint64_t past = plan_stream(p, plan->section_at, end, symbols, (1u << kGroupSymbolBits) - 1,
                                       kGroupStreamId, &plan->exps, plan);
     if (past == 0) return;
     plan->groups_end = past;
-    if (plan->exps.method == 2 && !plan_segments(p, plan->exps, b.segment_offsets, kGroupStreamId, plan)) return;
+    if (plan->exps.method == kRansStream &&
+        !plan_segments(p, plan->exps, b.segment_offsets, kGroupStreamId, plan))
+      return;
   }
 }
 
 // Whether the frame's first stream (plan->exps) is decoded by the per-symbol and per-segment
 // steps: the full or block exponent stream, or a value-delta frame's groups stream.
 CIERA_HD inline bool exps_stream_used(const DecodePlan& plan) {
-  return plan.section == 0 || plan.section == 2 || plan.section == 4;
+  return plan.section == kFullSection || plan.section == kBlockSection ||
+         plan.section == kDifferencesSection;
 }
 
 // slots: one thread per slot (kRansTotal), when the full/block stream is rANS.
 CIERA_HD inline void slots_step(const Buffers& b, uint32_t slot) {
   const DecodePlan& plan = *b.plan;
-  if (plan.status != kOk || !exps_stream_used(plan) || plan.exps.method != 2) return;
+  if (plan.status != kOk || !exps_stream_used(plan) || plan.exps.method != kRansStream) return;
   fill_slot(plan.exps, b.slots, slot);
 }
 
@@ -612,11 +668,13 @@ CIERA_HD inline void symbol_step(const Buffers& b, uint64_t i) {
   DecodePlan* plan = b.plan;
   if (plan->status != kOk || !exps_stream_used(*plan)) return;
   const StreamPlan& sp = plan->exps;
-  if (sp.method == 2 || i >= sp.symbols) return;
+  if (sp.method == kRansStream || i >= sp.symbols) return;
   uint32_t v = sp.constant;
-  if (sp.method == 0) {
+  if (sp.method == kPackedStream) {
     v = read_bits(b.payload + sp.body_at, sp.body_bytes, i * sp.width, sp.width);
-    if (v > sp.max_symbol) return fail(plan, kSymbolTooLarge, plan->section == 4 ? uint32_t{kGroupStreamId} : 0u, v);
+    if (v > sp.max_symbol)
+      return fail(plan, kSymbolTooLarge,
+                  plan->section == kDifferencesSection ? uint32_t{kGroupStreamId} : 0u, v);
     atomic_max(&plan->max_packed, v);
     if (v != read_bits(b.payload + sp.body_at, sp.body_bytes, 0, sp.width)) {
       atomic_max(&plan->packed_varied, 1u);
@@ -630,14 +688,15 @@ CIERA_HD inline void segment_step(const Buffers& b, uint64_t j) {
   DecodePlan* plan = b.plan;
   if (plan->status != kOk || !exps_stream_used(*plan)) return;
   const StreamPlan& sp = plan->exps;
-  if (sp.method != 2 || j >= sp.segments) return;
+  if (sp.method != kRansStream || j >= sp.segments) return;
   const uint64_t first = j * entropy::kRansSegmentSymbols;
   const uint64_t count = sp.symbols - first < entropy::kRansSegmentSymbols ? sp.symbols - first
                                                                           : entropy::kRansSegmentSymbols;
   const uint64_t begin = b.segment_offsets[j];
   if (!entropy::rans_decode_segment(b.slots, b.payload + sp.body_at + begin,
                                     b.segment_offsets[j + 1] - begin, count, b.decoded + first)) {
-    return fail(plan, kStreamMalformed, plan->section == 4 ? uint32_t{kGroupStreamId} : 0u);
+    return fail(plan, kStreamMalformed,
+                plan->section == kDifferencesSection ? uint32_t{kGroupStreamId} : 0u);
   }
   // A rANS symbol above the largest allowed can only come from a table entry the table check
   // already bounded (last <= max_symbol).
@@ -646,7 +705,7 @@ CIERA_HD inline void segment_step(const Buffers& b, uint64_t j) {
 // expand: fine frames, one thread per value: a changed block's cached exponents into `decoded`.
 CIERA_HD inline void expand_step(const Buffers& b, const DecodeConfig& c, uint64_t i) {
   const DecodePlan& plan = *b.plan;
-  if (plan.status != kOk || plan.section != 3 || i >= c.num_values) return;
+  if (plan.status != kOk || plan.section != kFineSection || i >= c.num_values) return;
   const uint64_t block = i / c.block_values;
   const uint64_t offset = b.block_offset[block];
   if (offset != kNotChanged) b.decoded[offset + (i - block * c.block_values)] = b.cache[i];
@@ -656,7 +715,7 @@ CIERA_HD inline void expand_step(const Buffers& b, const DecodeConfig& c, uint64
 // "Exponent section", fine). Mirrors the CPU decoder's decode_fine check for check.
 CIERA_HD inline void fine_step(const Buffers& b, const DecodeConfig& c) {
   DecodePlan* plan = b.plan;
-  if (plan->status != kOk || plan->section != 3) return;
+  if (plan->status != kOk || plan->section != kFineSection) return;
   const uint8_t* p = b.payload;
   const uint64_t end = plan->section_at + plan->exponent_bytes;
   const uint64_t blocks = plan->changed_blocks;
@@ -669,15 +728,11 @@ CIERA_HD inline void fine_step(const Buffers& b, const DecodeConfig& c) {
   if (at == 0) return;
   // The changes and escapes streams' symbol counts depend on the counts: plan them after.
   const uint64_t changes_at = at;
-  if (end - at < 10) return fail(plan, kStreamMalformed, 2);
-  const uint64_t changes_body = rd64(p + at + 2);
-  if (changes_body > end - at - 10) return fail(plan, kStreamMalformed, 2);
-  at += 10 + changes_body;
+  at = skip_stream(p, at, end, 2, plan);
+  if (at == 0) return;
   const uint64_t escapes_at = at;
-  if (end - at < 10) return fail(plan, kStreamMalformed, 3);
-  const uint64_t escapes_body = rd64(p + at + 2);
-  if (escapes_body > end - at - 10) return fail(plan, kStreamMalformed, 3);
-  at += 10 + escapes_body;
+  at = skip_stream(p, at, end, 3, plan);
+  if (at == 0) return;
   if (end - at < 8) return fail(plan, kStreamMalformed, 3);
   const uint64_t extra_bytes = rd64(p + at);
   at += 8;
@@ -782,10 +837,11 @@ CIERA_HD inline void fine_step(const Buffers& b, const DecodeConfig& c) {
 CIERA_HD inline void finish_step(const Buffers& b) {
   DecodePlan* plan = b.plan;
   if (plan->status != kOk || !exps_stream_used(*plan)) return;
-  if (plan->exps.method == 0 && plan->exps.symbols > 0) {
+  if (plan->exps.method == kPackedStream && plan->exps.symbols > 0) {
     const unsigned w = bit_width(plan->max_packed);
     if (plan->exps.width != (w < 1 ? 1 : w) || plan->packed_varied == 0) {
-      fail(plan, kStreamMalformed, plan->section == 4 ? uint32_t{kGroupStreamId} : 0u);
+      fail(plan, kStreamMalformed,
+           plan->section == kDifferencesSection ? uint32_t{kGroupStreamId} : 0u);
     }
   }
 }
@@ -796,7 +852,7 @@ CIERA_HD inline void finish_step(const Buffers& b) {
 // decoder's check in its block branch.
 CIERA_HD inline void block_changed_step(const Buffers& b, const DecodeConfig& c, uint64_t block) {
   DecodePlan* plan = b.plan;
-  if (plan->status != kOk || plan->section != 2) return;
+  if (plan->status != kOk || plan->section != kBlockSection) return;
   const uint64_t first = block * c.block_values;
   if (first >= c.num_values || b.block_offset[block] == kNotChanged) return;
   const uint64_t offset = b.block_offset[block];
@@ -821,7 +877,7 @@ CIERA_HD inline uint64_t difference_group_chunks(uint64_t n) {
 }
 
 CIERA_HD inline bool differences_pending(const DecodePlan& plan) {
-  return plan.status == kOk && plan.kind == 3 && plan.section == 4;
+  return plan.status == kOk && plan.kind == kValueDeltaFrame && plan.section == kDifferencesSection;
 }
 
 // Escaped values of a group symbol: the set bits of (s & s >> 1) & 0x15.
@@ -866,7 +922,7 @@ CIERA_HD inline void difference_plan_step(const Buffers& b, const DecodeConfig& 
   const uint64_t past = plan_stream(p, plan->groups_end, end, escapes, 8u * c.value_bytes,
                                     kDifferenceEscapeStreamId, &plan->escapes, plan);
   if (past == 0) return;
-  if (plan->escapes.method == 2 &&
+  if (plan->escapes.method == kRansStream &&
       !plan_segments(p, plan->escapes, b.escape_offsets, kDifferenceEscapeStreamId, plan)) {
     return;
   }
@@ -882,7 +938,7 @@ CIERA_HD inline void difference_plan_step(const Buffers& b, const DecodeConfig& 
 // (packed or constant: one thread per symbol; rANS: one per segment), its packed width.
 CIERA_HD inline void escape_slots_step(const Buffers& b, uint32_t slot) {
   const DecodePlan& plan = *b.plan;
-  if (!differences_pending(plan) || plan.escapes.method != 2) return;
+  if (!differences_pending(plan) || plan.escapes.method != kRansStream) return;
   fill_slot(plan.escapes, b.fine_slots, slot);
 }
 
@@ -890,9 +946,9 @@ CIERA_HD inline void escape_symbol_step(const Buffers& b, uint64_t i) {
   DecodePlan* plan = b.plan;
   if (!differences_pending(*plan)) return;
   const StreamPlan& sp = plan->escapes;
-  if (sp.method == 2 || i >= sp.symbols) return;
+  if (sp.method == kRansStream || i >= sp.symbols) return;
   uint32_t v = sp.constant;
-  if (sp.method == 0) {
+  if (sp.method == kPackedStream) {
     v = read_bits(b.payload + sp.body_at, sp.body_bytes, i * sp.width, sp.width);
     if (v > sp.max_symbol) return fail(plan, kSymbolTooLarge, kDifferenceEscapeStreamId, v);
     atomic_max(&plan->max_packed_escape, v);
@@ -907,7 +963,7 @@ CIERA_HD inline void escape_segment_step(const Buffers& b, uint64_t j) {
   DecodePlan* plan = b.plan;
   if (!differences_pending(*plan)) return;
   const StreamPlan& sp = plan->escapes;
-  if (sp.method != 2 || j >= sp.segments) return;
+  if (sp.method != kRansStream || j >= sp.segments) return;
   const uint64_t first = j * entropy::kRansSegmentSymbols;
   const uint64_t count = sp.symbols - first < entropy::kRansSegmentSymbols ? sp.symbols - first
                                                                           : entropy::kRansSegmentSymbols;
@@ -921,7 +977,7 @@ CIERA_HD inline void escape_segment_step(const Buffers& b, uint64_t j) {
 CIERA_HD inline void escape_finish_step(const Buffers& b) {
   DecodePlan* plan = b.plan;
   if (!differences_pending(*plan)) return;
-  if (plan->escapes.method == 0 && plan->escapes.symbols > 0) {
+  if (plan->escapes.method == kPackedStream && plan->escapes.symbols > 0) {
     const unsigned w = bit_width(plan->max_packed_escape);
     if (plan->escapes.width != (w < 1 ? 1 : w) || plan->packed_escape_varied == 0) {
       fail(plan, kStreamMalformed, kDifferenceEscapeStreamId);
@@ -1009,7 +1065,9 @@ CIERA_HD inline void difference_apply_step(const Buffers& b, const DecodeConfig&
 // An 'unchanged' value-delta frame: the cached values are the output (one thread per value).
 CIERA_HD inline void difference_unchanged_step(const Buffers& b, const DecodeConfig& c, uint64_t i) {
   const DecodePlan& plan = *b.plan;
-  if (plan.status != kOk || plan.kind != 3 || plan.section != 1 || i >= c.num_values) return;
+  if (plan.status != kOk || plan.kind != kValueDeltaFrame || plan.section != kUnchangedSection ||
+      i >= c.num_values)
+    return;
   for (unsigned k = 0; k < c.value_bytes; ++k) b.out[c.value_bytes * i + k] = b.values[c.value_bytes * i + k];
 }
 
@@ -1021,7 +1079,7 @@ CIERA_HD inline void difference_changed_step(const Buffers& b) {
 
 // The exponent value i has after this frame.
 CIERA_HD inline uint8_t new_exponent(const Buffers& b, const DecodeConfig& c, uint64_t i) {
-  if (b.plan->section == 0) return b.decoded[i];
+  if (b.plan->section == kFullSection) return b.decoded[i];
   const uint64_t block = i / c.block_values;
   const uint64_t offset = b.block_offset[block];
   return offset == kNotChanged ? b.cache[i] : b.decoded[offset + (i - block * c.block_values)];
@@ -1029,7 +1087,7 @@ CIERA_HD inline uint8_t new_exponent(const Buffers& b, const DecodeConfig& c, ui
 
 // merge: BF16/FP32 one thread per value, FP16 one per 8 values (3 bytes of the 3-bit plane).
 CIERA_HD inline void merge_step(const Buffers& b, const DecodeConfig& c, uint64_t g) {
-  if (b.plan->status != kOk || b.plan->kind == 3) return;
+  if (b.plan->status != kOk || b.plan->kind == kValueDeltaFrame) return;
   format::bits::merge_group(c.dtype, [&](uint64_t i) { return new_exponent(b, c, i); },
                             b.payload + b.plan->sign_mantissa_at, c.num_values, g, b.out);
 }
@@ -1058,12 +1116,12 @@ CIERA_HD inline void verify_step(const Buffers& b, const DecodeConfig& c) {
 // commit: one thread per value, only after verification.
 CIERA_HD inline void commit_step(const Buffers& b, const DecodeConfig& c, uint64_t i) {
   const DecodePlan& plan = *b.plan;
-  if (plan.status != kOk || i >= c.num_values || plan.section == 1) return;
+  if (plan.status != kOk || i >= c.num_values || plan.section == kUnchangedSection) return;
   if (c.value_delta) {  // the previous values: the verified output (key or value-delta frame)
     for (unsigned k = 0; k < c.value_bytes; ++k) b.values[c.value_bytes * i + k] = b.out[c.value_bytes * i + k];
     return;
   }
-  if (plan.section == 0) {
+  if (plan.section == kFullSection) {
     b.cache[i] = b.decoded[i];
     return;
   }

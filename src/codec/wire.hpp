@@ -9,6 +9,7 @@
 #include "ciera/codec.hpp"
 #include "ciera/dtype.hpp"
 #include "codec/fine_alphabet.hpp"
+#include "common/host_device.hpp"
 
 namespace ciera::wire {
 
@@ -23,9 +24,32 @@ inline constexpr uint16_t kFlagContentChecksum = 1;
 inline constexpr uint64_t kPlaneAlignment = 64;
 inline constexpr uint64_t kAlignedPlaneBytes = 64 * 1024;
 
+// Where each field of the header begins (docs/format.md, "Header"), in bytes from its start.
+namespace field {
+inline constexpr size_t kMagic = 0;               // u32
+inline constexpr size_t kVersion = 4;             // u8
+inline constexpr size_t kDtype = 5;               // u8, DType
+inline constexpr size_t kKind = 6;                // u8, FrameKind
+inline constexpr size_t kSection = 7;             // u8, ExponentSection
+inline constexpr size_t kFlags = 8;               // u16
+inline constexpr size_t kReserved16 = 10;         // u16, 0
+inline constexpr size_t kBlockValues = 12;        // u32
+inline constexpr size_t kNumValues = 16;          // u64
+inline constexpr size_t kEpoch = 24;              // u32
+inline constexpr size_t kStream = 28;             // u32
+inline constexpr size_t kSequence = 32;           // u64
+inline constexpr size_t kBitmapBytes = 40;        // u64
+inline constexpr size_t kSignMantissaBytes = 48;  // u64
+inline constexpr size_t kExponentBytes = 56;      // u64
+inline constexpr size_t kContentChecksum = 64;    // u64
+inline constexpr size_t kHeaderChecksum = 72;     // u32, of the 72 bytes before it
+inline constexpr size_t kReserved32 = 76;         // u32, 0
+static_assert(kReserved32 + 4 == kHeaderBytes);
+}  // namespace field
+
 // Offset of the sign-mantissa plane after a bitmap of `bitmap_bytes` (which the caller has
 // bounded by the payload's size, so nothing overflows).
-inline uint64_t sign_mantissa_offset(uint64_t bitmap_bytes, uint64_t sign_mantissa_bytes) {
+CIERA_HD inline uint64_t sign_mantissa_offset(uint64_t bitmap_bytes, uint64_t sign_mantissa_bytes) {
   const uint64_t end = kHeaderBytes + bitmap_bytes;
   if (sign_mantissa_bytes < kAlignedPlaneBytes) return end;
   return end + (kPlaneAlignment - end % kPlaneAlignment) % kPlaneAlignment;

@@ -24,8 +24,8 @@ std::span<const uint8_t> ensure_chunk(const SymbolSource& source, size_t i,
 
 void write_header(uint8_t* out, StreamMethod method, uint8_t arg, uint64_t body_bytes) {
   out[0] = static_cast<uint8_t>(method);
-  out[1] = arg;
-  store_le64(out + 2, body_bytes);
+  out[kStreamArgumentAt] = arg;
+  store_le64(out + kStreamBodyBytesAt, body_bytes);
 }
 
 StreamStats write_packed(const SymbolSource& source, const Histogram& hist, uint8_t* out,

@@ -11,11 +11,9 @@
 #include "common/bytes.hpp"
 #include "entropy/histogram.hpp"
 #include "entropy/rans.hpp"
+#include "entropy/stream_header.hpp"
 
 namespace ciera::entropy {
-
-enum class StreamMethod : uint8_t { kPacked = 0, kConstant = 1, kRans = 2 };
-inline constexpr size_t kStreamHeaderBytes = 10;
 
 // Symbols presented in chunks, so that a coder can stream exponents straight out of a shard
 // without materialising a whole plane. Chunks are visited forwards (histogram) and backwards
