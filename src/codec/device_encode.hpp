@@ -13,8 +13,10 @@
 #include <cstdint>
 
 #include "ciera/config.hpp"
+#include "codec/device_codes.hpp"
 #include "codec/differences.hpp"
 #include "codec/fine_alphabet.hpp"
+#include "codec/wire.hpp"
 #include "common/hash_bits.hpp"
 #include "common/host_device.hpp"
 #include "entropy/model_math.hpp"
@@ -146,7 +148,7 @@ CIERA_HD inline bool fallback_unused(const EncodeBuffers& b, const EncodeConfig&
 // Clears the bitmap and the padding before the plane: one thread per byte.
 CIERA_HD inline void clear_step(const EncodeBuffers& b, const EncodeConfig& c, uint64_t k) {
   if (fallback_unused(b, c)) return;
-  if (80 + k < c.sign_mantissa_at) b.payload[80 + k] = 0;
+  if (wire::kHeaderBytes + k < c.sign_mantissa_at) b.payload[wire::kHeaderBytes + k] = 0;
 }
 
 // Split: exponents to `exps`, sign-mantissa bits into the payload's plane. BF16/FP32 one thread
@@ -206,7 +208,8 @@ CIERA_HD inline void scan_step(const EncodeBuffers& b, const EncodeConfig& c) {
   for (uint64_t block = 0; block < c.blocks; ++block) {
     const uint32_t m = b.changes_in_block[block];
     if (m == 0) continue;
-    b.payload[80 + block / 8] = static_cast<uint8_t>(b.payload[80 + block / 8] | (1u << (block % 8)));
+    b.payload[wire::kHeaderBytes + block / 8] =
+        static_cast<uint8_t>(b.payload[wire::kHeaderBytes + block / 8] | (1u << (block % 8)));
     b.block_rank[block] = rank++;
     b.change_base[block] = changes;
     b.block_at[block] = symbols;
@@ -429,17 +432,17 @@ CIERA_HD inline void fine_extra_step(const EncodeBuffers& b, const EncodeConfig&
 CIERA_HD inline void choose_step(const EncodeBuffers& b, const EncodeConfig& c) {
   EncodePlan* plan = b.plan;
   if (c.key) {
-    plan->section = 0;
+    plan->section = kFullSection;
     return;
   }
   if (plan->changed_blocks == 0) {
-    plan->section = 1;
+    plan->section = kUnchangedSection;
     plan->exponent_bytes = 0;
     return;
   }
   if (c.coding == 1) {
     plan->use_fine = 0;
-    plan->section = 2;
+    plan->section = kBlockSection;
     return;
   }
   bool use_fine = plan->fine_fits != 0;
@@ -473,7 +476,7 @@ CIERA_HD inline void choose_step(const EncodeBuffers& b, const EncodeConfig& c) 
     return;
   }
   plan->use_fine = use_fine ? 1 : 0;
-  plan->section = use_fine ? 3 : 2;
+  plan->section = use_fine ? kFineSection : kBlockSection;
 }
 
 // 1 thread, when choose_step left it open: block coding's estimated stream (estimate_stream_bytes:
@@ -485,7 +488,7 @@ CIERA_HD inline void choose_exact_step(const EncodeBuffers& b, const EncodeConfi
   w.total = plan->block_symbols;
   writer::plan_writer(&w);
   uint64_t estimate = w.packed_bytes;
-  if (w.method == 1) {
+  if (w.method == kConstantStream) {
     estimate = writer::kStreamHeader;
   } else if (w.total > 0) {
     uint64_t cost = 0;
@@ -504,7 +507,7 @@ CIERA_HD inline void choose_exact_step(const EncodeBuffers& b, const EncodeConfi
 CIERA_HD inline void section_step(const EncodeBuffers& b, const EncodeConfig& c) {
   EncodePlan* plan = b.plan;
   if (c.key || plan->changed_blocks == 0) return;
-  plan->section = plan->use_fine ? 3 : 2;
+  plan->section = plan->use_fine ? kFineSection : kBlockSection;
   if (plan->use_fine) plan->exponent_bytes = plan->fine_bytes;
 }
 
@@ -634,15 +637,15 @@ CIERA_HD inline void difference_plan_step(const EncodeBuffers& b, const EncodeCo
   plan->exponent_bytes = 0;
   plan->use_key = 0;
   if (plan->changes == 0) {
-    plan->section = 1;  // unchanged: an empty section
+    plan->section = kUnchangedSection;  // unchanged: an empty section
     return;
   }
-  plan->section = 4;
+  plan->section = kDifferencesSection;
   const uint64_t groups = (c.num_values + kGroupValues - 1) / kGroupValues;
   const uint64_t bound = stream_bound(groups, kGroupSymbolBits) + stream_bound(escapes, kEscapeSymbolBits) +
                          8 + plan->extra_bytes;
   // The CPU's rule: the section within the key frame's bound, less the header.
-  plan->use_key = bound > c.capacity - 80;
+  plan->use_key = bound > c.capacity - wire::kHeaderBytes;
 }
 
 // Clears the extra bits' words the section uses (one thread per word).
@@ -676,7 +679,7 @@ CIERA_HD inline void difference_extra_step(const EncodeBuffers& b, const EncodeC
   const EncodePlan& plan = *b.plan;
   if (!differences_written(plan, c) || k >= plan.extra_bytes) return;
   const auto* extra = reinterpret_cast<const uint8_t*>(b.extra_words);
-  b.payload[80 + plan.exponent_bytes - plan.extra_bytes + k] = extra[k];
+  b.payload[wire::kHeaderBytes + plan.exponent_bytes - plan.extra_bytes + k] = extra[k];
 }
 
 // A value-delta stream's key frame: the receivers now hold these values (one thread per value).
@@ -693,24 +696,28 @@ CIERA_HD inline void header_step(const EncodeBuffers& b, const EncodeConfig& c) 
   const auto put = [p](uint64_t at, uint64_t v, unsigned bytes) {
     for (unsigned k = 0; k < bytes; ++k) p[at + k] = static_cast<uint8_t>(v >> (8 * k));
   };
-  put(0, 0x52454943u, 4);
-  p[4] = 5;
-  p[5] = c.dtype;
-  p[6] = c.key ? 1 : c.value_delta ? 3 : 2;
-  p[7] = static_cast<uint8_t>(c.key ? 0 : plan->section);
-  put(8, c.checksum ? 1 : 0, 2);
-  put(10, 0, 2);
-  put(12, c.block_values, 4);
-  put(16, c.num_values, 8);
-  put(24, c.epoch, 4);
-  put(28, c.stream, 4);
-  put(32, c.sequence, 8);
-  put(40, c.bitmap_bytes, 8);
-  put(48, c.sign_mantissa_bytes, 8);
-  put(56, plan->exponent_bytes, 8);
-  put(64, plan->content_checksum, 8);
-  put(72, static_cast<uint32_t>(format::xxh3::hash64(p, 72, b.secret)), 4);
-  put(76, 0, 4);
+  namespace field = wire::field;
+  put(field::kMagic, wire::kMagic, 4);
+  p[field::kVersion] = wire::kVersion;
+  p[field::kDtype] = c.dtype;
+  p[field::kKind] = static_cast<uint8_t>(c.key           ? kKeyFrame
+                                         : c.value_delta ? kValueDeltaFrame
+                                                         : kExponentDeltaFrame);
+  p[field::kSection] = static_cast<uint8_t>(c.key ? kFullSection : plan->section);
+  put(field::kFlags, c.checksum ? wire::kFlagContentChecksum : 0, 2);
+  put(field::kReserved16, 0, 2);
+  put(field::kBlockValues, c.block_values, 4);
+  put(field::kNumValues, c.num_values, 8);
+  put(field::kEpoch, c.epoch, 4);
+  put(field::kStream, c.stream, 4);
+  put(field::kSequence, c.sequence, 8);
+  put(field::kBitmapBytes, c.bitmap_bytes, 8);
+  put(field::kSignMantissaBytes, c.sign_mantissa_bytes, 8);
+  put(field::kExponentBytes, plan->exponent_bytes, 8);
+  put(field::kContentChecksum, plan->content_checksum, 8);
+  put(field::kHeaderChecksum,
+      static_cast<uint32_t>(format::xxh3::hash64(p, field::kHeaderChecksum, b.secret)), 4);
+  put(field::kReserved32, 0, 4);
   plan->payload_bytes = c.sign_mantissa_at + c.sign_mantissa_bytes + plan->exponent_bytes;
 }
 
@@ -758,13 +765,15 @@ void encode_frame(Launch&& launch, const EncodeBuffers& b, const EncodeConfig& c
     key.bitmap_bytes = 0;
     key.sign_mantissa_bytes = c.plane_bytes;
     key.sign_mantissa_at = c.key_sign_mantissa_at;
-    launch(key.sign_mantissa_at - 80, [=] CIERA_HD(uint64_t k) { clear_step(b, key, k); });
+    launch(key.sign_mantissa_at - wire::kHeaderBytes,
+           [=] CIERA_HD(uint64_t k) { clear_step(b, key, k); });
     launch(format::bits::group_count(c.dtype, n), [=] CIERA_HD(uint64_t g) { split_step(b, key, g); });
     write_stream(launch, b, key, kFullStream, n);
     launch(1, [=] CIERA_HD(uint64_t) { header_step(b, key); });
     return;
   }
-  launch(c.sign_mantissa_at - 80, [=] CIERA_HD(uint64_t k) { clear_step(b, c, k); });
+  launch(c.sign_mantissa_at - wire::kHeaderBytes,
+         [=] CIERA_HD(uint64_t k) { clear_step(b, c, k); });
   launch(format::bits::group_count(c.dtype, n), [=] CIERA_HD(uint64_t g) { split_step(b, c, g); });
   launch(chunks, [=] CIERA_HD(uint64_t k) { digest_step(b, c, k); });
   launch(1, [=] CIERA_HD(uint64_t) { combine_step(b, c); });

@@ -18,17 +18,21 @@
 #include "entropy/model_math.hpp"
 #include "entropy/rans_core.hpp"
 #include "entropy/rans_segment.hpp"
+#include "entropy/stream_header.hpp"
 
 namespace ciera::entropy::device {
 
-inline constexpr uint64_t kStreamHeader = 10;
+inline constexpr uint64_t kStreamHeader = kStreamHeaderBytes;
+inline constexpr uint32_t kPackedMethod = static_cast<uint32_t>(StreamMethod::kPacked);
+inline constexpr uint32_t kConstantMethod = static_cast<uint32_t>(StreamMethod::kConstant);
+inline constexpr uint32_t kRansMethod = static_cast<uint32_t>(StreamMethod::kRans);
 // Scratch bytes of one segment's region: the most a segment can take.
 inline constexpr uint64_t kSegmentScratch = 2 * kRansSegmentSymbols + kRansStateBytes;
 
 struct WriterPlan {
   uint64_t count[256] = {};  // the histogram, filled before plan_writer
   uint64_t total = 0;
-  uint32_t method = 0;  // 0 packed, 1 constant, 2 rANS
+  uint32_t method = kPackedMethod;  // kPackedMethod, kConstantMethod or kRansMethod
   uint32_t width = 1;
   uint32_t constant = 0;
   uint32_t try_rans = 0;
@@ -55,10 +59,10 @@ CIERA_HD inline void plan_writer(WriterPlan* w) {
   w->width = width < 1 ? 1 : width;
   w->packed_bytes = kStreamHeader + (w->total * w->width + 7) / 8;
   w->try_rans = 0;
-  w->method = 0;
+  w->method = kPackedMethod;
   w->bytes = w->packed_bytes;
   if (w->total > 0 && distinct == 1) {
-    w->method = 1;
+    w->method = kConstantMethod;
     w->constant = max_symbol;
     w->bytes = kStreamHeader;
     return;
@@ -101,7 +105,7 @@ CIERA_HD inline void finish_writer(WriterPlan* w, const uint64_t* seg_bytes, uin
     uint64_t total = kStreamHeader + w->table_bytes + 4 * (w->segments - 1);
     for (uint64_t j = 0; j < w->segments; ++j) total += seg_bytes[j];
     if (total <= w->packed_bytes) {
-      w->method = 2;
+      w->method = kRansMethod;
       w->bytes = total;
       uint8_t* at = out + kStreamHeader;
       *at++ = w->first;
@@ -119,21 +123,24 @@ CIERA_HD inline void finish_writer(WriterPlan* w, const uint64_t* seg_bytes, uin
   }
   const uint64_t body = w->bytes - kStreamHeader;
   out[0] = static_cast<uint8_t>(w->method);
-  out[1] = static_cast<uint8_t>(w->method == 0 ? w->width : w->method == 1 ? w->constant : 0);
-  for (unsigned b = 0; b < 8; ++b) out[2 + b] = static_cast<uint8_t>(body >> (8 * b));
+  out[kStreamArgumentAt] = static_cast<uint8_t>(w->method == kPackedMethod     ? w->width
+                                                : w->method == kConstantMethod ? w->constant
+                                                                               : 0);
+  for (unsigned b = 0; b < 8; ++b)
+    out[kStreamBodyBytesAt + b] = static_cast<uint8_t>(body >> (8 * b));
 }
 
 // Segment j from its scratch region into place.
 CIERA_HD inline void copy_segment(const WriterPlan* w, const uint8_t* scratch, const uint64_t* seg_bytes,
                                   const uint64_t* seg_offsets, uint8_t* out, uint64_t j) {
-  if (w->method != 2 || j >= w->segments) return;
+  if (w->method != kRansMethod || j >= w->segments) return;
   const uint8_t* from = scratch + (j + 1) * kSegmentScratch - seg_bytes[j];
   for (uint64_t b = 0; b < seg_bytes[j]; ++b) out[seg_offsets[j] + b] = from[b];
 }
 
 // Byte k of a packed body: the bits of the symbols it holds, LSB first; padding bits 0.
 CIERA_HD inline void packed_byte(const WriterPlan* w, const uint8_t* symbols, uint8_t* out, uint64_t k) {
-  if (w->method != 0 || k >= w->bytes - kStreamHeader) return;
+  if (w->method != kPackedMethod || k >= w->bytes - kStreamHeader) return;
   const uint64_t bit = 8 * k;
   const uint32_t width = w->width;
   uint32_t byte = 0;
