@@ -125,28 +125,24 @@ SafetensorsTensor parse_entry(const HeaderError& error, const std::string& name,
 
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
   const HeaderError error(path);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) error.file(std::string("cannot open: ") + std::strerror(errno));
+  // Closed on every way out of here: the mapping keeps the file open.
+  struct Descriptor {
+    int fd;
+    ~Descriptor() {
+      if (fd >= 0) ::close(fd);
+    }
+  } const file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (file.fd < 0) error.file(std::string("cannot open: ") + std::strerror(errno));
   struct stat info {};
-  if (::fstat(fd, &info) != 0) {
-    const int saved = errno;
-    ::close(fd);
-    error.file(std::string("cannot stat: ") + std::strerror(saved));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    ::close(fd);
-    error.file("not a regular file");
-  }
+  if (::fstat(file.fd, &info) != 0) error.file(std::string("cannot stat: ") + std::strerror(errno));
+  if (!S_ISREG(info.st_mode)) error.file("not a regular file");
   const uint64_t file_bytes = static_cast<uint64_t>(info.st_size);
   if (file_bytes < 8) {
-    ::close(fd);
     error.file("is " + std::to_string(file_bytes) +
                " bytes, shorter than the 8-byte header length (truncated?)");
   }
-  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);  // the mapping keeps the file open
-  if (mapping == MAP_FAILED) error.file(std::string("cannot map: ") + std::strerror(map_errno));
+  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, file.fd, 0);
+  if (mapping == MAP_FAILED) error.file(std::string("cannot map: ") + std::strerror(errno));
   mapping_ = mapping;
   mapping_bytes_ = file_bytes;
 
