@@ -19,11 +19,11 @@
 #include "ciera/codec.hpp"
 #include "ciera/engine.hpp"
 #include "common/adaptive_switch.hpp"
+#include "common/thread_pool.hpp"
 #include "engine/control.hpp"
 #include "engine/envelope.hpp"
 #include "engine/memory_ops.hpp"
 #include "engine/staged_transport.hpp"
-#include "common/thread_pool.hpp"
 
 namespace ciera {
 
@@ -182,7 +182,9 @@ struct CompressedAllgather::Impl {
   std::deque<std::shared_ptr<Gather>> queue;
   std::map<Ticket, std::shared_ptr<Gather>> pending;
   bool stopping = false;
-  std::string broken;  // after a CommError the engine fails every later gather with this
+  // After a CommError the engine fails every later gather with this. The communication
+  // thread's alone: no lock.
+  std::string broken;
   // Which exchange the communication thread is in, for a CommError's text: what a rank was
   // waiting for when a peer failed it.
   const char* phase = "";

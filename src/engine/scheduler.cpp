@@ -13,6 +13,7 @@
 // earlier work, decoding is the only codec work on the critical path). Gathers started together
 // share one round: one control, one batched payload and one verdict exchange.
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include "ciera/error.hpp"
@@ -79,7 +80,9 @@ ControlRecord CompressedAllgather::Impl::make_record(const Gather& g, uint32_t f
   r.step = s.step;
   r.envelope_bytes = g.local_error.empty() ? g.envelope_bytes : 0;
   r.policy_digest = policy_digest(s.layout);
-  r.previous_us = static_cast<uint32_t>(std::min(4e9, s.last_gather_s * 1e6));
+  // Saturated to the field's u32 (a gather of more than 71 minutes reads as one of 71).
+  r.previous_us = static_cast<uint32_t>(
+      std::min<double>(std::numeric_limits<uint32_t>::max(), s.last_gather_s * 1e6));
   r.previous_compressed = s.last_compressed;
   write_text(r.error_text, kErrorTextBytes, g.local_error);
   return r;
@@ -329,7 +332,6 @@ void CompressedAllgather::Impl::fail_round(std::vector<std::shared_ptr<Gather>>&
   try {
     std::rethrow_exception(error);
   } catch (const CommError& e) {
-    std::lock_guard lock(mutex);
     if (broken.empty()) broken = e.what();
     failure = Failure::kComm;
     text = e.what();
@@ -389,6 +391,7 @@ void CompressedAllgather::Impl::comm_loop() {
       }
     }
     try {
+      // `broken` is the communication thread's alone (written in fail_round, read here).
       if (!broken.empty()) {
         throw CommError("this engine gathers no more since an earlier gather failed (make a new " +
                         std::string("engine and transport): ") + broken);
