@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import operator
 import threading
-import weakref
 import time
 from dataclasses import dataclass
 
@@ -130,15 +129,14 @@ class Broadcaster:
             if policy == "delta":
                 # A value-delta stream needs no warmup: its frames are small from the second on.
                 config.warmup_steps = 0
-        # The group made for a "torch" transport, released by close() or when the Broadcaster is
-        # collected unclosed: one Broadcaster per evaluation pass would otherwise leave a gloo
-        # group (5 descriptors, 3 threads) each. The exit handler releases what is left at exit.
-        self._groups: list = []
-        self._release_groups = weakref.finalize(self, lifecycle.release_groups, self._groups)
-        self._release_groups.atexit = False
-        native = make_transport(transport, process_group, config.timeout_s, made=self._groups)
+        # The engine and the group made for a "torch" transport, ended by close() or when the
+        # Broadcaster is collected unclosed: one Broadcaster per evaluation pass would otherwise
+        # leave a gloo group (5 descriptors, 3 threads) each.
+        self._owned = lifecycle.Owned(self)
+        native = make_transport(transport, process_group, config.timeout_s, made=self._owned.groups)
         self.engine = _ext.Engine(native, config, layouts)
         lifecycle.register_engine(self.engine)
+        self._owned.engines.append(self.engine)
 
     def _check(self, root: int, policy: str, world: int, config) -> None:
         if not self.tensors:
@@ -221,8 +219,7 @@ class Broadcaster:
         if not self._calling.acquire(blocking=False):
             raise RuntimeError("Broadcaster.close: a broadcast() on this Broadcaster is in flight; close it after")
         try:
-            lifecycle.close_engine(self.engine)
-            self._release_groups()
+            self._owned.release()
         finally:
             self._calling.release()
 

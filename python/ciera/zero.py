@@ -30,7 +30,6 @@ import datetime
 import math
 import threading
 import time
-import weakref
 import zlib
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -433,11 +432,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
         self._chunk_values = chunk_values
         self._syncs: list[_DeviceSync] = []
         self._natives: dict[torch.device, object] = {}   # one transport per device, kept across rebuilds
-        self._groups: list = []                           # the process groups those transports made
-        # Released by close(), or when the optimizer is collected unclosed (each group keeps 3
-        # threads and 5 descriptors); the exit handler releases what is left at exit.
-        self._release_groups = weakref.finalize(self, lifecycle.release_groups, self._groups)
-        self._release_groups.atexit = False
+        self._owned = lifecycle.Owned(self)               # the engines and the groups made for them
         self._builds = 0                                  # bucket builds that succeeded
         self._broken: str | None = None                   # why a rebuild failed: no step after it
         self._closed = False
@@ -453,7 +448,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
         if self.world_size > 1:
             self._agreement = group_beside(self.process_group, "gloo",
                                            datetime.timedelta(seconds=self._engine_config.timeout_s))
-            self._groups.append(self._agreement)
+            self._owned.groups.append(self._agreement)
 
     # -- buckets ---------------------------------------------------------------------------------
 
@@ -537,17 +532,19 @@ class ZeroRedundancyOptimizer(_TorchZero):
             native = self._natives.get(sync.device)
             if native is None:
                 native = make_transport(self._transport_kind, self.process_group, self._engine_config.timeout_s,
-                                        sync.device, made=self._groups)
+                                        sync.device, made=self._owned.groups)
                 self._natives[sync.device] = native
             sync.engine = _ext.Engine(native, self._engine_config, [layout],
                                       device=(sync.device.index if sync.device.index is not None
                                               else torch.cuda.current_device()) if cuda else -1)
             lifecycle.register_engine(sync.engine)
+            self._owned.engines.append(sync.engine)
 
     def _close_engines(self) -> None:
         for sync in self._syncs:
             if sync.engine is not None:
                 lifecycle.close_engine(sync.engine)
+                self._owned.engines.remove(sync.engine)
                 sync.engine = None
 
     # -- the sync --------------------------------------------------------------------------------
@@ -675,7 +672,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
             if not self._closed:
                 self._close_engines()
                 self._natives.clear()
-                self._release_groups()
+                self._owned.release()
                 self._closed = True
         finally:
             self._stepping.release()

@@ -309,7 +309,8 @@ def test_a_second_threads_step_is_refused_before_its_local_step():
 
 def test_each_of_two_subgroups_syncs_and_broadcasts_on_groups_of_its_own():
     results = all_ok(spawn(w.in_two_subgroups, 4))
-    for rank, (equal, received, groups_left) in enumerate(results):
+    for rank, (equal, received, groups_left, engine_closed_first) in enumerate(results):
         assert all(equal), (rank, equal)
         assert received == [[10.0 * (rank // 2) + k] for k in range(3)], (rank, received)
         assert groups_left == 0, (rank, groups_left)   # each Broadcaster's group released by close() or collection
+        assert engine_closed_first == [True], (rank, engine_closed_first)   # as close() does

@@ -2,6 +2,7 @@
 
 import copy
 import gc
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -355,6 +356,8 @@ def in_two_subgroups(rank, world):
     (the second one: after it was collected unclosed; the third: at the end of a with block)."""
     from torch.distributed.distributed_c10d import _world
 
+    from ciera.fsdp import lifecycle
+
     group, _ = dist.new_subgroups_by_enumeration([[0, 1], [2, 3]])
     # A group of ranks 0-2 only: rank 2 now holds one more group than rank 3 (torch's local names
     # count them, and differed between the two).
@@ -391,9 +394,16 @@ def in_two_subgroups(rank, world):
         bcast = Broadcaster([x], root=0, process_group=group, config=config)
         bcast.broadcast()
         received.append(x.unique().tolist())
-        if round_ == 1:   # dropped, not closed: its group goes when it is collected
-            del bcast
-            gc.collect()
+        if round_ == 1:   # dropped, not closed: its engine is closed, then its group goes
+            engine = weakref.ref(bcast.engine)
+            engine_closed_first = []
+            destroy = lifecycle.destroy_group
+            lifecycle.destroy_group = lambda g: (engine_closed_first.append(engine().closed), destroy(g))
+            try:
+                del bcast
+                gc.collect()
+            finally:
+                lifecycle.destroy_group = destroy
         else:
             bcast.close()
-    return equal, received, len(_world.pg_map) - groups
+    return equal, received, len(_world.pg_map) - groups, engine_closed_first

@@ -82,6 +82,41 @@ def release_groups(groups: list) -> None:
     groups.clear()
 
 
+class Owned:
+    """The engines and process groups an owner (a ciera.zero optimizer, a Broadcaster) made, ended
+    by release() in close()'s order: the engines closed, then the groups released (a group
+    destroyed under an open engine could be in one of its gathers). release() runs once: from the
+    owner's close(), or when the owner is collected unclosed (each gloo group keeps 3 threads and
+    5 descriptors until released); not at exit, where the exit handler ends what is left."""
+
+    def __init__(self, owner):
+        self.engines: list = []   # open engines; the owner removes those it closes itself
+        self.groups: list = []    # process groups made for them (make_transport's `made`)
+        self._release = weakref.finalize(owner, Owned._end, self.engines, self.groups)
+        self._release.atexit = False
+
+    def release(self) -> None:
+        """The owner's close(): an engine that refuses to close raises, and nothing more is
+        released (a later close(), or the collection, tries again)."""
+        for engine in list(self.engines):
+            close_engine(engine)
+            self.engines.remove(engine)
+        self._release()
+
+    @staticmethod
+    def _end(engines: list, groups: list) -> None:
+        for engine in engines:
+            try:
+                close_engine(engine)
+            except Exception:
+                # Collected on an engine's own communication thread, inside one of its gathers
+                # (close() refuses there): the binding ends that engine once the gather is done,
+                # and its groups stay to exit rather than go from under it.
+                return
+        engines.clear()
+        release_groups(groups)
+
+
 def held_weakly(group):
     """A callable that returns `group` (one register_group() holds; None stays None), or raises
     CommError once the group was released at exit: never another group in its place."""
