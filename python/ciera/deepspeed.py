@@ -755,7 +755,7 @@ class ReduceScatterHandle(_OptimizerHook):
         self.collectives = None
 
 
-def _reduce_scatter_checked(engine, coding: str, transport: str, worker_niceness: int | None):
+def _reduce_scatter_checked(engine, coding: str, transport: str, timeout_s: float, worker_niceness: int | None):
     """The collectives' configuration and the engine's data-parallel group, or the error
     enable_reduce_scatter() raises for them on this rank."""
     _version()
@@ -763,10 +763,9 @@ def _reduce_scatter_checked(engine, coding: str, transport: str, worker_niceness
     if not hasattr(engine, "zero_optimization_stage") or not hasattr(engine, "optimizer"):
         raise TypeError(f"ciera.deepspeed.enable_reduce_scatter(): engine must be a DeepSpeedEngine, got "
                         f"{type(engine).__name__}")
-    from ciera.fsdp.reduce_scatter import CODINGS
+    from ciera.fsdp.reduce_scatter import collectives_config
 
-    if coding not in CODINGS:
-        raise _ext.ConfigError(f"reduce-scatter coding must be one of {', '.join(CODINGS)}, got {coding!r}")
+    config = collectives_config("ciera.deepspeed.enable_reduce_scatter()", coding, timeout_s, worker_niceness)
     stage = engine.zero_optimization_stage()
     if stage != 3:
         raise _ext.ConfigError(f"ciera.deepspeed.enable_reduce_scatter(): the engine runs ZeRO stage {stage}; CIERA "
@@ -789,10 +788,6 @@ def _reduce_scatter_checked(engine, coding: str, transport: str, worker_niceness
                                f"memory; DeepSpeed's accelerator is {accelerator!r}")
     params = _zero3_params(engine)
     group = _group(params, "enable_reduce_scatter")
-    config = _ext.CollectivesConfig()
-    config.coding = _ext.parse_collective_coding(coding)
-    if worker_niceness is not None:
-        config.worker_niceness = worker_niceness
     return config, group
 
 
@@ -817,8 +812,8 @@ def enable_reduce_scatter(engine, coding: str = "exponent", *, transport: str = 
     # in the transport's set-up until its timeout), with the transport the ranks chose.
     config, group = checked_on_every_rank(
         "ciera.deepspeed.enable_reduce_scatter()",
-        lambda: _reduce_scatter_checked(engine, coding, transport, worker_niceness),
-        same={"transport": transport, "coding": coding})
+        lambda: _reduce_scatter_checked(engine, coding, transport, timeout_s, worker_niceness),
+        same={"transport": transport, "coding": coding}, parameters=lambda: _parameters(engine))
     native = make_transport(transport, group, timeout_s)
     return ReduceScatterHandle(engine, _ext.LosslessCollectives(native, config), coding, group,
                                dist.get_world_size(group))

@@ -136,6 +136,8 @@ def test_a_refusal_or_option_on_one_rank_fails_every_rank_alike():
         "'mpi' on rank 1",
         "ConfigError: ciera.deepspeed.enable_reduce_scatter(): the ranks differ in coding: 'exponent' on rank 0; "
         "'raw' on rank 1",
+        "ValueError: ciera.deepspeed.enable_reduce_scatter(): on rank 1: timeout_s must be a finite number of "
+        "seconds > 0, got nan",
     ]
     for rank, errors in enumerate(all_ok(spawn(w.one_rank_fails, 2))):
         assert errors == expected, (rank, errors)

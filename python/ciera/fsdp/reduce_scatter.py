@@ -135,6 +135,27 @@ class ReduceScatterHandle:
         self.collectives = None
 
 
+def collectives_config(what: str, coding: str, timeout_s: float, worker_niceness: int | None):
+    """The lossless collectives' configuration from the arguments of `what` (FSDP2's or
+    DeepSpeed's enable_reduce_scatter()), or the error it raises for them on this rank: checked
+    before any transport is made (a bad timeout would fail in the group's set-up on this rank
+    alone, its peers waiting there)."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
+            math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"{what}: timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
+    if coding not in CODINGS:
+        raise _ext.ConfigError(f"reduce-scatter coding must be one of {', '.join(CODINGS)}, got {coding!r}")
+    config = _ext.CollectivesConfig()
+    config.coding = _ext.parse_collective_coding(coding)
+    if worker_niceness is not None:
+        if isinstance(worker_niceness, bool) or not isinstance(worker_niceness, int):
+            raise TypeError(f"{what}: worker_niceness must be an int (0..19), got "
+                            f"{type(worker_niceness).__name__} {worker_niceness!r}")
+        config.worker_niceness = worker_niceness
+    config.validate()   # worker_niceness out of 0..19
+    return config
+
+
 def _checked(model: torch.nn.Module, coding: str, transport: str, process_group, timeout_s: float,
              worker_niceness: int | None):
     """The collectives' configuration, the model's FSDP2 buckets and the group it reduce-scatters
@@ -145,19 +166,7 @@ def _checked(model: torch.nn.Module, coding: str, transport: str, process_group,
     if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
         raise TypeError(f"enable_reduce_scatter(): process_group must be a torch.distributed process group or "
                         f"None, got {type(process_group).__name__} {process_group!r}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
-            math.isfinite(timeout_s) and timeout_s > 0):
-        raise ValueError(f"enable_reduce_scatter(): timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
-    if coding not in CODINGS:
-        raise _ext.ConfigError(f"reduce-scatter coding must be one of {', '.join(CODINGS)}, got {coding!r}")
-    config = _ext.CollectivesConfig()
-    config.coding = _ext.parse_collective_coding(coding)
-    if worker_niceness is not None:
-        if isinstance(worker_niceness, bool) or not isinstance(worker_niceness, int):
-            raise TypeError(f"enable_reduce_scatter(): worker_niceness must be an int (0..19), got "
-                            f"{type(worker_niceness).__name__} {worker_niceness!r}")
-        config.worker_niceness = worker_niceness
-    config.validate()   # here, before any transport: worker_niceness out of 0..19
+    config = collectives_config("enable_reduce_scatter()", coding, timeout_s, worker_niceness)
     buckets = describe_buckets(model)
     if not buckets:
         raise _ext.ConfigError("enable_reduce_scatter(): the model has no fully_shard'ed module")
