@@ -28,7 +28,7 @@ from ciera import _ext
 from ciera._dist import agree_before_set_up, refuse_each, refused_on_every_rank, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
-from ciera.fsdp.transport import check_transport, make_transport
+from ciera.fsdp.transport import check_engine_config, check_transport, make_transport
 
 _POLICIES = {"delta": "delta", "ciera": "ciera", "raw": "raw"}
 
@@ -70,10 +70,13 @@ def _agree_shapes(tensors: list, group) -> None:
     shapes = [tuple(t.shape) for t in tensors]
     everyone: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, shapes, group=group)
+    # Errors name world ranks, the ranks a user launched, not ranks within the group.
+    world_ranks = dist.get_process_group_ranks(group) if group is not None else range(len(everyone))
     for i in range(max(len(s) for s in everyone)):
         held = [s[i] if i < len(s) else None for s in everyone]
         if any(h != held[0] for h in held[1:]):
-            ranks = "; ".join(f"{list(h) if h is not None else 'no tensor'} on rank {r}" for r, h in enumerate(held))
+            ranks = "; ".join(f"{list(h) if h is not None else 'no tensor'} on rank {r}"
+                              for r, h in zip(world_ranks, held))
             raise _ext.ConfigError(f"Broadcaster: the ranks differ in the shape of tensor {i}: {ranks}")
 
 
@@ -99,7 +102,7 @@ class Broadcaster:
             self.tensors = list(tensors)
             self._check(root, policy, world, config)
             check_transport("Broadcaster", transport)
-        except (TypeError, ValueError, _ext.ConfigError) as e:
+        except Exception as e:  # noqa: BLE001 - raised on every rank by agree_before_set_up
             failure = e
         # The checks read this rank's own tensors (receivers are often set up unlike the root):
         # every rank learns of any rank's failure here, rather than the others waiting in the
@@ -143,8 +146,7 @@ class Broadcaster:
             raise ValueError("no tensors to broadcast")
         if isinstance(root, bool) or not hasattr(root, "__index__"):   # an int, a NumPy integer
             raise TypeError(f"root must be an int (a rank of the group), got {type(root).__name__} {root!r}")
-        if config is not None and not isinstance(config, _ext.EngineConfig):
-            raise TypeError(f"config must be a ciera.EngineConfig, got {type(config).__name__}")
+        check_engine_config("", "config", config)
         if not 0 <= root < world:
             raise ValueError(f"root {root} is not a rank of the group (size {world})")
         if policy not in _POLICIES:

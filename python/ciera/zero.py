@@ -44,7 +44,7 @@ from ciera import _ext
 from ciera._dist import checked_on_every_rank, refuse_each, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
-from ciera.fsdp.transport import check_transport, group_beside, make_transport
+from ciera.fsdp.transport import check_engine_config, check_transport, group_beside, make_transport
 
 __all__ = ["CieraZeroRedundancyOptimizer", "FP32MasterOptimizer", "SyncStats", "ZeroRedundancyOptimizer",
            "fp32_master"]
@@ -389,13 +389,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
                                  "supported: the sync gathers the flat buckets of parameters_as_bucket_view=True "
                                  "(use torch.distributed.optim.ZeroRedundancyOptimizer for per-parameter broadcasts)")
             check_transport(_NAME, transport)
-            if engine_config is not None and not isinstance(engine_config, _ext.EngineConfig):
-                raise TypeError(f"{_NAME}: engine_config must be a ciera.EngineConfig, "
-                                f"got {type(engine_config).__name__}")
-            if engine_config is not None and not (math.isfinite(engine_config.timeout_s)
-                                                  and engine_config.timeout_s > 0):
-                raise ValueError(f"{_NAME}: engine_config.timeout_s must be a finite "
-                                 f"number of seconds > 0, got {engine_config.timeout_s}")
+            check_engine_config(_NAME, "engine_config", engine_config)
             if isinstance(chunk_values, bool) or not isinstance(chunk_values, int) or chunk_values < 1:
                 raise ValueError(f"{_NAME}: chunk_values must be an int >= 1, "
                                  f"got {chunk_values!r}")

@@ -3,7 +3,6 @@ and the Handle it returns gives statistics and disable()."""
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.distributed as dist
@@ -15,7 +14,7 @@ from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
 from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
                                element_bytes, lone_shard_group, prefetch_forward, restore_forward_prefetch)
 from ciera.fsdp.selection import Selector
-from ciera.fsdp.transport import check_transport, make_subgroup_transport, make_transport
+from ciera.fsdp.transport import check_engine_config, check_transport, make_subgroup_transport, make_transport
 
 
 class Handle:
@@ -258,10 +257,7 @@ def _check_arguments(model, config, transport, policy, cache_budget_bytes, selec
             isinstance(cost_model, dict) and all(isinstance(m, _ext.CostModel) for m in cost_model.values()))):
         raise TypeError(f"enable(): cost_model must be a ciera CostModel, or a dict from group size to CostModel, "
                         f"got {type(cost_model).__name__}")
-    if config is not None and not isinstance(config, _ext.EngineConfig):
-        raise TypeError(f"enable(): config must be a ciera.EngineConfig, got {type(config).__name__}")
-    if config is not None and not (math.isfinite(config.timeout_s) and config.timeout_s > 0):
-        raise ValueError(f"enable(): config.timeout_s must be a finite number of seconds > 0, got {config.timeout_s}")
+    check_engine_config("enable()", "config", config)
     check_transport("enable()", transport)
     if policy is not None and not callable(policy):
         raise TypeError(f"enable(): policy must be callable(bucket, param) -> ShardPolicy, got {policy!r}")

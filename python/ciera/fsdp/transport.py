@@ -254,6 +254,15 @@ def check_transport(what: str, kind) -> None:
         raise ValueError(f"{what}: transport must be 'torch', 'mpi' or 'nccl', got {kind!r}")
 
 
+def check_engine_config(what: str, argument: str, config) -> None:
+    """TypeError naming `what` (the calling function; "" where the caller's agreement names it)
+    and `argument` unless `config` is None or an EngineConfig. (Its timeout needs no check here:
+    EngineConfig refuses one that is not a finite number of seconds > 0 when it is set.)"""
+    if config is not None and not isinstance(config, _ext.EngineConfig):
+        prefix = f"{what}: " if what else ""
+        raise TypeError(f"{prefix}{argument} must be a ciera.EngineConfig, got {type(config).__name__}")
+
+
 # How many groups this process made beside each subgroup (its sorted ranks), under the default
 # group they belong to: the serial in the next one's name. Every member makes the same groups over
 # its subgroup in the same order (the callers are collective over it), so the members agree on it
