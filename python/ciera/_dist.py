@@ -172,6 +172,26 @@ def refuse_each(refusals, reason: str) -> None:
             pass
 
 
+def start_each(gathers, start) -> list:
+    """The tickets of start(k) for each k-th (engine, bucket) of `gathers`, in the order the peers
+    start them. If one cannot start on this rank, it and the rest are refused in order (the peers,
+    who start them all, fail them at once rather than wait for this rank until the timeout) and
+    those started are waited for (none left in flight, to find its bucket busy at the next call)
+    before its error is raised."""
+    tickets = []
+    for k in range(len(gathers)):
+        try:
+            tickets.append(start(k))
+        except Exception as failure:
+            refuse_each(gathers[k:], str(failure))
+            try:
+                wait_each([(engine, ticket) for (engine, _), ticket in zip(gathers, tickets)])
+            except Exception:  # noqa: BLE001 - the start's failure is the one that matters
+                pass
+            raise
+    return tickets
+
+
 def wait_each(waits) -> list:
     """The stats of each (engine, ticket) in `waits`, waited for in order. If one fails, the rest
     are still waited for (a refused or broken call fails them at once too) before its error is

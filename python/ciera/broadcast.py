@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import agree_before_set_up, refuse_each, refused_on_every_rank, wait_each
+from ciera._dist import agree_before_set_up, refuse_each, refused_on_every_rank, start_each, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import check_engine_config, check_transport, make_transport
@@ -190,12 +190,14 @@ class Broadcaster:
         # dtype of the same size, or moved, or made non-contiguous) would take the root's bytes
         # as values of the wrong type: refused, every bucket, so the peers fail at once too.
         refused_on_every_rank(self._check_unchanged, self._refuse)
-        tickets = []
-        for i, t in enumerate(self.tensors):
+        def start_one(i: int):
+            t = self.tensors[i]
             nbytes = t.numel() * t.element_size()
             # The root's input is its tensor, which is also its slot of the output (in place).
             in_bytes = nbytes if self.rank == self.root else 0
-            tickets.append(self.engine.start(i, t.data_ptr(), in_bytes, t.data_ptr(), nbytes, keep=t))
+            return self.engine.start(i, t.data_ptr(), in_bytes, t.data_ptr(), nbytes, keep=t)
+
+        tickets = start_each([(self.engine, i) for i in range(len(self.tensors))], start_one)
         stats = wait_each([(self.engine, ticket) for ticket in tickets])
         return BroadcastStats(sum(s.raw_bytes for s in stats), sum(s.wire_bytes for s in stats),
                               time.perf_counter() - start)

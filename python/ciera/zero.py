@@ -41,7 +41,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as _TorchZero
 from torch.optim import Optimizer
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank, refuse_each, wait_each
+from ciera._dist import checked_on_every_rank, refuse_each, start_each, wait_each
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import check_engine_config, check_transport, group_beside, make_transport
@@ -612,13 +612,14 @@ class ZeroRedundancyOptimizer(_TorchZero):
             raise ValueError("ciera.zero.ZeroRedundancyOptimizer is closed (close()); it cannot sync parameters")
         self._require_whole()
         start = time.perf_counter()
-        tickets = []
-        for k, sync in enumerate(self._syncs):
+        def start_one(k: int):
+            sync = self._syncs[k]
             mine = sync.input(self.rank)
             stream = torch.cuda.current_stream(sync.device).cuda_stream if sync.device.type == "cuda" else 0
-            tickets.append(sync.engine.start(0, mine.data_ptr(), mine.numel() * mine.element_size(),
-                                             sync.flat.data_ptr(), sync.flat.numel() * sync.flat.element_size(),
-                                             stream, keep=(mine, sync.flat)))
+            return sync.engine.start(0, mine.data_ptr(), mine.numel() * mine.element_size(), sync.flat.data_ptr(),
+                                     sync.flat.numel() * sync.flat.element_size(), stream, keep=(mine, sync.flat))
+
+        tickets = start_each([(sync.engine, 0) for sync in self._syncs], start_one)
         stats = wait_each([(sync.engine, t) for sync, t in zip(self._syncs, tickets)])
         self.sync_count += 1
         self.last_sync = SyncStats(step=self.sync_count, raw_bytes=sum(s.raw_bytes for s in stats),

@@ -149,6 +149,55 @@ def test_a_tensor_changed_on_one_rank_fails_every_rank_at_once():
         assert error == expected and seconds < 15 and same, (rank, error, seconds, same)
 
 
+class _StartFails:
+    """A Broadcaster's engine whose start() of `bucket` raises on this rank (as a CUDA stream
+    error would), the rest as the engine does."""
+
+    def __init__(self, engine, bucket):
+        self.engine, self.bucket = engine, bucket
+
+    def start(self, bucket, *args, **kwargs):
+        if bucket == self.bucket:
+            raise RuntimeError("the start failed")
+        return self.engine.start(bucket, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def a_start_fails_on_one_rank(rank, world):
+    """Rank 2 cannot start the second tensor's gather after starting the first: what each rank's
+    broadcast raised and how long it took, and whether the next broadcast delivered the root's."""
+    import time
+
+    config = ciera.EngineConfig()
+    config.timeout_s = 20   # the peers' wait, had they waited for rank 2's second gather
+    tensors = [torch.full((4,), float(rank)), torch.full((8,), float(rank), dtype=torch.bfloat16)]
+    broadcaster = ciera.broadcast.Broadcaster(tensors, root=0, config=config)
+    engine = broadcaster.engine
+    if rank == 2:
+        broadcaster.engine = _StartFails(engine, 1)
+    start = time.perf_counter()
+    error = error_of(broadcaster.broadcast)
+    seconds = time.perf_counter() - start
+    broadcaster.engine = engine
+    for t in tensors:
+        t.fill_(float(rank))
+    broadcaster.broadcast()   # nothing left in flight: the next one works on every rank
+    same = all(bool((t == 0).all()) for t in tensors)
+    broadcaster.close()
+    return error, seconds, same
+
+
+def test_a_gather_one_rank_cannot_start_fails_every_rank_at_once():
+    results = spawn(a_start_fails_on_one_rank, 3)
+    assert all(status == "ok" for status, _ in results.values()), results
+    for rank, (_, (error, seconds, same)) in results.items():
+        expected = ("RuntimeError: the start failed" if rank == 2
+                    else "ConfigError: rank 2 rejected its gather of bucket 'tensor1': the start failed")
+        assert error == expected and seconds < 15 and same, (rank, error, seconds, same)
+
+
 def misused(rank, world, case):
     """The root's arguments are fine; the receivers' make a broadcast that cannot be bit-exact."""
     config = None
