@@ -346,23 +346,36 @@ CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
     m.pending[g->ticket] = g;
     g->sends_raw = m.send_raw(s, s.step);
   }
-  if (g->local_error.empty() && !g->sends_raw) {
-    try {
-      m.encode(*g, s, false);
-    } catch (const std::exception& e) {
-      // Encoding could not be handed to the workers (out of memory). The gather is queued all
-      // the same, failing, so that the peers learn of it in the control exchange and the bucket
-      // is not left busy; the tasks already handed over read the input, so they finish first.
+  try {
+    if (g->local_error.empty() && !g->sends_raw) {
       try {
-        g->encoding.wait();
-      } catch (...) {
+        m.encode(*g, s, false);
+      } catch (const std::exception& e) {
+        // Encoding could not be handed to the workers (out of memory). The gather is queued all
+        // the same, failing, so that the peers learn of it in the control exchange and the
+        // bucket is not left busy; the tasks already handed over read the input, so they finish
+        // first.
+        try {
+          g->encoding.wait();
+        } catch (...) {
+        }
+        g->local_error = std::string("encoding could not start: ") + e.what();
       }
-      g->local_error = std::string("encoding could not start: ") + e.what();
     }
-  }
-  {
     std::lock_guard lock(m.mutex);
     m.queue.push_back(g);
+  } catch (...) {
+    // Not even the failing gather could be queued (out of memory again): the bucket is left as
+    // it was before this call and the error goes to the caller; the peers, told nothing, wait
+    // for this rank's gather until the timeout.
+    try {
+      g->encoding.wait();
+    } catch (...) {
+    }
+    std::lock_guard lock(m.mutex);
+    s.busy = false;
+    m.pending.erase(g->ticket);
+    throw;
   }
   m.wake.notify_all();
   return g->ticket;
