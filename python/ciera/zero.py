@@ -49,6 +49,17 @@ from ciera.fsdp.transport import check_engine_config, check_transport, group_bes
 __all__ = ["CieraZeroRedundancyOptimizer", "FP32MasterOptimizer", "SyncStats", "ZeroRedundancyOptimizer",
            "fp32_master"]
 
+# PyTorch's private ZeroRedundancyOptimizer members this class overrides (its constructor, step
+# and add_param_group call them) or uses (torch 2.13 here, 2.11 on the GPU image). Were one renamed,
+# PyTorch's own per-parameter broadcasts would run in place of CIERA's sync, silently: refused here.
+_TORCH_MEMBERS = ("_init_local_optimizer", "_build_param_buckets", "_local_step", "_sync_params",
+                  "_get_is_trainable_mask", "_verify_and_init_params", "_verify_same_dense_param_type",
+                  "_device_to_params_per_rank")
+_missing = [name for name in _TORCH_MEMBERS if not hasattr(_TorchZero, name)]
+if _missing:
+    raise ImportError(f"ciera.zero: torch {torch.__version__}'s ZeroRedundancyOptimizer has no "
+                      f"{', '.join(_missing)}, which ciera.zero overrides or uses (tested with torch 2.11 and 2.13)")
+
 
 # --- FP32 master weights -------------------------------------------------------------------------
 

@@ -290,6 +290,16 @@ def test_rebuilds_and_their_failures():
                                                     "(TypeError: "), (rank, r["step_after_bad_group"])
 
 
+def test_a_torch_without_the_members_it_overrides_is_refused_at_import():
+    # Were torch to rename one, its own per-parameter broadcasts would run in place of CIERA's sync.
+    code = ("from torch.distributed.optim import ZeroRedundancyOptimizer as Z\n"
+            "del Z._sync_params\n"
+            "import ciera.zero\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "ImportError: ciera.zero: torch " in done.stderr, done.stderr
+    assert "has no _sync_params, which ciera.zero overrides or uses" in done.stderr, done.stderr
+
+
 def test_a_peer_that_leaves_is_a_comm_error_within_the_timeout():
     results = spawn(w.a_peer_that_leaves, 2)
     status, (error, seconds) = results[0]
