@@ -321,12 +321,19 @@ def group_beside(process_group, backend: str, timeout: datetime.timedelta):
         return lifecycle.register_group(dist.new_group(ranks=ranks, backend=backend, timeout=timeout))
     ranks = sorted(dist.get_process_group_ranks(process_group))
     _name_groups_of_this_thread()
-    _pending.name = _next_name(ranks)
+    name = _pending.name = _next_name(ranks)
     try:
         group = dist.new_group(ranks=ranks, backend=backend, timeout=timeout, use_local_synchronization=True)
+        unnamed = _pending.name is not None   # new_group never asked c10d._process_group_name
     finally:
         _pending.name = None
-    return lifecycle.register_group(group)
+    lifecycle.register_group(group)
+    if unnamed or getattr(group, "group_name", name) != name:
+        # The naming above is private to torch (2.13 here, 2.11 on the GPU image): without it two
+        # subgroups' groups can cross (see above). Every member has the same torch: all refuse.
+        raise _ext.ConfigError(f"CIERA could not name the process group it makes beside a subgroup: torch "
+                               f"{torch.__version__}'s new_group names groups otherwise than CIERA knows")
+    return group
 
 
 def make_transport(kind: str, process_group, timeout_s: float, device: torch.device | None = None,
