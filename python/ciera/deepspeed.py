@@ -67,17 +67,24 @@ class _Hooks:
         from deepspeed import comm as ds_comm
         from deepspeed.runtime.zero import partition_parameters as pp
 
-        if self.original_fetch is None:
+        if pp._dist_allgather_fn is not _fetch:
             self.original_fetch, pp._dist_allgather_fn = pp._dist_allgather_fn, _fetch
+        if ds_comm.all_gather_into_tensor is not _gather:
             self.original_gather, ds_comm.all_gather_into_tensor = ds_comm.all_gather_into_tensor, _gather
 
     def uninstall(self) -> None:
+        """Puts DeepSpeed's functions back once no engine is left, each unless someone replaced ours
+        since (as _ReduceScatterHooks does). The originals stay: a call already past the dispatch
+        on another thread still uses them (until stop 68 it found None there)."""
         from deepspeed import comm as ds_comm
         from deepspeed.runtime.zero import partition_parameters as pp
 
-        if self.original_fetch is not None and not self.states and not self.timed:
-            pp._dist_allgather_fn, ds_comm.all_gather_into_tensor = self.original_fetch, self.original_gather
-            self.original_fetch = self.original_gather = None
+        if self.states or self.timed:
+            return
+        if pp._dist_allgather_fn is _fetch:
+            pp._dist_allgather_fn = self.original_fetch
+        if ds_comm.all_gather_into_tensor is _gather:
+            ds_comm.all_gather_into_tensor = self.original_gather
 
     def fetching(self) -> list:
         calls = getattr(self.local, "calls", None)

@@ -127,6 +127,27 @@ def test_ranks_with_different_options_fail_together():
             (rank, schedule)
 
 
+def test_gather_hooks_leave_a_later_wrapper_in_place_and_keep_the_originals():
+    # A wrapper of DeepSpeed's gather installed after CIERA's stays when CIERA's hooks go, and a
+    # call already past CIERA's dispatch still finds DeepSpeed's original to call.
+    code = ("import os; os.environ['DS_ACCELERATOR'] = 'cpu'\n"
+            "from deepspeed.runtime.zero import partition_parameters as pp\n"
+            "from deepspeed import comm as ds_comm\n"
+            "import ciera.deepspeed as cd\n"
+            "fetch, gather = pp._dist_allgather_fn, ds_comm.all_gather_into_tensor\n"
+            "cd._hooks.install()\n"
+            "assert pp._dist_allgather_fn is cd._fetch and ds_comm.all_gather_into_tensor is cd._gather\n"
+            "def wrapper(*a, **k): pass\n"
+            "pp._dist_allgather_fn = wrapper\n"
+            "cd._hooks.uninstall()\n"
+            "assert pp._dist_allgather_fn is wrapper, 'the later wrapper was clobbered'\n"
+            "assert ds_comm.all_gather_into_tensor is gather\n"
+            "assert cd._hooks.original_fetch is fetch and cd._hooks.original_gather is gather\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
 def test_a_refusal_or_option_on_one_rank_fails_every_rank_alike():
     expected = [
         "ConfigError: ciera.deepspeed.enable(): on rank 1: RuntimeError: no policy file on this node",
