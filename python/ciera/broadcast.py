@@ -30,7 +30,7 @@ from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import check_engine_config, check_transport, make_transport
 
-_POLICIES = {"delta": "delta", "ciera": "ciera", "raw": "raw"}
+_POLICIES = ("delta", "ciera", "raw")   # ShardPolicy names
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
@@ -118,7 +118,7 @@ class Broadcaster:
         self.rank = dist.get_rank(process_group)
         self._dtypes = [t.dtype for t in self.tensors]   # what each bucket's bytes are
         self._shapes = [t.shape for t in self.tensors]   # agreed across ranks at set-up
-        shard_policy = getattr(_ext.ShardPolicy, _POLICIES[policy])
+        shard_policy = getattr(_ext.ShardPolicy, policy)
         layouts = []
         for i, t in enumerate(self.tensors):
             layout = _ext.BucketLayout()

@@ -350,7 +350,7 @@ def _wrap(owner, params: list, registry: dict) -> None:
     for p in params:
         registry[id(p)] = owner
         owner.wrapped[id(p)] = p.all_gather_coalesced
-        p.all_gather_coalesced = _naming(p, p.all_gather_coalesced)
+        p.all_gather_coalesced = _naming(p.all_gather_coalesced)
 
 
 def _unwrap(owner, registry: dict) -> None:
@@ -362,7 +362,7 @@ def _unwrap(owner, registry: dict) -> None:
             p.all_gather_coalesced = original
 
 
-def _naming(param, original):
+def _naming(original):
     """param.all_gather_coalesced that names the parameters it fetches for _fetch."""
     def all_gather_coalesced(params, *args, **kwargs):
         params = sorted(params, key=lambda p: p.ds_id)   # the order DeepSpeed lays them out in

@@ -4,7 +4,6 @@ and its choice applied on every rank at the same step."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ciera import _ext
 from ciera.fsdp.layout import DTYPES
