@@ -416,9 +416,7 @@ void ShardDecoder::Impl::revert_fine_changes(const FineCursor& at) {
 
 namespace {
 [[noreturn]] void throw_checksum_mismatch() {
-  throw FormatError(
-      "content checksum mismatch: the reconstructed shard differs from what was sent (payload "
-      "corrupted, or sender and receiver disagree about the previous values)");
+  throw FormatError(wire::content_checksum_mismatch("the previous values"));
 }
 
 // What a frame's statistics take from its header.
@@ -584,9 +582,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   if (h.section == ExponentSection::kFull || h.section == ExponentSection::kBlock) stream.finish();
   if (h.has_content_checksum() && checksum.digest() != h.content_checksum) {
     if (fine) revert_fine_changes(fine_at);
-    throw FormatError(
-        "content checksum mismatch: the reconstructed shard differs from what was sent (payload "
-        "corrupted, or sender and receiver disagree about the cached exponents)");
+    throw FormatError(wire::content_checksum_mismatch("the cached exponents"));
   }
 
   // Verified: commit to the cache.

@@ -120,8 +120,7 @@ std::string describe_status(uint32_t status, uint64_t d0, uint64_t d1) {
     case kFinePastBlock: return "fine exponent section places a change past the end of block " + n(d0);
     case kFineExtraBits: return "fine extra bits end early, are not fully used or have non-zero padding";
     case kContentChecksum:
-      return "content checksum mismatch: the reconstructed shard differs from what was sent (payload "
-             "corrupted, or sender and receiver disagree about the cached exponents or values)";
+      return wire::content_checksum_mismatch("the cached exponents or values");
     case kWrongStreamKind:
       return d0 == 3 ? "payload is a value-delta frame but this decoder receives an exponent-reuse stream"
                      : "payload is an exponent-delta frame but this decoder receives a value-delta stream";

@@ -5,6 +5,8 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "ciera/codec.hpp"
 #include "ciera/dtype.hpp"
@@ -75,6 +77,14 @@ struct Header {
   uint64_t padding_bytes() const { return sign_mantissa_at() - kHeaderBytes - bitmap_bytes; }
   uint64_t payload_bytes() const { return sign_mantissa_at() + sign_mantissa_bytes + exponent_bytes; }
 };
+
+// The error text of a frame whose reconstruction fails its content checksum; `state` names what
+// the receiver holds that the sender's may disagree with ("the previous values", ...).
+inline std::string content_checksum_mismatch(std::string_view state) {
+  return "content checksum mismatch: the reconstructed shard differs from what was sent (payload "
+         "corrupted, or sender and receiver disagree about " +
+         std::string(state) + ")";
+}
 
 // Writes the 80 header bytes, header checksum included.
 void write_header(const Header& header, uint8_t* out);
