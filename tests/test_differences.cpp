@@ -258,7 +258,7 @@ void check_kernels(const CodecKernels& table, const KernelSet<U>& k, uint64_t se
         }
         // The caller's values at an odd address: the shard may have any alignment.
         std::vector<uint8_t> odd(n * sizeof(U) + 1);
-        std::memcpy(odd.data() + 1, values.data(), n * sizeof(U));
+        if (n > 0) std::memcpy(odd.data() + 1, values.data(), n * sizeof(U));  // data() may be null
         EXPECT_EQ(k.differences(odd.data() + 1, b.data(), n, got.data()), want_changed);
         EXPECT_TRUE(std::equal(z.begin(), z.begin() + n, got.begin()));
         EXPECT_EQ(b, values);
