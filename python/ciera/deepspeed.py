@@ -62,29 +62,38 @@ class _Hooks:
         self.timed: dict[int, "_Timed"] = {}    # id(param) -> a plain engine whose gathers are timed
         self.original_fetch = None
         self.original_gather = None
+        self.fetch_installed = self.gather_installed = False   # ours are in DeepSpeed's call chain
 
     def install(self) -> None:
+        """Puts _fetch and _gather in place of DeepSpeed's functions, unless they are in its call
+        chain already: directly, or under a wrapper someone installed after them (whose
+        function, taken as the original, would call ours again: a recursion without end)."""
         from deepspeed import comm as ds_comm
         from deepspeed.runtime.zero import partition_parameters as pp
 
-        if pp._dist_allgather_fn is not _fetch:
+        if not self.fetch_installed:
             self.original_fetch, pp._dist_allgather_fn = pp._dist_allgather_fn, _fetch
-        if ds_comm.all_gather_into_tensor is not _gather:
+            self.fetch_installed = True
+        if not self.gather_installed:
             self.original_gather, ds_comm.all_gather_into_tensor = ds_comm.all_gather_into_tensor, _gather
+            self.gather_installed = True
 
     def uninstall(self) -> None:
-        """Puts DeepSpeed's functions back once no engine is left, each unless someone replaced ours
-        since (as _ReduceScatterHooks does). The originals stay: a call already past the dispatch
-        on another thread still uses them (until stop 68 it found None there)."""
+        """Puts DeepSpeed's functions back once no engine is left, unless someone wrapped ours
+        since: then ours stay under the wrapper, passing every call through, and a later
+        install() finds them there. The originals stay: a call already past the dispatch on
+        another thread still uses them (until stop 68 it found None there)."""
         from deepspeed import comm as ds_comm
         from deepspeed.runtime.zero import partition_parameters as pp
 
         if self.states or self.timed:
             return
-        if pp._dist_allgather_fn is _fetch:
+        if self.fetch_installed and pp._dist_allgather_fn is _fetch:
             pp._dist_allgather_fn = self.original_fetch
-        if ds_comm.all_gather_into_tensor is _gather:
+            self.fetch_installed = False
+        if self.gather_installed and ds_comm.all_gather_into_tensor is _gather:
             ds_comm.all_gather_into_tensor = self.original_gather
+            self.gather_installed = False
 
     def fetching(self) -> list:
         calls = getattr(self.local, "calls", None)
@@ -614,20 +623,25 @@ class _ReduceScatterHooks:
         self.local = threading.local()   # .active: the handle of the reduction running on this thread
         self.handles: dict[int, "_OptimizerHook"] = {}   # id(optimizer) -> its handle
         self.original = None
+        self.installed = False   # _reduce_scatter_fn is in DeepSpeed's call chain
 
     def install(self) -> None:
+        """As _Hooks.install: ours in place of DeepSpeed's function unless it is in the chain."""
         from deepspeed.runtime.comm import coalesced_collectives as cc
 
-        if cc._torch_reduce_scatter_fn is not _reduce_scatter_fn:
+        if not self.installed:
             self.original, cc._torch_reduce_scatter_fn = cc._torch_reduce_scatter_fn, _reduce_scatter_fn
+            self.installed = True
 
     def uninstall(self) -> None:
-        """Puts DeepSpeed's function back once no handle is left, unless someone replaced ours
-        since. `original` stays: a call already past the dispatch on another thread still uses it."""
+        """Puts DeepSpeed's function back once no handle is left, unless someone wrapped ours
+        since (ours then stays under the wrapper, passing every call through). `original` stays:
+        a call already past the dispatch on another thread still uses it."""
         from deepspeed.runtime.comm import coalesced_collectives as cc
 
-        if not self.handles and cc._torch_reduce_scatter_fn is _reduce_scatter_fn:
+        if self.installed and not self.handles and cc._torch_reduce_scatter_fn is _reduce_scatter_fn:
             cc._torch_reduce_scatter_fn = self.original
+            self.installed = False
 
 
 _rs_hooks = _ReduceScatterHooks()

@@ -128,8 +128,9 @@ def test_ranks_with_different_options_fail_together():
 
 
 def test_gather_hooks_leave_a_later_wrapper_in_place_and_keep_the_originals():
-    # A wrapper of DeepSpeed's gather installed after CIERA's stays when CIERA's hooks go, and a
-    # call already past CIERA's dispatch still finds DeepSpeed's original to call.
+    # A wrapper of DeepSpeed's gather installed after CIERA's stays when CIERA's hooks go, a call
+    # already past CIERA's dispatch still finds DeepSpeed's original to call, and a later enable()
+    # does not take the wrapper (which calls CIERA's hook) as the original: no endless recursion.
     code = ("import os; os.environ['DS_ACCELERATOR'] = 'cpu'\n"
             "from deepspeed.runtime.zero import partition_parameters as pp\n"
             "from deepspeed import comm as ds_comm\n"
@@ -143,6 +144,15 @@ def test_gather_hooks_leave_a_later_wrapper_in_place_and_keep_the_originals():
             "assert pp._dist_allgather_fn is wrapper, 'the later wrapper was clobbered'\n"
             "assert ds_comm.all_gather_into_tensor is gather\n"
             "assert cd._hooks.original_fetch is fetch and cd._hooks.original_gather is gather\n"
+            "cd._hooks.install()   # ours are still under the wrapper: not taken again as the original\n"
+            "assert cd._hooks.original_fetch is fetch and pp._dist_allgather_fn is wrapper\n"
+            "from deepspeed.runtime.comm import coalesced_collectives as cc\n"
+            "scatter = cc._torch_reduce_scatter_fn\n"
+            "cd._rs_hooks.install()\n"
+            "cc._torch_reduce_scatter_fn = wrapper\n"
+            "cd._rs_hooks.uninstall()\n"
+            "cd._rs_hooks.install()\n"
+            "assert cd._rs_hooks.original is scatter and cc._torch_reduce_scatter_fn is wrapper\n"
             "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
