@@ -374,6 +374,7 @@ CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
     }
     std::lock_guard lock(m.mutex);
     s.busy = false;
+    s.cold = true;  // the encoders may have moved on to a frame no peer saw: resynchronise
     m.pending.erase(g->ticket);
     throw;
   }

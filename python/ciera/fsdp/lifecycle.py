@@ -46,9 +46,10 @@ def register_engine(engine) -> None:
 
 
 def close_engine(engine) -> None:
-    """Closes `engine` and forgets it; collective when the engine's transport is."""
-    _open_engines.discard(engine)
+    """Closes `engine` and forgets it; collective when the engine's transport is. An engine that
+    refuses to close (on its own communication thread) stays known, for the exit handler."""
     engine.close()
+    _open_engines.discard(engine)
 
 
 def open_engines() -> list:
