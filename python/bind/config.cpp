@@ -67,13 +67,15 @@ void bind_config(py::module_& m) {
       .def_property(
           "timeout_s", [](const EngineConfig& c) { return c.timeout.count() / 1000.0; },
           [](EngineConfig& c, double s) {
-            // Checked before the conversion, which a NaN or a huge value would make undefined.
-            if (!(std::isfinite(s) && s > 0 && s < 1e15)) {
+            // Checked before the conversion, which a NaN or a huge value would make undefined;
+            // below 1e9 s as the transports' own timeouts (milliseconds_of), and rounded up to a
+            // whole millisecond as they are: truncated, 0.0004 s was a timeout of 0.
+            if (!(std::isfinite(s) && s > 0 && s < 1e9)) {
               throw py::value_error(
-                  "EngineConfig.timeout_s must be a finite number of seconds > 0, got " +
+                  "EngineConfig.timeout_s must be a finite number of seconds > 0 and below 1e9, got " +
                   py::str(py::float_(s)).cast<std::string>());
             }
-            c.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+            c.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(s * 1000)));
           });
 }
 

@@ -69,6 +69,16 @@ def test_configuration_errors_are_python_exceptions():
         config.validate()
 
 
+def test_engine_timeout_is_a_whole_millisecond_the_transports_can_take():
+    config = ciera.EngineConfig()
+    config.timeout_s = 0.0004   # rounded up, as the transports round theirs (it was truncated to 0)
+    assert config.timeout_s == 0.001
+    for bad in (0.0, -1.0, float("nan"), float("inf"), 1e12):   # 1e12: past what a transport takes
+        with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds > 0 and below 1e9"):
+            config.timeout_s = bad
+    assert config.timeout_s == 0.001
+
+
 def test_engine_after_close_raises_instead_of_crashing():
     layout = ciera.BucketLayout.fsdp_split("b", ciera.DType.bf16, [100], 1)
     engine = ciera.Engine(ciera.loopback_transport(ciera.loopback_world(1), 0), ciera.EngineConfig(), [layout])
