@@ -55,6 +55,13 @@ class TaskGroup {
       std::rethrow_exception(error);
     }
   }
+  // Waits for every task and drops their exception: for a caller that already has a failure of
+  // its own to report, and must only know that no task still reads its buffers.
+  void settle() {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    error_ = nullptr;
+  }
 
  private:
   std::mutex mutex_;

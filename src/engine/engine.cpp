@@ -355,10 +355,7 @@ CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
         // the same, failing, so that the peers learn of it in the control exchange and the
         // bucket is not left busy; the tasks already handed over read the input, so they finish
         // first.
-        try {
-          g->encoding.wait();
-        } catch (...) {
-        }
+        g->encoding.settle();
         g->local_error = std::string("encoding could not start: ") + e.what();
       }
     }
@@ -368,10 +365,7 @@ CompressedAllgather::Ticket CompressedAllgather::begin(size_t bucket,
     // Not even the failing gather could be queued (out of memory again): the bucket is left as
     // it was before this call and the error goes to the caller; the peers, told nothing, wait
     // for this rank's gather until the timeout.
-    try {
-      g->encoding.wait();
-    } catch (...) {
-    }
+    g->encoding.settle();
     std::lock_guard lock(m.mutex);
     s.busy = false;
     s.cold = true;  // the encoders may have moved on to a frame no peer saw: resynchronise

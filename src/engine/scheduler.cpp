@@ -349,12 +349,9 @@ void CompressedAllgather::Impl::fail_round(std::vector<std::shared_ptr<Gather>>&
   } catch (...) {
   }
   for (auto& g : round) {
-    try {
-      g->encoding.wait();
-    } catch (...) {
-      // The round has already failed with `error`; an encoding that also failed (it was the
-      // cause, or saw the same broken state) adds nothing the gathers' callers could act on.
-    }
+    // The round has already failed with `error`; an encoding that also failed (it was the
+    // cause, or saw the same broken state) adds nothing the gathers' callers could act on.
+    g->encoding.settle();
     {
       std::lock_guard lock(mutex);
       BucketState& s = buckets[g->bucket];
