@@ -190,6 +190,7 @@ class Broadcaster:
         # dtype of the same size, or moved, or made non-contiguous) would take the root's bytes
         # as values of the wrong type: refused, every bucket, so the peers fail at once too.
         refused_on_every_rank(self._check_unchanged, self._refuse)
+
         def start_one(i: int):
             t = self.tensors[i]
             nbytes = t.numel() * t.element_size()

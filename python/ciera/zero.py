@@ -623,6 +623,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
             raise ValueError("ciera.zero.ZeroRedundancyOptimizer is closed (close()); it cannot sync parameters")
         self._require_whole()
         start = time.perf_counter()
+
         def start_one(k: int):
             sync = self._syncs[k]
             mine = sync.input(self.rank)

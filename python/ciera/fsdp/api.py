@@ -3,7 +3,6 @@ and the Handle it returns gives statistics and disable()."""
 
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 
