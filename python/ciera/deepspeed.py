@@ -41,10 +41,9 @@ import torch.distributed as dist
 
 from ciera import _ext
 from ciera._dist import checked_on_every_rank, refuse_each, wait_each
-from ciera.fsdp import api, lifecycle
+from ciera.fsdp import api
 from ciera.fsdp.gather import GatherRecord, RecordLog, Runtime
-from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice, element_bytes
-from ciera.fsdp.selection import Selector
+from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice
 from ciera.fsdp.transport import check_transport, make_transport
 
 SUPPORTED_VERSIONS = ((0, 15), (0, 19))   # first and last DeepSpeed minor release served
@@ -581,19 +580,11 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
     world = dist.get_world_size(group)
     native = make_transport(transport, group, config.timeout_s, device)
     if selecting and cost_model is None:
-        largest = max(b.numel * world * element_bytes(b.dtype) for b in buckets)
-        dtypes = sorted({DTYPES[b.dtype] for b in buckets}, key=int)
-        cost_model = _ext.measure_cost_model(native, largest, dtypes, config.codec)
-    core = _ext.Engine(native, config, layouts, device=device.index if device.type == "cuda" else -1)
-    lifecycle.register_engine(core)
-    runtime = Runtime(core, buckets, [], verify, overlap=overlap)
+        cost_model = api.measured_cost_model(native, buckets, world, config)
+    runtime = Runtime(api.make_engine(native, config, layouts, device), buckets, [], verify, overlap=overlap)
     state = _State(runtime, params, group, world)
-    hook = None
-    if selecting:
-        after = config.warmup_steps if select_after_steps is None else select_after_steps
-        runtime.selector = Selector(runtime, cost_model, int(cache_budget_bytes), after, reselect_every, overlap,
-                                    config.codec, group, allow_delta=bool(allow_delta))
-        hook = runtime.selector.install(engine.module)
+    hook = (api.install_selector(runtime, cost_model, config, engine.module, group, cache_budget_bytes,
+                                 select_after_steps, reselect_every, overlap, allow_delta) if selecting else None)
     with _hooks.lock:
         _wrap(state, params, _hooks.states)
         _hooks.install()

@@ -175,14 +175,41 @@ def given_cost_model(given, size: int, ranks: tuple, what: str = "enable()"):
     return model
 
 
+def measured_cost_model(native, buckets: list, world: int, config):
+    """The selector's cost model measured on `native` (a transport of `world` ranks) before an
+    engine takes it over: Comm() up to the largest of `buckets` gathered, each of their dtypes
+    coded. Collective over the transport's ranks."""
+    largest = max(b.numel * world * element_bytes(b.dtype) for b in buckets)
+    dtypes = sorted({DTYPES[b.dtype] for b in buckets}, key=int)
+    return _ext.measure_cost_model(native, largest, dtypes, config.codec)
+
+
 def _cost_model(given, native, group, config):
     """The selector's cost model for `group`'s shards: the one `given` has for it, or measured on
-    the group's transport before its engine takes it over: Comm() up to the largest bucket."""
+    the group's transport."""
     if given is None:
-        largest = max(b.numel * group.size * element_bytes(b.dtype) for b in group.buckets)
-        dtypes = sorted({DTYPES[b.dtype] for b in group.buckets}, key=int)
-        return _ext.measure_cost_model(native, largest, dtypes, config.codec)
+        return measured_cost_model(native, group.buckets, group.size, config)
     return given_cost_model(given, group.size, group.ranks)
+
+
+def make_engine(native, config, layouts: list, device: torch.device):
+    """The engine of `layouts` on `native`, coding on `device` (the CPU or one CUDA device), closed
+    by ciera.fsdp.lifecycle at exit if its owner does not. Collective: it agrees its configuration
+    with its peers."""
+    engine = _ext.Engine(native, config, layouts, device=device.index if device.type == "cuda" else -1)
+    lifecycle.register_engine(engine)
+    return engine
+
+
+def install_selector(runtime: Runtime, models, config, module, group, cache_budget_bytes: int,
+                     select_after_steps: int | None, reselect_every: int, overlap: bool, allow_delta: bool):
+    """The benefit-driven selector of `runtime`'s engines (enable()'s cache_budget_bytes and what
+    goes with it; `models` its cost models, `group` the group it agrees its choices over), counting
+    training steps by a forward pre-hook on `module`. Returns that hook."""
+    after = config.warmup_steps if select_after_steps is None else select_after_steps
+    runtime.selector = Selector(runtime, models, int(cache_budget_bytes), after, reselect_every, overlap,
+                                config.codec, group, allow_delta=bool(allow_delta))
+    return runtime.selector.install(module)
 
 
 def _agree_cost_models(models: list, groups, process_group) -> list:
@@ -406,9 +433,7 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
                 native = make_subgroup_transport(transport, group.partition, group.ranks, config.timeout_s, device)
             if selecting:
                 models.append(_cost_model(cost_model, native, group, config))
-            group.engine = _ext.Engine(native, config, group_layouts,
-                                       device=device.index if device.type == "cuda" else -1)
-            lifecycle.register_engine(group.engine)
+            group.engine = make_engine(native, config, group_layouts, device)
         except Exception as e:  # any failure: the other ranks must hear of it, not wait for this one
             failure = e
         if len(groups) > 1 or len(group.partition) > 1:
@@ -421,12 +446,8 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
                       overlap=overlap, groups=groups)
     for module, bucket in described:
         module.set_custom_all_gather(CieraAllGather(runtime, bucket))
-    hook = None
-    if selecting:
-        after = config.warmup_steps if select_after_steps is None else select_after_steps
-        runtime.selector = Selector(runtime, models, int(cache_budget_bytes), after, reselect_every,
-                                    overlap, config.codec, process_group, allow_delta=bool(allow_delta))
-        hook = runtime.selector.install(model)
+    hook = (install_selector(runtime, models, config, model, process_group, cache_budget_bytes, select_after_steps,
+                             reselect_every, overlap, allow_delta) if selecting else None)
     handle = Handle(runtime, hook)
     # Last, when nothing can fail any more: no handle would be there to put it back.
     handle._prefetched = prefetch_forward(model) if forward_prefetch else []
