@@ -191,23 +191,11 @@ void check_throughputs(const CostModel& model, size_t group) {
   }
 }
 
-}  // namespace
-
-Selection select_shards(std::span<const ShardCandidate> candidates, const CostModel& model,
-                        const SelectorOptions& options) {
-  return select_shards(candidates, std::span<const CostModel>(&model, 1), options);
-}
-
-Selection select_shards(std::span<const ShardCandidate> candidates,
-                        std::span<const CostModel> models, const SelectorOptions& options) {
-  options.codec.validate();
-  for (size_t g = 0; g < models.size(); ++g) check_throughputs(models[g], g);
-  Selection selection;
-  selection.budget_bytes = options.cache_budget_bytes;
-  selection.shards.reserve(candidates.size());
-
-  // Buckets are per group: (group, bucket) numbered densely, in that order.
-  std::map<std::pair<size_t, size_t>, size_t> bucket_ids;
+// A candidate list select_shards can price: no shard listed twice, each in a group of the
+// given cost models with one shard size per rank of it, change rates in [0, 1], a finite
+// delta_bits_per_value.
+void check_candidates(std::span<const ShardCandidate> candidates,
+                      std::span<const CostModel> models) {
   // A shard listed twice would be charged to the budget twice, and Selection::policy() would
   // answer for the first listing only.
   std::set<std::tuple<size_t, size_t, size_t>> listed;
@@ -238,78 +226,151 @@ Selection select_shards(std::span<const ShardCandidate> candidates,
       throw ConfigError("select_shards: shard " + c.name + " has delta_bits_per_value " +
                         std::to_string(c.delta_bits_per_value));
     }
-    bucket_ids.emplace(std::pair(c.group, c.bucket), 0);
   }
-  std::vector<double> round_overhead_s;  // per bucket id: its group's compressed-round overhead
-  for (auto& [key, id] : bucket_ids) {
-    id = round_overhead_s.size();
-    round_overhead_s.push_back(compressed_round_overhead_s(models[key.first]));
+}
+
+// The candidates' buckets, per group: (group, bucket) numbered densely, in that order, each
+// with its raw bytes (every rank's shards) and the overhead of its compressed rounds in a step.
+class Buckets {
+ public:
+  Buckets(std::span<const ShardCandidate> candidates, std::span<const CostModel> models) {
+    for (const ShardCandidate& c : candidates) ids_.emplace(std::pair(c.group, c.bucket), 0);
+    for (auto& [key, id] : ids_) {
+      id = round_overhead_s_.size();
+      round_overhead_s_.push_back(compressed_round_overhead_s(models[key.first]));
+    }
+    // Every gather of a bucket in the step pays the overhead (gains are per step too).
+    std::vector<uint32_t> regathers(size(), 0);
+    raw_bytes_.assign(size(), 0.0);
+    for (const ShardCandidate& c : candidates) {
+      regathers[of(c)] = std::max(regathers[of(c)], c.regathers);
+      const double vb = dtype_info(c.dtype).value_bytes;
+      for (const uint64_t n : c.shard_values) raw_bytes_[of(c)] += double(n) * vb;
+    }
+    for (size_t b = 0; b < size(); ++b) round_overhead_s_[b] *= 1 + regathers[b];
   }
-  const size_t buckets = bucket_ids.size();
-  const auto bucket_of = [&](const ShardCandidate& c) {
-    return bucket_ids.at(std::pair(c.group, c.bucket));
-  };
-  // Every gather of a bucket in the step pays the overhead (gains are per step too).
-  std::vector<uint32_t> bucket_regathers(buckets, 0);
-  for (const ShardCandidate& c : candidates) {
-    bucket_regathers[bucket_of(c)] = std::max(bucket_regathers[bucket_of(c)], c.regathers);
-  }
-  for (size_t b = 0; b < buckets; ++b) round_overhead_s[b] *= 1 + bucket_regathers[b];
-  std::vector<double> bucket_raw_bytes(buckets, 0.0);
-  for (const ShardCandidate& c : candidates) {
-    const double vb = dtype_info(c.dtype).value_bytes;
-    for (const uint64_t n : c.shard_values) bucket_raw_bytes[bucket_of(c)] += double(n) * vb;
-  }
+
+  size_t size() const { return ids_.size(); }
+  size_t of(const ShardCandidate& c) const { return ids_.at(std::pair(c.group, c.bucket)); }
+  double raw_bytes(size_t b) const { return raw_bytes_[b]; }
+  double round_overhead_s(size_t b) const { return round_overhead_s_[b]; }
+
+ private:
+  std::map<std::pair<size_t, size_t>, size_t> ids_;
+  std::vector<double> round_overhead_s_;
+  std::vector<double> raw_bytes_;
+};
+
+// Candidate `c`'s choice, priced: its exponent-reuse estimate (and why it is unavailable, if
+// it is) and its delta estimate, per step; `bucket_bytes` the raw bytes of its bucket.
+ShardChoice priced(const ShardCandidate& c, const CostModel& model, const SelectorOptions& options,
+                   double bucket_bytes) {
+  ShardChoice choice;
+  choice.shard = c;
+  const double vb = dtype_info(c.dtype).value_bytes;
+  for (const uint64_t n : c.shard_values) choice.raw_bytes += double(n) * vb;
+  const bool empty = choice.raw_bytes == 0;
 
   CodecConfig ciera_codec = options.codec;
   ciera_codec.stream_kind = StreamKind::kExponentReuse;
+  ciera_codec.dtype = c.dtype;
+  PolicyEstimate ciera =
+      estimate(c, ciera_codec, model.throughput(c.dtype), model, bucket_bytes, [&](uint64_t n) {
+        return expected_payload_bytes(options.codec, c.dtype, n, c.block_change_rate,
+                                      c.value_change_rate);
+      });
+  // A re-gather finds no exponent changed: sign and mantissa travel again, with an empty bitmap.
+  add_regathers(
+      ciera, c.regathers,
+      estimate(c, ciera_codec, model.throughput(c.dtype), model, bucket_bytes, [&](uint64_t n) {
+        return expected_payload_bytes(options.codec, c.dtype, n, 0.0, 0.0);
+      }));
+  finish_estimate(ciera, options.overlap, empty, model.throughput(c.dtype), c.dtype);
+  choice.expected_wire_bytes = ciera.expected_wire_bytes;
+  choice.comm_saved_s = ciera.comm_saved_s;
+  choice.encode_s = ciera.encode_s;
+  choice.decode_s = ciera.decode_s;
+  choice.gain_s = ciera.gain_s;
+  choice.memory_bytes = ciera.memory_bytes;
+  choice.score = ciera.score;
+  choice.reason = ciera.unavailable;
+
+  if (!options.allow_delta) {
+    choice.delta.unavailable = "delta not allowed";
+    return choice;
+  }
   CodecConfig delta_codec = options.codec;
   delta_codec.stream_kind = StreamKind::kValueDelta;
-  for (const ShardCandidate& c : candidates) {
-    const CostModel& model = models[c.group];
-    ShardChoice choice;
-    choice.shard = c;
-    const double vb = dtype_info(c.dtype).value_bytes;
-    for (const uint64_t n : c.shard_values) choice.raw_bytes += double(n) * vb;
-    const bool empty = choice.raw_bytes == 0;
-    const double bucket_bytes = bucket_raw_bytes[bucket_of(c)];
+  delta_codec.dtype = c.dtype;
+  const CodecThroughput& speed = model.delta_throughput(c.dtype);
+  choice.delta = estimate(c, delta_codec, speed, model, bucket_bytes, [&](uint64_t n) {
+    return expected_delta_payload_bytes(n, c.delta_bits_per_value);
+  });
+  // A re-gather finds no value changed: a frame of nothing but its header.
+  add_regathers(choice.delta, c.regathers,
+                estimate(c, delta_codec, speed, model, bucket_bytes,
+                         [&](uint64_t n) { return expected_delta_payload_bytes(n, 0.0); }));
+  if (c.delta_bits_per_value < 0) choice.delta.unavailable = "value changes not measured";
+  finish_estimate(choice.delta, options.overlap, empty, speed, c.dtype);
+  return choice;
+}
 
-    ciera_codec.dtype = c.dtype;
-    PolicyEstimate ciera = estimate(c, ciera_codec, model.throughput(c.dtype), model, bucket_bytes, [&](uint64_t n) {
-      return expected_payload_bytes(options.codec, c.dtype, n, c.block_change_rate, c.value_change_rate);
-    });
-    // A re-gather finds no exponent changed: sign and mantissa travel again, with an empty bitmap.
-    add_regathers(
-        ciera, c.regathers,
-        estimate(c, ciera_codec, model.throughput(c.dtype), model, bucket_bytes, [&](uint64_t n) {
-          return expected_payload_bytes(options.codec, c.dtype, n, 0.0, 0.0);
-        }));
-    finish_estimate(ciera, options.overlap, empty, model.throughput(c.dtype), c.dtype);
-    choice.expected_wire_bytes = ciera.expected_wire_bytes;
-    choice.comm_saved_s = ciera.comm_saved_s;
-    choice.encode_s = ciera.encode_s;
-    choice.decode_s = ciera.decode_s;
-    choice.gain_s = ciera.gain_s;
-    choice.memory_bytes = ciera.memory_bytes;
-    choice.score = ciera.score;
-    choice.reason = ciera.unavailable;
+// The option each shard of `selection` holds (an index into its `shard_options`) when the
+// `steps` (ranked) are taken in turn while they fit the budget, skipping the shards of
+// `dropped` buckets, and then each shard in `shard_order` takes the best upgrade that still
+// fits; and the cache bytes that takes.
+struct Allocation {
+  std::vector<size_t> at;
+  uint64_t used = 0;
+};
 
-    if (!options.allow_delta) {
-      choice.delta.unavailable = "delta not allowed";
-    } else {
-      delta_codec.dtype = c.dtype;
-      const CodecThroughput& speed = model.delta_throughput(c.dtype);
-      choice.delta = estimate(c, delta_codec, speed, model, bucket_bytes, [&](uint64_t n) {
-        return expected_delta_payload_bytes(n, c.delta_bits_per_value);
-      });
-      // A re-gather finds no value changed: a frame of nothing but its header.
-      add_regathers(choice.delta, c.regathers,
-                    estimate(c, delta_codec, speed, model, bucket_bytes,
-                             [&](uint64_t n) { return expected_delta_payload_bytes(n, 0.0); }));
-      if (c.delta_bits_per_value < 0) choice.delta.unavailable = "value changes not measured";
-      finish_estimate(choice.delta, options.overlap, empty, speed, c.dtype);
+Allocation allocate(const Selection& selection,
+                    const std::vector<std::vector<Option>>& shard_options,
+                    const std::vector<Step>& steps, const std::vector<size_t>& shard_order,
+                    const Buckets& buckets, const std::vector<bool>& dropped, uint64_t budget) {
+  uint64_t used = 0;
+  std::vector<size_t> at(selection.shards.size(), 0);
+  for (const Step& s : steps) {
+    if (dropped[buckets.of(selection.shards[s.shard].shard)] || at[s.shard] != s.from) continue;
+    if (s.memory_bytes > budget - used) continue;  // and its later steps
+    used += s.memory_bytes;
+    at[s.shard] = s.to;
+  }
+  for (const size_t i : shard_order) {
+    if (dropped[buckets.of(selection.shards[i].shard)]) continue;
+    const std::vector<Option>& o = shard_options[i];
+    size_t best = at[i];
+    for (size_t k = 1; k < o.size(); ++k) {
+      if (o[k].gain_s > o[best].gain_s && o[k].memory_bytes >= o[at[i]].memory_bytes &&
+          o[k].memory_bytes - o[at[i]].memory_bytes <= budget - used) {
+        best = k;
+      }
     }
-    selection.shards.push_back(std::move(choice));
+    used += o[best].memory_bytes - o[at[i]].memory_bytes;
+    at[i] = best;
+  }
+  return {std::move(at), used};
+}
+
+}  // namespace
+
+Selection select_shards(std::span<const ShardCandidate> candidates, const CostModel& model,
+                        const SelectorOptions& options) {
+  return select_shards(candidates, std::span<const CostModel>(&model, 1), options);
+}
+
+Selection select_shards(std::span<const ShardCandidate> candidates,
+                        std::span<const CostModel> models, const SelectorOptions& options) {
+  options.codec.validate();
+  for (size_t g = 0; g < models.size(); ++g) check_throughputs(models[g], g);
+  check_candidates(candidates, models);
+  const Buckets buckets(candidates, models);
+  Selection selection;
+  selection.budget_bytes = options.cache_budget_bytes;
+  selection.shards.reserve(candidates.size());
+  for (const ShardCandidate& c : candidates) {
+    selection.shards.push_back(
+        priced(c, models[c.group], options, buckets.raw_bytes(buckets.of(c))));
   }
 
   // Every shard's hull steps, ranked by incremental gain per incremental byte; ties by
@@ -332,62 +393,42 @@ Selection select_shards(std::span<const ShardCandidate> candidates,
     if (s.from == 0) shard_order.push_back(s.shard);
   }
 
-  std::vector<bool> bucket_dropped(buckets, false);
+  std::vector<bool> bucket_dropped(buckets.size(), false);
   for (;;) {
-    uint64_t used = 0;
-    std::vector<size_t> at(selection.shards.size(), 0);  // the option each shard holds
-    for (const Step& s : steps) {
-      const ShardChoice& c = selection.shards[s.shard];
-      if (bucket_dropped[bucket_of(c.shard)] || at[s.shard] != s.from) continue;
-      if (s.memory_bytes > options.cache_budget_bytes - used) continue;  // and its later steps
-      used += s.memory_bytes;
-      at[s.shard] = s.to;
-    }
-    for (const size_t i : shard_order) {
-      if (bucket_dropped[bucket_of(selection.shards[i].shard)]) continue;
-      const std::vector<Option>& o = shard_options[i];
-      size_t best = at[i];
-      for (size_t k = 1; k < o.size(); ++k) {
-        if (o[k].gain_s > o[best].gain_s && o[k].memory_bytes >= o[at[i]].memory_bytes &&
-            o[k].memory_bytes - o[at[i]].memory_bytes <= options.cache_budget_bytes - used) {
-          best = k;
-        }
-      }
-      used += o[best].memory_bytes - o[at[i]].memory_bytes;
-      at[i] = best;
-    }
-
-    std::vector<double> bucket_gain(buckets, 0.0);
-    std::vector<bool> bucket_chosen(buckets, false);
+    const auto [at, used] = allocate(selection, shard_options, steps, shard_order, buckets,
+                                     bucket_dropped, options.cache_budget_bytes);
+    std::vector<double> bucket_gain(buckets.size(), 0.0);
+    std::vector<bool> bucket_chosen(buckets.size(), false);
     for (size_t i = 0; i < selection.shards.size(); ++i) {
       ShardChoice& c = selection.shards[i];
+      const size_t b = buckets.of(c.shard);
       const Option& o = shard_options[i][at[i]];
       c.policy = o.policy;
       c.chosen = o.policy != ShardPolicy::kRaw;
       c.chosen_memory_bytes = o.memory_bytes;
       c.chosen_gain_s = o.gain_s;
       if (shard_options[i].size() == 1) continue;  // no option: its reason says why
-      if (bucket_dropped[bucket_of(c.shard)]) {
+      if (bucket_dropped[b]) {
         c.reason = "bucket gain below its round overhead (" +
-                   format_seconds(round_overhead_s[bucket_of(c.shard)]) + ")";
+                   format_seconds(buckets.round_overhead_s(b)) + ")";
       } else if (c.chosen) {
         c.reason = chosen_reason(c.policy);
-        bucket_gain[bucket_of(c.shard)] += o.gain_s;
-        bucket_chosen[bucket_of(c.shard)] = true;
+        bucket_gain[b] += o.gain_s;
+        bucket_chosen[b] = true;
       } else {
         c.reason = "over budget";
       }
     }
     bool dropped_any = false;
-    for (size_t b = 0; b < buckets; ++b) {
-      if (bucket_chosen[b] && bucket_gain[b] <= round_overhead_s[b])
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (bucket_chosen[b] && bucket_gain[b] <= buckets.round_overhead_s(b))
         bucket_dropped[b] = dropped_any = true;
     }
     if (dropped_any) continue;  // the freed budget may go to shards of other buckets
     selection.cache_bytes = used;
     selection.gain_s = 0;
-    for (size_t b = 0; b < buckets; ++b) {
-      if (bucket_gain[b] > 0) selection.gain_s += bucket_gain[b] - round_overhead_s[b];
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (bucket_gain[b] > 0) selection.gain_s += bucket_gain[b] - buckets.round_overhead_s(b);
     }
     return selection;
   }
