@@ -45,6 +45,7 @@ int mpi_init(int* argc = nullptr, char*** argv = nullptr,
 // timeout, until set_timeout) is a CommError. MPI must be initialised and not finalised (else a
 // CommError); an engine needs MPI_THREAD_MULTIPLE, since it calls MPI from its own thread while
 // its caller may call it too (else the engine's constructor throws a ConfigError naming the level).
+// MPI_COMM_NULL or a negative timeout is std::invalid_argument (zero: no timeout).
 std::unique_ptr<Transport> make_mpi_transport(
     MPI_Comm comm, std::chrono::milliseconds timeout = kMpiDefaultTimeout);
 
@@ -56,7 +57,8 @@ std::unique_ptr<Transport> make_mpi_transport(
 // same ConfigError on every rank, before any split. The split (MPI_Comm_split) cannot be polled: it
 // runs under a watchdog that, past `timeout`, prints one line naming it and ends the job with
 // mpi_abort(1) (with MPI_THREAD_MULTIPLE; at a lower thread level, where MPI_Abort from the
-// watchdog's thread is not allowed, this process only, with _exit(1)).
+// watchdog's thread is not allowed, this process only, with _exit(1)). MPI_COMM_NULL or a
+// negative timeout is std::invalid_argument.
 std::unique_ptr<Transport> make_mpi_transport(
     MPI_Comm comm, std::span<const int> ranks,
     std::chrono::milliseconds timeout = kMpiDefaultTimeout);
@@ -66,7 +68,8 @@ std::unique_ptr<Transport> make_mpi_transport(
 bool mpi_communication_failed();
 
 // Waits for `requests` (the caller's own nonblocking MPI operations) as the transport waits for
-// its own: polled, never longer than `timeout` (0: no deadline); a timeout or an MPI error is a
+// its own: polled, never longer than `timeout` (0: no deadline; negative: std::invalid_argument,
+// before any wait); a timeout or an MPI error is a
 // CommError naming `what`, and counts as a communication failure for mpi_shutdown().
 void mpi_wait_all(std::span<MPI_Request> requests, std::chrono::milliseconds timeout,
                   const char* what);

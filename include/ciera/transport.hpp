@@ -116,7 +116,8 @@ class Transport {
   // not.
   virtual std::string threading_problem() const { return ""; }
 
-  // Longest a collective waits for its peers before it throws CommError; zero waits forever.
+  // Longest a collective waits for its peers before it throws CommError; zero waits forever, a
+  // negative timeout is std::invalid_argument.
   virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
 

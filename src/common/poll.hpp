@@ -7,9 +7,23 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 namespace ciera {
+
+// A timeout as a caller gave it (a transport's, a wait's), or std::invalid_argument naming `who`
+// if it is negative: zero waits forever, and the waits below read a negative one as zero too,
+// so a bound the caller got wrong would become a hang.
+inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds timeout,
+                                                 const std::string& who) {
+  if (timeout.count() < 0) {
+    throw std::invalid_argument(who + ": the timeout must not be negative (" +
+                                std::to_string(timeout.count()) + " ms; zero waits forever)");
+  }
+  return timeout;
+}
 
 // Calls `test` until it returns true (then true) or `timeout` passes (then false; 0: no
 // deadline). Between calls it yields, then sleeps with growing pauses up to 200 us, so that

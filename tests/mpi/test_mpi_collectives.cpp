@@ -279,6 +279,25 @@ TEST(MpiTransportSettings, DifferentOrUnreadableOnOneRankFailEveryRankAlike) {
   expect_an_allgather_lands(*transport);
 }
 
+// From a user audit: MPI_COMM_NULL (what MPI_Comm_split gives a rank of colour MPI_UNDEFINED)
+// made MPI's own check abort the job at the transport's first MPI call; a negative timeout was
+// taken, and read as no timeout. Both are std::invalid_argument, on the rank that passed them,
+// before any MPI call; set_timeout refuses a negative one too and keeps the timeout it had.
+TEST(MpiTransport, NoCommunicatorOrANegativeTimeoutIsRefusedBeforeAnyMpiCall) {
+  EXPECT_THROW(make_mpi_transport(MPI_COMM_NULL), std::invalid_argument);
+  const int all[] = {0};
+  EXPECT_THROW(make_mpi_transport(MPI_COMM_NULL, all), std::invalid_argument);
+  EXPECT_THROW(make_mpi_transport(MPI_COMM_WORLD, std::chrono::milliseconds(-1)),
+               std::invalid_argument);
+  std::vector<MPI_Request> none;
+  EXPECT_THROW(mpi_wait_all(none, std::chrono::milliseconds(-5), "nothing"), std::invalid_argument);
+  std::shared_ptr<Transport> transport =
+      make_mpi_transport(MPI_COMM_WORLD, std::chrono::seconds(20));
+  EXPECT_THROW(transport->set_timeout(std::chrono::milliseconds(-1)), std::invalid_argument);
+  EXPECT_EQ(transport->timeout(), std::chrono::seconds(20));
+  expect_an_allgather_lands(*transport);
+}
+
 // Sub-groups the ranks name differently (other members, another order, a rank left out of its own
 // group): the same ConfigError on every rank, before any split. Until stop 62 only the ranks whose
 // group came out of another size failed, another order passed, and a rank that left itself out

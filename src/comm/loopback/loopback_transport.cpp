@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ciera/loopback.hpp"
+#include "common/poll.hpp"
 
 namespace ciera {
 
@@ -169,7 +170,9 @@ class LoopbackTransport final : public Transport {
 
   void barrier() override { collective(kBarrier, nullptr, 0, [](const auto&) {}); }
 
-  void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void set_timeout(std::chrono::milliseconds timeout) override {
+    timeout_ = checked_timeout(timeout, "loopback transport set_timeout");
+  }
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
  private:

@@ -111,10 +111,22 @@ void require_usable_mpi() {
   if (finalized) throw CommError("MPI transport: MPI is finalised (mpi_shutdown or MPI_Finalize)");
 }
 
+// MPI_COMM_NULL (what MPI_Comm_split gives a rank of colour MPI_UNDEFINED) is no communicator:
+// MPI's own checks would abort the job at the first call on it.
+void require_communicator(MPI_Comm comm) {
+  if (comm == MPI_COMM_NULL) {
+    throw std::invalid_argument(
+        "mpi_transport: the communicator is MPI_COMM_NULL (as MPI_Comm_split gives a rank "
+        "of colour MPI_UNDEFINED): pass one this rank belongs to");
+  }
+}
+
 class MpiTransport final : public Transport {
  public:
-  MpiTransport(MPI_Comm comm, std::chrono::milliseconds timeout) : timeout_(timeout) {
+  MpiTransport(MPI_Comm comm, std::chrono::milliseconds timeout)
+      : timeout_(checked_timeout(timeout, "mpi_transport")) {
     require_usable_mpi();
+    require_communicator(comm);
     MPI_Comm_rank(comm, &rank_);
     // A collective over `comm`, nonblocking and polled: a peer that never joins is a CommError.
     MPI_Request request;
@@ -565,7 +577,9 @@ class MpiTransport final : public Transport {
     wait(request, "MPI_Ibarrier");
   }
 
-  void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void set_timeout(std::chrono::milliseconds timeout) override {
+    timeout_ = checked_timeout(timeout, "MPI transport set_timeout");
+  }
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
  private:
@@ -742,7 +756,9 @@ void agree_on_groups(MPI_Comm comm, std::span<const int> ranks, std::chrono::mil
 
 std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, std::span<const int> ranks,
                                               std::chrono::milliseconds timeout) {
+  checked_timeout(timeout, "mpi_transport");
   require_usable_mpi();
+  require_communicator(comm);
   agree_on_groups(comm, ranks, timeout);
   int me = 0;
   MPI_Comm_rank(comm, &me);
@@ -827,6 +843,7 @@ std::vector<std::string> mpi_allgather_bytes(MPI_Comm comm, std::string_view min
 
 void mpi_wait_all(std::span<MPI_Request> requests, std::chrono::milliseconds timeout,
                   const char* what) {
+  checked_timeout(timeout, std::string("mpi_wait_all (") + what + ")");
   const bool done = poll_until(
       [&] {
         int all = 0;
