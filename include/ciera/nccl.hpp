@@ -34,7 +34,7 @@ std::string library_version();
 struct Options {
   int device = 0;  // the CUDA device of this rank
   // Longest the set-up, and then each collective (Transport::set_timeout), waits for peers;
-  // zero waits forever.
+  // zero waits forever, a negative timeout is std::invalid_argument.
   std::chrono::milliseconds timeout{120000};
 };
 
@@ -43,8 +43,9 @@ struct Options {
 // in place) or anything else (host memory, another device's: staged through a device buffer the
 // transport owns). Several ranks on one GPU need NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1 in
 // the environment before the first communicator is made.
-// Throws std::invalid_argument if rank or size are out of range, CommError if NCCL or the device
-// is unusable or the peers do not join within the timeout.
+// Throws std::invalid_argument if rank, size or device are out of range or the timeout is
+// negative, CommError if NCCL or the device is unusable or the peers do not join within the
+// timeout.
 std::unique_ptr<Transport> make_transport(const UniqueId& id, int rank, int size,
                                           Options options = {});
 

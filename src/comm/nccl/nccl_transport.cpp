@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -22,6 +23,8 @@
 #include "ciera/nccl.hpp"
 #include "comm/nccl/allgatherv_plan.hpp"
 #include "comm/nccl/library.hpp"
+#include "common/checked.hpp"
+#include "common/poll.hpp"
 
 namespace ciera::nccl {
 namespace {
@@ -105,9 +108,15 @@ ncclConfig_t non_blocking_config() {
 constexpr size_t kStagingAlignment = 256;
 constexpr size_t kBarrierBytes = 4;
 constexpr std::chrono::milliseconds kFinalizeBound{120000};
+// How long fail() waits for the streams to drain after ncclCommAbort: aborted kernels quit at
+// once, so this bounds only a local copy that overran; an abort must never become a hang.
+constexpr std::chrono::milliseconds kAbortDrainBound{10000};
 
-size_t align_up(size_t bytes) {
-  return (bytes + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
+// `bytes` rounded up to kStagingAlignment; nullopt where that passes 2^64 - 1.
+std::optional<uint64_t> align_up(uint64_t bytes) {
+  uint64_t padded = 0;
+  if (__builtin_add_overflow(bytes, kStagingAlignment - 1, &padded)) return std::nullopt;
+  return padded / kStagingAlignment * kStagingAlignment;
 }
 
 std::string cuda_text(cudaError_t e) { return cudaGetErrorString(e); }
@@ -142,9 +151,15 @@ class NcclTransport final : public Transport {
   void allgather(const void* in, size_t bytes, void* out) override {
     usable();
     if (bytes == 0) return;
+    const std::optional<uint64_t> gathered = checked_product(bytes, static_cast<uint64_t>(size_));
+    if (!gathered) {  // before anything is enqueued, as plan_allgatherv's checks
+      throw std::invalid_argument("NCCL allgather: " + std::to_string(bytes) +
+                                  " bytes from each of " + std::to_string(size_) +
+                                  " ranks is more than 2^64 - 1 bytes");
+    }
+    const uint64_t total = *gathered;
     const DeviceScope scope(device_);
     const Deadline deadline(timeout_);
-    const uint64_t total = bytes * static_cast<uint64_t>(size_);
     const bool out_on_device = on_device(out);
     std::byte* d_out = out_on_device ? static_cast<std::byte*>(out) : staging(total);
     std::byte* own_slot = d_out + static_cast<uint64_t>(rank_) * bytes;
@@ -192,7 +207,12 @@ class NcclTransport final : public Transport {
         d_out[i] = static_cast<std::byte*>(calls[i].out);
       } else {
         staged_at[i] = staging_total;
-        staging_total += align_up(plans[i].extent);
+        const std::optional<uint64_t> slot = align_up(plans[i].extent);
+        if (!slot || __builtin_add_overflow(staging_total, *slot, &staging_total)) {
+          // Still nothing enqueued: a misuse, as plan_allgatherv's.
+          throw std::invalid_argument("NCCL allgatherv: the staged outputs of calls 1.." +
+                                      std::to_string(i + 1) + " need more than 2^64 - 1 bytes");
+        }
       }
     }
     std::byte* base = staging_total > 0 ? staging(staging_total) : nullptr;
@@ -272,7 +292,11 @@ class NcclTransport final : public Transport {
     wait_done("ncclAllReduce (barrier)", deadline, nullptr);
   }
 
-  void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  // A negative timeout is std::invalid_argument (Transport's contract, and make_transport's):
+  // Deadline would read it as "wait forever".
+  void set_timeout(std::chrono::milliseconds timeout) override {
+    timeout_ = checked_timeout(timeout, "NCCL transport set_timeout");
+  }
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
  private:
@@ -290,8 +314,8 @@ class NcclTransport final : public Transport {
     ncclUniqueId uid;
     static_assert(sizeof(uid) == sizeof(id.bytes), "ncclUniqueId is 128 bytes");
     std::memcpy(&uid, id.bytes.data(), sizeof(uid));
-    // The barrier's word now, not at the first barrier: allocating device memory between
-    // collectives may wait for the device, and so for a peer's kernel on a shared GPU.
+    // The barrier's word now, not at the first barrier: a barrier then allocates nothing (and
+    // cannot fail for memory) between collectives.
     staging(kBarrierBytes);
     ncclConfig_t config = non_blocking_config();
     const Deadline deadline(timeout_);
@@ -332,23 +356,33 @@ class NcclTransport final : public Transport {
     comm_ = nullptr;
   }
 
-  // Device memory is freed only here. cudaFree synchronises the whole device: with other ranks
-  // of this communicator on the same GPU waiting in a collective for this rank's next call, a
-  // cudaFree between calls would wait for them while they wait for it.
+  // Never waits, for the device or a peer: called from the destructor and set-up's failure path,
+  // which may run while a stopped peer holds a kernel on this GPU (torch's own NCCL kernel, or
+  // another rank-thread's). cudaFree would wait for every kernel on the device; the staging is
+  // freed stream-ordered instead, and cudaStreamDestroy and cudaEventDestroy return at once (the
+  // driver releases them when their work is done).
   void release() noexcept {
     const DeviceScope scope(device_);
-    retired_.push_back(staging_);
-    for (void* p : retired_) {
-      if (p != nullptr) cudaFree(p);
+    if (staging_ != nullptr) {
+      // Only stream_ and copy_stream_ ever used the staging. After a failed copy_out the copy
+      // stream may still be reading it: order the free after whatever it holds.
+      cudaEvent_t copies_done = nullptr;
+      if (copy_stream_ != nullptr &&
+          cudaEventCreateWithFlags(&copies_done, cudaEventDisableTiming) == cudaSuccess) {
+        if (cudaEventRecord(copies_done, copy_stream_) == cudaSuccess)
+          cudaStreamWaitEvent(stream_, copies_done, 0);
+        cudaEventDestroy(copies_done);
+      }
+      cudaFreeAsync(staging_, stream_);
+      staging_ = nullptr;
+      staging_bytes_ = 0;
     }
-    retired_.clear();
-    staging_ = nullptr;
-    staging_bytes_ = 0;
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     events_.clear();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
     stream_ = copy_stream_ = nullptr;
+    (void)cudaGetLastError();  // leave no status behind for the caller's next launch check
   }
 
   // ---- Enqueueing and waiting ----------------------------------------------------------------
@@ -375,24 +409,39 @@ class NcclTransport final : public Transport {
   // throws CommError naming the operation, this rank, the problem and NCCL's last error.
   [[noreturn]] void fail(const std::string& what, const std::string& problem) {
     std::string last;
+    bool drained = true;
     if (comm_ != nullptr) {
+      // ncclGetLastError ignores its argument: its text is the process's last NCCL error, which
+      // may be another communicator's (torch's, in the same process), so it is labelled as such.
       if (const char* text = nccl_.get_last_error(comm_); text != nullptr) last = text;
       nccl_.comm_abort(comm_);
       comm_ = nullptr;
-      // The aborted kernels and any staging copies leave the stream shortly; the caller may free
-      // the buffers they used once this throws, so wait for them (a bounded while: an abort must
-      // never become a hang).
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (cudaStreamQuery(stream_) == cudaErrorNotReady &&
-             std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      (void)cudaGetLastError();
+      // The aborted kernels (stream_) and the copies of staged outputs into the caller's buffer
+      // (copy_stream_) leave their streams shortly; the caller may free or reuse its buffers once
+      // this throws, so wait for both, within a bound: an abort must never become a hang.
+      drained = poll_until([&] { return stream_idle(stream_) && stream_idle(copy_stream_); },
+                           Deadline(kAbortDrainBound));
     }
     broken_ = true;
     reason_ = what + " on rank " + where() + ": " + problem;
-    if (!last.empty()) reason_ += " (NCCL's last error: " + last + ")";
+    if (!last.empty()) {
+      reason_ +=
+          " (NCCL's last error in this process, which may be another communicator's: " + last + ")";
+    }
+    if (!drained) {
+      reason_ += "; work this transport enqueued on the caller's buffers was still running " +
+                 std::to_string(kAbortDrainBound.count()) + " ms after ncclCommAbort";
+    }
     throw CommError(reason_);
+  }
+
+  // Whether `stream` has no work left; an error (the context is gone) counts as idle: nothing
+  // more runs there. Leaves no status behind.
+  static bool stream_idle(cudaStream_t stream) {
+    if (stream == nullptr) return true;  // never made (cudaStreamQuery would read the default)
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return e != cudaErrorNotReady;
   }
 
   void cuda(const char* what, cudaError_t e) {
@@ -411,21 +460,30 @@ class NcclTransport final : public Transport {
     return attributes.type == cudaMemoryTypeDevice && attributes.device == device_;
   }
 
-  // Device memory of at least `bytes` bytes (the previous contents are not kept). It grows by
-  // doubling and replaced buffers are kept until release() (see there).
-  std::byte* staging(size_t bytes) {
+  // Device memory of at least `bytes` bytes (the previous contents are not kept), growing by
+  // doubling. Stream-ordered on stream_, from the device's default pool (as src/cuda's backend):
+  // cudaMalloc and cudaFree may wait for the whole device, and so, on a shared GPU, for a peer's
+  // kernel that waits for this rank. The buffer a larger one replaces is freed at once on stream_:
+  // its every use is complete or before the free on stream_ (collectives, input copies), or a
+  // staged-output copy on copy_stream_ that the host saw complete before its call returned
+  // (copy_out; a copy_out that did not breaks the transport, and no call reaches here again).
+  // cudaMallocAsync's blocks are 256-byte aligned whatever their size; the slots in it are
+  // aligned by their callers.
+  std::byte* staging(uint64_t bytes) {
     if (bytes <= staging_bytes_) return staging_;
-    const size_t grown = std::max(align_up(bytes), 2 * staging_bytes_);
+    const uint64_t grown = std::max(bytes, 2 * staging_bytes_);
     void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, grown);
+    const cudaError_t e = cudaMallocAsync(&p, grown, stream_);
     if (e != cudaSuccess) {
       cudaGetLastError();
       fail("staging",
            "cannot allocate " + std::to_string(grown) + " bytes of device memory: " + cuda_text(e));
     }
-    retired_.push_back(staging_);
+    std::byte* replaced = staging_;
     staging_ = static_cast<std::byte*>(p);
     staging_bytes_ = grown;
+    if (replaced != nullptr)
+      cuda("cudaFreeAsync (the smaller staging)", cudaFreeAsync(replaced, stream_));
     return staging_;
   }
 
@@ -454,7 +512,13 @@ class NcclTransport final : public Transport {
           return true;
         },
         deadline);
-    if (!copied) fail(what + " (copying the staged output back)", timed_out(deadline, ncclSuccess));
+    // A local copy overran, no peer: says so. It still breaks the transport (fail): the copy may
+    // yet write the caller's buffer, and the staging it reads cannot be reused meanwhile.
+    if (!copied) {
+      fail(what + " (copying the staged output back)",
+           "the copy of the staged output back to the caller's buffer did not complete within " +
+               std::to_string(deadline.timeout().count()) + " ms");
+    }
   }
 
   std::string timed_out(const Deadline& deadline, ncclResult_t state) const {
@@ -541,9 +605,8 @@ class NcclTransport final : public Transport {
   cudaStream_t stream_ = nullptr;       // collectives, and the copies that stage inputs
   cudaStream_t copy_stream_ = nullptr;  // staged outputs back to the caller
   std::vector<cudaEvent_t> events_;     // one per call of allgatherv_many
-  std::byte* staging_ = nullptr;
-  size_t staging_bytes_ = 0;
-  std::vector<void*> retired_;  // staging buffers replaced by larger ones
+  std::byte* staging_ = nullptr;        // stream-ordered on stream_ (staging(), release())
+  uint64_t staging_bytes_ = 0;
   bool broken_ = false;
   std::string reason_;  // why it broke
 };
@@ -592,8 +655,7 @@ std::unique_ptr<Transport> make_transport(const UniqueId& id, int rank, int size
   if (options.device < 0)
     throw std::invalid_argument("NCCL transport: device " + std::to_string(options.device) +
                                 " does not exist");
-  if (options.timeout.count() < 0)
-    throw std::invalid_argument("NCCL transport: the timeout must not be negative");
+  checked_timeout(options.timeout, "NCCL transport");
   return std::make_unique<NcclTransport>(detail::library(), id, rank, size, options);
 }
 
