@@ -62,12 +62,20 @@ class DeviceMemory final : public MemoryOps {
     void* p = nullptr;
     // Stream-ordered, as all of this backend's memory (src/cuda/launch.cuh says why: never wait
     // for the whole device). Aligned to 256 bytes at least, beyond the 64 MemoryOps promises.
-    if (cudaMallocAsync(&p, bytes, s) != cudaSuccess) {
+    // Only running out of memory is bad_alloc; any other failure is the CUDA error it is.
+    const cudaError_t allocated = cudaMallocAsync(&p, bytes, s);
+    if (allocated == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear the error state of the failed call
       throw std::bad_alloc();
     }
-    check_cuda(cudaMemsetAsync(p, 0, bytes, s), "cudaMemsetAsync");
-    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    check_cuda(allocated, "cudaMallocAsync");
+    const cudaError_t zeroed = cudaMemsetAsync(p, 0, bytes, s);
+    const cudaError_t synced = zeroed == cudaSuccess ? cudaStreamSynchronize(s) : cudaSuccess;
+    if (zeroed != cudaSuccess || synced != cudaSuccess) {
+      cudaFreeAsync(p, s);  // back to the pool (after the memset, if it was enqueued): no leak
+      check_cuda(zeroed, "cudaMemsetAsync");
+      check_cuda(synced, "cudaStreamSynchronize");
+    }
     return static_cast<std::byte*>(p);
   }
   void free(std::byte* data, size_t) const noexcept override {
@@ -115,14 +123,23 @@ class Encoder final : public PayloadEncoder {
       : device_(device), cache_bytes_(codec_cache_bytes(config, n, /*sender=*/true)) {
     coder_.emplace(config, n, id);
     check_cuda(cudaMallocAsync(&length_, sizeof *length_, thread_stream()), "cudaMallocAsync");
-    check_cuda(cudaStreamSynchronize(thread_stream()), "cudaStreamSynchronize");
+    if (const cudaError_t e = cudaStreamSynchronize(thread_stream()); e != cudaSuccess) {
+      // ~Encoder does not run for a constructor that throws: give the word back here.
+      cudaFreeAsync(length_, thread_stream());
+      check_cuda(e, "cudaStreamSynchronize");
+    }
   }
   // On its device, whichever thread's current device is: the coder's frees are stream-ordered
   // on that device; the length word is freed once the last frame (which writes it) is done.
   ~Encoder() override {
     try {
       DeviceGuard on(device_);
-      coder_->payload_bytes();  // waits for the last frame, if any
+      try {
+        coder_->payload_bytes();  // waits for the last frame, if any
+      } catch (...) {
+        // The wait failed: the context is broken (cudaEventSynchronize reports only sticky
+        // errors), so nothing of that frame runs any more. Free all the same, on this device.
+      }
       coder_.reset();
       cudaFreeAsync(length_, thread_stream());
     } catch (...) {
@@ -186,12 +203,19 @@ class Fence final : public InputFence {
     // Blocking sync: the wait may be long (the caller's compute) and must not spin a core.
     check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | cudaEventBlockingSync),
           "cudaEventCreate");
-    if (cudaEventRecord(event_, stream) != cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky: clear it, so no later launch check reports it
+    const cudaError_t recorded = cudaEventRecord(event_, stream);
+    if (recorded != cudaSuccess) {
+      (void)cudaGetLastError();  // a bad handle is not sticky: clear it for later launch checks
       cudaEventDestroy(event_);
-      throw std::invalid_argument("start: stream " +
-                                  std::to_string(reinterpret_cast<uintptr_t>(stream)) +
-                                  " is not a CUDA stream of device " + std::to_string(device));
+      // A handle that is not a stream, or a stream of another device (event and stream must share
+      // a device): the caller's mistake. Anything else (a broken context) is the CUDA error it is.
+      if (recorded == cudaErrorInvalidResourceHandle || recorded == cudaErrorInvalidValue) {
+        throw std::invalid_argument("start: stream " +
+                                    std::to_string(reinterpret_cast<uintptr_t>(stream)) +
+                                    " is not a CUDA stream of device " + std::to_string(device) +
+                                    " (" + cudaGetErrorString(recorded) + ")");
+      }
+      check_cuda(recorded, "cudaEventRecord (the input fence on the caller's stream)");
     }
   }
   ~Fence() override { cudaEventDestroy(event_); }

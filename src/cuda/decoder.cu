@@ -60,7 +60,10 @@ struct ShardDecoder::Impl {
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
     // The allocations and copies above are ordered on this thread's stream only
     // (launch.cuh); frames run on other streams, so wait for it here (`initial` is on the stack).
-    check_cuda(cudaStreamSynchronize(setup), "decoder setup");
+    if (const cudaError_t e = cudaStreamSynchronize(setup); e != cudaSuccess) {
+      cudaEventDestroy(done);  // ~Impl does not run for a constructor that throws
+      check_cuda(e, "decoder setup");
+    }
   }
   ~Impl() {
     cudaEventSynchronize(done);  // the last frame's copy into `verdict` may still be queued

@@ -58,7 +58,10 @@ struct ShardEncoder::Impl {
     check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
     // The allocations and the copy above are ordered on this thread's stream only
     // (launch.cuh); frames run on other streams, so wait for it here.
-    check_cuda(cudaStreamSynchronize(detail::thread_stream()), "encoder setup");
+    if (const cudaError_t e = cudaStreamSynchronize(detail::thread_stream()); e != cudaSuccess) {
+      cudaEventDestroy(done);  // ~Impl does not run for a constructor that throws
+      check_cuda(e, "encoder setup");
+    }
   }
   ~Impl() {
     cudaEventSynchronize(done);  // the last frame's copy into `length` may still be queued
