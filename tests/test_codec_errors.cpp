@@ -505,6 +505,28 @@ TEST(CodecMisuse, PeerKindsHugeCountsAndOverlapsAreRefused) {
   decoder.decode({payload.data(), sent.payload_bytes}, out);
   EXPECT_EQ(out, shard);
 
+  // A decode whose output overlaps its payload (from a user audit: without a content checksum
+  // it returned wrong values and moved the stream on, so a retry from a clean buffer was
+  // "out of sequence") is refused, and nothing changes.
+  for (const bool checksum : {false, true}) {
+    CodecConfig config;
+    config.content_checksum = checksum;
+    ShardEncoder sender(config, n);
+    ShardDecoder receiver(config, n);
+    const std::vector<uint8_t> values = testing::random_bytes(2 * n, 7);
+    std::memcpy(shard.data(), values.data(), shard.size());
+    std::vector<std::byte> both(sender.max_payload_bytes() + 2 * n);
+    const FrameStats frame = sender.encode(shard, {both.data(), sender.max_payload_bytes()});
+    const std::span<const std::byte> in{both.data(), frame.payload_bytes};
+    EXPECT_THROW(receiver.decode(in, {both.data() + 16, 2 * n}), std::invalid_argument);
+    EXPECT_THROW(decode_stateless(config, in, {both.data(), 2 * n}), std::invalid_argument);
+    EXPECT_EQ(receiver.last_sequence(), 0u);
+    EXPECT_FALSE(receiver.has_cache());
+    std::vector<std::byte> clean(2 * n);
+    receiver.decode(in, clean);  // the same frame, from a clean buffer: the stream had not moved
+    EXPECT_EQ(clean, shard);
+  }
+
   // A header whose value count passes the limit is malformed, at inspection and at decoding.
   wire::Header h;
   h.dtype = DType::kBF16;

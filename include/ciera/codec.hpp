@@ -178,7 +178,8 @@ class ShardDecoder {
   // a delta frame must be the next of the current epoch; a key frame must be the next of the
   // current epoch (or the first one decoded), or of a later epoch after request_resync(). On
   // error the cache, epoch and sequence are unchanged and the contents of `shard` unspecified.
-  // An output of another size than num_values values is std::invalid_argument.
+  // An output of another size than num_values values, or one that overlaps the payload, is
+  // std::invalid_argument, and nothing changes.
   FrameStats decode(std::span<const std::byte> payload, std::span<std::byte> shard);
 
   // This receiver asked the sender to resynchronise (the sender's request_key_frame()): until a

@@ -634,6 +634,11 @@ FrameStats ShardDecoder::decode(std::span<const std::byte> payload, std::span<st
     throw std::invalid_argument("ShardDecoder::decode: output is " + std::to_string(shard.size()) +
                                 " bytes, expected " + std::to_string(expected));
   }
+  // The shard is written while the payload is read: overlapping, it would decode bytes it had
+  // overwritten (into wrong values where no content checksum is sent) and advance the stream.
+  if (ranges_overlap(payload.data(), payload.size(), shard.data(), shard.size())) {
+    throw std::invalid_argument("ShardDecoder::decode: the payload and the output overlap");
+  }
   return state().decode(reinterpret_cast<const uint8_t*>(payload.data()), payload.size(),
                         reinterpret_cast<uint8_t*>(shard.data()));
 }
