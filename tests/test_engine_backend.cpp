@@ -260,6 +260,40 @@ class FailingBackend final : public CodecBackend {
   std::atomic<bool> fail{false};
 };
 
+// From a user audit: an engine whose codec state one rank could not make (out of memory there
+// alone) threw std::bad_alloc on that rank, naming nothing, and its peers, set up, waited for it
+// in their first gather until the timeout. Now every rank fails at construction, naming the rank
+// and the bucket.
+TEST(EngineBackend, CodecStateOneRankCannotMakeFailsEveryRankAtConstruction) {
+  const int world = 3;
+  const std::vector<BucketLayout> layouts = {
+      BucketLayout::fsdp_split("attention", DType::kBF16, {3000}, world),
+      BucketLayout::fsdp_split("experts", DType::kBF16, {3000, 500}, world)};
+  const auto errors = testing::run_backend_ranks(
+      world,
+      [](int rank) {
+        auto backend = std::make_shared<FailingBackend>();
+        backend->fail = rank == 1;
+        return backend;
+      },
+      [&](int, Transport& t, auto backend) {
+        EngineConfig config;
+        config.timeout = std::chrono::seconds(60);
+        const auto started = std::chrono::steady_clock::now();
+        try {
+          CompressedAllgather engine(t, config, layouts, backend);
+        } catch (const ConfigError&) {
+          EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(30));
+          throw;
+        }
+      });
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("engine set-up failed on rank 1: bucket 'attention': std::bad_alloc"),
+              std::string::npos)
+        << e;
+  }
+}
+
 // A policy switch whose new codecs cannot be made throws on that rank, which keeps the parameter
 // raw: the bucket's next gather then fails on every rank (the peers switched), naming the
 // policies, instead of going on with ranks that disagree; switching every rank to raw recovers.
@@ -361,10 +395,36 @@ TEST(EngineBackend, TheHostBackendHasNoStreams) {
   EXPECT_NO_THROW(engine.run(0, in, out));
 }
 
-TEST(EngineBackend, ANullBackendIsRefused) {
-  auto world = make_loopback_world(1);
-  auto transport = make_loopback_transport(world, 0);
-  EXPECT_THROW(CompressedAllgather(*transport, EngineConfig{}, {}, nullptr), std::invalid_argument);
+// From a user audit: a null backend on one rank was thrown there alone, before the agreement,
+// and its peers waited in the agreement until the timeout ("peers did not arrive"). Now every
+// rank fails at once, naming that rank and the cause; so does a warmup mode out of range, which
+// passed the agreement as key frames and ran as neither.
+TEST(EngineBackend, ANullBackendOrAnUnknownWarmupOnOneRankFailsEveryRankAtOnce) {
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {100}, 2);
+  for (const bool null_backend : {true, false}) {
+    auto world = make_loopback_world(2);
+    const auto errors = testing::on_rank_threads(2, [&](int rank) {
+      auto transport = make_loopback_transport(world, rank);
+      EngineConfig config;
+      config.timeout = std::chrono::seconds(60);  // a wait for the timeout fails the test below
+      if (rank == 1 && !null_backend) config.warmup = static_cast<WarmupMode>(9);
+      const auto started = std::chrono::steady_clock::now();
+      try {
+        CompressedAllgather engine(*transport, config, {layout},
+                                   rank == 1 && null_backend ? nullptr : host_codec_backend());
+      } catch (const ConfigError&) {
+        EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(30))
+            << "rank " << rank;
+        throw;
+      }
+    });
+    for (const std::string& e : errors) {
+      EXPECT_NE(e.find("rank 1"), std::string::npos) << e;
+      EXPECT_NE(e.find(null_backend ? "the codec backend is null" : "warmup mode 9 does not exist"),
+                std::string::npos)
+          << e;
+    }
+  }
 }
 
 }  // namespace

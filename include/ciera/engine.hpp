@@ -105,8 +105,10 @@ class CompressedAllgather {
  public:
   // Checks with one collective that every rank has the same configuration and bucket layouts,
   // and throws ConfigError on every rank, naming the difference, if not (or if any rank's
-  // configuration or layouts are invalid). `transport` must outlive the engine and must not be
-  // used by anyone else while the engine exists.
+  // configuration or layouts are invalid, or its backend null). `transport` must outlive the
+  // engine and must not be used by anyone else while the engine exists: a transport in use by
+  // another engine is a ConfigError on this rank alone (it cannot reach its peers through a
+  // transport another engine is using; they time out in the agreement).
   //
   // `backend` says where payloads live and what codes them (include/ciera/backend.hpp): host
   // memory and the CPU coders by default; ciera::cuda::codec_backend(device) for device memory

@@ -193,6 +193,18 @@ void agree_on_configuration(Transport& transport, const EngineConfig& config,
   throw_first_difference(texts[0], facts);
 }
 
+void agree_on_set_up(Transport& transport, const std::string& local_error) {
+  const uint32_t failed = local_error.empty() ? 0 : 1;
+  std::vector<uint32_t> everyone(static_cast<size_t>(transport.size()));
+  transport.allgather(&failed, sizeof failed, everyone.data());
+  if (std::all_of(everyone.begin(), everyone.end(), [](uint32_t f) { return f == 0; })) return;
+  const std::vector<std::string> texts = exchange_descriptions(transport, local_error);
+  for (size_t r = 0; r < texts.size(); ++r) {
+    if (!texts[r].empty())
+      throw ConfigError("engine set-up failed on rank " + std::to_string(r) + ": " + texts[r]);
+  }
+}
+
 std::vector<uint32_t> exchange_stream_epochs(Transport& transport, uint32_t mine) {
   std::vector<uint32_t> epochs(static_cast<size_t>(transport.size()));
   transport.allgather(&mine, sizeof mine, epochs.data());

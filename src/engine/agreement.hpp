@@ -25,4 +25,11 @@ void agree_on_configuration(Transport& transport, const EngineConfig& config,
 // one of this engine's streams (docs/format.md, "Streams"). Returns them in rank order.
 std::vector<uint32_t> exchange_stream_epochs(Transport& transport, uint32_t mine);
 
+// After each rank has made its buckets' codec state (memory that one rank may lack alone):
+// whether every rank could (one small collective; a second, of the texts, where one could not).
+// Throws ConfigError on every rank, naming the lowest rank that failed and its `local_error`:
+// thrown on that rank alone, its peers would wait for it in their first gather until the
+// timeout.
+void agree_on_set_up(Transport& transport, const std::string& local_error);
+
 }  // namespace ciera

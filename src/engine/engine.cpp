@@ -18,7 +18,7 @@
 namespace ciera {
 
 CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts,
-                                std::shared_ptr<const CodecBackend> b)
+                                std::shared_ptr<const CodecBackend> b, std::string local_error)
     : user(t, "CompressedAllgather", /*exclusive=*/true),
       backend(std::move(b)),
       memory(backend->memory()),
@@ -35,8 +35,8 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
   transport.set_timeout(config.timeout.count() > 0 ? config.timeout : EngineConfig{}.timeout);
   // Local problems are not thrown yet: every rank first learns of them in the agreement, so
   // that all fail together rather than some waiting forever for the others.
-  std::string local_error;
   try {
+    if (!local_error.empty()) throw ConfigError(local_error);
     if (config.timeout.count() <= 0) {
       throw ConfigError("timeout must be > 0 ms, got " + std::to_string(config.timeout.count()) +
                         " ms");
@@ -44,6 +44,12 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
     if (config.worker_threads > kMaxWorkerThreads) {
       throw ConfigError("worker_threads must be at most " + std::to_string(kMaxWorkerThreads) +
                         ", got " + std::to_string(config.worker_threads));
+    }
+    // Out of range, it would pass the agreement as kKeyFrames (agreement.cpp names the two) and
+    // run as neither here: no raw warmup (engine_impl.hpp) and no key-frame warmup.
+    if (config.warmup != WarmupMode::kRaw && config.warmup != WarmupMode::kKeyFrames) {
+      throw ConfigError("warmup mode " + std::to_string(static_cast<int>(config.warmup)) +
+                        " does not exist (0: raw, 1: key frames)");
     }
     config.codec.warmup_steps = config.warmup == WarmupMode::kKeyFrames ? config.warmup_steps : 0;
     config.codec.validate();
@@ -62,33 +68,50 @@ CompressedAllgather::Impl::Impl(Transport& t, EngineConfig c, std::vector<Bucket
   }
   agree_on_configuration(transport, config, layouts, local_error);
   const std::vector<uint32_t> epochs = exchange_stream_epochs(transport, new_stream_epoch());
+  agree_on_set_up(transport, make_buckets(std::move(layouts), epochs));
+  comm = std::thread([this] { comm_loop(); });
+}
 
+std::string CompressedAllgather::Impl::make_buckets(std::vector<BucketLayout> layouts,
+                                                    const std::vector<uint32_t>& epochs) {
   buckets.reserve(layouts.size());
   uint32_t stream_params = 0;  // parameters of the buckets before this one
   for (BucketLayout& layout : layouts) {
-    BucketState& s = buckets.emplace_back(memory);
-    s.layout = std::move(layout);
-    s.value_bytes = dtype_info(s.layout.dtype).value_bytes;
-    const size_t params = s.layout.params();
-    s.encoders.resize(params);
-    s.decoders.resize(static_cast<size_t>(world));
-    for (auto& peer : s.decoders) peer.resize(params);
-    s.first_stream_param = stream_params;
-    stream_params += static_cast<uint32_t>(params);
-    s.encoder_epoch.assign(params, epochs[rank]);
-    for (int p = 0; p < world; ++p) s.decoder_epoch.emplace_back(params, epochs[p]);
-    s.payload_bytes.assign(params, 0);
-    s.my_param_offset.resize(params);
-    refresh_policies(s);
-    uint64_t offset = 0;
-    for (size_t k = 0; k < params; ++k) {
-      s.my_param_offset[k] = offset;
-      offset += s.layout.shard_values[rank][k] * s.value_bytes;
-      make_codecs(s, k, /*at_setup=*/true);
+    const std::string name = layout.name;
+    try {
+      make_bucket(std::move(layout), epochs, stream_params);
+    } catch (const std::exception& e) {
+      // Out of memory for its codec state, most likely, and maybe on this rank alone.
+      return "bucket '" + name + "': " + e.what();
     }
-    size_buffers(s);
   }
-  comm = std::thread([this] { comm_loop(); });
+  return "";
+}
+
+void CompressedAllgather::Impl::make_bucket(BucketLayout layout,
+                                            const std::vector<uint32_t>& epochs,
+                                            uint32_t& stream_params) {
+  BucketState& s = buckets.emplace_back(memory);
+  s.layout = std::move(layout);
+  s.value_bytes = dtype_info(s.layout.dtype).value_bytes;
+  const size_t params = s.layout.params();
+  s.encoders.resize(params);
+  s.decoders.resize(static_cast<size_t>(world));
+  for (auto& peer : s.decoders) peer.resize(params);
+  s.first_stream_param = stream_params;
+  stream_params += static_cast<uint32_t>(params);
+  s.encoder_epoch.assign(params, epochs[rank]);
+  for (int p = 0; p < world; ++p) s.decoder_epoch.emplace_back(params, epochs[p]);
+  s.payload_bytes.assign(params, 0);
+  s.my_param_offset.resize(params);
+  refresh_policies(s);
+  uint64_t offset = 0;
+  for (size_t k = 0; k < params; ++k) {
+    s.my_param_offset[k] = offset;
+    offset += s.layout.shard_values[rank][k] * s.value_bytes;
+    make_codecs(s, k, /*at_setup=*/true);
+  }
+  size_buffers(s);
 }
 
 CompressedAllgather::Impl::~Impl() {
@@ -218,11 +241,6 @@ void check_bucket(const char* method, size_t bucket, size_t buckets) {
   }
 }
 
-std::shared_ptr<const CodecBackend> checked(std::shared_ptr<const CodecBackend> backend) {
-  if (!backend) throw std::invalid_argument("CompressedAllgather: the codec backend is null");
-  return backend;
-}
-
 // start()'s output size: the parts back to back, or the last rank's part at its slot.
 uint64_t output_bytes(const BucketLayout& layout, uint64_t slot_stride) {
   if (slot_stride == 0) return layout.total_bytes();
@@ -267,8 +285,11 @@ std::string slot_error(const BucketLayout& layout, uint64_t slot_stride) {
 CompressedAllgather::CompressedAllgather(Transport& transport, EngineConfig config,
                                          std::vector<BucketLayout> buckets,
                                          std::shared_ptr<const CodecBackend> backend)
+    // A null backend fails every rank in the agreement (thrown here alone, it left the peers
+    // waiting there until the timeout); the host backend stands in until then.
     : impl_(std::make_unique<Impl>(transport, std::move(config), std::move(buckets),
-                                   checked(std::move(backend)))) {}
+                                   backend ? backend : host_codec_backend(),
+                                   backend ? "" : "the codec backend is null")) {}
 
 CompressedAllgather::~CompressedAllgather() = default;
 

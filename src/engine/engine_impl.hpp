@@ -117,11 +117,19 @@ struct Gather {
 };
 
 struct CompressedAllgather::Impl {
+  // `local_error`: a problem the caller found on this rank before (the peers learn of it in the
+  // agreement, with the constructor's own).
   Impl(Transport& t, EngineConfig c, std::vector<BucketLayout> layouts,
-       std::shared_ptr<const CodecBackend> b);
+       std::shared_ptr<const CodecBackend> b, std::string local_error);
   ~Impl();
 
   // Setup (engine.cpp).
+  // Set-up: every bucket's state and codecs; "" or what failed on this rank, naming the bucket.
+  std::string make_buckets(std::vector<BucketLayout> layouts, const std::vector<uint32_t>& epochs);
+  // One bucket's, appended to `buckets`; its parameters' streams follow `stream_params` (the
+  // parameters of the buckets before it), which it advances.
+  void make_bucket(BucketLayout layout, const std::vector<uint32_t>& epochs,
+                   uint32_t& stream_params);
   void make_codecs(BucketState& s, size_t param, bool at_setup = false);
   void release_codecs(BucketState& s, size_t param);
   void refresh_policies(BucketState& s) const;
