@@ -213,7 +213,9 @@ bool is_utf8(const std::string& text) {
 // A refusal's reason is cut to its record field, and a long value in a configuration mismatch to
 // an excerpt: both on a character boundary (a cut inside one made the binding raise
 // UnicodeDecodeError on every rank instead of the error), and the excerpt where the values differ
-// (names that differed only past the 77th byte were shown as two identical prefixes).
+// (names that differed only past the 77th byte were shown as two identical prefixes). The cut
+// is marked "..." (a user audit read cut texts as whole ones: "expected a CPU tenso"), and the
+// refusing rank, which has the whole reason, names it whole.
 TEST(Engine, TextsCutForTheWireStayUtf8AndShowWhereLongValuesDiffer) {
   const int world = 2;
   const std::string reason = std::string(78, 'x') + "\xC3\xA9";  // 80 bytes; the field keeps 79
@@ -224,10 +226,10 @@ TEST(Engine, TextsCutForTheWireStayUtf8AndShowWhereLongValuesDiffer) {
     if (rank == 1) engine.refuse(0, reason);
     engine.run(0, in, out);
   });
-  for (const std::string& e : errors) {
-    EXPECT_TRUE(is_utf8(e)) << e;
-    EXPECT_NE(e.find(": " + std::string(78, 'x')), std::string::npos) << e;
-  }
+  for (const std::string& e : errors) EXPECT_TRUE(is_utf8(e)) << e;
+  EXPECT_NE(errors[0].find(": " + std::string(76, 'x') + "..."), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[0].find(std::string(77, 'x')), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find(": " + reason), std::string::npos) << errors[1];
   std::string layers;
   for (int i = 0; i < 40; ++i) layers += "\xE5\xB1\xA4";  // 120 bytes of a 3-byte character
   errors = run_ranks(world, [&](int rank, Transport& t) {

@@ -47,7 +47,7 @@ void check_sealed(std::span<const RoundVerdicts> all) {
 
 void write_text(char* field, size_t capacity, const std::string& text) {
   std::memset(field, 0, capacity);
-  const std::string_view kept = utf8_prefix(text, capacity - 1);
+  const std::string kept = shortened(text, capacity - 1);
   std::memcpy(field, kept.data(), kept.size());
 }
 
@@ -79,7 +79,7 @@ size_t gathers_ready(std::span<const RoundControl> all) {
 
 void check_records(std::span<const ControlRecord> records, size_t bucket,
                    const BucketLayout& layout, int my_rank,
-                   std::span<const uint64_t> max_envelope_bytes) {
+                   std::span<const uint64_t> max_envelope_bytes, const std::string& my_error) {
   const int world = static_cast<int>(records.size());
   if (records[static_cast<size_t>(my_rank)].bucket != bucket) {  // this rank's own, as it sent it
     throw CommError("rank " + std::to_string(my_rank) + "'s control record names bucket " +
@@ -101,9 +101,12 @@ void check_records(std::span<const ControlRecord> records, size_t bucket,
   }
   for (int r = 0; r < world; ++r) {
     if (records[r].flags & kLocalError) {
-      throw ConfigError(
-          "rank " + std::to_string(r) + " rejected its gather of bucket '" + layout.name + "': " +
-          std::string(records[r].error_text, strnlen(records[r].error_text, kErrorTextBytes)));
+      const std::string text =
+          r == my_rank && !my_error.empty()
+              ? my_error
+              : std::string(records[r].error_text, strnlen(records[r].error_text, kErrorTextBytes));
+      throw ConfigError("rank " + std::to_string(r) + " rejected its gather of bucket '" +
+                        layout.name + "': " + text);
     }
   }
   for (int r = 0; r < world; ++r) {

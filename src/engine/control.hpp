@@ -65,7 +65,8 @@ void seal(RoundVerdicts& round);
 // Throws CommError naming the sender unless every rank's verdicts arrived as sealed.
 void check_sealed(std::span<const RoundVerdicts> all);
 
-// Writes `text` NUL-padded into a fixed field of `capacity` bytes, truncated if need be.
+// Writes `text` NUL-padded into a fixed field of `capacity` bytes; a text too long is cut and
+// ends in "..." (shortened()), so a reader sees that it was.
 void write_text(char* field, size_t capacity, const std::string& text);
 
 // Records a decode failure in `verdict`, keeping the lowest (peer, parameter) one, so that the
@@ -81,10 +82,11 @@ size_t gathers_ready(std::span<const RoundControl> all);
 
 // Checks every rank's record for this rank's gather of `bucket` (`my_rank` started it):
 // protocol, start order and envelope sizes (CommError), local errors and policies
-// (ConfigError, which fails this gather alone).
+// (ConfigError, which fails this gather alone). A rank's local error is named in its record's
+// text (cut to kErrorTextBytes - 1 bytes, marked "..."), or on its own rank in full: `my_error`.
 void check_records(std::span<const ControlRecord> records, size_t bucket,
                    const BucketLayout& layout, int my_rank,
-                   std::span<const uint64_t> max_envelope_bytes);
+                   std::span<const uint64_t> max_envelope_bytes, const std::string& my_error);
 
 // The largest step any rank reports: the step a gather runs at (a restarted rank catches up).
 uint64_t agreed_step(std::span<const ControlRecord> records);

@@ -108,7 +108,7 @@ size_t CompressedAllgather::Impl::exchange_controls(std::span<Gather* const> gat
     for (int r = 0; r < world; ++r) g.control[r] = all[r].records[i];
     try {
       const BucketState& s = buckets[g.bucket];
-      check_records(g.control, g.bucket, s.layout, rank, s.max_envelope_bytes);
+      check_records(g.control, g.bucket, s.layout, rank, s.max_envelope_bytes, g.local_error);
     } catch (const ConfigError&) {
       // A gather some rank rejected fails alone: gathers before it proceed, and it and those
       // after it wait for the next round, where it comes first and fails by itself.
