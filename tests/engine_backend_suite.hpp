@@ -183,14 +183,21 @@ class CorruptingTransport final : public ForwardingTransport {
       memory_.copy(at, &bit, 1);
     }
   }
+  void allgather(const void* in, size_t bytes, void* out) override {
+    ForwardingTransport::allgather(in, bytes, out);
+    records_carried_ += uint64_t{bytes} * static_cast<uint64_t>(size());
+  }
   // Bytes all ranks' allgatherv calls carried so far (payloads: records go by allgather).
   uint64_t carried() const { return carried_; }
+  // Bytes all ranks' allgather calls carried so far (the engine's records and verdicts).
+  uint64_t records_carried() const { return records_carried_; }
 
  private:
   const MemoryOps& memory_;
   std::function<bool(int)> corrupt_call_;
   int calls_ = 0;
   uint64_t carried_ = 0;
+  uint64_t records_carried_ = 0;
 };
 
 // A payload corrupted in transit on one rank is caught by that rank's decoder, every rank

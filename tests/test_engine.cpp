@@ -670,12 +670,15 @@ TEST(Engine, CorruptedPayloadIsCaughtAndResent) {
         const auto& counted = dynamic_cast<const testing::CorruptingTransport&>(t);
         for (int step = 0; step < 10; ++step) {
           data.trajectory.step();
-          const uint64_t before = counted.carried();
+          const uint64_t before = counted.carried(), records_before = counted.records_carried();
           const GatherStats stats = engine.run(0, data.input(rank), out);
           EXPECT_EQ(stats.resynchronised, step == 4) << "rank " << rank << " step " << step;
           ASSERT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin()));
           // Both exchanges of the re-sent gather (the first alone was reported before).
           EXPECT_EQ(stats.wire_bytes, counted.carried() - before)
+              << "rank " << rank << " step " << step;
+          // And every record and verdict it took (a user audit found them in no figure).
+          EXPECT_EQ(stats.control_bytes, counted.records_carried() - records_before)
               << "rank " << rank << " step " << step;
         }
       },

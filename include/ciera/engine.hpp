@@ -82,10 +82,16 @@ struct GatherStats {
   bool compressed = false;       // this rank's envelope carried codec frames (CIERA or delta)
   bool resynchronised = false;   // a key-frame round ran (cold rank, steps out of step, bad payload)
   uint64_t raw_bytes = 0;        // the gathered output
-  // All ranks' payloads together: what the transport carried (both exchanges of a gather re-sent
-  // as key frames after a bad payload).
+  // All ranks' payloads together (both exchanges of a gather re-sent as key frames after a bad
+  // payload): the bytes that stand for the bucket's values. The transport also carried
+  // control_bytes for the gather.
   uint64_t wire_bytes = 0;
   uint64_t local_payload_bytes = 0;                                // this rank's part of wire_bytes
+  // All ranks' control records and verdicts (docs/format.md, "Engine protocol") of the rounds the
+  // gather took part in, each round's shared among its gathers: fixed-size records, a few KiB
+  // per round, which a plain allgather does not send. wire_bytes + control_bytes is all the
+  // engine sent for the gather.
+  uint64_t control_bytes = 0;
   double encode_s = 0, exchange_s = 0, decode_s = 0, total_s = 0;  // wall time on this rank
 };
 

@@ -269,6 +269,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("raw_bytes", &GatherStats::raw_bytes)
       .def_readonly("wire_bytes", &GatherStats::wire_bytes)
       .def_readonly("local_payload_bytes", &GatherStats::local_payload_bytes)
+      .def_readonly("control_bytes", &GatherStats::control_bytes)
       .def_readonly("encode_s", &GatherStats::encode_s)
       .def_readonly("exchange_s", &GatherStats::exchange_s)
       .def_readonly("decode_s", &GatherStats::decode_s)

@@ -43,11 +43,13 @@ def _is_dtensor(tensor: torch.Tensor) -> bool:
 
 @dataclass
 class BroadcastStats:
-    """One broadcast() on this rank: bytes of the tensors, what the transport carried (the
-    root's payloads), and the wall time."""
+    """One broadcast() on this rank: bytes of the tensors, the root's payloads, the wall time,
+    and the control records and verdicts that went with the payloads (all ranks': with
+    wire_bytes, what the transport carried)."""
     raw_bytes: int
     wire_bytes: int
     seconds: float
+    control_bytes: int = 0
 
 
 def _refuse_shared_memory(tensors: list, prefix: str) -> None:
@@ -201,7 +203,7 @@ class Broadcaster:
         tickets = start_each([(self.engine, i) for i in range(len(self.tensors))], start_one)
         stats = wait_each([(self.engine, ticket) for ticket in tickets])
         return BroadcastStats(sum(s.raw_bytes for s in stats), sum(s.wire_bytes for s in stats),
-                              time.perf_counter() - start)
+                              time.perf_counter() - start, sum(s.control_bytes for s in stats))
 
     def _check_unchanged(self) -> None:
         for i, (t, dtype) in enumerate(zip(self.tensors, self._dtypes)):

@@ -223,7 +223,7 @@ class _Gather:
             exposed = now - waited if runtime.overlap else -1.0
             runtime.records.append(GatherRecord(bucket.index, now - before, stats.raw_bytes, stats.wire_bytes,
                                                 stats.compressed, stats.resynchronised, exposed, self.started,
-                                                stats.encode_s))
+                                                stats.encode_s, control_bytes=stats.control_bytes))
             before = waited = now
         if runtime.verify or runtime.on_gather is not None or runtime.on_output is not None:
             # verify and the observers take the gathered parameter contiguous, as torch's

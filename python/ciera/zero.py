@@ -268,7 +268,8 @@ class SyncStats:
     """One parameter sync (all devices) as this rank saw it."""
     step: int = 0              # syncs so far, this one included
     raw_bytes: int = 0         # the gathered parameters: what PyTorch's broadcasts deliver to every rank
-    wire_bytes: int = 0        # what the transport carried for them (all ranks' payloads)
+    wire_bytes: int = 0        # all ranks' payloads for them
+    control_bytes: int = 0     # and their control records and verdicts: the rest of what the transport carried
     seconds: float = 0.0       # wall time of the sync on this rank
     encode_s: float = 0.0      # change detection + encoding (the engine's)
     decode_s: float = 0.0
@@ -636,6 +637,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
         self.sync_count += 1
         self.last_sync = SyncStats(step=self.sync_count, raw_bytes=sum(s.raw_bytes for s in stats),
                                    wire_bytes=sum(s.wire_bytes for s in stats),
+                                   control_bytes=sum(s.control_bytes for s in stats),
                                    seconds=time.perf_counter() - start,
                                    encode_s=sum(s.encode_s for s in stats), decode_s=sum(s.decode_s for s in stats),
                                    values=sum(sync.flat.numel() for sync in self._syncs))

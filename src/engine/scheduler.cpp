@@ -21,6 +21,17 @@
 #include "engine/protocol.hpp"
 
 namespace ciera {
+namespace {
+
+// Each of `gathers` its share of one exchange of `record_bytes` from each of `world` ranks (the
+// first also the remainder, so that the shares add up to what was sent).
+void charge_control(std::span<Gather* const> gathers, size_t record_bytes, int world) {
+  const uint64_t sent = uint64_t{record_bytes} * static_cast<uint64_t>(world);
+  for (Gather* g : gathers) g->stats.control_bytes += sent / gathers.size();
+  gathers[0]->stats.control_bytes += sent % gathers.size();
+}
+
+}  // namespace
 
 template <typename F>
 void CompressedAllgather::Impl::timed(std::span<Gather* const> gathers, F&& collective) {
@@ -101,6 +112,7 @@ size_t CompressedAllgather::Impl::exchange_controls(std::span<Gather* const> gat
   seal(mine);
   std::vector<RoundControl> all(static_cast<size_t>(world));
   timed(gathers, [&] { transport.allgather(&mine, sizeof mine, all.data()); });
+  charge_control(gathers, sizeof mine, world);
   const size_t ready = gathers_ready(all);
   for (size_t i = 0; i < ready; ++i) {
     Gather& g = *gathers[i];
@@ -219,6 +231,7 @@ std::vector<std::string> CompressedAllgather::Impl::exchange_verdicts(
   seal(mine);
   std::vector<RoundVerdicts> all(static_cast<size_t>(world));
   timed(gathers, [&] { transport.allgather(&mine, sizeof mine, all.data()); });
+  charge_control(gathers, sizeof mine, world);
   check_sealed(all);
   std::vector<std::string> failures(gathers.size());
   for (size_t i = 0; i < gathers.size(); ++i) {

@@ -32,6 +32,7 @@ class GatherRecord:
     group: int = 0            # the kind of group it ran on (layout.GatherGroup.kind)
     ranks: tuple = ()         # that group's world ranks
     payload_bytes: int = 0    # what this rank sent (its own payload)
+    control_bytes: int = 0    # all ranks' control records and verdicts, its share (GatherStats.control_bytes)
 
 
 class RecordLog(list):
@@ -217,7 +218,7 @@ class _GatherWork(dist.distributed_c10d.Work):
         runtime.records.append(GatherRecord(b.index, now - self.start, stats.raw_bytes, stats.wire_bytes,
                                             stats.compressed, stats.resynchronised, exposed, self.start,
                                             stats.encode_s, self.gathering.kind, self.gathering.ranks,
-                                            stats.local_payload_bytes))
+                                            stats.local_payload_bytes, stats.control_bytes))
         output_tensor, input_tensor = self.output_tensor, self.input_tensor
         self.output_tensor = self.input_tensor = None
         # Observers see the shard group's layout: a post-forward gather only when verifying.
