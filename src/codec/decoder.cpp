@@ -224,6 +224,17 @@ struct ShardDecoder::Impl {
 
   FrameStats decode(const uint8_t* payload, size_t size, uint8_t* out);
   FrameStats decode_differences(const wire::Header& h, const uint8_t* payload, uint8_t* out);
+  // decode()'s parts. Opens the frame's exponent section `section` (the fine changes: decoded
+  // whole, counted in `stats`), checking that nothing trails it.
+  void open_exponent_section(const wire::Header& h, const uint8_t* section,
+                             entropy::SymbolStreamReader& stream, FrameStats& stats);
+  // A block frame's exponents of the chunk at `chunk_first` (`count` values) in chunk_exponents:
+  // cached ones, then the changed blocks' (changed_blocks[next_changed...] that start in the
+  // chunk, which it moves past) from `stream`, each of which must differ from the cache.
+  const uint8_t* block_chunk_exponents(entropy::SymbolStreamReader& stream, uint64_t chunk_first,
+                                       size_t count, size_t& next_changed);
+  // After a frame's output `out` is verified: the exponents (or values) it changed into the cache.
+  void cache_verified(const wire::Header& h, const uint8_t* out);
   void commit(const wire::Header& h);
   wire::Header check_header(const uint8_t* payload, size_t size) const;
   void check_stream(const wire::Header& h) const;
@@ -495,31 +506,11 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
   stats.blocks = grid.blocks;
   stats.changed_blocks = changed_blocks.size();
 
-  const unsigned max_exponent = (1u << info.exponent_bits) - 1;
   format::ContentChecksum checksum(kernels);
   const uint32_t value_bytes = info.value_bytes;
-  ByteReader section_reader(section, h.exponent_bytes, "exponent section");
   entropy::SymbolStreamReader stream;
   const bool fine = h.section == ExponentSection::kFine;
-  uint64_t block_symbols = 0;
-  if (h.section == ExponentSection::kFull) {
-    stream.open(section_reader, grid.num_values, max_exponent, "full exponent stream");
-  } else if (h.section == ExponentSection::kBlock) {
-    for (uint32_t block : changed_blocks) block_symbols += grid.block_length(block);
-    stream.open(section_reader, block_symbols, max_exponent, "block exponent stream");
-  } else if (h.section == ExponentSection::kFine) {
-    decode_fine(fine_coding, section, h.exponent_bytes, grid, changed_blocks, info.exponent_bits,
-                changes_per_block.data(), fine_changes);
-    stats.changed_values = fine_changes.count;
-    stats.changed_values_known = true;
-  } else if (h.exponent_bytes != 0) {
-    throw FormatError("'unchanged' exponent section is not empty");
-  }
-  if ((h.section == ExponentSection::kFull || h.section == ExponentSection::kBlock) &&
-      section_reader.remaining() != 0) {
-    throw FormatError("exponent section has " + std::to_string(section_reader.remaining()) +
-                      " trailing bytes");
-  }
+  open_exponent_section(h, section, stream, stats);
 
   const bool full_in_pieces =
       h.section == ExponentSection::kFull && kFullPiece % grid.chunk_values == 0;
@@ -547,23 +538,7 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
       stream.get(chunk_exponents.data(), count);
       exps = chunk_exponents.data();
     } else if (h.section == ExponentSection::kBlock) {
-      // Exponents of this chunk: decoded for changed blocks, cached for the rest.
-      const uint64_t chunk_end = chunk_first + count;
-      std::memcpy(chunk_exponents.data(), cache.data() + chunk_first, count);
-      for (; next_changed < changed_blocks.size() &&
-             grid.block_first(changed_blocks[next_changed]) < chunk_end;
-           ++next_changed) {
-        const uint64_t block = changed_blocks[next_changed];
-        uint8_t* decoded = chunk_exponents.data() + (grid.block_first(block) - chunk_first);
-        stream.get(decoded, grid.block_length(block));
-        if (std::memcmp(decoded, cache.data() + grid.block_first(block),
-                        grid.block_length(block)) == 0) {
-          throw FormatError("bitmap marks block " + std::to_string(block) +
-                            " as changed, but none of its exponents differs from the cached ones "
-                            "(canonical form: its bit is 0)");
-        }
-      }
-      exps = chunk_exponents.data();
+      exps = block_chunk_exponents(stream, chunk_first, count, next_changed);
     }
     if (fine) {
       // Patch this chunk's cached exponents, then merge from them. The next chunk's cache lines
@@ -585,20 +560,71 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
     throw FormatError(wire::content_checksum_mismatch("the cached exponents"));
   }
 
-  // Verified: commit to the cache.
+  cache_verified(h, out);
+  commit(h);
+  return stats;
+}
+
+void ShardDecoder::Impl::open_exponent_section(const wire::Header& h, const uint8_t* section,
+                                               entropy::SymbolStreamReader& stream,
+                                               FrameStats& stats) {
+  const unsigned max_exponent = (1u << info.exponent_bits) - 1;
+  ByteReader section_reader(section, h.exponent_bytes, "exponent section");
+  if (h.section == ExponentSection::kFull) {
+    stream.open(section_reader, grid.num_values, max_exponent, "full exponent stream");
+  } else if (h.section == ExponentSection::kBlock) {
+    uint64_t block_symbols = 0;
+    for (uint32_t block : changed_blocks) block_symbols += grid.block_length(block);
+    stream.open(section_reader, block_symbols, max_exponent, "block exponent stream");
+  } else if (h.section == ExponentSection::kFine) {
+    decode_fine(fine_coding, section, h.exponent_bytes, grid, changed_blocks, info.exponent_bits,
+                changes_per_block.data(), fine_changes);
+    stats.changed_values = fine_changes.count;
+    stats.changed_values_known = true;
+  } else if (h.exponent_bytes != 0) {
+    throw FormatError("'unchanged' exponent section is not empty");
+  }
+  if ((h.section == ExponentSection::kFull || h.section == ExponentSection::kBlock) &&
+      section_reader.remaining() != 0) {
+    throw FormatError("exponent section has " + std::to_string(section_reader.remaining()) +
+                      " trailing bytes");
+  }
+}
+
+const uint8_t* ShardDecoder::Impl::block_chunk_exponents(entropy::SymbolStreamReader& stream,
+                                                         uint64_t chunk_first, size_t count,
+                                                         size_t& next_changed) {
+  const uint64_t chunk_end = chunk_first + count;
+  std::memcpy(chunk_exponents.data(), cache.data() + chunk_first, count);
+  for (; next_changed < changed_blocks.size() &&
+         grid.block_first(changed_blocks[next_changed]) < chunk_end;
+       ++next_changed) {
+    const uint64_t block = changed_blocks[next_changed];
+    uint8_t* decoded = chunk_exponents.data() + (grid.block_first(block) - chunk_first);
+    stream.get(decoded, grid.block_length(block));
+    if (std::memcmp(decoded, cache.data() + grid.block_first(block), grid.block_length(block)) ==
+        0) {
+      throw FormatError("bitmap marks block " + std::to_string(block) +
+                        " as changed, but none of its exponents differs from the cached ones "
+                        "(canonical form: its bit is 0)");
+    }
+  }
+  return chunk_exponents.data();
+}
+
+void ShardDecoder::Impl::cache_verified(const wire::Header& h, const uint8_t* out) {
   switch (h.section) {
     case ExponentSection::kFull:
       if (value_delta) {
         if (!values_cache.empty()) std::memcpy(values_cache.data(), out, values_cache.size());
-      } else {
-        if (!one_shot)
-          format::extract_exponents(config.dtype, kernels, out, grid.num_values, cache.data());
+      } else if (!one_shot) {
+        format::extract_exponents(config.dtype, kernels, out, grid.num_values, cache.data());
       }
       break;
     case ExponentSection::kBlock:
       for (uint32_t block : changed_blocks) {
         const uint64_t first = grid.block_first(block);
-        format::extract_exponents(config.dtype, kernels, out + first * value_bytes,
+        format::extract_exponents(config.dtype, kernels, out + first * info.value_bytes,
                                   grid.block_length(block), cache.data() + first);
       }
       break;
@@ -608,8 +634,6 @@ FrameStats ShardDecoder::Impl::decode(const uint8_t* payload, size_t size, uint8
     case ExponentSection::kDifferences:  // value-delta frames are decode_differences'
       break;
   }
-  commit(h);
-  return stats;
 }
 
 ShardDecoder::ShardDecoder(const CodecConfig& config, uint64_t num_values, StreamIdentity expected)
