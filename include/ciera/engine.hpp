@@ -170,9 +170,9 @@ class CompressedAllgather {
 
   // Takes part in the bucket's next gather only to refuse it: the gather fails with a
   // ConfigError on every rank, naming this rank and `reason` (in full on this rank; the peers'
-  // text holds at most 79 bytes: its first 76 and "..." where it was cut). For arguments that a layer
-  // above the engine finds wrong before it has buffers to pass (a null pointer, memory of the wrong
-  // kind): thrown on this rank alone, they would leave its peers waiting for it until the
+  // text holds at most 79 bytes: its first 76 and "..." where it was cut). For arguments that a
+  // layer above the engine finds wrong before it has buffers to pass (a null pointer, memory of the
+  // wrong kind): thrown on this rank alone, they would leave its peers waiting for it until the
   // timeout. Throws std::invalid_argument, on this rank alone, as start() does.
   [[noreturn]] void refuse(size_t bucket, const std::string& reason);
 
