@@ -424,6 +424,30 @@ struct LosslessCollectives::Impl {
     decode_s += seconds;
   }
 
+  // The call's number of rounds, from every rank's record of round 0 (`all`; every rank sees the
+  // same, so every rank runs as many), and the busiest link's raw bytes into `stats`.
+  uint32_t rounds_agreed(std::span<const CallRecord> all, DType dtype,
+                         CollectiveStats& stats) const {
+    uint64_t longest = 0;
+    const uint32_t value_bytes = dtype_info(dtype).value_bytes;
+    LinkLoad raw_links;
+    raw_links.reset(world);
+    for (size_t from = 0; from < all.size(); ++from) {
+      const std::vector<uint64_t>& values = all[from].part_values;
+      longest = std::max(longest, *std::max_element(values.begin(), values.end()));
+      for (size_t to = 0; to < values.size(); ++to)
+        raw_links.add(from, to, values[to] * value_bytes);
+    }
+    stats.busiest_link_raw_bytes = raw_links.busiest();
+    const uint64_t rounds = collectives::rounds_of(longest, config.slice_values);
+    if (rounds > UINT32_MAX) {
+      throw ConfigError("lossless collectives: a part of " + std::to_string(longest) +
+                        " values in slices of " + std::to_string(config.slice_values) +
+                        " takes more than 2^32 rounds (raise CollectivesConfig.slice_values)");
+    }
+    return static_cast<uint32_t>(rounds);
+  }
+
   // The rounds of one call (see the top of this file), then the verdicts. Throws on every rank
   // if any rank could not decode a slice.
   void run(const Call& call, CollectiveStats& stats) {
@@ -456,24 +480,7 @@ struct LosslessCollectives::Impl {
       auto exchange_start = Clock::now();
       std::vector<CallRecord> all = exchange_records(call, 0);
       stats.arrival_wait_s = seconds_since(exchange_start);
-      uint64_t longest = 0;  // every rank sees every record: the same number of rounds everywhere
-      const uint32_t value_bytes = dtype_info(call.dtype).value_bytes;
-      LinkLoad raw_links;
-      raw_links.reset(world);
-      for (size_t from = 0; from < all.size(); ++from) {
-        const std::vector<uint64_t>& values = all[from].part_values;
-        longest = std::max(longest, *std::max_element(values.begin(), values.end()));
-        for (size_t to = 0; to < values.size(); ++to)
-          raw_links.add(from, to, values[to] * value_bytes);
-      }
-      stats.busiest_link_raw_bytes = raw_links.busiest();
-      const uint64_t rounds = collectives::rounds_of(longest, config.slice_values);
-      if (rounds > UINT32_MAX) {
-        throw ConfigError("lossless collectives: a part of " + std::to_string(longest) +
-                          " values in slices of " + std::to_string(config.slice_values) +
-                          " takes more than 2^32 rounds (raise CollectivesConfig.slice_values)");
-      }
-      const auto count = static_cast<uint32_t>(rounds);
+      const uint32_t count = rounds_agreed(all, call.dtype, stats);
       for (uint32_t k = std::max(ahead, 1u); k < std::min(count, kRegions); ++k) code(k);
       // Round k's exchange in flight, and from the second round on round k + 1's behind it:
       // started as soon as its record is agreed, so that a rank whose round k ends early sends
@@ -535,12 +542,8 @@ struct LosslessCollectives::Impl {
     } catch (...) {
       // The tasks use this call's buffers: let them finish before the error leaves.
       for (size_t r = 0; r < kRegions; ++r) {
-        for (TaskGroup* group : {&coding[r], &decoding[r]}) {
-          try {
-            pool.wait(*group);
-          } catch (...) {
-          }
-        }
+        pool.settle(coding[r]);
+        pool.settle(decoding[r]);
       }
       throw;
     }

@@ -128,6 +128,13 @@ class ThreadPool {
     group.wait();
   }
 
+  // wait(), dropping the tasks' exception (TaskGroup::settle): for a caller with a failure of its
+  // own to report, that must only know that no task of `group` still reads its buffers.
+  void settle(TaskGroup& group) {
+    run_queued(group);
+    group.settle();
+  }
+
   // Runs on the calling thread the tasks of `group` that no worker has started yet (their
   // exceptions go to the group, as on a worker); returns whether there were any.
   bool run_queued(TaskGroup& group) {
