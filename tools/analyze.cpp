@@ -291,6 +291,8 @@ nlohmann::json analyze_json(const Request& r, const AnalyzeResult& result) {
                             {"shape", tensor.shape},
                             {"counts", counts_json(t.total, grid)}});
   }
+  // The intervals asked for; `intervals` stops at the checkpoints' span after the warmup.
+  j["max_interval"] = r.options.max_interval;
   j["intervals"] = nlohmann::json::array();
   for (const IntervalResult& i : result.intervals) {
     j["intervals"].push_back({{"interval", i.interval},
@@ -429,6 +431,11 @@ void print_intervals(const ReportContext& c, std::ostream& out) {
                      percent(i.counts.element_change_rate(), 3)});
   }
   out << "\nExponents changed between checks k steps apart (Figure 5b)\n" << by_interval.render();
+  const uint32_t widest = c.result.intervals.back().interval;
+  if (widest < c.request.options.max_interval) {  // said, not capped silently
+    out << "(up to " << widest << ", not --max-interval " << c.request.options.max_interval
+        << ": after the warmup the checkpoints span " << widest << " steps)\n";
+  }
 }
 
 void print_report(const Request& r, const AnalyzeResult& result, std::ostream& out) {

@@ -1,6 +1,7 @@
 """Exponent-change characterisation from Python: the counter binding, parameter classification,
 and `ciera analyze --plot` end to end (native tool + figures)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -107,6 +108,14 @@ def test_analyze_plot_end_to_end(tmp_path, monkeypatch):
     names = sorted(p.name for p in figures.glob("*.png"))
     assert names == ["fig2_exponent_change_rate.png", "fig3a_shard_change_rate.png",
                      "fig3b_reusable_blocks.png", "fig4_block_change_by_type.png", "fig5_check_interval.png"]
+    # More intervals asked for than the 4 steps after the warmup span: said, not capped silently.
+    report = tmp_path / "report.json"
+    done = cli.run_native(cli.native_tool(), ["analyze", str(ckpts), "--warmup", "1", "--max-interval", "9",
+                                              "--quiet", "--json-file", str(report)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    written = json.loads(report.read_text())
+    assert written["max_interval"] == 9 and [i["interval"] for i in written["intervals"]] == [1, 2, 3, 4]
+    assert "(up to 4, not --max-interval 9: after the warmup the checkpoints span 4 steps)" in done.stdout
 
 
 @pytest.mark.parametrize("report,out,message", [
