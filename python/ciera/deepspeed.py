@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank, refuse_each, wait_each
+from ciera._dist import checked_on_every_rank, start_each, wait_each
 from ciera.fsdp import api
 from ciera.fsdp.gather import GatherRecord, RecordLog, Runtime
 from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice
@@ -153,33 +153,27 @@ class _Gather:
         self.state, self.group = state, group
         self.input, self.output = input_tensor, output_tensor
         self.started = time.perf_counter()
-        self.tickets = []
         stream = torch.cuda.current_stream(input_tensor.device).cuda_stream if input_tensor.is_cuda else 0
         size = output_tensor.element_size()
         slot = input_tensor.numel() * size          # one rank's slot of the output, in bytes
-        for k, (b, offset) in enumerate(pieces):
-            bucket = runtime.buckets[b]
-            shard = input_tensor.narrow(0, offset, bucket.numel)
-            try:
-                if runtime.selector is not None:
-                    runtime.selector.observe(0, b, shard)
-                ticket = runtime.engine.start(b, shard.data_ptr(), bucket.numel * size,
-                                              output_tensor.data_ptr() + offset * size,
-                                              (state.world - 1) * slot + bucket.numel * size, stream, slot,
-                                              keep=(shard, output_tensor))
-            except Exception as failure:
-                self._abandon([b for b, _ in pieces[k:]], str(failure))
-                raise
-            self.tickets.append((bucket, offset, shard, ticket))
+        shards = [input_tensor.narrow(0, offset, runtime.buckets[b].numel) for b, offset in pieces]
+
+        def start_one(k: int):
+            (b, offset), shard = pieces[k], shards[k]
+            if runtime.selector is not None:
+                runtime.selector.observe(0, b, shard)
+            numel = runtime.buckets[b].numel
+            return runtime.engine.start(b, shard.data_ptr(), numel * size, output_tensor.data_ptr() + offset * size,
+                                        (state.world - 1) * slot + numel * size, stream, slot,
+                                        keep=(shard, output_tensor))
+
+        # A gather this rank cannot start: the peers, who start them all, are told at once, and
+        # those started are waited for (start_each).
+        tickets = start_each([(runtime.engine, b) for b, _ in pieces], start_one)
+        self.tickets = [(runtime.buckets[b], offset, shard, ticket)
+                        for (b, offset), shard, ticket in zip(pieces, shards, tickets)]
         self.done = False
         self.failure: BaseException | None = None
-
-    def _abandon(self, unstarted: list[int], reason: str) -> None:
-        """After this rank failed to start the gather of unstarted[0]: the peers, who start them
-        all, are told at once (each refused in order), and the gathers already started are
-        waited for, so that none is left in flight."""
-        refuse_each([(self.state.runtime.engine, b) for b in unstarted], reason)
-        self._drain(self.tickets)
 
     def _drain(self, tickets) -> None:
         """Waits for the gathers of `tickets` (this call's), however they end."""
