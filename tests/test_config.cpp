@@ -52,6 +52,15 @@ TEST(Text, CutsNeverSplitAUtf8Character) {
   EXPECT_EQ(shortened(text, 6), "ab...");
 }
 
+// The engine names a failed gather "the 16th gather of bucket 'B'" (a user audit read its old
+// "at step 15", counted from 0, against the training step 16 beside it).
+TEST(Text, OrdinalsInEnglish) {
+  const std::pair<uint64_t, const char*> cases[] = {
+      {1, "1st"},   {2, "2nd"},   {3, "3rd"},   {4, "4th"},     {11, "11th"},   {12, "12th"},
+      {13, "13th"}, {21, "21st"}, {22, "22nd"}, {111, "111th"}, {112, "112th"}, {0, "0th"}};
+  for (const auto& [n, text] : cases) EXPECT_EQ(ordinal(n), text);
+}
+
 TEST(Config, NamesParse) {
   EXPECT_EQ(parse_dtype("bf16"), DType::kBF16);
   EXPECT_EQ(parse_dtype("half"), DType::kFP16);

@@ -796,6 +796,9 @@ TEST(Engine, AfterACommErrorEveryGatherSaysTheEngineGathersNoMore) {
     // named itself as the one in order).
     const size_t at = first[r].find("gathers out of order");
     ASSERT_NE(at, std::string::npos) << first[r];
+    // Its own gather counted from 1 (once "at step 0", read beside a training step as another).
+    EXPECT_EQ(first[r].substr(0, at), std::string("the 1st gather of bucket '") +
+                                          (r == 0 ? "a" : "b") + "' (control exchange): ");
     EXPECT_EQ(first[r].substr(at),
               "gathers out of order: rank 1 is gathering bucket 1 while rank 0 gathers bucket 0 "
               "(start() must be called in the same order on every rank)");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -27,6 +28,17 @@ inline std::string_view utf8_prefix(std::string_view text, size_t bytes) {
 inline std::string shortened(std::string_view text, size_t bytes) {
   if (text.size() <= bytes) return std::string(text);
   return std::string(utf8_prefix(text, bytes - 3)) + "...";
+}
+
+// `n` as an English ordinal: "1st", "2nd", "3rd", "4th", "11th", "21st", "112th".
+inline std::string ordinal(uint64_t n) {
+  const uint64_t last_two = n % 100;
+  const char* suffix = last_two >= 11 && last_two <= 13 ? "th"
+                       : n % 10 == 1                    ? "st"
+                       : n % 10 == 2                    ? "nd"
+                       : n % 10 == 3                    ? "rd"
+                                                        : "th";
+  return std::to_string(n) + suffix;
 }
 
 }  // namespace ciera

@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "ciera/error.hpp"
+#include "common/text.hpp"
 #include "engine/engine_impl.hpp"
 #include "engine/protocol.hpp"
 
@@ -411,10 +412,12 @@ void CompressedAllgather::Impl::comm_loop() {
       // Name what this rank was waiting for: the first gather of the round and the exchange.
       const Gather& first = *round.front();
       const BucketState& s = buckets[first.bucket];
-      const std::string text = broken.empty() ? "gather of bucket '" + s.layout.name + "' at step " +
-                                                    std::to_string(s.step) + " (" + phase +
-                                                    "): " + e.what()
-                                              : std::string(e.what());
+      // Counted from 1 and called a gather: a training step (in the caller's message beside
+      // this one) is another count.
+      const std::string text = broken.empty()
+                                   ? "the " + ordinal(s.step + 1) + " gather of bucket '" +
+                                         s.layout.name + "' (" + phase + "): " + e.what()
+                                   : std::string(e.what());
       fail_round(round, std::make_exception_ptr(CommError(text)));
     } catch (...) {
       fail_round(round, std::current_exception());
