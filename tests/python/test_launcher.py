@@ -196,7 +196,10 @@ def test_exit_status_counts_the_control_and_the_parameters():
     assert exit_status(good) == 0
     # Losses can agree while the final parameters do not: that is not an exact run.
     assert exit_status(dict(good, params_identical=False)) == 3
-    assert exit_status(dict(good, params_identical=False, iteration_ms_fsdp2=None)) == 0  # nothing compared
+    # Without a baseline nothing was compared (None); a baseline whose times are absent (no step
+    # timed) still compared every step.
+    assert exit_status(dict(good, losses_identical=None, params_identical=None, iteration_ms_fsdp2=None)) == 0
+    assert exit_status(dict(good, params_identical=False, iteration_ms_fsdp2=None)) == 3
     assert exit_status(dict(good, control_identical=None)) == 0
     assert exit_status(dict(good, control_identical=True)) == 0
     assert exit_status(dict(good, control_identical=False)) == 3

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 import ciera
-from ciera.train import pair, schemes
-from ciera.train.metrics import Run, StepMetrics
+from ciera.train import options, pair, schemes
+from ciera.train.metrics import Run, StepMetrics, sent_bytes
 
 PLAIN = "zero3"    # DeepSpeed ZeRO-3's own gathers: the baseline
 CIERA = "ciera"    # the same, its gathers through CIERA
@@ -134,16 +134,17 @@ def step(program, run: Run, step_index: int, tokens) -> dict:
     mine = StepMetrics(
         loss=float(local), iteration_s=end - start,
         allgather_s=sum(r.seconds if r.exposed_s < 0 else r.exposed_s for r in records), reduce_scatter_s=0.0,
-        raw_bytes=sum(r.raw_bytes for r in records), wire_bytes=sum(r.wire_bytes for r in records),
+        raw_bytes=sum(r.raw_bytes for r in records), wire_bytes=sent_bytes(records),
         changed_values=0, compared_values=0, encode_s=sum(r.encode_s for r in records),
-        gather_duration_s=sum(r.seconds for r in records))
+        gather_duration_s=sum(r.seconds for r in records), control_bytes=sum(r.control_bytes for r in records))
     program.status.phase("metrics all-reduce")
     summed = mine.all_reduce(dist.ReduceOp.SUM)
     peak = mine.all_reduce(dist.ReduceOp.MAX)
     run.record(int(local.view(torch.int32).item()), summed, peak, mine, program.world)
     record = {"run": run.name, "step": step_index, "loss": run.results["loss"][-1],
               "iteration_ms": 1e3 * peak.iteration_s, "allgather_ms": 1e3 * peak.allgather_s,
-              "raw_bytes": mine.raw_bytes, "wire_bytes": mine.wire_bytes, "gathers": len(records)}
+              "raw_bytes": mine.raw_bytes, "wire_bytes": mine.wire_bytes, "control_bytes": mine.control_bytes,
+              "gathers": len(records)}
     if run.name == CIERA:
         record["ratio"] = mine.raw_bytes / max(1.0, mine.wire_bytes)
         record["bits_per_value"] = 16.0 * mine.wire_bytes / max(1.0, mine.raw_bytes)
@@ -212,7 +213,7 @@ def finish(program, runs: dict, handle, version: str) -> None:
         "framework": "deepspeed", "deepspeed_version": version, "params": ours.params,
         "overlap": True, "ds_config": ds_config(program.args), "baseline_run": PLAIN, "main_run": CIERA,
         "buckets": len(handle.buckets),
-        "allgather_raw_bytes": m["raw"], "allgather_wire_bytes": m["wire"],
+        "allgather_raw_bytes": m["raw"], "allgather_wire_bytes": m["wire"], "allgather_control_bytes": m["control"],
         "ratio": m["ratio"], "bits_per_value": m["bits_per_value"],
         **pair.timing_fields(m, "allgather", "zero3"),
         "cache_bytes": peak, "passed_through": passed_through,
@@ -239,12 +240,13 @@ def render(s: dict, run_dir) -> str:
         ("model", f"{s['model']} ({s['params']:,} BF16 parameters), {s['ranks']} ranks, DeepSpeed "
                   f"{s['deepspeed_version']} ZeRO-3 ({s['buckets']} parameters, one engine bucket each)"),
         *pair.run_rows(s),
-        ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  ratio "
+        ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}"
+                                 f"{options.control_text(s.get('allgather_control_bytes'))}  ratio "
                                  f"{s['ratio'] or float('nan'):.3f}x ({s['bits_per_value'] or float('nan'):.3f} "
                                  "bits/value)"),
-        ("allgather time/step", f"ZeRO-3 {s['allgather_ms_zero3']:.1f} ms  CIERA {s['allgather_ms_ciera']:.1f} ms  "
+        ("allgather time/step", f"ZeRO-3 {pair.time_text(s['allgather_ms_zero3'])} ms  CIERA {pair.time_text(s['allgather_ms_ciera'])} ms  "
                                 f"speedup {speedup(s['allgather_speedup'])}"),
-        ("iteration time/step", f"ZeRO-3 {s['iteration_ms_zero3']:.1f} ms  CIERA {s['iteration_ms_ciera']:.1f} ms  "
+        ("iteration time/step", f"ZeRO-3 {pair.time_text(s['iteration_ms_zero3'])} ms  CIERA {pair.time_text(s['iteration_ms_ciera'])} ms  "
                                 f"speedup {speedup(s['iteration_speedup'])}"),
         ("codec state (peak)", f"{s['cache_bytes'] / 2**20:.2f} MiB per rank" +
                                (f" (budget {s['budget_bytes'] / 2**20:.2f} MiB)" if s["budget_bytes"] is not None else "")),

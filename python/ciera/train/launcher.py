@@ -275,7 +275,7 @@ def exit_status(summary: dict) -> int:
     # Losses alone can agree while the final parameters do not (a wrong last update, a wrong
     # gather whose effect has not reached a loss yet): both must be identical.
     identical = ((summary["losses_identical"] and summary["params_identical"]) or only_lossy
-                 or summary.get("iteration_ms_fsdp2") is None)  # no baseline run
+                 or summary["losses_identical"] is None)  # no baseline run: nothing compared
     deterministic = summary.get("control_identical") is not False  # None: no control run
     return 0 if identical and deterministic and summary["wrong_bytes"] == 0 else 3
 
@@ -360,6 +360,9 @@ def render_summary(s: dict, run_dir: Path) -> str:
     def times(x):  # a ratio; none without a baseline run
         return "-" if x is None else f"{x:.3f}x"
 
+    def timing(row: str) -> str:   # a time row, or why it has no figures
+        return row if s.get("timed_steps", 1) else NOT_TIMED
+
     # --codec delta without a budget: value differences on every shard from the first step, no
     # warmup; with one, the selector chooses per shard after warmup, delta among the choices.
     # The training the rows below describe: CIERA's, or the alternative --codec (or the first of
@@ -382,22 +385,26 @@ def render_summary(s: dict, run_dir: Path) -> str:
                   # exponent: counted in the steady state, which a short run's ratio shows.
                   + (f" (step {max(s['warmup'], s.get('steps_before', 0)) + 1} carries the key frames)"
                      if main in ("ciera", "auto") and s.get("budget_bytes") is None else "")
-                  + (f"; resumed after step {s['steps_before']} from {s['resumed_from']}" if s.get("resumed_from") else "")),
+                  + (f"; resumed after step {s['steps_before']} from {s['resumed_from']}" if s.get("resumed_from") else "")
+                  + timed_text(s)),
         *layout_row(s),
         ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
-        ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}  "
+        ("allgather bytes/step", f"raw {s['allgather_raw_bytes']:,}  wire {s['allgather_wire_bytes']:,}"
+                                 f"{options.control_text(s.get('allgather_control_bytes'))}  "
                                  f"ratio {s['ratio']:.3f}x ({s['bits_per_value']:.3f} bits/value)"),
         *([("inter-node allgather", f"FSDP2 {s['inter_node_allgather_bytes_fsdp2']:,}  {who} "
                                     f"{s['inter_node_allgather_bytes']:,} bytes/step = "
                                     f"{s['inter_node_fraction'] or float('nan'):.3f} of FSDP2's")]
           if two_level(s) and s.get("inter_node_allgather_bytes_fsdp2") else []),
-        ("allgather time/step", f"FSDP2 {ms(s['allgather_ms_fsdp2'])} ms  {who} {ms(s['allgather_ms_ciera'])} ms  "
-                                f"speedup {times(s['allgather_speedup'])}"),
-        ("iteration time/step", f"FSDP2 {ms(s['iteration_ms_fsdp2'])} ms  {who} {ms(s['iteration_ms_ciera'])} ms  "
-                                f"speedup {times(s['iteration_speedup'])}"),
-        ("detect + encode", f"{s['detect_encode_ms_ciera']:.1f} ms/step on the slowest rank; "
-                            f"{100 * s['allgather_hidden_fraction_ciera']:.0f}% of the gathers' duration hidden"
-                            + (" (--overlap)" if s.get("overlap") else " (synchronous gathers)")),
+        ("allgather time/step", timing(f"FSDP2 {ms(s['allgather_ms_fsdp2'])} ms  {who} {ms(s['allgather_ms_ciera'])} ms  "
+                                       f"speedup {times(s['allgather_speedup'])}" + control_text(s, "allgather"))),
+        ("iteration time/step", timing(f"FSDP2 {ms(s['iteration_ms_fsdp2'])} ms  {who} {ms(s['iteration_ms_ciera'])} ms  "
+                                       f"speedup {times(s['iteration_speedup'])}" + control_text(s, "iteration"))),
+        ("detect + encode", timing(f"{ms(s['detect_encode_ms_ciera'])} ms/step on the slowest rank; "
+                                   + ("-" if s["allgather_hidden_fraction_ciera"] is None
+                                      else f"{100 * s['allgather_hidden_fraction_ciera']:.0f}%")
+                                   + " of the gathers' duration hidden"
+                                   + (" (--overlap)" if s.get("overlap") else " (synchronous gathers)"))),
         ("codec state (peak)", f"{s['cache_bytes'] / 2**20:.2f} MiB per rank"
                                + (f" of {budget_text(s['budget_bytes'])} budget; selected "
                                   f"{s['selected_shards']} of {s['candidate_shards']} shards "
@@ -414,6 +421,7 @@ def render_summary(s: dict, run_dir: Path) -> str:
         ("exponent change rate", "-" if s["exponent_change_rate"] is None
             else f"{100 * s['exponent_change_rate']:.3f}% of values per step (steady state)"),
         ("exactness", exactness_text(s) + (f"; verify: {s['wrong_bytes']} wrong bytes of {s['verified_bytes']:,}"
+                                           + (" (every training)" if len(s.get("schemes") or []) > 1 else "")
                                            if s["verified_bytes"] else "")),
         *([("control", "plain FSDP2 trained twice: bitwise identical, the harness itself is deterministic"
             if s["control_identical"] else "plain FSDP2 trained twice: NOT identical, the harness itself is "
@@ -437,10 +445,30 @@ def render_summary(s: dict, run_dir: Path) -> str:
                  f"{'FSDP2':<18} {ms(s['allgather_ms_fsdp2']):>12} {'1.000':>8} {ms(s['iteration_ms_fsdp2']):>12} "
                  f"{'1.000':>8} {'1.000':>6} {'0':>9} {'0':>6}")
         for row in s["ablation"]:
-            text += (f"\n{row['config']:<18} {row['allgather_ms_ciera']:>12.1f} {row['allgather_speedup'] or 0:>8.3f} "
-                     f"{row['iteration_ms_ciera']:>12.1f} {row['iteration_speedup'] or 0:>8.3f} "
+            text += (f"\n{row['config']:<18} {ms(row['allgather_ms_ciera']):>12} {row['allgather_speedup'] or 0:>8.3f} "
+                     f"{ms(row['iteration_ms_ciera']):>12} {row['iteration_speedup'] or 0:>8.3f} "
                      f"{row['ratio'] or 0:>6.3f} {row['cache_bytes'] / 2**20:>9.2f} {row['selected_shards']:>6}")
     return text
+
+
+NOT_TIMED = "not measured: no step after each process's first (more --steps, or less --warmup)"
+
+
+def timed_text(s: dict) -> str:
+    """The steps row's note on the time figures: they leave out each process's first step."""
+    n = s.get("timed_steps")
+    if n is None:   # a summary from before timed_steps
+        return ""
+    return f"; times over {n} step{'' if n == 1 else 's'} (not a process's first)" if n else "; no step timed"
+
+
+def control_text(s: dict, what: str) -> str:
+    """--control: plain FSDP2 against itself beside a time row, the noise floor of its speedup."""
+    if s.get(f"{what}_ms_control") is None:
+        return ""
+    speedup = s[f"{what}_speedup_control"]
+    return (f"  (noise floor: FSDP2 against its control {s[f'{what}_ms_control']:.1f} ms, speedup "
+            + ("-" if speedup is None else f"{speedup:.3f}x") + ")")
 
 
 def two_level(s: dict) -> bool:
@@ -476,7 +504,7 @@ def layout_text(t: dict) -> str:
 
 
 def exactness_text(s: dict) -> str:
-    if s.get("iteration_ms_fsdp2") is None:
+    if s["losses_identical"] is None:
         return "not compared (--no-baseline)"
     rows = s.get("schemes") or []
     lossy = [x for x in rows if x["lossy"]]
@@ -501,7 +529,7 @@ def scheme_table(s: dict) -> str:
              f"{num(s['iteration_ms_fsdp2'], '.1f'):>12} {'1.000':>7} "
              f"{num(s['losses'].get('fsdp2', [None])[-1], '.4f'):>10} {'0':>10} {'0':>11}"]
     for x in s["schemes"]:
-        exact = "yes" if x["exact"] else "LOSSY" if x["lossy"] else "NO"
+        exact = "LOSSY" if x["lossy"] else "-" if x["exact"] is None else "yes" if x["exact"] else "NO"
         lines.append(f"{x['name']:<12} {exact:>5} {num(x['bits_per_value'], '.3f'):>10} {num(x['allgather_ms'], '.1f'):>12} "
                      f"{num(x['allgather_speedup'], '.3f'):>7} {num(x['iteration_ms'], '.1f'):>12} "
                      f"{num(x['iteration_speedup'], '.3f'):>7} {num(x['final_loss'], '.4f'):>10} "

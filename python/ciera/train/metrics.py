@@ -20,12 +20,13 @@ class StepMetrics:
     allgather_s: float          # on the critical path: all of a finished gather, the wait for one in flight
     reduce_scatter_s: float
     raw_bytes: float            # gathered outputs
-    wire_bytes: float           # what the transport carried for them
+    wire_bytes: float           # what the transport carried for them (CIERA's engine: payloads and control_bytes)
     changed_values: float       # values whose exponent changed since the previous step
     compared_values: float
     encode_s: float             # detection + encoding
     gather_duration_s: float    # from each gather's start to its end, hidden or not
     inter_node_bytes: float = 0.0   # what this rank's gathers sent to ranks on other nodes
+    control_bytes: float = 0.0  # of wire_bytes: the engine's control records and verdicts (GatherStats.control_bytes)
 
     def __post_init__(self) -> None:
         for f in fields(self):  # what a float64 tensor holds, whatever the caller passed
@@ -85,7 +86,8 @@ class RunCheck:
 
 class Run:
     """One of the trainings compared: its model, optimizer and per-step results (lists of floats
-    by name, one entry per step, already reduced over ranks)."""
+    by name, one entry per step, already reduced over ranks): times are the slowest rank's, bytes
+    the mean over ranks (every rank's bytes summed, over the world size)."""
 
     def __init__(self, name, model, lr, take_records, optimizer=None):
         self.name = name
@@ -101,7 +103,8 @@ class Run:
         # Steady-state wire bytes per gather, per (kind of group, bucket) (fsdp.GatherRecord.group).
         self.bucket_wire: dict[tuple[int, int], list] = {}
         self.results = {"loss_bits": [], "loss": [], "allgather_s": [], "reduce_scatter_s": [], "iteration_s": [],
-                        "raw": [], "wire": [], "encode_s": [], "gather_duration_s": [], "inter_node": []}
+                        "raw": [], "wire": [], "encode_s": [], "gather_duration_s": [], "inter_node": [],
+                        "hidden_fraction": [], "control": []}
 
     def record(self, loss_bits: int, summed: StepMetrics, peak: StepMetrics, mine: StepMetrics, world: int) -> None:
         out = self.results
@@ -112,6 +115,28 @@ class Run:
         out["reduce_scatter_s"].append(peak.reduce_scatter_s)
         out["encode_s"].append(peak.encode_s)
         out["gather_duration_s"].append(peak.gather_duration_s)
-        out["raw"].append(mine.raw_bytes)
-        out["wire"].append(mine.wire_bytes)
+        # Per rank, the mean over ranks: a rank's bytes differ from another's wherever their
+        # parts compress unevenly (rank 0's alone once stood for all of them).
+        out["raw"].append(summed.raw_bytes / world)
+        out["wire"].append(summed.wire_bytes / world)
+        out["control"].append(summed.control_bytes / world)
         out["inter_node"].append(summed.inter_node_bytes)
+        out["hidden_fraction"].append(hidden_fraction(summed))
+
+
+def sent_bytes(records) -> int:
+    """What the transport carried for a step's gathers (GatherRecords): their payloads and, for
+    CIERA's engine, the control records and verdicts beside them, which a plain all-gather does
+    not send (counted since stop 69; until then the wire figures held the payloads only)."""
+    return sum(r.wire_bytes + r.control_bytes for r in records)
+
+
+def hidden_fraction(summed: StepMetrics) -> float | None:
+    """Of one step's gathers on every rank together (from each one's start to its end), the share
+    the training did not wait for; None for a step without gathers. Clamped to [0, 1]: CIERA's
+    and FSDP2's gathers time their exposed part and their duration from one start, so it is at
+    most the duration, but the records come from several gather implementations (ZipNN's, the
+    peers' schemes), and one timed otherwise must not make this read as no fraction."""
+    if summed.gather_duration_s <= 0:
+        return None
+    return min(1.0, max(0.0, 1.0 - summed.allgather_s / summed.gather_duration_s))

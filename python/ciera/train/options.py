@@ -609,6 +609,11 @@ def budget_text(nbytes: int) -> str:
     return "an unlimited" if nbytes >= 2**63 else f"a {nbytes / 2**20:.2f} MiB"
 
 
+def control_text(control_bytes: int | None) -> str:
+    """The part of a wire figure that was the engine's control records and verdicts, in words."""
+    return f" (control records {control_bytes:,})" if control_bytes else ""
+
+
 def cores_text(s: dict) -> str:
     """The summary's rank_cores for people: "pinned: rank 0 on core 0, rank 1 on cores 2-3, ..."."""
     def cores(c: list[int]) -> str:

@@ -5,14 +5,12 @@ the printed table's layout."""
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 import torch.distributed as dist
 
 from ciera.train import options
 from ciera.train.metrics import Run, RunCheck
-from ciera.train.summary import _compare, _links_text, mean_per_step
+from ciera.train.summary import _compare, _links_text, _median, mean_per_step, steady_steps, timed_steps
 
 
 def train(program, runs: dict[str, Run], step, handle, ours: str) -> None:
@@ -52,8 +50,25 @@ def compare(base: Run, ours: Run, wrong_bytes: int = 0, verified_bytes: int = 0,
     return total, differs, [int(x) for x in peaks]
 
 
-def median(xs):
-    return statistics.median(xs) if xs else None
+median = _median
+
+
+def steps(program) -> tuple[slice, slice]:
+    """(steady, timed): the steps after --warmup, which the byte figures cover, and those less
+    the process's first (summary.timed_steps), which the time figures are medians of. These
+    comparisons train every step in one process."""
+    a = program.args
+    return steady_steps(a.warmup, 0, a.steps), timed_steps(a.warmup, 0, a.steps)
+
+
+def losses_identical(base: Run, ours: Run) -> bool:
+    """Whether the two trainings' losses are bitwise equal at every step on every rank (each rank
+    compares its own). Collective."""
+    differs = torch.tensor([int(x != y) for x, y in zip(base.results["loss_bits"], ours.results["loss_bits"])]
+                           + [int(len(base.results["loss_bits"]) != len(ours.results["loss_bits"]))],
+                           dtype=torch.int64)
+    dist.all_reduce(differs, op=dist.ReduceOp.MAX)
+    return not bool(differs.any())
 
 
 def steady_figures(program, base: Run, ours: Run, comm: str = "allgather_s") -> dict:
@@ -61,17 +76,17 @@ def steady_figures(program, base: Run, ours: Run, comm: str = "allgather_s") -> 
     (means) and its ratio and bits per value, all three over the steady steps together (medians of
     the bytes beside a ratio of sums disagreed where a few steps differ, as the adaptive switch's
     compressed probes among raw steps); both trainings' communication (`comm`: a Run.results key)
-    and iteration seconds, medians."""
-    a = program.args
-    steady = slice(min(a.warmup, a.steps - 1), a.steps)
+    and iteration seconds, medians over the timed steps (None where there are none)."""
+    steady, timed = steps(program)
     b, c = base.results, ours.results
     raw, wire = sum(c["raw"][steady]), sum(c["wire"][steady])
     return {
         "raw": mean_per_step(c["raw"][steady]), "wire": mean_per_step(c["wire"][steady]),
+        "control": mean_per_step(c["control"][steady]),   # of "wire": the engine's records
         "ratio": raw / wire if wire else None, "bits_per_value": 16.0 * wire / raw if raw else None,
-        "comm_base": median(b[comm][steady]), "comm_ours": median(c[comm][steady]),
-        "iteration_base": median(b["iteration_s"][steady]), "iteration_ours": median(c["iteration_s"][steady]),
-        "encode_ours": median(c["encode_s"][steady]),
+        "comm_base": median(b[comm][timed]), "comm_ours": median(c[comm][timed]),
+        "iteration_base": median(b["iteration_s"][timed]), "iteration_ours": median(c["iteration_s"][timed]),
+        "encode_ours": median(c["encode_s"][timed]), "timed_steps": len(c["iteration_s"][timed]),
     }
 
 
@@ -98,23 +113,36 @@ def common_summary(program, runs: dict[str, Run], ours: Run, total: RunCheck, di
 
 def timing_fields(m: dict, comm: str, base: str) -> dict:
     """The summary's times from steady_figures(): `{comm}_ms_{base}` and `{comm}_ms_ciera`, the
-    iteration's the same way, their speedups, and CIERA's encoding time."""
+    iteration's the same way, their speedups, CIERA's encoding time (each None where no step was
+    timed) and how many steps they are medians of."""
     return {
-        f"{comm}_ms_{base}": m["comm_base"] * 1e3, f"{comm}_ms_ciera": m["comm_ours"] * 1e3,
+        f"{comm}_ms_{base}": ms(m["comm_base"]), f"{comm}_ms_ciera": ms(m["comm_ours"]),
         f"{comm}_speedup": ratio(m["comm_base"], m["comm_ours"]),
-        f"iteration_ms_{base}": m["iteration_base"] * 1e3, "iteration_ms_ciera": m["iteration_ours"] * 1e3,
+        f"iteration_ms_{base}": ms(m["iteration_base"]), "iteration_ms_ciera": ms(m["iteration_ours"]),
         "iteration_speedup": ratio(m["iteration_base"], m["iteration_ours"]),
-        "encode_ms_ciera": m["encode_ours"] * 1e3,
+        "encode_ms_ciera": ms(m["encode_ours"]), "timed_steps": m["timed_steps"],
     }
 
 
 def run_rows(s: dict, steps_note: str = "") -> list[tuple[str, str]]:
-    """The table rows every comparison's summary starts with after its model: links, steps (and
-    the steady state), loss."""
+    """The table rows every comparison's summary starts with after its model: links, steps (the
+    steady state, and the steps timed), loss."""
     steady = min(s["warmup"], s["steps"] - 1) + 1
+    n = s.get("timed_steps")
+    timed = "" if n is None else f"; times over {n} step{'' if n == 1 else 's'} (not the first)" if n \
+        else "; no step timed"
     return [("links", s["links"]), ("cores", options.cores_text(s)),
-            ("steps", f"{s['steps']} per run; steady state = steps {steady}..{s['steps']}{steps_note}"),
+            ("steps", f"{s['steps']} per run; steady state = steps {steady}..{s['steps']}{steps_note}{timed}"),
             ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}")]
+
+
+def ms(seconds):
+    return seconds * 1e3 if seconds is not None else None
+
+
+def time_text(x) -> str:
+    """A time in ms for a table; "-" where no step was timed."""
+    return "-" if x is None else f"{x:.1f}"
 
 
 def ratio(base_s, ours_s):

@@ -20,7 +20,7 @@ from ciera import fsdp
 from ciera.fsdp import lifecycle
 from ciera.train import checkpoint, schemes
 from ciera.train.watch import RankStatus, error_text
-from ciera.train.metrics import BASELINE, CONTROL, PLAIN, Run, StepMetrics, resident_bytes
+from ciera.train.metrics import BASELINE, CONTROL, PLAIN, Run, StepMetrics, resident_bytes, sent_bytes
 from ciera.train.options import budget_bytes, scheme_names
 
 
@@ -432,10 +432,10 @@ class RankProgram:
             loss=float(local), iteration_s=end - start,
             allgather_s=sum(r.seconds if r.exposed_s < 0 else r.exposed_s for r in records),
             reduce_scatter_s=sum(r.seconds for r in rs_records),
-            raw_bytes=sum(r.raw_bytes for r in records), wire_bytes=sum(r.wire_bytes for r in records),
+            raw_bytes=sum(r.raw_bytes for r in records), wire_bytes=sent_bytes(records),
             changed_values=tracker.changed, compared_values=tracker.total,
             encode_s=sum(r.encode_s for r in records), gather_duration_s=sum(r.seconds for r in records),
-            inter_node_bytes=self.inter_node_bytes(records))
+            inter_node_bytes=self.inter_node_bytes(records), control_bytes=sum(r.control_bytes for r in records))
         # Two small all-reduces per step: the mean loss, and each time's slowest rank.
         self.status.phase("metrics all-reduce")
         summed = mine.all_reduce(dist.ReduceOp.SUM)
@@ -443,12 +443,14 @@ class RankProgram:
         run.record(int(local.view(torch.int32).item()), summed, peak, mine, self.world)
         record = {"run": run.name, "step": step, "loss": run.results["loss"][-1], "iteration_ms": 1e3 * peak.iteration_s,
                   "allgather_ms": 1e3 * peak.allgather_s, "reduce_scatter_ms": 1e3 * peak.reduce_scatter_s,
-                  "raw_bytes": mine.raw_bytes, "wire_bytes": mine.wire_bytes}
+                  # mean over ranks; control_bytes: the engine's records, of wire_bytes
+                  "raw_bytes": run.results["raw"][-1], "wire_bytes": run.results["wire"][-1],
+                  "control_bytes": run.results["control"][-1]}
         if summed.compared_values > 0:
             record["exponent_change_rate"] = summed.changed_values / summed.compared_values
         if run.name not in PLAIN:
-            record["ratio"] = mine.raw_bytes / max(1.0, mine.wire_bytes)
-            record["bits_per_value"] = 16.0 * mine.wire_bytes / max(1.0, mine.raw_bytes)
+            record["ratio"] = summed.raw_bytes / max(1.0, summed.wire_bytes)
+            record["bits_per_value"] = 16.0 * summed.wire_bytes / max(1.0, summed.raw_bytes)
         return record
 
     def capture_hooks(self, run: Run, step: int) -> list:

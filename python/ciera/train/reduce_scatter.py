@@ -131,7 +131,8 @@ class DeepSpeed:
 
 def step(program, framework, run: Run, step_index: int, tokens) -> dict:
     """One optimizer step of `run`; returns its line of metrics.jsonl. Its bytes are the
-    reduce-scatter's: what this rank sent its peers, as values and as sent."""
+    reduce-scatter's: what a rank sent its peers, as values and as sent, the mean over ranks
+    (Run.record)."""
     start = program.clock()
     loss = framework.train_step(run, tokens)
     end = program.clock()
@@ -172,10 +173,10 @@ def step(program, framework, run: Run, step_index: int, tokens) -> dict:
          sum(getattr(r, "busiest_link_wire_bytes", 0) for r in scatters)))
     record = {"run": run.name, "step": step_index, "loss": run.results["loss"][-1],
               "iteration_ms": 1e3 * peak.iteration_s, "allgather_ms": 1e3 * peak.allgather_s,
-              "reduce_scatter_ms": 1e3 * peak.reduce_scatter_s, "raw_bytes": raw, "wire_bytes": wire,
-              "reduce_scatters": len(scatters)}
+              "reduce_scatter_ms": 1e3 * peak.reduce_scatter_s, "raw_bytes": run.results["raw"][-1],
+              "wire_bytes": run.results["wire"][-1], "reduce_scatters": len(scatters)}
     if run.name == CIERA:
-        record["ratio"] = raw / max(1, wire)
+        record["ratio"] = summed.raw_bytes / max(1.0, summed.wire_bytes)
         if step_index >= program.args.warmup:   # this rank's coded parts over the steady state
             for r in scatters:
                 run.coding += torch.tensor([r.coded_values, r.coded_exponent_bytes, r.exponent_entropy_bits],
@@ -213,14 +214,15 @@ def finish(program, framework, runs: dict) -> None:
     passed = sum(getattr(getattr(run, "handle", None), "passed_through", 0) for run in (twin, ours))
     total, differs, (_, passed) = pair.compare(twin, ours, counts=(passed,))
     drift_vs_own = parameter_drift({BASELINE: own, CIERA: ours}, [CIERA])[0]
+    identical_to_own = pair.losses_identical(own, ours)
     coding = ours.coding.clone()
     dist.all_reduce(coding)
     if program.rank != 0:
         return
     values, exponent_bytes, entropy_bits = coding.tolist()
     m = pair.steady_figures(program, twin, ours, comm="reduce_scatter_s")
-    steady = slice(min(a.warmup, a.steps - 1), a.steps)
-    own_rs = pair.median(own.results["reduce_scatter_s"][steady])
+    steady, timed = pair.steps(program)
+    own_rs = pair.median(own.results["reduce_scatter_s"][timed])
     value_bits = 8 * torch.empty(0, dtype=REDUCE_DTYPES[a.reduce_dtype]).element_size()
     summary = {
         "mode": "reduce_scatter", **pair.common_summary(program, runs, ours, total, differs),
@@ -238,16 +240,17 @@ def finish(program, framework, runs: dict) -> None:
         **({"ds_config": framework.ds_train.ds_config(a)} if a.framework == "deepspeed" else {}),
         **pair.timing_fields(m, "reduce_scatter", "plain_deterministic"),
         # Each call's time from the moment every rank was in it (the slowest rank's sum per step).
-        **after_arrival_fields(twin, ours, steady),
+        **after_arrival_fields(twin, ours, timed),
         # The slowest link's byte ratio: what the links allow where ranks' shards compress unevenly.
         "reduce_scatter_busiest_link_ratio": busiest_link_ratio(ours, steady),
         # The framework's own reduction ("fsdp2" or "zero3" in the names).
-        f"reduce_scatter_ms_{framework.own}": own_rs * 1e3 if own_rs is not None else None,
-        f"iteration_ms_{framework.own}": pair.median(own.results["iteration_s"][steady]) * 1e3,
+        f"reduce_scatter_ms_{framework.own}": pair.ms(own_rs),
+        f"iteration_ms_{framework.own}": pair.ms(pair.median(own.results["iteration_s"][timed])),
         f"max_loss_diff_vs_{framework.own}": max(abs(x - y) for x, y in zip(ours.results["loss"],
                                                                             own.results["loss"])),
         f"max_param_diff_vs_{framework.own}": drift_vs_own,
-        f"losses_identical_to_{framework.own}": ours.results["loss_bits"] == own.results["loss_bits"],
+        # Every rank's losses, as losses_identical compares with the twin.
+        f"losses_identical_to_{framework.own}": identical_to_own,
         # The exponents of the coded parts (every rank, steady state): bits per value as sent (the
         # frame beyond the raw sign and mantissa: exponent section, header, tables, checksum) and
         # their order-0 entropy, each part with its own table as the code has.
@@ -259,9 +262,9 @@ def finish(program, framework, runs: dict) -> None:
     (program.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
-def after_arrival_fields(twin, ours, steady) -> dict:
-    base = pair.median(twin.results["reduce_scatter_after_arrival_s"][steady])
-    mine = pair.median(ours.results["reduce_scatter_after_arrival_s"][steady])
+def after_arrival_fields(twin, ours, timed) -> dict:
+    base = pair.median(twin.results["reduce_scatter_after_arrival_s"][timed])
+    mine = pair.median(ours.results["reduce_scatter_after_arrival_s"][timed])
     return {"reduce_scatter_after_arrival_ms_plain_deterministic": base * 1e3 if base is not None else None,
             "reduce_scatter_after_arrival_ms_ciera": mine * 1e3 if mine is not None else None,
             "reduce_scatter_after_arrival_speedup": pair.ratio(base, mine)}
@@ -303,21 +306,21 @@ def render(s: dict, run_dir) -> str:
         ("  coding", f"--reduce-scatter {s['reduce_scatter']}: {s['reduce_scatter_coded_calls']} of "
                      f"{s['reduce_scatter_steady_calls']} steady-state calls sent coded parts, the rest raw"),
         ("  busiest link", f"ratio {s['reduce_scatter_busiest_link_ratio'] or float('nan'):.3f}x (the most one rank sent or "
-                           "received in each call: the speedup the links allow; the byte ratio above is the mean "
-                           "link's)"),
+                           "received in each call: the speedup the links allow; the byte ratio above is every "
+                           "link's together)"),
         ("gradient exponents", f"{s['exponent_bits_per_value'] or float('nan'):.3f} bits/value as sent, order-0 "
                                f"entropy {s['exponent_entropy_per_value'] or float('nan'):.3f} "
                                f"({100 * (s['exponent_overhead_vs_entropy'] or float('nan')):+.2f}%)"),
-        ("reduce-scatter time/step", f"deterministic raw {s['reduce_scatter_ms_plain_deterministic']:.1f} ms  CIERA "
-                                     f"{s['reduce_scatter_ms_ciera']:.1f} ms  speedup "
+        ("reduce-scatter time/step", f"deterministic raw {pair.time_text(s['reduce_scatter_ms_plain_deterministic'])} ms  CIERA "
+                                     f"{pair.time_text(s['reduce_scatter_ms_ciera'])} ms  speedup "
                                      f"{speedup(s['reduce_scatter_speedup'])}  ({label}'s own "
-                                     f"{s[f'reduce_scatter_ms_{own}']:.1f} ms)"),
-        ("  after every rank entered", f"deterministic raw {s['reduce_scatter_after_arrival_ms_plain_deterministic']:.1f} ms  "
-                                       f"CIERA {s['reduce_scatter_after_arrival_ms_ciera']:.1f} ms  speedup "
+                                     f"{pair.time_text(s[f'reduce_scatter_ms_{own}'])} ms)"),
+        ("  after every rank entered", f"deterministic raw {pair.time_text(s['reduce_scatter_after_arrival_ms_plain_deterministic'])} ms  "
+                                       f"CIERA {pair.time_text(s['reduce_scatter_after_arrival_ms_ciera'])} ms  speedup "
                                        f"{speedup(s['reduce_scatter_after_arrival_speedup'])}  (the rest: waiting "
                                        "for other ranks' backward)"),
-        ("iteration time/step", f"deterministic raw {s['iteration_ms_plain_deterministic']:.1f} ms  CIERA "
-                                f"{s['iteration_ms_ciera']:.1f} ms  speedup {speedup(s['iteration_speedup'])}"),
+        ("iteration time/step", f"deterministic raw {pair.time_text(s['iteration_ms_plain_deterministic'])} ms  CIERA "
+                                f"{pair.time_text(s['iteration_ms_ciera'])} ms  speedup {speedup(s['iteration_speedup'])}"),
         ("identical", "yes: losses and every rank's FP32 master partitions bitwise identical to the same "
                       "reduction uncompressed" if identical else
                       f"NO: {s['loss_mismatches']} loss mismatches, {s['param_bytes_mismatched']:,} bytes differ"),

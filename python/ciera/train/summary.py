@@ -17,7 +17,31 @@ from ciera.train.options import budget_bytes
 
 
 def _median(xs):
+    xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
+
+
+def _ms(seconds):
+    return seconds * 1e3 if seconds is not None else None
+
+
+def _ratio(base_s, ours_s):
+    return base_s / ours_s if base_s is not None and ours_s else None
+
+
+def steady_steps(warmup: int, first: int, steps: int) -> slice:
+    """The steady state within a process's results (which hold steps first+1..steps, 1-based):
+    the steps after --warmup. Byte figures cover these."""
+    return slice(max(0, warmup - first), steps - first)
+
+
+def timed_steps(warmup: int, first: int, steps: int) -> slice:
+    """The steps the time figures are medians of: the steady ones less each process's first step
+    (the first after a --resume too). A process's first training step is about twice as slow
+    as the next (memory and caches warming up), and the order of the trainings rotates from
+    step 0, so the baseline always takes it: counted, it made CIERA look faster than it is.
+    Empty when no other step is left (then every time figure is None: not measured)."""
+    return slice(max(1, warmup - first), steps - first)
 
 
 def mean_per_step(xs) -> int:
@@ -112,14 +136,15 @@ def selection_fields(handle) -> dict:
 def describe_scheme(name: str, scheme: str, described: dict, run: Run, base: Run | None, drift: float | None) -> dict:
     """One gather scheme's row of the comparison (`--schemes`): what it sent, how long the
     gathers and iterations took, and how far its training went from plain FSDP2's. A lossy
-    scheme is never exact, whatever its numbers."""
+    scheme is never exact, whatever its numbers; a lossless one without a baseline is neither
+    (None: nothing was compared)."""
     losses = run.results["loss"]
     diffs = [abs(x - y) for x, y in zip(losses, base.results["loss"])] if base else []
     lossy = schemes.is_lossy(scheme)
     identical = described["losses_identical"] and described["params_identical"]
     return {
         "name": scheme, "run": name, "what": schemes.SCHEMES[scheme].what, "lossy": lossy,
-        "exact": (not lossy) and identical,
+        "exact": False if lossy else (None if base is None else identical),
         "bits_per_value": described["bits_per_value"], "ratio": described["ratio"],
         "allgather_ms": described["allgather_ms_ciera"], "allgather_speedup": described["allgather_speedup"],
         "iteration_ms": described["iteration_ms_ciera"], "iteration_speedup": described["iteration_speedup"],
@@ -128,17 +153,20 @@ def describe_scheme(name: str, scheme: str, described: dict, run: Run, base: Run
         "max_param_diff": drift,
         "losses_identical": described["losses_identical"], "params_identical": described["params_identical"],
         "cache_bytes": described["cache_bytes"], "wrong_bytes": described["wrong_bytes"],
+        "verified_bytes": described["verified_bytes"],
     }
 
 
-def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None, steady: slice,
+def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None, steady: slice, timed: slice,
                  identical_steps: int) -> dict:
-    """One CIERA training's part of the summary: bytes, times and speedups, exactness, selection."""
+    """One CIERA training's part of the summary: bytes (over the `steady` steps), times and
+    speedups (medians over the `timed` ones: None where there are none), exactness (None without
+    a baseline: nothing was compared), selection."""
     r = run.results
     raw, wire = sum(r["raw"][steady]), sum(r["wire"][steady])
-    ag, it = _median(r["allgather_s"][steady]), _median(r["iteration_s"][steady])
-    ag_base = _median(base.results["allgather_s"][steady]) if base else None
-    it_base = _median(base.results["iteration_s"][steady]) if base else None
+    ag, it = _median(r["allgather_s"][timed]), _median(r["iteration_s"][timed])
+    ag_base = _median(base.results["allgather_s"][timed]) if base else None
+    it_base = _median(base.results["iteration_s"][timed]) if base else None
     inter = mean_per_step(r["inter_node"][steady])
     inter_base = mean_per_step(base.results["inter_node"][steady]) if base else None
     return {
@@ -148,14 +176,16 @@ def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None,
         # switch's compressed probes among raw steps).
         "allgather_raw_bytes": mean_per_step(r["raw"][steady]),
         "allgather_wire_bytes": mean_per_step(r["wire"][steady]),
+        # Of the wire bytes: the engine's control records and verdicts (0 for other gathers).
+        "allgather_control_bytes": mean_per_step(r["control"][steady]),
         "ratio": raw / wire if wire else None,
         "bits_per_value": 16.0 * wire / raw if raw else None,
-        "allgather_ms_ciera": ag * 1e3,
-        "allgather_speedup": ag_base / ag if ag_base else None,
-        "iteration_ms_ciera": it * 1e3,
-        "iteration_speedup": it_base / it if it_base else None,
-        "losses_identical": bool(base) and check.loss_mismatches == 0,
-        "params_identical": bool(base) and check.param_bytes_mismatched == 0,
+        "allgather_ms_ciera": _ms(ag),
+        "allgather_speedup": _ratio(ag_base, ag),
+        "iteration_ms_ciera": _ms(it),
+        "iteration_speedup": _ratio(it_base, it),
+        "losses_identical": check.loss_mismatches == 0 if base else None,
+        "params_identical": check.param_bytes_mismatched == 0 if base else None,
         "loss_mismatches": check.loss_mismatches, "param_bytes_mismatched": check.param_bytes_mismatched,
         "steps_compared": len(r["loss_bits"]) if base else 0, "steps_identical": identical_steps,
         "wrong_bytes": check.wrong_bytes, "verified_bytes": check.verified_bytes,
@@ -166,16 +196,35 @@ def describe_run(run: Run, handle, check: RunCheck, peak: int, base: Run | None,
     }
 
 
-def _communication_shares(runs: dict, steady: slice) -> dict:
-    """O1: the allgather's share of the communication time (allgather + gradient reduce-scatter)."""
+def _communication_shares(runs: dict, timed: slice) -> dict:
+    """O1: the allgather's share of the communication time (allgather + gradient reduce-scatter),
+    for plain FSDP2 (and its --control), and CIERA."""
     out = {}
-    for name in ("fsdp2", "ciera"):
+    for name in (BASELINE, CONTROL, "ciera"):
         if name in runs:
-            ag_s = _median(runs[name].results["allgather_s"][steady])
-            rs_s = _median(runs[name].results["reduce_scatter_s"][steady])
-            out[f"allgather_share_{name}"] = ag_s / (ag_s + rs_s) if ag_s + rs_s > 0 else None
-            out[f"reduce_scatter_ms_{name}"] = rs_s * 1e3
+            key = "control" if name == CONTROL else name
+            ag_s = _median(runs[name].results["allgather_s"][timed])
+            rs_s = _median(runs[name].results["reduce_scatter_s"][timed])
+            both = ag_s + rs_s if ag_s is not None and rs_s is not None else None
+            out[f"allgather_share_{key}"] = ag_s / both if both else None
+            out[f"reduce_scatter_ms_{key}"] = _ms(rs_s)
     return out
+
+
+def control_fields(runs: dict, timed: slice) -> dict:
+    """--control: plain FSDP2's second training, timed as the others: its times and the
+    baseline's "speedup" over it. The two are the same training, so that speedup is the noise
+    floor of this run's speedups (1 where the harness measures without bias); None without a
+    control or without a timed step."""
+    if CONTROL not in runs:
+        return {}
+    base, control = runs[BASELINE].results, runs[CONTROL].results
+    ag, it = _median(control["allgather_s"][timed]), _median(control["iteration_s"][timed])
+    return {
+        "allgather_ms_control": _ms(ag), "iteration_ms_control": _ms(it),
+        "allgather_speedup_control": _ratio(_median(base["allgather_s"][timed]), ag),
+        "iteration_speedup_control": _ratio(_median(base["iteration_s"][timed]), it),
+    }
 
 
 def _links_text(a) -> str:
@@ -195,7 +244,8 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     writes summary.json (and characterisation.json, the trace)."""
     a = program.args
     first = program.first_step   # results hold steps first+1..steps (1-based)
-    steady = slice(max(0, a.warmup - first), a.steps - first)
+    steady = steady_steps(a.warmup, first, a.steps)
+    timed = timed_steps(a.warmup, first, a.steps)
     base = runs.get(BASELINE)
     names = [n for n in runs if n not in PLAIN]
     checks, peaks, identical_steps = check_runs(runs, handles, names)
@@ -209,7 +259,8 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     characterisation = program.stats.gather() if program.stats is not None else None
     if program.rank != 0:
         return
-    described = {name: describe_run(runs[name], handles[name], checks[i], peaks[i], base, steady, identical_steps[i])
+    described = {name: describe_run(runs[name], handles[name], checks[i], peaks[i], base, steady, timed,
+                                    identical_steps[i])
                  for i, name in enumerate(names)}
     # The training the top-level fields describe: CIERA's, or with --schemes the first scheme.
     main_name = "ciera" if "ciera" in described else names[0]
@@ -217,8 +268,8 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     records = [json.loads(line) for line in open(program.run_dir / "metrics.jsonl")]
     rates = [r["exponent_change_rate"] for r in records
              if r["run"] == main_name and r["step"] >= a.warmup and r.get("exponent_change_rate") is not None]
-    ag_base = _median(base.results["allgather_s"][steady]) if base else None
-    it_base = _median(base.results["iteration_s"][steady]) if base else None
+    ag_base = _median(base.results["allgather_s"][timed]) if base else None
+    it_base = _median(base.results["iteration_s"][timed]) if base else None
     c = runs[main_name].results
     scheme_rows = [] if a.ablation else [
         describe_scheme(name, program.scheme_of(name), described[name], runs[name], base, drifts[i])
@@ -236,16 +287,22 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
         "transport": a.transport, "codec": None if a.schemes else a.codec,
         "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
         "loss_first": c["loss"][0], "loss_last": c["loss"][-1],
-        "allgather_ms_fsdp2": ag_base * 1e3 if ag_base else None,
-        "iteration_ms_fsdp2": it_base * 1e3 if it_base else None,
+        "allgather_ms_fsdp2": _ms(ag_base), "iteration_ms_fsdp2": _ms(it_base),
+        # The steps behind every time figure (the steady ones less each process's first).
+        "timed_steps": len(range(a.steps - first)[timed]),
         **main,
         "exponent_change_rate": statistics.fmean(rates) if rates else None,  # None: no step measured it
         # Every lossless training of this run must match the baseline, not just the main one
-        # (false when every training is lossy: nothing here is exact).
-        "losses_identical": bool(exact_names) and all(described[n]["losses_identical"] for n in exact_names),
-        "params_identical": bool(exact_names) and all(described[n]["params_identical"] for n in exact_names),
+        # (false when every training is lossy: nothing here is exact; None without a baseline:
+        # nothing was compared).
+        "losses_identical": None if base is None else
+        bool(exact_names) and all(described[n]["losses_identical"] for n in exact_names),
+        "params_identical": None if base is None else
+        bool(exact_names) and all(described[n]["params_identical"] for n in exact_names),
         "schemes": scheme_rows, "main_scheme": program.scheme_of(main_name), "main_run": main_name,
+        # --verify: over every training, as the gathers each compared (the schemes' rows: each one's).
         "wrong_bytes": sum(d["wrong_bytes"] for d in described.values()),
+        "verified_bytes": sum(d["verified_bytes"] for d in described.values()),
         # --control: the baseline trained twice, bitwise identical (the harness is deterministic).
         "control_identical": control_identical,
         # For comparing runs with each other (an uninterrupted run and a resumed one): each
@@ -257,20 +314,20 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
         "checkpoints": program.checkpoints,
     }
     # O5: change detection + encoding per step, and how much of the gathers' duration the
-    # training did not wait for (0 with synchronous gathers; with --overlap, what CCP hid).
-    enc = _median(c["encode_s"][steady])
-    duration = _median(c["gather_duration_s"][steady])
-    summary["detect_encode_ms_ciera"] = enc * 1e3
-    summary["allgather_hidden_fraction_ciera"] = (1 - main["allgather_ms_ciera"] / 1e3 / duration
-                                                  if duration else 0.0)
-    summary.update(_communication_shares(runs, steady))
+    # training did not wait for (0 with synchronous gathers; with --overlap, what CCP hid): per
+    # step over every rank's gathers together, then the median of those fractions, so it is one
+    # (a ratio of two medians of different steps' slowest ranks is not, and fell outside [0, 1]).
+    summary["detect_encode_ms_ciera"] = _ms(_median(c["encode_s"][timed]))
+    summary["allgather_hidden_fraction_ciera"] = _median(c["hidden_fraction"][timed])
+    summary.update(_communication_shares(runs, timed))
+    summary.update(control_fields(runs, timed))
     if characterisation is not None:
         (program.run_dir / "characterisation.json").write_text(json.dumps(characterisation, indent=1))
         summary["characterisation"] = characterisation["summary"]
     if trace_doc is not None:
         trace_doc["measured"] = {
             "baseline": {"iteration_s": it_base, "allgather_s": ag_base},
-            "ciera": {"iteration_s": main["iteration_ms_ciera"] / 1e3, "allgather_s": main["allgather_ms_ciera"] / 1e3},
+            "ciera": {"iteration_s": _median(c["iteration_s"][timed]), "allgather_s": _median(c["allgather_s"][timed])},
         }
         from ciera import trace
 

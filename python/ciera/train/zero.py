@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import ciera
-from ciera.train import pair
+from ciera.train import options, pair
 from ciera.train.metrics import Run, StepMetrics
 
 PLAIN_ZERO = "zero"      # torch's ZeroRedundancyOptimizer: the baseline
@@ -106,18 +106,20 @@ def step(program, run: Run, step_index: int, tokens) -> dict:
     sync_s = sum(run.take_records())
     last = getattr(run.optimizer, "last_sync", None)   # CIERA's: what the engine moved
     raw = last.raw_bytes if last is not None else run.raw_bytes
-    wire = last.wire_bytes if last is not None else run.raw_bytes
+    control = last.control_bytes if last is not None else 0
+    wire = last.wire_bytes + control if last is not None else run.raw_bytes   # all the engine sent
     local = loss.detach().float()
     mine = StepMetrics(loss=float(local), iteration_s=end - start, allgather_s=sync_s, reduce_scatter_s=0.0,
                        raw_bytes=raw, wire_bytes=wire, changed_values=0, compared_values=0,
-                       encode_s=last.encode_s if last is not None else 0.0, gather_duration_s=sync_s)
+                       encode_s=last.encode_s if last is not None else 0.0, gather_duration_s=sync_s,
+                       control_bytes=control)
     program.status.phase("metrics all-reduce")
     summed = mine.all_reduce(dist.ReduceOp.SUM)
     peak = mine.all_reduce(dist.ReduceOp.MAX)
     run.record(int(local.view(torch.int32).item()), summed, peak, mine, program.world)
     record = {"run": run.name, "step": step_index, "loss": run.results["loss"][-1],
               "iteration_ms": 1e3 * peak.iteration_s, "sync_ms": 1e3 * peak.allgather_s,
-              "allgather_ms": 1e3 * peak.allgather_s, "raw_bytes": raw, "wire_bytes": wire,
+              "allgather_ms": 1e3 * peak.allgather_s, "raw_bytes": raw, "wire_bytes": wire, "control_bytes": control,
               # this rank's forward + backward (DDP's gradient all-reduce included), and its step
               "forward_backward_ms": 1e3 * (backward_done - start), "optimizer_step_ms": 1e3 * (end - backward_done)}
     if run.name == CIERA_ZERO:
@@ -154,7 +156,7 @@ def finish(program, runs: dict) -> None:
         "policy": ours.optimizer.policy,
         "optimizer": "Adam on FP32 masters of BF16 parameters (ciera.zero.fp32_master)",
         "values_per_rank": [int(n) for n in ours.optimizer._syncs[0].counts] if ours.optimizer._syncs else [],
-        "sync_raw_bytes": m["raw"], "sync_wire_bytes": m["wire"],
+        "sync_raw_bytes": m["raw"], "sync_wire_bytes": m["wire"], "sync_control_bytes": m["control"],
         "first_sync_wire_bytes": int(ours.results["wire"][0]),
         "ratio": m["ratio"], "bits_per_value": m["bits_per_value"],
         **pair.timing_fields(m, "sync", "zero"),
@@ -171,14 +173,15 @@ def render(s: dict, run_dir) -> str:
         ("model", f"{s['model']} ({s['params']:,} BF16 parameters), {s['ranks']} ranks, DDP + ZeRO-1/2 "
                   f"(Adam on FP32 masters); values per rank {', '.join(f'{n:,}' for n in s['values_per_rank'])}"),
         *pair.run_rows(s, " (step 1 carries the key frames)" if s["warmup"] == 1 else ""),
-        ("sync bytes/step", f"raw {s['sync_raw_bytes']:,}  wire {s['sync_wire_bytes']:,}  ratio "
+        ("sync bytes/step", f"raw {s['sync_raw_bytes']:,}  wire {s['sync_wire_bytes']:,}"
+                            f"{options.control_text(s.get('sync_control_bytes'))}  ratio "
                             f"{s['ratio'] or float('nan'):.3f}x ({s['bits_per_value'] or float('nan'):.3f} bits/value, "
                             f"policy {s['policy']}; first sync {s['first_sync_wire_bytes']:,})"),
-        ("param sync time/step", f"torch ZeRO {s['sync_ms_zero']:.1f} ms  CIERA {s['sync_ms_ciera']:.1f} ms  "
+        ("param sync time/step", f"torch ZeRO {pair.time_text(s['sync_ms_zero'])} ms  CIERA {pair.time_text(s['sync_ms_ciera'])} ms  "
                                  f"speedup {speedup(s['sync_speedup'])}"),
-        ("iteration time/step", f"torch ZeRO {s['iteration_ms_zero']:.1f} ms  CIERA {s['iteration_ms_ciera']:.1f} ms  "
+        ("iteration time/step", f"torch ZeRO {pair.time_text(s['iteration_ms_zero'])} ms  CIERA {pair.time_text(s['iteration_ms_ciera'])} ms  "
                                 f"speedup {speedup(s['iteration_speedup'])}"),
-        ("encode", f"{s['encode_ms_ciera']:.1f} ms/step on the slowest rank"),
+        ("encode", f"{pair.time_text(s['encode_ms_ciera'])} ms/step on the slowest rank"),
         ("codec state (peak)", f"{s['cache_bytes'] / 2**20:.2f} MiB per rank"),
         ("identical", "yes: losses and parameters (every rank's full copy) bitwise identical to torch's ZeRO"
                       if identical else f"NO: {s['loss_mismatches']} loss mismatches, "
