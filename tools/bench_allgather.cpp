@@ -128,6 +128,11 @@ Request parse(const Options& o, const std::string& command) {
   require(o.codec == "raw" || o.codec == "ciera" || o.codec == "auto" || o.codec == "delta",
           "--codec must be raw, ciera, auto or delta");
   if (o.codec == "delta" && !o.warmup_given) r.options.warmup = 1;
+  // The engine's first compressed gather carries key frames (every exponent; for delta every
+  // value): the last warmup step, never one of the steady steps the figures describe.
+  require(o.codec == "raw" || r.options.warmup >= 1,
+          "--warmup must be at least 1 with --codec " + o.codec +
+              ": the first compressed gather carries the key frames, outside the steady state");
   require_steps_after_warmup(o.steps, r.options.warmup, o.warmup_given);
   CodecConfig codec;
   codec.dtype = r.dtype;
@@ -204,7 +209,7 @@ std::vector<std::unique_ptr<AdamTrajectory>> make_shards(const Request& r,
 struct AllgatherResult {
   int world = 0;
   uint64_t raw_bytes = 0;  // one step's gathered output, all buckets
-  std::vector<double> raw_s, ciera_s, wire_bytes, encode_s, decode_s, exchange_s;
+  std::vector<double> raw_s, ciera_s, wire_bytes, control_bytes, encode_s, decode_s, exchange_s;
   // The link lab's inter-node bytes in each contender's part of a step (uplink_bytes_sent()),
   // empty outside the lab.
   std::vector<double> inter_node_raw_bytes, inter_node_ciera_bytes;
@@ -215,7 +220,9 @@ struct AllgatherResult {
 // One step's times, each the slowest rank's.
 struct StepTimes {
   double raw_s = 0, ciera_s = 0;
-  double wire_bytes = 0, encode_s = 0, decode_s = 0, exchange_s = 0;  // this rank's
+  // This rank's. wire_bytes: all the engine sent (every rank's payloads, and control_bytes of
+  // control records and verdicts, which MPI does not send).
+  double wire_bytes = 0, control_bytes = 0, encode_s = 0, decode_s = 0, exchange_s = 0;
 };
 
 // The gathers of one run: the shards, the engine, and both outputs of every bucket.
@@ -233,7 +240,8 @@ class AllgatherBench {
         displs_(layouts_.size()) {
     EngineConfig config;
     config.codec.block_values = r.options.block;
-    config.warmup_steps = r.options.warmup;
+    // Raw until the last warmup step, which carries the key frames (check_options).
+    config.warmup_steps = r.options.warmup > 0 ? r.options.warmup - 1 : 0;
     config.worker_threads = r.options.threads;
     config.adaptive = r.options.codec == "auto";
     config.timeout = mpi_timeout();  // --timeout, as run_mpi_rank took it
@@ -286,14 +294,20 @@ class AllgatherBench {
   }
 
   // The engine: every bucket started at once (encoding overlaps the exchanges), then waited.
+  // Its outputs first hold the complement of MPI's (gather_raw() runs first), so a value the
+  // engine left unwritten (a receiver's stale copy from the step before) cannot match.
   void gather_engine(StepTimes& t) {
+    for (size_t b = 0; b < layouts_.size(); ++b) {
+      for (size_t i = 0; i < ciera_out_[b].size(); ++i) ciera_out_[b][i] = ~raw_out_[b][i];
+    }
     barrier();
     Stopwatch ciera_clock;
     std::vector<CompressedAllgather::Ticket> tickets;
     for (size_t b = 0; b < layouts_.size(); ++b) tickets.push_back(engine_->start(b, shards_[b]->values(), ciera_out_[b]));
     for (auto ticket : tickets) {
       const GatherStats s = engine_->wait(ticket);
-      t.wire_bytes += static_cast<double>(s.wire_bytes);
+      t.wire_bytes += static_cast<double>(s.wire_bytes + s.control_bytes);
+      t.control_bytes += static_cast<double>(s.control_bytes);
       t.encode_s = std::max(t.encode_s, s.encode_s);
       t.decode_s += s.decode_s;
       // Gathers batched into one round share its exchange, and each reports all of it.
@@ -353,6 +367,7 @@ AllgatherResult measure(const Request& r, int rank, int world) {
       result.raw_s.push_back(t.raw_s);
       result.ciera_s.push_back(t.ciera_s);
       result.wire_bytes.push_back(t.wire_bytes);
+      result.control_bytes.push_back(t.control_bytes);
       result.encode_s.push_back(max_over_ranks(t.encode_s));
       result.decode_s.push_back(max_over_ranks(t.decode_s));
       result.exchange_s.push_back(max_over_ranks(t.exchange_s));
@@ -371,7 +386,9 @@ nlohmann::json allgather_json(const Request& r, const AllgatherResult& result) {
   const Options& o = r.options;
   const double raw_ms = median(result.raw_s) * 1e3;
   const double ciera_ms = median(result.ciera_s) * 1e3;
-  const double wire = median(result.wire_bytes);
+  // Bytes are means (with --codec auto, steps of either mode: a median would drop the few
+  // probes of the other), times medians.
+  const double wire = mean(result.wire_bytes);
   const double raw_bytes = static_cast<double>(result.raw_bytes);
   const double algbw = raw_bytes / (ciera_ms / 1e3) / 1e9;
   const double raw_algbw = raw_bytes / (raw_ms / 1e3) / 1e9;
@@ -395,6 +412,7 @@ nlohmann::json allgather_json(const Request& r, const AllgatherResult& result) {
   j["speedup"] = raw_ms / ciera_ms;
   j["bytes_raw"] = result.raw_bytes;
   j["bytes_wire"] = wire;
+  j["bytes_control"] = mean(result.control_bytes);  // of bytes_wire
   j["ratio"] = raw_bytes / wire;
   j["algbw_GBps"] = algbw;
   j["busbw_GBps"] = algbw * bus;
@@ -433,9 +451,13 @@ void print_report(const Request& r, const nlohmann::json& j, std::ostream& out) 
   t.add({"CIERA engine (" + o.codec + ")", fixed(ciera_ms, 2), fixed(wire, 0), fixed(algbw, 3), fixed(algbw * bus, 3)});
   out << t.render() << "\n"
       << "speedup " << fixed(raw_ms / ciera_ms, 3) << "x, wire ratio " << fixed(raw_bytes / wire, 3)
-      << "x; engine time split (slowest rank, medians): encode " << fixed(j["encode_ms"].get<double>(), 2)
-      << " ms (overlapped), exchange " << fixed(j["exchange_ms"].get<double>(), 2) << " ms, decode "
+      << "x; engine time split (slowest rank, medians): encode "
+      << fixed(j["encode_ms"].get<double>(), 2) << " ms (overlapped), exchange "
+      << fixed(j["exchange_ms"].get<double>(), 2) << " ms, decode "
       << fixed(j["decode_ms"].get<double>(), 2) << " ms\n"
+      << "wire bytes are means over the steady steps; the engine's hold "
+      << fixed(j["bytes_control"].get<double>(), 0)
+      << " of control records and verdicts, which MPI does not send\n"
       << "wrong elements (all ranks, all steps): " << j["wrong_elements"].get<uint64_t>() << "\n";
   if (j.contains("inter_node_bytes_raw")) {
     const double raw_inter = j["inter_node_bytes_raw"].get<double>();

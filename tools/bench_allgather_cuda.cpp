@@ -199,7 +199,8 @@ void run_rank(const Plan& plan, int rank, RankOutcome& outcome) {
   }
   EngineConfig config;
   config.codec.block_values = o.block;
-  config.warmup_steps = o.warmup;
+  // Raw until the last warmup step, which carries the key frames: never a timed step.
+  config.warmup_steps = o.warmup > 0 ? o.warmup - 1 : 0;
   config.worker_threads = o.threads;
   config.timeout = transport_options.timeout;
   CompressedAllgather engine(*engine_transport, config, std::move(layouts),
@@ -236,7 +237,8 @@ void run_rank(const Plan& plan, int rank, RankOutcome& outcome) {
       start = std::chrono::steady_clock::now();
       const GatherStats g = engine.run(i, {d_in.bytes(), shard}, {d_ciera.bytes(), total});
       mine.ciera_s.push_back(seconds_since(start));
-      mine.wire_bytes.push_back(static_cast<double>(g.wire_bytes));
+      // All the engine sent: payloads, and its control records and verdicts (NCCL sends none).
+      mine.wire_bytes.push_back(static_cast<double>(g.wire_bytes + g.control_bytes));
       mine.encode_s.push_back(g.encode_s);
       mine.exchange_s.push_back(g.exchange_s);
       mine.decode_s.push_back(g.decode_s);
@@ -380,6 +382,9 @@ void check_nccl_bench_options(const NcclBenchOptions& o) {
             "--sizes: " + std::to_string(bytes) + " bytes is more than 16 GiB");
   }
   require_steps_after_warmup(o.steps, o.warmup, true);
+  require(o.warmup >= 1,
+          "--warmup must be at least 1: the first compressed gather carries the key frames, "
+          "outside the timed steps");
   CodecConfig codec;
   codec.dtype = parse_dtype(o.dtype);
   codec.block_values = o.block;

@@ -21,6 +21,7 @@ class Stopwatch {
 };
 
 double median(std::vector<double> values);
+double mean(const std::vector<double>& values);  // 0 for none
 
 // A one-line progress bar on stderr: redrawn in place on a terminal, a line every ~10% otherwise.
 class Progress {

@@ -29,11 +29,20 @@ NOT_EXACT = 3
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+def _flag(args: list[str], name: str) -> bool:
+    """Whether flag `name` is given, as the native tool's parser (CLI11) reads it: bare, or as
+    name=VALUE with a VALUE other than false, 0, off or no."""
+    return any(a == name or (a.startswith(name + "=") and a.split("=", 1)[1].lower() not in ("false", "0", "off", "no"))
+               for a in args)
+
+
 def _passes_through(args: list[str]) -> bool:
     """Runs the zipnn row cannot join: help, --no-compare (no comparison rows), a device other
     than the CPU, or the native tool's own hidden options."""
+    if _flag(args, "--no-compare"):
+        return True
     for i, arg in enumerate(args):
-        if arg in ("-h", "--help", "--no-compare") or arg.split("=", 1)[0] in ("--save-shards", "--render-json"):
+        if arg in ("-h", "--help") or arg.split("=", 1)[0] in ("--save-shards", "--render-json"):
             return True
         if arg == "--device" and i + 1 < len(args) and args[i + 1] != "cpu":
             return True
@@ -117,7 +126,7 @@ def bench_codec(tool: Path, args: list[str]) -> int | None:
         if status == 0:
             print(f"ciera bench codec: {problem}", file=sys.stderr)
         return status
-    want_json = "--json" in args
+    want_json = _flag(args, "--json")
     with tempfile.TemporaryDirectory(prefix="ciera-bench-codec-") as tmp:
         shards = Path(tmp) / "shards.bin"
         command = ["bench", "codec", *args, "--save-shards", str(shards)]
@@ -130,7 +139,7 @@ def bench_codec(tool: Path, args: list[str]) -> int | None:
         except ValueError:
             sys.stdout.write(done.stdout)
             return done.returncode or 1
-        if "--quiet" not in args:
+        if not _flag(args, "--quiet"):
             print("ciera bench codec: zipnn row (Python), on the same shards", file=sys.stderr, flush=True)
         row = measure_zipnn(shards)
         report["command"] = " ".join(["ciera", "bench", "codec", *args])  # as typed: not our additions

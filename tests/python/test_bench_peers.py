@@ -107,6 +107,16 @@ def test_without_zipnn_the_native_report_is_unchanged_and_one_line_says_how(tmp_
     assert len(lines) == 1 and "zipnn row" in lines[0] and "pip install 'ciera[peers]'" in lines[0], done.stderr
 
 
+@needs_zipnn
+def test_flags_written_with_a_value_mean_what_the_native_tool_reads():
+    """From a user audit: `--json=true` printed a table, `--no-compare=true` failed on an option
+    the user never gave (the entry point matched the bare flags only)."""
+    report, rows = _rows(_ciera([*SMALL, "--json=true"]))
+    assert "zipnn" in rows and report["verified"] is True
+    done = _ciera([*SMALL, "--no-compare=true"])
+    assert done.returncode == 0 and "zipnn" not in done.stdout, (done.returncode, done.stderr[-3000:])
+
+
 def test_a_bad_option_is_still_one_line_and_no_report():
     done = _ciera(["--values", "0", "--json"])
     assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout)
