@@ -124,23 +124,32 @@ TEST(SimCollectives, ByteReductionBound) {
 // 0.5 s saved, 4 / 3.5. The pooled ratio (200 / 150 bytes) on all 1.1 s saves 0.275 s: 4 / 3.725,
 // below what a schedule can reach.
 TEST(SimCollectives, ByteReductionBoundIsTakenPerGatherGroup) {
+  const uint64_t across = gather_link(16, true, Algorithm::kRing),
+                 inside = gather_link(8, false, Algorithm::kRing);
   Breakdown base, coded;
   base.total_s = 4;
   base.allgather_busy_s = 1.1;
-  base.allgather_inter_node_busy_s = 1;
   base.allgather_bytes = 200;
-  base.allgather_inter_node_bytes = 100;
+  base.allgather_links = {{across, {1.0, 100}}, {inside, {0.1, 100}}};
   coded.allgather_bytes = 150;
-  coded.allgather_inter_node_bytes = 50;
+  coded.allgather_links = {{across, {0.5, 50}}, {inside, {0.1, 100}}};
   EXPECT_NEAR(byte_reduction_bound(base, coded), 4 / 3.5, 1e-12);
   EXPECT_NEAR(byte_reduction_bound(base.allgather_busy_s / base.total_s, 200.0 / 150), 4 / 3.725,
               1e-12);  // pooled: below the bound per group
   // One group alone is the pooled bound.
-  base.allgather_inter_node_busy_s = base.allgather_busy_s;
-  base.allgather_inter_node_bytes = base.allgather_bytes;
-  coded.allgather_inter_node_bytes = coded.allgather_bytes;
+  base.allgather_links = {{across, {1.1, 200}}};
+  coded.allgather_links = {{across, {0.8, 150}}};
   EXPECT_NEAR(byte_reduction_bound(base, coded),
               byte_reduction_bound(base.allgather_busy_s / base.total_s, 200.0 / 150), 1e-12);
+  // Two groups that both span nodes are two links (a trace's shard and post-forward groups, each
+  // with its curve): pooled, the bound fell below the speedup (an audit's trace).
+  const uint64_t two = gather_link(2, true, Algorithm::kRing);
+  base.allgather_links = {{across, {1.0, 100}}, {two, {0.1, 100}}};
+  coded.allgather_links = {{across, {0.5, 50}}, {two, {0.1, 100}}};
+  EXPECT_NEAR(byte_reduction_bound(base, coded), 4 / 3.5, 1e-12);
+  // Gathers on other links than the baseline's: no bound from bytes.
+  coded.allgather_links = {{across, {0.5, 50}}, {inside, {0.1, 100}}};
+  EXPECT_TRUE(std::isnan(byte_reduction_bound(base, coded)));
 }
 
 // Against ZeRO-3 (no codec time of its own) the bound holds for every model, cluster, topology,
@@ -1419,6 +1428,11 @@ TEST(SimTrace, OtherFormatsAndBadValuesAreRejected) {
   expect_error([&] { parse_trace(text, "trace t.json"); }, {"\"dtype\""});
   expect_error([] { parse_trace("[1, 2]", "trace t.json"); },
                {"trace t.json", "must be an object"});
+  // A block rate below its values' (an audit: the rates file refused it, a trace took it).
+  text = trace_text();
+  text.replace(text.find("\"block_change_rate\": 0.3"), 24, "\"block_change_rate\": 0.001");
+  expect_error([&] { parse_trace(text, "trace t.json"); },
+               {"\"buckets[0].shards[0].block_change_rate\"", "below change_rate"});
   expect_error([] { load_trace("/nonexistent/trace.json"); },
                {"cannot read trace /nonexistent/trace.json"});
 }

@@ -87,8 +87,9 @@ void check_values(const Options& o) {
   // 1 kbit/s .. 1 Pbit/s: beyond either the projected times overflow to infinity or vanish.
   if (o.gbit && !(*o.gbit >= 1e-6 && *o.gbit <= 1e6))
     throw ConfigError("--gbit must be in 1e-6..1e6 (Gbit/s)");
-  if (o.latency_ms && !(std::isfinite(*o.latency_ms) && *o.latency_ms >= 0))
-    throw ConfigError("--latency-ms must be >= 0");
+  // Up to 1000 s a step: beyond, the projected times overflow or swamp everything else.
+  if (o.latency_ms && !(std::isfinite(*o.latency_ms) && *o.latency_ms >= 0 && *o.latency_ms <= 1e6))
+    throw ConfigError("--latency-ms must be in 0..1e6 (ms)");
   if (o.gpus_per_node && *o.gpus_per_node < 1)
     throw ConfigError("--gpus-per-node must be at least 1");
   if (o.mfu && !(*o.mfu > 0 && *o.mfu <= 1)) throw ConfigError("--mfu must be in (0, 1]");
@@ -302,6 +303,12 @@ Request parse(const Options& o, const std::string& command) {
 }
 
 std::string seconds_text(double s) { return fixed(s, s < 1 ? 4 : 3); }
+
+std::string extreme_seconds_text(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g s", s);
+  return text;
+}
 
 nlohmann::json breakdown_json(const Breakdown& b) {
   return {{"total_s", b.total_s},

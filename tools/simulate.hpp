@@ -138,6 +138,8 @@ void render_validation(const Request& request, const std::vector<TraceResult>& r
 // ---- Shared by the renderers ----------------------------------------------------------------
 
 std::string seconds_text(double seconds);
+// A time that may be absurd (1e62 s, nan) for an error message: "%.3g s".
+std::string extreme_seconds_text(double seconds);
 nlohmann::json breakdown_json(const sim::Breakdown& breakdown);
 std::vector<std::string> breakdown_cells(const sim::Breakdown& breakdown);
 extern const std::vector<std::string> kBreakdownHeader;

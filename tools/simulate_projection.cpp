@@ -404,10 +404,10 @@ ProjectionResult compute_projection(const ProjectionRequest& p) {
   // Figures past double's range (a --gbit of 1e-320 passes "> 0") would print as nan or inf.
   for (const ProjectionRun& run : result.runs) {
     const double total = run.projection.breakdown.total_s;
-    if (!(std::isfinite(total) && total > 0)) {
+    if (!(std::isfinite(total) && total > 0 && total < 1e18)) {  // 1e18 s: absurd, not a projection
       throw UsageError(std::string(system_name(run.system)) + " on " + std::to_string(run.gpus) +
-                       " GPUs projects an iteration of " + std::to_string(total) +
-                       " s: a link, kernel or --mfu figure is too extreme for the model");
+                       " GPUs projects an iteration of " + extreme_seconds_text(total) +
+                       ": a link, kernel or --mfu figure is too extreme for the model");
     }
   }
   return result;
@@ -437,8 +437,9 @@ void render_projection(const Request& request, const ProjectionResult& result,
                "speedup bound from byte reduction alone";
       },
       [](const Comparison& c) {
+        // n/a where the two gather on different groups: no bound from bytes (byte_reduction_bound).
         return fixed(c.byte_ratio, 2) + " / " + fixed(100 * c.allgather_share, 0) + "% / " +
-               fixed(c.bound, 2) + "x";
+               (std::isnan(c.bound) ? std::string("n/a") : fixed(c.bound, 2) + "x");
       },
       out);
   print_breakdown(request.projection, result, out);

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <utility>
 
+#include "exit_status.hpp"
 #include "report.hpp"
 #include "simulate.hpp"
 
@@ -182,9 +183,9 @@ void print_trace_prediction(const TraceResult& r, std::ostream& out) {
       p.ciera.allgather_bytes > 0 ? p.baseline.allgather_bytes / p.ciera.allgather_bytes : 1.0;
   out << table.render() << "predicted speedup " << fixed(p.baseline.total_s / p.ciera.total_s, 3)
       << "x; allgather byte ratio " << fixed(byte_ratio, 3) << "x";
-  if (p.baseline_overlap == p.ciera_overlap) {  // else the schedule, not bytes, differs too
-    out << "; bound from bytes alone " << fixed(byte_reduction_bound(p.baseline, p.ciera), 3)
-        << "x";
+  const double bound = byte_reduction_bound(p.baseline, p.ciera);
+  if (p.baseline_overlap == p.ciera_overlap && !std::isnan(bound)) {  // else the schedule or the
+    out << "; bound from bytes alone " << fixed(bound, 3) << "x";  // groups differ, not bytes alone
   }
   out << "\n";
   for (const SystemCheck& s : system_checks(r)) {
@@ -242,8 +243,21 @@ Table validation_table(const std::vector<TraceResult>& results) {
 
 std::vector<TraceResult> compute_traces(const Request& request) {
   std::vector<TraceResult> results;
-  for (const TraceInput& input : request.traces)
+  for (const TraceInput& input : request.traces) {
     results.push_back({&input, predict_trace(input.trace, request.prefetch)});
+    // As the projection checks its own: a trace of nothing (every time and byte 0) predicted a
+    // speedup of nan; figures past double's range would print as inf.
+    const TracePrediction& p = results.back().prediction;
+    for (const auto& [system, total] :
+         {std::pair{"baseline", p.baseline.total_s}, std::pair{"CIERA", p.ciera.total_s}}) {
+      if (!(std::isfinite(total) && total > 0 && total < 1e18)) {
+        throw UsageError(input.trace.origin + ": predicts a " + system + " iteration of " +
+                         extreme_seconds_text(total) +
+                         ": the trace's times, bytes or throughputs leave nothing to simulate, "
+                         "or are too extreme");
+      }
+    }
+  }
   return results;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <vector>
 
 #include "sim/sim.hpp"
@@ -110,16 +111,19 @@ double byte_reduction_bound(double allgather_share, double byte_ratio) {
 
 double byte_reduction_bound(const Breakdown& baseline, const Breakdown& coded) {
   if (!(baseline.total_s > 0)) return 1.0;
-  // The busy time a group saves if it shrinks by exactly its byte ratio.
-  const auto saved = [](double busy_s, double baseline_bytes, double coded_bytes) {
-    return baseline_bytes > 0 ? busy_s * (1.0 - coded_bytes / baseline_bytes) : 0.0;
+  const auto links = [](const Breakdown& b) {
+    std::vector<uint64_t> keys;
+    for (const auto& [link, load] : b.allgather_links) keys.push_back(link);
+    return keys;
   };
-  const double inter = saved(baseline.allgather_inter_node_busy_s,
-                             baseline.allgather_inter_node_bytes, coded.allgather_inter_node_bytes);
-  const double rest = saved(baseline.allgather_busy_s - baseline.allgather_inter_node_busy_s,
-                            baseline.allgather_bytes - baseline.allgather_inter_node_bytes,
-                            coded.allgather_bytes - coded.allgather_inter_node_bytes);
-  return baseline.total_s / (baseline.total_s - inter - rest);
+  if (links(baseline) != links(coded)) return std::numeric_limits<double>::quiet_NaN();
+  // The busy time each link saves if it shrinks by exactly its byte ratio.
+  double saved = 0;
+  for (const auto& [link, load] : baseline.allgather_links) {
+    if (load.bytes > 0)
+      saved += load.busy_s * (1.0 - coded.allgather_links.at(link).bytes / load.bytes);
+  }
+  return baseline.total_s / (baseline.total_s - saved);
 }
 
 }  // namespace ciera::sim

@@ -45,6 +45,8 @@ struct Placement {
   int replicas = 1;        // HSDP: nodes that all-reduce each gradient shard
   int per_node = 1;
   bool crosses_nodes(int ranks) const { return ranks > per_node; }
+  // The bytes a gather of `raw` bytes moves on a group of `ranks`: none on a group of one.
+  static double moved(int ranks, double raw) { return ranks > 1 ? raw : 0.0; }
   bool backward_on_node() const { return backward_ranks < forward_ranks; }
 };
 
@@ -89,11 +91,16 @@ UnitCost baseline_cost(const Context& c, const GatherUnit& unit) {
   cost.backward_s = cost.forward_s * (c.work.activation_checkpointing ? 3.0 : 2.0);
   const double raw = unit.gathered_values() * c.value_bytes;
   const double grads = unit.grad_values * c.value_bytes;
-  cost.allgather_forward_bytes = cost.allgather_backward_bytes = raw;
+  cost.allgather_forward_bytes = Placement::moved(p.forward_ranks, raw);
+  cost.allgather_backward_bytes = Placement::moved(p.backward_ranks, raw);
   cost.allgather_forward_s = group_allgather_seconds(c, p.forward_ranks, raw);
   cost.allgather_backward_s = group_allgather_seconds(c, p.backward_ranks, raw);
   cost.allgather_forward_inter_node = p.crosses_nodes(p.forward_ranks);
   cost.allgather_backward_inter_node = p.crosses_nodes(p.backward_ranks);
+  cost.allgather_forward_link =
+      gather_link(p.forward_ranks, cost.allgather_forward_inter_node, c.work.algorithm);
+  cost.allgather_backward_link =
+      gather_link(p.backward_ranks, cost.allgather_backward_inter_node, c.work.algorithm);
   cost.reduce_scatter_bytes = grads;
   cost.reduce_scatter_s = reduce_scatter_seconds(c.cluster, p.shard_ranks, grads, c.work.algorithm);
   if (p.replicas > 1 && grads > 0) {  // HSDP: each GPU all-reduces its 1/G of the gradients
@@ -110,13 +117,18 @@ UnitCost zeropp_cost(const Context& c, const GatherUnit& unit) {
   const double raw = unit.gathered_values() * c.value_bytes;
   // qwZ: the forward gather carries int8 values over the whole world (one flat collective).
   const double int8_bytes = quantized_bytes(unit.gathered_values(), 8, c.work.zeropp_block_values);
-  cost.allgather_forward_bytes = int8_bytes;
+  cost.allgather_forward_bytes = Placement::moved(w, int8_bytes);
   cost.allgather_forward_s = allgather_seconds(cl, w, int8_bytes, Algorithm::kRing);
+  cost.allgather_forward_inter_node = c.place.crosses_nodes(w);
+  cost.allgather_forward_link = gather_link(w, cost.allgather_forward_inter_node, Algorithm::kRing);
   cost.pre_forward_s = raw / w / (cl.quantize_GBps * kGB);
   cost.post_forward_s = raw / (cl.dequantize_GBps * kGB);
   // hpZ: the backward gather reads the full-precision secondary copy inside the node.
-  cost.allgather_backward_s = ring_seconds(std::min(w, cl.gpus_per_node), raw, cl.intra);
+  const int node = std::min(w, cl.gpus_per_node);
+  cost.allgather_backward_bytes = Placement::moved(node, raw);
+  cost.allgather_backward_s = ring_seconds(node, raw, cl.intra);
   cost.allgather_backward_inter_node = false;
+  cost.allgather_backward_link = gather_link(node, false, Algorithm::kRing);
   // qgZ: int4 gradients, hierarchical all-to-all (intra-node, then inter-node on 1/G of the data),
   // quantised before each step and dequantised after it.
   const double grads = unit.grad_values * c.value_bytes;
@@ -142,10 +154,15 @@ UnitCost zeropp_cost(const Context& c, const GatherUnit& unit) {
 // (ZeRO-3's collectives otherwise); the caller adds its coding costs.
 UnitCost coded_gathers_cost(const Context& c, const GatherUnit& unit, const GatherCodec& codec) {
   UnitCost cost = baseline_cost(c, unit);
+  const int w = c.work.world;
   const double wire = unit.gathered_values() * codec.bits_per_value / 8.0;
-  cost.allgather_forward_bytes = cost.allgather_backward_bytes = wire;
+  cost.allgather_forward_bytes = cost.allgather_backward_bytes = Placement::moved(w, wire);
   cost.allgather_forward_s = cost.allgather_backward_s =
-      allgather_seconds(c.cluster, c.work.world, wire, c.work.algorithm);
+      allgather_seconds(c.cluster, w, wire, c.work.algorithm);
+  // Over the world, whatever the baseline's placement.
+  cost.allgather_forward_inter_node = cost.allgather_backward_inter_node = c.place.crosses_nodes(w);
+  cost.allgather_forward_link = cost.allgather_backward_link =
+      gather_link(w, c.place.crosses_nodes(w), c.work.algorithm);
   return cost;
 }
 
@@ -228,7 +245,8 @@ UnitCost ciera_cost(const Context& c, const GatherUnit& unit, const ChangeRates&
     double pre = own_shard / (cl.encode_GBps * kGB);
     if (cl.detect_GBps > 0) pre += own_shard / (cl.detect_GBps * kGB);
     const double post = coded * (g.ranks - 1) / g.ranks / (cl.decode_GBps * kGB);
-    (g.forward ? cost.allgather_forward_bytes : cost.allgather_backward_bytes) = bytes;
+    (g.forward ? cost.allgather_forward_bytes : cost.allgather_backward_bytes) =
+        Placement::moved(g.ranks, bytes);
     (g.forward ? cost.allgather_forward_s : cost.allgather_backward_s) =
         group_allgather_seconds(c, g.ranks, bytes);
     (g.forward ? cost.pre_forward_s : cost.pre_backward_s) = pre;

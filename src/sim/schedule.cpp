@@ -60,8 +60,10 @@ Breakdown simulate_iteration(const std::vector<UnitCost>& units, double optimize
     const double collective = forward ? u.allgather_forward_s : u.allgather_backward_s;
     const double bytes = forward ? u.allgather_forward_bytes : u.allgather_backward_bytes;
     t.inter_node = forward ? u.allgather_forward_inter_node : u.allgather_backward_inter_node;
+    const uint64_t link = forward ? u.allgather_forward_link : u.allgather_backward_link;
     b.allgather_bytes += bytes;
     if (t.inter_node) b.allgather_inter_node_bytes += bytes;
+    if (bytes > 0) b.allgather_links[link].bytes += bytes;
     if (pre <= 0 && collective <= 0 && post <= 0) {  // nothing to gather (e.g. the FSDP root in
       t.end = t.ready = now;                         // backward): no turn on the channel
       return;
@@ -69,6 +71,7 @@ Breakdown simulate_iteration(const std::vector<UnitCost>& units, double optimize
     b.encode_busy_s += pre;
     b.decode_busy_s += post;
     if (t.inter_node) b.allgather_inter_node_busy_s += collective;
+    if (bytes > 0) b.allgather_links[link].busy_s += collective;
     double pre_end = 0;
     if (pre > 0) {
       pre_end = std::max(pre_free, options.pre_from_start ? 0.0 : now) + pre;

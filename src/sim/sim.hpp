@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -198,7 +199,16 @@ struct UnitCost {
   // Whether the gather's group spans nodes (its bytes cross the inter-node link), for the
   // breakdown's inter-node share; the times above already say what each gather costs.
   bool allgather_forward_inter_node = false, allgather_backward_inter_node = false;
+  // What each gather runs on (gather_link()): gathers of one link cost the same per byte, plus a
+  // latency; the byte-reduction bound is taken per link.
+  uint64_t allgather_forward_link = 0, allgather_backward_link = 0;
 };
+
+// A gather link: a group of `ranks` GPUs, spanning nodes or not, gathering with `algorithm`.
+inline uint64_t gather_link(int ranks, bool crosses_nodes, Algorithm algorithm) {
+  return (static_cast<uint64_t>(ranks) << 8) | (crosses_nodes ? 4u : 0u) |
+         static_cast<uint64_t>(algorithm);
+}
 
 struct ScheduleOptions {
   int prefetch_depth = 1;       // gathers in flight ahead of the running unit
@@ -233,6 +243,11 @@ struct Breakdown {
   double exposed_allreduce_s = 0;          // of exposed_reduce_scatter_s: HSDP's all-reduce
   double allreduce_busy_s = 0;             // not in reduce_scatter_busy_s
   double allreduce_bytes = 0;              // all-reduce input per rank, per iteration
+  // Per gather link (UnitCost::allgather_*_link) with bytes: its busy seconds and bytes.
+  struct LinkLoad {
+    double busy_s = 0, bytes = 0;
+  };
+  std::map<uint64_t, LinkLoad> allgather_links;
   double encode_busy_s = 0;  // "pre" work: CIERA's detect + encode, ZeRO++'s quantise, ...
   double decode_busy_s = 0;  // "post" work: CIERA's decode, ZeRO++'s dequantise, ...
 };
@@ -349,12 +364,14 @@ Projection project(const ModelShape& model, const Cluster& cluster, const Worklo
 // iteration, shrank by exactly the byte ratio and nothing else changed. With the busy (not the
 // exposed) share it bounds any schedule: shortening work by x shortens the iteration by <= x.
 double byte_reduction_bound(double allgather_share, double byte_ratio);
-// The same bound for two projections of one model, taken per gather group: the gathers whose
-// group spans nodes, and the rest, each shrinking by its own byte ratio. One ratio pooled over
-// both would move the inter-node gathers' shrink onto in-node time, which costs far less per byte
+// The same bound for two schedules of one model, taken per gather link (Breakdown::
+// allgather_links): each link's gathers shrinking by its own byte ratio. One ratio pooled over
+// links would move one link's shrink onto another's time, which costs another price per byte
 // (under partial resharding, forward gathers across nodes shrink while backward ones inside the
-// node may not), and could fall below the speedup it bounds. Within a group every byte costs the
-// same link time (plus a latency that does not shrink), so the group's pooled ratio bounds it.
+// node may not; a trace's post-forward group has a curve of its own), and could fall below the
+// speedup it bounds. Within a link every byte costs the same time (plus a latency that does not
+// shrink), so its pooled ratio bounds it. NaN (no bound from bytes) where the two gather on
+// different links: the placement, not the bytes, differs (ZeRO++'s hpZ, CIERA under HSDP).
 double byte_reduction_bound(const Breakdown& baseline, const Breakdown& coded);
 
 // ---- Traces (docs/simulator.md, "Trace format v1") -----------------------------------------

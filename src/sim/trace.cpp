@@ -58,7 +58,16 @@ TraceShard read_shard(const Fields& s) {
   }
   shard.values = s.count("values");
   shard.change_rate = s.fraction("change_rate");
-  if (s.has("block_change_rate")) shard.block_change_rate = s.fraction("block_change_rate");
+  if (s.has("block_change_rate")) {
+    shard.block_change_rate = s.fraction("block_change_rate");
+    // As a rates file's: a block changes whenever one of its values does.
+    if (shard.block_change_rate < shard.change_rate) {
+      s.fail("field \"" + s.path_of("block_change_rate") + "\"",
+             "(" + std::to_string(shard.block_change_rate) + ") is below change_rate (" +
+                 std::to_string(shard.change_rate) +
+                 "): a block changes whenever one of its values does");
+    }
+  }
   return shard;
 }
 
@@ -314,6 +323,9 @@ TracePrediction predict_trace(const Trace& trace, int prefetch_depth) {
     raw.allgather_backward_s = in_backward * backward_curve.seconds(b.raw_bytes);
     raw.allgather_forward_inter_node = shard > per_node;
     raw.allgather_backward_inter_node = backward_ranks > per_node;
+    // Two links: the shard group's curve, and the post-forward group's (regroup) of its own.
+    raw.allgather_forward_link = 1;
+    raw.allgather_backward_link = regroup ? 2 : 1;
     raw.reduce_scatter_bytes = b.grad_bytes;
     raw.reduce_scatter_s = p.reduce_scatter.seconds(b.grad_bytes);
     if (b.allreduce_bytes > 0) {  // HSDP: after the reduce-scatter, on the same channel

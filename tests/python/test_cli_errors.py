@@ -221,6 +221,9 @@ NATIVE = [
     (["analyze", "a", "b", "--plot"], "--plot needs a value"),
     (["simulate", "--block", "0"], "--block must be in 64..4096"),
     (["simulate", "--gbit", "-1"], "--gbit must be in 1e-6..1e6 (Gbit/s)"),
+    (["simulate", "--latency-ms", "1e308"], "--latency-ms must be in 0..1e6 (ms)"),
+    (["simulate", "--model", "olmoe-1b-7b", "--gpus", "16", "--mfu", "1e-300"],
+     "CIERA on 16 GPUs projects an iteration of 3.27e+298 s: a link, kernel or --mfu figure is too extreme"),
     # 1e-300 made every projected time infinite.
     (["simulate", "--gbit", "1e-300"], "--gbit must be in 1e-6..1e6 (Gbit/s)"),
     # Read for nothing, and silently, before.
