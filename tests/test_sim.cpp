@@ -1344,8 +1344,16 @@ TEST(SimTrace, BadTopologyFieldsAreNamed) {
             trace_with(kPartialTopology, kPostForwardCurve, R"(, "post_forward_wire_bytes": -5)"));
       },
       {"\"buckets[0].post_forward_wire_bytes\"", ">= 0"});
-  expect_error([&] { parse(trace_with("", "", R"(, "allreduce_bytes": 1000)")); },
+  const std::string hsdp = R"("topology": {"nodes": 2, "ranks_per_node": 2, "hsdp": true})";
+  expect_error([&] { parse(trace_with(hsdp, "", R"(, "allreduce_bytes": 1000)")); },
                {"missing field \"comm.allreduce\"", "buckets[0].allreduce_bytes"});
+  // From an audit: an all-reduce without HSDP was taken and timed; HSDP on nodes of one rank
+  // predicted gathers on a shard group of one; a measured gather wait above the step's time.
+  expect_error([&] { parse(trace_with("", "", R"(, "allreduce_bytes": 1000)")); },
+               {"\"buckets[0].allreduce_bytes\"", "not HSDP"});
+  expect_error(
+      [&] { parse(trace_with(R"("topology": {"nodes": 4, "ranks_per_node": 1, "hsdp": true})")); },
+      {"\"topology.hsdp\"", "one rank per node"});
   expect_error([&] { parse(trace_with("", "", R"(, "allreduce_bytes": "lots")")); },
                {"\"buckets[0].allreduce_bytes\"", "must be a number"});
   expect_error([&] { parse(trace_with("", R"("allreduce": {"bytes": 1})")); },
@@ -1433,6 +1441,10 @@ TEST(SimTrace, OtherFormatsAndBadValuesAreRejected) {
   text.replace(text.find("\"block_change_rate\": 0.3"), 24, "\"block_change_rate\": 0.001");
   expect_error([&] { parse_trace(text, "trace t.json"); },
                {"\"buckets[0].shards[0].block_change_rate\"", "below change_rate"});
+  text = trace_text();
+  text.replace(text.find("\"allgather_s\": 1.0"), 18, "\"allgather_s\": 5.0");
+  expect_error([&] { parse_trace(text, "trace t.json"); },
+               {"\"measured.baseline.allgather_s\"", "more than iteration_s"});
   expect_error([] { load_trace("/nonexistent/trace.json"); },
                {"cannot read trace /nonexistent/trace.json"});
 }

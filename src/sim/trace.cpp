@@ -38,7 +38,14 @@ std::vector<CostPoint> read_optional_points(const Fields& comm, const char* key)
 
 // Positive: the error of a prediction is relative to these, and a step of no time measured none.
 MeasuredRun read_measured(const Fields& run) {
-  return {run.positive("iteration_s"), run.positive("allgather_s")};
+  const MeasuredRun m{run.positive("iteration_s"), run.positive("allgather_s")};
+  // The time a step waited for its gathers is part of the step.
+  if (m.allgather_s > m.iteration_s) {
+    run.fail("field \"" + run.path_of("allgather_s") + "\"",
+             "(" + std::to_string(m.allgather_s) + " s) is more than iteration_s (" +
+                 std::to_string(m.iteration_s) + " s), which holds it");
+  }
+  return m;
 }
 
 void read_schedule(const Fields& schedule, Trace& trace) {
@@ -88,6 +95,12 @@ TraceTopology read_topology(const Fields& t, int world_size) {
   topology.nodes = static_cast<int>(nodes);
   topology.ranks_per_node = static_cast<int>(ranks_per_node);
   if (t.has("hsdp")) topology.hsdp = t.boolean("hsdp");
+  // HSDP shards inside each node: a node of one rank leaves a shard group that gathers nothing.
+  if (topology.hsdp && topology.ranks_per_node < 2) {
+    t.fail("field \"" + t.path_of("hsdp") + "\"",
+           "is true with one rank per node: the shard group (the node) would be one rank, which "
+           "gathers nothing");
+  }
   if (t.has("reshard_after_forward")) {
     const uint64_t group = t.count("reshard_after_forward");
     const int shard = topology.shard_group(world_size);
@@ -153,6 +166,12 @@ void check_groups(const Trace& trace, const Fields& comm) {
                         ".post_forward_wire_bytes\" is given, but no gather runs on a post-forward "
                         "group (" +
                         why + ")");
+    }
+    // Only HSDP all-reduces the gradient shards across nodes.
+    if (b.allreduce_bytes > 0 && !(trace.topology && trace.topology->hsdp)) {
+      throw ConfigError(trace.origin + ": field \"" + path +
+                        ".allreduce_bytes\" is above 0, but the trace is not HSDP (topology.hsdp): "
+                        "no all-reduce runs");
     }
     if (b.allreduce_bytes > 0 && trace.allreduce_points.empty()) {
       throw ConfigError(trace.origin + ": missing field \"comm.allreduce\" (needed by \"" + path +
