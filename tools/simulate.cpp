@@ -54,6 +54,9 @@ void check_values(const Options& o) {
   if (o.gpus.empty()) throw ConfigError("--gpus needs at least one GPU count");
   for (int w : o.gpus) {
     if (w < 1) throw ConfigError("--gpus: " + std::to_string(w) + " is not a GPU count");
+    // A trace's world is at most 2^20 ranks too.
+    if (w > (1 << 20))
+      throw ConfigError("--gpus: " + std::to_string(w) + " is more than 2^20 (1048576) GPUs");
   }
   if (o.baselines.empty())
     throw ConfigError("--baseline needs at least one of " + baseline_list("or"));
@@ -90,8 +93,9 @@ void check_values(const Options& o) {
   // Up to 1000 s a step: beyond, the projected times overflow or swamp everything else.
   if (o.latency_ms && !(std::isfinite(*o.latency_ms) && *o.latency_ms >= 0 && *o.latency_ms <= 1e6))
     throw ConfigError("--latency-ms must be in 0..1e6 (ms)");
-  if (o.gpus_per_node && *o.gpus_per_node < 1)
-    throw ConfigError("--gpus-per-node must be at least 1");
+  // As a cluster config's gpus_per_node.
+  if (o.gpus_per_node && !(*o.gpus_per_node >= 1 && *o.gpus_per_node <= 1024))
+    throw ConfigError("--gpus-per-node must be in 1..1024");
   if (o.mfu && !(*o.mfu > 0 && *o.mfu <= 1)) throw ConfigError("--mfu must be in (0, 1]");
   parse_algorithm(o.algorithm);
   parse_topologies(o.topologies);

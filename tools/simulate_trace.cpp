@@ -76,6 +76,14 @@ nlohmann::json trace_json(const TraceResult& r) {
       {"ciera_gather_terms_s",
        {{"comm", p.ciera_comm_s}, {"encode", p.ciera_encode_s}, {"decode", p.ciera_decode_s}}},
       {"predicted_speedup", p.baseline.total_s / p.ciera.total_s}};
+  // As the text report: the byte ratio, and the bound from bytes alone where the two schedules
+  // and links are alike (null where not).
+  j["allgather_byte_ratio"] =
+      p.ciera.allgather_bytes > 0 ? p.baseline.allgather_bytes / p.ciera.allgather_bytes : 1.0;
+  const double bound = byte_reduction_bound(p.baseline, p.ciera);
+  j["byte_reduction_bound"] = p.baseline_overlap == p.ciera_overlap && !std::isnan(bound)
+                                  ? nlohmann::json(bound)
+                                  : nlohmann::json(nullptr);
   j["measured"] = {
       {"baseline", measured_json(t.measured_baseline, p.baseline, p.baseline_allgather_s)},
       {"ciera", measured_json(t.measured_ciera, p.ciera, p.ciera_allgather_s)}};

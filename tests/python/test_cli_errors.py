@@ -3,6 +3,7 @@ work starts: `ciera train` (no rank started, no run folder made), the native sub
 the Python entry point, and the arguments of ciera.torch.enable(). Also `ciera --help` (every
 command, train included) and `ciera --version` (version, commit, wire format)."""
 
+import json
 import os
 import re
 import struct
@@ -222,6 +223,8 @@ NATIVE = [
     (["simulate", "--block", "0"], "--block must be in 64..4096"),
     (["simulate", "--gbit", "-1"], "--gbit must be in 1e-6..1e6 (Gbit/s)"),
     (["simulate", "--latency-ms", "1e308"], "--latency-ms must be in 0..1e6 (ms)"),
+    (["simulate", "--gpus-per-node", "5000"], "--gpus-per-node must be in 1..1024"),
+    (["simulate", "--gpus", "2000000"], "--gpus: 2000000 is more than 2^20 (1048576) GPUs"),
     (["simulate", "--model", "olmoe-1b-7b", "--gpus", "16", "--mfu", "1e-300"],
      "CIERA on 16 GPUs projects an iteration of 3.27e+298 s: a link, kernel or --mfu figure is too extreme"),
     # 1e-300 made every projected time infinite.
@@ -436,3 +439,26 @@ def test_the_train_launcher_refuses_without_importing_torch():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_simulate_trace_json_has_the_byte_ratio_and_its_bound(tmp_path):
+    """The text report of `ciera simulate --trace` printed the byte ratio and the bound from bytes
+    alone; its JSON had neither (an audit)."""
+    _native_tool_or_skip()
+    trace = {"format": "ciera-trace", "version": 1, "model": {"family": "olmoe", "params": 1000000},
+             "world_size": 4, "dtype": "bf16", "link": {"kind": "linklab", "gbit": 1.0, "latency_ms": 0.0},
+             "codec": {"encode_GBps": 1000, "decode_GBps": 1000, "detect_GBps": 0},
+             "comm": {"allgather": [{"bytes": 1e6, "seconds": 0.5}, {"bytes": 2e6, "seconds": 1.0}],
+                      "reduce_scatter": [{"bytes": 1e6, "seconds": 0.5}]},
+             "optimizer_s": 0.1,
+             "buckets": [{"name": "layers.0", "forward_s": 1.0, "backward_s": 2.0, "raw_bytes": 1e6,
+                          "wire_bytes": 5e5, "grad_bytes": 1e6,
+                          "shards": [{"name": "experts", "type": "expert_ffn", "values": 500000,
+                                      "change_rate": 0.01}]}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    done = _ciera(["simulate", "--trace", str(path), "--json"])
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["allgather_byte_ratio"] == 2.0
+    assert 1.0 < report["predicted_speedup"] <= report["byte_reduction_bound"] + 1e-9, report
