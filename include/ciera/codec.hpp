@@ -3,7 +3,8 @@
 //
 // One ShardEncoder per local shard on the sender, one ShardDecoder per peer shard on the
 // receiver. The decoder owns the exponent cache that lets the encoder omit unchanged exponents.
-// All buffers are caller-owned; steady-state encode() and decode() do not allocate.
+// All buffers are caller-owned. encode() and decode() allocate only to grow their scratch to the
+// most changes a frame has held so far (at most one per value): in a steady state, not at all.
 #pragma once
 
 #include <cstddef>
