@@ -46,6 +46,12 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
 }
 
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (const double x : v) sum += x;
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -148,7 +154,7 @@ struct Plan {
 // One rank's numbers for one size, one entry per step (times and stats of every step; the
 // steady ones are picked when the ranks are combined).
 struct RankSize {
-  std::vector<double> nccl_s, ciera_s, wire_bytes, encode_s, exchange_s, decode_s;
+  std::vector<double> nccl_s, ciera_s, wire_bytes, control_bytes, encode_s, exchange_s, decode_s;
   std::vector<uint64_t> nccl_digest;  // content checksum of the ncclAllGather output
   uint64_t wrong = 0, own_slot_wrong = 0;
 };
@@ -232,6 +238,15 @@ void run_rank(const Plan& plan, int rank, RankOutcome& outcome) {
       auto start = std::chrono::steady_clock::now();
       baseline->allgather(d_in.p, shard, d_nccl.p);
       mine.nccl_s.push_back(seconds_since(start));
+      // The engine's output first holds the complement of NCCL's (untimed), so a value it left
+      // unwritten (last step's) cannot match.
+      check(cudaMemcpyAsync(h_ciera.data(), d_nccl.p, total, cudaMemcpyDeviceToHost, copies.s),
+            "cudaMemcpyAsync (ncclAllGather output, to complement)");
+      check(cudaStreamSynchronize(copies.s), "cudaStreamSynchronize (complement)");
+      for (uint64_t b = 0; b < total; ++b) h_ciera[b] = ~h_ciera[b];
+      check(cudaMemcpyAsync(d_ciera.p, h_ciera.data(), total, cudaMemcpyHostToDevice, copies.s),
+            "cudaMemcpyAsync (the complement into the engine's output)");
+      check(cudaStreamSynchronize(copies.s), "cudaStreamSynchronize (complement)");
 
       baseline->barrier();
       start = std::chrono::steady_clock::now();
@@ -239,6 +254,7 @@ void run_rank(const Plan& plan, int rank, RankOutcome& outcome) {
       mine.ciera_s.push_back(seconds_since(start));
       // All the engine sent: payloads, and its control records and verdicts (NCCL sends none).
       mine.wire_bytes.push_back(static_cast<double>(g.wire_bytes + g.control_bytes));
+      mine.control_bytes.push_back(static_cast<double>(g.control_bytes));
       mine.encode_s.push_back(g.encode_s);
       mine.exchange_s.push_back(g.exchange_s);
       mine.decode_s.push_back(g.decode_s);
@@ -266,7 +282,7 @@ NcclBenchSize combine(const Plan& plan, const std::vector<RankOutcome>& ranks, s
   const NcclBenchOptions& o = plan.options;
   NcclBenchSize s;
   s.bytes = plan.per_rank_values[i] * plan.value_bytes * static_cast<uint64_t>(o.ranks);
-  std::vector<double> nccl_s, ciera_s, wire, encode_s, exchange_s, decode_s;
+  std::vector<double> nccl_s, ciera_s, wire, control, encode_s, exchange_s, decode_s;
   for (uint32_t step = o.warmup; step < o.steps; ++step) {
     double n = 0, c = 0, e = 0, x = 0, d = 0;
     for (const RankOutcome& r : ranks) {
@@ -282,11 +298,13 @@ NcclBenchSize combine(const Plan& plan, const std::vector<RankOutcome>& ranks, s
     encode_s.push_back(e);
     exchange_s.push_back(x);
     decode_s.push_back(d);
-    wire.push_back(ranks[0].sizes[i].wire_bytes[step]);  // already all ranks' payloads
+    wire.push_back(ranks[0].sizes[i].wire_bytes[step]);  // already all ranks' payloads and records
+    control.push_back(ranks[0].sizes[i].control_bytes[step]);
   }
   s.nccl_s = median(nccl_s);
   s.ciera_s = median(ciera_s);
-  s.wire_bytes = median(wire);
+  s.wire_bytes = mean(wire);  // bytes: means, as bench allgather's
+  s.control_bytes = mean(control);
   s.encode_s = median(encode_s);
   s.exchange_s = median(exchange_s);
   s.decode_s = median(decode_s);
@@ -490,6 +508,7 @@ std::string nccl_bench_json(const NcclBenchOptions& o, const NcclBenchResult& r)
       << ", \"algbw_GBps\": " << json_number(algbw)
       << ", \"busbw_GBps\": " << json_number(algbw * bus)
       << ", \"bytes_wire\": " << json_number(s.wire_bytes)
+      << ", \"bytes_control\": " << json_number(s.control_bytes)
       << ", \"ratio\": " << json_number(s.wire_bytes > 0 ? bytes / s.wire_bytes : 0)
       << ", \"speedup\": " << json_number(s.ciera_s > 0 ? s.nccl_s / s.ciera_s : 0)
       << ", \"encode_ms\": " << json_number(s.encode_s * 1e3)

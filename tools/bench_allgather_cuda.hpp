@@ -55,7 +55,9 @@ struct NcclBenchSize {
   uint64_t bytes = 0;     // gathered per allgather, after rounding to whole values per rank
   double nccl_s = 0;      // ncclAllGather: median over steady steps of the slowest rank
   double ciera_s = 0;     // the engine, the same
-  double wire_bytes = 0;  // the engine's payloads of all ranks, median per step
+  // All the engine sent per step (every rank's payloads and its control records and verdicts,
+  // control_bytes of them), means over the steady steps.
+  double wire_bytes = 0, control_bytes = 0;
   double encode_s = 0, exchange_s = 0, decode_s = 0;  // the engine's split, slowest rank, medians
   uint64_t wrong_elements = 0;     // engine output != ncclAllGather output, all ranks and steps
   uint64_t own_slot_wrong = 0;     // ncclAllGather output's own slot != the rank's input
