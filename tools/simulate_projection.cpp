@@ -21,7 +21,10 @@ Comparison compare(const Baseline& baseline, const ModelInput& model, int gpus,
                    const Projection& base, const Projection& ciera) {
   Comparison c{&baseline, &model, gpus, ciera.topology, 0, 0, 0, 0};
   c.speedup = base.breakdown.total_s / ciera.breakdown.total_s;
-  c.byte_ratio = base.breakdown.allgather_bytes / ciera.breakdown.allgather_bytes;
+  // 1 where neither gathers a byte (a group of one GPU), as the trace report has it.
+  c.byte_ratio = ciera.breakdown.allgather_bytes > 0
+                     ? base.breakdown.allgather_bytes / ciera.breakdown.allgather_bytes
+                     : 1.0;
   // The allgathers' busy share, not their exposed share: shrinking work by x can shorten a
   // schedule by at most x, so this bound holds even where prefetch hides part of the gathers.
   c.allgather_share = base.breakdown.allgather_busy_s / base.breakdown.total_s;

@@ -65,16 +65,9 @@ TraceShard read_shard(const Fields& s) {
   }
   shard.values = s.count("values");
   shard.change_rate = s.fraction("change_rate");
-  if (s.has("block_change_rate")) {
-    shard.block_change_rate = s.fraction("block_change_rate");
-    // As a rates file's: a block changes whenever one of its values does.
-    if (shard.block_change_rate < shard.change_rate) {
-      s.fail("field \"" + s.path_of("block_change_rate") + "\"",
-             "(" + std::to_string(shard.block_change_rate) + ") is below change_rate (" +
-                 std::to_string(shard.change_rate) +
-                 "): a block changes whenever one of its values does");
-    }
-  }
+  // Not checked against change_rate: with a partial last block a block rate may be the lower
+  // (513 values at B = 512, all of block 0 changed: 0.5 of blocks, 0.998 of values).
+  if (s.has("block_change_rate")) shard.block_change_rate = s.fraction("block_change_rate");
   return shard;
 }
 
