@@ -143,11 +143,12 @@ def step(program, run: Run, step_index: int, tokens) -> dict:
     run.record(int(local.view(torch.int32).item()), summed, peak, mine, program.world)
     record = {"run": run.name, "step": step_index, "loss": run.results["loss"][-1],
               "iteration_ms": 1e3 * peak.iteration_s, "allgather_ms": 1e3 * peak.allgather_s,
-              "raw_bytes": mine.raw_bytes, "wire_bytes": mine.wire_bytes, "control_bytes": mine.control_bytes,
-              "gathers": len(records)}
+              # the mean over ranks, as every mode's records (Run.record)
+              "raw_bytes": run.results["raw"][-1], "wire_bytes": run.results["wire"][-1],
+              "control_bytes": run.results["control"][-1], "gathers": len(records)}
     if run.name == CIERA:
-        record["ratio"] = mine.raw_bytes / max(1.0, mine.wire_bytes)
-        record["bits_per_value"] = 16.0 * mine.wire_bytes / max(1.0, mine.raw_bytes)
+        record["ratio"] = summed.raw_bytes / max(1.0, summed.wire_bytes)
+        record["bits_per_value"] = 16.0 * summed.wire_bytes / max(1.0, summed.raw_bytes)
     return record
 
 

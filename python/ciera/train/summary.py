@@ -325,10 +325,14 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
         (program.run_dir / "characterisation.json").write_text(json.dumps(characterisation, indent=1))
         summary["characterisation"] = characterisation["summary"]
     if trace_doc is not None:
-        trace_doc["measured"] = {
+        measured = {
             "baseline": {"iteration_s": it_base, "allgather_s": ag_base},
             "ciera": {"iteration_s": _median(c["iteration_s"][timed]), "allgather_s": _median(c["allgather_s"][timed])},
         }
+        # Optional in a trace: left out where no step was timed (null is no time the simulator takes).
+        measured = {k: v for k, v in measured.items() if None not in v.values()}
+        if measured:
+            trace_doc["measured"] = measured
         from ciera import trace
 
         trace.write(a.trace, trace_doc)
