@@ -229,25 +229,3 @@ def test_layout_and_inter_node_lines_only_for_nodes_of_several_ranks():
     assert layout_row(kept) == [("layout", "FSDP2 reshard_after_forward=1 (parameters stay gathered for backward: "
                                            "no re-gather)")]
     assert layout_row({}) == []
-
-
-def test_a_failed_gather_is_not_told_as_a_second_training_step(tmp_path):
-    """The engine named a failed gather by its count of that bucket's gathers, from 0 ("at step
-    15"), and the line names the training step, from 1 ("step 16"): one sentence once held both.
-    The engine now tells the gather as what it is, counted from 1 (test_engine.cpp), and the
-    line keeps its words."""
-    from ciera.train.watch import RankStatus, Watch
-
-    status = RankStatus(tmp_path, 0)
-    status.update("training", "ciera", 15, "forward pass")
-    status.failed(RuntimeError("the 16th gather of bucket 'model.layers.0' (control exchange): "
-                               "MPI_Iallgather did not complete within 10 s"))
-    RankStatus(tmp_path, 1).update("training", "ciera", 15, "forward pass")
-    watch = Watch(tmp_path, 2)
-    watch.read_statuses()
-    watch.stopped.add(1)
-    line = watch.failure_line(1, "")
-    assert line == ("ciera train: rank 1 stopped (SIGSTOP) in the forward pass of step 16 of the ciera run; "
-                    "rank 0 gave up in the forward pass of step 16 of the ciera run: RuntimeError: the 16th "
-                    "gather of bucket 'model.layers.0' (control exchange): MPI_Iallgather did not complete "
-                    "within 10 s")
