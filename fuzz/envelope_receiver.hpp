@@ -98,7 +98,8 @@ inline std::vector<std::string> receive_rounds(const uint8_t* data, size_t size)
     const ControlRecord records[] = {
         control_record(bucket, s.layout, s.step, 0, raw_envelope_bytes(s.layout, kReceiver)), peer};
     try {
-      check_records(records, bucket, s.layout, kReceiver, s.max_envelope_bytes);
+      // No error of its own: a local error is read from its record, as the peers read it.
+      check_records(records, bucket, s.layout, kReceiver, s.max_envelope_bytes, "");
     } catch (const CommError& e) {
       outcomes.push_back(e.what());
       break;  // every later gather fails too
