@@ -10,7 +10,8 @@ import torch.distributed as dist
 
 from ciera.train import options
 from ciera.train.metrics import Run, RunCheck
-from ciera.train.summary import _compare, _links_text, _median, mean_per_step, steady_steps, timed_steps
+from ciera.train.summary import (_compare, _links_text, _median, _ms, _ratio, mean_per_step, steady_steps,
+                                 timed_steps)
 
 
 def train(program, runs: dict[str, Run], step, handle, ours: str) -> None:
@@ -50,7 +51,8 @@ def compare(base: Run, ours: Run, wrong_bytes: int = 0, verified_bytes: int = 0,
     return total, differs, [int(x) for x in peaks]
 
 
-median = _median
+# The summary's rules for a median, a time in ms and a ratio of times (None where not timed).
+median, ms, ratio = _median, _ms, _ratio
 
 
 def steps(program) -> tuple[slice, slice]:
@@ -136,17 +138,9 @@ def run_rows(s: dict, steps_note: str = "") -> list[tuple[str, str]]:
             ("loss (first -> last)", f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}")]
 
 
-def ms(seconds):
-    return seconds * 1e3 if seconds is not None else None
-
-
 def time_text(x) -> str:
     """A time in ms for a table; "-" where no step was timed."""
     return "-" if x is None else f"{x:.1f}"
-
-
-def ratio(base_s, ours_s):
-    return base_s / ours_s if base_s is not None and ours_s else None
 
 
 def speedup(x) -> str:
