@@ -28,6 +28,7 @@
 #include "ciera/nccl.hpp"
 #include "commands.hpp"
 #include "common/checksum.hpp"
+#include "common/statistics.hpp"
 #include "trajectory.hpp"
 
 namespace ciera::tools {
@@ -37,19 +38,6 @@ namespace {
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t mid = v.size() / 2;
-  return v.size() % 2 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
-}
-
-double mean(const std::vector<double>& v) {
-  double sum = 0;
-  for (const double x : v) sum += x;
-  return v.empty() ? 0 : sum / static_cast<double>(v.size());
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {

@@ -12,20 +12,6 @@
 
 namespace ciera::tools {
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
-
-double mean(const std::vector<double>& values) {
-  if (values.empty()) return 0.0;
-  double sum = 0;
-  for (const double v : values) sum += v;
-  return sum / static_cast<double>(values.size());
-}
-
 Progress::Progress(std::string label, uint64_t total, bool enabled)
     : label_(std::move(label)), total_(std::max<uint64_t>(total, 1)), enabled_(enabled),
       tty_(isatty(STDERR_FILENO) != 0) {}

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/statistics.hpp"
+
 namespace ciera::tools {
 
 class Stopwatch {
@@ -20,8 +22,7 @@ class Stopwatch {
   std::chrono::steady_clock::time_point start_;
 };
 
-double median(std::vector<double> values);
-double mean(const std::vector<double>& values);  // 0 for none
+// median() and mean() of samples: common/statistics.hpp, found from this namespace.
 
 // A one-line progress bar on stderr: redrawn in place on a terminal, a line every ~10% otherwise.
 class Progress {

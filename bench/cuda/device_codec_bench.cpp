@@ -131,12 +131,6 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : size(bytes) {
   check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 DeviceCodecResult measure_device_codec(const DeviceCodecRequest& r) {
   std::string why;
   if (!cuda::device_available(&why)) throw Error(why);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ciera/config.hpp"
+#include "common/statistics.hpp"
 
 namespace ciera::bench {
 
@@ -65,6 +66,6 @@ struct DeviceCodecResult {
 // Throws ciera::Error when no device can run it (device_available's reason).
 DeviceCodecResult measure_device_codec(const DeviceCodecRequest& request);
 
-double median(std::vector<double> v);
+using ciera::median;  // common/statistics.hpp: the mean of the middle two for an even count
 
 }  // namespace ciera::bench

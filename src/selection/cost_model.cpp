@@ -11,6 +11,7 @@
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
 #include "ciera/selection.hpp"
+#include "common/statistics.hpp"
 #include "selection/agreement.hpp"
 
 namespace ciera {
@@ -20,12 +21,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::vector<double> gather_doubles(Transport& transport, double value) {
