@@ -96,7 +96,11 @@ TEST(EngineDeltaPolicy, MismatchedPoliciesFailOnEveryRank) {
     CompressedAllgather engine(t, EngineConfig{}, {layout});
   });
   for (const std::string& e : errors) {
-    EXPECT_NE(e.find("bucket[0].policy is 'cc' on ranks 0,1; 'cd' on rank 2"), std::string::npos) << e;
+    EXPECT_NE(
+        e.find(
+            "bucket[0].policy (bucket 'b') is 'ciera,ciera' on ranks 0,1; 'ciera,delta' on rank 2"),
+        std::string::npos)
+        << e;
     EXPECT_EQ(e, errors[0]);
   }
   // Through set_policy on one rank only: the next gather fails on every rank.

@@ -20,21 +20,6 @@ namespace {
 
 using Facts = std::vector<std::pair<std::string, std::string>>;
 
-// One letter per parameter in the bucket's policy fact, so that ranks whose policies differ
-// disagree on it (and the message shows where): raw, ciera, delta, and the peer schemes
-// zeropp-int8 (q), sdp4bit (4) and stateless (s).
-char policy_letter(ShardPolicy policy) {
-  switch (policy) {
-    case ShardPolicy::kRaw: return 'r';
-    case ShardPolicy::kCiera: return 'c';
-    case ShardPolicy::kDelta: return 'd';
-    case ShardPolicy::kZeroppInt8: return 'q';
-    case ShardPolicy::kSdp4bit: return '4';
-    case ShardPolicy::kStateless: return 's';
-  }
-  return '?';  // validate() rejects it first
-}
-
 // One fact per line, in a fixed order, for everything every rank must agree on.
 Facts describe(const EngineConfig& c, const std::vector<BucketLayout>& buckets, int world) {
   Facts facts;
@@ -56,8 +41,14 @@ Facts describe(const EngineConfig& c, const std::vector<BucketLayout>& buckets, 
     facts.emplace_back(p + "dtype", std::string(dtype_name(l.dtype)));
     facts.emplace_back(p + "ranks", std::to_string(l.ranks()));
     facts.emplace_back(p + "params", std::to_string(l.params()));
+    // Each parameter's policy by name, so that ranks whose policies differ disagree on this fact
+    // and the message shows where, in the names the user chose them by (single letters until
+    // stop 70 read "'cc' on rank 1; 'rr' on rank 0").
     std::string policy;
-    for (ShardPolicy s : l.policy) policy += policy_letter(s);
+    for (ShardPolicy s : l.policy) {
+      if (!policy.empty()) policy += ',';
+      policy += shard_policy_name(s);
+    }
     facts.emplace_back(p + "policy", policy);
     for (int r = 0; r < l.ranks(); ++r) {
       std::string sizes;
@@ -104,6 +95,17 @@ std::string join_ranks(const std::vector<int>& ranks) {
     s += std::to_string(r);
   }
   return s;
+}
+
+// " (bucket 'NAME')" for a fact "bucket[i].x" other than the name itself, NAME being rank 0's
+// (the names are compared first, so the ranks share it); "" otherwise.
+std::string bucket_named(const std::string& key, const std::map<std::string, std::string>& facts) {
+  const size_t close = key.find("].");
+  if (key.rfind("bucket[", 0) != 0 || close == std::string::npos) return "";
+  const std::string name_key = key.substr(0, close + 2) + "name";
+  const auto it = facts.find(name_key);
+  if (key == name_key || it == facts.end()) return "";
+  return " (bucket '" + shortened(it->second, 60) + "')";
 }
 
 constexpr uint64_t kMaxDescriptionBytes = uint64_t{1} << 30;
@@ -163,7 +165,8 @@ void throw_first_difference(const std::string& rank0_text,
                             .first -
                         some.begin());
       }
-      std::string text = "configuration mismatch across ranks: " + key + " is";
+      std::string text =
+          "configuration mismatch across ranks: " + key + bucket_named(key, facts[0]) + " is";
       bool first = true;
       for (const auto& [value, ranks] : holders) {
         text += std::string(first ? " " : "; ") + "'" + excerpt(value, common) + "' on rank" +

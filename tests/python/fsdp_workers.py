@@ -230,6 +230,10 @@ def one_rank_differs(rank, world):
         error_of(lambda: ct.enable(model, ciera.EngineConfig(), forward_prefetch=last)),
         error_of(lambda: ct.enable(model, ciera.EngineConfig(), overlap=False, forward_prefetch=True)),
         error_of(lambda: ct.enable(model, ciera.EngineConfig(), forward_prefetch="yes")),
+        # A policy may return a ShardPolicy's name; anything else is refused naming the parameter
+        # (pybind11's text showed only the list it could not convert).
+        error_of(lambda: ct.enable(model, ciera.EngineConfig(), policy=lambda b, p: "raw").disable()),
+        error_of(lambda: ct.enable(model, ciera.EngineConfig(), policy=lambda b, p: 3 if last else "ciera")),
     ]
 
 

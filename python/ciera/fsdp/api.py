@@ -115,9 +115,25 @@ def _layouts(buckets: list, world: int, selecting: bool, policy) -> list:
         if selecting:
             layout.policy = [_ext.ShardPolicy.raw for _ in bucket.params]
         else:
-            layout.policy = [policy(bucket, p) if policy else _ext.ShardPolicy.ciera for p in bucket.params]
+            layout.policy = [_chosen_policy(policy, bucket, p) if policy else _ext.ShardPolicy.ciera
+                             for p in bucket.params]
         layouts.append(layout)
     return layouts
+
+
+def _chosen_policy(policy, bucket, param):
+    """What policy(bucket, param) returned, as a ShardPolicy: a member, or a member's name
+    ("raw", "ciera", ...); anything else is a TypeError naming the parameter (pybind11's own text
+    showed only the whole list it could not convert)."""
+    chosen = policy(bucket, param)
+    if isinstance(chosen, _ext.ShardPolicy):
+        return chosen
+    member = getattr(_ext.ShardPolicy, chosen, None) if isinstance(chosen, str) else None
+    if isinstance(member, _ext.ShardPolicy):
+        return member
+    names = ", ".join(repr(n) for n in _ext.ShardPolicy.__members__)
+    raise TypeError(f"enable(): policy(bucket, param) must return a ciera.ShardPolicy or one of its names "
+                    f"({names}); for {param.name!r} it returned {type(chosen).__name__} {chosen!r}")
 
 
 def shared_options(transport, verify, cache_budget_bytes, select_after_steps, reselect_every, overlap, cost_model,
@@ -196,7 +212,10 @@ def make_engine(native, config, layouts: list, device: torch.device):
     """The engine of `layouts` on `native`, coding on `device` (the CPU or one CUDA device), closed
     by ciera.fsdp.lifecycle at exit if its owner does not. Collective: it agrees its configuration
     with its peers."""
-    engine = _ext.Engine(native, config, layouts, device=device.index if device.type == "cuda" else -1)
+    try:
+        engine = _ext.Engine(native, config, layouts, device=device.index if device.type == "cuda" else -1)
+    except _ext.ConfigError as e:   # the engine's agreement (the same on every rank): named as enable()'s others
+        raise _ext.ConfigError(f"enable(): {e}") from e
     lifecycle.register_engine(engine)
     return engine
 
