@@ -181,6 +181,9 @@ class Broadcaster:
         if not self._calling.acquire(blocking=False):
             raise RuntimeError("Broadcaster.broadcast: another thread's broadcast() on this Broadcaster is in "
                                "flight; calls must not overlap")
+        if self.engine.closed:   # the engine's own text named Handle.disable(), which a Broadcaster has not
+            self._calling.release()
+            raise ValueError("Broadcaster is closed (close()); it cannot broadcast")
         try:
             return self._broadcast()
         finally:

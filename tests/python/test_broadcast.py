@@ -49,7 +49,8 @@ def broadcast_rounds(rank, world, policy, root, steps):
         cache = bcast.cache_bytes
     finally:
         bcast.close()
-    return {"wire": wire, "raw": raw, "cache": cache}
+    bcast.close()   # a second close() is harmless
+    return {"wire": wire, "raw": raw, "cache": cache, "after_close": error_of(bcast.broadcast)}
 
 
 def _policies():
@@ -61,6 +62,8 @@ def test_broadcast_is_bit_exact_and_small(policy):
     results = spawn(broadcast_rounds, 3, policy, 1, 6)
     assert all(status == "ok" for status, _ in results.values()), results
     wire, raw = results[0][1]["wire"], results[0][1]["raw"]
+    for _, r in results.values():   # the Broadcaster's own text: it has no Handle.disable()
+        assert r["after_close"] == "ValueError: Broadcaster is closed (close()); it cannot broadcast", r
     if policy == "delta":
         # After the first (key) frames, the differences of weights that barely move are small:
         # BF16's and FP16's a fraction of a bit per value, FP32's (half of the raw bytes, and
