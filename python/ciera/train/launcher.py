@@ -98,7 +98,9 @@ def launch(args, argv: list[str]) -> int:
         except (KeyboardInterrupt, _Terminated):   # raised once: a second signal is let be
             _end(proc)
             name = signal.Signals(interrupted.signum).name
-            sys.stderr.write(f"\nciera train: interrupted ({name}); the ranks were ended (their output: {log_path})\n")
+            after_bar = "\n" if sys.stderr.isatty() else ""   # a progress bar is drawn in place only on a terminal
+            sys.stderr.write(f"{after_bar}ciera train: interrupted ({name}); the ranks were ended "
+                             f"(their output: {log_path})\n")
             return 128 + interrupted.signum
     try:
         (run_dir / "rendezvous").unlink(missing_ok=True)  # the ranks' torch.distributed store
