@@ -159,6 +159,29 @@ TEST(ZeroppInt8, ErrorIsAtMostHalfAStepPlusTheDtypeRoundingAcrossDtypes) {
   }
 }
 
+// The bench's check of the lossy scheme: every reconstruction passes, in every dtype; a value off
+// by more than one quantisation step fails, and so does a raw group off by one bit.
+TEST(ZeroppInt8, WithinBoundAcceptsTheQuantiserAndCatchesWrongValues) {
+  for (DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    testing::Trajectory data(dtype, 20011, testing::Pattern::kNone, 3);
+    const auto& in = data.values();
+    const auto out = int8_round_trip(dtype, in, peers::kZeroppGroupValues);
+    EXPECT_TRUE(peers::int8_within_bound(dtype, in, out, peers::kZeroppGroupValues))
+        << dtype_name(dtype);
+  }
+  // 1, 0.5 scaled by 1/127: 0.5 -> 64/127 = 0.5039. 0.52 is 2.5 steps away, 0.5039 half of one.
+  const auto in = fp32({1.0f, 0.5f});
+  EXPECT_TRUE(peers::int8_within_bound(DType::kFP32, in, fp32({1.0f, 64.0f / 127.0f}), 2));
+  EXPECT_FALSE(peers::int8_within_bound(DType::kFP32, in, fp32({1.0f, 0.52f}), 2));
+  EXPECT_FALSE(peers::int8_within_bound(DType::kFP32, in, fp32({1.0f, -0.5f}), 2));
+  // A group with an infinity travels raw: a NaN or a changed bit there is wrong.
+  const auto raw = bf16({0x3F80, 0x7F80});
+  EXPECT_TRUE(peers::int8_within_bound(DType::kBF16, raw, raw, 2));
+  EXPECT_FALSE(peers::int8_within_bound(DType::kBF16, raw, bf16({0x3F81, 0x7F80}), 2));
+  EXPECT_FALSE(peers::int8_within_bound(DType::kBF16, raw, bf16({0x3F80, 0x7FC0}), 2));
+  EXPECT_THROW(peers::int8_within_bound(DType::kBF16, raw, bf16({0x3F80}), 2), ConfigError);
+}
+
 TEST(ZeroppInt8, MalformedPayloadsAreFormatErrors) {
   std::vector<std::byte> payload;
   const auto in = bf16({0x3F80, 0xBF00, 0x3E80, 0x0000, 0x3F80});

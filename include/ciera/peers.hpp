@@ -43,6 +43,14 @@ size_t quantize_int8(DType dtype, std::span<const std::byte> values, uint32_t gr
 // if `in` is not exactly what quantize_int8 writes for values.size() values.
 void dequantize_int8(DType dtype, std::span<const std::byte> in, uint32_t group_values,
                      std::span<std::byte> values);
+// Whether `reconstructed` is what ZeRO++'s quantiser promises for `values`: in a group it scales,
+// each value within one step (max|x| / 127) of its input (half a step of rounding, the rest
+// margin for the FP32 scale and the dtype's rounding of the result, at most 2^-8 of a value no
+// larger than max|x|); a group it sends raw (a non-finite value, or values too small to scale)
+// bit for bit. What a benchmark's "verified" checks for this lossy scheme, beyond every receiver
+// agreeing.
+bool int8_within_bound(DType dtype, std::span<const std::byte> values,
+                       std::span<const std::byte> reconstructed, uint32_t group_values);
 
 // ---- SDP4Bit qWD: 4-bit quantisation of weight differences -------------------------------------
 // SDP4Bit (Jia et al., NeurIPS 2024; its code, hpdps-group/SDP4Bit) quantises the difference
