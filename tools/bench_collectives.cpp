@@ -11,8 +11,9 @@
 // (FP32 only: MPI adds in its own order) on synthetic gradients (normal values, a log-normal
 // scale per 4096-value block, as gradients of different layers and rows have).
 //
-// Every step checks CIERA's result byte for byte (against MPI_Alltoallv, or against the twin)
-// and sums the wrong elements over ranks. Launched like `bench allgather` (ranks.hpp): under
+// Every step checks CIERA's result byte for byte (against MPI_Alltoallv, or against the twin and
+// the twin against a reference sum computed here in the documented order) and sums the wrong
+// elements over ranks. Launched like `bench allgather` (ranks.hpp): under
 // mpirun, or in the link lab with --link-gbit.
 #include <mpi.h>
 
@@ -358,6 +359,46 @@ Result measure_alltoall(const Request& r, int rank, int world) {
   return result;
 }
 
+// This rank's part of the reduce-scatter, computed here from every rank's input (each rank's is
+// synthetic_gradients of its own seed, so any rank can make them all): the documented order,
+// ((x0 + x1) + x2) + ... in FP32, BF16 widened exactly and rounded once to nearest even
+// (docs/collectives.md). A reference apart from the collectives' code, so that a wrong
+// reduction the coded call and its uncoded twin share cannot pass.
+std::vector<std::byte> reference_reduce_scatter(DType dtype, uint64_t n, int rank, int world,
+                                                const std::vector<uint64_t>& seeds) {
+  const uint32_t value_bytes = dtype_info(dtype).value_bytes;
+  std::vector<float> sum(n);
+  for (int from = 0; from < world; ++from) {
+    const auto input = synthetic_gradients(dtype, n * static_cast<uint64_t>(world), seeds[from]);
+    const std::byte* part = input.data() + static_cast<uint64_t>(rank) * n * value_bytes;
+    for (uint64_t i = 0; i < n; ++i) {
+      float x;
+      if (dtype == DType::kBF16) {
+        uint16_t b;
+        std::memcpy(&b, part + 2 * i, 2);
+        x = bf16_to_float(b);
+      } else {
+        std::memcpy(&x, part + 4 * i, 4);
+      }
+      sum[i] = from == 0 ? x : sum[i] + x;  // x0 itself, not 0 + x0: a -0 stays -0
+    }
+  }
+  std::vector<std::byte> out(n * value_bytes);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (dtype == DType::kBF16) {
+      const uint16_t b = bf16_of(sum[i]);
+      std::memcpy(out.data() + 2 * i, &b, 2);
+    } else {
+      std::memcpy(out.data() + 4 * i, &sum[i], 4);
+    }
+  }
+  return out;
+}
+
+uint64_t gradient_seed(const Request& r, uint32_t step, int rank) {
+  return r.o.seed * 1000003 + step * 131 + static_cast<uint64_t>(rank);
+}
+
 Result measure_reduce_scatter(const Request& r, int rank, int world) {
   auto [ciera, twin] = contenders(r);
   const uint64_t n = r.o.values;
@@ -368,9 +409,8 @@ Result measure_reduce_scatter(const Request& r, int rank, int world) {
   result.world = world;
   Progress progress("bench reduce-scatter", r.o.steps, rank == 0 && !r.o.quiet);
   for (uint32_t step = 0; step < r.o.steps; ++step) {
-    const auto input =
-        synthetic_gradients(r.dtype, n * static_cast<uint64_t>(world),
-                            r.o.seed * 1000003 + step * 131 + static_cast<uint64_t>(rank));
+    const auto input = synthetic_gradients(r.dtype, n * static_cast<uint64_t>(world),
+                                           gradient_seed(r, step, rank));
     double raw_s = 0;
     if (r.dtype == DType::kFP32) {  // MPI has no BF16 sum
       barrier();
@@ -395,10 +435,15 @@ Result measure_reduce_scatter(const Request& r, int rank, int world) {
     Stopwatch ciera_clock;
     const CollectiveStats s = ciera.reduce_scatter(r.dtype, ReduceOp::kSum, input, ciera_out);
     const double ciera_s = max_over_ranks(ciera_clock.seconds());
+    std::vector<uint64_t> seeds(static_cast<size_t>(world));
+    for (int from = 0; from < world; ++from) seeds[from] = gradient_seed(r, step, from);
+    const auto reference = reference_reduce_scatter(r.dtype, n, rank, world, seeds);
     uint64_t wrong = 0;
-    for (uint64_t i = 0; i < n; ++i)
-      wrong += std::memcmp(ciera_out.data() + i * value_bytes, twin_out.data() + i * value_bytes,
-                           value_bytes) != 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t at = i * value_bytes;
+      wrong += std::memcmp(ciera_out.data() + at, twin_out.data() + at, value_bytes) != 0 ||
+               std::memcmp(twin_out.data() + at, reference.data() + at, value_bytes) != 0;
+    }
     result.wrong += sum_over_ranks(wrong);
     if (step >= r.o.warmup) result.add_step(raw_s, twin_s, ciera_s, s);
     progress.update(step + 1, "twin " + fixed(twin_s * 1e3, 1) + " ms, ciera " +
