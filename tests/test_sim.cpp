@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "ciera/codec.hpp"
 #include "sim/sim.hpp"
 
 namespace ciera::sim {
@@ -1442,6 +1443,139 @@ TEST(SimTrace, OtherFormatsAndBadValuesAreRejected) {
                {"\"measured.baseline.allgather_s\"", "more than iteration_s"});
   expect_error([] { load_trace("/nonexistent/trace.json"); },
                {"cannot read trace /nonexistent/trace.json"});
+}
+
+// From an audit: raw_bytes was never checked against the shards it gathers; a trace whose bytes
+// and values disagree predicted from the one and projected from the other.
+TEST(SimTrace, RawBytesMustBeTheShardsValuesAtTheDtypesWidth) {
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string text = trace_text();
+    text.replace(text.find(from), from.size(), to);
+    return text;
+  };
+  // 400000 + 100000 BF16 values are 1000000 bytes.
+  expect_error(
+      [&] {
+        parse_trace(with(R"("raw_bytes": 1000000)", R"("raw_bytes": 1200000)"), "trace t.json");
+      },
+      {"trace t.json", "field \"buckets[0].raw_bytes\"", "2 bytes per bf16 value",
+       "1000000 bytes (500000 values)", "but it is 1200000"});
+  // FP32 values are 4 bytes: the same bucket is 2000000 bytes.
+  expect_error(
+      [&] { parse_trace(with(R"("dtype": "bf16")", R"("dtype": "fp32")"), "trace t.json"); },
+      {"\"buckets[0].raw_bytes\"", "4 bytes per fp32 value", "2000000 bytes", "but it is 1000000"});
+  std::string fp32 = with(R"("dtype": "bf16")", R"("dtype": "fp32")");
+  fp32.replace(fp32.find(R"("raw_bytes": 1000000)"), 20, R"("raw_bytes": 2000000)");
+  EXPECT_DOUBLE_EQ(parse_trace(fp32, "trace t.json").buckets[0].raw_bytes, 2e6);
+  // A bucket that lists no shards gathers nothing.
+  expect_error(
+      [&] {
+        std::string text = trace_text();
+        const size_t from = text.find(R"("shards": [)");
+        text.replace(from, text.find("]}]", from) + 1 - from, R"("shards": [])");
+        parse_trace(text, "trace t.json");
+      },
+      {"\"buckets[0].raw_bytes\"", "0 bytes (0 values)", "but it is 1000000"});
+}
+
+// The most the engine can send for trace_text()'s bucket on a group of `ranks`: per rank an
+// envelope header (24 bytes + 8 per shard) and each shard's larger of raw and max_payload_bytes.
+double engine_bound(int ranks) {
+  double per_rank = 24 + 8 * 2;
+  for (uint64_t values : {400000u, 100000u}) {
+    const uint64_t n = values / ranks;
+    per_rank += std::max<double>(2.0 * n, max_payload_bytes(DType::kBF16, n, 512));
+  }
+  return per_rank * ranks;
+}
+
+std::string number_text(double bytes) { return std::to_string(static_cast<uint64_t>(bytes)); }
+
+// From an audit: wire bytes far above raw were read as "sent raw" without a word. Up to the
+// engine's bound they still are (headers, incompressible frames); beyond it the trace is wrong.
+TEST(SimTrace, WireBytesAboveTheEnginesBoundAreRejected) {
+  const double bound = engine_bound(4);
+  ASSERT_GT(bound, 1e6);
+  ASSERT_LT(bound, 1.01e6);  // the codec's overhead is headers and bitmaps: well under 1%
+  auto wire = [](double bytes) {
+    std::string text = trace_text();
+    text.replace(text.find(R"("wire_bytes": 500000)"), 20,
+                 R"("wire_bytes": )" + number_text(bytes));
+    return text;
+  };
+  const TracePrediction plain = predict_trace(parse_trace(trace_text(), "trace t.json"));
+  for (const double accepted : {1e6, 1e6 + 100, bound}) {
+    const TracePrediction p = predict_trace(parse_trace(wire(accepted), "trace t.json"));
+    EXPECT_EQ(p.ciera.total_s, p.baseline.total_s) << accepted;  // sent raw, as before
+    EXPECT_GT(p.ciera.total_s, plain.ciera.total_s) << accepted;
+  }
+  expect_error([&] { parse_trace(wire(bound + 1), "trace t.json"); },
+               {"trace t.json", "field \"buckets[0].wire_bytes\"", number_text(bound + 1),
+                "at most " + number_text(bound) + " bytes on the shard group of 4 ranks",
+                "raw_bytes 1000000", "max_payload_bytes"});
+  expect_error([&] { parse_trace(wire(5e6), "trace t.json"); },
+               {"\"buckets[0].wire_bytes\"", "is 5000000 bytes"});
+  // A post-forward group's wire bytes are bounded on that group: 2 ranks here.
+  const double post = engine_bound(2);
+  const std::string with_post = trace_with(kPartialTopology, kPostForwardCurve,
+                                           R"(, "post_forward_wire_bytes": )" + number_text(post));
+  EXPECT_EQ(*parse_trace(with_post, "trace t.json").buckets[0].post_forward_wire_bytes, post);
+  expect_error(
+      [&] {
+        parse_trace(trace_with(kPartialTopology, kPostForwardCurve,
+                               R"(, "post_forward_wire_bytes": )" + number_text(post + 1)),
+                    "trace t.json");
+      },
+      {"\"buckets[0].post_forward_wire_bytes\"", number_text(post + 1),
+       "at most " + number_text(post) + " bytes on the post-forward group of 2 ranks"});
+}
+
+// From an audit: gathers_per_step had no upper bound (1e18 gathers a step were predicted).
+TEST(SimTrace, GathersPerStepIsAtMost1024) {
+  const Trace t = parse_trace(trace_text(R"(, "gathers_per_step": 1024)"), "trace t.json");
+  EXPECT_DOUBLE_EQ(t.buckets[0].gathers_per_step, 1024.0);
+  expect_error([] { parse_trace(trace_text(R"(, "gathers_per_step": 1025)"), "trace t.json"); },
+               {"trace t.json", "field \"buckets[0].gathers_per_step\"",
+                "at most 1024 gathers per step", "got 1025"});
+  expect_error([] { parse_trace(trace_text(R"(, "gathers_per_step": 1e18)"), "trace t.json"); },
+               {"\"buckets[0].gathers_per_step\"", "at most 1024", "got 1e+18"});
+}
+
+// From an audit: reshard_after_forward 1 was taken as a post-forward group of one rank, which
+// needed a post-forward curve and charged the backward gathers on it. FSDP2 reads the integer 1
+// as False: the unit stays gathered from forward to backward, and no backward gather runs.
+TEST(SimTrace, ReshardAfterForwardOneHasNoBackwardGather) {
+  for (
+      const std::string top :
+      {R"("topology": {"nodes": 2, "ranks_per_node": 2, "reshard_after_forward": 1})",
+       R"("topology": {"nodes": 2, "ranks_per_node": 2, "reshard_after_forward": 1, "hsdp": true})"}) {
+    const Trace t = parse_trace(trace_with(top), "trace t.json");
+    EXPECT_FALSE(t.topology->post_forward_group(t.world_size)) << top;
+    EXPECT_TRUE(t.topology->keeps_gathered_after_forward(t.world_size)) << top;
+    EXPECT_DOUBLE_EQ(t.buckets[0].gathers_per_step, 1.0) << top;  // the default, absent
+    EXPECT_NE(t.describe().find("no reshard"), std::string::npos) << t.describe();
+    const TracePrediction p = predict_trace(t);
+    EXPECT_FALSE(p.post_forward_allgather.has_value());
+    EXPECT_EQ(p.baseline.exposed_allgather_backward_s, 0.0) << top;
+    EXPECT_EQ(p.ciera.exposed_allgather_backward_s, 0.0) << top;
+    EXPECT_EQ(p.ciera.allgather_bytes, 5e5) << top;  // the forward gather alone
+    // As the flat run gathered once a step: one 0.5 s gather, compute 3, RS 0.5, optimizer 0.1.
+    EXPECT_NEAR(p.baseline.total_s, 4.1, 1e-12) << top;
+  }
+  const std::string one =
+      R"("topology": {"nodes": 2, "ranks_per_node": 2, "reshard_after_forward": 1})";
+  expect_error([&] { parse_trace(trace_with(one, kPostForwardCurve), "trace t.json"); },
+               {"\"comm.allgather_post_forward\"", "is given", "reshard_after_forward is 1",
+                "no backward gather"});
+  expect_error(
+      [&] { parse_trace(trace_with(one, "", R"(, "gathers_per_step": 2)"), "trace t.json"); },
+      {"\"buckets[0].gathers_per_step\"", "at most 1 with topology.reshard_after_forward 1",
+       "got 2"});
+  expect_error(
+      [&] {
+        parse_trace(trace_with(one, "", R"(, "post_forward_wire_bytes": 600000)"), "trace t.json");
+      },
+      {"\"buckets[0].post_forward_wire_bytes\"", "is given"});
 }
 
 }  // namespace

@@ -225,7 +225,12 @@ std::vector<ModelInput> resolve_models(const Options& o, const std::optional<Tra
     rates.block_values = o.block;
     if (trace) apply_trace_rates(rates, *trace);
     if (!rates_json.empty()) apply_rates_json(rates, rates_json, "rates " + o.rates_file);
-    inputs.push_back({model, rates});
+    std::optional<DType> trace_dtype;
+    if (trace && std::any_of(kAllShardTypes.begin(), kAllShardTypes.end(), [&](ShardType type) {
+          return rates.of(type).source == trace->origin;
+        }))
+      trace_dtype = trace->dtype;
+    inputs.push_back({model, rates, trace_dtype});
   }
   return inputs;
 }

@@ -55,6 +55,9 @@ extern const std::vector<std::string> kBaselineNames;
 struct ModelInput {
   const sim::ModelShape* model;
   sim::ChangeRates rates;
+  // The dtype the trace (--trace) measured its change rates in, where some of `rates` are still
+  // the trace's (a rates file may replace them all); projections in another dtype say so.
+  std::optional<DType> trace_dtype;
 };
 
 struct ProjectionRequest {

@@ -1,6 +1,7 @@
 // `ciera simulate --model`: CIERA against ZeRO-3, ZeRO++, SDP4Bit and stateless exponent coding
 // on the model zoo, computed for every model x baseline x GPU count, then rendered as the speedup,
 // bound and breakdown tables or as one JSON object.
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <map>
@@ -104,6 +105,28 @@ nlohmann::json rates_json(const ChangeRates& rates) {
         {"source", r.source}};
   }
   return j;
+}
+
+// Said wherever a trace's change rates serve a projection in another dtype: the rates are
+// measured in one dtype, and the dtypes round differently (BF16 keeps 7 mantissa bits, FP16 10)
+// and FP16 makes small weights subnormal, so another dtype's rates are carried over unmeasured.
+// Empty where every projection of the model is in the trace's dtype, or none of its rates is the
+// trace's.
+std::string rates_dtype_note(const ProjectionRequest& p, const ModelInput& m) {
+  if (!m.trace_dtype) return "";
+  std::vector<DType> others;
+  for (const Baseline& b : p.baselines) {
+    if (b.dtype != *m.trace_dtype &&
+        std::find(others.begin(), others.end(), b.dtype) == others.end())
+      others.push_back(b.dtype);
+  }
+  if (others.empty()) return "";
+  std::string projected;
+  for (DType d : others) projected += (projected.empty() ? "" : ", ") + std::string(dtype_name(d));
+  return "the trace's change rates were measured in " + std::string(dtype_name(*m.trace_dtype)) +
+         " and are applied unchanged to the " + projected +
+         " projections (exponent change rates depend on the dtype; trace a run in that dtype to "
+         "measure them)";
 }
 
 std::string types_text(const std::array<bool, kShardTypeCount>& selected) {
@@ -213,11 +236,16 @@ nlohmann::json projection_json(const Request& request, const ProjectionResult& r
   }
   j["models"] = nlohmann::json::array();
   for (const ModelInput& m : p.models) {
-    j["models"].push_back({{"name", m.model->name},
-                           {"display", m.model->display},
-                           {"params", parameter_count(*m.model)},
-                           {"source", m.model->source},
-                           {"rates", rates_json(m.rates)}});
+    j["models"].push_back(
+        {{"name", m.model->name},
+         {"display", m.model->display},
+         {"params", parameter_count(*m.model)},
+         {"source", m.model->source},
+         {"rates", rates_json(m.rates)},
+         {"rates_measured_dtype",
+          m.trace_dtype ? nlohmann::json(dtype_name(*m.trace_dtype)) : nlohmann::json()},
+         {"rates_note", rates_dtype_note(p, m).empty() ? nlohmann::json()
+                                                       : nlohmann::json(rates_dtype_note(p, m))}});
   }
   j["results"] = nlohmann::json::array();
   for (const ProjectionRun& run : result.runs) {
@@ -288,6 +316,8 @@ void print_header(const Request& request, std::ostream& out) {
         << "B params; " << m.model->source << "), block change rates at B="
         << m.rates.block_values << ":\n"
         << rates_text(m.rates);
+    const std::string note = rates_dtype_note(p, m);
+    if (!note.empty()) out << "    note: " << note << "\n";
   }
   out << "\n";
 }

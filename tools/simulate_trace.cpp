@@ -37,7 +37,8 @@ nlohmann::json topology_json(const Trace& t) {
           {"reshard_after_forward", g.reshard_after_forward},
           {"hsdp", g.hsdp},
           {"shard_group", g.shard_group(t.world_size)},
-          {"post_forward_group", g.post_forward_group(t.world_size)}};
+          {"post_forward_group", g.post_forward_group(t.world_size)},
+          {"backward_gathers", !g.keeps_gathered_after_forward(t.world_size)}};
 }
 
 std::string curve_text(const CostCurve& c) {
@@ -114,10 +115,14 @@ std::string topology_text(const Trace& t, const TracePrediction& p) {
     const TraceTopology& g = *t.topology;
     s += "topology: " + std::to_string(g.nodes) + " node(s) x " + std::to_string(g.ranks_per_node) +
          " ranks; shard group of " + std::to_string(g.shard_group(t.world_size)) + " ranks" +
-         (g.hsdp ? " (HSDP: replicated across nodes)" : "") + "; backward gathers on " +
-         (g.post_forward_group(t.world_size)
-              ? "post-forward groups of " + std::to_string(g.reshard_after_forward) + " ranks"
-              : std::string("the shard group")) +
+         (g.hsdp ? " (HSDP: replicated across nodes)" : "") + "; " +
+         (g.keeps_gathered_after_forward(t.world_size)
+              ? std::string("no backward gathers (reshard_after_forward 1: FSDP2 keeps the "
+                            "parameters gathered after forward)")
+          : g.post_forward_group(t.world_size)
+              ? "backward gathers on post-forward groups of " +
+                    std::to_string(g.reshard_after_forward) + " ranks"
+              : std::string("backward gathers on the shard group")) +
          "\n";
   }
   if (p.post_forward_allgather) {

@@ -388,7 +388,8 @@ struct TraceBucket {
   double forward_s = 0, backward_s = 0;
   double raw_bytes = 0, wire_bytes = 0, grad_bytes = 0;
   // Gathers of this bucket per step (optional, default 2: forward and backward; the FSDP root is
-  // gathered once). The first is placed in the forward pass, the rest in the backward pass.
+  // gathered once, and so is every unit with reshard_after_forward 1; at most 1024). The first is
+  // placed in the forward pass, the rest in the backward pass.
   double gathers_per_step = 2;
   // Optional: CIERA's mean bytes per backward gather on the post-forward group (all its payloads;
   // nullopt: raw_bytes, sent raw), and HSDP's all-reduce input per rank (0: none).
@@ -401,13 +402,21 @@ struct TraceBucket {
 struct TraceTopology {
   int nodes = 0, ranks_per_node = 0;  // nodes x ranks_per_node = world_size
   // FSDP2's reshard_after_forward as an integer: 0 = the whole shard group (no post-forward
-  // group); else the size of the group the backward gathers run on.
+  // group); 1 = no resharding after forward (no backward gather); else the size of the group the
+  // backward gathers run on.
   int reshard_after_forward = 0;
   bool hsdp = false;  // shard within a node, replicate (all-reduce) across nodes
   int shard_group(int world_size) const { return hsdp ? ranks_per_node : world_size; }
-  // The backward gathers run on a smaller group than the forward ones.
+  // The backward gathers run on a smaller group than the forward ones (2 or more ranks).
   bool post_forward_group(int world_size) const {
-    return reshard_after_forward > 0 && reshard_after_forward < shard_group(world_size);
+    return reshard_after_forward > 1 && reshard_after_forward < shard_group(world_size);
+  }
+  // FSDP2 reads the integer 1 as False ("reshard_after_forward=1 (int) means resharding
+  // parameters to world size 1, instead of reshard_after_forward=True (bool)", torch's
+  // _get_post_forward_mesh_info): each rank keeps the whole unit from its forward to its backward,
+  // so there is no post-forward group and no backward gather to charge, on any curve.
+  bool keeps_gathered_after_forward(int world_size) const {
+    return reshard_after_forward == 1 && shard_group(world_size) > 1;
   }
 };
 struct MeasuredRun {

@@ -1,8 +1,10 @@
 // Trace format v1 (docs/simulator.md): the reader, which rejects anything else by naming the
 // missing or invalid field, and the prediction of baseline and CIERA iteration times from it.
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
+#include "ciera/codec.hpp"
 #include "sim/json_fields.hpp"
 #include "sim/sim.hpp"
 
@@ -107,7 +109,46 @@ TraceTopology read_topology(const Fields& t, int world_size) {
   return topology;
 }
 
-TraceBucket read_bucket(const Fields& b) {
+// A byte count for a message: the integer where it is one, else as JSON would print it.
+std::string bytes_text(double bytes) {
+  if (bytes >= 0 && bytes <= Fields::kLargest && bytes == std::floor(bytes))
+    return std::to_string(static_cast<uint64_t>(bytes));
+  return detail::describe_json(Json(bytes));
+}
+
+// Bytes of the header of one rank's envelope, the unit the engine sends for one gather of one
+// bucket: 24 fixed bytes and one 8-byte length per parameter (docs/format.md, "Engine protocol",
+// step 2; envelope_header_bytes in src/engine/envelope.hpp, a layer the simulator does not see).
+double envelope_header_bytes(size_t params) { return 24.0 + 8.0 * static_cast<double>(params); }
+
+// The most a gather of `bucket` on a group of `ranks` can put on the wire, all ranks' envelopes
+// together: each rank's header, then each of its shards as raw bytes or the codec's largest
+// payload (max_payload_bytes, docs/format.md "Size bound"), whichever is larger, as the engine
+// sizes an envelope (envelope_bound). FSDP2 pads every parameter to a multiple of the group, so a
+// shard's `values` (all ranks') split evenly; the ceiling keeps this a bound where they do not.
+double wire_bytes_bound(const TraceBucket& bucket, DType dtype, uint32_t block_values, int ranks) {
+  const double value_bytes = dtype_info(dtype).value_bytes;
+  double per_rank = envelope_header_bytes(bucket.shards.size());
+  for (const TraceShard& shard : bucket.shards) {
+    const uint64_t n = (shard.values + static_cast<uint64_t>(ranks) - 1) / ranks;
+    // Beyond kMaxShardValues the codec has no bound; such a shard travels raw (and a raw_bytes
+    // that large is refused anyway).
+    const double coded =
+        n <= kMaxShardValues ? static_cast<double>(max_payload_bytes(dtype, n, block_values)) : 0.0;
+    per_rank += std::max(static_cast<double>(n) * value_bytes, coded);
+  }
+  return per_rank * ranks;
+}
+
+// How often a bucket may be gathered per step. FSDP2 gathers a unit at most twice a step (forward,
+// and again in backward after resharding); gradient accumulation multiplies that by the
+// micro-batches. 1024 is far past any such run, and keeps a mistyped count (1e18) from being
+// predicted as 1e18 gathers.
+constexpr double kMaxGathersPerStep = 1024;
+
+// `trace` holds what was read before the buckets (dtype, topology, schedule): a bucket's bytes are
+// checked against its shards, its wire bytes against the engine's bound on each group.
+TraceBucket read_bucket(const Fields& b, const Trace& trace) {
   TraceBucket bucket;
   bucket.name = b.string("name");
   bucket.forward_s = b.non_negative("forward_s");
@@ -115,7 +156,26 @@ TraceBucket read_bucket(const Fields& b) {
   bucket.raw_bytes = b.non_negative("raw_bytes");
   bucket.wire_bytes = b.non_negative("wire_bytes");
   bucket.grad_bytes = b.non_negative("grad_bytes");
-  if (b.has("gathers_per_step")) bucket.gathers_per_step = b.non_negative("gathers_per_step");
+  // reshard_after_forward 1: FSDP2 keeps the unit gathered from its forward to its backward, so
+  // a step gathers it once (TraceTopology::keeps_gathered_after_forward).
+  const bool gathered_once =
+      trace.topology && trace.topology->keeps_gathered_after_forward(trace.world_size);
+  if (gathered_once) bucket.gathers_per_step = 1;
+  if (b.has("gathers_per_step")) {
+    bucket.gathers_per_step = b.non_negative("gathers_per_step");
+    if (bucket.gathers_per_step > kMaxGathersPerStep) {
+      b.fail("field \"" + b.path_of("gathers_per_step") + "\"",
+             "must be at most 1024 gathers per step (got " +
+                 detail::describe_json(b.required("gathers_per_step")) + ")");
+    }
+    if (gathered_once && bucket.gathers_per_step > 1) {
+      b.fail(
+          "field \"" + b.path_of("gathers_per_step") + "\"",
+          "must be at most 1 with topology.reshard_after_forward 1 (got " +
+              detail::describe_json(b.required("gathers_per_step")) +
+              "): FSDP2 keeps the parameters gathered after forward, so no backward gather runs");
+    }
+  }
   if (b.has("post_forward_wire_bytes"))
     bucket.post_forward_wire_bytes = b.non_negative("post_forward_wire_bytes");
   if (b.has("allreduce_bytes")) bucket.allreduce_bytes = b.non_negative("allreduce_bytes");
@@ -130,6 +190,44 @@ TraceBucket read_bucket(const Fields& b) {
   const Json& shards = b.array("shards");
   for (size_t k = 0; k < shards.size(); ++k)
     bucket.shards.push_back(read_shard(b.element(shards, "shards", k)));
+
+  // raw_bytes is the gathered output: every shard's values at the dtype's width. Another number
+  // is a trace whose bytes and values describe different buckets (a prediction from its bytes
+  // and projections from its rates would disagree without a word).
+  const uint32_t value_bytes = dtype_info(trace.dtype).value_bytes;
+  double values = 0;
+  for (const TraceShard& shard : bucket.shards) values += static_cast<double>(shard.values);
+  const double expected = values * value_bytes;
+  if (std::abs(bucket.raw_bytes - expected) > std::max(0.5, 1e-12 * expected)) {
+    b.fail("field \"" + b.path_of("raw_bytes") + "\"",
+           "must be the shards' values x " + std::to_string(value_bytes) + " bytes per " +
+               std::string(dtype_name(trace.dtype)) + " value: " + bytes_text(expected) +
+               " bytes (" + bytes_text(values) + " values), but it is " +
+               bytes_text(bucket.raw_bytes));
+  }
+  // Wire bytes at or a little above raw_bytes mean the engine sent the bucket raw (headers and
+  // incompressible frames); more than the engine can send at all is a wrong trace, which the
+  // prediction would have read as "sent raw" without a word.
+  auto check_wire = [&](const char* key, double wire, int ranks, const char* group) {
+    const double bound = wire_bytes_bound(bucket, trace.dtype, trace.block_values, ranks);
+    if (wire > bound) {
+      b.fail("field \"" + b.path_of(key) + "\"",
+             "is " + bytes_text(wire) +
+                 " bytes, more than a gather of this bucket can send: at most " +
+                 bytes_text(bound) + " bytes on the " + group + " of " + std::to_string(ranks) +
+                 " ranks (raw_bytes " + bytes_text(bucket.raw_bytes) +
+                 " plus the codec's worst-case frame overhead, max_payload_bytes, and the "
+                 "envelope headers; docs/format.md, \"Size bound\")");
+    }
+  };
+  const int shard_ranks =
+      trace.topology ? trace.topology->shard_group(trace.world_size) : trace.world_size;
+  check_wire("wire_bytes", bucket.wire_bytes, shard_ranks, "shard group");
+  if (bucket.post_forward_wire_bytes && trace.topology &&
+      trace.topology->post_forward_group(trace.world_size)) {
+    check_wire("post_forward_wire_bytes", *bucket.post_forward_wire_bytes,
+               trace.topology->reshard_after_forward, "post-forward group");
+  }
   return bucket;
 }
 
@@ -142,7 +240,10 @@ void check_groups(const Trace& trace, const Fields& comm) {
       trace.topology
           ? "topology.reshard_after_forward is " +
                 std::to_string(trace.topology->reshard_after_forward) + " with a shard group of " +
-                std::to_string(trace.topology->shard_group(trace.world_size)) + " ranks"
+                std::to_string(trace.topology->shard_group(trace.world_size)) + " ranks" +
+                (trace.topology->keeps_gathered_after_forward(trace.world_size)
+                     ? ", which FSDP2 reads as no resharding after forward: no backward gather"
+                     : "")
           : "the trace has no \"topology\"";
   const std::string curve = "field \"" + comm.path_of("allgather_post_forward") + "\"";
   if (regroup && trace.post_forward_allgather_points.empty()) {
@@ -232,7 +333,7 @@ Trace parse_trace(const std::string& json_text, const std::string& origin) {
   const Json& buckets = top.array("buckets");
   if (buckets.empty()) top.fail("field \"buckets\"", "must hold at least one bucket");
   for (size_t i = 0; i < buckets.size(); ++i)
-    trace.buckets.push_back(read_bucket(top.element(buckets, "buckets", i)));
+    trace.buckets.push_back(read_bucket(top.element(buckets, "buckets", i), trace));
   check_groups(trace, comm);
 
   if (top.has("measured")) {
@@ -261,6 +362,7 @@ std::string Trace::describe() const {
     if (topology->hsdp) out << " hsdp";
     if (topology->post_forward_group(world_size))
       out << " reshard " << topology->reshard_after_forward;
+    if (topology->keeps_gathered_after_forward(world_size)) out << " no reshard";
   }
   return out.str();
 }

@@ -243,6 +243,9 @@ NATIVE = [
     (["simulate", "--trace", "{tmp}"], "a folder, not a file"),
     (["simulate", "--trace", "overflow.json"], "trace overflow.json: not readable JSON: "),
     (["simulate", "--trace", "one_rank.json"], "must be in 2..2^20 (1048576): one rank runs no collective"),
+    (["simulate", "--trace", "raw_mismatch.json"],
+     'field "buckets[0].raw_bytes" must be the shards\' values x 2 bytes per bf16 value: 800000 bytes '
+     '(400000 values), but it is 1000000'),
     (["simulate", "--model", "olmoe-1b-7b", "--rates", "rates.json"],
      "a block changes whenever one of its values does"),
     (["analyze", "a", "b", "--json-file", "--quiet"], "--json-file needs a file name, got --quiet"),
@@ -276,7 +279,7 @@ UNMEASURED_TRACE = """{"format": "ciera-trace", "version": 1, "model": {"family"
            "reduce_scatter": [{"bytes": 1000000, "seconds": 0.5}]},
   "optimizer_s": 0.1,
   "buckets": [{"name": "layers.0", "forward_s": 1.0, "backward_s": 2.0, "raw_bytes": 1000000, "wire_bytes": 500000,
-               "grad_bytes": 1000000, "shards": [{"name": "experts", "type": "expert_ffn", "values": 400000,
+               "grad_bytes": 1000000, "shards": [{"name": "experts", "type": "expert_ffn", "values": 500000,
                                                   "change_rate": 0.01}]}]}"""
 
 
@@ -287,6 +290,7 @@ def test_native_commands_refuse_in_one_line(tmp_path, args, message):
     (tmp_path / "unmeasured.json").write_text(UNMEASURED_TRACE)
     (tmp_path / "overflow.json").write_text(UNMEASURED_TRACE.replace('"optimizer_s": 0.1', '"optimizer_s": 1e400'))
     (tmp_path / "one_rank.json").write_text(UNMEASURED_TRACE.replace('"world_size": 4', '"world_size": 1'))
+    (tmp_path / "raw_mismatch.json").write_text(UNMEASURED_TRACE.replace('"values": 500000', '"values": 400000'))
     (tmp_path / "rates.json").write_text('{"expert_ffn": 0.004, "block": {"expert_ffn": 0.0001}}')
     if "{tmp}" in args:  # the folder as a series: only step-numbered files in it
         (tmp_path / "a.safetensors").rename(tmp_path / "step_1.safetensors")
@@ -462,3 +466,25 @@ def test_simulate_trace_json_has_the_byte_ratio_and_its_bound(tmp_path):
     report = json.loads(done.stdout)
     assert report["allgather_byte_ratio"] == 2.0
     assert 1.0 < report["predicted_speedup"] <= report["byte_reduction_bound"] + 1e-9, report
+
+
+def test_simulate_projection_notes_rates_from_a_trace_of_another_dtype(tmp_path):
+    """A BF16 trace's change rates were applied to the FP16 projections (ZeRO++'s) without a word
+    (an audit): the text and the JSON now say so, and only where the dtypes differ."""
+    _native_tool_or_skip()
+    path = tmp_path / "t.json"
+    path.write_text(UNMEASURED_TRACE)
+    base = ["simulate", "--model", "olmoe-1b-7b", "--gpus", "8", "--trace", str(path)]
+    done = _ciera(base + ["--baseline", "zero3,zeropp", "--json"])
+    assert done.returncode == 0, done.stderr
+    model = json.loads(done.stdout)["models"][0]
+    assert model["rates_measured_dtype"] == "bf16"
+    assert "measured in bf16 and are applied unchanged to the fp16 projections" in model["rates_note"], model
+    text = _ciera(base + ["--baseline", "zero3,zeropp"])
+    assert text.returncode == 0, text.stderr
+    assert "note: the trace's change rates were measured in bf16 and are applied unchanged to the fp16" \
+        in text.stdout, text.stdout[:3000]
+    same = _ciera(base + ["--baseline", "zero3", "--json"])   # BF16 against ZeRO-3: nothing to say
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout)["models"][0]["rates_note"] is None
+    assert "note:" not in _ciera(base + ["--baseline", "zero3"]).stdout

@@ -91,7 +91,7 @@ def _trace_with(reduce_scatter: list) -> dict:
             "optimizer_s": 0.1,
             "buckets": [{"name": "layers.0", "forward_s": 1.0, "backward_s": 2.0, "raw_bytes": 1000000,
                          "wire_bytes": 500000, "grad_bytes": 1000000,
-                         "shards": [{"name": "experts", "type": "expert_ffn", "values": 400000,
+                         "shards": [{"name": "experts", "type": "expert_ffn", "values": 500000,
                                      "change_rate": 0.01, "block_change_rate": 0.3}]}]}
 
 
