@@ -1,7 +1,9 @@
 // ciera_nccl_bench: `ciera bench allgather --device cuda` without the tool's dependencies (no
 // CLI11, JSON library or MPI), for a bare GPU machine: the same measurement and the same report
 // (bench_allgather_cuda.hpp). The table goes to stdout; --json FILE also writes the JSON report
-// there (as ciera_cuda_bench does).
+// there (as ciera_cuda_bench does), rewritten whole after each size, so a run killed at its time
+// limit keeps the sizes it finished (each size is a measurement of its own: fresh communicators
+// and engine, the same trajectory as in one run of all sizes).
 //
 //   ciera_nccl_bench [--ranks W] [--sizes 4M,64M,256M] [--dtype bf16|fp16|fp32] [--steps S]
 //                    [--warmup K] [--block B] [--threads T] [--lr X] [--seed N] [--timeout SEC]
@@ -109,17 +111,44 @@ Command parse(int argc, char** argv) {
   return c;
 }
 
+// Rewrites `path` whole (a temporary file renamed over it: a reader never sees half a report).
+void write_report(const std::string& path, const std::string& json) {
+  const std::string part = path + ".part";
+  std::FILE* f = std::fopen(part.c_str(), "w");
+  const bool written = f != nullptr && std::fputs(json.c_str(), f) >= 0;
+  if (f == nullptr || std::fclose(f) != 0 || !written ||
+      std::rename(part.c_str(), path.c_str()) != 0) {
+    throw ciera::Error("cannot write " + path);
+  }
+}
+
 int run(const Command& c) {
-  const ciera::tools::NcclBenchResult result = ciera::tools::measure_nccl_allgather(c.options);
-  std::fputs(ciera::tools::nccl_bench_table(c.options, result).c_str(), stdout);
-  std::fflush(stdout);
-  if (!c.json_file.empty()) {
-    std::FILE* f = std::fopen(c.json_file.c_str(), "w");
-    const std::string json = ciera::tools::nccl_bench_json(c.options, result);
-    if (f == nullptr || std::fputs(json.c_str(), f) < 0 || std::fclose(f) != 0) {
-      throw ciera::Error("cannot write " + c.json_file);
+  ciera::tools::NcclBenchResult result;
+  for (const uint64_t bytes : c.options.sizes) {
+    ciera::tools::NcclBenchOptions one = c.options;
+    one.sizes = {bytes};
+    ciera::tools::NcclBenchResult size;
+    try {
+      size = ciera::tools::measure_nccl_allgather(one);
+    } catch (...) {
+      // The sizes done so far are in the JSON already; their table goes to the log too.
+      if (!result.sizes.empty()) {
+        std::fputs(ciera::tools::nccl_bench_table(c.options, result).c_str(), stdout);
+      }
+      std::fflush(stdout);
+      throw;
+    }
+    if (result.sizes.empty()) {
+      result = size;
+    } else {
+      result.sizes.push_back(size.sizes.at(0));
+    }
+    if (!c.json_file.empty()) {
+      write_report(c.json_file, ciera::tools::nccl_bench_json(c.options, result));
     }
   }
+  std::fputs(ciera::tools::nccl_bench_table(c.options, result).c_str(), stdout);
+  std::fflush(stdout);
   return result.verified() ? ciera::tools::kExitDone : ciera::tools::kExitNotExact;
 }
 

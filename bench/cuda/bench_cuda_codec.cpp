@@ -8,7 +8,14 @@
 //   ciera_cuda_bench [--values N[,N...]] [--reps R] [--json FILE]
 //
 // --reps is the number of steady-state steps of the codec run and of timed repetitions of each
-// kernel (after 3 warmup key frames / one warm-up run).
+// kernel (after 3 warmup key frames / one warm-up run). --json FILE is rewritten after each size
+// (always a whole JSON document; "complete" says whether every size is in), so a run cut short
+// keeps the sizes it finished, and a result that was not exact keeps its timings ("verified":
+// false, "failure" saying what differed).
+//
+// Exit status (tools/exit_status.hpp): 0 every result verified; 1 the run failed (a CUDA or I/O
+// error); 2 a command line or machine no run can use (a bad option, no usable GPU); 3 a result
+// that was not exact (the JSON is written all the same).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,9 +37,31 @@
 #include "entropy/rans.hpp"
 #include "entropy/symbol_stream.hpp"
 #include "format/planes.hpp"
-
+// Header-only (ciera/error.hpp alone): the exit statuses every `ciera` command uses.
+#include "../../tools/exit_status.hpp"
 
 namespace {
+
+// `text` as a JSON string, quotes included.
+std::string json_string(const std::string& text) {
+  std::string s = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      s += '\\';
+      s += c;
+    } else if (c == '\n') {
+      s += "\\n";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x",
+                    static_cast<unsigned>(static_cast<unsigned char>(c)));
+      s += escaped;
+    } else {
+      s += c;
+    }
+  }
+  return s + "\"";
+}
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -103,7 +132,19 @@ std::string json_rows(const std::vector<Row>& rows, uint64_t bytes, double memcp
   return s + "\n    ]";
 }
 
-std::string bench_size(uint64_t n, int reps) {
+// One size's report: its JSON object, and whether every result was exact (else `failure`).
+struct SizeReport {
+  std::string json;
+  bool verified = true;
+  std::string failure;
+  void fail(const std::string& what) {
+    verified = false;
+    failure += (failure.empty() ? "" : "; ") + what;
+  }
+};
+
+SizeReport bench_size(uint64_t n, int reps) {
+  SizeReport report;
   std::vector<uint16_t> a, b;
   trajectory(n, a, b);
   const uint64_t bytes = 2 * n;
@@ -140,7 +181,8 @@ std::string bench_size(uint64_t n, int reps) {
   }, stream, reps), 0});
   uint64_t sum = 0;
   check(cudaMemcpy(&sum, d_sum.p, 8, cudaMemcpyDeviceToHost), "D2H");
-  if (sum != ciera::content_checksum64(a.data(), bytes)) throw std::runtime_error("GPU checksum differs from the CPU's");
+  if (sum != ciera::content_checksum64(a.data(), bytes))
+    report.fail("GPU checksum differs from the CPU's");
 
   // A key frame's exponent stream, coded by the CPU codec, decoded on the GPU.
   std::vector<uint8_t> exps(n), sm(n);
@@ -184,7 +226,7 @@ std::string bench_size(uint64_t n, int reps) {
     }, stream, reps);
     std::vector<uint8_t> decoded(n);
     check(cudaMemcpy(decoded.data(), d_decoded.p, n, cudaMemcpyDeviceToHost), "D2H");
-    if (decoded != exps) throw std::runtime_error("GPU rANS decode differs from the CPU's symbols");
+    if (decoded != exps) report.fail("GPU rANS decode differs from the CPU's symbols");
     rows.push_back(row);
   }
   cudaStreamDestroy(stream);
@@ -217,10 +259,37 @@ std::string bench_size(uint64_t n, int reps) {
                 codec.ciera.frames ? static_cast<size_t>(codec.ciera.frames) : size_t{0}, bytes / memcpy_median / 1e9,
                 codec.key_frames.bits_per_value(n), codec.verified ? "true" : "false",
                 codec.nvcomp_built ? "true" : "false");
-  const std::string codec_json = std::string(head) + "\"failure\": \"" + codec.failure + "\", \"coders\": " + coders + "}";
-  if (!codec.verified) throw std::runtime_error("device codec not verified: " + codec.failure);
-  return "{\n    \"values\": " + std::to_string(n) + ", \"dtype\": \"bf16\", \"shard_bytes\": " +
-         std::to_string(bytes) + ",\n    " + codec_json + ",\n    \"kernels\": " + json_rows(rows, bytes, memcpy_s) + "\n  }";
+  const std::string codec_json = std::string(head) + "\"failure\": " + json_string(codec.failure) +
+                                 ", \"coders\": " + coders + "}";
+  if (!codec.verified) report.fail("device codec not verified: " + codec.failure);
+  report.json = "{\n    \"values\": " + std::to_string(n) +
+                ", \"dtype\": \"bf16\", \"shard_bytes\": " + std::to_string(bytes) +
+                ", \"verified\": " + (report.verified ? "true" : "false") +
+                ", \"failure\": " + json_string(report.failure) + ",\n    " + codec_json +
+                ",\n    \"kernels\": " + json_rows(rows, bytes, memcpy_s) + "\n  }";
+  return report;
+}
+
+// The whole report so far: every size done, whether all were exact, and whether all are in.
+std::string report_json(const std::string& gpu, int reps, const std::vector<std::string>& sizes,
+                        bool verified, bool complete) {
+  std::string json = "{\n  \"gpu\": " + json_string(gpu) +
+                     ",\n  \"reps\": " + std::to_string(reps) +
+                     ",\n  \"verified\": " + (verified ? "true" : "false") +
+                     ",\n  \"complete\": " + (complete ? "true" : "false") + ",\n  \"sizes\": [";
+  for (size_t i = 0; i < sizes.size(); ++i) json += (i ? ", " : "") + sizes[i];
+  return json + "]\n}\n";
+}
+
+// Rewrites `path` whole (a temporary file renamed over it: a reader never sees half a report).
+void write_report(const std::string& path, const std::string& json) {
+  const std::string part = path + ".part";
+  FILE* f = std::fopen(part.c_str(), "w");
+  if (!f) throw std::runtime_error("cannot write " + part);
+  const bool written = std::fputs(json.c_str(), f) >= 0;
+  if (std::fclose(f) != 0 || !written || std::rename(part.c_str(), path.c_str()) != 0) {
+    throw std::runtime_error("cannot write " + path);
+  }
 }
 }  // namespace
 
@@ -244,34 +313,36 @@ int main(int argc, char** argv) {
       json_path = argv[++i];
     } else {
       std::fprintf(stderr, "usage: ciera_cuda_bench [--values N[,N...]] [--reps R] [--json FILE]\n");
-      return 2;
+      return ciera::tools::kExitUsage;
     }
   }
   std::string why;
-  if (!ciera::cuda::device_available(&why)) {
+  if (!ciera::cuda::device_available(&why)) {  // this machine cannot run it: exit_status.hpp's 2
     std::fprintf(stderr, "ciera_cuda_bench: %s\n", why.c_str());
-    return 3;
+    return ciera::tools::kExitUsage;
   }
+  bool verified = true;
   try {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "properties");
-    std::string json = "{\n  \"gpu\": \"" + std::string(prop.name) + "\",\n  \"reps\": " +
-                       std::to_string(reps) + ",\n  \"sizes\": [";
+    const std::string gpu = prop.name;
+    std::vector<std::string> done;
     for (size_t i = 0; i < sizes.size(); ++i) {
       std::fprintf(stderr, "ciera_cuda_bench: %llu values...\n", static_cast<unsigned long long>(sizes[i]));
-      json += (i ? ", " : "") + bench_size(sizes[i], reps);
+      const SizeReport report = bench_size(sizes[i], reps);
+      done.push_back(report.json);
+      if (!report.verified) {
+        verified = false;
+        std::fprintf(stderr, "ciera_cuda_bench: %llu values: NOT EXACT: %s\n",
+                     static_cast<unsigned long long>(sizes[i]), report.failure.c_str());
+      }
+      if (!json_path.empty())
+        write_report(json_path, report_json(gpu, reps, done, verified, i + 1 == sizes.size()));
     }
-    json += "]\n}\n";
-    std::fputs(json.c_str(), stdout);
-    if (!json_path.empty()) {
-      FILE* f = std::fopen(json_path.c_str(), "w");
-      if (!f) throw std::runtime_error("cannot write " + json_path);
-      std::fputs(json.c_str(), f);
-      std::fclose(f);
-    }
+    std::fputs(report_json(gpu, reps, done, verified, true).c_str(), stdout);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ciera_cuda_bench: %s\n", e.what());
-    return 1;
+    return ciera::tools::kExitFailed;
   }
-  return 0;
+  return verified ? ciera::tools::kExitDone : ciera::tools::kExitNotExact;
 }
