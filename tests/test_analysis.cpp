@@ -632,6 +632,54 @@ TEST(Checkpoints, SeriesMustAgreeOnTensors) {
             std::string::npos);
 }
 
+// The step numbers in the names are the checkpoints' training steps (`ciera analyze` then refuses
+// uneven spacing); before, they were read only to sort a folder, and step_10, step_20, step_90
+// were analysed as three consecutive steps.
+TEST(Checkpoints, StepNumbersComeFromTheNamesInTheOrderGiven) {
+  using Steps = std::optional<std::vector<uint64_t>>;
+  EXPECT_EQ(
+      checkpoint_steps({"a/step_10.safetensors", "a/step_20.safetensors", "a/step_90.safetensors"}),
+      Steps(std::vector<uint64_t>{10, 20, 90}));
+  // Names that do not number the steps: taken as consecutive, not guessed.
+  EXPECT_EQ(checkpoint_steps({"before.safetensors", "after_1.safetensors"}), std::nullopt);
+  EXPECT_EQ(checkpoint_steps({"llama_7b.safetensors", "tuned_7b.safetensors"}), std::nullopt);
+  // Distinct numbers out of order, as `ls step_*` sorts unpadded names: refused.
+  try {
+    checkpoint_steps({"step_10.safetensors", "step_100.safetensors", "step_20.safetensors"});
+    FAIL() << "took step 100 before step 20";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of step order: step_100.safetensors (step 100) is "
+                                         "given before step_20.safetensors (step 20)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Tensors of a dtype CIERA does not carry (left out by --skip-unsupported) were still required
+// in every checkpoint: an optimizer's I64 step counter in some checkpoints only was fatal.
+TEST(Checkpoints, SeriesOfCieraDtypesOnlyIgnoresOtherTensors) {
+  TempDir dir;
+  const fs::path a = dir.path() / "a.safetensors", b = dir.path() / "b.safetensors";
+  write_safetensors(a, {{"w", "BF16", {4}, bytes_of(8)}, {"step", "I64", {1}, bytes_of(8)}});
+  auto message = [&](const std::vector<Tensor>& second, bool only_ciera_dtypes) {
+    write_safetensors(b, second);
+    return format_error([&] { open_checkpoint_series({a, b}, only_ciera_dtypes); });
+  };
+  const Tensor w{"w", "BF16", {4}, bytes_of(8, 5)};
+  EXPECT_NE(message({w}, false).find("tensor 'step' is missing"), std::string::npos);
+  EXPECT_EQ(message({w}, true), "");
+  EXPECT_EQ(message({w, {"step", "I64", {2}, bytes_of(16)}, {"m", "F64", {1}, bytes_of(8)}}, true),
+            "");
+  // The tensors compared must still agree, in both directions.
+  EXPECT_NE(message({{"step", "I64", {1}, bytes_of(8)}}, true).find("tensor 'w' is missing"),
+            std::string::npos);
+  EXPECT_NE(message({w, {"v", "F32", {1}, bytes_of(4)}}, true).find("tensor 'v' is not in"),
+            std::string::npos);
+  EXPECT_NE(message({w, {"step", "F32", {2}, bytes_of(8)}}, true)
+                .find("tensor 'step' is F32 but I64 in " + a.string()),
+            std::string::npos);
+}
+
 // Counts of another grid were added past the end of these (a heap overflow in release builds,
 // where the check was only an assert); a step 0 read before the per-step counts.
 TEST(ChangeStatistics, CountsOfAnotherGridAndStepZeroAreRefused) {

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct Options {
   std::vector<uint32_t> blocks = ChangeGrid{}.block_values;
   uint32_t max_interval = 1;
   bool skip_unsupported = false;
+  bool uneven_steps = false;
   bool json = false;
   std::string json_file;
   std::string plot_dir;
@@ -51,6 +53,11 @@ struct Request {
   ChangeGrid grid;
   std::vector<SafetensorsFile> files;  // in training order
   uint32_t steps = 0;                  // transitions: files - 1
+  // The training step of each file, from its name; empty when the names do not number the
+  // steps (the files are then taken as consecutive steps).
+  std::vector<uint64_t> step_numbers;
+  // Training steps from one checkpoint to the next, when known and the same throughout.
+  std::optional<uint64_t> step_spacing;
   std::vector<TensorInput> tensors;
   std::vector<std::string> skipped;  // tensors of an unsupported dtype
   uint64_t work_bytes = 0;           // bytes of one checkpoint's tensors to compare
@@ -90,15 +97,43 @@ void check_options(const Options& o) {
   }
 }
 
-// Opens the checkpoints and picks the tensors to compare; throws for too few transitions after
-// the warmup, or for a tensor of an unsupported dtype unless --skip-unsupported.
+// Every transition weighs the same in the means and the check intervals count checkpoints, so
+// both mean something only when the checkpoints are evenly spaced: a 10-step and a 70-step gap
+// averaged, or "interval 2" spanning 80 steps, would read as per-step figures. Uneven spacing is
+// refused unless --uneven-steps says the user wants per-transition figures anyway.
+void check_step_spacing(Request& r, const std::vector<std::filesystem::path>& paths) {
+  const std::vector<uint64_t>& steps = r.step_numbers;
+  if (steps.size() < 2) return;
+  const uint64_t first_gap = steps[1] - steps[0];
+  for (size_t i = 2; i < steps.size(); ++i) {
+    const uint64_t gap = steps[i] - steps[i - 1];
+    if (gap == first_gap) continue;
+    if (r.options.uneven_steps) return;  // no spacing to report
+    throw ConfigError(
+        "checkpoints unevenly spaced: " + paths[i - 1].filename().string() + " -> " +
+        paths[i].filename().string() + " is " + std::to_string(gap) + " training steps, but " +
+        paths[0].filename().string() + " -> " + paths[1].filename().string() + " is " +
+        std::to_string(first_gap) +
+        "; the per-step means and check intervals would mix transitions of different lengths. "
+        "Give evenly spaced checkpoints, or pass --uneven-steps to count every transition as one "
+        "whatever its length");
+  }
+  r.step_spacing = first_gap;
+}
+
+// Opens the checkpoints and picks the tensors to compare; throws for unevenly spaced steps
+// (unless --uneven-steps), too few transitions after the warmup, a tensor of an unsupported
+// dtype (unless --skip-unsupported) or no values to compare at all.
 Request parse(const Options& o, const std::string& command) {
   check_options(o);
   Request r;
   r.options = o;
   r.command = command;
   r.grid = ChangeGrid{o.worlds, o.blocks};
-  r.files = open_checkpoint_series(list_checkpoints(o.checkpoints));
+  const std::vector<std::filesystem::path> paths = list_checkpoints(o.checkpoints);
+  if (auto steps = checkpoint_steps(paths)) r.step_numbers = std::move(*steps);
+  check_step_spacing(r, paths);
+  r.files = open_checkpoint_series(paths, o.skip_unsupported);
   r.steps = static_cast<uint32_t>(r.files.size() - 1);
   if (o.warmup >= r.steps) {
     throw ConfigError("--warmup " + std::to_string(o.warmup) + " leaves none of the " +
@@ -120,6 +155,12 @@ Request parse(const Options& o, const std::string& command) {
   }
   if (r.tensors.empty()) {
     throw FormatError(r.files.front().path().string() + ": no BF16, F16 or F32 tensor to analyse");
+  }
+  // A rate of 0 changed out of 0 values would read as "nothing changed".
+  if (r.work_bytes == 0) {
+    throw FormatError(r.files.front().path().string() + ": its " +
+                      std::to_string(r.tensors.size()) +
+                      " BF16, F16 and F32 tensors are all empty: no values to compare");
   }
   return r;
 }
@@ -169,6 +210,7 @@ AnalyzeResult count(const Request& r) {
   uint64_t done_bytes = 0;
   for (const TensorInput& input : r.tensors) {
     const SafetensorsTensor& tensor = *input.tensor;
+    progress.update(done_bytes, "reading " + tensor.name);
     TensorResult& t = result.tensors.emplace_back(TensorResult{&input, ChangeCounts(r.grid)});
     for (uint32_t s = 1; s <= r.steps; ++s) {
       const ChangeCounts counts =
@@ -182,8 +224,8 @@ AnalyzeResult count(const Request& r) {
     }
     count_intervals(r, tensor, result.intervals);
     done_bytes += tensor.bytes.size();
-    progress.update(done_bytes, tensor.name);
   }
+  progress.update(done_bytes, "done");
   progress.finish();
   result.seconds = clock.seconds();
   return result;
@@ -203,10 +245,13 @@ nlohmann::json per_cell(const ChangeGrid& grid, F value) {
   return rows;
 }
 
-nlohmann::json counts_json(const ChangeCounts& c, const ChangeGrid& grid) {
+// `step_transitions`: the checkpoint transitions the counts cover (every tensor is compared in
+// each), not c.transitions, which counts tensor transitions and so grows with the tensors summed.
+nlohmann::json counts_json(const ChangeCounts& c, const ChangeGrid& grid,
+                           uint64_t step_transitions) {
   nlohmann::json shard_rate = nlohmann::json::array();
   for (size_t w = 0; w < grid.worlds.size(); ++w) shard_rate.push_back(c.shard_change_rate(w));
-  return {{"transitions", c.transitions},
+  return {{"transitions", step_transitions},
           {"values", c.values},
           {"changed_values", c.changed_values},
           {"element_change_rate", c.element_change_rate()},
@@ -220,12 +265,14 @@ nlohmann::json counts_json(const ChangeCounts& c, const ChangeGrid& grid) {
 
 // {type: counts} for the shard types `counts_of` has seen at all.
 template <typename CountsOf>
-nlohmann::json by_type_json(const ChangeGrid& grid, CountsOf counts_of) {
+nlohmann::json by_type_json(const ChangeGrid& grid, uint64_t step_transitions, CountsOf counts_of) {
   nlohmann::json by_type = nlohmann::json::object();
   for (size_t t = 0; t < kShardTypeCount; ++t) {
     const ChangeCounts& c = counts_of(static_cast<ShardType>(t));
-    if (c.transitions > 0)
-      by_type[std::string(to_string(static_cast<ShardType>(t)))] = counts_json(c, grid);
+    if (c.transitions > 0) {
+      by_type[std::string(to_string(static_cast<ShardType>(t)))] =
+          counts_json(c, grid, step_transitions);
+    }
   }
   return by_type;
 }
@@ -250,20 +297,32 @@ DetailCell detail_cell(const ChangeGrid& grid) {
   return d;
 }
 
+// The training step of checkpoint `index`, or null when the names do not number the steps.
+nlohmann::json step_number_json(const Request& r, size_t index) {
+  if (r.step_numbers.empty()) return nullptr;
+  return r.step_numbers[index];
+}
+
 nlohmann::json steps_json(const Request& r, const AnalyzeResult& result) {
   nlohmann::json steps = nlohmann::json::array();
   for (uint32_t s = 1; s <= r.steps; ++s) {
-    steps.push_back(
-        {{"step", s},
-         {"from", r.files[s - 1].path().string()},
-         {"to", r.files[s].path().string()},
-         {"warmup", s <= r.options.warmup},
-         {"counts", counts_json(result.stats.step(s), r.grid)},
-         {"by_type", by_type_json(r.grid, [&](ShardType t) -> const ChangeCounts& {
-            return result.stats.step(s, t);
-          })}});
+    steps.push_back({{"step", s},
+                     {"from", r.files[s - 1].path().string()},
+                     {"to", r.files[s].path().string()},
+                     {"from_step", step_number_json(r, s - 1)},
+                     {"to_step", step_number_json(r, s)},
+                     {"warmup", s <= r.options.warmup},
+                     {"counts", counts_json(result.stats.step(s), r.grid, 1)},
+                     {"by_type", by_type_json(r.grid, 1, [&](ShardType t) -> const ChangeCounts& {
+                        return result.stats.step(s, t);
+                      })}});
   }
   return steps;
+}
+
+// Checkpoint pairs compared at interval i (each tensor compared once in each).
+uint64_t interval_pairs(const Request& r, const IntervalResult& i) {
+  return i.counts.transitions / std::max<size_t>(1, r.tensors.size());
 }
 
 nlohmann::json analyze_json(const Request& r, const AnalyzeResult& result) {
@@ -272,6 +331,9 @@ nlohmann::json analyze_json(const Request& r, const AnalyzeResult& result) {
   j["command"] = r.command;
   j["checkpoints"] = nlohmann::json::array();
   for (const SafetensorsFile& f : r.files) j["checkpoints"].push_back(f.path().string());
+  j["checkpoint_steps"] =
+      r.step_numbers.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.step_numbers);
+  j["step_spacing"] = r.step_spacing ? nlohmann::json(*r.step_spacing) : nlohmann::json(nullptr);
   j["warmup"] = r.options.warmup;
   j["grid"] = {{"worlds", grid.worlds}, {"block_values", grid.block_values}};
   const DetailCell detail = detail_cell(grid);
@@ -279,9 +341,10 @@ nlohmann::json analyze_json(const Request& r, const AnalyzeResult& result) {
                  {"block_values", grid.block_values[detail.block_index]}};
   j["skipped_tensors"] = r.skipped;
   j["steps"] = steps_json(r, result);
-  j["total"] = counts_json(result.stats.total(), grid);
+  const uint64_t measured = r.steps - r.options.warmup;
+  j["total"] = counts_json(result.stats.total(), grid, measured);
   j["by_type"] = by_type_json(
-      grid, [&](ShardType t) -> const ChangeCounts& { return result.stats.total(t); });
+      grid, measured, [&](ShardType t) -> const ChangeCounts& { return result.stats.total(t); });
   j["tensors"] = nlohmann::json::array();
   for (const TensorResult& t : result.tensors) {
     const SafetensorsTensor& tensor = *t.input->tensor;
@@ -289,16 +352,20 @@ nlohmann::json analyze_json(const Request& r, const AnalyzeResult& result) {
                             {"type", to_string(t.input->type)},
                             {"dtype", tensor.dtype},
                             {"shape", tensor.shape},
-                            {"counts", counts_json(t.total, grid)}});
+                            {"counts", counts_json(t.total, grid, measured)}});
   }
   // The intervals asked for; `intervals` stops at the checkpoints' span after the warmup.
   j["max_interval"] = r.options.max_interval;
   j["intervals"] = nlohmann::json::array();
   for (const IntervalResult& i : result.intervals) {
-    j["intervals"].push_back({{"interval", i.interval},
-                              {"values", i.counts.values},
-                              {"changed_values", i.counts.changed_values},
-                              {"element_change_rate", i.counts.element_change_rate()}});
+    j["intervals"].push_back(
+        {{"interval", i.interval},
+         {"training_steps",
+          r.step_spacing ? nlohmann::json(i.interval * *r.step_spacing) : nlohmann::json(nullptr)},
+         {"pairs", interval_pairs(r, i)},
+         {"values", i.counts.values},
+         {"changed_values", i.counts.changed_values},
+         {"element_change_rate", i.counts.element_change_rate()}});
   }
   j["seconds"] = result.seconds;
   return j;
@@ -326,19 +393,33 @@ void print_summary(const ReportContext& c, std::ostream& out) {
     dtype_list += (dtype_list.empty() ? "" : ", ") + std::to_string(count) + " " + name;
   }
   out << "ciera analyze: " << r.files.size() << " checkpoints, " << r.steps
-      << " step transitions (" << r.options.warmup << " warmup, left out of every mean)\n"
-      << "tensors: " << r.tensors.size() << " (" << dtype_list << "), " << values
+      << " transitions between them (" << r.options.warmup << " warmup, left out of every mean)\n"
+      << "steps: ";
+  if (r.step_numbers.empty()) {
+    out << "the file names do not number them; the checkpoints are taken as consecutive steps\n";
+  } else {
+    out << r.step_numbers.front() << " to " << r.step_numbers.back();
+    if (r.step_spacing) {
+      out << ", every " << *r.step_spacing << " training step" << (*r.step_spacing == 1 ? "" : "s")
+          << "\n";
+    } else {
+      out << ", unevenly spaced (--uneven-steps): every transition counts as one in the means, "
+             "whatever its length\n";
+    }
+  }
+  out << "tensors: " << r.tensors.size() << " (" << dtype_list << "), " << values
       << " values per checkpoint";
   if (!r.skipped.empty()) out << "; " << r.skipped.size() << " skipped (unsupported dtype)";
-  out << "\nshards: FSDP-style, ceil(n/W) values of each tensor per rank; blocks cut inside each "
-         "shard\n\n";
+  out << "\nshards: each tensor flat, ceil(n/W) values per rank; blocks cut inside each shard\n\n";
 }
 
 // O2: element change rate per step, overall and per shard type present.
 void print_per_step(const ReportContext& c, std::ostream& out) {
   const Request& r = c.request;
   const ChangeStatistics& stats = c.result.stats;
-  std::vector<std::string> header = {"step", "to checkpoint", "changed values", "change (%)"};
+  const bool numbered = !r.step_numbers.empty();
+  std::vector<std::string> header = {numbered ? "steps" : "transition", "to checkpoint",
+                                     "changed values", "change (%)"};
   for (ShardType t : c.present) header.push_back(std::string(to_string(t)) + " (%)");
   Table per_step(header);
   constexpr uint32_t kShownSteps = 12;
@@ -350,18 +431,25 @@ void print_per_step(const ReportContext& c, std::ostream& out) {
       continue;
     }
     const ChangeCounts& counts = stats.step(s);
-    std::vector<std::string> row = {std::to_string(s) + (s <= r.options.warmup ? " (warmup)" : ""),
+    const std::string transition = numbered ? std::to_string(r.step_numbers[s - 1]) + " -> " +
+                                                  std::to_string(r.step_numbers[s])
+                                            : std::to_string(s);
+    std::vector<std::string> row = {transition + (s <= r.options.warmup ? " (warmup)" : ""),
                                     r.files[s].path().filename().string(),
                                     std::to_string(counts.changed_values),
                                     percent(counts.element_change_rate(), 3)};
     for (ShardType t : c.present) row.push_back(percent(stats.step(s, t).element_change_rate(), 3));
     per_step.add(row);
   }
-  out << "Exponent changes per step (O2: values whose exponent differs from the step before)\n"
+  out << "Exponent changes per transition (O2: values whose exponent differs from the checkpoint "
+         "before)\n"
       << per_step.render();
   const ChangeCounts& total = stats.total();
-  out << "mean after warmup: " << percent(total.element_change_rate(), 3)
-      << "% of values per step (" << total.changed_values << " of " << total.values << ")\n\n";
+  out << "mean after warmup: " << percent(total.element_change_rate(), 3) << "% of values per "
+      << (r.step_spacing && *r.step_spacing > 1
+              ? "transition of " + std::to_string(*r.step_spacing) + " training steps"
+              : std::string(r.step_spacing ? "step" : "transition"))
+      << " (" << total.changed_values << " of " << total.values << ")\n\n";
 }
 
 // O4: by shard type, at the detail cell.
@@ -417,24 +505,28 @@ void print_reuse(const ReportContext& c, std::ostream& out) {
 void print_intervals(const ReportContext& c, std::ostream& out) {
   if (c.result.intervals.size() <= 1) {
     if (c.request.options.max_interval > 1) {
-      out << "\nNo check interval above 1: after the warmup the checkpoints hold no two steps "
-             "more than 1 apart (--max-interval "
+      out << "\nNo check interval above 1: after the warmup the checkpoints hold no two "
+             "checkpoints more than 1 apart (--max-interval "
           << c.request.options.max_interval << ")\n";
     }
     return;
   }
-  Table by_interval({"check interval", "pairs", "change (%)"});
+  const std::optional<uint64_t> spacing = c.request.step_spacing;
+  std::vector<std::string> header = {"check interval k", "pairs", "change (%)"};
+  if (spacing) header.insert(header.begin() + 1, "training steps");
+  Table by_interval(header);
   for (const IntervalResult& i : c.result.intervals) {
-    by_interval.add({std::to_string(i.interval),
-                     std::to_string(i.counts.transitions /
-                                    std::max<size_t>(1, c.result.tensors.size())),
-                     percent(i.counts.element_change_rate(), 3)});
+    std::vector<std::string> row = {std::to_string(i.interval),
+                                    std::to_string(interval_pairs(c.request, i)),
+                                    percent(i.counts.element_change_rate(), 3)};
+    if (spacing) row.insert(row.begin() + 1, std::to_string(i.interval * *spacing));
+    by_interval.add(row);
   }
-  out << "\nExponents changed between checks k steps apart (Figure 5b)\n" << by_interval.render();
+  out << "\nExponents changed between checkpoints k apart (Figure 5b)\n" << by_interval.render();
   const uint32_t widest = c.result.intervals.back().interval;
   if (widest < c.request.options.max_interval) {  // said, not capped silently
     out << "(up to " << widest << ", not --max-interval " << c.request.options.max_interval
-        << ": after the warmup the checkpoints span " << widest << " steps)\n";
+        << ": after the warmup the checkpoints span " << widest << " transitions)\n";
   }
 }
 
@@ -457,6 +549,11 @@ int run(const Request& r) {
   if (!r.skipped.empty() && !o.quiet) {
     std::cerr << "ciera analyze: skipping " << r.skipped.size()
               << " tensor(s) of unsupported dtype, e.g. '" << r.skipped.front() << "'\n";
+  }
+  if (!r.step_numbers.empty() && !r.step_spacing) {  // --uneven-steps: loud, even with --quiet
+    std::cerr << "ciera analyze: warning: checkpoints unevenly spaced (steps";
+    for (uint64_t step : r.step_numbers) std::cerr << " " << step;
+    std::cerr << "): means and check intervals are per transition, not per training step\n";
   }
   const AnalyzeResult result = count(r);
   const nlohmann::json j = analyze_json(r, result);
@@ -485,20 +582,34 @@ void register_analyze(CLI::App& app, const std::string& command) {
          "checkpoint files in training order, or directories of *.safetensors ordered by the step "
          "number in their names")
       ->required();
-  cmd->add_option("--warmup", o->warmup, "step transitions left out of the means")
+  cmd->add_option("--warmup", o->warmup,
+                  "transitions between checkpoints (the first ones) left out of the means")
       ->capture_default_str();
-  cmd->add_option("--worlds", o->worlds, "world sizes W to shard each tensor over")
+  cmd->add_option("--worlds", o->worlds, "world sizes W to shard each tensor over (a list)")
       ->capture_default_str();
-  cmd->add_option("--blocks", o->blocks, "block sizes B, in values")->capture_default_str();
+  cmd->add_option("--blocks", o->blocks, "block sizes B, in values (a list)")
+      ->capture_default_str();
   cmd->add_option("--max-interval", o->max_interval,
-                  "also compare checkpoints up to this many steps apart (Figure 5b)")
+                  "also compare checkpoints up to this many checkpoints apart (Figure 5b)")
       ->capture_default_str();
+  cmd->add_flag("--uneven-steps", o->uneven_steps,
+                "accept checkpoints whose step numbers are unevenly spaced; every transition "
+                "then counts as one whatever its length");
   cmd->add_flag("--skip-unsupported", o->skip_unsupported,
-                "leave out tensors that are not BF16, F16 or F32");
+                "leave out tensors that are not BF16, F16 or F32 (they need not be in every "
+                "checkpoint)");
   cmd->add_flag("--json", o->json, "print one JSON object on one line instead of the tables");
   cmd->add_option("--json-file", o->json_file, "also write the JSON object to this file");
-  cmd->add_option("--plot", o->plot_dir, "PNG figures (Python entry point only)");
+  cmd->add_option("--plot", o->plot_dir,
+                  "folder to write PNG figures into (Python entry point only)")
+      ->type_name("DIR");
   cmd->add_flag("--quiet", o->quiet, "no progress output");
+  cmd->footer(
+      "A list option (--worlds, --blocks) takes every value that follows it: give the "
+      "checkpoints first, or end the list with -- or another option (--worlds 4 8 -- ckpts/).\n\n"
+      "Exit status: 0 done; 1 the analysis failed after its checks (a report that could not be "
+      "written); 2 a command line or checkpoints no analysis could use, refused before any work "
+      "(a missing, malformed or mismatched checkpoint, unevenly spaced steps).");
   cmd->callback([o, command]() {
     const Request request = parse_step([&] { return parse(*o, command); });
     throw CommandExit(run(request));

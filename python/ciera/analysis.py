@@ -1,6 +1,6 @@
-"""Exponent-change counts (C++ ``ChangeCounts``, ``ExponentChangeCounter``) rendered as JSON in the
-shapes ``ciera analyze --json`` writes (docs/analysis.md). Rendering only: every count and rate
-comes from the C++ objects."""
+"""Exponent-change counts (C++ ``ChangeCounts``, ``ExponentChangeCounter``) rendered as the "counts"
+objects of ``ciera analyze --json`` (docs/analysis.md), for ``ciera train --stats`` and training
+loops. Rendering only: every count and rate comes from the C++ objects."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ def _per_cell(grid, value) -> list[list]:
     return [[value(grid.cell(w, b)) for b in range(len(grid.block_values))] for w in range(len(grid.worlds))]
 
 
-def counts_json(counts, grid) -> dict:
-    """One tensor's counts, as one "counts" object of `ciera analyze --json`."""
+def counts_json(counts, grid, transitions: int | None = None) -> dict:
+    """Counts as one "counts" object of `ciera analyze --json` (docs/analysis.md lists its fields).
+    ``transitions``: the step transitions the counts cover. The default, ``counts.transitions``, is
+    right for one tensor's counts; a sum over tensors holds one transition per tensor and step, so
+    pass the number of steps for it."""
     return {
-        "transitions": counts.transitions,
+        "transitions": counts.transitions if transitions is None else transitions,
         "values": counts.values,
         "changed_values": counts.changed_values,
         "element_change_rate": counts.element_change_rate(),
@@ -21,22 +24,6 @@ def counts_json(counts, grid) -> dict:
         "block_change_rate": _per_cell(grid, counts.block_change_rate),
         "shards": list(counts.shards),
         "changed_shards": list(counts.changed_shards),
-        "shard_change_rate": [counts.shard_change_rate(w) for w in range(len(grid.worlds))],
-    }
-
-
-def totals_json(counts, grid, transitions: int) -> dict:
-    """Counts summed over tensors; `transitions` is per tensor (every one saw as many)."""
-    return {
-        "values": counts.values,
-        "changed_values": counts.changed_values,
-        "transitions": transitions,
-        "blocks": _per_cell(grid, lambda i: counts.blocks[i]),
-        "changed_blocks": _per_cell(grid, lambda i: counts.changed_blocks[i]),
-        "shards": list(counts.shards),
-        "changed_shards": list(counts.changed_shards),
-        "element_change_rate": counts.element_change_rate(),
-        "reusable_blocks": _per_cell(grid, lambda i: 1 - counts.block_change_rate(i)),
         "shard_change_rate": [counts.shard_change_rate(w) for w in range(len(grid.worlds))],
     }
 

@@ -20,24 +20,57 @@ def _types(report: dict) -> list[str]:
     return [t for t in TYPE_ORDER if t in report["by_type"]]
 
 
-def _save(fig, path: Path) -> str:
-    import matplotlib.pyplot as plt
+# The sections write_figures reads; "intervals" is optional (no Figure 5 without it).
+REPORT_KEYS = ("checkpoints", "warmup", "grid", "detail", "steps", "total", "by_type", "tensors")
 
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+
+def report_problem(report) -> str | None:
+    """Why ``report`` is not a ``ciera analyze --json`` report these figures can be drawn from, or
+    None. Checked before anything is written."""
+    if not isinstance(report, dict):
+        return "not a report of `ciera analyze --json` (a JSON object)"
+    if "grid" not in report and {"parameters", "element_change_rate_per_step"} <= report.keys():
+        return ("a `ciera train --stats` report (characterisation.json), not one of `ciera analyze --json`: "
+                "run `ciera analyze` on the checkpoints of `ciera train --save-checkpoints DIR` to plot")
+    missing = [k for k in REPORT_KEYS if k not in report]
+    if missing:
+        return ("not a report of `ciera analyze --json` (an object with "
+                + ", ".join(f'"{k}"' for k in REPORT_KEYS) + "); no " + ", ".join(f'"{k}"' for k in missing))
+    return None
 
 
 def write_figures(report: dict, out_dir) -> list[str]:
-    """Writes the figures into ``out_dir`` (created if needed); returns their paths."""
+    """Writes the figures into ``out_dir`` (created if needed); returns their paths. Every figure
+    is drawn before the first is written, so a report that cannot be drawn leaves no files."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    problem = report_problem(report)
+    if problem:
+        raise ValueError(problem)
+    figures = []
+    try:
+        _draw(report, figures)
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for fig, name in figures:
+            fig.tight_layout()
+            fig.savefig(out / name, dpi=110)
+            written.append(str(out / name))
+        return written
+    finally:
+        for fig, _ in figures:
+            plt.close(fig)
+
+
+def _draw(report: dict, figures: list) -> None:
+    """Draws every figure into ``figures`` as (figure, file name), writing nothing."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
     grid = report["grid"]
     worlds, blocks = grid["worlds"], grid["block_values"]
     detail_w, detail_b = report["detail"]["world"], report["detail"]["block_values"]
@@ -45,21 +78,29 @@ def write_figures(report: dict, out_dir) -> list[str]:
     warmup = report["warmup"]
     steps = report["steps"]
     types = _types(report)
-    title = f"{len(report['checkpoints'])} checkpoints, {warmup} warmup steps"
-    written = []
+    title = f"{len(report['checkpoints'])} checkpoints, {warmup} warmup transition{'' if warmup == 1 else 's'}"
+    spacing = report.get("step_spacing")
 
-    # Figure 2: fraction of values whose exponent changed, per step.
+    # Figure 2: fraction of values whose exponent changed, per transition, at the later
+    # checkpoint's training step when the names number the steps. Markers: with two checkpoints
+    # there is one point, which a line alone does not show.
     fig, ax = plt.subplots(figsize=(7, 4))
-    xs = [s["step"] for s in steps]
-    ax.plot(xs, [100 * s["counts"]["element_change_rate"] for s in steps], color="black", lw=1.8, label="all")
+    numbered = all(s.get("to_step") is not None for s in steps)
+    xs = [s["to_step"] if numbered else s["step"] for s in steps]
+    ax.plot(xs, [100 * s["counts"]["element_change_rate"] for s in steps], color="black", lw=1.8, marker="o",
+            ms=4, label="all")
     for t in types:
         ax.plot(xs, [100 * s["by_type"][t]["element_change_rate"] if t in s["by_type"] else float("nan")
-                     for s in steps], lw=1, label=TYPE_LABELS[t])
+                     for s in steps], lw=1, marker=".", label=TYPE_LABELS[t])
     if warmup:
-        ax.axvline(warmup + 0.5, color="grey", ls=":", lw=1, label="end of warmup")
-    ax.set(xlabel="step", ylabel="exponents changed (%)", title=f"Exponent change rate (O2); {title}")
+        ax.axvline((xs[warmup - 1] + xs[warmup]) / 2, color="grey", ls=":", lw=1, label="end of warmup")
+    if len(xs) == 1:  # else the view is a sliver around the point, ticked in fractions
+        ax.set_xlim(xs[0] - 1, xs[0] + 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    ax.set(xlabel="training step (of the later checkpoint)" if numbered else "transition between checkpoints",
+           ylabel="exponents changed (%)", title=f"Exponent change rate (O2); {title}")
     ax.legend(fontsize=8)
-    written.append(_save(fig, out / "fig2_exponent_change_rate.png"))
+    figures.append((fig, "fig2_exponent_change_rate.png"))
 
     # Figure 3a: shards with any change vs world size.
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -70,7 +111,7 @@ def write_figures(report: dict, out_dir) -> list[str]:
     ax.set(xlabel="world size W", ylabel="shard change rate (%)", xticks=worlds, ylim=(-2, 102),
            title="Shards with a changed exponent (O3)")
     ax.legend(fontsize=8)
-    written.append(_save(fig, out / "fig3a_shard_change_rate.png"))
+    figures.append((fig, "fig3a_shard_change_rate.png"))
 
     # Figure 3b: reusable blocks vs block size, per W, with the uniform model (1 - c)^B.
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -84,7 +125,7 @@ def write_figures(report: dict, out_dir) -> list[str]:
            title="Blocks with no changed exponent (O3)")
     ax.set_xticks(blocks, [str(b) for b in blocks])
     ax.legend(fontsize=8)
-    written.append(_save(fig, out / "fig3b_reusable_blocks.png"))
+    figures.append((fig, "fig3b_reusable_blocks.png"))
 
     # Figure 4: block change rate per tensor, grouped by shard type.
     per_type = {t: [] for t in types}
@@ -103,7 +144,7 @@ def write_figures(report: dict, out_dir) -> list[str]:
             ax.annotate(f"{median:.2f}", (i + 0.3, median), fontsize=8, va="center")  # beside the box
     ax.set(ylabel="block change rate", ylim=(-0.02, 1.02),
            title=f"Block change rate by shard type (O4), W={detail_w}, B={detail_b}, one point per tensor")
-    written.append(_save(fig, out / "fig4_block_change_by_type.png"))
+    figures.append((fig, "fig4_block_change_by_type.png"))
 
     # Figure 5b: changes between checks k steps apart.
     intervals = report.get("intervals", [])
@@ -111,10 +152,10 @@ def write_figures(report: dict, out_dir) -> list[str]:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot([i["interval"] for i in intervals], [100 * i["element_change_rate"] for i in intervals],
                 marker="o", color="black")
-        ax.set(xlabel="check interval (steps)", ylabel="exponents changed between checks (%)",
+        unit = f", {spacing} training step{'' if spacing == 1 else 's'} each" if spacing else ""
+        ax.set(xlabel=f"check interval (checkpoints apart{unit})", ylabel="exponents changed between checks (%)",
                xticks=[i["interval"] for i in intervals], title="Exponent changes vs check interval")
-        written.append(_save(fig, out / "fig5_check_interval.png"))
-    return written
+        figures.append((fig, "fig5_check_interval.png"))
 
 
 def main(argv=None) -> int:
@@ -138,9 +179,10 @@ def main(argv=None) -> int:
         report = json.loads(lines[-1]) if lines else None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         return fail(f"{report_path}: {e}")
-    # The report `ciera analyze --json` writes (its last line): an object with these sections.
-    if not isinstance(report, dict) or not {"grid", "total"} <= report.keys():
-        return fail(f"{report_path}: not a report of `ciera analyze --json` (an object with \"grid\" and \"total\")")
+    # The report `ciera analyze --json` writes (its last line), checked before anything is written.
+    problem = report_problem(report)
+    if problem:
+        return fail(f"{report_path}: {problem}")
     try:
         written = write_figures(report, out)
     except (KeyError, TypeError, ValueError, IndexError) as e:

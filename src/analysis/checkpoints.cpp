@@ -133,15 +133,41 @@ std::vector<fs::path> list_checkpoints(const std::vector<std::string>& arguments
   return files;
 }
 
-std::vector<SafetensorsFile> open_checkpoint_series(const std::vector<fs::path>& paths) {
+std::optional<std::vector<uint64_t>> checkpoint_steps(const std::vector<fs::path>& files) {
+  std::vector<uint64_t> steps;
+  for (const fs::path& file : files) {
+    const std::optional<uint64_t> step = checkpoint_step_number(file);
+    if (!step) return std::nullopt;
+    steps.push_back(*step);
+  }
+  for (size_t i = 1; i < steps.size(); ++i) {
+    if (steps[i] == steps[i - 1]) return std::nullopt;  // names numbered by something else
+  }
+  for (size_t i = 1; i < steps.size(); ++i) {
+    if (steps[i] < steps[i - 1]) {
+      throw ConfigError("checkpoints out of step order: " + files[i - 1].string() + " (step " +
+                        std::to_string(steps[i - 1]) + ") is given before " + files[i].string() +
+                        " (step " + std::to_string(steps[i]) +
+                        "); list them in training order, or give their folder");
+    }
+  }
+  return steps;
+}
+
+std::vector<SafetensorsFile> open_checkpoint_series(const std::vector<fs::path>& paths,
+                                                    bool only_ciera_dtypes) {
   std::vector<SafetensorsFile> files;
   files.reserve(paths.size());
   for (const fs::path& p : paths) files.emplace_back(p);
   if (files.empty()) return files;
+  const auto checked = [&](const SafetensorsTensor& t) {
+    return !only_ciera_dtypes || t.ciera_dtype.has_value();
+  };
   const SafetensorsFile& first = files.front();
   for (size_t c = 1; c < files.size(); ++c) {
     const SafetensorsFile& other = files[c];
     for (const SafetensorsTensor& t : first.tensors()) {
+      if (!checked(t)) continue;
       const SafetensorsTensor* u = other.find(t.name);
       const std::string where = other.path().string() + ": tensor '" + t.name + "' ";
       if (u == nullptr)
@@ -155,12 +181,14 @@ std::vector<SafetensorsFile> open_checkpoint_series(const std::vector<fs::path>&
                           shape_string(t.shape) + " in " + first.path().string());
       }
     }
-    if (other.tensors().size() != first.tensors().size()) {
-      for (const SafetensorsTensor& u : other.tensors()) {
-        if (first.find(u.name) == nullptr) {
-          throw FormatError(other.path().string() + ": tensor '" + u.name + "' is not in " +
-                            first.path().string());
-        }
+    for (const SafetensorsTensor& u : other.tensors()) {
+      if (!checked(u)) continue;
+      const SafetensorsTensor* t = first.find(u.name);
+      const std::string where = other.path().string() + ": tensor '" + u.name + "' ";
+      if (t == nullptr) throw FormatError(where + "is not in " + first.path().string());
+      if (!checked(*t)) {  // unsupported in the first, so not compared: name the difference
+        throw FormatError(where + "is " + u.dtype + " but " + t->dtype + " in " +
+                          first.path().string());
       }
     }
   }

@@ -21,9 +21,19 @@ std::optional<uint64_t> checkpoint_step_number(const std::filesystem::path& file
 // for a checkpoint given twice, and for fewer than two checkpoints in all.
 std::vector<std::filesystem::path> list_checkpoints(const std::vector<std::string>& arguments);
 
+// The training step of each checkpoint, from the step numbers in their names, when every name
+// holds one and they increase in the order given; nullopt when the names do not number the steps
+// (a name without a number, or two with the same one): the checkpoints are then taken as
+// consecutive steps. Throws ConfigError for distinct numbers out of order, as a shell glob gives
+// them (step_100 sorts before step_20): counting step 100 -> 20 would be silently wrong.
+std::optional<std::vector<uint64_t>> checkpoint_steps(
+    const std::vector<std::filesystem::path>& files);
+
 // Opens (memory-maps) every checkpoint and checks that each holds exactly the tensors of the
-// first, with the same dtypes and shapes. Throws FormatError naming the checkpoint and tensor.
-std::vector<SafetensorsFile> open_checkpoint_series(
-    const std::vector<std::filesystem::path>& paths);
+// first, with the same dtypes and shapes. With `only_ciera_dtypes`, tensors of a dtype CIERA does
+// not carry (I64, F64, ...) are left out of that check, in every checkpoint: they are not
+// compared, so one may be missing or added. Throws FormatError naming the checkpoint and tensor.
+std::vector<SafetensorsFile> open_checkpoint_series(const std::vector<std::filesystem::path>& paths,
+                                                    bool only_ciera_dtypes = false);
 
 }  // namespace ciera

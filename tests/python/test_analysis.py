@@ -3,8 +3,11 @@ and `ciera analyze --plot` end to end (native tool + figures)."""
 
 import json
 import os
+import re
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,7 +118,7 @@ def test_analyze_plot_end_to_end(tmp_path, monkeypatch):
     assert done.returncode == 0, done.stderr
     written = json.loads(report.read_text())
     assert written["max_interval"] == 9 and [i["interval"] for i in written["intervals"]] == [1, 2, 3, 4]
-    assert "(up to 4, not --max-interval 9: after the warmup the checkpoints span 4 steps)" in done.stdout
+    assert "(up to 4, not --max-interval 9: after the warmup the checkpoints span 4 transitions)" in done.stdout
 
 
 @pytest.mark.parametrize("report,out,message", [
@@ -174,3 +177,216 @@ def test_indices_and_pickled_shapes_are_checked_not_read_past_the_end():
     malformed = _ext.ChangeCounts.__new__(_ext.ChangeCounts)
     with pytest.raises(ciera.ConfigError, match="block cells"):
         malformed.__setstate__((1, 1, 1, [1], [], [1], [1]))  # ...a state with ragged cells does not
+
+
+# --- `ciera analyze` on hand-made checkpoints (the native tool) -----------------------------------
+
+def _native():
+    from ciera import cli
+
+    try:
+        return cli.native_tool()
+    except SystemExit:
+        pytest.skip("the native ciera tool is not built")
+
+
+def _analyze(*args):
+    from ciera import cli
+
+    return cli.run_native(_native(), ["analyze", *map(str, args)], capture_output=True, text=True)
+
+
+def _checkpoint(path, tensors):
+    """A safetensors file of (name, dtype, shape, values as uint16/uint64 words) tensors."""
+    header, data = {}, b""
+    for name, dtype, shape, words in tensors:
+        raw = struct.pack(f"<{len(words)}{'Q' if dtype == 'I64' else 'H'}", *words)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def _series(folder, steps, extra=lambda step: []):
+    """BF16 checkpoints step_<s>.safetensors of two tensors; a few exponents move each step."""
+    folder.mkdir(exist_ok=True)
+    for k, step in enumerate(steps):
+        w = [0x3F80 + (0x80 if i % 97 == k else 0) for i in range(600)]
+        _checkpoint(folder / f"step_{step}.safetensors",
+                    [("model.layers.0.mlp.experts.down_proj", "BF16", [600], w),
+                     ("model.norm.weight", "BF16", [40], w[:40]), *extra(step)])
+    return folder
+
+
+def test_unevenly_spaced_steps_are_refused_unless_asked_for(tmp_path):
+    """step_10, step_20, step_90 were analysed as three consecutive steps: a 10-step and a 70-step
+    gap averaged, "interval 2" 80 steps, and no step number in the report."""
+    ckpts = _series(tmp_path / "uneven", [10, 20, 90])
+    done = _analyze(ckpts, "--quiet")
+    assert done.returncode == 2, done.stdout
+    assert ("checkpoints unevenly spaced: step_20.safetensors -> step_90.safetensors is 70 training steps, "
+            "but step_10.safetensors -> step_20.safetensors is 10") in done.stderr, done.stderr
+    done = _analyze(ckpts, "--uneven-steps", "--max-interval", "2", "--json", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert "warning: checkpoints unevenly spaced (steps 10 20 90)" in done.stderr
+    report = json.loads(done.stdout)
+    assert report["checkpoint_steps"] == [10, 20, 90] and report["step_spacing"] is None
+    assert [(s["from_step"], s["to_step"]) for s in report["steps"]] == [(10, 20), (20, 90)]
+    assert [i["training_steps"] for i in report["intervals"]] == [None, None]
+
+
+def test_step_numbers_and_spacing_are_reported(tmp_path):
+    ckpts = _series(tmp_path / "every10", [0, 10, 20, 30])
+    done = _analyze(ckpts, "--max-interval", "2", "--json-file", tmp_path / "r.json", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert "steps: 0 to 30, every 10 training steps" in done.stdout
+    assert re.search(r"^10 -> 20 +step_20.safetensors", done.stdout, re.M), done.stdout
+    assert "% of values per transition of 10 training steps" in done.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["checkpoint_steps"] == [0, 10, 20, 30] and report["step_spacing"] == 10
+    steps = [(s["step"], s["from_step"], s["to_step"]) for s in report["steps"]]
+    assert steps == [(1, 0, 10), (2, 10, 20), (3, 20, 30)]
+    assert [(i["interval"], i["training_steps"], i["pairs"]) for i in report["intervals"]] == [(1, 10, 3), (2, 20, 2)]
+    # Files without step numbers: consecutive, and said.
+    for k, name in enumerate(("before", "after")):
+        (tmp_path / f"{name}.safetensors").write_bytes((ckpts / f"step_{10 * k}.safetensors").read_bytes())
+    done = _analyze(tmp_path / "before.safetensors", tmp_path / "after.safetensors", "--json", "--quiet")
+    report = json.loads(done.stdout)
+    assert report["checkpoint_steps"] is None and report["steps"][0]["to_step"] is None
+
+
+def test_transitions_mean_the_same_in_analyze_and_train_stats(tmp_path):
+    """"transitions" counted tensor transitions in `ciera analyze --json` (2 tensors x 3 steps = 6)
+    and steps in `ciera train --stats` (ciera.analysis.totals_json), whose objects also lacked
+    block_change_rate."""
+    from ciera import analysis
+
+    ckpts = _series(tmp_path / "c", [1, 2, 3, 4])
+    done = _analyze(ckpts, "--warmup", "1", "--json", "--quiet")
+    report = json.loads(done.stdout)
+    assert report["total"]["transitions"] == 2  # steps after warmup, whatever the tensors
+    assert {t["counts"]["transitions"] for t in report["tensors"]} == {2}
+    assert {s["counts"]["transitions"] for s in report["steps"]} == {1}
+    assert all(c["transitions"] == 2 for c in report["by_type"].values())
+    # What train --stats renders: a sum over tensors, the steps passed.
+    grid = _ext.ChangeGrid(report["grid"]["worlds"], report["grid"]["block_values"])
+    stats = _ext.ChangeStatistics(grid, 0)
+    for n in (600, 40):
+        counter = _ext.ExponentChangeCounter(_ext.DType.bf16, n, worlds=grid.worlds, blocks=grid.block_values)
+        x = np.full(n, 0x3F80, dtype=np.uint16)
+        for step in range(3):
+            x[step] = 0x4000
+            counts = counter.observe(x)
+            if counter.transitions:
+                stats.add(counter.transitions, _ext.ShardType.norm, counts)
+    summed = analysis.counts_json(stats.total(), grid, 2)
+    assert summed.keys() == report["total"].keys()
+    assert summed["transitions"] == 2 and stats.total().transitions == 4
+    assert summed["block_change_rate"][0][0] == stats.total().block_change_rate(0)
+    assert not hasattr(analysis, "totals_json")
+
+
+def test_every_json_field_is_documented(tmp_path):
+    ckpts = _series(tmp_path / "c", [0, 1, 2, 3])
+    report = json.loads(_analyze(ckpts, "--max-interval", "2", "--json", "--quiet").stdout)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "analysis.md").read_text()
+    keys = set(report) | set(report["steps"][0]) | set(report["total"]) | set(report["intervals"][0])
+    keys |= set(report["tensors"][0]) | set(report["grid"]) | set(report["detail"])
+    undocumented = sorted(k for k in keys if f"`{k}`" not in doc)
+    assert not undocumented, undocumented
+
+
+def test_checkpoints_of_empty_tensors_are_an_error_not_zero_percent(tmp_path):
+    for name in ("a", "b"):
+        _checkpoint(tmp_path / f"{name}.safetensors", [("x.weight", "BF16", [0, 4], []), ("y.weight", "BF16", [0], [])])
+    done = _analyze(tmp_path / "a.safetensors", tmp_path / "b.safetensors", "--quiet")
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert "are all empty: no values to compare" in done.stderr, done.stderr
+
+
+def test_skip_unsupported_does_not_require_the_skipped_tensors_everywhere(tmp_path):
+    """An I64 step counter in the first checkpoint only was fatal even with --skip-unsupported."""
+    ckpts = _series(tmp_path / "c", [0, 1, 2], extra=lambda step: [("step", "I64", [1], [step])] if step == 0 else [])
+    assert _analyze(ckpts, "--quiet").returncode == 2
+    done = _analyze(ckpts, "--skip-unsupported", "--json", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["skipped_tensors"] == ["step"]
+
+
+def test_help_says_what_the_options_take(tmp_path):
+    done = _analyze("--help")
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0
+    assert re.search(r"--plot \S+ +folder to write PNG figures", text), text
+    assert "up to this many checkpoints apart" in text and "many steps apart" not in text
+    assert "peer died" not in text and "3 a result" not in text
+    assert "end the list with -- or another option" in text
+    # ... which is how the option parser behaves.
+    ckpts = _series(tmp_path / "c", [0, 1])
+    done = _analyze("--worlds", "4", "8", "--", ckpts, "--json", "--quiet")
+    assert done.returncode == 0 and json.loads(done.stdout)["grid"]["worlds"] == [4, 8], done.stderr
+
+
+def test_progress_names_the_tensor_being_read(tmp_path):
+    ckpts = _series(tmp_path / "c", [0, 1])
+    done = _analyze(ckpts)  # stderr is not a terminal: one line every 10%
+    lines = done.stderr.splitlines()
+    assert re.match(r"analyze +0% .* reading model.layers.0.mlp.experts.down_proj$", lines[0]), lines
+    assert re.match(r"analyze 100% .* done$", lines[-1]), lines
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+def _report(tmp_path, steps, *args):
+    ckpts = _series(tmp_path / ("fig_" + "_".join(map(str, steps))), steps)
+    done = _analyze(ckpts, "--json", "--quiet", *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_figure2_of_two_checkpoints_shows_its_point_on_integer_steps(tmp_path):
+    pytest.importorskip("matplotlib")
+    from matplotlib.ticker import MaxNLocator
+
+    from ciera import analysis_plots
+
+    figures = []
+    analysis_plots._draw(_report(tmp_path, [0, 1]), figures)
+    fig, name = figures[0]
+    assert name == "fig2_exponent_change_rate.png"
+    ax = fig.axes[0]
+    assert all(line.get_marker() not in (None, "None", "") for line in ax.get_lines()[:2])
+    assert isinstance(ax.xaxis.get_major_locator(), MaxNLocator)
+    fig.canvas.draw()
+    low, high = ax.get_xlim()
+    shown = [t for t in ax.get_xticks() if low <= t <= high]
+    assert shown and all(float(t).is_integer() for t in shown), shown
+    figures.clear()
+    analysis_plots._draw(_report(tmp_path, [0, 10, 20], "--warmup", "1"), figures)
+    ax = figures[0][0].axes[0]
+    assert "3 checkpoints, 1 warmup transition" in ax.get_title() and "transitions" not in ax.get_title()
+    assert list(ax.get_lines()[0].get_xdata()) == [10, 20]  # training steps, from the names
+
+
+@pytest.mark.parametrize("damage", ["no tensor counts", "no tensors", "no intervals rate", "train stats"])
+def test_plots_of_a_report_that_cannot_be_drawn_write_nothing(tmp_path, damage):
+    """A report that broke Figure 4 or 5 left Figures 2 and 3 written, with status 2."""
+    pytest.importorskip("matplotlib")
+    report = _report(tmp_path, [0, 1, 2, 3], "--max-interval", "2")
+    if damage == "no tensor counts":
+        del report["tensors"][0]["counts"]
+    elif damage == "no tensors":
+        del report["tensors"]
+    elif damage == "no intervals rate":
+        del report["intervals"][1]["element_change_rate"]
+    else:  # what ciera train --stats writes
+        report = {"worlds": [4], "block_values": [64], "warmup_steps": 0, "total": report["total"],
+                  "by_type": {}, "element_change_rate_per_step": [0.1], "parameters": [], "summary": {}}
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    done = subprocess.run([sys.executable, "-m", "ciera.analysis_plots", "r.json", "figures"], cwd=tmp_path,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "figures").exists() or not list((tmp_path / "figures").iterdir())
+    if damage == "train stats":
+        assert "a `ciera train --stats` report (characterisation.json)" in done.stderr, done.stderr

@@ -152,9 +152,8 @@ def test_in_training_statistics_agree_with_ciera_analyze_on_checkpoints(tmp_path
                               capture_output=True, text=True, timeout=300)
     assert analyzed.returncode == 0, analyzed.stderr
     offline = json.loads(analyzed.stdout.strip().splitlines()[-1])["total"]
-    assert training["transitions"] == 4  # step transitions (analyze counts them per tensor)
     assert training["changed_values"] > 0
-    for key in ("values", "changed_values", "blocks", "changed_blocks", "shards", "changed_shards"):
+    for key in ("transitions", "values", "changed_values", "blocks", "changed_blocks", "shards", "changed_shards"):
         assert training[key] == offline[key], key
 
 

@@ -1,7 +1,8 @@
 """``ciera train --stats``: exponent-change characterisation during training (paper §2, O2-O4),
 counted in C++ (ExponentChangeCounter per parameter, ChangeStatistics for the sums over
-parameters, types and ranks). Python only renders the counts as JSON (ciera.analysis), in the
-shape of ``ciera analyze --json``."""
+parameters, types and ranks). Python only renders the counts as JSON (ciera.analysis): "total",
+each entry of "by_type" and each parameter's "total" are "counts" objects of ``ciera analyze
+--json``, but the file as a whole is not such a report (docs/analysis.md)."""
 
 from __future__ import annotations
 
@@ -72,20 +73,19 @@ class TrainingStats:
                 merged.add(step, _ext.ShardType.__members__[kind], counts)
         first, grid = params[0], self.grid
         worlds, blocks = first["worlds"], first["block_values"]
-        overall = analysis.totals_json(merged.total(), grid, first["total"]["transitions"])
+        steps = first["total"]["transitions"]  # after warmup; every parameter saw as many
+        overall = analysis.counts_json(merged.total(), grid, steps)
         by_type = {}
         for kind in sorted({p["type"] for p in params}):
-            first_of_kind = next(p for p in params if p["type"] == kind)
-            by_type[kind] = analysis.totals_json(merged.total(_ext.ShardType.__members__[kind]), grid,
-                                        first_of_kind["total"]["transitions"])
+            by_type[kind] = analysis.counts_json(merged.total(_ext.ShardType.__members__[kind]), grid, steps)
         w4 = worlds.index(4) if 4 in worlds else 0
         b512 = blocks.index(512) if 512 in blocks else 0
         summary = {
             "element_change_rate": overall["element_change_rate"],
-            "reusable_blocks_w4": dict(zip(map(str, blocks), overall["reusable_blocks"][w4])),
+            "reusable_blocks_w4": dict(zip(map(str, blocks), (1 - r for r in overall["block_change_rate"][w4]))),
             "shard_change_rate": dict(zip(map(str, worlds), overall["shard_change_rate"])),
             "by_type": {t: {"element_change_rate": v["element_change_rate"],
-                            "block_change_rate_w4_b512": 1 - v["reusable_blocks"][w4][b512]}
+                            "block_change_rate_w4_b512": v["block_change_rate"][w4][b512]}
                         for t, v in by_type.items()},
         }
         per_step = [merged.step(i).element_change_rate() for i in range(1, len(first["changed_values_per_step"]) + 1)]
