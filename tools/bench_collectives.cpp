@@ -215,23 +215,31 @@ std::vector<std::byte> synthetic_gradients(DType dtype, uint64_t values, uint64_
 
 struct Result {
   int world = 0;
-  std::vector<double> raw_s, twin_s, ciera_s, raw_bytes, wire_bytes, encode_s, decode_s, reduce_s,
-      exchange_s;
+  // wire_bytes: the parts as sent and the call records and verdicts (control_bytes, also apart);
+  // twin_bytes: the same for the uncoded twin, whose records MPI's own collective does not send.
+  std::vector<double> raw_s, twin_s, ciera_s, raw_bytes, wire_bytes, control_bytes, twin_bytes,
+      encode_s, decode_s, reduce_s, exchange_s;
   uint64_t wrong = 0, coded_values = 0, coded_exponent_bytes = 0;
   uint64_t busiest_raw = 0, busiest_wire = 0;  // over the steps: each call's busiest link
   double entropy_bits = 0;
   uint32_t hidden = 0;
 
-  // One steady step: the three times (each the slowest rank's) and CIERA's stats, the bytes and
-  // the coding summed over every rank (CollectiveStats holds this rank's alone; until stop 67
-  // rank 0's were reported as the mean link's); collective.
-  void add_step(double raw, double twin, double ciera, const CollectiveStats& s) {
+  // One steady step: the three times (each the slowest rank's) and CIERA's stats (the twin's for
+  // its bytes), the bytes and the coding summed over every rank (CollectiveStats holds this
+  // rank's alone; until stop 67 rank 0's were reported as the mean link's); collective.
+  void add_step(double raw, double twin, double ciera, const CollectiveStats& s,
+                const CollectiveStats& twin_stats) {
     raw_s.push_back(raw);
     twin_s.push_back(twin);
     ciera_s.push_back(ciera);
     // Per rank, as "bytes sent/rank" says: the mean over ranks.
     raw_bytes.push_back(static_cast<double>(sum_over_ranks(s.raw_bytes)) / world);
-    wire_bytes.push_back(static_cast<double>(sum_over_ranks(s.wire_bytes)) / world);
+    wire_bytes.push_back(static_cast<double>(sum_over_ranks(s.wire_bytes + s.control_bytes)) /
+                         world);
+    control_bytes.push_back(static_cast<double>(sum_over_ranks(s.control_bytes)) / world);
+    twin_bytes.push_back(
+        static_cast<double>(sum_over_ranks(twin_stats.wire_bytes + twin_stats.control_bytes)) /
+        world);
     encode_s.push_back(max_over_ranks(s.encode_s));
     exchange_s.push_back(max_over_ranks(s.exchange_s));
     decode_s.push_back(max_over_ranks(s.decode_s));
@@ -336,8 +344,9 @@ Result measure_alltoall(const Request& r, int rank, int world) {
     barrier();
     idle_gap();
     Stopwatch twin_clock;
-    twin.alltoallv(DType::kBF16, std::as_bytes(std::span(x.send)), x.send_values,
-                   std::as_writable_bytes(std::span(twin_out)), x.recv_values);
+    const CollectiveStats twin_stats =
+        twin.alltoallv(DType::kBF16, std::as_bytes(std::span(x.send)), x.send_values,
+                       std::as_writable_bytes(std::span(twin_out)), x.recv_values);
     const double twin_s = max_over_ranks(twin_clock.seconds());
     barrier();
     idle_gap();
@@ -350,7 +359,7 @@ Result measure_alltoall(const Request& r, int rank, int world) {
     for (uint64_t i = 0; i < total; ++i)
       wrong += raw_out[i] != ciera_out[i] || raw_out[i] != twin_out[i];
     result.wrong += sum_over_ranks(wrong);
-    if (step >= r.o.warmup) result.add_step(raw_s, twin_s, ciera_s, s);
+    if (step >= r.o.warmup) result.add_step(raw_s, twin_s, ciera_s, s, twin_stats);
     progress.update(step + 1, "raw " + fixed(raw_s * 1e3, 1) + " ms, ciera " +
                                   fixed(ciera_s * 1e3, 1) + " ms" +
                                   (result.wrong ? ", WRONG ELEMENTS" : ""));
@@ -425,7 +434,8 @@ Result measure_reduce_scatter(const Request& r, int rank, int world) {
     barrier();
     idle_gap();
     Stopwatch twin_clock;
-    twin.reduce_scatter(r.dtype, ReduceOp::kSum, input, twin_out);
+    const CollectiveStats twin_stats =
+        twin.reduce_scatter(r.dtype, ReduceOp::kSum, input, twin_out);
     const double twin_s = max_over_ranks(twin_clock.seconds());
     // The complement of the twin's result: an element the coded call leaves unwritten is wrong
     // (the buffer held the previous step's, or zeros, which an unwritten element matched).
@@ -445,7 +455,7 @@ Result measure_reduce_scatter(const Request& r, int rank, int world) {
                std::memcmp(twin_out.data() + at, reference.data() + at, value_bytes) != 0;
     }
     result.wrong += sum_over_ranks(wrong);
-    if (step >= r.o.warmup) result.add_step(raw_s, twin_s, ciera_s, s);
+    if (step >= r.o.warmup) result.add_step(raw_s, twin_s, ciera_s, s, twin_stats);
     progress.update(step + 1, "twin " + fixed(twin_s * 1e3, 1) + " ms, ciera " +
                                   fixed(ciera_s * 1e3, 1) + " ms" +
                                   (result.wrong ? ", WRONG ELEMENTS" : ""));
@@ -459,9 +469,13 @@ Result measure_reduce_scatter(const Request& r, int rank, int world) {
 nlohmann::json to_json(const Request& r, const Result& x) {
   const Options& o = r.o;
   const bool alltoall = o.collective == "alltoall";
-  // Bytes and coding over every rank's coded parts (summed over ranks by add_step).
-  double raw = 0, wire = 0;
-  for (size_t i = 0; i < x.raw_bytes.size(); ++i) raw += x.raw_bytes[i], wire += x.wire_bytes[i];
+  // Bytes and coding over every rank's coded parts (summed over ranks by add_step); wire and the
+  // twin's bytes with the call records and verdicts.
+  double raw = 0, wire = 0, control = 0, twin_bytes = 0;
+  for (size_t i = 0; i < x.raw_bytes.size(); ++i) {
+    raw += x.raw_bytes[i], wire += x.wire_bytes[i];
+    control += x.control_bytes[i], twin_bytes += x.twin_bytes[i];
+  }
   nlohmann::json j;
   j["command"] = r.command;
   j["machine"] = machine_description();
@@ -493,7 +507,10 @@ nlohmann::json to_json(const Request& r, const Result& x) {
   // Means, as the ratio below: medians beside a ratio of sums disagreed under --coding auto.
   const double steps = std::max<double>(1.0, static_cast<double>(x.raw_bytes.size()));
   j["bytes_raw"] = raw / steps;
-  j["bytes_wire"] = wire / steps;
+  j["bytes_wire"] = wire / steps;        // all CIERA sent: the parts and bytes_control
+  j["bytes_control"] = control / steps;  // its call records and verdicts
+  j["bytes_twin"] = twin_bytes / steps;  // the uncoded twin's parts and records
+  // Over all CIERA sent: MPI's own collective sends bytes_raw, no records (the twin's are more).
   j["ratio"] = wire > 0 ? raw / wire : 0.0;
   j["bits_per_value"] = raw > 0 ? 8.0 * dtype_info(r.dtype).value_bytes * wire / raw : 0.0;
   j["speedup_over_ratio"] =
@@ -530,20 +547,25 @@ void print_report(const Request& r, const nlohmann::json& j, std::ostream& out) 
       << describe_links({o.link_gbit, o.delay_ms, o.link_lab})
       << "\nmachine: " << j["machine"].get<std::string>() << "\n\n";
   Table t({"", "time/step (ms)", "bytes sent/rank"});
+  // CIERA's rows with their call records and verdicts, which the MPI rows do not send.
   const std::string raw_bytes = fixed(j["bytes_raw"].get<double>(), 0);
+  const std::string twin_bytes = fixed(j["bytes_twin"].get<double>(), 0);
   if (alltoall) {
     t.add({"MPI_Alltoallv (raw)", fixed(j["mpi_ms"].get<double>(), 2), raw_bytes});
     t.add({"CIERA, raw (the same protocol, uncoded)", fixed(j["twin_ms"].get<double>(), 2),
-           raw_bytes});
+           twin_bytes});
   } else {
     if (!j["mpi_ms"].is_null())
       t.add({"MPI_Reduce_scatter_block (its own order)", fixed(j["mpi_ms"].get<double>(), 2),
              raw_bytes});
-    t.add({"CIERA, rank order, raw (the twin)", fixed(j["twin_ms"].get<double>(), 2), raw_bytes});
+    t.add({"CIERA, rank order, raw (the twin)", fixed(j["twin_ms"].get<double>(), 2), twin_bytes});
   }
   t.add({"CIERA, rank order, " + o.coding, fixed(j["ciera_ms"].get<double>(), 2),
          fixed(j["bytes_wire"].get<double>(), 0)});
-  out << t.render() << "\nspeedup " << fixed(j["speedup"].get<double>(), 3) << "x over "
+  out << t.render() << "\nCIERA's bytes hold its call records and verdicts ("
+      << fixed(j["bytes_control"].get<double>(), 0) << " in the " << o.coding
+      << " row), which MPI does not send"
+      << "\nspeedup " << fixed(j["speedup"].get<double>(), 3) << "x over "
       << (alltoall ? "MPI" : "the twin") << ", byte ratio " << fixed(j["ratio"].get<double>(), 3)
       << "x (" << fixed(j["bits_per_value"].get<double>(), 2) << " bits/value); speedup / ratio "
       << fixed(j["speedup_over_ratio"].get<double>(), 3) << "\nbusiest link: byte ratio "

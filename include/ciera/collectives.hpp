@@ -87,6 +87,11 @@ struct CollectivesConfig {
 struct CollectiveStats {
   uint64_t raw_bytes = 0;    // the parts as values
   uint64_t wire_bytes = 0;   // the parts as sent
+  // The call records (one a round, at least one) and the verdict this rank sent (docs/format.md,
+  // "Lossless collectives"), each counted once however many peers it reaches, as
+  // GatherStats::control_bytes counts the engine's. A plain reduce-scatter or alltoallv sends
+  // none; wire_bytes + control_bytes is all this rank sent for the call.
+  uint64_t control_bytes = 0;
   uint32_t coded_slices = 0;  // slices of parts sent coded (the others went raw)
   // Over the parts sent coded: their values, the bytes of their frames beyond the raw sign and
   // mantissa plane (exponent section, header, tables, checksum), and the order-0 entropy of their

@@ -99,6 +99,7 @@ void bind_collectives(py::module_& m) {
   py::class_<CollectiveStats>(m, "CollectiveStats")
       .def_readonly("raw_bytes", &CollectiveStats::raw_bytes)
       .def_readonly("wire_bytes", &CollectiveStats::wire_bytes)
+      .def_readonly("control_bytes", &CollectiveStats::control_bytes)
       .def_readonly("coded_slices", &CollectiveStats::coded_slices)
       .def_readonly("compressed", &CollectiveStats::compressed)
       .def_readonly("coded_values", &CollectiveStats::coded_values)

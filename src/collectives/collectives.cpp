@@ -195,6 +195,7 @@ struct LosslessCollectives::Impl {
   uint32_t failed_round = 0;
   double slowest_s = 0;  // the slowest rank's time for the current call, from the verdicts
   double encode_s = 0, decode_s = 0, reduce_s = 0;  // this call's, summed over rounds
+  uint64_t control_bytes = 0;  // this call's records and verdict (CollectiveStats::control_bytes)
 
   CodecConfig codec(DType dtype) const {
     CodecConfig c;
@@ -295,8 +296,7 @@ struct LosslessCollectives::Impl {
     const size_t bytes = collectives::verdict_bytes();
     std::vector<std::byte> own(bytes);
     collectives::write_verdict({mine.empty(), 0, mine}, own);
-    room(verdicts, bytes * static_cast<size_t>(world));
-    transport->allgather(own.data(), bytes, verdicts.data());
+    allgather_control(own, verdicts);
     std::vector<std::string> reasons;
     for (int r = 0; r < world; ++r) {
       reasons.push_back(
@@ -322,12 +322,18 @@ struct LosslessCollectives::Impl {
     }
   }
 
+  // Every record and verdict this rank sends goes through here, so that control_bytes counts
+  // each once: what the allgather takes from this rank, however many peers it reaches.
+  void allgather_control(std::span<const std::byte> own, std::vector<std::byte>& all) {
+    room(all, own.size() * static_cast<size_t>(world));
+    transport->allgather(own.data(), own.size(), all.data());
+    control_bytes += own.size();
+  }
+
   void share_record(const CallRecord& mine) {
-    const size_t bytes = collectives::call_record_bytes(world);
-    std::vector<std::byte> own(bytes);
+    std::vector<std::byte> own(collectives::call_record_bytes(world));
     collectives::write_call_record(mine, own);
-    room(records, bytes * static_cast<size_t>(world));
-    transport->allgather(own.data(), bytes, records.data());
+    allgather_control(own, records);
   }
 
   // Every rank's record of round k; throws on every rank if they disagree.
@@ -453,6 +459,7 @@ struct LosslessCollectives::Impl {
   void run(const Call& call, CollectiveStats& stats) {
     const auto start = Clock::now();
     encode_s = decode_s = reduce_s = 0;
+    control_bytes = 0;
     wire_links.reset(world);
     verdict = Verdict{};
     failed_round = 0;
@@ -555,6 +562,7 @@ struct LosslessCollectives::Impl {
     const auto verdict_start = Clock::now();
     exchange_verdicts(seconds_since(start));
     stats.decode_s = decode_s + seconds_since(verdict_start);
+    stats.control_bytes = control_bytes;
   }
 
   // Waits until the round in `next` is coded (true) or `exchange` has completed (false),
@@ -585,8 +593,7 @@ struct LosslessCollectives::Impl {
     const size_t bytes = collectives::verdict_bytes();
     std::vector<std::byte> own(bytes);
     collectives::write_verdict(verdict, own);
-    room(verdicts, bytes * static_cast<size_t>(world));
-    transport->allgather(own.data(), bytes, verdicts.data());
+    allgather_control(own, verdicts);
     slowest_s = 0;
     for (int r = 0; r < world; ++r) {
       const Verdict v =

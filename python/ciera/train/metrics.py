@@ -26,7 +26,7 @@ class StepMetrics:
     encode_s: float             # detection + encoding
     gather_duration_s: float    # from each gather's start to its end, hidden or not
     inter_node_bytes: float = 0.0   # what this rank's gathers sent to ranks on other nodes
-    control_bytes: float = 0.0  # of wire_bytes: the engine's control records and verdicts (GatherStats.control_bytes)
+    control_bytes: float = 0.0  # of wire_bytes: the records and verdicts (GatherStats or CollectiveStats.control_bytes)
 
     def __post_init__(self) -> None:
         for f in fields(self):  # what a float64 tensor holds, whatever the caller passed

@@ -610,7 +610,8 @@ def budget_text(nbytes: int) -> str:
 
 
 def control_text(control_bytes: int | None) -> str:
-    """The part of a wire figure that was the engine's control records and verdicts, in words."""
+    """The part of a wire figure that was CIERA's control records and verdicts (the engine's, or
+    the lossless collectives' call records), in words."""
     return f" (control records {control_bytes:,})" if control_bytes else ""
 
 

@@ -131,8 +131,9 @@ class DeepSpeed:
 
 def step(program, framework, run: Run, step_index: int, tokens) -> dict:
     """One optimizer step of `run`; returns its line of metrics.jsonl. Its bytes are the
-    reduce-scatter's: what a rank sent its peers, as values and as sent, the mean over ranks
-    (Run.record)."""
+    reduce-scatter's: what a rank sent its peers, as values and as sent (CIERA's collectives, the
+    twin's too: with the call records and verdicts beside the parts, control_bytes), the mean over
+    ranks (Run.record)."""
     start = program.clock()
     loss = framework.train_step(run, tokens)
     end = program.clock()
@@ -144,14 +145,16 @@ def step(program, framework, run: Run, step_index: int, tokens) -> dict:
     # ranks (the world, or a node's ranks with FSDP2's --hsdp).
     shard = program.args.ranks_per_node if program.args.hsdp else world
     raw = sum(getattr(r, "raw_bytes", r.input_bytes * (shard - 1) // shard) for r in scatters)
-    wire = sum(getattr(r, "wire_bytes", r.input_bytes * (shard - 1) // shard) for r in scatters)
+    # CIERA's collectives (and the twin's) also send call records and verdicts; the framework's none.
+    control = sum(getattr(r, "control_bytes", 0) for r in scatters)
+    wire = sum(getattr(r, "wire_bytes", r.input_bytes * (shard - 1) // shard) for r in scatters) + control
     local = loss.detach().float()
     mine = StepMetrics(
         loss=float(local), iteration_s=end - start,
         allgather_s=sum(r.seconds if r.exposed_s < 0 else r.exposed_s for r in gathers),
         reduce_scatter_s=sum(r.seconds for r in scatters), raw_bytes=raw, wire_bytes=wire,
         changed_values=0, compared_values=0, encode_s=sum(getattr(r, "encode_s", 0.0) for r in scatters),
-        gather_duration_s=sum(r.seconds for r in gathers))
+        gather_duration_s=sum(r.seconds for r in gathers), control_bytes=control)
     program.status.phase("metrics all-reduce")
     summed = mine.all_reduce(dist.ReduceOp.SUM)
     peak = mine.all_reduce(dist.ReduceOp.MAX)
@@ -174,7 +177,8 @@ def step(program, framework, run: Run, step_index: int, tokens) -> dict:
     record = {"run": run.name, "step": step_index, "loss": run.results["loss"][-1],
               "iteration_ms": 1e3 * peak.iteration_s, "allgather_ms": 1e3 * peak.allgather_s,
               "reduce_scatter_ms": 1e3 * peak.reduce_scatter_s, "raw_bytes": run.results["raw"][-1],
-              "wire_bytes": run.results["wire"][-1], "reduce_scatters": len(scatters)}
+              "wire_bytes": run.results["wire"][-1], "control_bytes": run.results["control"][-1],
+              "reduce_scatters": len(scatters)}
     if run.name == CIERA:
         record["ratio"] = summed.raw_bytes / max(1.0, summed.wire_bytes)
         if step_index >= program.args.warmup:   # this rank's coded parts over the steady state
@@ -231,6 +235,8 @@ def finish(program, framework, runs: dict) -> None:
         "reduce_dtype": a.reduce_dtype, "params": ours.params, "reduce_scatter_passed_through": passed,
         "topology": options.topology(a),   # with --hsdp, the reduce-scatter runs inside each node
         "reduce_scatter_raw_bytes": m["raw"], "reduce_scatter_wire_bytes": m["wire"],
+        # Of the wire bytes: the collectives' call records and verdicts (the ratio is over both).
+        "reduce_scatter_control_bytes": m["control"],
         "reduce_scatter_ratio": m["ratio"],
         "reduce_scatter_bits_per_value": value_bits / m["ratio"] if m["ratio"] else None,
         # Calls a step (ZeRO-3: one per filled reduce bucket; FSDP2: one per fully_shard group).
@@ -300,6 +306,7 @@ def render(s: dict, run_dir) -> str:
         *(layout_row(s) if framework is Fsdp2 else []),
         *pair.run_rows(s),
         ("reduce-scatter bytes/step", f"raw {s['reduce_scatter_raw_bytes']:,}  wire {s['reduce_scatter_wire_bytes']:,}"
+                                      f"{options.control_text(s.get('reduce_scatter_control_bytes'))}"
                                       f"  ratio {s['reduce_scatter_ratio'] or float('nan'):.3f}x over the steady steps "
                                       f"({s['reduce_scatter_bits_per_value'] or float('nan'):.2f} bits/value)"
                                       f"{calls_text(s)}"),
