@@ -34,6 +34,7 @@ class LosslessReduceScatterRecord:
     input_bytes: int
     raw_bytes: int = 0      # this rank's parts for its peers, as values
     wire_bytes: int = 0     # the same, as sent
+    control_bytes: int = 0  # and the call records and verdicts beside them (CollectiveStats.control_bytes)
     compressed: bool = False
     encode_s: float = 0.0
     decode_s: float = 0.0
@@ -50,9 +51,10 @@ class LosslessReduceScatterRecord:
         """The record of a call that began at `started` (time.perf_counter()) and has just
         returned `stats` (CollectiveStats)."""
         return cls(bucket, started, time.perf_counter() - started, input_tensor.numel() * input_tensor.element_size(),
-                   stats.raw_bytes, stats.wire_bytes, stats.compressed, stats.encode_s, stats.decode_s, stats.reduce_s,
-                   stats.coded_values, stats.coded_exponent_bytes, stats.exponent_entropy_bits, stats.arrival_wait_s,
-                   stats.busiest_link_raw_bytes, stats.busiest_link_wire_bytes)
+                   stats.raw_bytes, stats.wire_bytes, stats.control_bytes, stats.compressed, stats.encode_s,
+                   stats.decode_s, stats.reduce_s, stats.coded_values, stats.coded_exponent_bytes,
+                   stats.exponent_entropy_bits, stats.arrival_wait_s, stats.busiest_link_raw_bytes,
+                   stats.busiest_link_wire_bytes)
 
 
 def _reduce_op(op) -> _ext.ReduceOp:
@@ -65,7 +67,8 @@ def _reduce_op(op) -> _ext.ReduceOp:
     name = getattr(kind, "name", str(kind))
     raise _ext.ConfigError(f"CIERA's reduce-scatter sums or averages; FSDP2 asked for {name} (a gradient divide "
                            "factor other than the shard group's size, the world's on a flat mesh: "
-                           "set_gradient_divide_factor)")
+                           "set_gradient_divide_factor; with set_force_sum_reduction_for_comms(True) FSDP2 "
+                           "sums and divides afterwards, which CIERA serves)")
 
 
 class LosslessReduceScatter(ReduceScatter):
