@@ -556,3 +556,66 @@ def verify_on_a_wrong_gather(rank, world):
     if rank == 1:
         wrong[0] = 7.0   # 0x40e0 for 1.0's 0x3f80: both bytes differ
     return error_of(lambda: runtime.verified(mine, wrong, None)), runtime.wrong_bytes, runtime.verified_bytes
+
+
+def _small_sharded(world, reduce_dtype, param_dtype=None):
+    """Three Linear layers of uneven sizes (7, 3, 11 rows: padded shards on 2 ranks), each its own
+    FSDP2 unit, and the root."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3), torch.nn.Linear(3, 11))
+    mesh = init_device_mesh("cpu", (world,))
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for layer in (model[0], model[2], model[3]):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def _sharded_gradients(rank, world, reduce_dtype, param_dtype, set_up, through_ciera, micro_batches):
+    """This rank's sharded gradients after `micro_batches` backward passes (gradient sync on the
+    last only), with FSDP2's own reduce-scatter or CIERA's; and CIERA's call count."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = _small_sharded(world, reduce_dtype, param_dtype)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            set_up(module)
+    handle = ct.enable_reduce_scatter(model, "exponent", timeout_s=20) if through_ciera else None
+    generator = torch.Generator().manual_seed(100 + rank)
+    try:
+        for i in range(micro_batches):
+            if micro_batches > 1:
+                model.set_requires_gradient_sync(i == micro_batches - 1)
+            model(torch.randn(4, 5, generator=generator) * 3).pow(2).sum().backward()
+        grads = torch.cat([p.grad.to_local().reshape(-1).float() for p in model.parameters()])
+        return grads, len(handle.records) if handle else 0
+    finally:
+        if handle:
+            handle.disable()
+
+
+def reduce_scatter_under_fsdp2_settings(rank, world):
+    """For each FSDP2 setting that changes what its reduce-scatter asks for (the reduce dtype, and
+    so AVG or a SUM between FSDP2's own divisions; a forced sum; a divide factor; gradient
+    accumulation): whether CIERA's sharded gradients equal FSDP2's own bit for bit (2 ranks: one
+    addition, in either order the same), and its calls. Then the divide factor FSDP2 asks
+    PREMUL_SUM for: what each rank raised."""
+    settings = {
+        "fp32": (torch.float32, None, lambda m: None, 1),
+        "bf16 reduce, fp32 parameters": (torch.bfloat16, None, lambda m: None, 1),
+        "fp16 reduce (sum between FSDP2's divisions)": (torch.float16, None, lambda m: None, 1),
+        "forced sum": (torch.float32, None, lambda m: m.set_force_sum_reduction_for_comms(True), 1),
+        "forced sum, divide factor 3": (torch.float32, None, lambda m: (m.set_force_sum_reduction_for_comms(True),
+                                                                        m.set_gradient_divide_factor(3.0)), 1),
+        "divide factor = world": (torch.float32, None, lambda m: m.set_gradient_divide_factor(float(world)), 1),
+        "3 micro-batches, fp32": (torch.float32, None, lambda m: None, 3),
+        "2 micro-batches, bf16": (torch.bfloat16, torch.bfloat16, lambda m: None, 2),
+    }
+    results = {}
+    for name, (reduce_dtype, param_dtype, set_up, micro_batches) in settings.items():
+        own, _ = _sharded_gradients(rank, world, reduce_dtype, param_dtype, set_up, False, micro_batches)
+        ours, calls = _sharded_gradients(rank, world, reduce_dtype, param_dtype, set_up, True, micro_batches)
+        results[name] = (torch.equal(own.view(torch.int32), ours.view(torch.int32)), calls)
+    refused = error_of(lambda: _sharded_gradients(rank, world, torch.float32, None,
+                                                  lambda m: m.set_gradient_divide_factor(3.0), True, 1))
+    return results, refused

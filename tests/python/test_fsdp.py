@@ -318,3 +318,16 @@ def test_a_reselection_applies_the_changes_that_free_cache_first(monkeypatch):
     assert calls == [(0, raw), (3, _ext.ShardPolicy.delta), (2, ciera)], calls
     assert s.memory == {(0, 0, 0): 0, (0, 0, 1): 100, (0, 0, 2): 100, (0, 0, 3): 60}
     assert sum(s.memory.values()) <= s.budget_bytes
+
+
+def test_reduce_scatter_is_fsdp2s_own_under_each_of_its_settings():
+    """Bit for bit FSDP2's gradients on 2 ranks, whatever FSDP2 asks of the reduce-scatter (AVG,
+    SUM between its own divisions, a forced sum) and with gradient accumulation; a divide factor
+    it asks PREMUL_SUM for is refused on both ranks alike, naming the setting that works."""
+    ranks = all_ok(spawn(w.reduce_scatter_under_fsdp2_settings, 2))
+    for results, refused in ranks:
+        for name, (identical, calls) in results.items():
+            assert identical and calls > 0, (name, results)
+        assert refused.startswith("ConfigError: "), refused
+        assert "FSDP2 asked for PREMUL_SUM" in refused and "set_force_sum_reduction_for_comms(True)" in refused, refused
+    assert len({refused for _, refused in ranks}) == 1, ranks
