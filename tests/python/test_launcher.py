@@ -204,6 +204,16 @@ def test_exit_status_counts_the_control_and_the_parameters():
     assert exit_status(dict(good, control_identical=True)) == 0
     assert exit_status(dict(good, control_identical=False)) == 3
     assert exit_status(dict(good, losses_identical=False)) == 3
+    # A --reduce-scatter run whose CIERA training passed every call through to the framework's
+    # own reduction: two runs of that reduction agree, and say nothing of CIERA's.
+    scatter = dict(good, mode="reduce_scatter", reduce_scatter_ciera_calls=12)
+    assert exit_status(scatter) == 0
+    assert exit_status(dict(scatter, reduce_scatter_ciera_calls=0)) == 3
+    from ciera.train.reduce_scatter import identical_text
+
+    assert identical_text(dict(scatter, reduce_scatter_ciera_calls=0), True, "ZeRO-3").startswith(
+        "NOT TESTED: every reduce-scatter of the CIERA training went to ZeRO-3's own")
+    assert identical_text(scatter, True, "ZeRO-3").startswith("yes: ")
 
 
 def test_layout_and_inter_node_lines_only_for_nodes_of_several_ranks():

@@ -267,7 +267,10 @@ def exit_status(summary: dict) -> int:
     """0 when every comparison the run made holds: CIERA against the baseline (with one), the
     gathers against torch's (--verify) and the baseline against its control (--control); else 3.
     A lossy scheme's drift is its result, not a failed comparison: a run of lossy schemes alone
-    has nothing that must be exact. A --zero run: CIERA's ZeRO against torch's."""
+    has nothing that must be exact. A --zero run: CIERA's ZeRO against torch's. A --reduce-scatter
+    run in which CIERA's collectives served no call (every one passed through) compared nothing."""
+    if summary.get("mode") == "reduce_scatter" and summary.get("reduce_scatter_ciera_calls") == 0:
+        return 3   # CIERA reduced nothing: its trainings' identity proves nothing about it
     if summary.get("mode") in ("zero", "reduce_scatter"):
         return 0 if summary["losses_identical"] and summary["params_identical"] else 3
     if summary.get("mode") == "deepspeed":
