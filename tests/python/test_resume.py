@@ -153,3 +153,116 @@ def test_a_selector_state_continues_in_a_fresh_engine():
         assert r["chosen"] == r["chosen_before"] and r["chosen"] and r["policies_equal"], r
         assert r["history"] == r["resumed_history"] == [3, 7], r
         assert r["compressed_gathers"] > 0 and r["wrong_bytes"] == 0 and r["verified_bytes"] > 0, r
+
+
+def _refusal(*args) -> str | None:
+    """What options.check says of a command line, in this process (no launch: a few ms each)."""
+    from ciera.train import options
+
+    parsed = options.parser().parse_args([*map(str, args)])
+    try:
+        options.check(parsed)
+    except SystemExit as refused:
+        return str(refused.code)
+    return None
+
+
+def _flip_byte(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_changed_or_mixed_file_is_refused_by_its_sha256(uninterrupted, tmp_path):
+    """torch keeps no checksum: one flipped byte in a .distcp trained other numbers (reported as
+    CIERA inexact, or with --no-baseline not at all), and step 12's files copied into step 6's
+    folder resumed as "bitwise identical" with other losses."""
+    from ciera.train import checkpoint
+
+    _, run_dir = uninterrupted
+    step6, step12 = (run_dir / "checkpoints" / name for name in ("step-000006", "step-000012"))
+    meta = json.loads((step6 / checkpoint.METADATA).read_text())
+    # Every file the folder holds has its sha256 recorded, the CPU run's no CUDA RNG state.
+    assert meta["version"] == 2 and meta["config"]["device"] == "cpu"
+    assert sorted(meta["sha256"]) == sorted(p.name for p in step6.iterdir() if p.name != checkpoint.METADATA)
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rng-rank0.pt", "rng-rank1.pt"} <= set(meta["sha256"])
+    assert all(checkpoint.sha256_of(step6 / name) == digest for name, digest in meta["sha256"].items())
+    resume = [*TINY, "--steps", 12, "--resume"]
+    assert _refusal(*resume, step6) is None
+    copy = _damaged(step6, tmp_path, lambda d: _flip_byte(d / "__0_0.distcp", 2000))
+    assert f"checkpoint damaged or mixed: __0_0.distcp's sha256 is {checkpoint.sha256_of(copy / '__0_0.distcp')}, " \
+           f"the checkpoint recorded {meta['sha256']['__0_0.distcp']}" in _refusal(*resume, copy)
+    assert "__0_0.distcp's sha256 is" in _refusal(*resume, copy, "--no-baseline")
+    import shutil
+
+    step12_data = ("__0_0.distcp", "__1_0.distcp")
+    mixed = _damaged(step6, tmp_path, lambda d: [shutil.copy(step12 / n, d / n) for n in step12_data])
+    assert "checkpoint damaged or mixed: __0_0.distcp's sha256 is" in _refusal(*resume, mixed)
+    # The whole path once: one line, status 2, before any rank starts.
+    done = _train(*resume, _damaged(step6, tmp_path, lambda d: _flip_byte(d / "__1_0.distcp", 100)), "--out",
+                  tmp_path / "runs", timeout=120)
+    assert done.returncode == 2 and "__1_0.distcp's sha256 is" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists(), done.stderr
+
+
+def test_ciera_checkpoint_json_is_read_strictly(uninterrupted, tmp_path):
+    """"steps_done": 3.7 was read as 3 and "selectors": [1] accepted; --device was not recorded
+    (a CUDA checkpoint resumed on the CPU goes on with other numbers)."""
+    _, run_dir = uninterrupted
+    step6 = run_dir / "checkpoints" / "step-000006"
+    meta = json.loads((step6 / "ciera-checkpoint.json").read_text())
+
+    def config(**fields):
+        return {"config": {**meta["config"], **fields}}
+
+    cases = [({"steps_done": 6.0}, '"steps_done" must be an integer, got 6.0'),
+             ({"steps_done": True}, '"steps_done" must be an integer, got true'),
+             ({"ranks": "2"}, '"ranks" must be an integer, got "2"'),
+             ({"selectors": [1]}, '"selectors" must be an object of selector states by training, got [1]'),
+             ({"selectors": {"ciera": 1}}, '"selectors" must be an object'),
+             ({"trainings": ["fsdp2", 1]}, '"trainings" must be a list of names'),
+             ({"sha256": {".metadata": "00"}}, '"sha256" must be an object of sha256 digests'),
+             ({"version": 1}, "before checkpoints recorded their files' sha256"),
+             ({"version": "2"}, 'checkpoint version "2", this ciera reads 2'),
+             (config(device="cuda"), "written with --device cuda, this run has --device cpu"),
+             (config(hidden=32.0), "written with --hidden 32.0, this run has --hidden 32"),
+             (config(hsdp=0), "written with --hsdp 0, this run has --hsdp False")]
+    for fields, reason in cases:
+        copy = _damaged(step6, tmp_path, lambda d: _edit(d / "ciera-checkpoint.json", **fields))
+        assert reason in (_refusal(*TINY, "--steps", 12, "--resume", copy) or ""), (fields, reason)
+    no_sha = {k: v for k, v in meta.items() if k != "sha256"}
+    copy = _damaged(step6, tmp_path, lambda d: (d / "ciera-checkpoint.json").write_text(json.dumps(no_sha)))
+    assert 'ciera-checkpoint.json has no "sha256"' in _refusal(*TINY, "--steps", 12, "--resume", copy)
+
+
+def test_a_checkpoint_of_another_shape_is_named_by_its_parameter(uninterrupted):
+    """A model/checkpoint shape mismatch failed on every rank inside dcp.load, reported as
+    "CheckpointException ranks:dict_keys([0, 1])" with the cause only in log.txt."""
+    from ciera.train import checkpoint
+
+    _, run_dir = uninterrupted
+    step6 = run_dir / "checkpoints" / "step-000006"
+    fits = {"ciera": {"model": {"model.embed_tokens.weight": torch.empty(256, 32)}}}
+    checkpoint.check_shapes(fits, step6)
+    with pytest.raises(ValueError, match=r"ciera's model.embed_tokens.weight has shape \[256, 32\] in the "
+                                         r"checkpoint, \[256, 64\] here"):
+        checkpoint.check_shapes({"ciera": {"model": {"model.embed_tokens.weight": torch.empty(256, 64)}}}, step6)
+    with pytest.raises(ValueError, match=r"holds no model.extra.weight of fsdp2 \(shape \[3\] here\)"):
+        checkpoint.check_shapes({"fsdp2": {"model": {"model.extra.weight": torch.empty(3)}}}, step6)
+
+
+def test_a_resumed_delta_run_says_which_step_carries_the_key_frames(uninterrupted):
+    """The steps row named the key frames' step for ciera/auto, and for delta only with warmup 1,
+    never after a resume (whose fresh engine sends key frames at its first step)."""
+    from ciera.train.launcher import render_summary
+
+    whole, run_dir = uninterrupted
+    delta = {**whole, "main_scheme": "delta", "codec": "delta", "budget_bytes": None}
+    steps = [line for line in render_summary({**delta, "warmup": 1}, run_dir).splitlines() if line.startswith("steps")]
+    assert "from step 1;" in steps[0] and "(step 1 carries the key frames)" in steps[0], steps
+    resumed = {**delta, "steps_before": 6, "resumed_from": str(run_dir / "checkpoints" / "step-000006")}
+    for warmup in (1, 3, 9):
+        steps = [line for line in render_summary({**resumed, "warmup": warmup}, run_dir).splitlines()
+                 if line.startswith("steps")]
+        assert "value-delta frames on every shard from step 7;" in steps[0], steps
+        assert "(step 7 carries the key frames)" in steps[0], steps

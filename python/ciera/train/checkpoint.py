@@ -6,8 +6,16 @@ after NNNNNN steps:
                            model and its Adam state, sharded as the ranks hold them
     rng-rank<R>.pt         each rank's torch RNG state (no model here draws from it during training
                            today; kept so that one that does, with dropout say, resumes exactly)
-    ciera-checkpoint.json  the configuration the next steps depend on and the selectors' state;
-                           written last, so a folder without it is no checkpoint
+    cuda-rng-rank<R>.pt    --device cuda only: each rank's CUDA RNG state (its GPU's), likewise
+    ciera-checkpoint.json  the configuration the next steps depend on, the selectors' state and the
+                           sha256 of every other file in the folder; written last, so a folder
+                           without it is no checkpoint
+
+torch keeps no checksum of its files: a changed byte in a .distcp, or files of another step copied
+in, loaded without complaint and trained other numbers (with a baseline, reported as CIERA being
+inexact; with --no-baseline, not at all). So a resume first checks every file against the sha256
+recorded at save time, and refuses a checkpoint written before they were recorded (version 1):
+nothing could show its files are the ones that were saved.
 
 The data needs no state: ``data.batch`` is a pure function of (seed, step, rank).
 
@@ -21,35 +29,73 @@ training result: steps N+1.. of a resumed run are bitwise identical to an uninte
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
-VERSION = 1
+# 2: the files' sha256 ("sha256"), --device, and every config key below, always recorded.
+VERSION = 2
 METADATA = "ciera-checkpoint.json"
 
 # What the next steps' numbers depend on: a resumed run must use the same values.
 # And the gather scheme where either side's is lossy (--codec zeropp-int8, sdp4bit train other
-# weights; the lossless ones train the same). Checkpoints written before it was recorded have no
-# "codec" and are not checked for it.
+# weights; the lossless ones train the same). And --device: CPU and CUDA kernels round
+# differently, so a checkpoint resumed on the other device goes on with other numbers than the
+# uninterrupted run. Not recorded: --threads and --transport, which move the same bits (CIERA is
+# lossless whatever its collectives or codec threads, and every run with a baseline checks that bit
+# for bit), nor --warmup, --block, --overlap and the selector's options, which choose how shards
+# are sent, not what arrives.
 _SAME = {"model": "--model", "layers": "--layers", "hidden": "--hidden", "experts": "--experts",
          "expert_intermediate": "--expert-intermediate", "seq_len": "--seq-len", "batch": "--batch",
-         "lr": "--lr", "seed": "--seed", "codec": "--codec"}
+         "lr": "--lr", "seed": "--seed", "codec": "--codec", "device": "--device"}
 # The FSDP2 layout: HSDP reduces gradients in another order than one flat group, and a selector's
 # state is per gather group. --ranks-per-node shapes the groups under --hsdp only (without it,
-# --nodes only shapes the link lab). Checkpoints written before these were recorded have none
-# and are not checked for them.
+# --nodes only shapes the link lab).
 _LAYOUT = {"hsdp": "--hsdp", "ranks_per_node": "--ranks-per-node",
            "reshard_after_forward": "--reshard-after-forward"}
 
 
 def _differs(key: str, saved, wanted) -> bool:
+    # By type too: JSON's 1 and true are not --hsdp's False, nor 3.0 an integer option's 3.
     if key != "codec":
-        return saved != wanted
+        return type(saved) is not type(wanted) or saved != wanted
     from ciera.train import schemes
 
     lossy = [name for name in (saved, wanted) if name in schemes.SCHEMES and schemes.is_lossy(name)]
-    return saved is not None and bool(lossy) and saved != wanted
+    return not isinstance(saved, str) or (bool(lossy) and saved != wanted)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_sha256(x) -> bool:
+    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
+
+
+# The fields of ciera-checkpoint.json a resume reads, and what each must be.
+_FIELDS = {"steps_done": ("an integer", _is_int),
+           "ranks": ("an integer", _is_int),
+           "trainings": ("a list of names", lambda x: isinstance(x, list) and all(isinstance(n, str) for n in x)),
+           "config": ("an object", lambda x: isinstance(x, dict)),
+           "selectors": ("an object of selector states by training",
+                         lambda x: isinstance(x, dict) and all(isinstance(v, dict) for v in x.values())),
+           "sha256": ("an object of sha256 digests by file",
+                      lambda x: isinstance(x, dict) and all(_is_sha256(v) for v in x.values()))}
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _checked_files(folder: Path) -> list[str]:
+    """The files a checksum covers: all in the folder but ciera-checkpoint.json (which holds them)."""
+    return sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(METADATA))
 
 
 def folder_for(run_dir: Path, steps_done: int) -> Path:
@@ -89,24 +135,35 @@ def check_resume(args) -> int:
         raise SystemExit(f"{where}: not a checkpoint folder; give one <run>/checkpoints/step-NNNNNN{hint}")
     try:
         meta = read_metadata(folder)
-        # The version first: another version may name its fields differently.
-        if not isinstance(meta, dict) or meta.get("version") != VERSION:
-            version = meta.get("version") if isinstance(meta, dict) else None
-            raise SystemExit(f"{where}: checkpoint version {version}, this ciera reads {VERSION}")
-        done, ranks = int(meta["steps_done"]), int(meta["ranks"])
-        saved, config = list(meta["trainings"]), dict(meta["config"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         raise SystemExit(f"{where}: unreadable {METADATA} ({type(e).__name__}: {e})")
+    # The version first: another version may name its fields differently.
+    version = meta.get("version") if isinstance(meta, dict) else None
+    if _is_int(version) and version == 1:
+        raise SystemExit(f"{where}: written by an older ciera (checkpoint version 1), before checkpoints recorded "
+                         "their files' sha256: nothing shows its files are the ones saved, so it is not resumed; "
+                         "start a new run")
+    if not _is_int(version) or version != VERSION:
+        raise SystemExit(f"{where}: checkpoint version {json.dumps(version)}, this ciera reads {VERSION}")
+    for key, (kind, valid) in _FIELDS.items():
+        if key not in meta:
+            raise SystemExit(f"{where}: {METADATA} has no \"{key}\"")
+        if not valid(meta[key]):
+            raise SystemExit(f"{where}: {METADATA}'s \"{key}\" must be {kind}, got {json.dumps(meta[key])[:80]}")
+    done, ranks, saved, config = meta["steps_done"], meta["ranks"], meta["trainings"], meta["config"]
+    absent = [key for key in (*_SAME, *_LAYOUT) if key not in config]
+    if absent:
+        raise SystemExit(f"{where}: {METADATA}'s \"config\" has no \"{absent[0]}\"")
     if ranks != args.ranks:
         raise SystemExit(f"{where}: written by {ranks} ranks, this run has --ranks {args.ranks} "
                          "(each rank's data and RNG state are its own: the rank count must match)")
     for key, flag in _SAME.items():
-        if _differs(key, config.get(key), getattr(args, key)):
-            raise SystemExit(f"{where}: written with {flag} {config.get(key)}, this run has {flag} "
+        if _differs(key, config[key], getattr(args, key)):
+            raise SystemExit(f"{where}: written with {flag} {config[key]}, this run has {flag} "
                              f"{getattr(args, key)} (a resumed run trains the same model on the same data)")
-    hsdp = bool(args.hsdp or config.get("hsdp"))
+    hsdp = bool(args.hsdp or config["hsdp"])
     for key, flag in _LAYOUT.items():
-        if (key != "ranks_per_node" or hsdp) and key in config and config[key] != getattr(args, key):
+        if (key != "ranks_per_node" or hsdp) and _differs(key, config[key], getattr(args, key)):
             raise SystemExit(f"{where}: written with {flag} {config[key]}, this run has {flag} "
                              f"{getattr(args, key)} (a resumed run goes on in the same FSDP2 layout)")
     missing = [name for name in trainings(args) if name not in saved]
@@ -121,19 +178,35 @@ def check_resume(args) -> int:
     # The selectors this run has (rank.py's variants): a run written without one has no
     # statistics to go on from, and a selector past its warmup would never select.
     selecting = ["bsc", "ciera"] if args.ablation else ["ciera"] if args.budget_mb is not None else []
-    selectors = meta.get("selectors") or {}
-    missing = [name for name in selecting if name not in selectors]
+    missing = [name for name in selecting if name not in meta["selectors"]]
     if missing:
         raise SystemExit(f"{where}: written without the selector of {', '.join(missing)} (a run without "
                          "--budget-mb); resume it without --budget-mb, or start a new run with it")
-    _check_files(folder, ranks, where)
+    storage = _check_files(folder, ranks, where, args.device)
+    _check_sha256(folder, meta["sha256"], where, [*storage, *(f"rng-rank{r}.pt" for r in range(ranks))])
     return done
 
 
-def _check_files(folder: Path, ranks: int, where: str) -> None:
-    """The files a load reads, there and whole, before any rank starts: each rank's RNG state,
-    the .metadata of torch.distributed.checkpoint, and every byte range it names. (A byte
-    changed inside a .distcp file is not found: torch keeps no checksum of them.)"""
+def _check_sha256(folder: Path, recorded: dict, where: str, needed: list[str]) -> None:
+    """Every file as it was saved: a changed byte, or a file of another checkpoint copied in."""
+    unrecorded = sorted(set(needed) - set(recorded))
+    if unrecorded:
+        raise SystemExit(f"{where}: {METADATA} records no sha256 of {unrecorded[0]}, which the load reads")
+    for name, digest in sorted(recorded.items()):
+        path = folder / name
+        if os.sep in name or (os.altsep and os.altsep in name) or name in ("", ".", "..") or not path.is_file():
+            raise SystemExit(f"{where}: {name} is missing (the checkpoint recorded its sha256)")
+        found = sha256_of(path)
+        if found != digest:
+            raise SystemExit(f"{where}: checkpoint damaged or mixed: {name}'s sha256 is {found}, the checkpoint "
+                             f"recorded {digest}")
+
+
+def _check_files(folder: Path, ranks: int, where: str, device: str) -> list[str]:
+    """The files a load reads, there and whole, before any rank starts: each rank's RNG state
+    (and CUDA RNG state with --device cuda), the .metadata of torch.distributed.checkpoint, and
+    every byte range it names. Returns the files .metadata names and itself; their contents are
+    _check_sha256's."""
     import torch
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -156,6 +229,10 @@ def _check_files(folder: Path, ranks: int, where: str) -> None:
                    else f"a {type(state).__name__}")
             raise SystemExit(f"{where}: {rng.name} is damaged (it holds {got}, not a CPU RNG state of "
                              f"{like.numel()} bytes)")
+        # --device cuda only (untested here: no GPU in CI). Its size is the GPU generator's, which
+        # the launcher does not know without a GPU; the sha256 covers its bytes.
+        if device == "cuda" and not (folder / f"cuda-rng-rank{rank}.pt").is_file():
+            raise SystemExit(f"{where}: cuda-rng-rank{rank}.pt is missing (rank {rank}'s CUDA RNG state)")
     try:
         storage = FileSystemReader(str(folder)).read_metadata().storage_data
     except Exception as error:  # noqa: BLE001 - as above
@@ -170,6 +247,7 @@ def _check_files(folder: Path, ranks: int, where: str) -> None:
         if path.stat().st_size < end:
             raise SystemExit(f"{where}: {name} is {path.stat().st_size} bytes, but .metadata reads it up to byte "
                              f"{end} (truncated)")
+    return [".metadata", *ends, *((f"cuda-rng-rank{r}.pt" for r in range(ranks)) if device == "cuda" else ())]
 
 
 def _training_state(run) -> dict:
@@ -177,6 +255,27 @@ def _training_state(run) -> dict:
 
     model, optimizer = get_state_dict(run.model, run.optimizer)
     return {"model": model, "optimizer": optimizer}
+
+
+def check_shapes(state: dict, folder: Path) -> None:
+    """Each parameter the load fills (state: _training_state's by training) has its shape in the
+    checkpoint's .metadata (ValueError naming the first that does not). Without this a model
+    another than the checkpoint's failed inside dcp.load on every rank, reported as
+    "CheckpointException ranks:dict_keys([0, 1])". Checked in the ranks, where the model is
+    built: the launcher would have to build it too (models.build makes it on the CPU, whole), and
+    the checkpoint's own files are already checked against their sha256 there."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    for training, parts in state.items():
+        for name, value in parts["model"].items():
+            key = f"{training}.model.{name}"   # dcp's flattened name of state[training]["model"][name]
+            if key not in saved or not hasattr(saved[key], "size"):
+                raise ValueError(f"checkpoint {folder} does not fit this run's model: it holds no {name} "
+                                 f"of {training} (shape {list(value.shape)} here)")
+            if tuple(saved[key].size) != tuple(value.shape):
+                raise ValueError(f"checkpoint {folder} does not fit this run's model: {training}'s {name} has "
+                                 f"shape {list(saved[key].size)} in the checkpoint, {list(value.shape)} here")
 
 
 def save(program, runs: dict, handles: dict, steps_done: int) -> Path:
@@ -192,12 +291,21 @@ def save(program, runs: dict, handles: dict, steps_done: int) -> Path:
     dcp.save({name: _training_state(run) for name, run in runs.items()}, checkpoint_id=str(folder),
              process_group=group)
     torch.save(torch.get_rng_state(), folder / f"rng-rank{program.rank}.pt")
+    if a.device == "cuda":   # untested here (no GPU in CI); a CPU run writes no such file
+        torch.save(torch.cuda.get_rng_state(program.device), folder / f"cuda-rng-rank{program.rank}.pt")
     selectors = {name: h.selector.state_dict() for name, h in handles.items() if h.selector is not None}
-    dist.barrier(group=group)  # every rank's files are complete before the metadata says so
+    dist.barrier(group=group)  # every rank's files are complete before they are hashed
+    # Each rank hashes a share of the files, and rank 0 gathers the digests: the others wait for
+    # it on the checkpoint group (--checkpoint-timeout), not in the next step's collectives.
+    names = _checked_files(folder)
+    mine = {name: sha256_of(folder / name) for name in names[program.rank::program.world]}
+    shares = [None] * program.world
+    dist.all_gather_object(shares, mine, group=group)
     if program.rank == 0:
+        digests = {name: digest for share in shares for name, digest in share.items()}
         meta = {"version": VERSION, "steps_done": steps_done, "ranks": program.world,
                 "trainings": list(runs), "config": {key: getattr(a, key) for key in (*_SAME, *_LAYOUT)},
-                "selectors": selectors, "resumed_from": a.resume}
+                "selectors": selectors, "resumed_from": a.resume, "sha256": dict(sorted(digests.items()))}
         tmp = folder / (METADATA + ".tmp")
         tmp.write_text(json.dumps(meta, indent=1))
         os.replace(tmp, folder / METADATA)
@@ -214,11 +322,14 @@ def load(program, runs: dict, handles: dict, folder: Path) -> int:
     meta = read_metadata(folder)
     program.status.between_steps("checkpoint load", int(meta["steps_done"]))
     state = {name: _training_state(run) for name, run in runs.items()}
+    check_shapes(state, folder)
     dcp.load(state, checkpoint_id=str(folder), process_group=program.checkpoint_group)
     for name, run in runs.items():
         set_state_dict(run.model, run.optimizer, model_state_dict=state[name]["model"],
                        optim_state_dict=state[name]["optimizer"])
     torch.set_rng_state(torch.load(folder / f"rng-rank{program.rank}.pt"))
+    if program.args.device == "cuda":   # check_resume found it (untested here: no GPU in CI)
+        torch.cuda.set_rng_state(torch.load(folder / f"cuda-rng-rank{program.rank}.pt"), program.device)
     for name, handle in handles.items():
         if handle.selector is not None:   # check_resume found its state in the checkpoint
             handle.selector.load_state_dict(meta["selectors"][name])

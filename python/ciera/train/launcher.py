@@ -375,6 +375,7 @@ def render_summary(s: dict, run_dir: Path) -> str:
     main = s.get("main_scheme", "ciera")
     delta = main == "delta" and s.get("budget_bytes") is None
     who = "CIERA" if main in ("ciera", "auto", "delta") else main
+    first = s.get("steps_before", 0) + 1   # this run's first step
 
     rows = [
         ("model", f"{s['model']} ({s['params']:,} parameters, {s['buckets']} FSDP groups), {s['ranks']} ranks"),
@@ -382,10 +383,11 @@ def render_summary(s: dict, run_dir: Path) -> str:
         *([("device", f"cuda: process group {s['process_group']}, deterministic algorithms")]
           if s.get("device") == "cuda" else []),
         ("steps", f"{s['steps']} per run, "
-                  + ("value-delta frames on every shard from step 1" if delta else f"{s['warmup']} warmup")
+                  + (f"value-delta frames on every shard from step {first}" if delta else f"{s['warmup']} warmup")
                   + "; steady state = steps "
                   f"{max(s['warmup'], s.get('steps_before', 0)) + 1}..{s['steps']}"
-                  + (" (step 1 carries the key frames)" if delta and s["warmup"] == 1 else "")
+                  # A run's first step sends key frames, a resumed run's too (a fresh engine).
+                  + (f" (step {first} carries the key frames)" if delta and (s["warmup"] == 1 or first > 1) else "")
                   # Exponent reuse's first frames after the warmup (or a resume) resend every
                   # exponent: counted in the steady state, which a short run's ratio shows.
                   + (f" (step {max(s['warmup'], s.get('steps_before', 0)) + 1} carries the key frames)"
