@@ -1,5 +1,6 @@
 #include "ranks.hpp"
 
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -58,6 +60,16 @@ T reduce_over_ranks(T mine, MPI_Datatype type, MPI_Op op) {
   return all;
 }
 
+// The link lab's "this machine cannot host the lab" (not root, no namespaces, a tool missing;
+// scripts/linklab.sh), which the tests take for a skip: passed on as ours, the lab's line said.
+constexpr int kExitLabRefused = 77;
+
+// After a signal passed on: how long the rank launcher has to end before the processes under it
+// are killed (the link lab gives mpirun 15 s of it), and then how long it has to end itself (the
+// lab removing its namespaces) before it is killed too.
+constexpr std::chrono::seconds kEndGrace{30};
+constexpr std::chrono::seconds kTeardownGrace{15};
+
 // The rank launcher while it runs, and the signal last passed on to it (0: none).
 volatile pid_t g_launcher = 0;
 volatile std::sig_atomic_t g_forwarded = 0;
@@ -67,26 +79,98 @@ void end_launcher(pid_t launcher) {
   kill(launcher, SIGCONT);
 }
 
+// What the rank launcher had to be made to do after a signal passed on to it.
+enum class Escalation {
+  kNone,      // it ended by itself
+  kUnder,     // the processes under it were killed (mpirun, the ranks), and then it ended
+  kLauncher,  // it was killed too
+};
+
+// The start time of process `pid` (field 22 of /proc/PID/stat), which tells it from a later
+// process given the same pid; the parent's pid in `parent`. Empty if it is gone.
+std::string start_time(pid_t pid, pid_t* parent = nullptr) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return "";
+  const size_t close = stat.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return "";
+  std::vector<std::string> fields;  // from the state on: field N of proc(5) is [N - 3]
+  for (size_t i = close + 2; i < stat.size();) {
+    const size_t end = std::min(stat.find(' ', i), stat.size());
+    fields.push_back(stat.substr(i, end - i));
+    i = end + 1;
+  }
+  if (fields.size() < 20) return "";
+  if (parent) *parent = static_cast<pid_t>(std::atol(fields[1].c_str()));
+  return fields[19];
+}
+
+// Every process under `root` (the link lab's script: mpirun, its ranks, ip netns exec; or
+// mpirun: its ranks), each with its start time. As `ciera train`'s launcher finds them
+// (python/ciera/train/launcher.py, _descendants).
+std::map<pid_t, std::string> descendants(pid_t root) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  std::map<pid_t, std::string> started;
+  if (DIR* proc = opendir("/proc")) {
+    while (const dirent* entry = readdir(proc)) {
+      char* end = nullptr;
+      const long pid = std::strtol(entry->d_name, &end, 10);
+      if (pid <= 0 || *end != '\0') continue;
+      pid_t parent = 0;
+      std::string start = start_time(static_cast<pid_t>(pid), &parent);
+      if (start.empty()) continue;  // gone meanwhile
+      children[parent].push_back(static_cast<pid_t>(pid));
+      started[static_cast<pid_t>(pid)] = std::move(start);
+    }
+    closedir(proc);
+  }
+  std::map<pid_t, std::string> found;
+  std::vector<pid_t> todo = {root};
+  while (!todo.empty()) {
+    const pid_t pid = todo.back();
+    todo.pop_back();
+    for (pid_t child : children[pid]) {
+      if (found.emplace(child, started[child]).second) todo.push_back(child);
+    }
+  }
+  return found;
+}
+
+// `sig` to each of `processes` (pid -> start time) that is still the process it was.
+void signal_each(const std::map<pid_t, std::string>& processes, int sig) {
+  for (const auto& [pid, start] : processes) {
+    if (start_time(pid) == start) kill(pid, sig);
+  }
+}
+
 // Our exit status from the rank launcher's wait status: its own 0..3 (a rank's status or abort
-// code) as they are; anything else (a rank killed by a signal, the launcher's own failure) is the
-// work failing, 1, said in one line, or 128 + N after a signal N passed on to it (`killed`: it
-// had to be killed, 30 s after).
-int launcher_status(int status, const char* launcher, bool killed) {
+// code) as they are, and the link lab's refusal (77) as it is; anything else (a rank killed by a
+// signal, the launcher's own failure) is the work failing, 1, said in one line, or 128 + N after a
+// signal N passed on to it (`escalation`: what it had to be made to do).
+int launcher_status(int status, const char* launcher, bool lab, Escalation escalation) {
   if (g_forwarded != 0) {
     const char* name = g_forwarded == SIGINT    ? "SIGINT"
                        : g_forwarded == SIGTERM ? "SIGTERM"
                                                 : "SIGHUP";
-    if (killed) {
+    if (escalation == Escalation::kLauncher) {
       std::fprintf(stderr,
-                   "ciera: interrupted (%s); %s did not end within 30 s and was killed: ranks of "
-                   "it may be left running\n",
-                   name, launcher);
+                   "ciera: interrupted (%s); %s did not end within %lld s, nor within %lld s of "
+                   "its ranks being killed, and was killed too%s\n",
+                   name, launcher, static_cast<long long>(kEndGrace.count()),
+                   static_cast<long long>(kTeardownGrace.count()),
+                   lab ? ": the lab's namespaces may be left (the next lab run removes them)" : "");
+    } else if (escalation == Escalation::kUnder) {
+      std::fprintf(stderr,
+                   "ciera: interrupted (%s); %s did not end within %lld s: the processes under it "
+                   "(its ranks) were killed\n",
+                   name, launcher, static_cast<long long>(kEndGrace.count()));
     } else {
       std::fprintf(stderr, "ciera: interrupted (%s); the ranks were ended\n", name);
     }
     return 128 + g_forwarded;
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) <= kExitNotExact) return WEXITSTATUS(status);
+  if (lab && WIFEXITED(status) && WEXITSTATUS(status) == kExitLabRefused) return kExitLabRefused;
   if (WIFEXITED(status)) {
     std::fprintf(stderr,
                  "ciera: error: %s exited with status %d: a rank ended abnormally (killed, or "
@@ -112,7 +196,10 @@ bool under_mpi() {
   for (int i = 1; i < argc; ++i) child.push_back(argv[i]);
   child.push_back("--child");
   std::vector<std::string> cmd;
-  if (links.link_gbit > 0 || links.link_lab) {
+  const bool lab = links.link_gbit > 0 || links.link_lab;
+  if (lab) {
+    // The lab's mpirun: the one ciera was built with, as below (unless the caller names one).
+    setenv("CIERA_LINKLAB_MPIRUN", CIERA_MPIEXEC, 0);
     cmd = {linklab_script()};
     if (links.nodes > 0) {
       cmd.insert(cmd.end(), {"--nodes", std::to_string(links.nodes), "--ranks-per-node",
@@ -140,9 +227,9 @@ bool under_mpi() {
   // a rank's abort code (1, 2, 3), but with 128 + N when a rank was killed by signal N, and a
   // status of ours is 0..3 (tools/exit_status.hpp). A SIGINT, SIGTERM or SIGHUP sent to this
   // process alone goes on to the launcher, which ends the ranks.
-  // As `ciera train`'s launcher does: SIGTERM, which mpirun passes on to the ranks, and SIGCONT
-  // for a stopped one; a second signal does not cut that short. Set before the fork, so that no
-  // signal finds the launcher started and this process unprepared.
+  // As `ciera train`'s launcher does: SIGTERM, which mpirun passes on to the ranks (the link lab
+  // to mpirun), and SIGCONT for a stopped one; a second signal does not cut that short. Set before
+  // the fork, so that no signal finds the launcher started and this process unprepared.
   struct sigaction forward {};
   forward.sa_handler = [](int sig) {
     if (g_forwarded != 0) return;
@@ -165,23 +252,48 @@ bool under_mpi() {
   g_launcher = launcher;
   if (g_forwarded != 0) end_launcher(launcher);  // a signal during the fork
   // Polled, so that a signal between a look at g_forwarded and a blocking wait cannot go unseen.
+  // After a signal, as `ciera train`'s launcher ends its own (launcher.py, _end): SIGCONT to every
+  // process under the launcher; if it has not ended in kEndGrace, SIGKILL to those processes, not
+  // to it, so that the link lab's script still removes its namespaces; only if it has not ended
+  // kTeardownGrace after that, SIGKILL to it. The processes under it are looked for every second
+  // while it runs (ranks it started after the signal count too), and whatever of them outlived it
+  // is killed at the end.
+  using Clock = std::chrono::steady_clock;
   int status = 0;
-  std::optional<std::chrono::steady_clock::time_point> kill_at;
-  bool killed = false;
+  std::optional<Clock::time_point> signalled_at;
+  Clock::time_point looked_at;
+  std::map<pid_t, std::string> under;
+  Escalation escalation = Escalation::kNone;
   for (;;) {
     const pid_t waited = waitpid(launcher, &status, WNOHANG);
     if (waited == launcher) break;
     if (waited < 0 && errno != EINTR)
       throw Error("cannot wait for the ranks' launcher: " + std::string(std::strerror(errno)));
-    if (g_forwarded != 0 && !kill_at)
-      kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    if (kill_at && !killed && std::chrono::steady_clock::now() > *kill_at) {
-      kill(launcher, SIGKILL);
-      killed = true;
+    const Clock::time_point now = Clock::now();
+    if (g_forwarded != 0 && !signalled_at) {
+      signalled_at = looked_at = now;
+      under = descendants(launcher);
+      signal_each(under, SIGCONT);
+    }
+    if (signalled_at) {
+      if (now - looked_at >= std::chrono::seconds(1)) {
+        looked_at = now;
+        under.merge(descendants(launcher));
+      }
+      if (escalation == Escalation::kNone && now - *signalled_at > kEndGrace) {
+        under.merge(descendants(launcher));
+        signal_each(under, SIGKILL);
+        escalation = Escalation::kUnder;
+      } else if (escalation == Escalation::kUnder &&
+                 now - *signalled_at > kEndGrace + kTeardownGrace) {
+        kill(launcher, SIGKILL);
+        escalation = Escalation::kLauncher;
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  throw CommandExit(launcher_status(status, args[0], killed));
+  if (signalled_at) signal_each(under, SIGKILL);
+  throw CommandExit(launcher_status(status, args[0], lab, escalation));
 }
 
 // Every rank must have been given the same options (mpirun's MPMD form can give each its own, and
