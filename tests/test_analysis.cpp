@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "analysis/checkpoints.hpp"
+#include "analysis/json_text.hpp"
 #include "analysis/safetensors.hpp"
 #include "ciera/analysis.hpp"
 #include "ciera/error.hpp"
@@ -525,6 +526,26 @@ TEST(Safetensors, RejectsBrokenFilesNamingTheProblem) {
   write_raw(p, R"({"__metadata__":{"a":1}})", {});
   expect_rejected(p, "__metadata__ \"a\" is 1, not a string");
   expect_rejected(dir.path() / "absent.safetensors", "cannot open");
+  // Values nested 200,000 deep, in an entry and in the metadata: the message quotes the start
+  // (json::dump() recursed once a level and overflowed the stack writing it; found by fuzzing).
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  write_raw(p, entry(deep), {});
+  expect_rejected(p, "tensor 'w': entry is [[[[");
+  write_raw(p, "{\"__metadata__\":{\"a\":" + deep + "}}", {});
+  expect_rejected(p, "__metadata__ \"a\" is [[[[");
+}
+
+TEST(JsonExcerpt, CompactTextCutAtAnyDepthWithoutRecursion) {
+  const auto parsed = [](const std::string& text) { return nlohmann::json::parse(text); };
+  for (const char* text :
+       {R"({"a":[1,2,{"b":null}],"c":"x"})", "[]", "{}", "3.5", R"("s")", "[[],{}]"}) {
+    EXPECT_EQ(json_excerpt(parsed(text), 100), parsed(text).dump()) << text;
+  }
+  EXPECT_EQ(json_excerpt(parsed(R"([1234567890,1234567890])"), 12), "[12345678...");
+  const nlohmann::json deep = parsed(std::string(300000, '[') + std::string(300000, ']'));
+  EXPECT_EQ(json_excerpt(deep, 8), "[[[[[...");
+  EXPECT_EQ(json_excerpt(parsed(R"({"k\u00e9":"\u00e9\u00e9\u00e9\u00e9"})"), 12),
+            "{\"k\u00e9\":\"...");  // not half an é
 }
 
 // --- checkpoint series -------------------------------------------------------------------------

@@ -1039,6 +1039,21 @@ std::string trace_text(const std::string& bucket_extra = "", const std::string& 
                  "ciera": {"iteration_s": 4.0, "allgather_s": 0.5}}})";
 }
 
+// A value nested 200,000 deep where a number belongs: the error quotes its start (json::dump()
+// recursed once a level and overflowed the stack writing the message; found by fuzzing).
+TEST(SimTrace, ADeeplyNestedValueIsNamedNotACrash) {
+  std::string text = trace_text();
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  text.replace(text.find("\"version\": 1"), std::string("\"version\": 1").size(),
+               "\"version\": " + deep);
+  try {
+    parse_trace(text, "trace t.json");
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("[[[["), std::string::npos) << e.what();
+  }
+}
+
 TEST(SimTrace, PredictsTheSequentialScheduleByDefault) {
   const Trace t = parse_trace(trace_text(), "trace t.json");
   EXPECT_EQ(t.world_size, 4);

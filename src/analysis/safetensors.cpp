@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "analysis/json_text.hpp"
 #include "ciera/error.hpp"
 #include "common/text.hpp"
 
@@ -57,9 +58,7 @@ class HeaderError {
   std::string prefix_;
 };
 
-std::string describe(const nlohmann::json& value) {
-  return shortened(value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), 60);
-}
+std::string describe(const nlohmann::json& value) { return json_excerpt(value, 60); }
 
 SafetensorsTensor parse_entry(const HeaderError& error, const std::string& name,
                               const nlohmann::json& entry, uint64_t data_bytes, uint64_t& begin,

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "analysis/json_text.hpp"
 #include "ciera/config.hpp"
 #include "ciera/error.hpp"
 #include "common/text.hpp"
@@ -25,9 +26,7 @@ inline Json parse_json(const std::string& text, const std::string& origin) {
   }
 }
 
-inline std::string describe_json(const Json& value) {
-  return shortened(value.dump(-1, ' ', false, Json::error_handler_t::replace), 40);
-}
+inline std::string describe_json(const Json& value) { return json_excerpt(value, 40); }
 
 // One JSON object and where it sits in its file.
 class Fields {

@@ -48,10 +48,9 @@ GatherSchemes builtin_schemes() {
 std::string row_names(const Json& rows) {
   std::string names;
   for (const Json& row : rows) {
-    const std::string name =
-        row.is_object() && row.contains("name") && row.at("name").is_string()
-            ? row.at("name").get<std::string>()
-            : row.dump();
+    const std::string name = row.is_object() && row.contains("name") && row.at("name").is_string()
+                                 ? row.at("name").get<std::string>()
+                                 : json_excerpt(row, 40);
     names += (names.empty() ? "" : ", ") + name;
   }
   return names.empty() ? "none" : names;
