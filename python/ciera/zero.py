@@ -267,7 +267,7 @@ def fp32_master(inner_class: type[Optimizer]) -> type[FP32MasterOptimizer]:
 class SyncStats:
     """One parameter sync (all devices) as this rank saw it."""
     step: int = 0              # syncs so far, this one included
-    raw_bytes: int = 0         # the gathered parameters: what PyTorch's broadcasts deliver to every rank
+    raw_bytes: int = 0         # the gathered parameters, every rank's partition (this rank's own included)
     wire_bytes: int = 0        # all ranks' payloads for them
     control_bytes: int = 0     # and their control records and verdicts: the rest of what the transport carried
     seconds: float = 0.0       # wall time of the sync on this rank
@@ -277,6 +277,9 @@ class SyncStats:
 
     @property
     def bits_per_value(self) -> float:
+        """The payloads' bits per value gathered; the control records (control_bytes) are left
+        out, which `ciera train --zero`'s figures include: on a model of a few hundred values
+        they are most of the traffic."""
         return 8.0 * self.wire_bytes / self.values if self.values else 0.0
 
 
@@ -392,6 +395,8 @@ class ZeroRedundancyOptimizer(_TorchZero):
                  transport: str = "torch", engine_config: _ext.EngineConfig | None = None,
                  policy: str = "delta", chunk_values: int = 1 << 22,
                  parameters_as_bucket_view: bool = True, overlap_with_ddp: bool = False, **defaults):
+        checked = []   # what check() listed, for the parameters' agreement after it
+
         def check() -> list:
             if overlap_with_ddp:
                 raise ValueError(f"{_NAME}: overlap_with_ddp=True is not supported "
@@ -407,6 +412,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
                                  f"got {chunk_values!r}")
             _policy(policy)
             listed = _listed(params)   # read twice: here, then by PyTorch's constructor
+            checked.append(listed)
             # PyTorch's constructor's own local checks (an empty list, sparse or mixed dense
             # types), here: raised by it on one rank alone, they left the peers waiting in the
             # collective that follows (_init_local_optimizer's agreement) until the timeout.
@@ -425,8 +431,13 @@ class ZeroRedundancyOptimizer(_TorchZero):
         # Every rank checks its own arguments, and they must be the same on every rank of
         # process_group: a rank that raised alone would leave the others waiting in the engines'
         # set-up until its timeout.
+        # And the parameters themselves, by position (an optimizer has no names): ranks that
+        # listed others were caught only inside the engines' set-up, as a shard-size mismatch of a
+        # bucket that named neither the model nor the parameters.
         params = checked_on_every_rank(_NAME, check, process_group,
-                                       same={"policy": policy, "transport": transport, "chunk_values": chunk_values})
+                                       same={"policy": policy, "transport": transport, "chunk_values": chunk_values},
+                                       parameters=lambda: [(str(i), tuple(p.shape), str(p.dtype).removeprefix("torch."))
+                                                           for i, p in enumerate(_parameters_of(checked[0]))])
         # Set before PyTorch's constructor, which builds the buckets (and so the engines).
         self._policy_name = policy
         self._policy = _policy(policy)
@@ -441,6 +452,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
         self._owned = lifecycle.Owned(self)               # the engines and the groups made for them
         self._builds = 0                                  # bucket builds that succeeded
         self._broken: str | None = None                   # why a rebuild failed: no step after it
+        self._sync_failure: str | None = None             # why a sync failed: for good, a rebuild mends nothing
         self._closed = False
         self._stepping = threading.Lock()                 # held by the thread in step()
         self.last_sync: SyncStats | None = None
@@ -479,7 +491,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
         except BaseException as failure:
             # The partition may already be the new one (add_param_group appended its group before
             # this), the engines are gone: a later step must not run as if it synced.
-            self._broken = f"{type(failure).__name__}: {failure}"
+            self._broken = f"its buckets could not be rebuilt ({type(failure).__name__}: {failure})"
             raise
         self._builds += 1
         self._broken = None
@@ -586,12 +598,16 @@ class ZeroRedundancyOptimizer(_TorchZero):
             # succeeded (or none) leaves them in the sync, which this rank refuses.
             if mask == self._is_trainable_mask or self._builds > builds:
                 self._refuse_sync(f"its optimizer step failed: {type(failure).__name__}: {failure}")
+                # The peers' partitions moved on and this rank's did not reach them: no rank's
+                # parameters are the ones torch's ZeRO would hold.
+                self._sync_failure = (f"the parameter sync of step {self.sync_count + 1} failed "
+                                      f"({type(failure).__name__}: {failure})")
             raise
 
     def _require_whole(self) -> None:
-        if self._broken is not None:
-            raise RuntimeError(f"{_NAME}: its buckets could not be rebuilt ({self._broken}); it cannot step "
-                               "or sync any more (make a new optimizer)")
+        why = self._sync_failure or self._broken
+        if why is not None:
+            raise RuntimeError(f"{_NAME}: {why}; it cannot step or sync any more (make a new optimizer)")
 
     def _require_same_trainability(self, mask: list[bool]) -> None:
         """Every rank must freeze and unfreeze the same parameters: a rank that rebuilds its
@@ -632,8 +648,15 @@ class ZeroRedundancyOptimizer(_TorchZero):
             return sync.engine.start(0, mine.data_ptr(), mine.numel() * mine.element_size(), sync.flat.data_ptr(),
                                      sync.flat.numel() * sync.flat.element_size(), stream, keep=(mine, sync.flat))
 
-        tickets = start_each([(sync.engine, 0) for sync in self._syncs], start_one)
-        stats = wait_each([(sync.engine, t) for sync, t in zip(self._syncs, tickets)])
+        try:
+            tickets = start_each([(sync.engine, 0) for sync in self._syncs], start_one)
+            stats = wait_each([(sync.engine, t) for sync, t in zip(self._syncs, tickets)])
+        except BaseException as failure:
+            # Every rank's gather failed alike, but each has stepped its own partition: the
+            # parameters are no longer torch's ZeRO's anywhere, so nothing may step on them.
+            self._sync_failure = (f"the parameter sync of step {self.sync_count + 1} failed "
+                                  f"({type(failure).__name__}: {failure})")
+            raise
         self.sync_count += 1
         self.last_sync = SyncStats(step=self.sync_count, raw_bytes=sum(s.raw_bytes for s in stats),
                                    wire_bytes=sum(s.wire_bytes for s in stats),

@@ -52,13 +52,24 @@ def test_parameters_are_bitwise_identical_to_torch_zero():
         assert d["mixed_dense"] == ("ValueError: ciera.zero.ZeroRedundancyOptimizer: on rank 1: ZeroRedundancyOptimizer "
                                     "only supports using the same dense type for all parameters but got both "
                                     "torch.BFloat16Tensor and torch.FloatTensor"), d
-        assert all(d[k + "_s"] < 30 for k in ("bad_policy", "chunk_values", "fp64", "empty", "mixed_dense")), d
+        # Other parameters on rank 1: named as such (an extra one was a shard-size mismatch of
+        # bucket 'zero:cpu'; a transposed one, of the same size, went unnoticed).
+        assert d["extra_layer"] == ("ConfigError: ciera.zero.ZeroRedundancyOptimizer: the ranks' models differ: rank 0 "
+                                    "has 4 parameters, rank 1 has 5"), d
+        assert d["transposed"].startswith("ConfigError: ciera.zero.ZeroRedundancyOptimizer: the ranks' models differ: "
+                                          "parameter '0' is [96, 48] bfloat16 on rank 0, [48, 96] bfloat16 on rank 1"), d
+        assert all(d[k + "_s"] < 30 for k in ("bad_policy", "chunk_values", "fp64", "empty", "mixed_dense",
+                                              "extra_layer", "transposed")), d
     # Rank 1's optimizer step fails: rank 0, in the sync, is told at once, not at the timeout.
     failed = [r["step_fails"] for r in results]
     assert failed[1]["error"] == "RuntimeError: out of memory on rank 1", failed
     assert failed[0]["error"] == ("ConfigError: rank 1 rejected its gather of bucket 'zero:cpu': its optimizer step "
                                   "failed: RuntimeError: out of memory on rank 1"), failed
     assert all(f["seconds"] < 15 for f in failed), failed
+    for f in failed:
+        assert f["next"].startswith("RuntimeError: ciera.zero.ZeroRedundancyOptimizer: the parameter sync of step 2 "
+                                    "failed (") and f["next"].endswith("it cannot step or sync any more (make a new "
+                                                                       "optimizer)"), failed
     # One parameter: a rank that steps nothing still syncs.
     assert sorted(r["empty"]["mine"] for r in results) == [0, 128]
 

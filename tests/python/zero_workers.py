@@ -145,7 +145,8 @@ def arguments_that_differ(rank):
 
     out = {}
     for name, kwargs in (("bad_policy", {"policy": "fast"}), ("chunk_values", {"chunk_values": 512}),
-                         ("fp64", {}), ("empty", {}), ("mixed_dense", {})):
+                         ("fp64", {}), ("empty", {}), ("mixed_dense", {}), ("extra_layer", {}),
+                         ("transposed", {})):
         start = time.perf_counter()
         dtype = torch.float64 if name == "fp64" and rank == 1 else torch.bfloat16
         params = list(model(dtype).parameters())
@@ -153,6 +154,10 @@ def arguments_that_differ(rank):
             params = []
         if rank == 1 and name == "mixed_dense":   # a frozen FP32 tensor among BF16 parameters
             params.append(torch.zeros(3, requires_grad=False))
+        if rank == 1 and name == "extra_layer":   # another model: the same layers and one more
+            params.append(torch.zeros(2, dtype=torch.bfloat16, requires_grad=True))
+        if rank == 1 and name == "transposed":    # the same sizes, another shape
+            params[0] = torch.zeros(tuple(reversed(params[0].shape)), dtype=torch.bfloat16, requires_grad=True)
         try:
             zero.ZeroRedundancyOptimizer(params, torch.optim.SGD, lr=0.1, **(kwargs if rank == 1 else {}))
             out[name] = "accepted"
@@ -193,7 +198,10 @@ def a_step_that_fails_on_one_rank(rank):
         error = None
     except Exception as e:  # noqa: BLE001 - compared by the test
         error = f"{type(e).__name__}: {e}"
-    return {"error": error, "seconds": time.perf_counter() - start}
+    seconds = time.perf_counter() - start
+    # No rank's parameters are torch's ZeRO's any more (rank 0 stepped its partition, rank 1 did
+    # not reach it): a later step is refused on every rank, not run on them.
+    return {"error": error, "seconds": seconds, "next": _timed(optimizer.step)[0]}
 
 
 def _timed(call):
