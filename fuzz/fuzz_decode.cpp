@@ -1,21 +1,28 @@
 // Feeds arbitrary bytes to ShardDecoder (reliability test 2). Structure-aware: the first input
-// byte picks a decoder configuration and a valid frame of that configuration (key, fine delta,
-// block delta or none); the rest overwrites bytes of that frame and may truncate it, so the
-// fuzzer reaches the deep validation paths as well as the header checks. The decoder must throw
-// FormatError or decode; it must never crash, hang, or write outside its output buffer.
+// byte picks a decoder configuration, the second a valid frame of that configuration (key, fine
+// delta, block delta or none); the rest overwrites bytes of that frame and may truncate it, and
+// the header checksum is resealed (unless the second byte's bit 2 says not), so the fuzzer
+// reaches the deep validation paths as well as the header's field checks. The decoder must throw
+// FormatError or decode; it must never crash, hang, or write outside its output buffer; a
+// rejected payload leaves its cache, stream, epoch and sequence exactly as they were
+// (payload_stream.hpp's StreamReceiver), and the unmodified frame decodes to its shard. A payload
+// rejected for its content checksum is resealed with the checksum of what was reconstructed and
+// received again (as fuzz_payload does).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "ciera/codec.hpp"
 #include "ciera/error.hpp"
+#include "payload_stream.hpp"
 
 namespace {
 
 constexpr size_t kValues = 700;
-constexpr size_t kCanary = 32;
 
 struct Stream {
   ciera::CodecConfig config;
@@ -68,14 +75,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const Stream& s = streams[data[0] % streams.size()];
   const unsigned which = data[1] % 4;  // 0: raw bytes, 1: key, 2: first delta, 3: second delta
+  const unsigned flags = data[1];      // 4: leave the header checksum as mutated
   data += 2;
   size -= 2;
 
-  std::vector<std::byte> payload;
+  std::vector<std::byte> payload, genuine;
   if (which == 0) {
     payload.assign(reinterpret_cast<const std::byte*>(data), reinterpret_cast<const std::byte*>(data) + size);
   } else {
     payload = which == 1 ? s.key : which == 2 ? s.fine : s.block;
+    genuine = payload;
     // (offset_lo, offset_hi, value) triples overwrite bytes; a trailing byte truncates.
     size_t i = 0;
     for (; i + 3 <= size; i += 3) {
@@ -85,24 +94,72 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (i < size) payload.resize(data[i] % (payload.size() + 1));
   }
 
+  // Unless the flag says otherwise, the header checksum is resealed (payload_stream.hpp), so that
+  // a mutated header reaches the field checks behind it.
+  if (!(flags & 4) && payload.size() >= ciera::wire::kHeaderBytes) {
+    ciera::fuzz::reseal_header(reinterpret_cast<uint8_t*>(payload.data()));
+  }
+
   ciera::ShardDecoder decoder(s.config, kValues);
   const size_t bytes = kValues * ciera::dtype_info(s.config.dtype).value_bytes;
-  std::vector<std::byte> out(bytes + kCanary, std::byte{0xA5});
+  std::vector<std::byte> out(bytes + 2 * ciera::fuzz::kGuardBytes, ciera::fuzz::kGuard);
+  const std::span<std::byte> shard(out.data() + ciera::fuzz::kGuardBytes, bytes);
   try {
-    if (which >= 2) decoder.decode(s.key, {out.data(), bytes});
-    if (which == 3) decoder.decode(s.fine, {out.data(), bytes});
+    if (which >= 2) decoder.decode(s.key, shard);
+    if (which == 3) decoder.decode(s.fine, shard);
   } catch (const ciera::FormatError&) {
     std::abort();  // the unmodified prefix of the stream must decode
   }
-  const auto before = std::vector<uint8_t>(decoder.cached_exponents().begin(), decoder.cached_exponents().end());
-  try {
-    decoder.decode(payload, {out.data(), bytes});
-  } catch (const ciera::FormatError&) {
-    // A rejected payload must leave the cache exactly as it was.
-    if (!std::equal(before.begin(), before.end(), decoder.cached_exponents().begin())) std::abort();
+  auto receive = [&](std::span<const std::byte> p) {
+    const std::vector<uint8_t> cache(decoder.cached_exponents().begin(),
+                                     decoder.cached_exponents().end());
+    const bool had_cache = decoder.has_cache();
+    const uint32_t stream = decoder.stream();
+    const uint32_t epoch = decoder.epoch();
+    const uint64_t sequence = decoder.last_sequence();
+    bool decoded = true;
+    try {
+      decoder.decode(p, shard);
+    } catch (const ciera::FormatError&) {
+      decoded = false;
+      // A rejected payload leaves everything about the receiver as it was (StreamReceiver).
+      if (decoder.has_cache() != had_cache || decoder.stream() != stream ||
+          decoder.epoch() != epoch || decoder.last_sequence() != sequence ||
+          !std::equal(cache.begin(), cache.end(), decoder.cached_exponents().begin())) {
+        std::abort();
+      }
+    }
+    for (size_t i = 0; i < ciera::fuzz::kGuardBytes; ++i) {
+      if (out[i] != ciera::fuzz::kGuard ||
+          out[ciera::fuzz::kGuardBytes + bytes + i] != ciera::fuzz::kGuard) {
+        std::abort();  // written outside the output
+      }
+    }
+    return decoded;
+  };
+  if (receive(payload)) {
+    // The genuine frame (a mutation that changed nothing, or one the reseal undid) decodes to its
+    // shard.
+    if (which != 0 && payload == genuine &&
+        std::memcmp(shard.data(), shard_at(s.config.dtype, static_cast<int>(which) - 1).data(),
+                    bytes) != 0) {
+      std::abort();
+    }
+    return 0;
   }
-  for (size_t i = 0; i < kCanary; ++i) {
-    if (out[bytes + i] != std::byte{0xA5}) std::abort();
+  if (which != 0 && payload == genuine) std::abort();  // the genuine frame must decode
+  // As fuzz_payload: a payload refused only for its content checksum, resealed with the checksum
+  // of what was reconstructed, is received again by the unchanged decoder.
+  const auto* h = reinterpret_cast<const uint8_t*>(payload.data());
+  if (payload.size() < ciera::wire::kHeaderBytes ||
+      !(ciera::load_le16(h + ciera::fuzz::kFlagsAt) & ciera::wire::kFlagContentChecksum)) {
+    return 0;
   }
+  const uint64_t reconstructed = ciera::content_checksum64(shard.data(), shard.size());
+  if (ciera::load_le64(h + ciera::fuzz::kContentChecksumAt) == reconstructed) return 0;
+  auto* q = reinterpret_cast<uint8_t*>(payload.data());
+  ciera::store_le64(q + ciera::fuzz::kContentChecksumAt, reconstructed);
+  ciera::fuzz::reseal_header(q);
+  receive(payload);
   return 0;
 }

@@ -5,14 +5,18 @@
 // outside its output, and apply_diff4 must leave its base untouched when it refuses.
 //
 // Streams: an encoder and a decoder of one scheme exchange frames of values taken from the input,
-// some damaged and resealed (the checksum recomputed, so that the body's own checks are reached).
-// A genuine frame must decode to what the sender reconstructs (the values themselves, for
-// stateless); a damaged one must be refused or decode without writing outside the output; after
-// a refusal the genuine frame must still decode.
+// some damaged in the header or the body and resealed (the checksum recomputed, so that the
+// header's field and stream-position checks and the body's own checks are reached). A genuine
+// frame must decode to what the sender reconstructs (the values themselves, for stateless). A
+// damaged one must be refused, leaving the receiver at its epoch and the genuine frame still
+// decodable, or decode to what its body says by the scheme's own functions (for stateless, whose
+// body carries a content checksum, the values), leaving the receiver at the frame's epoch; never
+// writing outside the output.
 //
 //   byte 0: scheme (mod 3: zeropp-int8, sdp4bit, stateless); byte 1: dtype (mod 3);
 //   bytes 2-3: value count (mod 6200); byte 4: group size for the bodies (1 + byte);
-//   then the shard's values, frames of edits (an offset byte, a value byte), and the body.
+//   then the shard's values, frames (edits: an offset byte, a value byte; a flag byte, and for a
+//   damaged copy two offset bytes: fuzz_stream), and the body.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +37,7 @@ using namespace ciera;
 using Bytes = std::vector<std::byte>;
 
 constexpr size_t kHeaderBytes = 56;  // docs/format.md, "Peer-scheme frames"
+constexpr size_t kChecksumAt = 48;   // the bytes before it are the header's fields
 
 Bytes guarded(size_t n) { return Bytes(n + 2 * fuzz::kGuardBytes, fuzz::kGuard); }
 std::byte* inside(Bytes& b) { return b.data() + fuzz::kGuardBytes; }
@@ -42,11 +47,13 @@ void check_guards(const Bytes& b) {
   }
 }
 
-void reseal(Bytes& frame) {
+// Recomputes the frame's checksum, and its body-size field if `size` (else it stays as damaged).
+void reseal(Bytes& frame, bool size) {
   auto* p = reinterpret_cast<uint8_t*>(frame.data());
   const uint64_t body = frame.size() - kHeaderBytes;
-  store_le64(p + 40, body);
-  store_le64(p + 48, XXH3_64bits_withSeed(frame.data() + kHeaderBytes, body, checksum64(p, 48)));
+  if (size) store_le64(p + 40, body);
+  store_le64(p + kChecksumAt,
+             XXH3_64bits_withSeed(frame.data() + kHeaderBytes, body, checksum64(p, kChecksumAt)));
 }
 
 void fuzz_bodies(DType dtype, size_t n, uint32_t group, const uint8_t* body, size_t size) {
@@ -69,6 +76,31 @@ void fuzz_bodies(DType dtype, size_t n, uint32_t group, const uint8_t* body, siz
   check_guards(base);
 }
 
+// What a receiver that accepted `frame` must output: its body applied as its header's frame code
+// says, by the scheme's own functions (the body's values when nothing can check them); `held` is
+// the sdp4bit receiver's copy. Aborts if the body is one that function refuses.
+Bytes accepted_output(StreamKind kind, DType dtype, const Bytes& frame, const Bytes& values,
+                      const Bytes& held) {
+  const std::span<const std::byte> body(frame.data() + kHeaderBytes, frame.size() - kHeaderBytes);
+  const uint8_t code = static_cast<uint8_t>(frame[6]);
+  Bytes expected = kind == StreamKind::kSdp4bit ? held : Bytes(values.size());
+  try {
+    if (kind == StreamKind::kStateless) {
+      expected = values;  // the body's content checksum holds the values themselves
+    } else if (kind == StreamKind::kZeroppInt8) {
+      peers::dequantize_int8(dtype, body, peers::kZeroppGroupValues, expected);
+    } else if (code == 1) {  // values
+      if (body.size() != expected.size()) std::abort();
+      std::copy(body.begin(), body.end(), expected.begin());
+    } else if (code == 2) {  // coded; 3 (repeat) keeps the copy
+      peers::apply_diff4(dtype, body, peers::kSdp4bitGroupValues, expected);
+    }
+  } catch (const FormatError&) {
+    std::abort();  // the decoder accepted a body its scheme refuses
+  }
+  return expected;
+}
+
 void fuzz_stream(StreamKind kind, DType dtype, size_t n, const uint8_t*& p, const uint8_t* end) {
   const size_t bytes = n * dtype_info(dtype).value_bytes;
   CodecConfig config;
@@ -80,27 +112,52 @@ void fuzz_stream(StreamKind kind, DType dtype, size_t n, const uint8_t*& p, cons
   Bytes values(bytes);
   for (size_t i = 0; i < bytes && p < end; ++i) values[i] = static_cast<std::byte>(*p++);
   Bytes out = guarded(bytes), mine(bytes);
+  Bytes held(bytes);  // sdp4bit: the receiver's copy, what it output last
   for (int frame_index = 0; frame_index < 4; ++frame_index) {
     // A few edits to the values, then the frame.
     for (int e = 0; e < 4 && p + 1 < end && bytes; ++e, p += 2) values[(p[0] * 131u) % bytes] = static_cast<std::byte>(p[1]);
     Bytes frame(encoder->max_payload_bytes());
     frame.resize(encoder->encode(values.data(), bytes, frame.data()));
     if (frame.size() > encoder->max_payload_bytes()) std::abort();
-    if (p < end && (*p & 1) && frame.size() > kHeaderBytes) {  // a damaged copy first, resealed
+    // A flag byte: 1, a damaged copy first, one bit (1 << flag >> 5) flipped at the offset in the
+    // next two bytes; 4, in the header (the body-size field kept as damaged unless 2), else in the
+    // body (2: also truncated); 8, the receiver asks for a resynchronisation first; 16, not
+    // resealed (else the checksum is recomputed, so that the checks behind it are reached).
+    const uint8_t flag = p < end ? *p++ : 0;
+    if ((flag & 1) && ((flag & 4) || frame.size() > kHeaderBytes)) {
+      const size_t at = p + 1 < end ? (p[0] | size_t{p[1]} << 8) : 0;
+      p += std::min<std::ptrdiff_t>(2, end - p);
+      const bool header = (flag & 4) != 0;
       Bytes damaged = frame;
-      damaged[kHeaderBytes + p[0] % (frame.size() - kHeaderBytes)] ^= static_cast<std::byte>(1 + (p[0] >> 1));
-      if (*p & 2) damaged.resize(damaged.size() - 1);
-      reseal(damaged);
+      damaged[header ? at % kChecksumAt : kHeaderBytes + at % (frame.size() - kHeaderBytes)] ^=
+          static_cast<std::byte>(1u << (flag >> 5));
+      if (!header && (flag & 2)) damaged.resize(damaged.size() - 1);
+      if (!(flag & 16)) reseal(damaged, !header || (flag & 2));
+      if (flag & 8) decoder->request_resync();
+      const uint32_t epoch = decoder->epoch();
+      bool accepted = true;
       try {
         decoder->decode(damaged.data(), damaged.size(), inside(out), bytes);
-        // Accepted (the change landed where any value is valid): the stream moved on; start over.
-        check_guards(out);
-        return;
       } catch (const FormatError&) {
+        accepted = false;
       }
       check_guards(out);
+      if (!accepted) {
+        // Refused: the receiver is where it was (the genuine frame below must still decode).
+        if (decoder->epoch() != epoch) std::abort();
+      } else {
+        // Accepted (the change landed where the header's checks allow, or where any value is
+        // valid): the output is what the damaged frame says, and the receiver is at its epoch.
+        if (decoder->epoch() != load_le32(reinterpret_cast<const uint8_t*>(damaged.data()) + 16))
+          std::abort();
+        if (bytes &&
+            std::memcmp(inside(out), accepted_output(kind, dtype, damaged, values, held).data(),
+                        bytes) != 0) {
+          std::abort();
+        }
+        return;  // the stream moved on; start over
+      }
     }
-    if (p < end) ++p;
     decoder->decode(frame.data(), frame.size(), inside(out), bytes);
     check_guards(out);
     if (bytes == 0) continue;
@@ -110,6 +167,7 @@ void fuzz_stream(StreamKind kind, DType dtype, size_t n, const uint8_t*& p, cons
       encoder->reconstruct(frame.data(), frame.size(), mine.data(), bytes);
       if (std::memcmp(inside(out), mine.data(), bytes) != 0) std::abort();
     }
+    std::memcpy(held.data(), inside(out), bytes);
   }
 }
 

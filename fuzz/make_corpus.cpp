@@ -18,7 +18,8 @@
 //                   damaged payload and its key-frame retry;
 //   fuzz_control    one round's control and verdict exchange results (fuzz_control.cpp);
 //   fuzz_decode     one seed per configuration and frame its first two bytes select;
-//   fuzz_roundtrip  a configuration and realistic shards of every dtype;
+//   fuzz_roundtrip  a configuration and realistic shards of every dtype (one of 33000 values:
+//                   three rANS segments);
 //   fuzz_delta      scripts of value-delta stream steps (fuzz_delta.cpp): every dtype, with and
 //                   without content checksum, 5, 40, 1013 and 6152 values (the last crosses a
 //                   chunk of the difference pass); nudges, small steps, special values, extreme
@@ -26,7 +27,12 @@
 //                   resealed sections, resynchronisations and a reset;
 //   fuzz_peers      the peer schemes (fuzz_peers.cpp): every scheme and dtype, 0, 1, 7, 2049 and
 //                   6001 values of realistic weights, edits, damaged and truncated frames, and a
-//                   quantised body of each quantiser.
+//                   quantised body of each quantiser;
+//   fuzz_collectives  coded slices of every dtype (frames of 1, 100 and 1000 values, with and
+//                   without content checksum; checked to decode) with values for the round trip,
+//                   and call records and verdicts of 2 to 4 ranks: reduce-scatter and alltoallv
+//                   rounds (first, middle, last; coded and raw slices) that check_agreement
+//                   accepts, a sequence mismatch, a refusal and a failed verdict.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +49,8 @@
 
 #include "ciera/codec.hpp"
 #include "ciera/engine.hpp"
+#include "collectives/call_record.hpp"
+#include "collectives/slice_coding.hpp"
 #include "engine/memory_ops.hpp"
 #include "engine_fixture.hpp"
 #include "envelope_receiver.hpp"
@@ -604,6 +612,12 @@ void roundtrip_corpus(const fs::path& dir) {
       }
     }
   }
+  // A key frame whose exponents fill a pair of rANS segments (16384 symbols each) and start a
+  // third (scripts/fuzz.sh lets fuzz_roundtrip's inputs be this long).
+  Bytes input = {std::byte{0}, std::byte{1}, std::byte{0}, std::byte{3}};
+  const Shard large(DType::kBF16, 33000, seed);
+  append(input, large.bytes().data(), large.bytes().size());
+  write_file(dir / "bf16-n33000-mode0.bin", input);
 }
 
 // ---- fuzz_delta ---------------------------------------------------------------------------------
@@ -672,11 +686,15 @@ void peers_corpus(const fs::path& dir) {
             input.push_back(std::byte{byte});
           }
         }
-        // Four frames: edits, then a flag byte (odd: a damaged copy first; 2: also truncated).
+        // Four frames: edits, then a flag byte (odd: a damaged copy first, at the offset in the
+        // next two bytes; 2: also truncated; 4: in the header; 8: after a resync request; 16: not
+        // resealed).
+        // clang-format off
         const uint8_t frames[] = {3, 0x3D, 9, 0x3C, 17, 0x01, 200, 0x80, 0,
-                                  5, 0x11, 6, 0x22, 7, 0x33, 8, 0x44, 1,
-                                  9, 0x3C, 10, 0x3C, 11, 0xBC, 12, 0x3C, 3,
-                                  1, 0, 2, 0, 3, 0, 4, 0, 0};
+                                  5, 0x11, 6, 0x22, 7, 0x33, 8, 0x44, 0x05, 32, 0,     // sequence
+                                  9, 0x3C, 10, 0x3C, 11, 0xBC, 12, 0x3C, 0x03, 9, 0,   // body, cut
+                                  1, 0, 2, 0, 3, 0, 4, 0, 0x0D, 16, 0};                // epoch
+        // clang-format on
         append(input, frames, sizeof frames);
         // A body: a scale of 1.0f and some levels, as both quantisers lay a group out.
         const uint8_t body[] = {0x00, 0x00, 0x80, 0x3F, 0x9F, 0x81, 0x7F, 0x00, 0x18, 0x88};
@@ -685,6 +703,148 @@ void peers_corpus(const fs::path& dir) {
                    input);
       }
     }
+  }
+}
+
+// ---- fuzz_collectives
+// -----------------------------------------------------------------------------
+
+// fuzz_collectives.cpp's slice inputs: a peer's coded slice of a realistic shard in frames of
+// `frame_values` (checked to decode to that shard here), then values for the round trip.
+Bytes slice_input(DType dtype, uint8_t block, bool checksum, uint64_t values, uint64_t frame_values,
+                  uint8_t round_trip_frame, uint64_t seed) {
+  const uint32_t blocks[] = {64, 100, 512, 4096};
+  CodecConfig c = codec(dtype, blocks[block]);
+  c.content_checksum = checksum;
+  const Shard shard(dtype, values, seed);
+  Bytes coded(collectives::coded_slice_bound(c, values, frame_values));
+  coded.resize(collectives::encode_slice(c, frame_values, shard.bytes(), coded).payload_bytes);
+  Bytes decoded(shard.bytes().size());
+  collectives::decode_slice(c, coded, decoded);
+  if (decoded != shard.bytes()) throw std::runtime_error("fuzz_collectives: a slice decoded wrong");
+  if (values > 0xFFFF || coded.size() > 0xFFFF)
+    throw std::runtime_error("fuzz_collectives: too long");
+  const auto code =
+      static_cast<uint8_t>((static_cast<uint8_t>(dtype) - 1) << 1 | (checksum ? 8 : 0));
+  Bytes input = {std::byte{code},
+                 std::byte{block},
+                 std::byte{static_cast<uint8_t>(values)},
+                 std::byte{static_cast<uint8_t>(values >> 8)},
+                 std::byte{static_cast<uint8_t>(coded.size())},
+                 std::byte{static_cast<uint8_t>(coded.size() >> 8)}};
+  append(input, coded.data(), coded.size());
+  input.push_back(std::byte{round_trip_frame});
+  const Shard more(dtype, values / 2 + 3, seed + 1);
+  append(input, more.bytes().data(), more.bytes().size());
+  return input;
+}
+
+// fuzz_collectives.cpp's record inputs: W ranks' call records of one round of a call and their
+// verdicts, sealed as sent; `accepted` says whether every rank must accept the records.
+Bytes records_input(const std::vector<collectives::CallRecord>& records,
+                    const std::vector<collectives::Verdict>& verdicts, bool accepted) {
+  const int world = static_cast<int>(records.size());
+  bool ok = true;
+  try {
+    for (const collectives::CallRecord& r : records) {
+      if (r.rejected) throw ConfigError("refused");
+    }
+    collectives::check_agreement(records);
+  } catch (const Error&) {
+    ok = false;
+  }
+  if (ok != accepted) throw std::runtime_error("fuzz_collectives: a record seed is not as meant");
+  Bytes input = {std::byte{1}, std::byte{static_cast<uint8_t>(world - 2)}, std::byte{0},
+                 std::byte{0}};
+  Bytes record(collectives::call_record_bytes(world));
+  for (const collectives::CallRecord& r : records) {
+    collectives::write_call_record(r, record);
+    collectives::read_call_record(record, world, 0);
+    append(input, record.data(), record.size());
+  }
+  Bytes verdict(collectives::verdict_bytes());
+  for (const collectives::Verdict& v : verdicts) {
+    collectives::write_verdict(v, verdict);
+    collectives::read_verdict(verdict, 0);
+    append(input, verdict.data(), verdict.size());
+  }
+  return input;
+}
+
+void collectives_corpus(const fs::path& dir) {
+  using collectives::CallKind;
+  const std::pair<DType, const char*> dtypes[] = {
+      {DType::kBF16, "bf16"}, {DType::kFP16, "fp16"}, {DType::kFP32, "fp32"}};
+  uint64_t seed = 3000;
+  for (const auto& [dtype, name] : dtypes) {
+    const std::string d = name;
+    write_file(dir / (d + "-slice-n300-frames100.bin"),
+               slice_input(dtype, 0, true, 300, 100, 40, seed++));
+    write_file(dir / (d + "-slice-n700-one-frame-nochecksum.bin"),
+               slice_input(dtype, 2, false, 700, 1000, 200, seed++));
+    write_file(dir / (d + "-slice-n5-frames1.bin"), slice_input(dtype, 1, true, 5, 1, 0, seed++));
+  }
+  write_file(dir / "bf16-slice-n0.bin", slice_input(DType::kBF16, 3, true, 0, 7, 7, seed++));
+
+  // Round `round` of a reduce-scatter of `n` values per part in slices of `slice` values among
+  // `world` ranks, or of an alltoallv where rank r sends rank p (1 + r + 2p) * n values; each
+  // slice sent as `coded` of its raw bytes (in per mille; 1000: raw).
+  auto call = [](CallKind kind, int world, uint64_t n, uint32_t round, uint64_t slice,
+                 uint64_t coded) {
+    std::vector<collectives::CallRecord> records(static_cast<size_t>(world));
+    auto values = [&](int from, int to) {
+      return kind == CallKind::kReduceScatter ? n : (1 + from + 2 * to) * n;
+    };
+    for (int r = 0; r < world; ++r) {
+      collectives::CallRecord& c = records[static_cast<size_t>(r)];
+      c.kind = kind;
+      c.dtype = DType::kBF16;
+      c.op = kind == CallKind::kReduceScatter ? ReduceOp::kAvg : ReduceOp::kSum;
+      c.sequence = 17;
+      c.round = round;
+      c.slice_values = slice;
+      c.block_values = 512;
+      c.content_checksum = true;
+      for (int p = 0; p < world; ++p) {
+        c.part_values.push_back(values(r, p));
+        c.expected_values.push_back(values(p, r));
+        const uint64_t raw = collectives::slice_of(values(r, p), round, slice).values * 2;
+        c.part_bytes.push_back(r == p ? 0 : std::max<uint64_t>(raw * coded / 1000, raw ? 1 : 0));
+      }
+    }
+    return records;
+  };
+  using collectives::Verdict;
+  const std::vector<Verdict> fine(4, Verdict{true, 0.25, ""});
+  auto verdicts = [&](int world) {
+    return std::vector<Verdict>(fine.begin(), fine.begin() + world);
+  };
+  const CallKind rs = CallKind::kReduceScatter, a2a = CallKind::kAlltoallv;
+  write_file(dir / "world2-reduce-scatter-round0.bin",
+             records_input(call(rs, 2, 1000, 0, 256, 700), verdicts(2), true));
+  write_file(dir / "world3-reduce-scatter-middle-round.bin",
+             records_input(call(rs, 3, 5000, 3, 1024, 650), verdicts(3), true));
+  write_file(dir / "world4-reduce-scatter-raw-last-round.bin",
+             records_input(call(rs, 4, 3000, 4, 1024, 1000), verdicts(4), true));
+  write_file(dir / "world3-alltoallv-round1.bin",
+             records_input(call(a2a, 3, 700, 1, 512, 800), verdicts(3), true));
+  write_file(dir / "world4-alltoallv-past-short-parts.bin",
+             records_input(call(a2a, 4, 100, 2, 256, 900), verdicts(4), true));
+  {
+    auto records = call(rs, 3, 1000, 0, 256, 700);
+    records[2].sequence = 18;
+    write_file(dir / "world3-sequence-mismatch.bin", records_input(records, verdicts(3), false));
+  }
+  {
+    auto records = call(a2a, 2, 100, 0, 64, 700);
+    records[1].rejected = true;
+    write_file(dir / "world2-refused.bin", records_input(records, verdicts(2), false));
+  }
+  {
+    std::vector<Verdict> failed = verdicts(3);
+    failed[1] = {false, 1.5, "rank 1 could not decode the part from rank 0 (round 2): a frame"};
+    write_file(dir / "world3-failed-verdict.bin",
+               records_input(call(rs, 3, 5000, 2, 1024, 700), failed, true));
   }
 }
 
@@ -703,7 +863,8 @@ int main(int argc, char** argv) {
       {"fuzz_decode", decode_corpus},
       {"fuzz_roundtrip", roundtrip_corpus},
       {"fuzz_delta", delta_corpus},
-      {"fuzz_peers", peers_corpus}};
+      {"fuzz_peers", peers_corpus},
+      {"fuzz_collectives", collectives_corpus}};
   try {
     for (const auto& [name, make] : targets) {
       const fs::path dir = root / name;

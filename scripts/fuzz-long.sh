@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long fuzzing run behind docs/benchmarks.md's figure: every fuzz target for N executions
 # (default 10^7) from its committed corpus; prints executions, executions per second and the
-# result per target (scripts/fuzz.sh). --parallel runs the targets side by side, one core each.
+# result per target (scripts/fuzz.sh, which also sets their -max_len). --parallel runs the targets
+# side by side, one core each.
 #
 #   fuzz-long.sh [N] [--parallel] [target...]
 set -euo pipefail

@@ -15,7 +15,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 all_targets=(fuzz_payload fuzz_device_decode fuzz_envelope fuzz_control fuzz_decode fuzz_roundtrip
-             fuzz_delta fuzz_peers)
+             fuzz_delta fuzz_peers fuzz_collectives)
 limit=() parallel=0 check_corpus=0 targets=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -49,10 +49,15 @@ fi
 # A unit slower than 10 s is a hang (reliability test 2).
 # fuzz_device_decode reads fuzz_payload's inputs (the same payload streams).
 corpus_of() { if [[ $1 == fuzz_device_decode ]]; then echo fuzz_payload; else echo "$1"; fi; }
+# fuzz_roundtrip's inputs may be as long as its largest seed and more (three rANS segments of BF16
+# exponents; 20000 FP32 values cross one); the others keep libFuzzer's default (4096, or their
+# largest seed).
+max_len_of() { if [[ $1 == fuzz_roundtrip ]]; then echo -max_len=80000; fi; }
 run_one() {
   local target=$1
   cp -r "$root/fuzz/corpus/$(corpus_of "$target")" "$runs/$target-corpus"
-  "$dir/fuzz/$target" "${limit[@]}" -timeout=10 -print_final_stats=1 \
+  # shellcheck disable=SC2046  # max_len_of prints one word or none
+  "$dir/fuzz/$target" "${limit[@]}" $(max_len_of "$target") -timeout=10 -print_final_stats=1 \
     -artifact_prefix="$runs/$target-" "$runs/$target-corpus" >"$runs/$target.log" 2>&1
 }
 

@@ -886,6 +886,135 @@ TEST(CollectiveFailures, ADamagedCallRecordOrVerdictIsAnErrorNeverAReading) {
   }
 }
 
+// A verdict's time, which every rank feeds its adaptive switch as the slowest rank's, is read
+// only if it is a time: NaN, an infinity, a negative or a huge value (a broken or foreign peer's;
+// an audit found them taken as they came) is a FormatError naming the sender, as is a verdict of
+// another length.
+TEST(CollectiveRecords, AVerdictsTimeIsReadOnlyIfItIsATime) {
+  std::vector<std::byte> bytes(collectives::verdict_bytes());
+  for (const double seconds : {0.0, -0.0, 1e-300, 0.25, 1e9}) {
+    collectives::write_verdict({true, seconds, "fine"}, bytes);
+    const collectives::Verdict v = collectives::read_verdict(bytes, 3);
+    EXPECT_EQ(v.seconds, seconds);
+    EXPECT_TRUE(v.ok);
+    EXPECT_EQ(v.message, "fine");
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const double seconds :
+       {std::numeric_limits<double>::quiet_NaN(), inf, -inf, -1.0, -1e-300, 1.5e9, 1e300}) {
+    SCOPED_TRACE(seconds);
+    collectives::write_verdict({true, seconds, ""}, bytes);
+    try {
+      (void)collectives::read_verdict(bytes, 3);
+      ADD_FAILURE() << "read";
+    } catch (const FormatError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("the verdict from rank 3 gives its time for the call as"),
+          std::string::npos)
+          << e.what();
+    }
+  }
+  collectives::write_verdict({true, 1.0, ""}, bytes);
+  EXPECT_THROW((void)collectives::read_verdict({bytes.data(), bytes.size() - 1}, 1), FormatError);
+}
+
+// What no rank's own record holds, check_agreement refuses as a peer's: slices of 0 values (a
+// division by zero in slice_of), and a reduce-scatter record whose parts differ in size (whose
+// longest part would set every rank's count of rounds). A slice of 2^63 + 1 BF16 values is not
+// wrapped to 2 bytes of raw size when its bytes are compared with it.
+TEST(CollectiveRecords, CheckAgreementRefusesWhatNoRankWrites) {
+  auto records = [](collectives::CallKind kind, uint64_t n, uint64_t slice_values, uint32_t round) {
+    std::vector<collectives::CallRecord> all(2);
+    for (size_t r = 0; r < 2; ++r) {
+      all[r].kind = kind;
+      all[r].dtype = DType::kBF16;
+      all[r].round = round;
+      all[r].slice_values = slice_values;
+      all[r].block_values = 512;
+      all[r].part_values = {n, n};
+      all[r].expected_values = {n, n};
+      const uint64_t raw =
+          slice_values == 0 ? 0 : collectives::slice_of(n, round, slice_values).values * 2;
+      all[r].part_bytes = r == 0 ? std::vector<uint64_t>{0, raw} : std::vector<uint64_t>{raw, 0};
+    }
+    return all;
+  };
+  auto format_error = [](const std::vector<collectives::CallRecord>& all) -> std::string {
+    try {
+      collectives::check_agreement(all);
+    } catch (const FormatError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  const auto rs = collectives::CallKind::kReduceScatter;
+  EXPECT_EQ(format_error(records(rs, 1000, 256, 0)), "accepted");
+  auto all = records(rs, 1000, 0, 0);
+  EXPECT_EQ(format_error(all),
+            "lossless collectives: rank 0's call record gives slices of 0 values");
+  all = records(rs, 1000, 256, 0);
+  all[1].part_values[1] = uint64_t{1} << 40;  // its own part: no peer reads it as sent
+  all[1].expected_values[1] = uint64_t{1} << 40;
+  EXPECT_EQ(format_error(all),
+            "lossless collectives: rank 1's record of reduce_scatter call 0 sends rank 1 "
+            "1099511627776 values and expects 1099511627776 from it, not the 1000 of every part");
+  // Round 1 of a part of 2^64 - 1 values in slices of as many: a middle slice of 2^63 + 1.
+  all = records(collectives::CallKind::kAlltoallv, UINT64_MAX, UINT64_MAX, 1);
+  EXPECT_EQ(collectives::slice_of(UINT64_MAX, 1, UINT64_MAX).values, (uint64_t{1} << 63) + 1);
+  all[0].part_bytes[1] = 1000;
+  all[1].part_bytes[0] = 1000;
+  EXPECT_EQ(format_error(all), "accepted");
+}
+
+// Forges rank 0's verdict, as every rank receives it, to give `seconds` (resealed: a broken peer,
+// not damage in transit).
+class VerdictForgingTransport final : public testing::ForwardingTransport {
+ public:
+  VerdictForgingTransport(std::shared_ptr<Transport> inner, double seconds)
+      : ForwardingTransport(std::move(inner)), seconds_(seconds) {}
+  void allgather(const void* in, size_t bytes, void* out) override {
+    ForwardingTransport::allgather(in, bytes, out);
+    if (bytes != collectives::verdict_bytes()) return;
+    const std::span<std::byte> rank0(static_cast<std::byte*>(out), bytes);
+    collectives::Verdict v = collectives::read_verdict(rank0, 0);
+    v.seconds = seconds_;
+    collectives::write_verdict(v, rank0);
+  }
+
+ private:
+  double seconds_;
+};
+
+TEST(CollectiveFailures, AVerdictWhoseTimeIsNotATimeFailsEveryRankNamingItsSender) {
+  for (const double seconds : {std::numeric_limits<double>::quiet_NaN(),
+                               std::numeric_limits<double>::infinity(), -2.0, 1e300}) {
+    SCOPED_TRACE(seconds);
+    std::vector<std::vector<std::byte>> outputs(3);
+    const auto errors = run_ranks(
+        3,
+        [&](int rank, std::shared_ptr<Transport> t) {
+          LosslessCollectives collectives(t, {.coding = CollectiveCoding::kAuto});
+          const auto in = gradients(DType::kBF16, 3 * 2048, 5 + rank, false);
+          std::vector<std::byte>& out = outputs[rank];
+          out.assign(2048 * 2, std::byte{0x5A});
+          try {
+            collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);
+          } catch (const FormatError& e) {
+            throw std::runtime_error(std::string("FormatError: ") + e.what());
+          }
+        },
+        std::chrono::seconds(20),
+        [&](std::shared_ptr<Transport> inner, int) {
+          return std::make_shared<VerdictForgingTransport>(std::move(inner), seconds);
+        });
+    expect_every_rank(errors,
+                      "FormatError: lossless collectives: the verdict from rank 0 gives its time "
+                      "for the call as ");
+    for (const auto& out : outputs)
+      EXPECT_EQ(out, std::vector<std::byte>(2048 * 2, std::byte{0x5A}));
+  }
+}
+
 TEST(CollectiveFailures, ADeadPeerIsACommErrorOnTheOthersWithinTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
   const auto errors = run_ranks(

@@ -346,6 +346,54 @@ TEST(Engine, ANonPositiveTimeoutAndAnOverflowingLayoutAreConfigErrors) {
     EXPECT_NE(errors[r].find("more than 2^64 - 1 bytes"), std::string::npos) << errors[r];
 }
 
+// The agreement sizes its buffer from the description lengths the ranks announce: each was
+// bounded by 1 GiB, but world x 1 GiB together was an allocation that failed with std::bad_alloc
+// (or took the host's memory) instead of an error. Both bounds are ConfigErrors naming the
+// lengths, on every rank. (Every rank's announcement is forged here, as a foreign peer's would
+// read on every rank.)
+TEST(Engine, DescriptionLengthsPastTheAgreementsBoundAreConfigErrorsOnEveryRank) {
+  struct Announcing final : testing::ForwardingTransport {
+    Announcing(std::shared_ptr<Transport> inner, std::vector<uint64_t> lengths)
+        : ForwardingTransport(std::move(inner)), lengths_(std::move(lengths)) {}
+    void allgather(const void* in, size_t bytes, void* out) override {
+      ForwardingTransport::allgather(in, bytes, out);
+      // The first allgather of one u64 per rank: the descriptions' lengths.
+      if (bytes == sizeof(uint64_t) && !done_) {
+        std::memcpy(out, lengths_.data(), lengths_.size() * sizeof(uint64_t));
+        done_ = true;
+      }
+    }
+    std::vector<uint64_t> lengths_;
+    bool done_ = false;
+  };
+  const int world = 3;
+  const uint64_t gib = uint64_t{1} << 30, half = gib / 2;
+  const std::pair<std::vector<uint64_t>, std::string> cases[] = {
+      {{half, half, half},
+       "configuration agreement: the ranks announced descriptions of 1610612736 bytes in all "
+       "(rank 0 536870912, rank 1 536870912, rank 2 536870912; at most 1073741824 together)"},
+      {{100, gib + 1, 100},
+       "configuration agreement: rank 1 announced a 1073741825-byte description (at most "
+       "1073741824)"}};
+  for (const auto& [lengths, expected] : cases) {
+    const auto errors = run_ranks(
+        world,
+        [&](int, Transport& t) {
+          try {
+            CompressedAllgather engine(
+                t, EngineConfig{}, {BucketLayout::fsdp_split("b", DType::kBF16, {1000}, world)});
+          } catch (const ConfigError& e) {
+            throw std::runtime_error(std::string("ConfigError: ") + e.what());
+          }
+        },
+        [&](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
+          return std::make_unique<Announcing>(make_loopback_transport(std::move(w), r), lengths);
+        });
+    for (int r = 0; r < world; ++r)
+      EXPECT_EQ(errors[r], "ConfigError: " + expected) << "rank " << r;
+  }
+}
+
 // The test transport itself: no world was a null dereference, counts shorter than the world
 // were read past (here, and by the peers reading this rank's send counts).
 TEST(LoopbackTransport, RefusesNoWorldAndCountsThatAreNotOnePerRank) {

@@ -15,6 +15,8 @@
 #include "ciera/engine.hpp"
 #include "ciera/error.hpp"
 #include "ciera/peers.hpp"
+#include "common/bytes.hpp"
+#include "common/checksum.hpp"
 #include "engine_backend_suite.hpp"
 #include "test_util.hpp"
 
@@ -379,6 +381,91 @@ TEST_P(PeerStreams, ReceiversGetWhatTheSenderReconstructsAndRejectDamagedMisrout
   if (kind != StreamKind::kZeroppInt8) {
     EXPECT_EQ(out, data.values()) << "sdp4bit re-sends the values";
   }
+}
+
+// A frame whose checksum was recomputed after the damage (a sender's bug, not the wire's): the
+// header's field and position checks refuse it, and the receiver then takes the genuine frame.
+void reseal(std::vector<std::byte>& frame) {
+  auto* p = reinterpret_cast<uint8_t*>(frame.data());
+  store_le64(p + 48, XXH3_64bits_withSeed(frame.data() + 56, frame.size() - 56, checksum64(p, 48)));
+}
+
+TEST_P(PeerStreams, ResealedHeaderFieldsAndPositionsAreRefusedAndChangeNothing) {
+  const StreamKind kind = GetParam();
+  const auto backend = host_codec_backend();
+  const uint64_t n = 3000;
+  testing::Trajectory data(DType::kBF16, n, testing::Pattern::kSparse, 5);
+  auto encoder = backend->make_encoder(peer_config(kind), n, {.stream = 3, .epoch = 9});
+  auto decoder = backend->make_decoder(peer_config(kind), n, {.stream = 3, .epoch = 9});
+  std::vector<std::byte> out(n * 2);
+  const Frame first = encode(*encoder, data.values());
+  decoder->decode(first.bytes.data(), first.bytes.size(), out.data(), out.size());
+  data.step();
+  const Frame f = encode(*encoder, data.values());
+  // magic, version, scheme, frame code, dtype, group size, stream, reserved, value count,
+  // sequence (a gap), epoch (a later one, unrequested), body size.
+  for (const int at : {0, 4, 5, 6, 7, 8, 12, 20, 24, 32, 16, 40}) {
+    auto damaged = f.bytes;
+    damaged[static_cast<size_t>(at)] ^= std::byte{0x01};
+    reseal(damaged);
+    EXPECT_THROW(decoder->decode(damaged.data(), damaged.size(), out.data(), out.size()),
+                 FormatError)
+        << at;
+    EXPECT_EQ(decoder->epoch(), 9u) << at;
+  }
+  decoder->decode(f.bytes.data(), f.bytes.size(), out.data(), out.size());
+  if (kind == StreamKind::kStateless) {
+    EXPECT_EQ(out, data.values());
+  }
+}
+
+// A stateless body is a CIERA key frame with its own value count: one that differs from the
+// frame header's is the frame's fault (FormatError), not the caller's (std::invalid_argument).
+TEST(PeerStreamsStateless, ABodyOfAnotherValueCountIsAFormatError) {
+  const auto backend = host_codec_backend();
+  const uint64_t n = 1000;
+  testing::Trajectory data(DType::kBF16, n + 1, testing::Pattern::kSparse, 7);
+  auto other =
+      backend->make_encoder(peer_config(StreamKind::kStateless), n + 1, {.stream = 3, .epoch = 9});
+  auto decoder =
+      backend->make_decoder(peer_config(StreamKind::kStateless), n, {.stream = 3, .epoch = 9});
+  Frame f = encode(*other, data.values());
+  store_le64(reinterpret_cast<uint8_t*>(f.bytes.data()) + 24, n);
+  reseal(f.bytes);
+  std::vector<std::byte> out(n * 2);
+  EXPECT_THROW(decoder->decode(f.bytes.data(), f.bytes.size(), out.data(), out.size()),
+               FormatError);
+  const std::vector<std::byte> values(data.values().begin(), data.values().begin() + 2 * n);
+  auto encoder =
+      backend->make_encoder(peer_config(StreamKind::kStateless), n, {.stream = 3, .epoch = 9});
+  const Frame genuine = encode(*encoder, values);
+  decoder->decode(genuine.bytes.data(), genuine.bytes.size(), out.data(), out.size());
+  EXPECT_EQ(out, values);
+}
+
+// A zeropp-int8 body found malformed in its second group (a level of -128, resealed) is refused
+// after the first group was written: the shard's contents are then unspecified, as
+// ShardDecoder::decode's (the engine fails the gather), but the stream position is kept.
+TEST(PeerStreamsZeroppInt8, ABodyRefusedPartWayKeepsThePosition) {
+  const auto backend = host_codec_backend();
+  const uint64_t n = peers::kZeroppGroupValues + 100;
+  testing::Trajectory data(DType::kBF16, n, testing::Pattern::kSparse, 9);
+  auto encoder =
+      backend->make_encoder(peer_config(StreamKind::kZeroppInt8), n, {.stream = 3, .epoch = 9});
+  auto decoder =
+      backend->make_decoder(peer_config(StreamKind::kZeroppInt8), n, {.stream = 3, .epoch = 9});
+  std::vector<std::byte> out(n * 2), mine(n * 2);
+  const Frame f = encode(*encoder, data.values());
+  ASSERT_EQ(f.bytes.size(), 56 + (4 + peers::kZeroppGroupValues) + (4 + 100))
+      << "no group travels raw";
+  auto damaged = f.bytes;
+  damaged[56 + 4 + peers::kZeroppGroupValues + 4 + 50] = std::byte{0x80};
+  reseal(damaged);
+  EXPECT_THROW(decoder->decode(damaged.data(), damaged.size(), out.data(), out.size()),
+               FormatError);
+  decoder->decode(f.bytes.data(), f.bytes.size(), out.data(), out.size());
+  encoder->reconstruct(f.bytes.data(), f.bytes.size(), mine.data(), mine.size());
+  EXPECT_EQ(out, mine);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, PeerStreams,

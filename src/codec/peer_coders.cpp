@@ -181,6 +181,10 @@ class PeerDecoder final : public PayloadDecoder {
     if (config.stream_kind == StreamKind::kSdp4bit) base_.resize(values * value_bytes_);
   }
 
+  // A refused frame leaves the receiver's state (the sdp4bit copy, the stream position) as it
+  // was; the shard's contents are then unspecified, as ShardDecoder::decode's (a zeropp-int8 body
+  // found malformed part-way has written the groups before it): the engine fails the gather and
+  // resends, so no scratch copy is spent on every frame.
   void decode(const std::byte* payload, uint64_t payload_bytes, std::byte* shard,
               uint64_t shard_bytes) override {
     const PeerHeader h = read_header(payload, payload_bytes);
@@ -204,7 +208,9 @@ class PeerDecoder final : public PayloadDecoder {
         if (h.kind == StreamKind::kZeroppInt8) {
           peers::dequantize_int8(config_.dtype, body, group_values_, out);
         } else if (h.kind == StreamKind::kStateless) {
-          decode_stateless(config_, body, out);
+          // Not decode_stateless: it calls a key frame of another value count the caller's
+          // mistake (std::invalid_argument), where here it is the frame's (FormatError).
+          ShardDecoder::one_shot(config_, values_, {.stream = 0, .epoch = 0}).decode(body, out);
         } else {
           peers::apply_diff4(config_.dtype, body, group_values_, base_);
           copy_bytes(shard, base_.data(), shard_bytes);
@@ -243,6 +249,7 @@ class PeerDecoder final : public PayloadDecoder {
     if (load_le64(p + kChecksumAt) != frame_checksum(p, payload + kPeerHeaderBytes, h.body_bytes)) {
       reject("checksum mismatch (damaged in transit)");
     }
+    if (load_le32(p + 20) != 0) reject("non-zero reserved field (bytes 20..23)");
     if (h.kind != config_.stream_kind) reject("a frame of another scheme (kind " + std::to_string(p[5]) + ")");
     if (h.dtype != config_.dtype || h.group_values != group_values_ || h.values != values_) {
       reject("dtype, group size or value count differ from this decoder's (" + std::to_string(h.values) +

@@ -1,6 +1,7 @@
 #include "collectives/call_record.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "ciera/error.hpp"
@@ -23,6 +24,8 @@ constexpr size_t kRecordChecksumAt = 40;
 constexpr size_t kVerdictChecksumAt = 4;
 constexpr size_t kPeerBytes = 24;
 constexpr size_t kVerdictMessageBytes = 240;
+// The most seconds a verdict may give for a call (about 32 years): read_verdict.
+constexpr double kMaxVerdictSeconds = 1e9;
 
 uint8_t* at(std::span<std::byte> s, size_t offset) {
   return reinterpret_cast<uint8_t*>(s.data()) + offset;
@@ -176,6 +179,11 @@ void check_agreement(std::span<const CallRecord> records) {
     if (records[r].rejected) throw ConfigError(refusal_text(records, r, ""));
   }
   const CallRecord& first = records.front();
+  // Every rank's own record holds its validated CollectivesConfig.slice_values (at least 1), so 0
+  // is a broken peer's; it would divide by zero in slice_of.
+  if (first.slice_values == 0) {
+    throw FormatError("lossless collectives: rank 0's call record gives slices of 0 values");
+  }
   for (size_t r = 1; r < records.size(); ++r) {
     const CallRecord& other = records[r];
     if (other.sequence != first.sequence) {
@@ -214,6 +222,24 @@ void check_agreement(std::span<const CallRecord> records) {
                         std::to_string(r) + " a " + describe(other));
     }
   }
+  // A reduce-scatter's record gives every peer a part of its output's size and expects as much
+  // from each (write_call_record's callers): other sizes are a broken peer's, whose parts would
+  // set the call's rounds (rounds_of its longest part) for every rank.
+  if (first.kind == CallKind::kReduceScatter) {
+    const uint64_t n = first.part_values.front();
+    for (size_t r = 0; r < records.size(); ++r) {
+      for (size_t p = 0; p < records.size(); ++p) {
+        const uint64_t sent = records[r].part_values[p], expected = records[r].expected_values[p];
+        if (sent != n || expected != n) {
+          throw FormatError("lossless collectives: rank " + std::to_string(r) +
+                            "'s record of reduce_scatter call " + std::to_string(first.sequence) +
+                            " sends rank " + std::to_string(p) + " " + std::to_string(sent) +
+                            " values and expects " + std::to_string(expected) +
+                            " from it, not the " + std::to_string(n) + " of every part");
+        }
+      }
+    }
+  }
   for (size_t from = 0; from < records.size(); ++from) {
     for (size_t to = 0; to < records.size(); ++to) {
       const uint64_t sent = records[from].part_values[to];
@@ -228,7 +254,9 @@ void check_agreement(std::span<const CallRecord> records) {
       const uint64_t slice = slice_of(sent, first.round, first.slice_values).values;
       const uint64_t bytes = records[from].part_bytes[to];
       const bool own = from == to;  // never sent: 0 bytes
-      if (bytes > slice * dtype_info(first.dtype).value_bytes ||
+      // bytes / value_bytes, not slice * value_bytes: a slice of 2^62 values or more would wrap.
+      const uint32_t value_bytes = dtype_info(first.dtype).value_bytes;
+      if (bytes / value_bytes > slice || (bytes / value_bytes == slice && bytes % value_bytes) ||
           (own ? bytes != 0 : (slice == 0) != (bytes == 0))) {
         throw FormatError("lossless collectives: rank " + std::to_string(from) +
                           "'s record gives its slice for rank " + std::to_string(to) + " " +
@@ -255,6 +283,11 @@ void write_verdict(const Verdict& v, std::span<std::byte> out) {
 }
 
 Verdict read_verdict(std::span<const std::byte> in, int from) {
+  if (in.size() != verdict_bytes()) {
+    throw FormatError("lossless collectives: the verdict from rank " + std::to_string(from) +
+                      " is " + std::to_string(in.size()) + " bytes, not " +
+                      std::to_string(verdict_bytes()));
+  }
   if (load_le32(at(in, kVerdictChecksumAt)) !=
       static_cast<uint32_t>(sealed_checksum(in, kVerdictChecksumAt, 4))) {
     throw CommError(damaged("verdict", from));
@@ -262,6 +295,17 @@ Verdict read_verdict(std::span<const std::byte> in, int from) {
   Verdict v;
   v.ok = *at(in, 0) == 1;
   std::memcpy(&v.seconds, at(in, 8), sizeof v.seconds);
+  // A rank's time for the call, from a steady clock: never negative, NaN or infinite, and far
+  // below kMaxVerdictSeconds. Another value is a broken peer's, refused here rather than fed to
+  // every rank's adaptive switch (a NaN breaks its medians' ordering); every rank reads every
+  // verdict, so every rank refuses it alike.
+  if (!(v.seconds >= 0 && v.seconds <= kMaxVerdictSeconds)) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", v.seconds);
+    throw FormatError("lossless collectives: the verdict from rank " + std::to_string(from) +
+                      " gives its time for the call as " + seconds +
+                      " s (a broken or foreign peer: a time is 0 to 1e+09 s)");
+  }
   const auto* text = reinterpret_cast<const char*>(at(in, 16));
   v.message.assign(text, strnlen(text, kVerdictMessageBytes));
   return v;

@@ -71,8 +71,8 @@ std::string refusal_text(std::span<const CallRecord> records, size_t rank,
 // Checks every rank's record (rank order) against the others: the same kind, dtype, op,
 // sequence, round, slice size, block size and checksum setting on every rank, what each rank sends
 // each peer is what that peer expects (for a reduce-scatter: parts of one size everywhere), and no
-// slice larger than raw. Throws ConfigError (FormatError for an impossible size) with the same text
-// on every rank.
+// slice larger than raw. Throws ConfigError (FormatError for an impossible size, a reduce-scatter
+// record whose parts differ in size, or slices of 0 values) with the same text on every rank.
 void check_agreement(std::span<const CallRecord> records);
 
 // After the data: whether every part this rank received decoded (and why not), and this rank's
@@ -84,7 +84,9 @@ struct Verdict {
 };
 size_t verdict_bytes();
 void write_verdict(const Verdict& verdict, std::span<std::byte> out);
-// Rank `from`'s verdict; CommError naming `from` if it arrived damaged (its checksum).
+// Rank `from`'s verdict; CommError naming `from` if it arrived damaged (its checksum),
+// FormatError naming `from` if it is not verdict_bytes() long or its seconds are not a time
+// (negative, NaN, infinite or above 10^9).
 Verdict read_verdict(std::span<const std::byte> in, int from);
 
 }  // namespace ciera::collectives

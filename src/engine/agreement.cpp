@@ -129,6 +129,23 @@ std::vector<std::string> exchange_descriptions(Transport& t, const std::string& 
     displs[r] = total;
     total += lengths[r];
   }
+  // All of them together within the same bound (the sum of at most 2^31 lengths of at most
+  // 2^30 cannot wrap): world x 1 GiB would otherwise be an allocation here that fails
+  // (std::bad_alloc) or takes the host's memory, where a ConfigError names what was announced.
+  if (total > kMaxDescriptionBytes) {
+    std::string announced;
+    for (int r = 0; r < world; ++r) {
+      if (r == 8 && world > 9) {
+        announced += ", ... (" + std::to_string(world) + " ranks)";
+        break;
+      }
+      announced +=
+          (r == 0 ? "rank " : ", rank ") + std::to_string(r) + " " + std::to_string(lengths[r]);
+    }
+    throw ConfigError("configuration agreement: the ranks announced descriptions of " +
+                      std::to_string(total) + " bytes in all (" + announced + "; at most " +
+                      std::to_string(kMaxDescriptionBytes) + " together)");
+  }
   std::string all(total, '\0');
   t.allgatherv(mine.data(), all.data(), lengths, displs);
   std::vector<std::string> texts;
