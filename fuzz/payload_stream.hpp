@@ -19,6 +19,24 @@
 
 namespace ciera::fuzz {
 
+// What a rejected payload must leave as it was: whether the decoder holds a cache, its stream
+// position and the cached exponents.
+struct DecoderState {
+  bool has_cache = false;
+  uint32_t stream = 0, epoch = 0;
+  uint64_t sequence = 0;
+  std::vector<uint8_t> cache;
+
+  static DecoderState of(const ShardDecoder& d) {
+    return {d.has_cache(),
+            d.stream(),
+            d.epoch(),
+            d.last_sequence(),
+            {d.cached_exponents().begin(), d.cached_exponents().end()}};
+  }
+  bool operator==(const DecoderState&) const = default;
+};
+
 // Header offsets (docs/format.md, "Header").
 inline constexpr size_t kDTypeAt = 5;
 inline constexpr size_t kFlagsAt = 8;
@@ -115,20 +133,13 @@ class StreamReceiver {
 
   // Whether `payload` decoded. Aborts if the decoder broke a promise.
   bool receive(std::span<const std::byte> payload) {
-    const std::vector<uint8_t> cache(decoder_.cached_exponents().begin(),
-                                     decoder_.cached_exponents().end());
-    const bool had_cache = decoder_.has_cache();
-    const uint32_t stream = decoder_.stream();
-    const uint32_t epoch = decoder_.epoch();
-    const uint64_t sequence = decoder_.last_sequence();
+    const DecoderState before = DecoderState::of(decoder_);
     bool decoded = true;
     try {
       decoder_.decode(payload, shard());
     } catch (const FormatError&) {
       decoded = false;
-      if (decoder_.has_cache() != had_cache || decoder_.stream() != stream ||
-          decoder_.epoch() != epoch || decoder_.last_sequence() != sequence ||
-          !std::equal(cache.begin(), cache.end(), decoder_.cached_exponents().begin())) {
+      if (DecoderState::of(decoder_) != before) {
         std::abort();  // a rejected payload changed the decoder's state
       }
       decoder_.request_resync();
