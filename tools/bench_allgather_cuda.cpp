@@ -29,6 +29,7 @@
 #include "commands.hpp"
 #include "common/checksum.hpp"
 #include "common/statistics.hpp"
+#include "json_string.hpp"
 #include "trajectory.hpp"
 
 namespace ciera::tools {
@@ -310,23 +311,6 @@ NcclBenchSize combine(const Plan& plan, const std::vector<RankOutcome>& ranks, s
 }
 
 // ---- Rendering ----------------------------------------------------------------------------------
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";

@@ -39,29 +39,11 @@
 #include "format/planes.hpp"
 // Header-only (ciera/error.hpp alone): the exit statuses every `ciera` command uses.
 #include "../../tools/exit_status.hpp"
+#include "../../tools/json_string.hpp"
 
 namespace {
 
-// `text` as a JSON string, quotes included.
-std::string json_string(const std::string& text) {
-  std::string s = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      s += '\\';
-      s += c;
-    } else if (c == '\n') {
-      s += "\\n";
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x",
-                    static_cast<unsigned>(static_cast<unsigned char>(c)));
-      s += escaped;
-    } else {
-      s += c;
-    }
-  }
-  return s + "\"";
-}
+using ciera::tools::json_string;
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
