@@ -189,7 +189,7 @@ void check_accepted(const std::vector<CallRecord>& all) {
     if (r.rejected || r.kind != first.kind || r.dtype != first.dtype || r.op != first.op ||
         r.sequence != first.sequence || r.round != first.round ||
         r.slice_values != first.slice_values || r.block_values != first.block_values ||
-        r.content_checksum != first.content_checksum) {
+        r.content_checksum != first.content_checksum || r.passes_through != first.passes_through) {
       std::abort();
     }
     for (size_t to = 0; to < all.size(); ++to) {

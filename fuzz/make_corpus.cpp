@@ -840,6 +840,13 @@ void collectives_corpus(const fs::path& dir) {
     records[1].rejected = true;
     write_file(dir / "world2-refused.bin", records_input(records, verdicts(2), false));
   }
+  {  // pass_through_reduce_scatter's records: parts of 0 values, BF16, round 0
+    auto records = call(rs, 3, 0, 0, 256, 1000);
+    for (auto& r : records) r.passes_through = true;
+    write_file(dir / "world3-passed-through.bin", records_input(records, verdicts(3), true));
+    records[1] = call(rs, 3, 0, 0, 256, 1000)[1];  // rank 1 runs the call
+    write_file(dir / "world3-pass-through-mixed.bin", records_input(records, verdicts(3), false));
+  }
   {
     std::vector<Verdict> failed = verdicts(3);
     failed[1] = {false, 1.5, "rank 1 could not decode the part from rank 0 (round 2): a frame"};

@@ -3,6 +3,7 @@
 // or not; an alltoallv that delivers every part bit for bit; and the failures every rank must
 // see the same way (disagreeing calls, refused arguments, a corrupted part, a dead peer).
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -738,6 +739,63 @@ TEST(CollectiveFailures, ACallersRefusalIsNamedOnEveryRankAtOnceAndTheNextCallWo
   }
 }
 
+// A caller that leaves a reduce-scatter to its own (DeepSpeed's, for a tensor CIERA does not take)
+// decides on its rank alone: where every rank does, the call passes through with one record
+// exchanged and the next call runs in step; where some ranks run it, every rank throws the same
+// ConfigError naming both sides and the reasons, at once (not at the timeout: each side would sit
+// in its own collective), and with a refusal among them, the refusal. The next call then works.
+TEST(CollectiveFailures, APassThroughIsAgreedOnEveryRankAndNamedWhereRanksDiffer) {
+  enum class Choice { kRun, kPass, kRefuse };
+  using C = Choice;
+  const std::vector<std::vector<Choice>> cases = {{C::kPass, C::kPass, C::kPass},
+                                                  {C::kRun, C::kPass, C::kPass},
+                                                  {C::kPass, C::kRun, C::kRun},
+                                                  {C::kRefuse, C::kPass, C::kRun}};
+  const std::vector<std::string> wanted = {
+      "",
+      "lossless collectives: reduce_scatter call 1 runs on rank 0, but ranks 1, 2 pass it through "
+      "to the caller's own (every rank must make the same choice); rank 1: not contiguous on 1; "
+      "rank 2: not contiguous on 2",
+      "lossless collectives: reduce_scatter call 1 runs on ranks 1, 2, but rank 0 passes it "
+      "through to the caller's own (every rank must make the same choice); rank 0: not "
+      "contiguous on 0",
+      "lossless collectives: rank 0 refused its arguments to its reduce_scatter call 1: a DTensor"};
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::string> thrown(3);
+    const auto errors = run_ranks(3, [&](int rank, std::shared_ptr<Transport> t) {
+      LosslessCollectives collectives(t);
+      std::vector<std::byte> in(3 * 8 * 2, std::byte{0x3f}), out(8 * 2);
+      collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);  // call 0
+      try {
+        switch (cases[c][static_cast<size_t>(rank)]) {
+          case C::kRun:
+            collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);
+            break;
+          case C::kPass:
+            collectives.pass_through_reduce_scatter("not contiguous on " + std::to_string(rank));
+            break;
+          case C::kRefuse:
+            collectives.refuse_reduce_scatter("a DTensor");
+        }
+      } catch (const ConfigError& e) {
+        thrown[static_cast<size_t>(rank)] = e.what();
+      }
+      // In step again, whatever the call before: the sum of three ranks' 0x3f3f (0.74609375).
+      std::fill(out.begin(), out.end(), std::byte{0});
+      collectives.reduce_scatter(DType::kBF16, ReduceOp::kSum, in, out);
+      EXPECT_EQ(get_value(DType::kBF16, out, 7), 0x400f) << "rank " << rank;
+    });
+    testing::expect_no_errors(errors);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << "case " << c;
+    for (size_t r = 0; r < 3; ++r) {
+      // The refusing rank throws its own reason, as refuse_reduce_scatter() always has.
+      const std::string want = cases[c][r] == C::kRefuse ? "a DTensor" : wanted[c];
+      EXPECT_EQ(thrown[r], want) << "case " << c << ", rank " << r;
+    }
+  }
+}
+
 // An unknown dtype or op is refused like any other argument: named on its rank, and its peers
 // hear of it at once, not after the timeout, nor as a record they cannot read.
 TEST(CollectiveFailures, AnUnknownDtypeOrOpOnOneRankIsNamedOnEveryRankAtOnce) {
@@ -916,6 +974,36 @@ TEST(CollectiveRecords, AVerdictsTimeIsReadOnlyIfItIsATime) {
   }
   collectives::write_verdict({true, 1.0, ""}, bytes);
   EXPECT_THROW((void)collectives::read_verdict({bytes.data(), bytes.size() - 1}, 1), FormatError);
+}
+
+// The pass-through flag travels in the record; a flag this build does not know (a later build's,
+// or damage under a valid checksum) is a FormatError, not a reading that ignores it (version 5
+// ignored unknown flags, so its readers took a pass-through for a call of 0 values).
+TEST(CollectiveRecords, PassThroughTravelsAndUnknownFlagsAreRefused) {
+  collectives::CallRecord mine;
+  mine.kind = collectives::CallKind::kReduceScatter;
+  mine.dtype = DType::kBF16;
+  mine.slice_values = 64;
+  mine.block_values = 512;
+  mine.part_values = mine.part_bytes = mine.expected_values = {0, 0};
+  std::vector<std::byte> bytes(collectives::call_record_bytes(2));
+  for (const bool passes : {false, true}) {
+    mine.passes_through = passes;
+    collectives::write_call_record(mine, bytes);
+    EXPECT_EQ(collectives::read_call_record(bytes, 2, 1).passes_through, passes);
+  }
+  // Bit 3 set and the record resealed as a sender would (XXH3-64 with its field, bytes 40..47, 0).
+  bytes[12] |= std::byte{8};
+  std::fill(bytes.begin() + 40, bytes.begin() + 48, std::byte{0});
+  const uint64_t sealed = XXH3_64bits(bytes.data(), bytes.size());
+  for (size_t i = 0; i < 8; ++i) bytes[40 + i] = static_cast<std::byte>(sealed >> (8 * i));
+  try {
+    (void)collectives::read_call_record(bytes, 2, 1);
+    ADD_FAILURE() << "read";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown kind, dtype, op or flag"), std::string::npos)
+        << e.what();
+  }
 }
 
 // What no rank's own record holds, check_agreement refuses as a peer's: slices of 0 values (a

@@ -155,6 +155,12 @@ class LosslessCollectives {
   // timeout.
   [[noreturn]] void refuse_reduce_scatter(const std::string& reason);
   [[noreturn]] void refuse_alltoallv(const std::string& reason);
+  // Take part in the next reduce-scatter only to say that this rank leaves it to a reduce-scatter
+  // of its caller's own (`reason`: why, in words). Returns once every rank has said so (one call
+  // record exchanged; the caller then runs its own); if some ranks run the call instead, throws
+  // ConfigError on every rank naming the ranks that ran it and those that did not, with their
+  // reasons, at once rather than at the timeout.
+  void pass_through_reduce_scatter(const std::string& reason);
 
   const CollectivesConfig& config() const;
   int rank() const;

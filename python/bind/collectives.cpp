@@ -165,7 +165,18 @@ void bind_collectives(py::module_& m) {
             py::gil_scoped_release release;
             self.refuse_alltoallv(reason);
           },
-          py::arg("reason"), "As refuse_reduce_scatter, for the next alltoallv.");
+          py::arg("reason"), "As refuse_reduce_scatter, for the next alltoallv.")
+      .def(
+          "pass_through_reduce_scatter",
+          [](LosslessCollectives& self, const std::string& reason) {
+            py::gil_scoped_release release;
+            self.pass_through_reduce_scatter(reason);
+          },
+          py::arg("reason"),
+          "Takes part in the next reduce_scatter only to leave it to the caller's own "
+          "reduce-scatter (`reason`: why). Returns once every rank has done the same (one record "
+          "exchanged); where some ranks ran the call instead, raises ConfigError on every rank "
+          "naming both sides and the reasons.");
 }
 
 }  // namespace ciera::python

@@ -635,10 +635,13 @@ _AVG_SCATTER = "_DeepSpeedZeroOptimizer_Stage3__avg_scatter_grads"   # the optim
 
 def _reduce_scatter_fn(input_tensor, output_tensor, group=None, async_op=False, prof=False):
     handle = getattr(_rs_hooks.local, "active", None)
-    if handle is not None and handle.serves(input_tensor, output_tensor, group):
-        return handle.reduce_scatter(input_tensor, output_tensor, group)
     if handle is not None:
-        handle.passed_through += 1
+        if handle.serves(input_tensor, output_tensor, group):
+            return handle.reduce_scatter(input_tensor, output_tensor, group)
+        # Raises on every rank where the ranks did not all decide alike (serves() reads this
+        # rank's tensors alone): one rank in DeepSpeed's reduce-scatter and the others in CIERA's
+        # would each wait for the other until their timeouts.
+        handle.pass_through(input_tensor, output_tensor, group)
     return _rs_hooks.original(input_tensor, output_tensor, group=group, async_op=async_op, prof=prof)
 
 
@@ -681,6 +684,10 @@ class _OptimizerHook:
             _rs_hooks.handles[id(optimizer)] = self
             _rs_hooks.install()
             self._on = True
+
+    def pass_through(self, input_tensor, output_tensor, group) -> None:
+        """A reduction serves() left to DeepSpeed's own reduce-scatter: counted."""
+        self.passed_through += 1
 
     @property
     def enabled(self) -> bool:
@@ -737,9 +744,36 @@ class ReduceScatterHandle(_OptimizerHook):
         super().__init__(engine, "enable_reduce_scatter")
 
     def serves(self, input_tensor, output_tensor, group) -> bool:
-        return (group is self._group and input_tensor.dtype in DTYPES and output_tensor.dtype == input_tensor.dtype
-                and input_tensor.device.type == "cpu" and input_tensor.is_contiguous()
-                and output_tensor.is_contiguous() and input_tensor.numel() == output_tensor.numel() * self._world)
+        return self.unserved(input_tensor, output_tensor, group) is None
+
+    def unserved(self, input_tensor, output_tensor, group) -> str | None:
+        """Why CIERA's reduce-scatter does not take this call on this rank, in words; None if it does."""
+        if group is not self._group:
+            return "another process group than the engine's data-parallel group"
+        if input_tensor.dtype not in DTYPES or output_tensor.dtype != input_tensor.dtype:
+            return (f"dtype {input_tensor.dtype} -> {output_tensor.dtype} (CIERA's takes bfloat16, float16 or "
+                    "float32, the same for the output)")
+        if input_tensor.device.type != "cpu" or output_tensor.device.type != "cpu":
+            return f"device {input_tensor.device} -> {output_tensor.device} (CIERA's runs on the CPU)"
+        if not (input_tensor.is_contiguous() and output_tensor.is_contiguous()):
+            return f"a non-contiguous {'input' if not input_tensor.is_contiguous() else 'output'}"
+        if input_tensor.numel() != output_tensor.numel() * self._world:
+            return (f"an input of {input_tensor.numel()} values for an output of {output_tensor.numel()} on "
+                    f"{self._world} ranks")
+        return None
+
+    def pass_through(self, input_tensor, output_tensor, group) -> None:
+        """Leaves this call to DeepSpeed's reduce-scatter where every rank does (then counted):
+        else a ConfigError on every rank, naming the ranks that served it and those that passed
+        it through, and why. Agreed on the collectives' own transport (its record exchange: one
+        small allgather, on pass-through calls only), so a call every rank serves costs nothing
+        more; a call on a group smaller than the world is not CIERA's ranks' to agree on (its
+        members alone run it), and goes through as it is."""
+        if dist.get_world_size(group) == self._world:
+            why = self.unserved(input_tensor, output_tensor, group) or "serves() declined it"
+            self.collectives.pass_through_reduce_scatter(
+                f"{why} (left to DeepSpeed's reduce-scatter)")
+        self.passed_through += 1
 
     def reduce_scatter(self, input_tensor, output_tensor, group) -> None:
         from ciera.fsdp.reduce_scatter import LosslessReduceScatterRecord

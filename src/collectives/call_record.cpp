@@ -15,8 +15,11 @@ namespace {
 constexpr uint32_t kRecordMagic = 0x31434C43;  // "CLC1", little-endian
 // 2: a coded slice is frames of frame_values values; 3: short first and last slices (slice_of);
 // 4: the frames' block size and checksum setting, checked to agree; 5: records and verdicts
-// carry checksums (a record damaged in transit steered the receiver's reading of the data).
-constexpr uint8_t kVersion = 5;
+// carry checksums (a record damaged in transit steered the receiver's reading of the data); 6:
+// flag bit 2, passes through (a version-5 peer would read such a record as a call of 0 values,
+// which an empty call of its own would agree with).
+constexpr uint8_t kVersion = 6;
+constexpr uint32_t kKnownFlags = 7;  // rejected, content checksum, passes through
 constexpr size_t kHeaderBytes = 48;
 // Checksum fields: a record's u64 XXH3-64, a verdict's u32 low half, each over the whole with the
 // field itself 0.
@@ -98,8 +101,9 @@ size_t call_record_bytes(int world) {
 }
 
 // Layout: magic u32, version u8, kind u8, dtype u8, op u8, world u32, flags u32 (bit 0: rejected,
-// bit 1: content checksum), sequence u64, round u32, block values u32, slice values u64, checksum
-// u64, then per peer: values sent u64, bytes of this round's slice sent u64, values expected u64.
+// bit 1: content checksum, bit 2: passes through), sequence u64, round u32, block values u32, slice
+// values u64, checksum u64, then per peer: values sent u64, bytes of this round's slice sent u64,
+// values expected u64.
 void write_call_record(const CallRecord& r, std::span<std::byte> out) {
   const auto world = static_cast<uint32_t>(r.part_values.size());
   store_le32(at(out, 0), kRecordMagic);
@@ -108,7 +112,8 @@ void write_call_record(const CallRecord& r, std::span<std::byte> out) {
   *at(out, 6) = static_cast<uint8_t>(r.dtype);
   *at(out, 7) = static_cast<uint8_t>(r.op);
   store_le32(at(out, 8), world);
-  store_le32(at(out, 12), (r.rejected ? 1u : 0u) | (r.content_checksum ? 2u : 0u));
+  store_le32(at(out, 12), (r.rejected ? 1u : 0u) | (r.content_checksum ? 2u : 0u) |
+                              (r.passes_through ? 4u : 0u));
   store_le64(at(out, 16), r.sequence);
   store_le32(at(out, 24), r.round);
   store_le32(at(out, 28), r.block_values);
@@ -140,9 +145,10 @@ CallRecord read_call_record(std::span<const std::byte> in, int world, int from) 
                       "shared with another protocol)");
   }
   const uint8_t kind = *at(in, 5), dtype = *at(in, 6), op = *at(in, 7);
-  if ((kind != 1 && kind != 2) || !is_valid_dtype_code(dtype) || op > 1) {
+  if ((kind != 1 && kind != 2) || !is_valid_dtype_code(dtype) || op > 1 ||
+      (load_le32(at(in, 12)) & ~kKnownFlags) != 0) {
     throw FormatError(
-        "lossless collectives: a peer's call record has an unknown kind, dtype or op");
+        "lossless collectives: a peer's call record has an unknown kind, dtype, op or flag");
   }
   CallRecord r;
   r.kind = static_cast<CallKind>(kind);
@@ -150,6 +156,7 @@ CallRecord read_call_record(std::span<const std::byte> in, int world, int from) 
   r.op = static_cast<ReduceOp>(op);
   r.rejected = (load_le32(at(in, 12)) & 1) != 0;
   r.content_checksum = (load_le32(at(in, 12)) & 2) != 0;
+  r.passes_through = (load_le32(at(in, 12)) & 4) != 0;
   r.sequence = load_le64(at(in, 16));
   r.round = load_le32(at(in, 24));
   r.block_values = load_le32(at(in, 28));
@@ -174,9 +181,35 @@ std::string refusal_text(std::span<const CallRecord> records, size_t rank,
          (reason.empty() ? " (rank " + std::to_string(rank) + "'s error says why)" : ": " + reason);
 }
 
+std::string pass_through_text(std::span<const CallRecord> records,
+                              std::span<const std::string> reasons) {
+  std::vector<size_t> ran, passed;
+  std::string why;
+  for (size_t r = 0; r < records.size(); ++r) {
+    (records[r].passes_through ? passed : ran).push_back(r);
+    if (records[r].passes_through && r < reasons.size() && !reasons[r].empty()) {
+      why += "; rank " + std::to_string(r) + ": " + reasons[r];
+    }
+  }
+  auto named = [](const std::vector<size_t>& ranks) {
+    std::string text = ranks.size() == 1 ? "rank " : "ranks ";
+    for (size_t k = 0; k < ranks.size(); ++k) text += (k ? ", " : "") + std::to_string(ranks[k]);
+    return text;
+  };
+  return "lossless collectives: " + std::string(call_kind_name(records.front().kind)) + " call " +
+         std::to_string(records.front().sequence) + " runs on " + named(ran) + ", but " +
+         named(passed) + (passed.size() == 1 ? " passes" : " pass") +
+         " it through to the caller's own (every rank must make the same choice)" + why;
+}
+
 void check_agreement(std::span<const CallRecord> records) {
   for (size_t r = 0; r < records.size(); ++r) {
     if (records[r].rejected) throw ConfigError(refusal_text(records, r, ""));
+  }
+  for (const CallRecord& record : records) {
+    if (record.passes_through != records.front().passes_through) {
+      throw ConfigError(pass_through_text(records, {}));
+    }
   }
   const CallRecord& first = records.front();
   // Every rank's own record holds its validated CollectivesConfig.slice_values (at least 1), so 0

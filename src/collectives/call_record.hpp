@@ -40,6 +40,9 @@ struct CallRecord {
   // frames to: a difference is a ConfigError naming the setting, not a failed decode.
   uint32_t block_values = 0;
   bool content_checksum = false;
+  // This rank leaves the call to its caller's own reduce-scatter (pass_through_reduce_scatter):
+  // its parts are all 0 values, and every rank must say the same.
+  bool passes_through = false;
 };
 
 // Bytes of one rank's record among `world` ranks.
@@ -68,11 +71,18 @@ uint64_t rounds_of(uint64_t values, uint64_t slice_values);
 std::string refusal_text(std::span<const CallRecord> records, size_t rank,
                          const std::string& reason);
 
+// What every rank throws when some ranks' records pass the call through and others' do not:
+// the ranks on each side, and each passing rank's `reasons[r]` (as the ranks exchange them; the
+// span may be empty where they are not known).
+std::string pass_through_text(std::span<const CallRecord> records,
+                              std::span<const std::string> reasons);
+
 // Checks every rank's record (rank order) against the others: the same kind, dtype, op,
-// sequence, round, slice size, block size and checksum setting on every rank, what each rank sends
-// each peer is what that peer expects (for a reduce-scatter: parts of one size everywhere), and no
-// slice larger than raw. Throws ConfigError (FormatError for an impossible size, a reduce-scatter
-// record whose parts differ in size, or slices of 0 values) with the same text on every rank.
+// sequence, round, slice size, block size, checksum setting and pass-through on every rank, what
+// each rank sends each peer is what that peer expects (for a reduce-scatter: parts of one size
+// everywhere), and no slice larger than raw. Throws ConfigError (FormatError for an impossible
+// size, a reduce-scatter record whose parts differ in size, or slices of 0 values) with the same
+// text on every rank.
 void check_agreement(std::span<const CallRecord> records);
 
 // After the data: whether every part this rank received decoded (and why not), and this rank's

@@ -351,19 +351,55 @@ struct LosslessCollectives::Impl {
                           config.block_values,
                           config.content_checksum};
     share_record(mine);
+    std::vector<CallRecord> all = read_records();
+    if (refused_or_passed(all)) disagree(all, "");
+    collectives::check_agreement(all);
+    return all;
+  }
+
+  // Every rank's record, from the last share_record().
+  std::vector<CallRecord> read_records() const {
     const size_t bytes = collectives::call_record_bytes(world);
     std::vector<CallRecord> all;
     for (int r = 0; r < world; ++r) {
       all.push_back(collectives::read_call_record(
           {records.data() + bytes * static_cast<size_t>(r), bytes}, world, r));
     }
-    for (size_t r = 0; r < all.size(); ++r) {
-      if (all[r].rejected) {
-        throw ConfigError(collectives::refusal_text(all, r, exchange_refusals("")[r]));
-      }
-    }
-    collectives::check_agreement(all);
     return all;
+  }
+
+  static bool refused_or_passed(std::span<const CallRecord> all) {
+    return std::any_of(all.begin(), all.end(),
+                       [](const CallRecord& r) { return r.rejected || r.passes_through; });
+  }
+
+  // Some rank refused the call, or ranks differ in passing it through: every rank (each sees the
+  // same records) exchanges its reason (`mine`, "" for a rank that runs the call) and throws the
+  // same text, naming the first refusing rank, else the ranks on each side of the pass-through.
+  [[noreturn]] void disagree(std::span<const CallRecord> all, const std::string& mine) {
+    const std::vector<std::string> reasons = exchange_refusals(mine);
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r].rejected) throw ConfigError(collectives::refusal_text(all, r, reasons[r]));
+    }
+    throw ConfigError(collectives::pass_through_text(all, reasons));
+  }
+
+  // A pass-through is decided per rank by the caller (whose own reduce-scatter then runs), so the
+  // ranks must agree on it: it rides in the call record every call exchanges first, flagged, so a
+  // call that every rank runs costs nothing more, and a pass-through costs one record exchange
+  // (the reasons, only where ranks differ). A rank that passed through alone would otherwise sit
+  // in its caller's collective while its peers wait in this one's: both until their timeouts.
+  void pass_through(CallKind kind, const std::string& reason) {
+    const std::vector<uint64_t> none(static_cast<size_t>(world), 0);
+    share_record({kind, DType::kBF16, ReduceOp::kSum, false, sequence, 0, config.slice_values, none,
+                  none, none, config.block_values, config.content_checksum,
+                  /*passes_through=*/true});
+    const std::vector<CallRecord> all = read_records();
+    const bool all_pass =
+        std::all_of(all.begin(), all.end(), [](const CallRecord& r) { return r.passes_through; });
+    if (!all_pass) disagree(all, reason.empty() ? "passed through by its caller" : reason);
+    collectives::check_agreement(all);
+    ++sequence;  // a call every rank made, as one that ran here
   }
 
   // Round k's slices as sent, from send[k % kRegions] into recv[k % kRegions], rank order:
@@ -647,6 +683,12 @@ void LosslessCollectives::refuse_alltoallv(const std::string& reason) {
   const OneCaller one(m.in_call, "LosslessCollectives", "alltoallv");
   m.reject(CallKind::kAlltoallv, DType::kBF16,
            reason.empty() ? "alltoallv: refused by its caller" : reason);
+}
+
+void LosslessCollectives::pass_through_reduce_scatter(const std::string& reason) {
+  Impl& m = state();
+  const OneCaller one(m.in_call, "LosslessCollectives", "reduce_scatter");
+  m.pass_through(CallKind::kReduceScatter, reason);
 }
 
 CollectiveStats LosslessCollectives::reduce_scatter(DType dtype, ReduceOp op,

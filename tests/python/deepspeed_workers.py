@@ -292,3 +292,27 @@ def reduce_scatter_vs_twin(rank: int, world: int, steps: int) -> dict:
         "restored": cc._torch_reduce_scatter_fn.__module__ == cc.__name__, "refusals": refusals,
         "beside_is_plain": runs["beside"] == plain["losses"] and runs["beside_params"] == plain["params"],
     }
+
+
+def reduce_scatter_passed_through_by_some_ranks(rank: int, world: int) -> dict:
+    """ZeRO-3 steps whose gradient reduce-scatters CIERA serves on every rank but where serves()
+    says no: on every rank (step 0: every call left to DeepSpeed, agreed), on none (step 1), and
+    on the last rank alone (step 2), as a tensor only that rank laid out otherwise would. What
+    each step raised and took on this rank; the last rank would have sat in DeepSpeed's gloo
+    reduce-scatter while the others waited in CIERA's until its 20 s timeout."""
+    import time
+
+    deepspeed = _deepspeed(rank, world)
+    ds_engine = engine(deepspeed, 0, config())
+    handle = ciera.deepspeed.enable_reduce_scatter(ds_engine, timeout_s=20)
+    steps = []
+    for step, declines in enumerate((True, False, rank == world - 1)):
+        if declines:
+            handle.serves = lambda *args: False
+        elif "serves" in vars(handle):
+            del handle.serves
+        start = time.perf_counter()
+        error = error_of(lambda: train_step(ds_engine, batch(rank, step)))
+        steps.append({"error": error, "seconds": time.perf_counter() - start, "calls": handle.calls,
+                      "passed_through": handle.passed_through})
+    return {"steps": steps}

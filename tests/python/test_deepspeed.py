@@ -206,6 +206,27 @@ def test_gradient_reduce_scatter_is_bitwise_its_uncompressed_twin():
         assert "reduce_scatter is off" in r["refusals"][1], (rank, r)
 
 
+def test_a_reduce_scatter_passed_through_by_some_ranks_fails_every_rank_at_once():
+    """serves() decides per rank; a call one rank left to DeepSpeed's gloo reduce-scatter and the
+    other served left each in its own collective, waiting for the other until its timeout (20 s
+    for CIERA's, 60 s for the world group's). Now the choice is agreed on every call."""
+    results = all_ok(spawn(w.reduce_scatter_passed_through_by_some_ranks, 2))
+    for rank, r in enumerate(results):
+        everyone, no_one, one = r["steps"]
+        # Every rank passed every call through: DeepSpeed's reduce-scatter ran, nothing served.
+        assert everyone["error"] is None and everyone["calls"] == 0 and everyone["passed_through"] > 0, (rank, r)
+        # Then all served (the agreed pass-throughs kept the ranks' call counts in step).
+        assert no_one["error"] is None and no_one["calls"] > 0, (rank, r)
+        assert no_one["passed_through"] == everyone["passed_through"], (rank, r)
+        error = one["error"]
+        assert error.startswith("ConfigError: lossless collectives: reduce_scatter call "), (rank, error)
+        assert error.endswith(" runs on rank 0, but rank 1 passes it through to the caller's own (every rank must "
+                              "make the same choice); rank 1: serves() declined it (left to DeepSpeed's "
+                              "reduce-scatter)"), (rank, error)
+        assert one["seconds"] < 15, (rank, r)   # at once, not at the 20 s timeout
+    assert results[0]["steps"][2]["error"] == results[1]["steps"][2]["error"], results
+
+
 def test_not_a_deepspeed_engine():
     import torch
 
