@@ -82,15 +82,42 @@ def checked_on_every_rank(what: str, step, group=None, same: dict | None = None,
     return result
 
 
-def first_failure(failure: BaseException | None, group=None) -> tuple[int, str, str] | None:
-    """Collective over `group` (default the world): whether any rank's local step failed
-    (`failure`: its exception, or None). Returns (rank, type name, text) of the lowest rank that
-    failed, the same on every rank, or None if none did."""
+def _failures(failure: BaseException | None, group=None) -> tuple[list[tuple[int, str, str]], int]:
+    """Collective over `group` (default the world): which ranks' local step failed (`failure`:
+    this rank's exception, or None). Returns (rank, type name, text) of each rank that failed, in
+    rank order, and the group's size: the same on every rank."""
     everyone = _gather_failures(failure, None, group)
-    for rank, (failed, _, _) in zip(_world_ranks(group, len(everyone)), everyone):
-        if failed is not None:
-            return (rank, *failed)
-    return None
+    return ([(rank, *failed) for rank, (failed, _, _) in zip(_world_ranks(group, len(everyone)), everyone)
+             if failed is not None], len(everyone))
+
+
+def set_up_on_every_rank(stage, group, failed_text, cleanup=None):
+    """`stage()` (one step of a collective set-up: a transport, a measured cost model, an engine),
+    then whether it succeeded on every rank of `group` (one small all_gather_object): returns what
+    it returned where it did. Else, on every rank, `cleanup()` (what the ranks that succeeded made)
+    and: the stage's own error where every rank failed alike (an engine's configuration agreement
+    throws the same text everywhere), otherwise a ConfigError, `failed_text(rank)` followed by that
+    rank's error, naming the first rank that failed.
+
+    Agreed after each stage, not once at the end: a rank that failed alone would skip the later
+    stages, whose collectives (a cost model's measurement on the transport, the engine's
+    configuration agreement) its peers would enter and wait in for it until their timeout. A stage
+    whose own collective one rank failed to enter (a torch group it never made) still waits out its
+    timeout: only the checks before the set-up (checked_on_every_rank) can prevent that."""
+    failure = result = None
+    try:
+        result = stage()
+    except Exception as e:  # noqa: BLE001 - any failure: the other ranks must hear of it, not wait
+        failure = e
+    failed, size = _failures(failure, group)
+    if not failed:
+        return result
+    if cleanup is not None:
+        cleanup()
+    if failure is not None and len(failed) == size and all(f[1:] == failed[0][1:] for f in failed):
+        raise failure
+    rank, kind, text = failed[0]
+    raise _ext.ConfigError(f"{failed_text(rank)}: {kind}: {text}") from failure
 
 
 def agree_before_set_up(what: str, failure: BaseException | None, group=None, same: dict | None = None,

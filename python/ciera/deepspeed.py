@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank, start_each, wait_each
-from ciera.fsdp import api
+from ciera._dist import checked_on_every_rank, set_up_on_every_rank, start_each, wait_each
+from ciera.fsdp import api, lifecycle
 from ciera.fsdp.gather import GatherRecord, RecordLog, Runtime
 from ciera.fsdp.layout import DTYPES, Bucket, ParamSlice
 from ciera.fsdp.transport import check_transport, make_transport
@@ -572,10 +572,23 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
         parameters=lambda: _parameters(engine))
     config = config or _ext.EngineConfig()
     world = dist.get_world_size(group)
-    native = make_transport(transport, group, config.timeout_s, device)
+    # Each set-up stage agreed on every rank (as ciera.fsdp.enable()'s): one that failed on one
+    # rank alone is an error on every rank, not its peers' wait in the next stage until the timeout.
+    def failed(rank: int) -> str:
+        return f"ciera.deepspeed.enable(): rank {rank} could not set up CIERA"
+
+    made = []   # the engine, where this rank made it, to close if another rank did not
+
+    def make_engine():
+        made.append(api.make_engine(native, config, layouts, device))
+        return made[0]
+
+    native = set_up_on_every_rank(lambda: make_transport(transport, group, config.timeout_s, device), group, failed)
     if selecting and cost_model is None:
-        cost_model = api.measured_cost_model(native, buckets, world, config)
-    runtime = Runtime(api.make_engine(native, config, layouts, device), buckets, [], verify, overlap=overlap)
+        cost_model = set_up_on_every_rank(lambda: api.measured_cost_model(native, buckets, world, config), group,
+                                          failed)
+    gathers = set_up_on_every_rank(make_engine, group, failed, lambda: [lifecycle.close_engine(e) for e in made])
+    runtime = Runtime(gathers, buckets, [], verify, overlap=overlap)
     state = _State(runtime, params, group, world)
     hook = (api.install_selector(runtime, cost_model, config, engine.module, group, cache_budget_bytes,
                                  select_after_steps, reselect_every, overlap, allow_delta) if selecting else None)

@@ -174,6 +174,19 @@ def test_a_refusal_or_option_on_one_rank_fails_every_rank_alike():
         assert errors == expected, (rank, errors)
 
 
+def test_a_set_up_stage_failing_on_one_rank_fails_every_rank_at_once():
+    """A transport, or an engine, that the last rank alone could not make is named on every rank
+    within seconds, not after the others' 20 s timeout in the next stage."""
+    results = all_ok(spawn(w.set_up_fails_on_one_rank, 2))
+    expected = ["ConfigError: ciera.deepspeed.enable(): rank 1 could not set up CIERA: "
+                "RuntimeError: no route to the peers on this node",
+                "ConfigError: ciera.deepspeed.enable(): rank 1 could not set up CIERA: "
+                "MemoryError: no room for the codec state"]
+    for rank, stages in enumerate(results):
+        assert [error for error, _ in stages] == expected, (rank, stages)
+        assert all(seconds < 15 for _, seconds in stages), (rank, stages)
+
+
 def test_a_gather_one_rank_cannot_start_fails_every_rank_at_once():
     results = all_ok(spawn(w.a_gather_one_rank_cannot_start, 2))
     assert results[1]["error"] == "RuntimeError: the observer failed", results

@@ -135,6 +135,20 @@ def test_verify_makes_a_gather_that_is_not_exact_an_error_on_every_rank():
         assert (wrong, verified) == (2 * rank, 32), (rank, wrong, verified)
 
 
+def test_a_set_up_stage_failing_on_one_rank_fails_every_rank_at_once():
+    """One FSDP2 group: a transport, or an engine, that the last rank alone could not make was
+    raised on that rank only; the others waited for it in the engine's agreement until the
+    timeout (the transport), or went on with an engine whose peer had none (the engine)."""
+    results = all_ok(spawn(w.set_up_fails_on_one_rank, 2))
+    expected = ["ConfigError: enable(): rank 1 could not set up CIERA on its 2-rank gather group (kind 0): "
+                "RuntimeError: no route to the peers on this node",
+                "ConfigError: enable(): rank 1 could not set up CIERA on its 2-rank gather group (kind 0): "
+                "MemoryError: no room for the codec state"]
+    for rank, stages in enumerate(results):
+        assert [error for error, _ in stages] == expected, (rank, stages)
+        assert all(seconds < 15 for _, seconds in stages), (rank, stages)   # not the 20 s timeout
+
+
 def test_a_dead_rank_makes_the_others_fail_within_the_timeout():
     results = spawn(w.dead_rank, 3, timeout=120)
     survivors = [results[r] for r in (0, 1)]

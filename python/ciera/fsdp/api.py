@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank, first_failure, parameter_shapes
+from ciera._dist import checked_on_every_rank, parameter_shapes, set_up_on_every_rank
 from ciera.fsdp import lifecycle
 from ciera.fsdp.gather import CieraAllGather, GatherRecord, Runtime
 from ciera.fsdp.layout import (DTYPES, Bucket, DefaultAllGather, all_gather_comm, describe_buckets, describe_groups,
@@ -163,18 +163,20 @@ def plain_cost_model(model) -> tuple | str:
     return model.world_size, model.allgather.samples, speeds
 
 
-def _agree_across_groups(process_group, group, failure, groups) -> None:
-    """Every rank learns whether every rank set up its engine on `group`'s kind; if one did not,
-    a ConfigError on every rank naming the first that failed (its engines are closed)."""
-    first = first_failure(failure, process_group)
-    if first is None:
-        return
-    for g in groups:
-        if g.engine is not None:
-            lifecycle.close_engine(g.engine)
-    rank, kind, text = first
-    raise _ext.ConfigError(f"enable(): rank {rank} could not set up CIERA on its {group.size}-rank gather group "
-                           f"(kind {group.kind}): {kind}: {text}")
+def _set_up_on_every_rank(process_group, group, groups, stage):
+    """set_up_on_every_rank() over `process_group` for one stage of setting up `group`'s kind; on
+    a failure anywhere, every kind's engines made so far are closed."""
+    def close_engines():
+        for g in groups:
+            if g.engine is not None:
+                lifecycle.close_engine(g.engine)
+                g.engine = None
+
+    return set_up_on_every_rank(
+        stage, process_group,
+        lambda rank: f"enable(): rank {rank} could not set up CIERA on its {group.size}-rank gather group "
+                     f"(kind {group.kind})",
+        close_engines)
 
 
 def given_cost_model(given, size: int, ranks: tuple, what: str = "enable()"):
@@ -441,24 +443,23 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
     models = []
     for group, group_layouts in zip(groups, layouts):
         # One engine per kind of group, on this rank's group of that kind (created by every rank
-        # at once, kind after kind, so groups of one kind form together). An engine agrees its
-        # configuration inside its group; the world then agrees that every group succeeded, so a
-        # failure in one node's group is an error on every rank, not a hang in the next kind.
-        failure = None
-        try:
+        # at once, kind after kind, so groups of one kind form together). Every stage is agreed
+        # over process_group, with a single group too (_set_up_on_every_rank): a stage that failed
+        # on one rank, or in one node's group, is an error on every rank, not a wait until the
+        # timeout in the next stage's collectives or in the next kind's.
+        def transport_stage():
             if len(group.partition) == 1:
-                native = make_transport(transport, process_group, config.timeout_s, device)
-            else:
-                native = make_subgroup_transport(transport, group.partition, group.ranks, config.timeout_s, device)
-            if selecting:
-                models.append(_cost_model(cost_model, native, group, config))
+                return make_transport(transport, process_group, config.timeout_s, device)
+            return make_subgroup_transport(transport, group.partition, group.ranks, config.timeout_s, device)
+
+        def engine_stage():
             group.engine = make_engine(native, config, group_layouts, device)
-        except Exception as e:  # any failure: the other ranks must hear of it, not wait for this one
-            failure = e
-        if len(groups) > 1 or len(group.partition) > 1:
-            _agree_across_groups(process_group, group, failure, groups)
-        elif failure is not None:
-            raise failure
+
+        native = _set_up_on_every_rank(process_group, group, groups, transport_stage)
+        if selecting:
+            models.append(_set_up_on_every_rank(process_group, group, groups,
+                                                lambda: _cost_model(cost_model, native, group, config)))
+        _set_up_on_every_rank(process_group, group, groups, engine_stage)
     if selecting and cost_model is None:
         models = _agree_cost_models(models, groups, process_group)
     runtime = Runtime(groups[0].engine, [b for _, b in described], [m for m, _ in described], verify,
