@@ -6,7 +6,10 @@
 // differences do not fit).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <span>
 #include <string>
@@ -238,6 +241,48 @@ TEST(DeviceEncoder, ValueDeltaFallsBackToAKeyFrameWhereTheCpuEncoderDoes) {
     }
     EXPECT_TRUE(saw_key);
     EXPECT_TRUE(saw_delta);
+  }
+}
+
+// Tiny shards and random steps of nearly the full width: differences whose packed bound fits
+// max_payload_bytes but whose coded size passes the key frame's own bound, where both send the
+// key frame instead (the CPU's rule, docs/format.md "Size bound").
+TEST(DeviceEncoder, ValueDeltaCodedPastTheKeyFramesBoundIsAKeyFrameOnBoth) {
+  for (const DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    for (const size_t n : {size_t{10}, size_t{17}, size_t{33}, size_t{65}}) {
+      CodecConfig config;
+      config.dtype = dtype;
+      config.stream_kind = StreamKind::kValueDelta;
+      config.block_values = 64;
+      ShardEncoder cpu(config, n);
+      EmulatedEncoder gpu(config, n);
+      std::vector<std::byte> expected(cpu.max_payload_bytes());
+      std::vector<uint8_t> got(cpu.max_payload_bytes());
+      const size_t value_bytes = dtype_info(dtype).value_bytes;
+      const unsigned width = 8 * static_cast<unsigned>(value_bytes);
+      std::vector<uint8_t> values(n * value_bytes);
+      std::mt19937_64 rng(n + value_bytes);
+      for (auto& b : values) b = static_cast<uint8_t>(rng());
+      for (int trial = 0; trial < 200; ++trial) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " n " + std::to_string(n) + " trial " +
+                     std::to_string(trial));
+        const unsigned bits = width - static_cast<unsigned>(rng() % 7);
+        const uint64_t percent = std::array<uint64_t, 4>{100, 80, 50, 30}[rng() % 4];
+        for (size_t i = 0; i < n; ++i) {
+          const uint64_t r = rng();
+          if (r % 100 >= percent) continue;
+          uint32_t x = 0;
+          std::memcpy(&x, values.data() + i * value_bytes, value_bytes);
+          x += static_cast<uint32_t>((r >> 8) & ((uint64_t{1} << bits) - 1));
+          std::memcpy(values.data() + i * value_bytes, &x, value_bytes);
+        }
+        const FrameStats stats = cpu.encode(std::as_bytes(std::span(values)), expected);
+        const uint64_t size = gpu.encode(values, got);
+        ASSERT_EQ(size, stats.payload_bytes) << frame_kind_name(stats.kind) << " frame on the CPU";
+        ASSERT_TRUE(std::equal(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(size),
+                               reinterpret_cast<const uint8_t*>(expected.data())));
+      }
+    }
   }
 }
 

@@ -956,6 +956,89 @@ TEST(ValueDeltaStream, FramesNeverExceedTheSizeBoundWhateverTheBuffer) {
   }
 }
 
+// Adds a random step below 2^bits (mod 2^w) to each value with probability percent/100: near
+// the dtype's width, differences that code to about as many bits as the values themselves.
+void jump(DType dtype, std::vector<uint8_t>& v, unsigned bits, unsigned percent,
+          std::mt19937_64& rng) {
+  const unsigned w = width_of(dtype);
+  const uint64_t mask = w == 32 ? 0xFFFFFFFFu : (1u << w) - 1;
+  for (size_t i = 0; i < v.size() / dtype_info(dtype).value_bytes; ++i) {
+    const uint64_t r = rng();
+    if (r % 100 >= percent) continue;
+    const uint64_t step = (r >> 8) & ((uint64_t{1} << bits) - 1);
+    set_bits(dtype, v, i, static_cast<uint32_t>((get_bits(dtype, v, i) + step) & mask));
+  }
+}
+
+// The values raw plus a key frame's framing (docs/format.md, "Size bound", read literally): the
+// 80-byte header, the 10-byte header of its exponent stream, FP16's packed plane and exponents
+// rounded up to whole bytes apart, and the padding before a plane of 64 KiB or more.
+uint64_t raw_plus_framing(DType dtype, uint64_t n) {
+  const uint64_t plane = dtype == DType::kBF16   ? n
+                         : dtype == DType::kFP16 ? n + (3 * n + 7) / 8
+                                                 : 3 * n;
+  return n * dtype_info(dtype).value_bytes + 90 + (dtype == DType::kFP16 ? 1 : 0) +
+         (plane >= 65536 ? 48 : 0);
+}
+
+// Whatever the steps, no frame of a value-delta stream costs more than the values raw plus a
+// key frame's framing: incompressible differences (random bit patterns, random steps of nearly
+// the dtype's width on some or all values) go as the key frame, which moves the receiver's
+// previous values on, so that a one-unit step after it is a small value-delta frame again.
+// Tiny shards are where value-delta frames reached max_payload_bytes(), which counts an
+// exponent-delta frame's bitmap byte: one byte above.
+TEST(ValueDeltaStream, IncompressibleStepsCostAtMostTheValuesRawPlusAKeyFramesFraming) {
+  const unsigned percents[] = {100, 95, 80, 60, 50, 30};
+  uint64_t seed = 40;
+  for (const DType dtype : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    const unsigned w = width_of(dtype);
+    for (const size_t n :
+         {size_t{1}, size_t{2}, size_t{3}, size_t{5}, size_t{10}, size_t{17}, size_t{33},
+          size_t{65}, size_t{100}, size_t{301}, size_t{1000}, size_t{30000}}) {
+      for (const uint32_t block : {64u, 512u}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " n=" + std::to_string(n) +
+                     " B=" + std::to_string(block));
+        std::mt19937_64 rng(seed++);
+        CodecConfig c = delta_config(dtype);
+        c.block_values = block;
+        DeltaPair pair(c, n);
+        std::vector<uint8_t> v = random_shard(dtype, n, rng);
+        pair.send(v);
+        const uint64_t most = raw_plus_framing(dtype, n);
+        uint64_t worst = 0;
+        int keys = 0;
+        const int trials = n <= 100 ? 150 : 12;
+        for (int t = 0; t < trials; ++t) {
+          if (t % 10 == 0) {
+            apply_step(dtype, v, Step::kRandomAll, rng);
+          } else {
+            jump(dtype, v, w - static_cast<unsigned>(rng() % 7), percents[rng() % 6], rng);
+          }
+          const FrameStats s = pair.send(v);  // bit for bit
+          ASSERT_FALSE(::testing::Test::HasFailure()) << "trial " << t;
+          worst = std::max(worst, s.payload_bytes);
+          keys += s.kind == FrameKind::kKey;
+          // Then one value moves by one unit in the last place: the receiver's previous values
+          // are the sender's, so that is a value-delta frame of a few dozen bytes of framing
+          // (below a few dozen values a key frame is smaller than those and goes instead).
+          const size_t i = static_cast<size_t>(t) % n;
+          set_bits(dtype, v, i, ref_apply(get_bits(dtype, v, i), 2, w));
+          const FrameStats next = pair.send(v);
+          ASSERT_FALSE(::testing::Test::HasFailure()) << "trial " << t << ", the step after";
+          if (n >= 33) {
+            EXPECT_EQ(next.kind, FrameKind::kValueDelta) << "trial " << t;
+          }
+          EXPECT_LE(next.payload_bytes, wire::kHeaderBytes + 28 + 100 + (n + 2) / 3 / 16)
+              << "trial " << t;
+        }
+        EXPECT_LE(worst, most) << "the values raw are " << n * dtype_info(dtype).value_bytes
+                               << " bytes";
+        EXPECT_GT(keys, 0) << "no step fell back to a key frame";
+      }
+    }
+  }
+}
+
 TEST(ValueDeltaStream, WarmupIsIgnored) {
   CodecConfig c = delta_config(DType::kBF16);
   c.warmup_steps = 1000;

@@ -78,7 +78,8 @@ struct EncodePlan {
   uint64_t stream_at = 0;     // its payload offset
   // Value-delta frames (`changes` counts the changed values, `escapes` and `extra_*` are the
   // difference section's):
-  uint32_t use_key = 0;       // the differences do not fit: a key frame goes instead
+  // A key frame goes instead: the differences do not fit, or code past the key frame's bound.
+  uint32_t use_key = 0;
 };
 
 struct EncodeBuffers {
@@ -415,6 +416,10 @@ CIERA_HD inline void stream_end_step(const EncodeBuffers& b, const EncodeConfig&
     // The extra bits follow here too (difference_extra_step).
     for (unsigned k = 0; k < 8; ++k) b.payload[end + k] = static_cast<uint8_t>(plan->extra_bytes >> (8 * k));
     plan->exponent_bytes = end + 8 + plan->extra_bytes - section_at;
+    // The CPU's rule: coded past the key frame's own bound, the key frame goes instead.
+    const uint64_t frame_bytes = wire::kHeaderBytes + plan->exponent_bytes;
+    plan->use_key = frame_bytes > value_delta_frame_bound(c.key_sign_mantissa_at, c.plane_bytes,
+                                                          c.num_values, c.exponent_bits);
   }
 }
 
@@ -644,7 +649,8 @@ CIERA_HD inline void difference_plan_step(const EncodeBuffers& b, const EncodeCo
   const uint64_t groups = (c.num_values + kGroupValues - 1) / kGroupValues;
   const uint64_t bound = stream_bound(groups, kGroupSymbolBits) + stream_bound(escapes, kEscapeSymbolBits) +
                          8 + plan->extra_bytes;
-  // The CPU's rule: the section within the key frame's bound, less the header.
+  // The CPU's rule: written only where its packed bound fits max_payload_bytes (c.capacity);
+  // stream_end_step checks the coded size against the key frame's own bound.
   plan->use_key = bound > c.capacity - wire::kHeaderBytes;
 }
 

@@ -14,6 +14,7 @@
 #include "ciera/dtype.hpp"
 #include "common/host_device.hpp"
 #include "entropy/histogram.hpp"
+#include "entropy/stream_header.hpp"
 #include "format/content_checksum.hpp"
 
 namespace ciera {
@@ -60,6 +61,17 @@ CIERA_HD inline U unzigzag(U z) {
 }
 // Groups of `n` values (the last may be partial).
 CIERA_HD inline uint64_t group_count(uint64_t n) { return (n + kGroupValues - 1) / kGroupValues; }
+// The largest frame of a value-delta stream (docs/format.md, "Size bound"): the bound of the key
+// frame, whose plane starts at `key_plane_at` and is `plane_bytes` long, with its `n` exponents
+// packed (`exponent_bits` each). A value-delta frame coded larger goes as that key frame, which
+// updates the receivers' previous values as well, so the stream never costs more than the values
+// raw plus 90 bytes a frame (FP16 91; 48 more where the plane is 64 KiB or more).
+// max_payload_bytes() is larger by an exponent-delta frame's bitmap and its padding, which a
+// value-delta frame never carries: the value-delta frames of tiny shards reached it.
+CIERA_HD inline uint64_t value_delta_frame_bound(uint64_t key_plane_at, uint64_t plane_bytes,
+                                                 uint64_t n, unsigned exponent_bits) {
+  return key_plane_at + plane_bytes + entropy::kStreamHeaderBytes + (n * exponent_bits + 7) / 8;
+}
 // Escape buckets: bucket(v) is v's bit width; a bucket b >= 2 is followed by b - 1 extra bits.
 inline unsigned escape_bucket(uint32_t v) { return static_cast<unsigned>(std::bit_width(v)); }
 CIERA_HD inline unsigned escape_extra_bits(unsigned bucket) { return bucket - (bucket != 0); }

@@ -422,12 +422,17 @@ FrameStats ShardEncoder::Impl::encode(const uint8_t* values, uint8_t* payload, u
   bool key = one_shot || schedule.next_is_key();
   if (value_delta && !key) {
     // The differences, unless they would not fit where a key frame fits (values that jumped
-    // far, as after a reinitialisation): then a key frame, which the receiver takes too. The
-    // bound is the key frame's (docs/format.md, "Size bound"), not the caller's buffer, which
-    // may be larger: no frame may exceed max_payload_bytes().
+    // far, as after a reinitialisation, or random bit patterns): then a key frame, which the
+    // receiver takes too and which moves its previous values on as well. Written only where
+    // their packed bound fits max_payload_bytes() (not the caller's buffer, which may be
+    // larger), and kept only where their coded size fits the key frame's own bound
+    // (docs/format.md, "Size bound"): the key frame sent instead is never larger.
     const uint64_t bound = ciera::max_payload_bytes(config.dtype, grid.num_values, grid.block_values);
     FrameStats stats = encode_differences(values, payload, std::min(capacity, bound));
-    if (stats.payload_bytes != 0) {
+    const uint64_t key_bound =
+        codec::value_delta_frame_bound(wire::sign_mantissa_offset(0, layout.total_bytes()),
+                                       layout.total_bytes(), grid.num_values, info.exponent_bits);
+    if (stats.payload_bytes != 0 && stats.payload_bytes <= key_bound) {
       schedule.advance();
       return stats;
     }

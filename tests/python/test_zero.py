@@ -335,3 +335,65 @@ def test_each_of_two_subgroups_syncs_and_broadcasts_on_groups_of_its_own():
         assert received == [[10.0 * (rank // 2) + k] for k in range(3)], (rank, received)
         assert groups_left == 0, (rank, groups_left)   # each Broadcaster's group released by close() or collection
         assert engine_closed_first == [True], (rank, engine_closed_first)   # as close() does
+
+
+# --- a tiny FP32 model: never much more than raw -------------------------------------------------
+
+class _Incompressible(torch.optim.Optimizer):
+    """Moves every parameter by random steps of nearly 32 bits (random bit patterns every fifth
+    step): differences no coder can shrink. Every third step instead moves one value by one unit
+    in the last place, which must travel as a small value-delta frame again."""
+
+    def __init__(self, params, **defaults):
+        super().__init__(params, defaults)
+        self.steps = 0
+        self.rng = torch.Generator().manual_seed(1234 + torch.distributed.get_rank())
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.steps += 1
+        for group in self.param_groups:
+            for p in group["params"]:
+                bits = p.data.view(torch.int32)
+                if self.steps % 3 == 0:
+                    bits[0] += 1
+                    continue
+                width = 32 - int(torch.randint(0, 7, (), generator=self.rng))
+                step = torch.randint(0, 2 ** width, p.shape, generator=self.rng, dtype=torch.int64)
+                if self.steps % 5 == 0:
+                    step = torch.randint(0, 2 ** 32, p.shape, generator=self.rng, dtype=torch.int64)
+                moved = torch.rand(p.shape, generator=self.rng) < float(torch.rand((), generator=self.rng)) + 0.3
+                new = (bits.to(torch.int64) + step * moved) & 0xFFFFFFFF
+                bits.copy_(torch.where(new >= 2 ** 31, new - 2 ** 32, new).to(torch.int32))
+
+
+def _tiny_fp32_syncs(rank, world, sizes, steps):
+    torch.manual_seed(0)
+    net = w.model(torch.float32, sizes=sizes)
+    optimizer = zero.ZeroRedundancyOptimizer(net.parameters(), _Incompressible)
+    syncs = []
+    for s in range(steps):
+        w.step(net, optimizer, rank, world, s, torch.float32)
+        stats = optimizer.last_sync
+        syncs.append((s + 1, stats.raw_bytes, stats.wire_bytes))
+    bits = b"".join(p.detach().view(torch.uint8).numpy().tobytes() for p in net.parameters())
+    optimizer.close()
+    return syncs, bits
+
+
+# 256 values (204 + 52 a rank), and 23 (12 + 11), where value-delta frames were a byte above that.
+@pytest.mark.parametrize("sizes", [(16, 12, 4), (4, 3, 2)])
+def test_a_tiny_fp32_model_syncs_in_at_most_raw_plus_the_framing(sizes):
+    # Incompressible steps cost at most the values raw plus, per rank, the envelope's header (24
+    # bytes and 8 per shard: one here) and a key frame's framing (90 bytes; docs/zero.md, "Wire
+    # bytes"); the one-ulp steps after them are value-delta frames again (the receivers' previous
+    # values were moved on by the key frames), far below raw; every rank ends with the same bits.
+    world = 2
+    results = all_ok(spawn(_tiny_fp32_syncs, world, sizes, 60))
+    syncs, bits = results[0]
+    assert bits == results[1][1]
+    framing = world * (24 + 8 + 90)
+    for step, raw, wire in syncs:
+        assert wire <= raw + framing, (step, raw, wire, syncs)
+        if step % 3 == 0 and step > 1:
+            assert wire < raw / 2 if raw > 200 else wire <= world * (24 + 8 + 80 + 40), (step, raw, wire, syncs)
