@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -255,6 +256,101 @@ TEST(ExponentChangeCounter, RejectsASnapshotOfTheWrongSize) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("40 bytes"), std::string::npos) << e.what();
   }
+}
+
+// --- pieces: ChunkedChangeCounter --------------------------------------------------------------
+
+// `before` and `after` fed to a ChunkedChangeCounter in pieces of the given sizes, in values,
+// repeated until the tensor ends (a size of 0 is an empty piece).
+ChangeCounts counts_in_pieces(DType dtype, const std::vector<std::byte>& before,
+                              const std::vector<std::byte>& after, const ChangeGrid& grid,
+                              const std::vector<uint64_t>& piece_values) {
+  const uint32_t value_bytes = dtype_info(dtype).value_bytes;
+  const uint64_t n = before.size() / value_bytes;
+  ChunkedChangeCounter counter(dtype, n, grid);
+  const std::span<const std::byte> whole_before(before), whole_after(after);
+  for (size_t piece = 0; counter.values_added() < n; ++piece) {
+    const uint64_t first = counter.values_added();
+    const uint64_t count = std::min(piece_values[piece % piece_values.size()], n - first);
+    counter.add(whole_before.subspan(first * value_bytes, count * value_bytes),
+                whole_after.subspan(first * value_bytes, count * value_bytes));
+  }
+  return counter.counts();
+}
+
+// Cuts inside a block, a shard, at a find_changes chunk of 16384 values and one value either
+// side of it, single values and empty pieces: every cut counts as the whole tensor does.
+TEST(ChunkedChangeCounter, AnyCutCountsAsTheWholeSnapshots) {
+  const ChangeGrid grid{{1, 3, 8, 32}, {5, 64, 100, 1024}};
+  std::mt19937_64 rng(11);
+  const std::vector<std::vector<uint64_t>> cuts = {
+      {1}, {7}, {63, 0, 65}, {100}, {1023, 2}, {16383}, {16384}, {16385}, {40000, 1}};
+  for (uint64_t n : {0ull, 1ull, 5ull, 999ull, 70001ull}) {
+    for (double density : {0.0, 0.01, 1.0}) {
+      std::set<uint64_t> changed;
+      for (uint64_t p = 0; p < n; ++p) {
+        if (std::uniform_real_distribution<double>(0, 1)(rng) < density) changed.insert(p);
+      }
+      const ChangeCounts want = reference_counts(n, changed, grid);
+      const std::vector<uint64_t> positions(changed.begin(), changed.end());
+      for (DType dtype : kDTypes) {
+        auto [before, after] = snapshots(dtype, n, positions);
+        std::vector<std::vector<uint64_t>> all_cuts = cuts;
+        std::vector<uint64_t> random_cut;  // cut at random points, a piece at most 3000 values
+        for (int i = 0; i < 50; ++i) random_cut.push_back(rng() % 3000);
+        random_cut.push_back(1);  // so that the pattern moves on even if all drew 0
+        all_cuts.push_back(random_cut);
+        for (const std::vector<uint64_t>& cut : all_cuts) {
+          expect_equal(counts_in_pieces(dtype, before, after, grid, cut), want,
+                       std::string(dtype_name(dtype)) + " n=" + std::to_string(n) + " density=" +
+                           std::to_string(density) + " first piece " + std::to_string(cut.front()));
+        }
+      }
+    }
+  }
+}
+
+// Two changes in one block of B = 4, cut between them: the block is counted once. W = 2 over 10
+// values: shards [0, 5) and [5, 10); a cut at 7 splits the second shard, changed at 6 and 8.
+TEST(ChunkedChangeCounter, ABlockOrShardSplitByACutIsCountedOnce) {
+  const ChangeGrid grid{{2}, {4}};
+  auto [before, after] = snapshots(DType::kBF16, 10, {2, 3, 6, 8});
+  for (uint64_t cut : {3ull, 7ull}) {
+    const ChangeCounts c = counts_in_pieces(DType::kBF16, before, after, grid, {cut, 10});
+    EXPECT_EQ(c.changed_values, 4u) << "cut at " << cut;
+    EXPECT_EQ(c.changed_shards, (std::vector<uint64_t>{2})) << "cut at " << cut;
+    // Blocks [0,4) [4,5) [5,9) [9,10): [0,4) and [5,9) changed.
+    EXPECT_EQ(c.blocks, (std::vector<uint64_t>{4})) << "cut at " << cut;
+    EXPECT_EQ(c.changed_blocks, (std::vector<uint64_t>{2})) << "cut at " << cut;
+  }
+}
+
+TEST(ChunkedChangeCounter, RejectsPiecesThatDoNotFitAndIncompleteCounts) {
+  ChunkedChangeCounter counter(DType::kBF16, 5, ChangeGrid{{4}, {64}});
+  const std::vector<std::byte> four(4), six(6), three(3), eight(8);
+  const auto message = [&](std::span<const std::byte> a, std::span<const std::byte> b) {
+    try {
+      counter.add(a, b);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(four, six).find("pieces of 4 and 6 bytes differ in size"), std::string::npos);
+  EXPECT_NE(message(three, three).find("a piece holds 3 bytes, not a whole number of bf16 values"),
+            std::string::npos);
+  counter.add(four, four);  // values [0, 2)
+  EXPECT_NE(message(eight, eight).find("values [2, 6) reach past the 5 values"), std::string::npos);
+  EXPECT_EQ(counter.values_added(), 2u);  // the refused pieces added nothing
+  try {
+    (void)counter.counts();
+    FAIL() << "counts of 2 of 5 values were given out";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 of 5 values added"), std::string::npos) << e.what();
+  }
+  counter.add(six, six);
+  EXPECT_EQ(counter.counts().values, 5u);
+  EXPECT_THROW(ChunkedChangeCounter(DType::kBF16, 5, ChangeGrid{{4}, {0}}), ConfigError);
 }
 
 TEST(ChangeStatistics, SumsCountsBySteptypeAndLeavesWarmupOut) {
@@ -698,6 +794,121 @@ TEST(Checkpoints, SeriesOfCieraDtypesOnlyIgnoresOtherTensors) {
             std::string::npos);
   EXPECT_NE(message({w, {"step", "F32", {2}, bytes_of(8)}}, true)
                 .find("tensor 'step' is F32 but I64 in " + a.string()),
+            std::string::npos);
+}
+
+// --- reading in windows -----------------------------------------------------------------------
+
+TEST(Safetensors, ReleasedBytesReadTheSameAgain) {
+  TempDir dir;
+  const fs::path path = dir.path() / "a.safetensors";
+  const std::vector<std::byte> big = bytes_of(3 * 4096 + 124, 5), small = bytes_of(10, 9);
+  write_safetensors(path, {{"big", "BF16", {big.size() / 2}, big},
+                           {"small", "F16", {5}, small},
+                           {"empty", "F32", {0}, {}}});
+  const SafetensorsFile file(path);
+  const std::span<const std::byte> bytes = file.find("big")->bytes;
+  // A range starting and ending inside pages, then a whole tensor, an empty one, everything.
+  file.release(bytes.subspan(4001, 5000));
+  EXPECT_EQ(std::vector<std::byte>(bytes.begin(), bytes.end()), big);
+  file.release(bytes);
+  file.release(file.find("empty")->bytes);
+  file.release(file.find("small")->bytes);
+  EXPECT_EQ(std::vector<std::byte>(bytes.begin(), bytes.end()), big);
+  const std::span<const std::byte> small_bytes = file.find("small")->bytes;
+  EXPECT_EQ(std::vector<std::byte>(small_bytes.begin(), small_bytes.end()), small);
+}
+
+// Three checkpoints of a BF16 tensor past one find_changes chunk, an F32 one and an empty one,
+// values changed at random from each to the next.
+std::vector<SafetensorsFile> random_series(const fs::path& dir, uint64_t big_values) {
+  std::mt19937_64 rng(5);
+  std::vector<uint32_t> big(big_values), small(1001);
+  for (uint32_t& v : big) v = static_cast<uint32_t>(rng()) & 0xFFFF;
+  for (uint32_t& v : small) v = static_cast<uint32_t>(rng());
+  std::vector<fs::path> paths;
+  for (int step = 0; step < 3; ++step) {
+    for (uint32_t& v : big) {
+      if (rng() % 50 == 0) v = static_cast<uint32_t>(rng()) & 0xFFFF;
+    }
+    for (uint32_t& v : small) {
+      if (rng() % 20 == 0) v = static_cast<uint32_t>(rng());
+    }
+    paths.push_back(dir / ("step_" + std::to_string(step) + ".safetensors"));
+    write_safetensors(paths.back(), {{"big", "BF16", {big_values}, pack(DType::kBF16, big)},
+                                     {"small", "F32", {7, 143}, pack(DType::kFP32, small)},
+                                     {"empty", "F16", {0}, {}}});
+  }
+  return open_checkpoint_series(paths);
+}
+
+TEST(Checkpoints, ComparingInWindowsCountsAsWholeTensors) {
+  TempDir dir;
+  const std::vector<SafetensorsFile> files = random_series(dir.path(), 70001);
+  const ChangeGrid grid{{1, 3, 32}, {5, 64, 512}};
+  const ChangeGrid elements_only{{}, {}};
+  for (const char* name : {"big", "small", "empty"}) {
+    const SafetensorsTensor& t = *files[0].find(name);
+    const DType dtype = *t.ciera_dtype;
+    // Windows cutting blocks and shards at odd points, a find_changes chunk and one value past
+    // it, the whole tensor and more; one value per window for the small tensors only (a madvise
+    // call per value is slow).
+    const uint64_t whole = std::max<uint64_t>(t.num_values, 1);  // a window of 0 is refused
+    std::vector<uint64_t> windows = {3, 64, 1000, 4097, 16385, whole, whole + 1, uint64_t{1} << 40};
+    if (t.num_values < 2000) windows.push_back(1);
+    for (uint64_t window : windows) {
+      std::vector<TensorComparison> comparisons;
+      comparisons.push_back({0, 1, ChunkedChangeCounter(dtype, t.num_values, grid)});
+      comparisons.push_back({1, 2, ChunkedChangeCounter(dtype, t.num_values, grid)});
+      comparisons.push_back({0, 2, ChunkedChangeCounter(dtype, t.num_values, elements_only)});
+      std::vector<uint64_t> progress;
+      compare_in_windows(files, name, comparisons, window,
+                         [&](uint64_t values_done) { progress.push_back(values_done); });
+      const std::string what = std::string(name) + " window=" + std::to_string(window);
+      ASSERT_EQ(progress.size(), (t.num_values + window - 1) / window) << what;
+      for (size_t i = 0; i < progress.size(); ++i) {
+        EXPECT_EQ(progress[i], std::min(t.num_values, (i + 1) * window)) << what;
+      }
+      // The released pages read back as the file's bytes: the whole tensors, counted at once.
+      for (const TensorComparison& c : comparisons) {
+        const ChangeGrid& g = c.after - c.before == 1 ? grid : elements_only;
+        expect_equal(c.counter.counts(),
+                     count_exponent_changes(dtype, files[c.before].find(name)->bytes,
+                                            files[c.after].find(name)->bytes, g),
+                     what + " " + std::to_string(c.before) + "->" + std::to_string(c.after));
+      }
+    }
+  }
+}
+
+TEST(Checkpoints, ComparingInWindowsRefusesWhatDoesNotMatch) {
+  TempDir dir;
+  const std::vector<SafetensorsFile> files = random_series(dir.path(), 100);
+  const auto error_of = [&](std::string_view name, size_t after, DType dtype, uint64_t values,
+                            uint64_t window) {
+    std::vector<TensorComparison> comparisons;
+    comparisons.push_back({0, after, ChunkedChangeCounter(dtype, values, ChangeGrid{})});
+    try {
+      compare_in_windows(files, name, comparisons, window);
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(comparisons.front().counter.values_added(), 0u) << e.what();
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of("big", 1, DType::kBF16, 100, 0).find("a window must hold at least one value"),
+            std::string::npos);
+  EXPECT_NE(error_of("big", 3, DType::kBF16, 100, 8).find("checkpoint 3 of a series of 3"),
+            std::string::npos);
+  EXPECT_NE(error_of("absent", 1, DType::kBF16, 100, 8).find("tensor 'absent' is missing"),
+            std::string::npos);
+  const std::string wrong = error_of("big", 1, DType::kFP16, 100, 8);
+  EXPECT_NE(
+      wrong.find(files[0].path().string() +
+                 ": tensor 'big' holds 100 BF16 values, but its comparison was made for 100 fp16"),
+      std::string::npos)
+      << wrong;
+  EXPECT_NE(error_of("big", 1, DType::kBF16, 99, 8).find("was made for 99 bf16 values"),
             std::string::npos);
 }
 

@@ -1,6 +1,7 @@
 // `ciera analyze`: exponent-change characterisation of a training run from consecutive
 // safetensors checkpoints (paper §2.2-2.4, observations O2-O4; docs/analysis.md). Checkpoints are
-// memory-mapped and walked tensor by tensor, so memory stays at one mapping per checkpoint.
+// memory-mapped and each tensor is read a window at a time in all of them, what was read released
+// at once, so resident memory stays near (checkpoints) x (window) however large the checkpoints.
 // Parse (options checked, checkpoints opened and their headers checked) -> count (an
 // AnalyzeResult) -> render (tables or JSON).
 #include <CLI/CLI.hpp>
@@ -184,19 +185,41 @@ struct AnalyzeResult {
   double seconds = 0;
 };
 
-// Checks k steps apart (Figure 5b), k > 1: checkpoints i and i + k, both after warmup.
-void count_intervals(const Request& r, const SafetensorsTensor& tensor,
-                     std::vector<IntervalResult>& intervals) {
-  const ChangeGrid elements_only{{}, {}};
+// Resident memory is bounded by reading each tensor a window at a time in every checkpoint
+// (compare_in_windows), the window sized so that all checkpoints' windows together stay near
+// kResidentBudgetBytes; between kMinWindowBytes (fewer, larger madvise calls when there are many
+// checkpoints) and kMaxWindowBytes (progress moves at least every 16 MB of a tensor).
+constexpr uint64_t kResidentBudgetBytes = uint64_t{256} << 20;
+constexpr uint64_t kMinWindowBytes = uint64_t{1} << 20;
+constexpr uint64_t kMaxWindowBytes = uint64_t{16} << 20;
+// Progress is redrawn at most this often inside a tensor: a redraw per window would flood a
+// terminal when windows take milliseconds.
+constexpr double kProgressSeconds = 0.2;
+
+uint64_t window_bytes(size_t checkpoints) {
+  return std::clamp(kResidentBudgetBytes / std::max<size_t>(checkpoints, 1), kMinWindowBytes,
+                    kMaxWindowBytes);
+}
+
+// The comparisons of one tensor: each transition s - 1 -> s (over the grid), then the checks k
+// checkpoints apart (Figure 5b), k > 1, between checkpoints both after warmup (element counts
+// only).
+std::vector<TensorComparison> comparisons_of(const Request& r, const SafetensorsTensor& tensor,
+                                             const std::vector<IntervalResult>& intervals) {
   const DType dtype = *tensor.ciera_dtype;
+  std::vector<TensorComparison> comparisons;
+  for (uint32_t s = 1; s <= r.steps; ++s) {
+    comparisons.push_back({s - 1, s, ChunkedChangeCounter(dtype, tensor.num_values, r.grid)});
+  }
+  const ChangeGrid elements_only{{}, {}};
   for (size_t i = 1; i < intervals.size(); ++i) {
     const uint32_t k = intervals[i].interval;
     for (uint32_t first = r.options.warmup; first + k <= r.steps; ++first) {
-      intervals[i].counts +=
-          count_exponent_changes(dtype, r.files[first].find(tensor.name)->bytes,
-                                 r.files[first + k].find(tensor.name)->bytes, elements_only);
+      comparisons.push_back(
+          {first, first + k, ChunkedChangeCounter(dtype, tensor.num_values, elements_only)});
     }
   }
+  return comparisons;
 }
 
 AnalyzeResult count(const Request& r) {
@@ -207,22 +230,35 @@ AnalyzeResult count(const Request& r) {
     result.intervals.push_back({k, ChangeCounts{}});
   }
   Progress progress("analyze", r.work_bytes, !o.quiet);
+  const uint64_t window = window_bytes(r.files.size());
   uint64_t done_bytes = 0;
   for (const TensorInput& input : r.tensors) {
     const SafetensorsTensor& tensor = *input.tensor;
-    progress.update(done_bytes, "reading " + tensor.name);
+    const std::string detail = "reading " + tensor.name;
+    progress.update(done_bytes, detail);
+    Stopwatch since_update;
+    const uint32_t value_bytes = dtype_info(*tensor.ciera_dtype).value_bytes;
+    std::vector<TensorComparison> comparisons = comparisons_of(r, tensor, result.intervals);
+    compare_in_windows(r.files, tensor.name, comparisons, window / value_bytes,
+                       [&](uint64_t values_done) {
+                         if (since_update.seconds() < kProgressSeconds) return;
+                         progress.update(done_bytes + values_done * value_bytes, detail);
+                         since_update = Stopwatch();
+                       });
     TensorResult& t = result.tensors.emplace_back(TensorResult{&input, ChangeCounts(r.grid)});
-    for (uint32_t s = 1; s <= r.steps; ++s) {
-      const ChangeCounts counts =
-          count_exponent_changes(*tensor.ciera_dtype, r.files[s - 1].find(tensor.name)->bytes,
-                                 r.files[s].find(tensor.name)->bytes, r.grid);
-      result.stats.add(s, input.type, counts);
-      if (s > o.warmup) {
-        t.total += counts;
-        result.intervals.front().counts += counts;
+    for (const TensorComparison& c : comparisons) {
+      const ChangeCounts& counts = c.counter.counts();
+      if (c.after == c.before + 1) {  // transition s = c.after
+        const auto s = static_cast<uint32_t>(c.after);
+        result.stats.add(s, input.type, counts);
+        if (s > o.warmup) {
+          t.total += counts;
+          result.intervals.front().counts += counts;
+        }
+      } else {
+        result.intervals[c.after - c.before - 1].counts += counts;
       }
     }
-    count_intervals(r, tensor, result.intervals);
     done_bytes += tensor.bytes.size();
   }
   progress.update(done_bytes, "done");

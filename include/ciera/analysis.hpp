@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -75,6 +76,38 @@ struct ChangeCounts {
 // equal sizes). Sign and mantissa bits are ignored: NaN payloads, -0 vs +0 are no change.
 ChangeCounts count_exponent_changes(DType dtype, std::span<const std::byte> before,
                                     std::span<const std::byte> after, const ChangeGrid& grid);
+
+class ChangeTally;  // exponent_changes.cpp: the shards and blocks counted so far
+
+// count_exponent_changes fed piece by piece: the two snapshots arrive as consecutive pieces that
+// may end anywhere, inside a block or a shard, so that a caller reading a large tensor from disk
+// holds only a window of it and can report progress inside it. The counts are those of
+// count_exponent_changes on the whole snapshots, however they are cut.
+class ChunkedChangeCounter {
+ public:
+  ChunkedChangeCounter(DType dtype, uint64_t num_values, ChangeGrid grid = {});
+  ~ChunkedChangeCounter();
+  ChunkedChangeCounter(ChunkedChangeCounter&& other) noexcept;
+  ChunkedChangeCounter& operator=(ChunkedChangeCounter&& other) noexcept;
+
+  // The next values of both snapshots: equal sizes, whole values, not past num_values (throws
+  // ConfigError otherwise, adding nothing).
+  void add(std::span<const std::byte> before, std::span<const std::byte> after);
+
+  DType dtype() const { return dtype_; }
+  uint64_t num_values() const { return num_values_; }
+  uint64_t values_added() const { return values_added_; }
+  // The counts of the whole snapshots; throws ConfigError while values are still to be added.
+  const ChangeCounts& counts() const;
+
+ private:
+  DType dtype_;
+  uint64_t num_values_;
+  uint64_t values_added_ = 0;
+  ChangeGrid grid_;
+  ChangeCounts counts_;
+  std::unique_ptr<ChangeTally> tally_;
+};
 
 // Fed successive snapshots of one tensor, e.g. after every optimizer step. Keeps one byte of
 // exponent per value; the first snapshot is the baseline.

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <map>
 #include <optional>
+#include <span>
 #include <system_error>
 #include <utility>
 
@@ -193,6 +194,58 @@ std::vector<SafetensorsFile> open_checkpoint_series(const std::vector<fs::path>&
     }
   }
   return files;
+}
+
+void compare_in_windows(const std::vector<SafetensorsFile>& files, std::string_view name,
+                        std::vector<TensorComparison>& comparisons, uint64_t window_values,
+                        const std::function<void(uint64_t values_done)>& after_window) {
+  if (window_values == 0)
+    throw ConfigError("compare_in_windows: a window must hold at least one value");
+  if (comparisons.empty()) return;
+  // Every checkpoint's copy is checked against every counter before any work, so that a mismatch
+  // is refused rather than half counted.
+  std::vector<std::span<const std::byte>> tensor_bytes(files.size());
+  std::vector<bool> used(files.size(), false);
+  for (const TensorComparison& c : comparisons) {
+    for (const size_t index : {c.before, c.after}) {
+      if (index >= files.size()) {
+        throw ConfigError("compare_in_windows: checkpoint " + std::to_string(index) +
+                          " of a series of " + std::to_string(files.size()));
+      }
+      const std::string where = files[index].path().string() + ": tensor '" + std::string(name);
+      const SafetensorsTensor* t = files[index].find(name);
+      if (t == nullptr) throw ConfigError(where + "' is missing");
+      const ChunkedChangeCounter& counter = c.counter;
+      if (t->ciera_dtype != counter.dtype() || t->num_values != counter.num_values()) {
+        throw ConfigError(where + "' holds " + std::to_string(t->num_values) + " " + t->dtype +
+                          " values, but its comparison was made for " +
+                          std::to_string(counter.num_values()) + " " +
+                          std::string(dtype_name(counter.dtype())) + " values");
+      }
+      if (counter.values_added() != 0) {
+        throw ConfigError(where + "': its comparison has already counted " +
+                          std::to_string(counter.values_added()) + " values");
+      }
+      tensor_bytes[index] = t->bytes;
+      used[index] = true;
+    }
+  }
+  const ChunkedChangeCounter& counter = comparisons.front().counter;
+  const uint64_t num_values = counter.num_values();
+  const uint32_t value_bytes = dtype_info(counter.dtype()).value_bytes;
+  for (uint64_t first = 0; first < num_values; first += window_values) {
+    const uint64_t count = std::min(window_values, num_values - first);
+    const size_t offset = first * value_bytes;
+    const size_t bytes = count * value_bytes;
+    for (TensorComparison& c : comparisons) {
+      c.counter.add(tensor_bytes[c.before].subspan(offset, bytes),
+                    tensor_bytes[c.after].subspan(offset, bytes));
+    }
+    for (size_t f = 0; f < files.size(); ++f) {
+      if (used[f]) files[f].release(tensor_bytes[f].subspan(offset, bytes));
+    }
+    if (after_window) after_window(first + count);
+  }
 }
 
 }  // namespace ciera

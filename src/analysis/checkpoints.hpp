@@ -4,11 +4,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "analysis/safetensors.hpp"
+#include "ciera/analysis.hpp"
 
 namespace ciera {
 
@@ -35,5 +38,24 @@ std::optional<std::vector<uint64_t>> checkpoint_steps(
 // compared, so one may be missing or added. Throws FormatError naming the checkpoint and tensor.
 std::vector<SafetensorsFile> open_checkpoint_series(const std::vector<std::filesystem::path>& paths,
                                                     bool only_ciera_dtypes = false);
+
+// One tensor compared between two checkpoints of a series (indices into it); `counter` is made
+// for the tensor's dtype and size, with the grid wanted.
+struct TensorComparison {
+  size_t before;
+  size_t after;
+  ChunkedChangeCounter counter;
+};
+
+// Runs every comparison of tensor `name` over the series `files`, window by window: the values
+// [v, v + window_values) of each checkpoint are compared for all the comparisons at once, then
+// released (SafetensorsFile::release), so resident memory stays near (checkpoints in the
+// comparisons) x (window) whatever the size of the tensor, and a caller can report progress
+// inside it. `after_window(values_done)` is called after each window. Throws ConfigError for a
+// window of no values, a checkpoint index outside the series, or a tensor that is missing or does
+// not match a counter's dtype and size.
+void compare_in_windows(const std::vector<SafetensorsFile>& files, std::string_view name,
+                        std::vector<TensorComparison>& comparisons, uint64_t window_values,
+                        const std::function<void(uint64_t values_done)>& after_window = {});
 
 }  // namespace ciera

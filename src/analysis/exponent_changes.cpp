@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "ciera/analysis.hpp"
@@ -49,38 +50,39 @@ void add_population(uint64_t n, const ChangeGrid& grid, ChangeCounts& counts) {
   }
 }
 
+}  // namespace
+
 // Counts the distinct shards and blocks that a stream of changed positions, in increasing order,
 // falls in, for every (W, B) cell. A position costs one comparison per cell: the shard or block
-// containing it is only computed when it lies past the end of the last one counted.
+// containing it is only computed when it lies past the end of the last one counted. The cursors
+// are all the state, so the stream may arrive in pieces cut anywhere (ChunkedChangeCounter): a
+// block or shard that a cut splits is still counted once.
 class ChangeTally {
  public:
-  ChangeTally(uint64_t num_values, const ChangeGrid& grid, ChangeCounts& counts)
-      : num_values_(num_values),
-        grid_(grid),
-        counts_(counts),
-        worlds_(grid.worlds.size()),
-        block_end_(grid.cells(), 0) {
+  ChangeTally(uint64_t num_values, const ChangeGrid& grid)
+      : num_values_(num_values), worlds_(grid.worlds.size()), block_end_(grid.cells(), 0) {
     for (size_t w = 0; w < worlds_.size(); ++w) {
       worlds_[w].shard_values = ceil_div(num_values, grid.worlds[w]);
     }
   }
 
-  void add(uint64_t position) {
-    ++counts_.changed_values;
+  // `grid` is the one the tally was made for; `counts` receives the changed value, shards, blocks.
+  void add(uint64_t position, const ChangeGrid& grid, ChangeCounts& counts) {
+    ++counts.changed_values;
     for (size_t w = 0; w < worlds_.size(); ++w) {
       ShardCursor& shard = worlds_[w];
       if (position >= shard.end) {
         shard.begin = position / shard.shard_values * shard.shard_values;
         shard.end = std::min(num_values_, shard.begin + shard.shard_values);
-        ++counts_.changed_shards[w];
+        ++counts.changed_shards[w];
       }
-      for (size_t b = 0; b < grid_.block_values.size(); ++b) {
-        const size_t cell = grid_.cell(w, b);
+      for (size_t b = 0; b < grid.block_values.size(); ++b) {
+        const size_t cell = grid.cell(w, b);
         if (position >= block_end_[cell]) {
-          const uint64_t block = grid_.block_values[b];
+          const uint64_t block = grid.block_values[b];
           const uint64_t block_index = (position - shard.begin) / block;
           block_end_[cell] = std::min(shard.end, shard.begin + (block_index + 1) * block);
-          ++counts_.changed_blocks[cell];
+          ++counts.changed_blocks[cell];
         }
       }
     }
@@ -93,11 +95,32 @@ class ChangeTally {
     uint64_t end = 0;  // one past the last value of the shard counted last
   };
   uint64_t num_values_;
-  const ChangeGrid& grid_;
-  ChangeCounts& counts_;
   std::vector<ShardCursor> worlds_;
   std::vector<uint64_t> block_end_;  // per cell: one past the last value of the block counted last
 };
+
+namespace {
+
+// Tallies the values [first, first + count) of a tensor whose exponent differs between `before`
+// and `after` (both pointing at value `first`). The scratch lives on the stack (80 KiB), so that a
+// caller feeding a tensor in many pieces allocates nothing per piece.
+void tally_changes(DType dtype, const uint8_t* before, const uint8_t* after, uint64_t first,
+                   uint64_t count, const ChangeGrid& grid, ChangeTally& tally,
+                   ChangeCounts& counts) {
+  const format::PlaneKernels& kernels = format::kernels();
+  const uint32_t value_bytes = dtype_info(dtype).value_bytes;
+  std::array<uint8_t, kChunkValues> before_exps, after_exps, steps;
+  std::array<uint16_t, kChunkValues> positions;
+  for (uint64_t done = 0; done < count; done += kChunkValues) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(kChunkValues, count - done));
+    format::extract_exponents(dtype, kernels, before + done * value_bytes, chunk,
+                              before_exps.data());
+    format::extract_exponents(dtype, kernels, after + done * value_bytes, chunk, after_exps.data());
+    const size_t found = kernels.find_changes(after_exps.data(), before_exps.data(), chunk,
+                                              positions.data(), steps.data());
+    for (size_t i = 0; i < found; ++i) tally.add(first + done + positions[i], grid, counts);
+  }
+}
 
 uint64_t checked_values(DType dtype, size_t bytes, const char* what) {
   const uint32_t value_bytes = dtype_info(dtype).value_bytes;
@@ -176,27 +199,47 @@ ChangeCounts count_exponent_changes(DType dtype, std::span<const std::byte> befo
     throw ConfigError("snapshots differ in size: " + std::to_string(before.size()) + " and " +
                       std::to_string(after.size()) + " bytes");
   }
-  ChangeCounts counts(grid);
-  add_population(n, grid, counts);
-  ChangeTally tally(n, grid, counts);
+  ChunkedChangeCounter counter(dtype, n, grid);
+  counter.add(before, after);
+  return counter.counts();
+}
 
-  const format::PlaneKernels& kernels = format::kernels();
-  const uint32_t value_bytes = dtype_info(dtype).value_bytes;
-  std::vector<uint8_t> before_exps(kChunkValues), after_exps(kChunkValues), steps(kChunkValues);
-  std::vector<uint16_t> positions(kChunkValues);
-  const auto* before_bytes = reinterpret_cast<const uint8_t*>(before.data());
-  const auto* after_bytes = reinterpret_cast<const uint8_t*>(after.data());
-  for (uint64_t first = 0; first < n; first += kChunkValues) {
-    const size_t count = static_cast<size_t>(std::min<uint64_t>(kChunkValues, n - first));
-    format::extract_exponents(dtype, kernels, before_bytes + first * value_bytes, count,
-                              before_exps.data());
-    format::extract_exponents(dtype, kernels, after_bytes + first * value_bytes, count,
-                              after_exps.data());
-    const size_t found = kernels.find_changes(after_exps.data(), before_exps.data(), count,
-                                              positions.data(), steps.data());
-    for (size_t i = 0; i < found; ++i) tally.add(first + positions[i]);
+ChunkedChangeCounter::ChunkedChangeCounter(DType dtype, uint64_t num_values, ChangeGrid grid)
+    : dtype_(dtype), num_values_(num_values), grid_(std::move(grid)), counts_(grid_) {
+  grid_.validate();
+  add_population(num_values_, grid_, counts_);
+  tally_ = std::make_unique<ChangeTally>(num_values_, grid_);
+}
+
+ChunkedChangeCounter::~ChunkedChangeCounter() = default;
+ChunkedChangeCounter::ChunkedChangeCounter(ChunkedChangeCounter&& other) noexcept = default;
+ChunkedChangeCounter& ChunkedChangeCounter::operator=(ChunkedChangeCounter&& other) noexcept =
+    default;
+
+void ChunkedChangeCounter::add(std::span<const std::byte> before,
+                               std::span<const std::byte> after) {
+  if (after.size() != before.size()) {
+    throw ConfigError("chunked change counter: pieces of " + std::to_string(before.size()) +
+                      " and " + std::to_string(after.size()) + " bytes differ in size");
   }
-  return counts;
+  const uint64_t count = checked_values(dtype_, before.size(), "a piece");
+  if (count > num_values_ - values_added_) {
+    throw ConfigError("chunked change counter: values [" + std::to_string(values_added_) + ", " +
+                      std::to_string(values_added_ + count) + ") reach past the " +
+                      std::to_string(num_values_) + " values of the tensor");
+  }
+  tally_changes(dtype_, reinterpret_cast<const uint8_t*>(before.data()),
+                reinterpret_cast<const uint8_t*>(after.data()), values_added_, count, grid_,
+                *tally_, counts_);
+  values_added_ += count;
+}
+
+const ChangeCounts& ChunkedChangeCounter::counts() const {
+  if (values_added_ != num_values_) {
+    throw ConfigError("chunked change counter: " + std::to_string(values_added_) + " of " +
+                      std::to_string(num_values_) + " values added, the counts are not complete");
+  }
+  return counts_;
 }
 
 ExponentChangeCounter::ExponentChangeCounter(DType dtype, uint64_t num_values, ChangeGrid grid,
@@ -228,7 +271,7 @@ const ChangeCounts& ExponentChangeCounter::observe(std::span<const std::byte> va
     return last_;
   }
   add_population(num_values_, grid_, last_);
-  ChangeTally tally(num_values_, grid_, last_);
+  ChangeTally tally(num_values_, grid_);
   std::array<uint8_t, kChunkValues> now, steps;
   std::array<uint16_t, kChunkValues> positions;
   for (uint64_t first = 0; first < num_values_; first += kChunkValues) {
@@ -238,7 +281,7 @@ const ChangeCounts& ExponentChangeCounter::observe(std::span<const std::byte> va
     const size_t found =
         kernels.find_changes(now.data(), previous, count, positions.data(), steps.data());
     for (size_t i = 0; i < found; ++i) {
-      tally.add(first + positions[i]);
+      tally.add(first + positions[i], grid_, last_);
       previous[positions[i]] = now[positions[i]];
     }
   }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -220,6 +221,9 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     std::sort(
         tensors_.begin(), tensors_.end(),
         [](const SafetensorsTensor& a, const SafetensorsTensor& b) { return a.name < b.name; });
+    // Names, shapes and metadata are copied out: a series of checkpoints need not keep every
+    // header (up to 100 MB each) resident.
+    release({bytes, static_cast<size_t>(data_offset)});
   } catch (...) {
     unmap();
     throw;
@@ -251,6 +255,20 @@ void SafetensorsFile::unmap() {
   if (mapping_ != nullptr) ::munmap(mapping_, mapping_bytes_);
   mapping_ = nullptr;
   mapping_bytes_ = 0;
+}
+
+void SafetensorsFile::release(std::span<const std::byte> bytes) const {
+  if (bytes.empty()) return;
+  [[maybe_unused]] const auto* mapping = static_cast<const std::byte*>(mapping_);
+  assert(bytes.data() >= mapping && bytes.data() + bytes.size() <= mapping + mapping_bytes_);
+  static const uintptr_t page_bytes = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(bytes.data()) / page_bytes * page_bytes;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(bytes.data() + bytes.size());
+  // The mapping is private and read-only, so no page of it was ever copied on write: dropping
+  // one loses nothing, the next read faults the file's bytes in again. The pages are rounded
+  // outward (the mapping starts on a page, and the kernel rounds the length up inside the
+  // mapping's last page). Advice only: where it fails the pages stay resident, nothing worse.
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {

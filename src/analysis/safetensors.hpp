@@ -45,6 +45,12 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // nullptr when absent.
   const SafetensorsTensor* find(std::string_view name) const;
+  // Drops the pages holding `bytes` (a range inside this file, such as a tensor's bytes or a
+  // window of them) from the process's resident memory, so that reading a series of checkpoints
+  // larger than memory keeps only what is in use mapped. The data stays readable: a later read
+  // maps it in again from the file. Whole pages go, so a neighbour's bytes on the pages at either
+  // end may need mapping in again too.
+  void release(std::span<const std::byte> bytes) const;
 
  private:
   void unmap();
