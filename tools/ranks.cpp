@@ -46,8 +46,22 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+// CIERA_LINKLAB, else the script installed beside this executable (`cmake --install`:
+// bin/ciera and share/ciera/linklab.sh; a wheel: ciera/bin/ciera and ciera/share/linklab.sh),
+// else the source tree's (a build's tool): an installed tool must not depend on the checkout it
+// was built from still being there.
 std::string linklab_script() {
   if (const char* p = std::getenv("CIERA_LINKLAB")) return p;
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    std::string dir(self);
+    dir = dir.substr(0, dir.rfind('/'));  // .../bin
+    for (const char* beside : {"/../share/ciera/linklab.sh", "/../share/linklab.sh"}) {
+      if (access((dir + beside).c_str(), X_OK) == 0) return dir + beside;
+    }
+  }
   return std::string(CIERA_SOURCE_DIR) + "/scripts/linklab.sh";
 }
 

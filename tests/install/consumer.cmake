@@ -2,7 +2,8 @@
 # into a prefix of its own, configures and builds examples/ (the README's programs) against that
 # prefix alone, and runs them: the codec round trip, and on two MPI ranks (where the build has
 # ciera::mpi) the engine and the lossless reduce-scatter. Then compiles each installed header on
-# its own. Run by ctest as
+# its own, checks the version file (find_package(ciera <major>.<minor>) takes this package, a later
+# version does not) and runs the installed tool. Run by ctest as
 #   cmake -DBUILD=<build> -DEXAMPLES=<examples> -DWORK=<dir> -DGENERATOR=... -DCXX=...
 #         -DMPIRUN=<mpirun;args> -P consumer.cmake
 file(REMOVE_RECURSE ${WORK})
@@ -24,6 +25,43 @@ step("configuring examples/ against the install"
      -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
      -DCMAKE_CXX_FLAGS=-Werror)
 step("building examples/" ${CMAKE_COMMAND} --build ${WORK}/build)
+
+# The version file: examples/ asks for 0.1; a later minor or another major version must not be
+# taken for this package (SameMinorVersion: before 1.0 a minor version may break its users).
+load_cache(${BUILD} READ_WITH_PREFIX built_ CMAKE_INSTALL_LIBDIR CMAKE_INSTALL_BINDIR CMAKE_INSTALL_DATADIR
+           CMAKE_INSTALL_DATAROOTDIR CIERA_BUILD_TOOLS CIERA_CUDA_ONLY CMAKE_PROJECT_VERSION)
+set(version_file ${WORK}/prefix/${built_CMAKE_INSTALL_LIBDIR}/cmake/ciera/cieraConfigVersion.cmake)
+if(NOT EXISTS ${version_file})
+  message(FATAL_ERROR "the install has no version file (${version_file}): find_package(ciera 0.1) cannot work")
+endif()
+file(STRINGS ${version_file} version_line REGEX "^set\\(PACKAGE_VERSION ")
+if(NOT version_line MATCHES "\"(([0-9]+)\\.([0-9]+)\\.[0-9]+)\"")
+  message(FATAL_ERROR "no version in ${version_file}: ${version_line}")
+endif()
+set(version ${CMAKE_MATCH_1})
+set(major ${CMAKE_MATCH_2})
+set(minor ${CMAKE_MATCH_3})
+if(NOT version STREQUAL built_CMAKE_PROJECT_VERSION)
+  message(FATAL_ERROR "the installed version file says ${version}, the build is ${built_CMAKE_PROJECT_VERSION}")
+endif()
+math(EXPR next_minor "${minor} + 1")
+math(EXPR next_major "${major} + 1")
+file(WRITE ${WORK}/versions/CMakeLists.txt "cmake_minimum_required(VERSION 3.22)
+project(versions LANGUAGES CXX)
+foreach(request ${major}.${next_minor} ${next_major}.0)
+  find_package(ciera \${request} QUIET)
+  if(ciera_FOUND)
+    message(FATAL_ERROR \"find_package(ciera \${request}) took version \${ciera_VERSION}\")
+  endif()
+endforeach()
+find_package(ciera ${major}.${minor} REQUIRED)
+if(NOT ciera_VERSION STREQUAL \"${version}\")
+  message(FATAL_ERROR \"find_package(ciera) gave version \${ciera_VERSION}, the version file says ${version}\")
+endif()
+")
+step("find_package(ciera <version>) against the version file"
+     ${CMAKE_COMMAND} -S ${WORK}/versions -B ${WORK}/versions/build -G ${GENERATOR}
+     -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF)
 
 # A consumer of the core library alone needs neither MPI nor the CUDA toolkit: with both hidden,
 # find_package(ciera) still gives ciera::ciera (and examples/ builds without its MPI programs);
@@ -108,6 +146,32 @@ step("codec_roundtrip" ${WORK}/build/codec_roundtrip)
 message(STATUS "${output}")
 if(NOT output MATCHES "every one bitwise exact")
   message(FATAL_ERROR "codec_roundtrip did not report every step exact:\n${output}")
+endif()
+
+# The installed tool runs from the prefix, names this version, and its codec bench verifies.
+if(built_CIERA_BUILD_TOOLS AND NOT built_CIERA_CUDA_ONLY)
+  set(tool ${WORK}/prefix/${built_CMAKE_INSTALL_BINDIR}/ciera)
+  if(NOT EXISTS ${tool})
+    message(FATAL_ERROR "the build has the tool (CIERA_BUILD_TOOLS), but its install has no ${tool}")
+  endif()
+  # GNUInstallDirs caches DATADIR empty, meaning DATAROOTDIR.
+  if(NOT built_CMAKE_INSTALL_DATADIR)
+    set(built_CMAKE_INSTALL_DATADIR ${built_CMAKE_INSTALL_DATAROOTDIR})
+  endif()
+  foreach(script linklab.sh linklab-agent.sh)  # what `--link-gbit` runs, found beside the tool
+    if(NOT EXISTS ${WORK}/prefix/${built_CMAKE_INSTALL_DATADIR}/ciera/${script})
+      message(FATAL_ERROR "the install has the tool but not the link lab's ${script} in "
+                          "${built_CMAKE_INSTALL_DATADIR}/ciera (the tool would look in the build's sources)")
+    endif()
+  endforeach()
+  step("ciera --version (installed)" ${tool} --version)
+  if(NOT output MATCHES "^ciera ${version} \\(commit ")
+    message(FATAL_ERROR "the installed tool did not name version ${version}:\n${output}")
+  endif()
+  step("ciera bench codec (installed)" ${tool} bench codec --values 4096 --steps 4 --warmup 1 --json --quiet)
+  if(NOT output MATCHES "\"verified\": true" OR output MATCHES "\"verified\": false")
+    message(FATAL_ERROR "the installed tool's codec bench did not verify every row:\n${output}")
+  endif()
 endif()
 
 if(MPIRUN)
