@@ -21,7 +21,11 @@ double relative_error(double predicted, double measured) {
 }
 
 std::string percent_text(double error) {
-  return (error >= 0 ? "+" : "") + fixed(100 * error, 1) + "%";
+  // Appended, not `const char* + std::string`: GCC 12 warns (-Wrestrict) on that, falsely.
+  std::string text = error >= 0 ? "+" : "";
+  text += fixed(100 * error, 1);
+  text += '%';
+  return text;
 }
 
 nlohmann::json fit_json(const std::optional<CostCurve>& c) {

@@ -1,6 +1,6 @@
 // The GPU decoder's steps (docs/gpu.md, "The device decoder"), as CIERA_HD functions: the CUDA
 // decoder (src/cuda/decoder.cu) runs each step as a kernel, one thread per index, and the host
-// emulation (codec/device_decode_host.hpp) runs the same functions in loops, so that the
+// emulation (codec/device_decode_emulation.hpp) runs the same functions in loops, so that the
 // decoder's logic is tested against the CPU decoder on every machine.
 //
 // A frame is decoded in this order, each step a no-op once an earlier one failed (the plan's
