@@ -52,6 +52,30 @@ class BroadcastStats:
     control_bytes: int = 0
 
 
+def _refuse_short_storage(tensors: list, prefix: str) -> None:
+    """ConfigError for a (contiguous) tensor whose storage no longer holds its values: freed or
+    shrunk by untyped_storage().resize_(), as FSDP frees an unsharded parameter's, its shape
+    kept. The engine writes numel() values from data_ptr(), past the end of what is left: a
+    corrupted heap, or a null pointer where the storage is empty."""
+    for i, t in enumerate(tensors):
+        needed = (t.storage_offset() + t.numel()) * t.element_size()
+        held = t.untyped_storage().nbytes()
+        if t.numel() > 0 and held < needed:
+            # Short: a peer hears a refusal cut to 76 bytes (kErrorTextBytes, src/engine/control.hpp).
+            raise _ext.ConfigError(f"{prefix}tensor {i}'s storage holds {held} of its {needed} bytes: freed or shrunk")
+
+
+def _refuse_negated(tensors: list, prefix: str) -> None:
+    """ConfigError for a negated view (the neg bit: a one-value complex tensor's .conj().imag is a
+    contiguous FP32 one): the engine reads and writes its memory, whose values are the negation
+    of the tensor's, so a receiver would read the root's values negated and a root would send its
+    own so."""
+    for i, t in enumerate(tensors):
+        if t.is_neg():
+            raise _ext.ConfigError(f"{prefix}tensor {i} is a negated view (its values are its memory's negated, "
+                                   "e.g. .conj().imag); pass .resolve_neg()")
+
+
 def _refuse_shared_memory(tensors: list, prefix: str) -> None:
     """ConfigError when two of `tensors` share memory (the same tensor twice, overlapping views):
     each is the output of its own bucket, decoded concurrently, so one would hold the other's
@@ -89,9 +113,11 @@ class Broadcaster:
     receivers keep the last values, value_bytes per value), "ciera" (exponent reuse) or "raw".
     `transport` as for ciera.torch.enable ("torch": a gloo group of its own; "mpi" under mpirun).
     Collective: every rank constructs it with the same arguments (checked, shapes included:
-    ConfigError on every rank otherwise); the tensors must not share memory. A rank whose own
-    arguments are refused (no tensors, a tensor CIERA cannot code) fails every rank alike, naming
-    it: ValueError or TypeError as for bad arguments, ConfigError for tensors CIERA cannot take."""
+    ConfigError on every rank otherwise); the tensors must not share memory nor be negated views.
+    A rank whose own arguments are refused (no tensors, a tensor CIERA cannot code) fails every
+    rank alike, naming it: ValueError or TypeError as for bad arguments, ConfigError for tensors
+    CIERA cannot take. For autograd a broadcast writes the receivers' tensors in place (their
+    versions move), so a backward that saved one before it fails rather than use the new values."""
 
     def __init__(self, tensors, root: int = 0, *, process_group=None, transport: str = "torch",
                  config: _ext.EngineConfig | None = None, policy: str = "delta"):
@@ -164,12 +190,16 @@ class Broadcaster:
                 raise _ext.ConfigError(f"tensor {i} is {t.dtype}; CIERA codes bfloat16, float16 and float32")
             if t.device.type != "cpu" or not t.is_contiguous():
                 raise _ext.ConfigError(f"tensor {i} must be a contiguous CPU tensor")
+        _refuse_short_storage(self.tensors, "")
+        _refuse_negated(self.tensors, "")
         _refuse_shared_memory(self.tensors, "")
 
     @property
     def cache_bytes(self) -> int:
         """Codec state this rank holds (the root: copies of what it sent; the others: the values
         they received last)."""
+        if self.engine.closed:   # the engine's own text names Handle.disable(), as in broadcast()
+            raise ValueError("Broadcaster is closed (close()); it holds no cache")
         return self.engine.cache_bytes
 
     def broadcast(self) -> BroadcastStats:
@@ -203,8 +233,16 @@ class Broadcaster:
             in_bytes = nbytes if self.rank == self.root else 0
             return self.engine.start(i, t.data_ptr(), in_bytes, t.data_ptr(), nbytes, keep=t)
 
-        tickets = start_each([(self.engine, i) for i in range(len(self.tensors))], start_one)
-        stats = wait_each([(self.engine, ticket) for ticket in tickets])
+        try:
+            tickets = start_each([(self.engine, i) for i in range(len(self.tensors))], start_one)
+            stats = wait_each([(self.engine, ticket) for ticket in tickets])
+        finally:
+            if self.rank != self.root:
+                # The engine writes a receiver's tensors through their pointers, unseen by autograd:
+                # a backward that saved one (a forward before this call) would otherwise go on with
+                # the new values. A failed call may have written some of them too. The root's
+                # values are unchanged, so its backward stays valid.
+                torch.autograd.graph.increment_version(self.tensors)
         return BroadcastStats(sum(s.raw_bytes for s in stats), sum(s.wire_bytes for s in stats),
                               time.perf_counter() - start, sum(s.control_bytes for s in stats))
 
@@ -217,6 +255,8 @@ class Broadcaster:
                                        f"{list(self._shapes[i])} at set-up")
             if t.device.type != "cpu" or not t.is_contiguous():
                 raise _ext.ConfigError(f"Broadcaster: tensor {i} is no longer a contiguous CPU tensor")
+        _refuse_short_storage(self.tensors, "Broadcaster: ")
+        _refuse_negated(self.tensors, "Broadcaster: ")
         _refuse_shared_memory(self.tensors, "Broadcaster: ")
 
     def _refuse(self, reason: str) -> None:

@@ -50,7 +50,8 @@ def broadcast_rounds(rank, world, policy, root, steps):
     finally:
         bcast.close()
     bcast.close()   # a second close() is harmless
-    return {"wire": wire, "raw": raw, "cache": cache, "after_close": error_of(bcast.broadcast)}
+    return {"wire": wire, "raw": raw, "cache": cache, "after_close": error_of(bcast.broadcast),
+            "cache_after_close": error_of(lambda: bcast.cache_bytes)}
 
 
 def _policies():
@@ -64,6 +65,7 @@ def test_broadcast_is_bit_exact_and_small(policy):
     wire, raw = results[0][1]["wire"], results[0][1]["raw"]
     for _, r in results.values():   # the Broadcaster's own text: it has no Handle.disable()
         assert r["after_close"] == "ValueError: Broadcaster is closed (close()); it cannot broadcast", r
+        assert r["cache_after_close"] == "ValueError: Broadcaster is closed (close()); it holds no cache", r
     if policy == "delta":
         # After the first (key) frames, the differences of weights that barely move are small:
         # BF16's and FP16's a fraction of a bit per value, FP32's (half of the raw bytes, and
@@ -214,8 +216,14 @@ def misused(rank, world, case):
     elif case == "overlap":
         buffer = torch.zeros(12)
         tensors = [buffer[0:8], buffer[4:12]]
+    elif case == "negated":
+        # A one-value complex tensor's .conj().imag: a contiguous FP32 view whose values are the
+        # negation of the memory the engine writes, so it read -1.0 where the root held 1.0.
+        tensors = [torch.zeros(8), torch.ones(1, dtype=torch.complex64).conj().imag]
     else:
         tensors, config = [torch.zeros(8), torch.zeros(8)], ciera.EngineConfig()
+    if rank == 0 and case == "negated":
+        tensors = [torch.zeros(8), torch.zeros(1)]
     return error_of(lambda: ciera.broadcast.Broadcaster(tensors, root=0, config=config))
 
 
@@ -225,7 +233,9 @@ def misused(rank, world, case):
     ("alias", "ConfigError: Broadcaster: on rank 1: tensors 0 and 1 share memory"),
     ("overlap", "ConfigError: Broadcaster: on rank 1: tensors 0 and 1 share memory"),
     ("config", "ConfigError: Broadcaster: the ranks differ in config: 'None' on rank 0; 'an EngineConfig' on "
-               "ranks 1, 2")])
+               "ranks 1, 2"),
+    ("negated", "ConfigError: Broadcaster: on rank 1: tensor 1 is a negated view (its values are its memory's "
+                "negated, e.g. .conj().imag); pass .resolve_neg()")])
 def test_tensors_that_cannot_come_out_bit_exact_are_refused_on_every_rank(case, error):
     # Each was taken before: the receivers' tensors then held the root's bytes in another shape,
     # or one bucket's values over another's (the audit's [1, 1, 1, 1, 2, 2, 2, 2] for [1] * 8).
@@ -292,6 +302,61 @@ def test_a_tensor_reshaped_after_set_up_is_refused_on_every_rank():
     reason = "Broadcaster: tensor 0 is now of shape [3, 2]; it was [2, 3] at set-up"
     assert results[1][1] == f"ConfigError: {reason}", results[1]
     assert results[0][1] == f"ConfigError: rank 1 rejected its gather of bucket 'tensor0': {reason}", results[0]
+
+
+def backward_across_a_broadcast(rank, world):
+    """A receiver's forward saves its weight for backward, then a broadcast overwrites the weight."""
+    weight = torch.nn.Parameter(torch.full((4,), float(rank + 1)))
+    broadcaster = ciera.broadcast.Broadcaster([weight], root=0)
+    loss = (weight * weight).sum()   # d loss / d weight = 2 * the weight of the forward
+    broadcaster.broadcast()          # rank 1's weight: 2.0 -> the root's 1.0
+    error = error_of(loss.backward)
+    broadcaster.close()
+    return error, weight.tolist()
+
+
+def test_a_broadcast_into_a_weight_saved_for_backward_fails_that_backward():
+    # The engine writes through the tensor's pointer, which autograd does not see: rank 1's
+    # backward went on with the new weight, a gradient of 2.0 each where the forward's was 4.0.
+    results = spawn(backward_across_a_broadcast, 2)
+    assert all(status == "ok" for status, _ in results.values()), results
+    assert results[0][1] == (None, [1.0] * 4), results[0]   # the root's values are unchanged
+    error, weight = results[1][1]
+    assert weight == [1.0] * 4 and error is not None and error.startswith(
+        "RuntimeError: one of the variables needed for gradient computation has been modified by an inplace "
+        "operation"), results[1]
+
+
+def storage_shrunk_on_one_rank(rank, world, storage_bytes):
+    """Rank 1 frees or shrinks its tensor's storage after set-up (as FSDP frees an unsharded
+    parameter's), its shape kept: what each rank's next broadcast raised, and whether the one
+    after the storage is given back its size delivered the root's values."""
+    config = ciera.EngineConfig()
+    config.timeout_s = 20
+    tensors = [torch.full((1024,), float(rank))]
+    broadcaster = ciera.broadcast.Broadcaster(tensors, root=0, config=config)
+    broadcaster.broadcast()
+    if rank == 1:
+        tensors[0].untyped_storage().resize_(storage_bytes)
+    error = error_of(broadcaster.broadcast)
+    if rank == 1:
+        tensors[0].untyped_storage().resize_(4096)
+    broadcaster.broadcast()
+    exact = torch.equal(tensors[0], torch.zeros(1024))
+    broadcaster.close()
+    return error, exact
+
+
+@pytest.mark.parametrize("storage_bytes", [0, 16])
+def test_a_tensor_whose_storage_shrank_on_one_rank_is_refused_on_every_rank(storage_bytes):
+    # 16 bytes: the engine wrote the root's 4096 past their end (glibc: "free(): invalid next size",
+    # rank 1 killed) while rank 0's broadcast succeeded; 0: a null pointer, named as such only.
+    results = spawn(storage_shrunk_on_one_rank, 2, storage_bytes)
+    assert all(status == "ok" for status, _ in results.values()), results
+    reason = f"Broadcaster: tensor 0's storage holds {storage_bytes} of its 4096 bytes: freed or shrunk"
+    assert results[1][1] == (f"ConfigError: {reason}", True), results[1]
+    assert results[0][1] == (f"ConfigError: rank 1 rejected its gather of bucket 'tensor0': {reason}", True), \
+        results[0]
 
 
 def test_broadcast_rejects_bad_arguments():
