@@ -227,10 +227,11 @@ inline void expect_corruption_caught_and_resent(int world, const BackendOf& back
         }
       },
       [&](std::unique_ptr<Transport> inner, int r) -> std::unique_ptr<Transport> {
-        // The agreement is allgatherv call 0; the payload exchange of step s is call s + 1.
-        // Step 4 is compressed (warmup 1).
-        return std::make_unique<CorruptingTransport>(std::move(inner), backends[r]->memory(),
-                                                     [r, victim](int call) { return r == victim && call == 5; });
+        // An agreement that matches uses no allgatherv (engine protocol 3): the payload exchange
+        // of step s is call s. Step 4 is compressed (warmup 1).
+        return std::make_unique<CorruptingTransport>(
+            std::move(inner), backends[r]->memory(),
+            [r, victim](int call) { return r == victim && call == 4; });
       }));
 }
 

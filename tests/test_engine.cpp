@@ -357,9 +357,14 @@ TEST(Engine, DescriptionLengthsPastTheAgreementsBoundAreConfigErrorsOnEveryRank)
         : ForwardingTransport(std::move(inner)), lengths_(std::move(lengths)) {}
     void allgather(const void* in, size_t bytes, void* out) override {
       ForwardingTransport::allgather(in, bytes, out);
-      // The first allgather of one u64 per rank: the descriptions' lengths.
-      if (bytes == sizeof(uint64_t) && !done_) {
-        std::memcpy(out, lengths_.data(), lengths_.size() * sizeof(uint64_t));
+      // The digests (docs/format.md, "Engine protocol": length, XXH3-128, error flag; u64s),
+      // each made distinct so that every rank's text is asked for.
+      if (bytes == 4 * sizeof(uint64_t) && !done_) {
+        auto* digests = static_cast<uint64_t*>(out);
+        for (size_t r = 0; r < lengths_.size(); ++r) {
+          digests[4 * r] = lengths_[r];
+          digests[4 * r + 1] = r;
+        }
         done_ = true;
       }
     }
@@ -391,6 +396,149 @@ TEST(Engine, DescriptionLengthsPastTheAgreementsBoundAreConfigErrorsOnEveryRank)
         });
     for (int r = 0; r < world; ++r)
       EXPECT_EQ(errors[r], "ConfigError: " + expected) << "rank " << r;
+  }
+}
+
+// Counts the bytes this rank receives from its collectives (its own part included).
+class ReceivedBytesTransport final : public testing::ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  void allgather(const void* in, size_t bytes, void* out) override {
+    received += bytes * static_cast<uint64_t>(size());
+    ForwardingTransport::allgather(in, bytes, out);
+  }
+  void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
+                  std::span<const uint64_t> displs) override {
+    for (const uint64_t c : counts) received += c;
+    ForwardingTransport::allgatherv(in, out, counts, displs);
+  }
+  uint64_t received = 0;
+};
+
+// Every rank's description lists every rank's shard sizes, so gathering them all was W^2 x
+// parameters bytes on every rank at construction (932,256 bytes a rank here with protocol 2,
+// past the 1 GiB bound at about 1024 ranks of 128 parameters a bucket). Where they match, a rank
+// now receives a marker and a digest from each rank (40 bytes), and the stream epochs and set-up
+// flags (8): 768 bytes.
+TEST(Engine, AgreementReceivesBytesLinearInTheWorldWhereTheConfigurationsMatch) {
+  const int world = 16;
+  std::vector<BucketLayout> buckets;
+  for (int b = 0; b < 8; ++b)
+    buckets.push_back(BucketLayout::fsdp_split("layer" + std::to_string(b), DType::kBF16,
+                                               std::vector<uint64_t>(128, 1000 + b), world,
+                                               ShardPolicy::kRaw));
+  std::vector<uint64_t> received(world);
+  const auto errors = run_ranks(
+      world,
+      [&](int rank, Transport& t) {
+        CompressedAllgather engine(t, EngineConfig{}, buckets);
+        received[rank] = dynamic_cast<ReceivedBytesTransport&>(t).received;
+      },
+      [](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
+        return std::make_unique<ReceivedBytesTransport>(make_loopback_transport(std::move(w), r));
+      });
+  testing::expect_no_errors(errors);
+  for (int r = 0; r < world; ++r) EXPECT_EQ(received[r], uint64_t{48} * world) << "rank " << r;
+  std::printf(
+      "agreement and set-up, %d ranks, 8 buckets of 128 parameters: %llu bytes received "
+      "a rank\n",
+      world, static_cast<unsigned long long>(received[0]));
+}
+
+// Ranks whose descriptions differ still read every rank's facts, so the first difference is
+// named as before; a description that several ranks share is sent once (rank 5 alone differs
+// here: the texts of ranks 0 and 5 travel, not 16). A local error that every rank shares
+// (identical digests) is still read and named.
+TEST(Engine, AgreementNamesAMismatchInALargeWorldSendingEachDescriptionOnce) {
+  const int world = 16;
+  std::vector<uint64_t> received(world), texts(world);
+  const auto errors = run_ranks(
+      world,
+      [&](int rank, Transport& t) {
+        auto& counted = dynamic_cast<ReceivedBytesTransport&>(t);
+        EngineConfig config;
+        if (rank == 5) config.codec.block_values = 1024;
+        try {
+          CompressedAllgather engine(
+              t, config, {BucketLayout::fsdp_split("b", DType::kBF16, {1000, 24}, world)});
+        } catch (...) {
+          received[rank] = counted.received;
+          throw;
+        }
+      },
+      [](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
+        return std::make_unique<ReceivedBytesTransport>(make_loopback_transport(std::move(w), r));
+      });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(errors[r],
+              "configuration mismatch across ranks: block_values is '1024' on rank 5; '512' on "
+              "ranks 0,1,2,3,4,6,7,8,9,10,11,12,13,14,15");
+    // 40 bytes a rank for the marker and digest, then two descriptions of well under 2 KiB.
+    EXPECT_LT(received[r], uint64_t{40} * world + 2 * 2048) << "rank " << r;
+  }
+  std::printf("agreement, %d ranks, one differing: %llu bytes received a rank\n", world,
+              static_cast<unsigned long long>(received[0]));
+  const auto same_error = run_ranks(world, [&](int, Transport& t) {
+    EngineConfig config;
+    config.timeout = std::chrono::milliseconds(-1);
+    CompressedAllgather engine(t, config,
+                               {BucketLayout::fsdp_split("b", DType::kBF16, {1000}, world)});
+  });
+  for (int r = 0; r < world; ++r)
+    EXPECT_EQ(same_error[r].find("configuration rejected on rank 0: "), 0u) << same_error[r];
+}
+
+// A build of engine protocol 2 or earlier sends its description's length where this one sends
+// its marker, and a later build another marker: the two sides would otherwise pair different
+// collectives. Every rank of this build names the protocol version after the first collective.
+TEST(Engine, AgreementNamesAPeerOfAnotherProtocolAfterItsFirstCollective) {
+  struct Marking final : testing::ForwardingTransport {
+    Marking(std::shared_ptr<Transport> inner, uint64_t rank1_sends)
+        : ForwardingTransport(std::move(inner)), rank1_sends_(rank1_sends) {}
+    void allgather(const void* in, size_t bytes, void* out) override {
+      ++collectives;
+      ForwardingTransport::allgather(in, bytes, out);
+      if (collectives == 1 && bytes == sizeof(uint64_t))
+        static_cast<uint64_t*>(out)[1] = rank1_sends_;
+    }
+    void allgatherv(const void* in, void* out, std::span<const uint64_t> counts,
+                    std::span<const uint64_t> displs) override {
+      ++collectives;
+      ForwardingTransport::allgatherv(in, out, counts, displs);
+    }
+    uint64_t rank1_sends_;
+    int collectives = 0;
+  };
+  const int world = 3;
+  const std::pair<uint64_t, std::string> cases[] = {
+      {2291,  // an older build's description length
+       "configuration mismatch across ranks: protocol_version is '2 or older' on rank 1; '3' on "
+       "ranks 0,2"},
+      {0x4349455241475204,
+       "configuration mismatch across ranks: protocol_version is '3' on ranks 0,2; '4' on rank 1"},
+      {0xffffffffffffffff,
+       "configuration mismatch across ranks: protocol_version is '3' on ranks 0,2; 'unknown "
+       "(sent 0xffffffffffffffff)' on rank 1"}};
+  for (const auto& [rank1_sends, expected] : cases) {
+    std::vector<int> collectives(world);
+    const auto errors = run_ranks(
+        world,
+        [&](int rank, Transport& t) {
+          try {
+            CompressedAllgather engine(
+                t, EngineConfig{}, {BucketLayout::fsdp_split("b", DType::kBF16, {1000}, world)});
+          } catch (...) {
+            collectives[rank] = dynamic_cast<Marking&>(t).collectives;
+            throw;
+          }
+        },
+        [&](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
+          return std::make_unique<Marking>(make_loopback_transport(std::move(w), r), rank1_sends);
+        });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(errors[r], expected) << "rank " << r;
+      EXPECT_EQ(collectives[r], 1) << "rank " << r;
+    }
   }
 }
 
@@ -731,10 +879,11 @@ TEST(Engine, CorruptedPayloadIsCaughtAndResent) {
         }
       },
       [](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
-        // Agreement uses one allgatherv; the payload of step s is call s + 1. Corrupt on rank 2.
-        return std::make_unique<testing::CorruptingTransport>(make_loopback_transport(std::move(w), r),
-                                                              host_memory_ops(),
-                                                              [r](int call) { return r == 2 && call == 5; });
+        // An agreement that matches uses no allgatherv (engine protocol 3); the payload of step s
+        // is call s. Corrupt on rank 2.
+        return std::make_unique<testing::CorruptingTransport>(
+            make_loopback_transport(std::move(w), r), host_memory_ops(),
+            [r](int call) { return r == 2 && call == 4; });
       });
   testing::expect_no_errors(errors);
 }
@@ -802,9 +951,9 @@ TEST(Engine, PersistentCorruptionFailsOnEveryRank) {
         engine.run(0, data.input(rank), out);
       },
       [](std::shared_ptr<LoopbackWorld> w, int r) -> std::unique_ptr<Transport> {
-        return std::make_unique<testing::CorruptingTransport>(make_loopback_transport(std::move(w), r),
-                                                              host_memory_ops(),
-                                                              [r](int call) { return r == 1 && call >= 1; });
+        return std::make_unique<testing::CorruptingTransport>(
+            make_loopback_transport(std::move(w), r), host_memory_ops(),
+            [r](int) { return r == 1; });
       });
   for (int r = 0; r < world; ++r) {
     const std::string m = errors[r];

@@ -12,10 +12,11 @@
 
 namespace ciera {
 
-// Exchanges every rank's description of `config` and `buckets` (two collectives on `transport`);
-// throws ConfigError, with the same text on every rank, if any rank's `local_error` is non-empty
-// (naming that rank) or any fact differs between ranks (naming the fact and which ranks hold
-// which value).
+// Agrees every rank's description of `config` and `buckets`: two collectives of 8 and 32 bytes
+// per rank on `transport` where they match, a third of the differing descriptions where not
+// (docs/format.md, "Engine protocol"); throws ConfigError, with the same text on every rank, if
+// any rank's `local_error` is non-empty (naming that rank) or any fact differs between ranks
+// (naming the fact and which ranks hold which value).
 void agree_on_configuration(Transport& transport, const EngineConfig& config,
                             const std::vector<BucketLayout>& buckets,
                             const std::string& local_error);
