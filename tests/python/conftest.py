@@ -129,6 +129,41 @@ def error_of(call) -> str | None:
     return None
 
 
+def set_up_stages_failing(failing: bool, enable, transport_owner) -> list:
+    """enable() (a call that sets CIERA up and returns a handle), with its transport, then its
+    engine, failing on this rank if `failing`, each just after its collective part (the torch
+    group made, the engine's configuration agreed): what enable() raised here and the seconds it
+    took, per stage. `transport_owner` is the module whose make_transport enable() calls; the
+    engine is made by ciera.fsdp.api.make_engine."""
+    import time
+
+    from ciera.fsdp import api, lifecycle
+
+    def failing_after(original, error: BaseException, close=None):
+        def call(*args, **kwargs):
+            made = original(*args, **kwargs)
+            if failing:
+                if close is not None:
+                    close(made)
+                raise error
+            return made
+        return call
+
+    out = []
+    for owner, name, error, close in (
+            (transport_owner, "make_transport", RuntimeError("no route to the peers on this node"), None),
+            (api, "make_engine", MemoryError("no room for the codec state"), lifecycle.close_engine)):
+        original = getattr(owner, name)
+        setattr(owner, name, failing_after(original, error, close))
+        start = time.time()
+        try:
+            raised = error_of(lambda: enable().disable())
+        finally:
+            setattr(owner, name, original)
+        out.append((raised, time.time() - start))
+    return out
+
+
 def policy_failing_on(failing_rank: int, rank: int):
     """A shard policy (the user's callable) that fails on `failing_rank` only, as one reading a
     file that only some nodes have would."""

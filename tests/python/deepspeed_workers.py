@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import ciera
 import ciera.deepspeed
-from conftest import error_of, policy_failing_on
+from conftest import error_of, policy_failing_on, set_up_stages_failing
 
 
 def _deepspeed(rank: int, world: int):
@@ -188,42 +188,12 @@ def set_up_fails_on_one_rank(rank: int, world: int) -> list:
     each just after its collective part: what each rank raised and the seconds it took, per stage.
     Until stop 71 the others waited for the last rank in the engine's agreement until the 20 s
     timeout (the transport), or went on with an engine the last rank does not have (the engine)."""
-    import time
-
-    from ciera.fsdp import api, lifecycle
-
     deepspeed = _deepspeed(rank, world)
     ds_engine = engine(deepspeed, 0, config(stage3_param_persistence_threshold=0))
     engine_config = ciera.EngineConfig()
     engine_config.timeout_s = 20
-    last = rank == world - 1
-    make_transport, make_engine = ciera.deepspeed.make_transport, api.make_engine
-
-    def failing_transport(*args, **kwargs):
-        native = make_transport(*args, **kwargs)
-        if last:
-            raise RuntimeError("no route to the peers on this node")
-        return native
-
-    def failing_engine(*args, **kwargs):
-        made = make_engine(*args, **kwargs)
-        if last:
-            lifecycle.close_engine(made)
-            raise MemoryError("no room for the codec state")
-        return made
-
-    out = []
-    for owner, name, patched in ((ciera.deepspeed, "make_transport", failing_transport),
-                                 (api, "make_engine", failing_engine)):
-        original = getattr(owner, name)
-        setattr(owner, name, patched)
-        start = time.time()
-        try:
-            error = error_of(lambda: ciera.deepspeed.enable(ds_engine, engine_config).disable())
-        finally:
-            setattr(owner, name, original)
-        out.append((error, time.time() - start))
-    return out
+    return set_up_stages_failing(rank == world - 1, lambda: ciera.deepspeed.enable(ds_engine, engine_config),
+                                 ciera.deepspeed)
 
 
 class _ObserverFailingOnce:

@@ -11,7 +11,7 @@ import ciera
 import ciera.torch as ct
 from ciera import fsdp
 from ciera import data, models
-from conftest import error_of, policy_failing_on
+from conftest import error_of, policy_failing_on, set_up_stages_failing
 
 
 def tiny_spec(family, **overrides):
@@ -308,40 +308,15 @@ def one_rank_refuses_a_call(rank, world):
 
 def set_up_fails_on_one_rank(rank, world):
     """enable() whose transport, then whose engine, fails on the last rank alone, each just after
-    its collective part (the torch group made, the engine's configuration agreed): what each rank
-    raised and the seconds it took, per stage. The others would have waited for the last rank in
-    the engine's agreement until the 20 s timeout, or gone on with an engine it does not have."""
-    from ciera.fsdp import api, lifecycle
+    its collective part: what each rank raised and the seconds it took, per stage. The others
+    would have waited for the last rank in the engine's agreement until the 20 s timeout, or gone
+    on with an engine it does not have."""
+    from ciera.fsdp import api
 
-    last = rank == world - 1
     model = build(tiny_spec("olmoe"), world)
     config = ciera.EngineConfig()
     config.timeout_s = 20
-    make_transport, make_engine = api.make_transport, api.make_engine
-
-    def failing_transport(*args, **kwargs):
-        native = make_transport(*args, **kwargs)
-        if last:
-            raise RuntimeError("no route to the peers on this node")
-        return native
-
-    def failing_engine(*args, **kwargs):
-        engine = make_engine(*args, **kwargs)
-        if last:
-            lifecycle.close_engine(engine)
-            raise MemoryError("no room for the codec state")
-        return engine
-
-    out = []
-    for stage, patched in (("make_transport", failing_transport), ("make_engine", failing_engine)):
-        setattr(api, stage, patched)
-        start = time.time()
-        try:
-            error = error_of(lambda: ct.enable(model, config).disable())
-        finally:
-            setattr(api, stage, make_transport if stage == "make_transport" else make_engine)
-        out.append((error, time.time() - start))
-    return out
+    return set_up_stages_failing(rank == world - 1, lambda: ct.enable(model, config), api)
 
 
 def dead_rank(rank, world):
