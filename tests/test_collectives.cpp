@@ -992,6 +992,16 @@ TEST(CollectiveRecords, PassThroughTravelsAndUnknownFlagsAreRefused) {
     collectives::write_call_record(mine, bytes);
     EXPECT_EQ(collectives::read_call_record(bytes, 2, 1).passes_through, passes);
   }
+  // A rank that runs an alltoallv against one passing a reduce-scatter through: both kinds named.
+  std::vector<collectives::CallRecord> two(2, mine);
+  two[0].kind = collectives::CallKind::kAlltoallv;
+  two[0].passes_through = false;
+  two[0].sequence = 3;
+  two[1].sequence = 3;
+  EXPECT_EQ(collectives::pass_through_text(two, std::vector<std::string>{"", "why"}),
+            "lossless collectives: alltoallv call 3 runs on rank 0, but rank 1 passes a "
+            "reduce_scatter through to the caller's own (every rank must make the same choice); "
+            "rank 1: why");
   // Bit 3 set and the record resealed as a sender would (XXH3-64 with its field, bytes 40..47, 0).
   bytes[12] |= std::byte{8};
   std::fill(bytes.begin() + 40, bytes.begin() + 48, std::byte{0});

@@ -46,10 +46,10 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-// CIERA_LINKLAB, else the script installed beside this executable (`cmake --install`:
-// bin/ciera and share/ciera/linklab.sh; a wheel: ciera/bin/ciera and ciera/share/linklab.sh),
-// else the source tree's (a build's tool): an installed tool must not depend on the checkout it
-// was built from still being there.
+// CIERA_LINKLAB, else the script installed with this executable (`cmake --install`: the
+// install's data dir, CIERA_BIN_TO_DATA from its bin dir, then ciera/linklab.sh; a wheel:
+// ciera/bin/ciera and ciera/share/linklab.sh), else the source tree's (a build's tool): an
+// installed tool must not depend on the checkout it was built from still being there.
 std::string linklab_script() {
   if (const char* p = std::getenv("CIERA_LINKLAB")) return p;
   char self[4096];
@@ -58,7 +58,12 @@ std::string linklab_script() {
     self[n] = '\0';
     std::string dir(self);
     dir = dir.substr(0, dir.rfind('/'));  // .../bin
-    for (const char* beside : {"/../share/ciera/linklab.sh", "/../share/linklab.sh"}) {
+#ifdef CIERA_BIN_TO_DATA
+    const std::string installed = "/" CIERA_BIN_TO_DATA "/ciera/linklab.sh";
+#else
+    const std::string installed = "/../share/ciera/linklab.sh";
+#endif
+    for (const std::string& beside : {installed, std::string("/../share/linklab.sh")}) {
       if (access((dir + beside).c_str(), X_OK) == 0) return dir + beside;
     }
   }

@@ -782,6 +782,8 @@ class ReduceScatterHandle(_OptimizerHook):
         small allgather, on pass-through calls only), so a call every rank serves costs nothing
         more; a call on a group smaller than the world is not CIERA's ranks' to agree on (its
         members alone run it), and goes through as it is."""
+        # The engine's group is the world (_group refuses any other), so a group of its size has
+        # every rank as a member: each of them makes this call and takes part in the agreement.
         if dist.get_world_size(group) == self._world:
             why = self.unserved(input_tensor, output_tensor, group) or "serves() declined it"
             self.collectives.pass_through_reduce_scatter(

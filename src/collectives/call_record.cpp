@@ -196,10 +196,15 @@ std::string pass_through_text(std::span<const CallRecord> records,
     for (size_t k = 0; k < ranks.size(); ++k) text += (k ? ", " : "") + std::to_string(ranks[k]);
     return text;
   };
-  return "lossless collectives: " + std::string(call_kind_name(records.front().kind)) + " call " +
-         std::to_string(records.front().sequence) + " runs on " + named(ran) + ", but " +
-         named(passed) + (passed.size() == 1 ? " passes" : " pass") +
-         " it through to the caller's own (every rank must make the same choice)" + why;
+  // The kind and call number of the ranks that run the call (a pass-through is always a
+  // reduce-scatter's, but a rank that runs may be in an alltoallv: then both kinds are named).
+  const CallRecord& running = records[ran.empty() ? 0 : ran.front()];
+  const bool same_kind = running.kind == CallKind::kReduceScatter;
+  return "lossless collectives: " + std::string(call_kind_name(running.kind)) + " call " +
+         std::to_string(running.sequence) + " runs on " + named(ran) + ", but " + named(passed) +
+         (passed.size() == 1 ? " passes" : " pass") +
+         (same_kind ? " it" : " a reduce_scatter") +
+         " through to the caller's own (every rank must make the same choice)" + why;
 }
 
 void check_agreement(std::span<const CallRecord> records) {

@@ -46,9 +46,16 @@ if(NOT version STREQUAL built_CMAKE_PROJECT_VERSION)
 endif()
 math(EXPR next_minor "${minor} + 1")
 math(EXPR next_major "${major} + 1")
+# A later minor and a later major are refused by any compatibility mode; an earlier minor is what
+# SameMinorVersion refuses and SameMajorVersion would take.
+set(refused ${major}.${next_minor} ${next_major}.0)
+if(minor GREATER 0)
+  math(EXPR previous_minor "${minor} - 1")
+  list(APPEND refused ${major}.${previous_minor})
+endif()
 file(WRITE ${WORK}/versions/CMakeLists.txt "cmake_minimum_required(VERSION 3.22)
 project(versions LANGUAGES CXX)
-foreach(request ${major}.${next_minor} ${next_major}.0)
+foreach(request ${refused})
   find_package(ciera \${request} QUIET)
   if(ciera_FOUND)
     message(FATAL_ERROR \"find_package(ciera \${request}) took version \${ciera_VERSION}\")
@@ -164,6 +171,19 @@ if(built_CIERA_BUILD_TOOLS AND NOT built_CIERA_CUDA_ONLY)
                           "${built_CMAKE_INSTALL_DATADIR}/ciera (the tool would look in the build's sources)")
     endif()
   endforeach()
+  # The tool finds the lab where it was installed: a stand-in lab there answers for it (77, the
+  # lab's refusal, which the tool passes on), not the build's sources.
+  file(WRITE ${WORK}/prefix/${built_CMAKE_INSTALL_DATADIR}/ciera/linklab.sh
+       "#!/bin/sh\necho \"the installed link lab ran\" >&2\nexit 77\n")
+  file(CHMOD ${WORK}/prefix/${built_CMAKE_INSTALL_DATADIR}/ciera/linklab.sh
+       PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=CIERA_LINKLAB
+                          ${tool} bench allgather --ranks 2 --link-gbit 1 --quiet
+                  RESULT_VARIABLE lab_status ERROR_VARIABLE lab_output OUTPUT_QUIET)
+  if(NOT lab_status EQUAL 77 OR NOT lab_output MATCHES "the installed link lab ran")
+    message(FATAL_ERROR "the installed tool did not run the installed link lab (status ${lab_status}):\n"
+                        "${lab_output}")
+  endif()
   step("ciera --version (installed)" ${tool} --version)
   if(NOT output MATCHES "^ciera ${version} \\(commit ")
     message(FATAL_ERROR "the installed tool did not name version ${version}:\n${output}")
