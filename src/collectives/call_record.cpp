@@ -202,8 +202,7 @@ std::string pass_through_text(std::span<const CallRecord> records,
   const bool same_kind = running.kind == CallKind::kReduceScatter;
   return "lossless collectives: " + std::string(call_kind_name(running.kind)) + " call " +
          std::to_string(running.sequence) + " runs on " + named(ran) + ", but " + named(passed) +
-         (passed.size() == 1 ? " passes" : " pass") +
-         (same_kind ? " it" : " a reduce_scatter") +
+         (passed.size() == 1 ? " passes" : " pass") + (same_kind ? " it" : " a reduce_scatter") +
          " through to the caller's own (every rank must make the same choice)" + why;
 }
 
