@@ -94,8 +94,8 @@ def _failures(failure: BaseException | None, group=None) -> tuple[list[tuple[int
 def set_up_on_every_rank(stage, group, failed_text, cleanup=None):
     """`stage()` (one step of a collective set-up: a transport, a measured cost model, an engine),
     then whether it succeeded on every rank of `group` (one small all_gather_object): returns what
-    it returned where it did. Else, on every rank, `cleanup()` (what the ranks that succeeded made)
-    and: the stage's own error where every rank failed alike (an engine's configuration agreement
+    it returned where it did. Else, on every rank, `cleanup(result)` (what this rank's stage
+    returned, None where it failed: to release what the ranks that succeeded made) and: the stage's own error where every rank failed alike (an engine's configuration agreement
     throws the same text everywhere), otherwise a ConfigError, `failed_text(rank)` followed by that
     rank's error, naming the first rank that failed.
 
@@ -113,7 +113,7 @@ def set_up_on_every_rank(stage, group, failed_text, cleanup=None):
     if not failed:
         return result
     if cleanup is not None:
-        cleanup()
+        cleanup(result)
     if failure is not None and len(failed) == size and all(f[1:] == failed[0][1:] for f in failed):
         raise failure
     rank, kind, text = failed[0]

@@ -76,6 +76,14 @@ def _refuse_negated(tensors: list, prefix: str) -> None:
                                    "e.g. .conj().imag); pass .resolve_neg()")
 
 
+def _refuse_unwritable(tensors: list, prefix: str) -> None:
+    """What set-up and every broadcast() refuse in `tensors` beyond their dtype and layout:
+    storage that no longer holds them, negated views, and memory they share."""
+    _refuse_short_storage(tensors, prefix)
+    _refuse_negated(tensors, prefix)
+    _refuse_shared_memory(tensors, prefix)
+
+
 def _refuse_shared_memory(tensors: list, prefix: str) -> None:
     """ConfigError when two of `tensors` share memory (the same tensor twice, overlapping views):
     each is the output of its own bucket, decoded concurrently, so one would hold the other's
@@ -190,9 +198,7 @@ class Broadcaster:
                 raise _ext.ConfigError(f"tensor {i} is {t.dtype}; CIERA codes bfloat16, float16 and float32")
             if t.device.type != "cpu" or not t.is_contiguous():
                 raise _ext.ConfigError(f"tensor {i} must be a contiguous CPU tensor")
-        _refuse_short_storage(self.tensors, "")
-        _refuse_negated(self.tensors, "")
-        _refuse_shared_memory(self.tensors, "")
+        _refuse_unwritable(self.tensors, "")
 
     @property
     def cache_bytes(self) -> int:
@@ -255,9 +261,7 @@ class Broadcaster:
                                        f"{list(self._shapes[i])} at set-up")
             if t.device.type != "cpu" or not t.is_contiguous():
                 raise _ext.ConfigError(f"Broadcaster: tensor {i} is no longer a contiguous CPU tensor")
-        _refuse_short_storage(self.tensors, "Broadcaster: ")
-        _refuse_negated(self.tensors, "Broadcaster: ")
-        _refuse_shared_memory(self.tensors, "Broadcaster: ")
+        _refuse_unwritable(self.tensors, "Broadcaster: ")
 
     def _refuse(self, reason: str) -> None:
         """This broadcast, refused on every bucket in the order the peers wait for them."""

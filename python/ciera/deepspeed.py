@@ -577,17 +577,15 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
     def failed(rank: int) -> str:
         return f"ciera.deepspeed.enable(): rank {rank} could not set up CIERA"
 
-    made = []   # the engine, where this rank made it, to close if another rank did not
-
-    def make_engine():
-        made.append(api.make_engine(native, config, layouts, device))
-        return made[0]
+    def close(made) -> None:   # this rank's engine, where it made one and another rank did not
+        if made is not None:
+            lifecycle.close_engine(made)
 
     native = set_up_on_every_rank(lambda: make_transport(transport, group, config.timeout_s, device), group, failed)
     if selecting and cost_model is None:
         cost_model = set_up_on_every_rank(lambda: api.measured_cost_model(native, buckets, world, config), group,
                                           failed)
-    gathers = set_up_on_every_rank(make_engine, group, failed, lambda: [lifecycle.close_engine(e) for e in made])
+    gathers = set_up_on_every_rank(lambda: api.make_engine(native, config, layouts, device), group, failed, close)
     runtime = Runtime(gathers, buckets, [], verify, overlap=overlap)
     state = _State(runtime, params, group, world)
     hook = (api.install_selector(runtime, cost_model, config, engine.module, group, cache_budget_bytes,

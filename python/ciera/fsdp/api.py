@@ -166,7 +166,7 @@ def plain_cost_model(model) -> tuple | str:
 def _set_up_on_every_rank(process_group, group, groups, stage):
     """set_up_on_every_rank() over `process_group` for one stage of setting up `group`'s kind; on
     a failure anywhere, every kind's engines made so far are closed."""
-    def close_engines():
+    def close_engines(_):   # every kind's, this stage's included (engine_stage sets group.engine)
         for g in groups:
             if g.engine is not None:
                 lifecycle.close_engine(g.engine)
