@@ -34,16 +34,25 @@ struct DecoderSnapshot {
 
 constexpr StreamIdentity kStream{.stream = 4, .epoch = 3};
 
-// A sender/receiver pair advanced past warmup, with the next frame encoded but not yet decoded.
+// A sender/receiver pair advanced past warmup, with the next frame encoded but not yet decoded;
+// with `resync`, that frame is the key frame of a resynchronisation the (warm) receiver asked for.
 struct Fixture {
-  Fixture(CodecConfig c, size_t values, Pattern pattern, int steps)
-      : config(c), n(values), encoder(c, values, kStream), decoder(c, values, kStream),
-        trajectory(c.dtype, values, pattern, 77), payload(encoder.max_payload_bytes()),
+  Fixture(CodecConfig c, size_t values, Pattern pattern, int steps, bool resync = false)
+      : config(c),
+        n(values),
+        encoder(c, values, kStream),
+        decoder(c, values, kStream),
+        trajectory(c.dtype, values, pattern, 77),
+        payload(encoder.max_payload_bytes()),
         out(values * dtype_info(c.dtype).value_bytes) {
     for (int i = 0; i < steps; ++i) {
       trajectory.step();
       const auto s = encoder.encode(trajectory.span(), payload);
       decoder.decode({payload.data(), s.payload_bytes}, out);
+    }
+    if (resync) {
+      encoder.request_key_frame();
+      decoder.request_resync();
     }
     trajectory.step();
     stats = encoder.encode(trajectory.span(), payload);
@@ -81,12 +90,33 @@ CodecConfig config_for(ExponentCoding coding, DType dtype = DType::kBF16) {
   return c;
 }
 
-class Corruption : public ::testing::TestWithParam<std::tuple<ExponentCoding, DType, bool>> {};
+// The frame corrupted: a delta frame, a key frame to a cold receiver, or the key frame of a
+// resynchronisation to a warm one (whose cache a refused frame must leave as it was).
+enum class Frame { kDelta, kColdKey, kResyncKey };
+
+std::string frame_name(Frame frame) {
+  return frame == Frame::kDelta ? "Delta" : frame == Frame::kColdKey ? "ColdKey" : "ResyncKey";
+}
+
+Fixture corruption_fixture(ExponentCoding coding, DType dtype, Frame frame) {
+  return Fixture(config_for(coding, dtype), 2000, Pattern::kSparse,
+                 frame == Frame::kColdKey ? 0 : 3, frame == Frame::kResyncKey);
+}
+
+std::string corruption_name(
+    const ::testing::TestParamInfo<std::tuple<ExponentCoding, DType, Frame>>& info) {
+  const ExponentCoding coding = std::get<0>(info.param);
+  return std::string(coding == ExponentCoding::kFine ? "Fine" : "Block") +
+         std::string(dtype_name(std::get<1>(info.param))) + frame_name(std::get<2>(info.param));
+}
+
+class Corruption : public ::testing::TestWithParam<std::tuple<ExponentCoding, DType, Frame>> {};
 
 TEST_P(Corruption, EveryTruncationIsRejected) {
-  const auto [coding, dtype, key] = GetParam();
-  Fixture f(config_for(coding, dtype), 2000, Pattern::kSparse, key ? 0 : 3);
-  ASSERT_EQ(f.stats.kind, key ? FrameKind::kKey : FrameKind::kDelta);
+  const auto [coding, dtype, frame] = GetParam();
+  Fixture f = corruption_fixture(coding, dtype, frame);
+  ASSERT_EQ(f.stats.kind, frame == Frame::kDelta ? FrameKind::kDelta : FrameKind::kKey);
+  ASSERT_EQ(f.decoder.has_cache(), frame != Frame::kColdKey);
   for (size_t len = 0; len < f.payload.size(); ++len) {
     f.expect_rejected({f.payload.begin(), f.payload.begin() + len}, "truncated to " + std::to_string(len));
   }
@@ -97,9 +127,9 @@ TEST_P(Corruption, EveryTruncationIsRejected) {
 }
 
 TEST_P(Corruption, EverySingleBitFlipIsRejected) {
-  const auto [coding, dtype, key] = GetParam();
-  Fixture f(config_for(coding, dtype), 2000, Pattern::kSparse, key ? 0 : 3);
-  if (!key) {
+  const auto [coding, dtype, frame] = GetParam();
+  Fixture f = corruption_fixture(coding, dtype, frame);
+  if (frame == Frame::kDelta) {
     EXPECT_EQ(f.stats.section, coding == ExponentCoding::kBlock ? ExponentSection::kBlock
                                                                  : ExponentSection::kFine);
   }
@@ -121,7 +151,8 @@ INSTANTIATE_TEST_SUITE_P(
     Frames, Corruption,
     ::testing::Combine(::testing::Values(ExponentCoding::kFine, ExponentCoding::kBlock),
                        ::testing::Values(DType::kBF16, DType::kFP16, DType::kFP32),
-                       ::testing::Bool()));
+                       ::testing::Values(Frame::kDelta, Frame::kColdKey, Frame::kResyncKey)),
+    corruption_name);
 
 // A moved-from encoder or decoder says so (std::logic_error naming the class) instead of
 // dereferencing null.

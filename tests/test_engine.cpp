@@ -785,6 +785,35 @@ TEST(Engine, ColdRankIsResynchronisedAndStaysExact) {
   testing::expect_no_errors(errors);
 }
 
+// Reliability test 9 through the engine: a change detector weakened to collide (1 bit of each
+// block's hash) misses changed blocks; the content checksum catches each such frame, the gather
+// is re-sent as key frames on every rank, and every output stays exact.
+TEST(Engine, HashCollisionsAreCaughtAndResentAsKeyFrames) {
+  const int world = 3;
+  const auto layout = BucketLayout::fsdp_split("b", DType::kBF16, {40000, 999}, world);
+  EngineConfig config;
+  config.warmup_steps = 1;
+  config.codec.detection = ChangeDetection::kHash;
+  config.codec.coding = ExponentCoding::kBlock;
+  config.codec.hash_bits = 1;
+  config.codec.block_values = 64;
+  const auto errors = run_ranks(world, [&](int rank, Transport& t) {
+    BucketData data(layout, Pattern::kSparse, 9);
+    CompressedAllgather engine(t, config, {layout});
+    std::vector<std::byte> out(layout.total_bytes());
+    int resyncs = 0;
+    for (int step = 0; step < 30; ++step) {
+      data.trajectory.step();
+      const GatherStats stats = engine.run(0, data.input(rank), out);
+      resyncs += stats.resynchronised;
+      ASSERT_TRUE(std::equal(out.begin(), out.end(), data.trajectory.values().begin()))
+          << "rank " << rank << " step " << step;
+    }
+    EXPECT_GT(resyncs, 0) << "rank " << rank << ": no collision was caught, so none was tested";
+  });
+  testing::expect_no_errors(errors);
+}
+
 // A key-frame round in raw warmup moves every encoder's epoch on while no decoder sees a frame;
 // a codec replaced after that (a policy change on every rank) must still take the sender's next
 // key frame at once, without a failed verdict and a second key-frame round.
