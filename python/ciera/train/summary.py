@@ -53,10 +53,12 @@ def mean_per_step(xs) -> int:
 def _compare(base: Run, run: Run, check: RunCheck) -> list[int]:
     """Fills `check` with this rank's differences between two trainings; returns, per step,
     whether their losses differ (1) or not (0)."""
-    differs = [int(x != y) for x, y in zip(base.results["loss_bits"], run.results["loss_bits"])]
+    # strict: two trainings of different lengths, or of different parameter lists, are a bug to
+    # raise, not a comparison of their common prefix to report as identical.
+    differs = [int(x != y) for x, y in zip(base.results["loss_bits"], run.results["loss_bits"], strict=True)]
     check.loss_mismatches = sum(differs)
     check.param_bytes_mismatched = sum(int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
-                                       for x, y in zip(base.final, run.final))
+                                       for x, y in zip(base.final, run.final, strict=True))
     return differs
 
 
