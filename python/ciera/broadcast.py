@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ciera import _ext
 from ciera._dist import agree_before_set_up, refuse_each, refused_on_every_rank, start_each, wait_each
+from ciera._tensors import refuse_unwritable
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import check_engine_config, check_transport, make_transport
@@ -50,51 +51,6 @@ class BroadcastStats:
     wire_bytes: int
     seconds: float
     control_bytes: int = 0
-
-
-def _refuse_short_storage(tensors: list, prefix: str) -> None:
-    """ConfigError for a (contiguous) tensor whose storage no longer holds its values: freed or
-    shrunk by untyped_storage().resize_(), as FSDP frees an unsharded parameter's, its shape
-    kept. The engine writes numel() values from data_ptr(), past the end of what is left: a
-    corrupted heap, or a null pointer where the storage is empty."""
-    for i, t in enumerate(tensors):
-        needed = (t.storage_offset() + t.numel()) * t.element_size()
-        held = t.untyped_storage().nbytes()
-        if t.numel() > 0 and held < needed:
-            # Short: a peer hears a refusal cut to 76 bytes (kErrorTextBytes, src/engine/control.hpp).
-            raise _ext.ConfigError(f"{prefix}tensor {i}'s storage holds {held} of its {needed} bytes: freed or shrunk")
-
-
-def _refuse_negated(tensors: list, prefix: str) -> None:
-    """ConfigError for a negated view (the neg bit: a one-value complex tensor's .conj().imag is a
-    contiguous FP32 one): the engine reads and writes its memory, whose values are the negation
-    of the tensor's, so a receiver would read the root's values negated and a root would send its
-    own so."""
-    for i, t in enumerate(tensors):
-        if t.is_neg():
-            raise _ext.ConfigError(f"{prefix}tensor {i} is a negated view (its values are its memory's negated, "
-                                   "e.g. .conj().imag); pass .resolve_neg()")
-
-
-def _refuse_unwritable(tensors: list, prefix: str) -> None:
-    """What set-up and every broadcast() refuse in `tensors` beyond their dtype and layout:
-    storage that no longer holds them, negated views, and memory they share."""
-    _refuse_short_storage(tensors, prefix)
-    _refuse_negated(tensors, prefix)
-    _refuse_shared_memory(tensors, prefix)
-
-
-def _refuse_shared_memory(tensors: list, prefix: str) -> None:
-    """ConfigError when two of `tensors` share memory (the same tensor twice, overlapping views):
-    each is the output of its own bucket, decoded concurrently, so one would hold the other's
-    values."""
-    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), i)
-                   for i, t in enumerate(tensors) if t.numel() > 0)
-    for (_, end, i), (begin, _, j) in zip(spans, spans[1:]):
-        if begin < end:
-            first, second = sorted((i, j))
-            raise _ext.ConfigError(f"{prefix}tensors {first} and {second} share memory; each must be a tensor "
-                                   "of its own")
 
 
 def _agree_shapes(tensors: list, group) -> None:
@@ -198,7 +154,7 @@ class Broadcaster:
                 raise _ext.ConfigError(f"tensor {i} is {t.dtype}; CIERA codes bfloat16, float16 and float32")
             if t.device.type != "cpu" or not t.is_contiguous():
                 raise _ext.ConfigError(f"tensor {i} must be a contiguous CPU tensor")
-        _refuse_unwritable(self.tensors, "")
+        refuse_unwritable(self.tensors, "")
 
     @property
     def cache_bytes(self) -> int:
@@ -261,7 +217,7 @@ class Broadcaster:
                                        f"{list(self._shapes[i])} at set-up")
             if t.device.type != "cpu" or not t.is_contiguous():
                 raise _ext.ConfigError(f"Broadcaster: tensor {i} is no longer a contiguous CPU tensor")
-        _refuse_unwritable(self.tensors, "Broadcaster: ")
+        refuse_unwritable(self.tensors, "Broadcaster: ")
 
     def _refuse(self, reason: str) -> None:
         """This broadcast, refused on every bucket in the order the peers wait for them."""

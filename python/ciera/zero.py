@@ -41,7 +41,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as _TorchZero
 from torch.optim import Optimizer
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank, refuse_each, start_each, wait_each
+from ciera._dist import checked_on_every_rank, refuse_each, refused_on_every_rank, start_each, wait_each
+from ciera._tensors import refuse_negated, refuse_short_storage
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import check_engine_config, check_transport, group_beside, make_transport
@@ -291,10 +292,33 @@ class _DeviceSync:
     flat: torch.Tensor
     offsets: list[int]      # first value of rank r's bucket in `flat`
     counts: list[int]       # values of rank r's bucket
+    params: list[torch.Tensor]   # every rank's trainable parameters on the device, in `flat` order
+    numels: list[int]            # the values of each, as the buckets were built
+    names: list[str]             # each one's name in errors ("parameter i", i its place in param_groups)
     engine: object = None
 
     def input(self, rank: int) -> torch.Tensor:
         return self.flat[self.offsets[rank]: self.offsets[rank] + self.counts[rank]]
+
+    def check_views(self) -> None:
+        """ConfigError unless every parameter is still the view of `flat` that the buckets made
+        it: the engine writes `flat` through its pointer, and a parameter that no longer holds
+        its values there would send stale ones (its own partition) or never see its peers'."""
+        prefix = f"{_NAME}: "
+        # A storage freed or shrunk (untyped_storage().resize_(): `flat`'s, which the parameters
+        # share): the engine would write past what is left of it.
+        refuse_short_storage(self.params, prefix, self.names)
+        refuse_negated(self.params, prefix, self.names)
+        storage, size = self.flat.untyped_storage().data_ptr(), self.flat.element_size()
+        offset = 0
+        for param, numel, name in zip(self.params, self.numels, self.names):
+            if (param.dtype != self.flat.dtype or param.numel() != numel or not param.is_contiguous()
+                    or param.untyped_storage().data_ptr() != storage
+                    or param.data_ptr() != self.flat.data_ptr() + offset * size):
+                raise _ext.ConfigError(f"{prefix}{name} no longer lies in the optimizer's bucket: its .data was "
+                                       "replaced after the optimizer was made (`.data =`, `module.to()`); write "
+                                       "new values into it in place (`.copy_()`), or make the optimizer after")
+            offset += numel
 
 
 _NAME = "ciera.zero.ZeroRedundancyOptimizer"
@@ -504,6 +528,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
             plans.append((device, params_per_rank, trainable,
                           _bucket_dtype(device, [p for mine in trainable for p in mine])))
         self._close_engines()
+        index = {id(p): i for i, p in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
         self._buckets = [[] for _ in self._device_to_params_per_rank]
         self._syncs = []
         for dev_i, (device, params_per_rank, trainable, dtype) in enumerate(plans):
@@ -513,6 +538,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
                         # As PyTorch does: its data may be a view of an earlier bucket.
                         param.data = param.data.detach().clone()
             counts = [sum(p.numel() for p in mine) for mine in trainable]
+            in_flat = [p for mine in trainable for p in mine]
             offsets = [sum(counts[:r]) for r in range(self.world_size)]
             flat = torch.empty(sum(counts), dtype=dtype or torch.float32, device=device)
             for r, mine in enumerate(trainable):
@@ -526,7 +552,8 @@ class ZeroRedundancyOptimizer(_TorchZero):
                 self._buckets[dev_i].append(flat[offsets[r]: offsets[r] + counts[r]] if counts[r]
                                             else torch.zeros(1, device=device))
             if sum(counts):
-                self._syncs.append(_DeviceSync(device, flat, offsets, counts))
+                self._syncs.append(_DeviceSync(device, flat, offsets, counts, in_flat, [p.numel() for p in in_flat],
+                                               [f"parameter {index.get(id(p), '?')}" for p in in_flat]))
         self._open_engines()
 
     def _open_engines(self) -> None:
@@ -591,6 +618,15 @@ class ZeroRedundancyOptimizer(_TorchZero):
         mask = self._get_is_trainable_mask()
         self._require_same_trainability(mask)
         builds = self._builds
+        if mask == self._is_trainable_mask:   # else PyTorch rebuilds the buckets first, from the parameters
+            try:
+                # The parameters must still lie in their buckets (check_views) before the local
+                # step writes this rank's partition through them; refused as a failed step is.
+                refused_on_every_rank(self._check_views, self._refuse_sync_as_checked)
+            except Exception as failure:
+                self._sync_failure = (f"the parameter sync of step {self.sync_count + 1} failed "
+                                      f"({type(failure).__name__}: {failure})")
+                raise
         try:
             return super()._local_step(*args, **kwargs)
         except Exception as failure:
@@ -633,6 +669,14 @@ class ZeroRedundancyOptimizer(_TorchZero):
         them, so that no peer's gather is left waiting."""
         refuse_each([(sync.engine, 0) for sync in self._syncs if sync.engine is not None], reason)
 
+    def _check_views(self) -> None:
+        for sync in self._syncs:
+            sync.check_views()
+
+    def _refuse_sync_as_checked(self, text: str) -> None:
+        # The peers hear it cut to 76 bytes (kErrorTextBytes): the class's name would fill half.
+        self._refuse_sync(text.removeprefix(f"{_NAME}: "))
+
     def _sync_params(self) -> None:
         """Every rank's partition to every rank: one in-place CIERA gather per device, started
         together and waited for in order. Raises on every rank if any rank's gather failed."""
@@ -649,6 +693,9 @@ class ZeroRedundancyOptimizer(_TorchZero):
                                      sync.flat.numel() * sync.flat.element_size(), stream, keep=(mine, sync.flat))
 
         try:
+            # Again after the local step, whose optimizer class may have moved a parameter out of
+            # its bucket too (and after a rebuild, which the check before it skips).
+            refused_on_every_rank(self._check_views, self._refuse_sync_as_checked)
             tickets = start_each([(sync.engine, 0) for sync in self._syncs], start_one)
             stats = wait_each([(sync.engine, t) for sync, t in zip(self._syncs, tickets)])
         except BaseException as failure:
@@ -657,6 +704,13 @@ class ZeroRedundancyOptimizer(_TorchZero):
             self._sync_failure = (f"the parameter sync of step {self.sync_count + 1} failed "
                                   f"({type(failure).__name__}: {failure})")
             raise
+        finally:
+            # The engine wrote the peers' partitions through the flat tensor's pointer, unseen by
+            # autograd, and the local step moved only this rank's versions: a backward that saved
+            # a parameter before step() failed on its owner alone and went on with the new values
+            # elsewhere. Every parameter synced counts as written, on every rank (a failed sync
+            # too: it may have written some).
+            torch.autograd.graph.increment_version([p for sync in self._syncs for p in sync.params])
         self.sync_count += 1
         self.last_sync = SyncStats(step=self.sync_count, raw_bytes=sum(s.raw_bytes for s in stats),
                                    wire_bytes=sum(s.wire_bytes for s in stats),

@@ -397,3 +397,43 @@ def test_a_tiny_fp32_model_syncs_in_at_most_raw_plus_the_framing(sizes):
         assert wire <= raw + framing, (step, raw, wire, syncs)
         if step % 3 == 0 and step > 1:
             assert wire < raw / 2 if raw > 200 else wire <= world * (24 + 8 + 80 + 40), (step, raw, wire, syncs)
+
+
+def test_parameters_out_of_their_buckets_are_refused_on_every_rank():
+    """The engine reads and writes each device's flat bucket through its pointer. A parameter
+    whose .data was replaced on one rank stepped its new tensor while the sync sent (and took)
+    the bucket's stale values, and the ranks' parameters drifted apart in silence; a bucket's
+    storage shrunk by untyped_storage().resize_() took the peers' values past its end; a negated
+    view of a parameter's memory sent its values negated. Each is now refused on every rank at once."""
+    results = all_ok(spawn(w.parameters_out_of_their_buckets, 2))
+    name = "ciera.zero.ZeroRedundancyOptimizer"
+    replaced = [r["replaced"] for r in results]
+    assert replaced[0][0] == (f"ConfigError: {name}: parameter 0 no longer lies in the optimizer's bucket: its .data "
+                              "was replaced after the optimizer was made (`.data =`, `module.to()`); write new values "
+                              "into it in place (`.copy_()`), or make the optimizer after"), replaced
+    assert replaced[1][0] == ("ConfigError: rank 0 rejected its gather of bucket 'zero:cpu': parameter 0 no longer "
+                              "lies in the optimizer's bucket: its .data was replaced..."), replaced
+    shrunk = [r["shrunk"] for r in results]
+    assert shrunk[0][0] == (f"ConfigError: {name}: parameter 2's storage holds 10000 of its 13824 bytes: freed or "
+                            "shrunk"), shrunk
+    assert shrunk[1][0] == ("ConfigError: rank 0 rejected its gather of bucket 'zero:cpu': parameter 2's storage "
+                            "holds 10000 of its 13824 bytes: freed or shrunk"), shrunk
+    negated, index = [r["negated"] for r in results], results[1]["negated_index"]
+    assert negated[1][0] == (f"ConfigError: {name}: parameter {index} is a negated view (its values are its memory's "
+                             "negated, e.g. .conj().imag); pass .resolve_neg()"), negated
+    assert negated[0][0].startswith(f"ConfigError: rank 1 rejected its gather of bucket 'zero:cpu': parameter {index} "
+                                    "is a negated view"), negated
+    assert all(r[case][1] < 15 for r in results for case in ("replaced", "shrunk", "negated")), results
+
+
+def test_a_sync_moves_every_synced_parameters_version_on_every_rank():
+    """The sync writes the peers' partitions through the bucket's pointer, unseen by autograd:
+    only the local step moved versions, so a backward that saved rank 0's parameter before step()
+    raised PyTorch's in-place error on rank 0 and went on with the new values on rank 1 (as it
+    does under PyTorch's own ZeroRedundancyOptimizer). Every synced parameter's version now
+    moves on every rank."""
+    results = all_ok(spawn(w.versions_after_a_sync, 2))
+    for rank, (moved, error) in enumerate(results):
+        assert all(moved), (rank, moved)
+        assert (error or "").startswith("RuntimeError: one of the variables needed for gradient computation has been "
+                                        "modified by an inplace operation"), (rank, error)

@@ -415,3 +415,60 @@ def in_two_subgroups(rank, world):
         else:
             bcast.close()
     return equal, received, len(_world.pg_map) - groups, engine_closed_first
+
+
+def _partition(optimizer, params):
+    """The rank that steps each of `params` (PyTorch's partition)."""
+    return [next(r for r, groups in enumerate(optimizer._partition_parameters())
+                 if any(q is p for g in groups for q in g["params"])) for p in params]
+
+
+def parameters_out_of_their_buckets(rank, world, cases=("replaced", "shrunk", "negated")):
+    """On one rank, a parameter that no longer holds its values where the optimizer's flat
+    bucket has them (the engine reads and writes the bucket through its pointer): its .data
+    replaced, the bucket's storage shrunk, a negated view of its memory. Each case: what each
+    rank's step() raised and in how many seconds, and the digest of this rank's parameters' values
+    (None where reading them would read past the shrunk storage)."""
+    out = {}
+    for case in cases:
+        net = model(torch.bfloat16)
+        optimizer = _optimizer(net)
+        params = list(net.parameters())
+        owners = _partition(optimizer, params)
+        _ones_grads(net)
+        if case == "replaced" and rank == 0:   # one of rank 0's own partition
+            params[0].data = params[0].data.clone()
+        if case == "shrunk" and rank == 0:
+            # The bucket (14064 bytes) cut to 10000: rank 0's own partition (its first 9216 bytes)
+            # still fits, so its local step (none here: no gradients) and its input are whole;
+            # the sync wrote the peers' values past the end.
+            params[0].untyped_storage().resize_(10000)
+            for p in params:
+                p.grad = None
+        if case == "negated" and rank == 1:   # one of rank 1's own partition, the same memory negated
+            mine = owners.index(1)
+            params[mine].data = params[mine].data._neg_view()
+            out["negated_index"] = mine
+        error, seconds = _timed(optimizer.step)
+        digest = None if case == "shrunk" else [p.detach().float().sum().item() for p in params]
+        out[case] = (error, seconds, digest)
+        optimizer.close()
+    return out
+
+
+def versions_after_a_sync(rank, world):
+    """A backward that saved parameter 0 (rank 0's partition) before step() and runs after it:
+    whether step() moved each parameter's version on this rank, and what the backward raised."""
+    net = model(torch.bfloat16)
+    optimizer = _optimizer(net)
+    params = list(net.parameters())
+    assert _partition(optimizer, params)[0] == 0
+    x = torch.ones(params[0].shape[1], dtype=torch.bfloat16, requires_grad=True)
+    saved = (params[0] @ x).float().sum()   # saves parameter 0 for x's gradient
+    before = [p._version for p in params]
+    _ones_grads(net)
+    optimizer.step()
+    moved = [p._version > v for p, v in zip(params, before)]
+    error = _timed(saved.backward)[0]
+    optimizer.close()
+    return moved, error
