@@ -54,6 +54,10 @@ def test_every_baseline_side_by_side(tmp_path):
     # The lossless trainings were also checked gather by gather against torch's all-gather.
     assert summary["wrong_bytes"] == 0 and summary["verified_bytes"] > 0
     assert summary["losses_identical"] and summary["params_identical"]
+    # The counts beside the verdicts are over the same trainings, each one's in its row.
+    assert summary["loss_mismatches"] == 0 and summary["param_bytes_mismatched"] == 0
+    assert summary["steps_identical"] == summary["steps_compared"] == 6
+    assert all(x["steps_identical"] == 6 and x["loss_mismatches"] == 0 for x in rows.values() if not x["lossy"])
     run_dir = next(tmp_path.iterdir())
     for name in ("schemes_loss.png", "schemes_loss_diff.png", "loss.png"):
         assert (run_dir / name).is_file(), name
@@ -61,6 +65,43 @@ def test_every_baseline_side_by_side(tmp_path):
     assert {r["run"] for r in records} == {"fsdp2", *rows}
     table = done.stdout
     assert "gather schemes side by side" in table and "LOSSY" in table
+
+
+def _described(differs: list[int], param_bytes: int = 0) -> dict:
+    """describe_run()'s exactness fields of a training whose loss differed (1) at these steps on
+    one rank of two, and `param_bytes` final parameter bytes."""
+    return {"losses_identical": not any(differs), "params_identical": param_bytes == 0,
+            "loss_mismatches": sum(differs), "param_bytes_mismatched": param_bytes,
+            "steps_compared": len(differs), "steps_identical": differs.count(0)}
+
+
+def test_the_top_level_counts_are_over_the_trainings_the_verdicts_judge():
+    """The top-level losses_identical and params_identical judge every lossless training, and the
+    counts beside them count the same ones: a delta training diverging beside a matching ciera (the
+    main training) read losses_identical false beside ciera's 0 mismatches and every step
+    identical. A lossy training is no part of them (its drift is its result), unless every one is."""
+    from ciera.train.summary import exactness_fields
+
+    differing = {"ciera": [0, 0, 0, 0], "delta": [0, 0, 1, 1], "stateless": [0, 1, 0, 0],
+                 "sdp4bit": [1, 1, 1, 1]}
+    described = {"ciera": _described(differing["ciera"]), "delta": _described(differing["delta"], param_bytes=10),
+                 "stateless": _described(differing["stateless"]), "sdp4bit": _described(differing["sdp4bit"], 99)}
+    assert exactness_fields(described, differing, ["ciera", "delta", "stateless"], compared=True) == {
+        "losses_identical": False, "params_identical": False, "loss_mismatches": 3, "param_bytes_mismatched": 10,
+        "steps_compared": 4, "steps_identical": 1}   # step 1: every lossless training matched
+    assert exactness_fields(described, differing, ["ciera"], compared=True) == {
+        "losses_identical": True, "params_identical": True, "loss_mismatches": 0, "param_bytes_mismatched": 0,
+        "steps_compared": 4, "steps_identical": 4}
+    # Every training lossy: nothing is exact, and the counts are theirs.
+    lossy = {"sdp4bit": described["sdp4bit"]}
+    assert exactness_fields(lossy, differing, [], compared=True) == {
+        "losses_identical": False, "params_identical": False, "loss_mismatches": 4, "param_bytes_mismatched": 99,
+        "steps_compared": 4, "steps_identical": 0}
+    # Without a baseline nothing was compared (check_runs flags every step, describe_run counts none).
+    unseen = {"ciera": {**_described([1, 1]), "loss_mismatches": 0, "steps_compared": 0}}
+    assert exactness_fields(unseen, {"ciera": [1, 1]}, ["ciera"], compared=False) == {
+        "losses_identical": None, "params_identical": None, "loss_mismatches": 0, "param_bytes_mismatched": 0,
+        "steps_compared": 0, "steps_identical": 0}
 
 
 @pytest.mark.parametrize("codec", ["zeropp-int8", "stateless"])

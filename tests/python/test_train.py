@@ -248,6 +248,22 @@ def test_without_a_baseline_nothing_is_called_identical_or_not(tmp_path):
     assert "not compared (--no-baseline)" in done.stdout
 
 
+def test_a_reduce_scatter_run_waits_for_no_warmup_and_names_no_codec(tmp_path):
+    """--reduce-scatter ciera: every training gathers with FSDP2's own all-gather and the
+    reduce-scatter keeps no codec state between calls, so no warmup applies: a run shorter than the
+    allgather's default warmup (30) runs, every step steady (it was refused: "--steps 3 must exceed
+    --warmup 30 (the default here)"), and the summary names no codec (it said "ciera"). A --warmup
+    given is still one the steps must exceed: it bounds the steady state the summary reports."""
+    done, s = _run_train(tmp_path / "runs", "--reduce-scatter", "ciera", "--steps", "3")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert s["mode"] == "reduce_scatter" and s["codec"] is None and s["warmup"] == 0, s
+    assert s["losses_identical"] and s["params_identical"] and s["steps_identical"] == 3, s
+    assert "steady state = steps 1..3" in done.stdout
+    done, _ = _run_train(tmp_path / "refused", "--reduce-scatter", "ciera", "--steps", "3", "--warmup", "3")
+    assert done.returncode == 2 and "--steps 3 must exceed --warmup 3 to measure" in done.stderr, done.stderr
+    assert not (tmp_path / "refused").exists()
+
+
 def _step_metrics(raw, wire, exposed, duration):
     from ciera.train.metrics import StepMetrics
 

@@ -101,7 +101,9 @@ def common_summary(program, runs: dict[str, Run], ours: Run, total: RunCheck, di
         "model": a.model, "spec": ours.spec.describe(), "ranks": program.world,
         "links": _links_text(a), "rank_cores": program.rank_cores, "pin_cores": a.pin_cores,
         "launcher": a.launcher, "device": a.device, "process_group": program.backend, "transport": a.transport,
-        "codec": a.codec, "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
+        # --reduce-scatter: every training gathers with the framework's own all-gather, through no codec.
+        "codec": a.codec if a.reduce_scatter == "fsdp2" else None,
+        "steps": a.steps, "warmup": a.warmup, "lr": a.lr, "block": a.block,
         "loss_first": c["loss"][0], "loss_last": c["loss"][-1],
         "losses_identical": total.loss_mismatches == 0, "params_identical": total.param_bytes_mismatched == 0,
         "loss_mismatches": total.loss_mismatches, "param_bytes_mismatched": total.param_bytes_mismatched,

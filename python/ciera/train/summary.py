@@ -62,10 +62,10 @@ def _compare(base: Run, run: Run, check: RunCheck) -> list[int]:
     return differs
 
 
-def check_runs(runs: dict, handles: dict, names: list[str]) -> tuple[list[RunCheck], list[int], list[int]]:
+def check_runs(runs: dict, handles: dict, names: list[str]) -> tuple[list[RunCheck], list[int], list[list[int]]]:
     """Per CIERA run: its RunCheck against the baseline summed over ranks, the peak codec state of
-    any rank, and the number of steps whose loss is bitwise the baseline's on every rank (0 without
-    a baseline). Collective."""
+    any rank, and per step whether any rank's loss differs from the baseline's (1) or not (0;
+    every step 1 without a baseline: nothing was compared). Collective."""
     base = runs.get(BASELINE)
     checks, peaks = [], torch.zeros(len(names), dtype=torch.int64)
     steps = len(runs[names[0]].results["loss_bits"])
@@ -81,8 +81,7 @@ def check_runs(runs: dict, handles: dict, names: list[str]) -> tuple[list[RunChe
     checks = RunCheck.sum_over_ranks(checks)
     dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
     dist.all_reduce(differing, op=dist.ReduceOp.MAX)
-    identical_steps = [int((row == 0).sum()) for row in differing]
-    return checks, [int(p) for p in peaks], identical_steps
+    return checks, [int(p) for p in peaks], differing.tolist()
 
 
 def parameter_drift(runs: dict, names: list[str]) -> list[float | None]:
@@ -135,6 +134,25 @@ def selection_fields(handle) -> dict:
     }
 
 
+def exactness_fields(described: dict, differing: dict, lossless: list[str], compared: bool) -> dict:
+    """The top-level verdicts and the counts beside them, over the same trainings so that they
+    agree: the lossless ones, each of which must match the baseline (not just the main one), their
+    counts summed and steps_identical the steps at which every one matched; where every training is
+    lossy, the verdicts false (nothing here is exact) and the counts over every training. Without a
+    baseline (`compared` false) the verdicts are None: nothing was compared. `described`:
+    describe_run()'s fields per training; `differing`: check_runs()'s per-step flags per training."""
+    judged = lossless or list(described)
+    rows = [described[name] for name in judged]
+    return {
+        "losses_identical": bool(lossless) and all(r["losses_identical"] for r in rows) if compared else None,
+        "params_identical": bool(lossless) and all(r["params_identical"] for r in rows) if compared else None,
+        "loss_mismatches": sum(r["loss_mismatches"] for r in rows),
+        "param_bytes_mismatched": sum(r["param_bytes_mismatched"] for r in rows),
+        "steps_compared": rows[0]["steps_compared"],
+        "steps_identical": sum(1 for step in zip(*(differing[name] for name in judged)) if not any(step)),
+    }
+
+
 def describe_scheme(name: str, scheme: str, described: dict, run: Run, base: Run | None, drift: float | None) -> dict:
     """One gather scheme's row of the comparison (`--schemes`): what it sent, how long the
     gathers and iterations took, and how far its training went from plain FSDP2's. A lossy
@@ -154,6 +172,8 @@ def describe_scheme(name: str, scheme: str, described: dict, run: Run, base: Run
         "max_loss_diff": max(diffs) if diffs else None,
         "max_param_diff": drift,
         "losses_identical": described["losses_identical"], "params_identical": described["params_identical"],
+        "loss_mismatches": described["loss_mismatches"], "param_bytes_mismatched": described["param_bytes_mismatched"],
+        "steps_identical": described["steps_identical"],
         "cache_bytes": described["cache_bytes"], "wrong_bytes": described["wrong_bytes"],
         "verified_bytes": described["verified_bytes"],
     }
@@ -250,7 +270,7 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     timed = timed_steps(a.warmup, first, a.steps)
     base = runs.get(BASELINE)
     names = [n for n in runs if n not in PLAIN]
-    checks, peaks, identical_steps = check_runs(runs, handles, names)
+    checks, peaks, differing = check_runs(runs, handles, names)
     drifts = parameter_drift(runs, names)
     control_identical = check_control(runs)
     trace_doc = None
@@ -262,7 +282,7 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
     if program.rank != 0:
         return
     described = {name: describe_run(runs[name], handles[name], checks[i], peaks[i], base, steady, timed,
-                                    identical_steps[i])
+                                    differing[i].count(0))
                  for i, name in enumerate(names)}
     # The training the top-level fields describe: CIERA's, or with --schemes the first scheme.
     main_name = "ciera" if "ciera" in described else names[0]
@@ -294,13 +314,9 @@ def finish(program, runs: dict, handles: dict, spec, params: int) -> None:
         "timed_steps": len(range(a.steps - first)[timed]),
         **main,
         "exponent_change_rate": statistics.fmean(rates) if rates else None,  # None: no step measured it
-        # Every lossless training of this run must match the baseline, not just the main one
-        # (false when every training is lossy: nothing here is exact; None without a baseline:
-        # nothing was compared).
-        "losses_identical": None if base is None else
-        bool(exact_names) and all(described[n]["losses_identical"] for n in exact_names),
-        "params_identical": None if base is None else
-        bool(exact_names) and all(described[n]["params_identical"] for n in exact_names),
+        # Every lossless training of this run must match the baseline, not just the main one;
+        # the counts beside the verdicts are over the same trainings (each one's in "schemes").
+        **exactness_fields(described, dict(zip(names, differing)), exact_names, base is not None),
         "schemes": scheme_rows, "main_scheme": program.scheme_of(main_name), "main_run": main_name,
         # --verify: over every training, as the gathers each compared (the schemes' rows: each one's).
         "wrong_bytes": sum(d["wrong_bytes"] for d in described.values()),
