@@ -122,10 +122,16 @@ Request parse(const Options& o, const std::string& command) {
       require(!o.hidden_given, "--hidden: the activations of --input give the values per token");
       const SafetensorsFile file(o.input);
       for (const SafetensorsTensor& t : file.tensors()) {
-        if (t.ciera_dtype != DType::kBF16 || t.shape.empty()) continue;
+        // Every tensor is activations: one of another dtype, or none, was skipped without a word.
+        require(t.ciera_dtype == DType::kBF16,
+                "--input " + o.input + ": tensor '" + t.name + "' is " + t.dtype +
+                    "; --input takes BF16 activations [tokens, hidden]");
         require(t.shape.size() == 2, "--input " + o.input + ": tensor '" + t.name + "' has " +
                                          std::to_string(t.shape.size()) +
                                          " dimensions; activations are [tokens, hidden]");
+        require(t.num_values > 0, "--input " + o.input + ": tensor '" + t.name +
+                                      "' has no values (shape [" + std::to_string(t.shape[0]) +
+                                      ", " + std::to_string(t.shape[1]) + "])");
         if (r.activations.empty()) r.o.hidden = static_cast<uint32_t>(t.shape.back());
         // One layer's activations: tensors of another width were dropped without a word.
         require(t.shape.back() == r.o.hidden,
@@ -136,8 +142,9 @@ Request parse(const Options& o, const std::string& command) {
         r.activations.resize(at + t.num_values);
         std::memcpy(r.activations.data() + at, t.bytes.data(), t.bytes.size());
       }
-      require(!r.activations.empty(),
-              "--input " + o.input + ": no BF16 tensor of activations in it");
+      require(!r.activations.empty(), "--input " + o.input +
+                                          ": no tensor in it; --input takes BF16 activations "
+                                          "[tokens, hidden]");
     }
     // MPI_Alltoallv's counts are ints: the most a rank can send one peer is all its tokens, twice.
     // Divided, not multiplied: a product of large --tokens and --hidden would wrap around.

@@ -54,6 +54,9 @@ void check_values(const Options& o) {
   if (o.gpus.empty()) throw ConfigError("--gpus needs at least one GPU count");
   for (int w : o.gpus) {
     if (w < 1) throw ConfigError("--gpus: " + std::to_string(w) + " is not a GPU count");
+    // As a trace's world_size: projected at 1.00x with no communication before.
+    if (w == 1)
+      throw ConfigError("--gpus must be in 2..2^20 (1048576): one GPU runs no collective (got 1)");
     // A trace's world is at most 2^20 ranks too.
     if (w > (1 << 20))
       throw ConfigError("--gpus: " + std::to_string(w) + " is more than 2^20 (1048576) GPUs");

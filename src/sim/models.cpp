@@ -213,6 +213,14 @@ double ChangeRates::block_rate(ShardType type) const {
   return 1.0;  // unknown: assume every block changes, so selection never compresses it
 }
 
+namespace {
+
+// How the paper's rates say where their element rate came from (paper_rates), and a rates file's
+// block rates over them (apply_rates_json).
+constexpr char kPaperElementNote[] = "element 0.51% assumed (paper §2.2: 0.30-0.51%)";
+
+}  // namespace
+
 ChangeRates paper_rates(const ModelShape& model) {
   // Median block change rates at B = 512 from the paper's Fig. 4 (§2.4). The text fixes OLMoE's
   // values and, for DeepSeek and MiniCPM, layer norm plus the 0.66-0.84 range of the other three;
@@ -249,7 +257,7 @@ ChangeRates paper_rates(const ModelShape& model) {
       rates.of(type).block = block;
       rates.of(type).block_at = 512;
       rates.of(type).element = kPaperElementRate;
-      rates.of(type).source = source + "; element 0.51% assumed (paper §2.2: 0.30-0.51%)";
+      rates.of(type).source = source + "; " + kPaperElementNote;
     };
     set(ShardType::kExpertFfn, row.expert_ffn, row.source);
     set(ShardType::kAttention, row.attention, row.source);
@@ -283,10 +291,13 @@ void apply_rates_json(ChangeRates& rates, const std::string& json_text, const st
   const Fields top(json, "", origin);
   const uint32_t measured_at =
       top.has("block_values") ? top.block_values("block_values") : rates.block_values;
+  // A file that gives no rate changed nothing, without a word (every rate stayed the paper's).
+  bool gives_a_rate = false;
   for (const auto& [key, value] : json.items()) {
     if (key == "block" || key == "block_values" || key == "format" || key == "version" ||
         key == "source")
       continue;
+    gives_a_rate = true;
     const ShardType type = shard_type_in(origin, key);
     rates.of(type).element = top.fraction(key.c_str());
     rates.of(type).block = -1;
@@ -296,6 +307,7 @@ void apply_rates_json(ChangeRates& rates, const std::string& json_text, const st
   if (top.has("block")) {
     const Fields block = top.object("block");
     for (const auto& [key, value] : block.json().items()) {
+      gives_a_rate = true;
       const ShardType type = shard_type_in(origin, "block." + key);
       const double rate = block.fraction(key.c_str());
       if (measured_at != rates.block_values) {
@@ -316,10 +328,26 @@ void apply_rates_json(ChangeRates& rates, const std::string& json_text, const st
                           std::to_string(rate) + ") cannot be below the element rate (" +
                           std::to_string(rates.of(type).element) + ")");
       }
-      rates.of(type).block = rate;
-      rates.of(type).block_at = 0;
-      rates.of(type).source = origin;
+      TypeRate& r = rates.of(type);
+      // A block rate alone keeps the element rate the type had (fine mode's): the label says
+      // where that came from, not the file (the paper's was labelled "rates FILE" as measured).
+      std::string element_from;
+      if (r.source != origin && r.element >= 0) {
+        element_from =
+            "; " + (r.source.ends_with(kPaperElementNote) ? std::string(kPaperElementNote)
+                                                          : "element from " + r.source);
+      }
+      r.block = rate;
+      r.block_at = 0;
+      r.source = origin + element_from;
     }
+  }
+  if (!gives_a_rate) {
+    throw ConfigError(
+        origin +
+        ": gives no change rate: expected element rates by shard type "
+        "({\"expert_ffn\": 0.004, ...}) and/or \"block\" rates "
+        "({\"block\": {\"expert_ffn\": 0.21, ...}}); docs/simulator.md, \"Change rates\"");
   }
 }
 

@@ -162,7 +162,9 @@ struct TypeRate {
   // The B `block` was measured at, where it is not the projection's (the paper's Fig. 4: 512);
   // 0: at the projection's B. The paper gives no other B, so its rates are used as they are.
   uint32_t block_at = 0;
-  std::string source;   // "paper Fig. 4", "assumed", "trace FILE", "rates FILE"
+  // "paper Fig. 4", "assumed", "trace FILE", "rates FILE"; after "; ", where the element rate
+  // came from if not from there ("rates FILE; element from trace FILE").
+  std::string source;
 };
 struct ChangeRates {
   uint32_t block_values = 512;
@@ -179,7 +181,9 @@ ChangeRates paper_rates(const ModelShape& model);
 // optionally {"block": {"expert_ffn": 0.21, ...}, "block_values": 512}: the block rates and the
 // B they were measured at (default: the projection's, `rates.block_values`, which the file never
 // changes). At another B a type's block rate is derived from the file's element rate for it;
-// without one, ConfigError.
+// without one, ConfigError. A type given a block rate alone keeps its element rate, and its
+// source says where that came from ("rates FILE; element 0.51% assumed ..."). A file that gives
+// no rate is a ConfigError.
 void apply_rates_json(ChangeRates& rates, const std::string& json_text, const std::string& origin);
 
 // ---- Schedule -----------------------------------------------------------------------------

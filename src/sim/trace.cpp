@@ -121,14 +121,24 @@ std::string bytes_text(double bytes) {
 // step 2; envelope_header_bytes in src/engine/envelope.hpp, a layer the simulator does not see).
 double envelope_header_bytes(size_t params) { return 24.0 + 8.0 * static_cast<double>(params); }
 
+// Bytes of one rank's control records that the engine charges one gather at most
+// (GatherStats::control_bytes; docs/format.md, "Engine protocol", steps 1 and 4, and what a
+// gather costs on the wire): its round's 1040-byte control record and 8 x 128 bytes of verdicts
+// (RoundControl and RoundVerdicts in src/engine/control.hpp, a layer the simulator does not see),
+// and a key-frame round's second of each. A round's records are shared among its gathers, so a
+// gather alone in its rounds is charged them whole.
+constexpr double kControlBytesPerRank = 2 * (1040.0 + 1024.0);
+
 // The most a gather of `bucket` on a group of `ranks` can put on the wire, all ranks' envelopes
-// together: each rank's header, then each of its shards as raw bytes or the codec's largest
-// payload (max_payload_bytes, docs/format.md "Size bound"), whichever is larger, as the engine
-// sizes an envelope (envelope_bound). FSDP2 pads every parameter to a multiple of the group, so a
-// shard's `values` (all ranks') split evenly; the ceiling keeps this a bound where they do not.
+// and control records together (`ciera train --trace` counts both, as its own wire figures do):
+// each rank's header, then each of its shards as raw bytes or the codec's largest payload
+// (max_payload_bytes, docs/format.md "Size bound"), whichever is larger, as the engine sizes an
+// envelope (envelope_bound), then its control records. FSDP2 pads every parameter to a multiple
+// of the group, so a shard's `values` (all ranks') split evenly; the ceiling keeps this a bound
+// where they do not.
 double wire_bytes_bound(const TraceBucket& bucket, DType dtype, uint32_t block_values, int ranks) {
   const double value_bytes = dtype_info(dtype).value_bytes;
-  double per_rank = envelope_header_bytes(bucket.shards.size());
+  double per_rank = envelope_header_bytes(bucket.shards.size()) + kControlBytesPerRank;
   for (const TraceShard& shard : bucket.shards) {
     const uint64_t n = (shard.values + static_cast<uint64_t>(ranks) - 1) / ranks;
     // Beyond kMaxShardValues the codec has no bound; such a shard travels raw (and a raw_bytes
@@ -216,8 +226,8 @@ TraceBucket read_bucket(const Fields& b, const Trace& trace) {
                  " bytes, more than a gather of this bucket can send: at most " +
                  bytes_text(bound) + " bytes on the " + group + " of " + std::to_string(ranks) +
                  " ranks (raw_bytes " + bytes_text(bucket.raw_bytes) +
-                 " plus the codec's worst-case frame overhead, max_payload_bytes, and the "
-                 "envelope headers; docs/format.md, \"Size bound\")");
+                 " plus the codec's worst-case frame overhead, max_payload_bytes, the "
+                 "envelope headers and the control records; docs/format.md, \"Size bound\")");
     }
   };
   const int shard_ranks =

@@ -236,6 +236,9 @@ NATIVE = [
     (["simulate", "--validate", "unmeasured.json"], "--validate: no trace given has a measurement"),
     (["simulate", "--mfu", "nan"], "--mfu must be in (0, 1]"),
     (["simulate", "--gpus", "8,0"], "--gpus: 0 is not a GPU count"),
+    # Projected at 1.00x with no communication, while a trace of one rank was refused.
+    (["simulate", "--model", "olmoe-1b-7b", "--gpus", "1"],
+     "--gpus must be in 2..2^20 (1048576): one GPU runs no collective (got 1)"),
     (["simulate", "--trace", "/nonexistent.json"], "cannot read trace /nonexistent.json"),
     (["simulate", "--model", "gpt"], "unknown model \"gpt\""),
     # Found by a user audit (stop 67): each passed, or failed naming no cause.
@@ -248,6 +251,8 @@ NATIVE = [
      '(400000 values), but it is 1000000'),
     (["simulate", "--model", "olmoe-1b-7b", "--rates", "rates.json"],
      "a block changes whenever one of its values does"),
+    # Taken, every rate silently the paper's.
+    (["simulate", "--model", "olmoe-1b-7b", "--rates", "no_rates.json"], "rates no_rates.json: gives no change rate"),
     (["analyze", "a", "b", "--json-file", "--quiet"], "--json-file needs a file name, got --quiet"),
     (["analyze", "a", "b", "--json-file", "{tmp}"], "a folder, not a file"),
     (["analyze", "/nonexistent/a.safetensors"], "checkpoint /nonexistent/a.safetensors does not exist"),
@@ -261,14 +266,32 @@ if _ext.with_mpi:
         (["bench", "allgather", "--timeout", "0"], "--timeout must be a number of seconds > 0"),
         (["bench", "allgather", "--link-gbit", "-1"], "--link-gbit must be >= 0"),
         (["bench", "allgather", "--ranks", "300", "--link-gbit", "1"], "the link lab has room for at most 253"),
+        # Tensors of another dtype were skipped without a word (a file mixing BF16 and F32 lost its
+        # F32 ones), and one without values made "no BF16 tensor of activations in it".
+        (["bench", "alltoall", "--ranks", "2", "--input", "mixed.safetensors"],
+         "--input mixed.safetensors: tensor 'b' is F32; --input takes BF16 activations [tokens, hidden]"),
+        (["bench", "alltoall", "--ranks", "2", "--input", "f32.safetensors"], "tensor 'a' is F32; --input takes BF16"),
+        (["bench", "alltoall", "--ranks", "2", "--input", "no_values.safetensors"],
+         "--input no_values.safetensors: tensor 'a' has no values (shape [4, 0])"),
+        (["bench", "alltoall", "--ranks", "2", "--input", "a.safetensors"],
+         "tensor 'w' has 1 dimensions; activations are [tokens, hidden]"),
     ]
 
 
 def _safetensors(path: Path, values: list[int]) -> None:
     """A checkpoint of one BF16 tensor (the format: header length, JSON header, data)."""
-    header = ('{"w":{"dtype":"BF16","shape":[%d],"data_offsets":[0,%d]}}' % (len(values), 2 * len(values))).encode()
+    _safetensors_of(path, {"w": ("BF16", [len(values)], struct.pack(f"<{len(values)}H", *values))})
+
+
+def _safetensors_of(path: Path, tensors: dict) -> None:
+    """A safetensors file of these tensors: name -> (dtype, shape, data bytes), in order."""
+    entries, data = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    header = json.dumps(entries, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)
-    path.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack(f"<{len(values)}H", *values))
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
 
 
 # A trace of one bucket without "measured" (docs/simulator.md, "Trace format").
@@ -292,6 +315,12 @@ def test_native_commands_refuse_in_one_line(tmp_path, args, message):
     (tmp_path / "one_rank.json").write_text(UNMEASURED_TRACE.replace('"world_size": 4', '"world_size": 1'))
     (tmp_path / "raw_mismatch.json").write_text(UNMEASURED_TRACE.replace('"values": 500000', '"values": 400000'))
     (tmp_path / "rates.json").write_text('{"expert_ffn": 0.004, "block": {"expert_ffn": 0.0001}}')
+    (tmp_path / "no_rates.json").write_text('{}')
+    if "--input" in args:   # activations for `bench alltoall` (the folder is a series elsewhere)
+        bf16 = ("BF16", [4, 8], bytes(64))
+        _safetensors_of(tmp_path / "mixed.safetensors", {"a": bf16, "b": ("F32", [4, 8], bytes(128)), "c": bf16})
+        _safetensors_of(tmp_path / "f32.safetensors", {"a": ("F32", [4, 8], bytes(128))})
+        _safetensors_of(tmp_path / "no_values.safetensors", {"a": ("BF16", [4, 0], b"")})
     if "{tmp}" in args:  # the folder as a series: only step-numbered files in it
         (tmp_path / "a.safetensors").rename(tmp_path / "step_1.safetensors")
         _safetensors(tmp_path / "step_2.safetensors", [0x3F80] * 64)

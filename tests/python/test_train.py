@@ -56,13 +56,21 @@ def test_ciera_train_writes_a_trace(tmp_path):
     trace = tmp_path / "t.json"
     cmd = [sys.executable, "-m", "ciera.train", "--ranks", "2", "--steps", "4", "--warmup", "1", "--layers", "1",
            "--hidden", "64", "--expert-intermediate", "64", "--seq-len", "32", "--trace", str(trace),
-           "--out", str(tmp_path / "runs")]
+           "--out", str(tmp_path / "runs"), "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     log = (next((tmp_path / "runs").iterdir()) / "log.txt").read_text()   # the ranks' output
     assert "deprecated" not in log, log[-3000:]   # torch 2.13's names for the collectives
     written = json.loads(trace.read_text())
     assert written["format"] == "ciera-trace" and written["world_size"] == 2
+    # A step's gathers in the trace send what the training reports, control records included (the
+    # trace held the payloads alone, so `ciera simulate` read a higher ratio than train printed).
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    per_step = {key: sum(b[key] * b["gathers_per_step"] for b in written["buckets"])
+                for key in ("raw_bytes", "wire_bytes")}
+    assert per_step["raw_bytes"] == pytest.approx(summary["allgather_raw_bytes"], abs=1), (per_step, summary)
+    assert summary["allgather_control_bytes"] > 0
+    assert per_step["wire_bytes"] == pytest.approx(summary["allgather_wire_bytes"], abs=1), (per_step, summary)
     # Noise may make a curve of this tiny run fall with bytes, which `ciera simulate` refuses: then,
     # and only then, the job says so.
     warned = "ciera simulate will refuse" in done.stderr

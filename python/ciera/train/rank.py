@@ -421,8 +421,8 @@ class RankProgram:
         for r in rs_records:
             self.grad_bytes[r.bucket] = r.input_bytes
         if step >= self.args.warmup:
-            for r in records:
-                run.bucket_wire.setdefault((r.group, r.bucket), []).append(r.wire_bytes)
+            for r in records:   # what the transport carried, as sent_bytes counts it for train's report
+                run.bucket_wire.setdefault((r.group, r.bucket), []).append(r.wire_bytes + r.control_bytes)
             if self.tracer is not None and run.name == BASELINE:
                 from ciera import trace
 

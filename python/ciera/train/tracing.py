@@ -39,11 +39,12 @@ def collect_trace(program, runs: dict, handles: dict, params: int) -> dict:
     times = _mean_over_ranks(forward + backward + [optimizer], world)
     n = len(buckets)
     counts = program.trackers["ciera"].merged_counts(buckets)
-    # Mean CIERA bytes per gather of each bucket: on the shard group, and on the post-forward group
-    # (reshard_after_forward=N; 0 where the bucket has none there).
+    # Mean CIERA bytes per gather of each bucket, payloads and control records (as train's own
+    # wire figures): on the shard group, and on the post-forward group (reshard_after_forward=N;
+    # 0 where the bucket has none there).
     wire = torch.tensor([statistics.fmean(runs["ciera"].bucket_wire.get((kind, b.index), [0]))
                          for kind in (0, 1) for b in buckets], dtype=torch.float64)
-    dist.all_reduce(wire, op=dist.ReduceOp.MAX)  # the same on every rank (all ranks' payloads)
+    dist.all_reduce(wire, op=dist.ReduceOp.MAX)  # the same on every rank (all ranks' bytes)
     element = {b.index: fsdp.layout.element_bytes(b.dtype) for b in buckets}
     group = handles["ciera"].groups[0].size   # the shard group: the world, or a node under HSDP
     largest = max(b.numel * group * element[b.index] for b in buckets)
