@@ -114,10 +114,16 @@ def set_up_on_every_rank(stage, group, failed_text, cleanup=None):
         return result
     if cleanup is not None:
         cleanup(result)
-    if failure is not None and len(failed) == size and all(f[1:] == failed[0][1:] for f in failed):
-        raise failure
-    rank, kind, text = failed[0]
-    raise _ext.ConfigError(f"{failed_text(rank)}: {kind}: {text}") from failure
+    try:
+        if failure is not None and len(failed) == size and all(f[1:] == failed[0][1:] for f in failed):
+            raise failure
+        rank, kind, text = failed[0]
+        raise _ext.ConfigError(f"{failed_text(rank)}: {kind}: {text}") from failure
+    finally:
+        # `failure`'s traceback holds this frame: holding `failure` too, it made a cycle that
+        # kept the callers' frames, and the transports of their earlier stages (an MPI or NCCL
+        # communicator), to the next garbage collection instead of going with the error.
+        failure = result = None
 
 
 def agree_before_set_up(what: str, failure: BaseException | None, group=None, same: dict | None = None,

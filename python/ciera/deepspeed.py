@@ -33,6 +33,7 @@ DeepSpeed versions outside 0.15-0.19."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -581,11 +582,19 @@ def enable(engine, config: _ext.EngineConfig | None = None, *, transport: str = 
         if made is not None:
             lifecycle.close_engine(made)
 
-    native = set_up_on_every_rank(lambda: make_transport(transport, group, config.timeout_s, device), group, failed)
-    if selecting and cost_model is None:
-        cost_model = set_up_on_every_rank(lambda: api.measured_cost_model(native, buckets, world, config), group,
-                                          failed)
-    gathers = set_up_on_every_rank(lambda: api.make_engine(native, config, layouts, device), group, failed, close)
+    with contextlib.ExitStack() as undo:
+        # The process group made for transport "torch", released on every rank if a later stage
+        # fails on any (3 threads and 5 descriptors, kept to exit otherwise).
+        made_groups = []
+        undo.callback(lifecycle.release_groups, made_groups)
+        native = set_up_on_every_rank(
+            lambda: make_transport(transport, group, config.timeout_s, device, made=made_groups), group, failed)
+        if selecting and cost_model is None:
+            cost_model = set_up_on_every_rank(lambda: api.measured_cost_model(native, buckets, world, config),
+                                              group, failed)
+        gathers = set_up_on_every_rank(lambda: api.make_engine(native, config, layouts, device), group, failed,
+                                       close)
+        undo.pop_all()   # set up on every rank: the handle's disable() closes the engine, the group stays to exit
     runtime = Runtime(gathers, buckets, [], verify, overlap=overlap)
     state = _State(runtime, params, group, world)
     hook = (api.install_selector(runtime, cost_model, config, engine.module, group, cache_budget_bytes,

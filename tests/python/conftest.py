@@ -139,22 +139,12 @@ def set_up_stages_failing(failing: bool, enable, transport_owner) -> list:
 
     from ciera.fsdp import api, lifecycle
 
-    def failing_after(original, error: BaseException, close=None):
-        def call(*args, **kwargs):
-            made = original(*args, **kwargs)
-            if failing:
-                if close is not None:
-                    close(made)
-                raise error
-            return made
-        return call
-
     out = []
     for owner, name, error, close in (
             (transport_owner, "make_transport", RuntimeError("no route to the peers on this node"), None),
             (api, "make_engine", MemoryError("no room for the codec state"), lifecycle.close_engine)):
         original = getattr(owner, name)
-        setattr(owner, name, failing_after(original, error, close))
+        setattr(owner, name, _failing_after(original, failing, error, close))
         start = time.time()
         try:
             raised = error_of(lambda: enable().disable())
@@ -162,6 +152,53 @@ def set_up_stages_failing(failing: bool, enable, transport_owner) -> list:
             setattr(owner, name, original)
         out.append((raised, time.time() - start))
     return out
+
+
+def _failing_after(original, failing: bool, error: BaseException, close=None):
+    """`original`, failing on this rank if `failing` just after it returned (what it made closed
+    by `close`, if given), with a copy of `error`: an error raised again holds the frames of its
+    earlier raises, and any made then, to the next garbage collection."""
+    def call(*args, **kwargs):
+        made = original(*args, **kwargs)
+        if failing:
+            if close is not None:
+                close(made)
+            raise type(error)(*error.args)
+        return made
+    return call
+
+
+def held_by_process() -> dict:
+    """What this process holds that a set-up can leave behind: its threads, its open file
+    descriptors, and the torch transports (ciera.fsdp.transport.TorchTransport) still alive."""
+    import gc
+    import warnings
+
+    from ciera.fsdp.transport import TorchTransport
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # isinstance() on some of torch's objects warns of deprecations
+        transports = sum(isinstance(o, TorchTransport) for o in gc.get_objects())
+    return {"threads": len(os.listdir("/proc/self/task")), "descriptors": len(os.listdir("/proc/self/fd")),
+            "torch transports": transports}
+
+
+def later_set_up_stage_failing(failing: bool, enable, stage: str) -> dict:
+    """enable() (a call that sets CIERA up on transport "torch" and returns a handle) whose stage
+    `stage` (ciera.fsdp.api's measured_cost_model or make_engine: after the transport) fails on
+    this rank if `failing`, just after its collective part: what it raised here, and what the
+    process held before and after it (held_by_process)."""
+    from ciera.fsdp import api, lifecycle
+
+    close = lifecycle.close_engine if stage == "make_engine" else None
+    before = held_by_process()
+    original = getattr(api, stage)
+    setattr(api, stage, _failing_after(original, failing, MemoryError("no room for the codec state"), close))
+    try:
+        raised = error_of(lambda: enable().disable())
+    finally:
+        setattr(api, stage, original)
+    return {"error": raised, "before": before, "after": held_by_process()}
 
 
 def policy_failing_on(failing_rank: int, rank: int):

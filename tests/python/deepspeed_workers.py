@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import ciera
 import ciera.deepspeed
-from conftest import error_of, policy_failing_on, set_up_stages_failing
+from conftest import error_of, later_set_up_stage_failing, policy_failing_on, set_up_stages_failing
 
 
 def _deepspeed(rank: int, world: int):
@@ -194,6 +194,25 @@ def set_up_fails_on_one_rank(rank: int, world: int) -> list:
     engine_config.timeout_s = 20
     return set_up_stages_failing(rank == world - 1, lambda: ciera.deepspeed.enable(ds_engine, engine_config),
                                  ciera.deepspeed)
+
+
+def later_set_up_stage_fails(rank: int, world: int, stage: str) -> dict:
+    """ciera.deepspeed.enable() with the selector, whose cost model measurement or engine (`stage`)
+    fails on the last rank alone after the transport was made: what each rank raised and held
+    before and after it, then a verified training step under a second enable()."""
+    deepspeed = _deepspeed(rank, world)
+    ds_engine = engine(deepspeed, 0, config(stage3_param_persistence_threshold=0))
+    engine_config = ciera.EngineConfig()
+    engine_config.timeout_s = 20
+    def enable():
+        return ciera.deepspeed.enable(ds_engine, engine_config, verify=True, cache_budget_bytes=1 << 20)
+
+    out = later_set_up_stage_failing(rank == world - 1, enable, stage)
+    handle = enable()
+    train_step(ds_engine, batch(rank, 0))
+    out.update(wrong_bytes=handle.wrong_bytes, verified_bytes=handle.verified_bytes)
+    handle.disable()
+    return out
 
 
 class _ObserverFailingOnce:

@@ -11,7 +11,7 @@ import ciera
 import ciera.torch as ct
 from ciera import fsdp
 from ciera import data, models
-from conftest import error_of, policy_failing_on, set_up_stages_failing
+from conftest import error_of, later_set_up_stage_failing, policy_failing_on, set_up_stages_failing
 
 
 def tiny_spec(family, **overrides):
@@ -317,6 +317,25 @@ def set_up_fails_on_one_rank(rank, world):
     config = ciera.EngineConfig()
     config.timeout_s = 20
     return set_up_stages_failing(rank == world - 1, lambda: ct.enable(model, config), api)
+
+
+def later_set_up_stage_fails(rank, world, stage):
+    """enable() with the selector, whose cost model measurement or engine (`stage`) fails on the
+    last rank alone after the transport was made: what each rank raised and held before and after
+    it, then a verified training step under a second enable()."""
+    corpus = data.load_corpus(1 << 18)
+    model = build(tiny_spec("olmoe"), world)
+    config = ciera.EngineConfig()
+    config.timeout_s = 20
+    def enable():
+        return ct.enable(model, config, verify=True, cache_budget_bytes=1 << 20)
+
+    out = later_set_up_stage_failing(rank == world - 1, enable, stage)
+    handle = enable()
+    train(model, rank, 1, corpus)
+    out.update(wrong_bytes=handle.wrong_bytes, verified_bytes=handle.verified_bytes)
+    handle.disable()
+    return out
 
 
 def dead_rank(rank, world):

@@ -3,6 +3,8 @@ and the Handle it returns gives statistics and disable()."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -163,20 +165,19 @@ def plain_cost_model(model) -> tuple | str:
     return model.world_size, model.allgather.samples, speeds
 
 
-def _set_up_on_every_rank(process_group, group, groups, stage):
-    """set_up_on_every_rank() over `process_group` for one stage of setting up `group`'s kind; on
-    a failure anywhere, every kind's engines made so far are closed."""
-    def close_engines(_):   # every kind's, this stage's included (engine_stage sets group.engine)
-        for g in groups:
-            if g.engine is not None:
-                lifecycle.close_engine(g.engine)
-                g.engine = None
-
+def _set_up_on_every_rank(process_group, group, stage):
+    """set_up_on_every_rank() over `process_group` for one stage of setting up `group`'s kind."""
     return set_up_on_every_rank(
         stage, process_group,
         lambda rank: f"enable(): rank {rank} could not set up CIERA on its {group.size}-rank gather group "
-                     f"(kind {group.kind})",
-        close_engines)
+                     f"(kind {group.kind})")
+
+
+def _close_engines(groups) -> None:
+    for group in groups:
+        if group.engine is not None:
+            lifecycle.close_engine(group.engine)
+            group.engine = None
 
 
 def given_cost_model(given, size: int, ranks: tuple, what: str = "enable()"):
@@ -441,27 +442,37 @@ def enable(model: torch.nn.Module, config: _ext.EngineConfig | None = None, *, p
         parameters=lambda: parameter_shapes(model))
     config = config or _ext.EngineConfig()
     models = []
-    for group, group_layouts in zip(groups, layouts):
-        # One engine per kind of group, on this rank's group of that kind (created by every rank
-        # at once, kind after kind, so groups of one kind form together). Every stage is agreed
-        # over process_group, with a single group too (_set_up_on_every_rank): a stage that failed
-        # on one rank, or in one node's group, is an error on every rank, not a wait until the
-        # timeout in the next stage's collectives or in the next kind's.
-        def transport_stage():
-            if len(group.partition) == 1:
-                return make_transport(transport, process_group, config.timeout_s, device)
-            return make_subgroup_transport(transport, group.partition, group.ranks, config.timeout_s, device)
+    with contextlib.ExitStack() as undo:
+        # What the set-up made, ended on every rank if a stage fails on any (every rank leaves
+        # here by the agreed error): every kind's engines, then the process groups made for the
+        # transports (a gloo group keeps 3 threads and 5 descriptors to exit otherwise). A
+        # native transport goes with its last reference, the error's traceback.
+        made_groups = []
+        undo.callback(lifecycle.release_groups, made_groups)
+        undo.callback(_close_engines, groups)
+        for group, group_layouts in zip(groups, layouts):
+            # One engine per kind of group, on this rank's group of that kind (created by every
+            # rank at once, kind after kind, so groups of one kind form together). Every stage is
+            # agreed over process_group, with a single group too (_set_up_on_every_rank): a stage
+            # that failed on one rank, or in one node's group, is an error on every rank, not a
+            # wait until the timeout in the next stage's collectives or in the next kind's.
+            def transport_stage():
+                if len(group.partition) == 1:
+                    return make_transport(transport, process_group, config.timeout_s, device, made=made_groups)
+                return make_subgroup_transport(transport, group.partition, group.ranks, config.timeout_s, device,
+                                               made=made_groups)
 
-        def engine_stage():
-            group.engine = make_engine(native, config, group_layouts, device)
+            def engine_stage():
+                group.engine = make_engine(native, config, group_layouts, device)
 
-        native = _set_up_on_every_rank(process_group, group, groups, transport_stage)
-        if selecting:
-            models.append(_set_up_on_every_rank(process_group, group, groups,
-                                                lambda: _cost_model(cost_model, native, group, config)))
-        _set_up_on_every_rank(process_group, group, groups, engine_stage)
-    if selecting and cost_model is None:
-        models = _agree_cost_models(models, groups, process_group)
+            native = _set_up_on_every_rank(process_group, group, transport_stage)
+            if selecting:
+                models.append(_set_up_on_every_rank(process_group, group,
+                                                    lambda: _cost_model(cost_model, native, group, config)))
+            _set_up_on_every_rank(process_group, group, engine_stage)
+        if selecting and cost_model is None:
+            models = _agree_cost_models(models, groups, process_group)
+        undo.pop_all()   # set up on every rank: the handle's disable() closes the engines, the groups stay to exit
     runtime = Runtime(groups[0].engine, [b for _, b in described], [m for m, _ in described], verify,
                       overlap=overlap, groups=groups)
     for module, bucket in described:

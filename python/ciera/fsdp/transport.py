@@ -217,14 +217,16 @@ def _mpi_transport(cuda: bool, timeout_s: float, ranks: list[int] | None = None)
     return _ext.mpi_transport(ranks, timeout_s)
 
 
-def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, device: torch.device | None = None):
+def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, device: torch.device | None = None,
+                            made: list | None = None):
     """The native transport on this rank's group `ranks`, one of the groups in `partition` (they
     split the world; every rank names the same partition). Collective over the world: every rank
-    creates its group at once. As make_transport otherwise."""
+    creates its group at once. As make_transport otherwise (`made`: the process group made for
+    it, transport "torch" or "nccl")."""
     if len(partition) == 1:
         if tuple(partition[0]) != tuple(range(dist.get_world_size())):
             raise _ext.ConfigError(f"the ranks {tuple(partition[0])} are not the world in rank order")
-        return make_transport(kind, None, timeout_s, device)
+        return make_transport(kind, None, timeout_s, device, made)
     cuda = device is not None and device.type == "cuda"
     timeout = datetime.timedelta(seconds=timeout_s)
     lists = [list(p) for p in partition]
@@ -235,12 +237,12 @@ def make_subgroup_transport(kind: str, partition, ranks, timeout_s: float, devic
     if kind == "torch":
         backend = _cuda_backend(None) if cuda else "gloo"
         group, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout, backend=backend)
-        lifecycle.register_group(group)
+        _made(lifecycle.register_group(group), made)
         return TorchCudaTransport(group, device, backend).make() if cuda else TorchTransport(group).make()
     if kind == "nccl":
         # A gloo group of our own carries the NCCL unique id.
         group, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout, backend="gloo")
-        return make_transport(kind, lifecycle.register_group(group), timeout_s, device)
+        return make_transport(kind, _made(lifecycle.register_group(group), made), timeout_s, device)
     raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")
 
 
@@ -348,9 +350,7 @@ def make_transport(kind: str, process_group, timeout_s: float, device: torch.dev
     cuda = device is not None and device.type == "cuda"
     if kind == "torch":
         backend = _cuda_backend(process_group) if cuda else "gloo"
-        group = group_beside(process_group, backend, datetime.timedelta(seconds=timeout_s))
-        if made is not None:
-            made.append(group)
+        group = _made(group_beside(process_group, backend, datetime.timedelta(seconds=timeout_s)), made)
         return TorchCudaTransport(group, device, backend).make() if cuda else TorchTransport(group).make()
     if kind == "nccl":
         if not cuda:
@@ -362,6 +362,13 @@ def make_transport(kind: str, process_group, timeout_s: float, device: torch.dev
                             else list(range(dist.get_world_size())), process_group)
         return native
     raise _ext.ConfigError(f"unknown transport {kind!r} (expected 'torch', 'mpi' or 'nccl')")
+
+
+def _made(group, made: list | None):
+    """`group`, appended to `made` (if given): an owner's list of the groups made for it."""
+    if made is not None:
+        made.append(group)
+    return group
 
 
 def _require_mpi_places(native, ranks: list[int], group=None) -> None:
