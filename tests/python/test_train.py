@@ -270,6 +270,9 @@ def test_a_reduce_scatter_run_waits_for_no_warmup_and_names_no_codec(tmp_path):
     done, _ = _run_train(tmp_path / "refused", "--reduce-scatter", "ciera", "--steps", "3", "--warmup", "3")
     assert done.returncode == 2 and "--steps 3 must exceed --warmup 3 to measure" in done.stderr, done.stderr
     assert not (tmp_path / "refused").exists()
+    # "auto" probes each call shape 4 calls coded, then 4 raw: those 8 steps are its warmup.
+    done, _ = _run_train(tmp_path / "auto", "--reduce-scatter", "auto", "--steps", "8")
+    assert done.returncode == 2 and "--warmup 8 (the default here)" in done.stderr, done.stderr
 
 
 def _step_metrics(raw, wire, exposed, duration):

@@ -78,8 +78,9 @@ def parser() -> argparse.ArgumentParser:
                    help="steps before exponent reuse starts, and outside the steady state the summary reports "
                         "(default: 30; 1 when no trained scheme waits for it, as with --codec delta, the "
                         "alternatives and --zero, whose first step carries the key frames or values; 0 with "
-                        "--reduce-scatter ciera/auto, whose trainings all gather with the framework's own all-gather "
-                        "and whose reduce-scatter keeps no codec state between calls: every step is steady)")
+                        "--reduce-scatter ciera, whose trainings all gather with the framework's own all-gather "
+                        "and whose reduce-scatter keeps no codec state between calls: every step is steady; 8 with "
+                        "--reduce-scatter auto, whose first 8 calls of each shape probe coded and raw)")
     p.add_argument("--layers", type=int, default=2, help="decoder layers (one FSDP2 parameter group each)")
     p.add_argument("--hidden", type=int, default=128, help="hidden size, a multiple of 8")
     p.add_argument("--experts", type=int, default=8, help="experts per MoE layer")
@@ -340,8 +341,8 @@ def _output_file(flag: str, path: str) -> None:
 def _defaults(args) -> None:
     """The defaults that depend on other options: --codec (delta with --zero, where this build
     has it), --schemes (every available one with --baselines), --warmup (1 where no scheme
-    waits for warmup: the first step carries the key frames or values; 0 with --reduce-scatter,
-    which trains no gather scheme; else 30) and --pin-cores (in the link lab)."""
+    waits for warmup: the first step carries the key frames or values; 0 with --reduce-scatter
+    ciera, which trains no gather scheme, 8 with auto, which probes; else 30) and --pin-cores (in the link lab)."""
     has_delta = hasattr(_ext.ShardPolicy, "delta")
     if args.pin_cores is None:
         args.pin_cores = bool(args.link_gbit)
@@ -367,8 +368,11 @@ def _defaults(args) -> None:
     if args.warmup is None:
         if args.reduce_scatter != "fsdp2":
             # Its --codec is the unused default (every training gathers with the framework's own
-            # all-gather), and its reduce-scatter codes every call afresh: every step is steady.
-            args.warmup = 0
+            # all-gather), and "ciera" codes every call afresh: every step is steady. "auto" first
+            # probes each call shape both ways, 4 calls coded then 4 raw (AdaptiveSwitch's
+            # kProbeGathers, src/common/adaptive_switch.hpp; one call a shape a step): those 8
+            # steps are its warmup.
+            args.warmup = 8 if args.reduce_scatter == "auto" else 0
         else:
             # With --budget-mb the warmup is the selector's statistics: as long as for exponent reuse.
             waits = any(schemes.switches_after_warmup(name) for name in scheme_names(args))
