@@ -121,12 +121,14 @@ std::string bytes_text(double bytes) {
 // step 2; envelope_header_bytes in src/engine/envelope.hpp, a layer the simulator does not see).
 double envelope_header_bytes(size_t params) { return 24.0 + 8.0 * static_cast<double>(params); }
 
-// Bytes of one rank's control records that the engine charges one gather at most
-// (GatherStats::control_bytes; docs/format.md, "Engine protocol", steps 1 and 4, and what a
-// gather costs on the wire): its round's 1040-byte control record and 8 x 128 bytes of verdicts
-// (RoundControl and RoundVerdicts in src/engine/control.hpp, a layer the simulator does not see),
-// and a key-frame round's second of each. A round's records are shared among its gathers, so a
-// gather alone in its rounds is charged them whole.
+// Room for one rank's control records in a gather's mean bytes (GatherStats::control_bytes;
+// docs/format.md, "Engine protocol", steps 1 and 4, and what a gather costs on the wire): its
+// round's 1040-byte control record and 8 x 128 bytes of verdicts (RoundControl and RoundVerdicts
+// in src/engine/control.hpp, a layer the simulator does not see), and a key-frame round's second
+// of each. Not a maximum for every gather: one that resynchronises and then fails a verdict takes
+// a third record, and one left out of a round while a peer was not ready is charged a share of
+// that round too; but the bound is applied to a mean over the steps after warmup, where such
+// gathers are rare.
 constexpr double kControlBytesPerRank = 2 * (1040.0 + 1024.0);
 
 // The most a gather of `bucket` on a group of `ranks` can put on the wire, all ranks' envelopes
