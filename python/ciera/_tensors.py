@@ -10,7 +10,13 @@ def _name(names, i: int) -> str:
     return names[i] if names is not None else f"tensor {i}"
 
 
-def refuse_short_storage(tensors: list, prefix: str, names: list[str] | None = None) -> None:
+def short_storage(name: str, held: int, needed: int) -> _ext.ConfigError:
+    """The error for a tensor `name` whose storage holds `held` of the `needed` bytes its values
+    reach. Short: a peer hears a refusal cut to 76 bytes (kErrorTextBytes, src/engine/control.hpp)."""
+    return _ext.ConfigError(f"{name}'s storage holds {held} of its {needed} bytes: freed or shrunk")
+
+
+def refuse_short_storage(tensors: list, prefix: str) -> None:
     """ConfigError for a (contiguous) tensor whose storage no longer holds its values: freed or
     shrunk by untyped_storage().resize_(), as FSDP frees an unsharded parameter's, its shape
     kept. The engine writes numel() values from data_ptr(), past the end of what is left: a
@@ -19,9 +25,7 @@ def refuse_short_storage(tensors: list, prefix: str, names: list[str] | None = N
         needed = (t.storage_offset() + t.numel()) * t.element_size()
         held = t.untyped_storage().nbytes()
         if t.numel() > 0 and held < needed:
-            # Short: a peer hears a refusal cut to 76 bytes (kErrorTextBytes, src/engine/control.hpp).
-            raise _ext.ConfigError(f"{prefix}{_name(names, i)}'s storage holds {held} of its {needed} bytes: "
-                                   "freed or shrunk")
+            raise short_storage(f"{prefix}tensor {i}", held, needed)
 
 
 def refuse_negated(tensors: list, prefix: str, names: list[str] | None = None) -> None:

@@ -41,8 +41,9 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as _TorchZero
 from torch.optim import Optimizer
 
 from ciera import _ext
-from ciera._dist import checked_on_every_rank, refuse_each, refused_on_every_rank, start_each, wait_each
-from ciera._tensors import refuse_negated, refuse_short_storage
+from ciera._dist import (checked_on_every_rank, refuse_each, refused_on_every_rank, set_up_on_every_rank, start_each,
+                         wait_each)
+from ciera._tensors import refuse_negated, short_storage
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
 from ciera.fsdp.transport import check_engine_config, check_transport, group_beside, make_transport
@@ -305,24 +306,38 @@ class _DeviceSync:
         it: the engine writes `flat` through its pointer, and a parameter that no longer holds
         its values there would send stale ones (its own partition) or never see its peers'."""
         prefix = f"{_NAME}: "
+        size = self.flat.element_size()
         # A storage freed or shrunk (untyped_storage().resize_(): `flat`'s, which the parameters
-        # share): the engine would write past what is left of it.
-        refuse_short_storage(self.params, prefix, self.names)
+        # share): the engine would write past what is left of it. Checked once, on `flat`, naming
+        # the first parameter whose values are no longer all in it; each parameter that still lies
+        # at its place in `flat` (below) then lies in what is left.
+        held = self.flat.untyped_storage().nbytes()
+        end = (self.flat.storage_offset() + self.flat.numel()) * size
+        if held < end:
+            first = self.flat.storage_offset()
+            for numel, name in zip(self.numels, self.names):
+                first += numel
+                if numel and first * size > held:
+                    raise short_storage(f"{prefix}{name}", held, first * size)
         refuse_negated(self.params, prefix, self.names)
-        storage, size = self.flat.untyped_storage().data_ptr(), self.flat.element_size()
-        offset = 0
+        at = self.flat.data_ptr()
         for param, numel, name in zip(self.params, self.numels, self.names):
-            if (param.dtype != self.flat.dtype or param.numel() != numel or not param.is_contiguous()
-                    or param.untyped_storage().data_ptr() != storage
-                    or param.data_ptr() != self.flat.data_ptr() + offset * size):
+            # A parameter of no values has no address (data_ptr() 0) and nothing to write.
+            if (param.dtype != self.flat.dtype or param.numel() != numel
+                    or numel and (not param.is_contiguous() or param.data_ptr() != at)):
                 raise _ext.ConfigError(f"{prefix}{name} no longer lies in the optimizer's bucket: its .data was "
                                        "replaced after the optimizer was made (`.data =`, `module.to()`); write "
                                        "new values into it in place (`.copy_()`), or make the optimizer after")
-            offset += numel
+            at += numel * size
 
 
 _NAME = "ciera.zero.ZeroRedundancyOptimizer"
 _POLICIES = ("delta", "ciera", "raw")
+
+
+def _failed_set_up(rank: int) -> str:
+    """set_up_on_every_rank()'s text for a stage of the engines' set-up that failed on `rank`."""
+    return f"{_NAME}: rank {rank} could not set up CIERA"
 
 
 def _policy(name: str):

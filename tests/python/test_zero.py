@@ -20,7 +20,7 @@ from ciera import zero
 def test_parameters_are_bitwise_identical_to_torch_zero():
     results = all_ok(spawn(w.exact_vs_torch, 2))   # uneven partitions: 4608 and 2424 values
     for rank, r in enumerate(results):
-        for case in ("bf16", "fp32", "empty", "frozen", "ciera", "raw"):
+        for case in ("bf16", "fp32", "empty", "zero_sized", "frozen", "ciera", "raw"):
             c = r[case]
             assert all(c["equal"]) and all(c["losses_equal"]), (rank, case, c)
             assert c["in_flat"] and c["changed"], (rank, case, c)

@@ -45,11 +45,16 @@ def same_bits(a, b) -> bool:
                for x, y in zip(a.parameters(), b.parameters()))
 
 
-def compare(rank, world, dtype, sizes, steps=10, lr=1e-4, policy=POLICY, bias=True, freeze_at=None):
+def compare(rank, world, dtype, sizes, steps=10, lr=1e-4, policy=POLICY, bias=True, freeze_at=None,
+            zero_sized=False):
     """Trains the same model with PyTorch's ZeRO and with CIERA's, step by step; returns every
-    step's comparison and the sync statistics."""
+    step's comparison and the sync statistics. `zero_sized`: the first layer holds a trainable
+    parameter of no values too (a [0, 4] one, after its weight and bias)."""
     optimizer_class = zero.fp32_master(torch.optim.AdamW) if dtype != torch.float32 else torch.optim.AdamW
     plain_net, net = model(dtype, sizes=sizes, bias=bias), model(dtype, sizes=sizes, bias=bias)
+    if zero_sized:
+        for n in (plain_net, net):
+            n[0].register_parameter("nothing", torch.nn.Parameter(torch.empty(0, 4, dtype=dtype)))
     plain = TorchZero(plain_net.parameters(), optimizer_class, parameters_as_bucket_view=True, lr=lr)
     ours = zero.ZeroRedundancyOptimizer(net.parameters(), optimizer_class, policy=policy, lr=lr)
     equal, losses_equal, stats = [], [], []
@@ -65,7 +70,7 @@ def compare(rank, world, dtype, sizes, steps=10, lr=1e-4, policy=POLICY, bias=Tr
     flat = ours._syncs[0].flat
     in_flat = all(p.data_ptr() >= flat.data_ptr() and
                   p.data_ptr() + p.numel() * p.element_size() <= flat.data_ptr() + flat.numel() * flat.element_size()
-                  for p in net.parameters() if p.requires_grad)
+                  for p in net.parameters() if p.requires_grad and p.numel())   # no values: no address
     mine = sum(p.numel() for g in ours.optim.param_groups for p in g["params"])
     result = {"equal": equal, "losses_equal": losses_equal, "stats": stats, "in_flat": in_flat, "mine": mine,
               "cache_bytes": ours.cache_bytes, "changed": not same_bits(net, model(dtype, sizes=sizes, bias=bias))}
@@ -85,6 +90,10 @@ def exact_vs_torch(rank, world):
                        ("frozen", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=5, freeze_at=2)),
                        # One parameter: every rank but one holds nothing.
                        ("empty", lambda: compare(rank, world, torch.bfloat16, (16, 8), steps=3, bias=False)),
+                       # A parameter of no values, whose data_ptr() is 0: the check that each
+                       # parameter still lies in its bucket refused every step.
+                       ("zero_sized", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=3,
+                                                      zero_sized=True)),
                        # The comparison policies: exponent reuse, and no coding at all.
                        ("ciera", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=3, policy="ciera")),
                        ("raw", lambda: compare(rank, world, torch.bfloat16, (48, 96, 24), steps=2, policy="raw")),
