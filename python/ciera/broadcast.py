@@ -16,6 +16,7 @@ that fails raises the same error on every rank and leaves no silently wrong valu
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import threading
 import time
@@ -25,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from ciera import _ext
-from ciera._dist import agree_before_set_up, refuse_each, refused_on_every_rank, start_each, wait_each
+from ciera._dist import (agree_before_set_up, refuse_each, refused_on_every_rank, set_up_on_every_rank, start_each,
+                         wait_each)
 from ciera._tensors import refuse_unwritable
 from ciera.fsdp import lifecycle
 from ciera.fsdp.layout import DTYPES
@@ -128,10 +130,28 @@ class Broadcaster:
         # Broadcaster is collected unclosed: one Broadcaster per evaluation pass would otherwise
         # leave a gloo group (5 descriptors, 3 threads) each.
         self._owned = lifecycle.Owned(self)
-        native = make_transport(transport, process_group, config.timeout_s, made=self._owned.groups)
-        self.engine = _ext.Engine(native, config, layouts)
-        lifecycle.register_engine(self.engine)
-        self._owned.engines.append(self.engine)
+
+        def make_engine():
+            engine = _ext.Engine(native, config, layouts)
+            lifecycle.register_engine(engine)
+            self._owned.engines.append(engine)
+            return engine
+
+        def failed(rank: int) -> str:
+            return f"Broadcaster: rank {rank} could not set up CIERA"
+
+        with contextlib.ExitStack() as undo:
+            # Each stage agreed on every rank (set_up_on_every_rank): a transport or engine that
+            # failed on one rank alone left its peers in the engine's configuration agreement, or
+            # in their first broadcast, until the timeout. On a failure anywhere every rank ends
+            # what it made here, now, not when the half-built Broadcaster goes (the error's
+            # traceback holds it as long as the caller holds the error).
+            undo.callback(self._owned.release)
+            native = set_up_on_every_rank(
+                lambda: make_transport(transport, process_group, config.timeout_s, made=self._owned.groups),
+                process_group, failed)
+            self.engine = set_up_on_every_rank(make_engine, process_group, failed)
+            undo.pop_all()
 
     def _check(self, root: int, policy: str, world: int, config) -> None:
         if not self.tensors:

@@ -26,6 +26,7 @@ the masters exist only for this rank's partition.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import threading
@@ -496,16 +497,26 @@ class ZeroRedundancyOptimizer(_TorchZero):
         self._stepping = threading.Lock()                 # held by the thread in step()
         self.last_sync: SyncStats | None = None
         self.sync_count = 0
-        super().__init__(params, optimizer_class, process_group=process_group, parameters_as_bucket_view=True,
-                         overlap_with_ddp=False, **defaults)
-        # The per-step check that the ranks agree on trainability runs here: gloo, on the host,
-        # failing after the engines' timeout (process_group's own may wait 30 minutes for a dead
-        # peer).
         self._agreement = None
-        if self.world_size > 1:
-            self._agreement = group_beside(self.process_group, "gloo",
-                                           datetime.timedelta(seconds=self._engine_config.timeout_s))
-            self._owned.groups.append(self._agreement)
+        with contextlib.ExitStack() as undo:
+            # What the set-up made (engines, the groups of their transports and of the check
+            # below), ended on every rank if a stage fails on any (each stage is agreed: every
+            # rank leaves by the same error), now rather than when the half-built optimizer goes.
+            undo.callback(self.close)
+            super().__init__(params, optimizer_class, process_group=process_group, parameters_as_bucket_view=True,
+                             overlap_with_ddp=False, **defaults)
+            # The per-step check that the ranks agree on trainability runs here: gloo, on the host,
+            # failing after the engines' timeout (process_group's own may wait 30 minutes for a dead
+            # peer).
+            if self.world_size > 1:
+                def agreement_stage():
+                    group = group_beside(self.process_group, "gloo",
+                                         datetime.timedelta(seconds=self._engine_config.timeout_s))
+                    self._owned.groups.append(group)
+                    return group
+
+                self._agreement = set_up_on_every_rank(agreement_stage, self.process_group, _failed_set_up)
+            undo.pop_all()
 
     # -- buckets ---------------------------------------------------------------------------------
 
@@ -585,20 +596,33 @@ class ZeroRedundancyOptimizer(_TorchZero):
             layout.dtype = DTYPES[sync.flat.dtype]
             layout.shard_values = [_pieces(n, pieces) for n in sync.counts]
             layout.policy = [self._policy] * pieces
-            cuda = sync.device.type == "cuda"
             # One transport per device for the optimizer's life: a rebuild (add_param_group, a
             # change of trainability) made a new process group each time, and gloo's groups stay
-            # until the process exits (5 file descriptors and 3 threads each).
+            # until the process exits (5 file descriptors and 3 threads each). Released by
+            # close() (at construction, by the constructor when a later stage fails).
             native = self._natives.get(sync.device)
             if native is None:
-                native = make_transport(self._transport_kind, self.process_group, self._engine_config.timeout_s,
-                                        sync.device, made=self._owned.groups)
+                native = self._set_up_on_every_rank(
+                    lambda: make_transport(self._transport_kind, self.process_group, self._engine_config.timeout_s,
+                                           sync.device, made=self._owned.groups))
                 self._natives[sync.device] = native
-            sync.engine = _ext.Engine(native, self._engine_config, [layout],
-                                      device=(sync.device.index if sync.device.index is not None
-                                              else torch.cuda.current_device()) if cuda else -1)
-            lifecycle.register_engine(sync.engine)
-            self._owned.engines.append(sync.engine)
+            self._set_up_on_every_rank(lambda: self._open_engine(sync, native, layout))
+
+    def _open_engine(self, sync: "_DeviceSync", native, layout) -> None:
+        cuda = sync.device.type == "cuda"
+        sync.engine = _ext.Engine(native, self._engine_config, [layout],
+                                  device=(sync.device.index if sync.device.index is not None
+                                          else torch.cuda.current_device()) if cuda else -1)
+        lifecycle.register_engine(sync.engine)
+        self._owned.engines.append(sync.engine)
+
+    def _set_up_on_every_rank(self, stage):
+        """set_up_on_every_rank() over process_group for one stage of the engines' set-up (at
+        construction and in every rebuild): a transport or engine that failed on one rank alone
+        left its peers in the engine's configuration agreement, or in the next sync, until the
+        timeout. On a failure anywhere every rank closes the engines of this build (this stage's
+        included), so that every rank's _build_param_buckets fails alike, leaving it broken."""
+        return set_up_on_every_rank(stage, self.process_group, _failed_set_up, lambda _: self._close_engines())
 
     def _close_engines(self) -> None:
         for sync in self._syncs:
@@ -774,6 +798,9 @@ class ZeroRedundancyOptimizer(_TorchZero):
                 self._close_engines()
                 self._natives.clear()
                 self._owned.release()
+                # Released above; held here, the group object kept its threads and descriptors
+                # (3 and 5) for as long as the closed optimizer lived.
+                self._agreement = None
                 self._closed = True
         finally:
             self._stepping.release()

@@ -183,6 +183,13 @@ def held_by_process() -> dict:
             "torch transports": transports}
 
 
+def grown(before: dict, now: dict) -> dict:
+    """What `now` (held_by_process(), or part of it) holds more of than `before`: {key: (before,
+    now)}, empty where nothing grew. Less is no leak: a descriptor or thread that something else
+    opened before may have closed since."""
+    return {k: (before[k], v) for k, v in now.items() if v > before[k]}
+
+
 def later_set_up_stage_failing(failing: bool, enable, stage: str) -> dict:
     """enable() (a call that sets CIERA up on transport "torch" and returns a handle) whose stage
     `stage` (ciera.fsdp.api's measured_cost_model or make_engine: after the transport) fails on
@@ -199,6 +206,48 @@ def later_set_up_stage_failing(failing: bool, enable, stage: str) -> dict:
     finally:
         setattr(api, stage, original)
     return {"error": raised, "before": before, "after": held_by_process()}
+
+
+def stage_failing(failing: bool, make, owner, stage: str, error: BaseException, close=None) -> dict:
+    """`make()` (a collective set-up: a ciera.broadcast.Broadcaster, a ciera.zero optimizer, a
+    step that rebuilds its engines) with its stage `owner.stage` (make_transport, group_beside,
+    or the extension's Engine class) failing on this rank if `failing`, just after it returned
+    (what it made closed by `close`, if given). What make() raised here ("Type: text", or None)
+    and its seconds; what the process held (held_by_process()) before it, while its error (or
+    what it returned) was still held, as a caller that keeps the error to report it would, and
+    after that was dropped. While held, only threads and descriptors count: the traceback keeps
+    the set-up's frames, and in them the transport object, whose group is what must be gone.
+    Every rank is past make() before any measures (a barrier): the failing rank, holding its
+    error, cannot end the peers' wait by releasing its group."""
+    import torch.distributed as dist
+
+    def failing_after(*args, **kwargs):
+        # As _failing_after, but what the stage made is not left in this frame, which the error's
+        # traceback keeps (for group_beside, the group itself).
+        made = original(*args, **kwargs)
+        if not failing:
+            return made
+        if close is not None:
+            close(made)
+        made = None
+        raise type(error)(*error.args)
+
+    before = held_by_process()
+    original = getattr(owner, stage)
+    setattr(owner, stage, failing_after)
+    start = time.perf_counter()
+    kept = raised = None
+    try:
+        kept = make()
+    except Exception as e:  # noqa: BLE001 - the test compares each rank's error
+        kept, raised = e, f"{type(e).__name__}: {e}"
+    finally:
+        setattr(owner, stage, original)
+    seconds = time.perf_counter() - start
+    dist.barrier()
+    held = {k: v for k, v in held_by_process().items() if k != "torch transports"}
+    kept = None
+    return {"error": raised, "seconds": seconds, "before": before, "held": held, "after": held_by_process()}
 
 
 def policy_failing_on(failing_rank: int, rank: int):

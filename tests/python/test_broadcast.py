@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import error_of, needs_torch, ranks_store, spawn, until
+from conftest import all_ok, error_of, grown, needs_torch, ranks_store, spawn, stage_failing, until
 
 torch = needs_torch()
 
@@ -201,6 +201,44 @@ def test_a_gather_one_rank_cannot_start_fails_every_rank_at_once():
         expected = ("RuntimeError: the start failed" if rank == 2
                     else "ConfigError: rank 2 rejected its gather of bucket 'tensor1': the start failed")
         assert error == expected and seconds < 15 and same, (rank, error, seconds, same)
+
+
+def a_set_up_stage_fails_on_one_rank(rank, world, stage):
+    """The Broadcaster's transport or engine (`stage`: make_transport, or the extension's Engine)
+    failing on the last rank alone just after it was made: what each rank raised, its seconds and
+    what it held (conftest.stage_failing); then a second Broadcaster in the same processes
+    delivers the root's values."""
+    from ciera import _ext
+    from ciera.fsdp import lifecycle
+
+    config = ciera.EngineConfig()
+    config.timeout_s = 20   # the peers' wait in the engine's configuration agreement, had they waited
+    tensors = [torch.full((64,), float(rank)), torch.full((8,), float(rank), dtype=torch.bfloat16)]
+    owner, error, close = {
+        "make_transport": (ciera.broadcast, RuntimeError("no route to the peers on this node"), None),
+        "Engine": (_ext, MemoryError("no room for the codec state"), lifecycle.close_engine)}[stage]
+    out = stage_failing(rank == world - 1, lambda: ciera.broadcast.Broadcaster(tensors, root=0, config=config),
+                        owner, stage, error, close)
+    with ciera.broadcast.Broadcaster(tensors, root=0, config=config) as bcast:
+        bcast.broadcast()
+    out["delivered"] = all(bool((t == 0).all()) for t in tensors)
+    return out
+
+
+@pytest.mark.parametrize("stage,error", [("make_transport", "RuntimeError: no route to the peers on this node"),
+                                         ("Engine", "MemoryError: no room for the codec state")])
+def test_a_set_up_stage_failing_on_one_rank_fails_every_rank_at_once_leaving_nothing(stage, error):
+    """Each stage is agreed on every rank. Until stop 72 a transport failing on rank 1 left rank 0
+    in the engine's configuration agreement until its 20 s timeout (a CommError naming gloo), an
+    engine failing there left rank 0 with a Broadcaster whose peer had none; and each rank kept
+    what it had made (a gloo group: 3 threads, 4 descriptors) as long as its error was held."""
+    results = all_ok(spawn(a_set_up_stage_fails_on_one_rank, 2, stage))
+    for rank, r in enumerate(results):
+        assert r["error"] == f"ConfigError: Broadcaster: rank 1 could not set up CIERA: {error}", (rank, r)
+        assert r["seconds"] < 10, (rank, r)   # not the 20 s timeout
+        assert not grown(r["before"], r["held"]), (rank, r)
+        assert not grown(r["before"], r["after"]), (rank, r)
+        assert r["delivered"], (rank, r)
 
 
 def misused(rank, world, case):

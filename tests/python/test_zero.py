@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import all_ok, needs_torch, spawn
+from conftest import all_ok, grown, needs_torch, spawn
 
 torch = needs_torch()
 
@@ -299,6 +299,42 @@ def test_rebuilds_and_their_failures():
         assert r["bad_group"].startswith(f"TypeError: {name}: the trainable parameters on cpu must share one dtype")
         assert r["step_after_bad_group"].startswith(f"RuntimeError: {name}: its buckets could not be rebuilt "
                                                     "(TypeError: "), (rank, r["step_after_bad_group"])
+
+
+@pytest.mark.parametrize("stage,error", [("make_transport", "RuntimeError: no route to the peers on this node"),
+                                         ("group_beside", "RuntimeError: no route to the peers on this node"),
+                                         ("Engine", "MemoryError: no room for the codec state")])
+def test_a_set_up_stage_failing_on_one_rank_fails_every_rank_at_once_leaving_nothing(stage, error):
+    """Each stage of the constructor's set-up (the transport, the engine, the trainability check's
+    group) is agreed on every rank. Until stop 72 a transport or engine failing on rank 1 left
+    rank 0 waiting until its 20 s timeout (in the engine's configuration agreement, or in making
+    the check's group), a check group failing there left rank 0 with an optimizer; and each rank
+    kept what it had made (gloo groups: 3 threads, 4 descriptors each) as long as its error was held."""
+    results = all_ok(spawn(w.a_set_up_stage_fails_on_one_rank, 2, stage))
+    agreed = f"ConfigError: ciera.zero.ZeroRedundancyOptimizer: rank 1 could not set up CIERA: {error}"
+    for rank, r in enumerate(results):
+        assert r["error"] == agreed, (rank, r)
+        assert r["seconds"] < 10, (rank, r)   # not the 20 s timeout
+        assert not grown(r["before"], r["held"]), (rank, r)
+        assert not grown(r["before"], r["after"]), (rank, r)
+        assert r["step"] is None, (rank, r)   # a second optimizer works in the same processes
+
+
+@pytest.mark.parametrize("rebuild", ["step", "add_param_group"])
+def test_a_rebuild_failing_on_one_rank_fails_every_rank_at_once_and_breaks_the_optimizer(rebuild):
+    """A rebuild's engine (a step after a layer was frozen, add_param_group) failing on rank 1:
+    every rank fails at once with the same error, its engines closed, and no later step runs.
+    Until stop 72 rank 0's rebuild succeeded and its next sync waited for rank 1 until the 20 s
+    timeout, a CommError naming gloo, its engine open meanwhile."""
+    results = all_ok(spawn(w.a_rebuild_fails_on_one_rank, 2, rebuild))
+    name = "ciera.zero.ZeroRedundancyOptimizer"
+    agreed = f"ConfigError: {name}: rank 1 could not set up CIERA: MemoryError: no room for the codec state"
+    for rank, r in enumerate(results):
+        assert r["error"] == agreed and r["seconds"] < 10, (rank, r)
+        assert r["open_engines"] == 0, (rank, r)
+        assert r["next_step"] == (f"RuntimeError: {name}: its buckets could not be rebuilt ({agreed}); "
+                                  "it cannot step or sync any more (make a new optimizer)"), (rank, r)
+        assert not grown(r["before"], r["after"]), (rank, r)   # close() released the rest
 
 
 def test_a_torch_without_the_members_it_overrides_is_refused_at_import():

@@ -11,6 +11,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 import ciera
 from ciera import zero
 from ciera.broadcast import Broadcaster
+from conftest import held_by_process, stage_failing
 
 # The shard policy under test: value deltas where this build has them.
 POLICY = "delta" if hasattr(ciera.ShardPolicy, "delta") else "ciera"
@@ -302,6 +303,58 @@ def rebuilds_and_their_failures(rank, world):
     _ones_grads(net)
     out["step_after_bad_group"] = _timed(optimizer.step)[0]
     optimizer.close()
+    return out
+
+
+def _failing_stage(stage: str):
+    """(the module whose `stage` ciera.zero calls, the error it fails with, what closes what it
+    made) for conftest.stage_failing: the transport, the trainability check's group, the engine."""
+    from ciera import _ext
+    from ciera.fsdp import lifecycle
+
+    return {"make_transport": (zero, RuntimeError("no route to the peers on this node"), None),
+            "group_beside": (zero, RuntimeError("no route to the peers on this node"), lifecycle.release_group),
+            "Engine": (_ext, MemoryError("no room for the codec state"), lifecycle.close_engine)}[stage]
+
+
+def a_set_up_stage_fails_on_one_rank(rank, world, stage):
+    """The constructor's transport, trainability check group or engine (`stage`) failing on the
+    last rank alone just after it was made: what each rank raised, its seconds and what it held
+    (conftest.stage_failing); then a second optimizer on the same model steps."""
+    net = model(torch.bfloat16)
+    owner, error, close = _failing_stage(stage)
+    out = stage_failing(rank == world - 1, lambda: _optimizer(net), owner, stage, error, close)
+    optimizer = _optimizer(net)
+    _ones_grads(net)
+    out["step"] = _timed(optimizer.step)[0]
+    optimizer.close()
+    return out
+
+
+def a_rebuild_fails_on_one_rank(rank, world, rebuild):
+    """The engine of a rebuild (`rebuild`: a step after a layer was frozen, or add_param_group)
+    failing on the last rank alone: what each rank raised and its seconds, the engines left open,
+    the next step's error, and what the process held before the optimizer and after close()."""
+    from ciera.fsdp import lifecycle
+
+    before = held_by_process()
+    net = model(torch.bfloat16)
+    optimizer = _optimizer(net)
+    _ones_grads(net)
+    optimizer.step()
+    if rebuild == "step":
+        net[0].weight.requires_grad_(False)
+        _ones_grads(net)
+        call = optimizer.step
+    else:
+        call = lambda: optimizer.add_param_group({"params": [torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))]})
+    owner, error, close = _failing_stage("Engine")
+    out = stage_failing(rank == world - 1, call, owner, "Engine", error, close)
+    out["open_engines"] = len(lifecycle.open_engines())
+    _ones_grads(net)
+    out["next_step"] = _timed(optimizer.step)[0]
+    optimizer.close()
+    out.update(before=before, after=held_by_process())
     return out
 
 
