@@ -231,7 +231,7 @@ def test_a_set_up_stage_failing_on_one_rank_fails_every_rank_at_once_leaving_not
     """Each stage is agreed on every rank. Until stop 72 a transport failing on rank 1 left rank 0
     in the engine's configuration agreement until its 20 s timeout (a CommError naming gloo), an
     engine failing there left rank 0 with a Broadcaster whose peer had none; and each rank kept
-    what it had made (a gloo group: 3 threads, 4 descriptors) as long as its error was held."""
+    what it had made (a gloo group: 3 threads, 5 descriptors) as long as its error was held."""
     results = all_ok(spawn(a_set_up_stage_fails_on_one_rank, 2, stage))
     for rank, r in enumerate(results):
         assert r["error"] == f"ConfigError: Broadcaster: rank 1 could not set up CIERA: {error}", (rank, r)
