@@ -547,13 +547,29 @@ class ZeroRedundancyOptimizer(_TorchZero):
         self._broken = None
 
     def _build_buckets_and_engines(self) -> None:
+        # Each stage's local work (the checks of the new buckets, then the flat tensors made and
+        # filled: an out-of-memory) agreed on every rank before the next: one that raised on one
+        # rank alone (a float64 parameter added or unfrozen there) left its peers in the engines'
+        # set-up, waiting out the engine's timeout and then process_group's.
+        plans = checked_on_every_rank(_NAME, self._plan_buckets, self.process_group)
+        self._close_engines()
+        checked_on_every_rank(_NAME, lambda: self._fill_buckets(plans), self.process_group)
+        self._open_engines()
+
+    def _plan_buckets(self) -> list:
+        """(device, every rank's parameters on it, their trainable ones, the bucket's dtype) per
+        device; a TypeError unless each device's trainable parameters share a dtype CIERA carries.
+        Checked before the old engines are closed."""
         plans = []
         for device, params_per_rank in self._device_to_params_per_rank.items():
             trainable = [[p for p in params if p.requires_grad] for params in params_per_rank]
-            # Checked before the old engines are closed.
             plans.append((device, params_per_rank, trainable,
                           _bucket_dtype(device, [p for mine in trainable for p in mine])))
-        self._close_engines()
+        return plans
+
+    def _fill_buckets(self, plans: list) -> None:
+        """Every device's flat tensor, every rank's trainable parameters moved into it as views
+        (self._buckets, self._syncs, no engines yet)."""
         index = {id(p): i for i, p in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))}
         self._buckets = [[] for _ in self._device_to_params_per_rank]
         self._syncs = []
@@ -580,7 +596,6 @@ class ZeroRedundancyOptimizer(_TorchZero):
             if sum(counts):
                 self._syncs.append(_DeviceSync(device, flat, offsets, counts, in_flat, [p.numel() for p in in_flat],
                                                [f"parameter {index.get(id(p), '?')}" for p in in_flat]))
-        self._open_engines()
 
     def _open_engines(self) -> None:
         """One engine per device with parameters, one bucket each: rank r's shards are its bucket

@@ -296,7 +296,8 @@ def test_rebuilds_and_their_failures():
         assert error == (f"ConfigError: {name}: the ranks differ in which parameters are trainable (requires_grad): "
                          "rank 1's differ from rank 0's; every rank must freeze and unfreeze the same parameters "
                          "before step()") and seconds < 15, (rank, r["differing_trainability"])
-        assert r["bad_group"].startswith(f"TypeError: {name}: the trainable parameters on cpu must share one dtype")
+        assert r["bad_group"].startswith(f"TypeError: {name}: on rank 0: the trainable parameters on cpu must share "
+                                         "one dtype"), (rank, r["bad_group"])
         assert r["step_after_bad_group"].startswith(f"RuntimeError: {name}: its buckets could not be rebuilt "
                                                     "(TypeError: "), (rank, r["step_after_bad_group"])
 
@@ -309,7 +310,7 @@ def test_a_set_up_stage_failing_on_one_rank_fails_every_rank_at_once_leaving_not
     group) is agreed on every rank. Until stop 72 a transport or engine failing on rank 1 left
     rank 0 waiting until its 20 s timeout (in the engine's configuration agreement, or in making
     the check's group), a check group failing there left rank 0 with an optimizer; and each rank
-    kept what it had made (gloo groups: 3 threads, 4 descriptors each) as long as its error was held."""
+    kept what it had made (gloo groups: 3 threads, 5 descriptors each) as long as its error was held."""
     results = all_ok(spawn(w.a_set_up_stage_fails_on_one_rank, 2, stage))
     agreed = f"ConfigError: ciera.zero.ZeroRedundancyOptimizer: rank 1 could not set up CIERA: {error}"
     for rank, r in enumerate(results):
@@ -335,6 +336,24 @@ def test_a_rebuild_failing_on_one_rank_fails_every_rank_at_once_and_breaks_the_o
         assert r["next_step"] == (f"RuntimeError: {name}: its buckets could not be rebuilt ({agreed}); "
                                   "it cannot step or sync any more (make a new optimizer)"), (rank, r)
         assert not grown(r["before"], r["after"]), (rank, r)   # close() released the rest
+
+
+@pytest.mark.parametrize("case", ["add_param_group", "unfreeze", "fill"])
+def test_a_rebuilds_local_failure_on_one_rank_fails_every_rank_at_once_and_breaks_the_optimizer(case):
+    """A rebuild's work before its set-up (the check of the buckets' dtype, making them) failing on
+    rank 1 alone: a float64 parameter added there, or unfrozen there after its .data was replaced,
+    or an out-of-memory as its flat bucket is made. Every rank raises rank 1's error at once, and
+    no later step runs. Until stop 72 rank 1 alone raised, rank 0 went on into the engine's set-up
+    and waited out the engine's 20 s timeout and then its group's 60 s, a gloo timeout in the end."""
+    results = all_ok(spawn(w.a_rebuild_check_fails_on_one_rank, 2, case))
+    name = "ciera.zero.ZeroRedundancyOptimizer"
+    agreed = (f"ConfigError: {name}: on rank 1: MemoryError: no room for the flat bucket" if case == "fill" else
+              f"TypeError: {name}: on rank 1: the trainable parameters on cpu must share one dtype (one flat bucket "
+              "per device), found ['torch.bfloat16', 'torch.float64']")
+    for rank, r in enumerate(results):
+        assert r["error"] == agreed and r["seconds"] < 10, (rank, r)
+        assert r["next_step"] == (f"RuntimeError: {name}: its buckets could not be rebuilt ({agreed}); "
+                                  "it cannot step or sync any more (make a new optimizer)"), (rank, r)
 
 
 def test_a_torch_without_the_members_it_overrides_is_refused_at_import():

@@ -11,7 +11,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer as TorchZero
 import ciera
 from ciera import zero
 from ciera.broadcast import Broadcaster
-from conftest import held_by_process, stage_failing
+from conftest import _failing_after, held_by_process, stage_failing
 
 # The shard policy under test: value deltas where this build has them.
 POLICY = "delta" if hasattr(ciera.ShardPolicy, "delta") else "ciera"
@@ -355,6 +355,57 @@ def a_rebuild_fails_on_one_rank(rank, world, rebuild):
     out["next_step"] = _timed(optimizer.step)[0]
     optimizer.close()
     out.update(before=before, after=held_by_process())
+    return out
+
+
+def a_rebuild_check_fails_on_one_rank(rank, world, case):
+    """A rebuild whose local work before its set-up fails on the last rank alone (`case`:
+    "add_param_group", a group whose parameter is float64 there; "unfreeze", a frozen parameter
+    whose .data that rank replaced by a float64 tensor, then unfrozen; "fill", making a flat bucket
+    failing there, an out-of-memory): what each rank raised and its seconds, and the next step's
+    error. The failing rank keeps its optimizer until its peers' call has ended, as one that
+    reports its error first would: closed, its groups' connections would end their wait early."""
+    import datetime
+
+    from conftest import ranks_store
+
+    failing = rank == world - 1
+    net = model(torch.bfloat16)
+    optimizer = _optimizer(net)
+    _ones_grads(net)
+    optimizer.step()
+    original = zero._DeviceSync
+    if case == "add_param_group":
+        extra = torch.nn.Parameter(torch.ones(4, dtype=torch.float64 if failing else torch.bfloat16))
+        call = lambda: optimizer.add_param_group({"params": [extra]})
+    elif case == "unfreeze":
+        net[0].bias.requires_grad_(False)
+        _ones_grads(net)
+        optimizer.step()
+        if failing:   # not in a bucket while frozen: no check of the views sees it
+            net[0].bias.data = net[0].bias.data.double()
+        net[0].bias.requires_grad_(True)
+        _ones_grads(net)
+        call = optimizer.step
+    else:
+        net[0].weight.requires_grad_(False)
+        _ones_grads(net)
+        call = optimizer.step
+        zero._DeviceSync = _failing_after(original, failing, MemoryError("no room for the flat bucket"))
+    try:
+        error, seconds = _timed(call)
+    finally:
+        zero._DeviceSync = original
+    store = ranks_store()
+    if failing:
+        store.set_timeout(datetime.timedelta(seconds=120))
+        for r in range(world - 1):
+            store.get(f"rebuild_check_{case}_{r}")
+    else:
+        store.set(f"rebuild_check_{case}_{rank}", "done")
+    _ones_grads(net)
+    out = {"error": error, "seconds": seconds, "next_step": _timed(optimizer.step)[0]}
+    optimizer.close()
     return out
 
 
