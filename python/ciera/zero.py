@@ -498,6 +498,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
         self.last_sync: SyncStats | None = None
         self.sync_count = 0
         self._agreement = None
+        self._rebuild_group = None
         with contextlib.ExitStack() as undo:
             # What the set-up made (engines, the groups of their transports and of the check
             # below), ended on every rank if a stage fails on any (each stage is agreed: every
@@ -508,14 +509,20 @@ class ZeroRedundancyOptimizer(_TorchZero):
             # The per-step check that the ranks agree on trainability runs here: gloo, on the host,
             # failing after the engines' timeout (process_group's own may wait 30 minutes for a dead
             # peer).
+            # And the rebuilds' agreements (_set_up_group) on a group of their own, as bounded: a
+            # rank alone in add_param_group would otherwise wait in them for its peers until
+            # process_group's timeout (30 minutes by default), where it waited out the engine's
+            # before they were agreed. Not the check's group: a rebuild's first exchange would pair
+            # with a peer's check in step().
             if self.world_size > 1:
-                def agreement_stage():
+                def engine_timeout_group():
                     group = group_beside(self.process_group, "gloo",
                                          datetime.timedelta(seconds=self._engine_config.timeout_s))
                     self._owned.groups.append(group)
                     return group
 
-                self._agreement = set_up_on_every_rank(agreement_stage, self.process_group, _failed_set_up)
+                self._agreement = set_up_on_every_rank(engine_timeout_group, self.process_group, _failed_set_up)
+                self._rebuild_group = set_up_on_every_rank(engine_timeout_group, self.process_group, _failed_set_up)
             undo.pop_all()
 
     # -- buckets ---------------------------------------------------------------------------------
@@ -551,9 +558,9 @@ class ZeroRedundancyOptimizer(_TorchZero):
         # filled: an out-of-memory) agreed on every rank before the next: one that raised on one
         # rank alone (a float64 parameter added or unfrozen there) left its peers in the engines'
         # set-up, waiting out the engine's timeout and then process_group's.
-        plans = checked_on_every_rank(_NAME, self._plan_buckets, self.process_group)
+        plans = checked_on_every_rank(_NAME, self._plan_buckets, self._set_up_group())
         self._close_engines()
-        checked_on_every_rank(_NAME, lambda: self._fill_buckets(plans), self.process_group)
+        checked_on_every_rank(_NAME, lambda: self._fill_buckets(plans), self._set_up_group())
         self._open_engines()
 
     def _plan_buckets(self) -> list:
@@ -632,12 +639,18 @@ class ZeroRedundancyOptimizer(_TorchZero):
         self._owned.engines.append(sync.engine)
 
     def _set_up_on_every_rank(self, stage):
-        """set_up_on_every_rank() over process_group for one stage of the engines' set-up (at
+        """set_up_on_every_rank() over _set_up_group() for one stage of the engines' set-up (at
         construction and in every rebuild): a transport or engine that failed on one rank alone
         left its peers in the engine's configuration agreement, or in the next sync, until the
         timeout. On a failure anywhere every rank closes the engines of this build (this stage's
         included), so that every rank's _build_param_buckets fails alike, leaving it broken."""
-        return set_up_on_every_rank(stage, self.process_group, _failed_set_up, lambda _: self._close_engines())
+        return set_up_on_every_rank(stage, self._set_up_group(), _failed_set_up, lambda _: self._close_engines())
+
+    def _set_up_group(self):
+        """The group the engines' set-up agrees on: process_group in the constructor (every rank
+        is in it, checked_on_every_rank saw them), then, in rebuilds, the group made for them,
+        whose collectives fail after the engine's timeout."""
+        return self._rebuild_group if self._rebuild_group is not None else self.process_group
 
     def _close_engines(self) -> None:
         for sync in self._syncs:
@@ -781,8 +794,9 @@ class ZeroRedundancyOptimizer(_TorchZero):
 
     @property
     def engines(self) -> list:
-        """The engines, one per device with trainable parameters."""
-        return [sync.engine for sync in self._syncs]
+        """The engines, one per device with trainable parameters (none after a failed rebuild,
+        which closed them)."""
+        return [sync.engine for sync in self._syncs if sync.engine is not None]
 
     @property
     def cache_bytes(self) -> int:
@@ -790,7 +804,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
         delta); a ValueError after close()."""
         if self._closed:
             raise ValueError("ciera.zero.ZeroRedundancyOptimizer is closed (close())")
-        return sum(sync.engine.cache_bytes for sync in self._syncs)
+        return sum(engine.cache_bytes for engine in self.engines)
 
     @property
     def closed(self) -> bool:
@@ -815,7 +829,7 @@ class ZeroRedundancyOptimizer(_TorchZero):
                 self._owned.release()
                 # Released above; held here, the group object kept its threads and descriptors
                 # (3 and 5) for as long as the closed optimizer lived.
-                self._agreement = None
+                self._agreement = self._rebuild_group = None
                 self._closed = True
         finally:
             self._stepping.release()

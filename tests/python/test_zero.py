@@ -281,11 +281,12 @@ def test_rebuilds_and_their_failures():
         error, seconds = r["bad_lr"]
         assert error == f"ValueError: {name}: on rank 1: Invalid learning rate: -1.0" and seconds < 15, \
             (rank, r["bad_lr"])
-        # One process group for the transport and one for the trainability check, made once, not
-        # per rebuild (every rebuild made one, kept until exit); released by close().
+        # One process group for the transport, one for the trainability check and one for the
+        # rebuilds' agreements, made once, not per rebuild (every rebuild made one, kept until
+        # exit); released by close().
         before, built, rebuilt = r["groups"]
-        assert built == before + 2 and rebuilt == built and r["groups_after_close"] == before, (rank, r["groups"])
-        assert r["groups_of_dropped"] == 2 and r["groups_after_drop"] == before, (rank, r)   # collected unclosed
+        assert built == before + 3 and rebuilt == built and r["groups_after_close"] == before, (rank, r["groups"])
+        assert r["groups_of_dropped"] == 3 and r["groups_after_drop"] == before, (rank, r)   # collected unclosed
         assert r["add_group_after_close"] == f"ValueError: {name} is closed (close()); it takes no parameter group"
         error, seconds = r["fails_in_rebuild"]
         expected = ("RuntimeError: a closure that fails on rank 1" if rank == 1 else
@@ -332,7 +333,7 @@ def test_a_rebuild_failing_on_one_rank_fails_every_rank_at_once_and_breaks_the_o
     agreed = f"ConfigError: {name}: rank 1 could not set up CIERA: MemoryError: no room for the codec state"
     for rank, r in enumerate(results):
         assert r["error"] == agreed and r["seconds"] < 10, (rank, r)
-        assert r["open_engines"] == 0, (rank, r)
+        assert r["open_engines"] == 0 and r["engines"] == 0 and r["cache_bytes"] is None, (rank, r)
         assert r["next_step"] == (f"RuntimeError: {name}: its buckets could not be rebuilt ({agreed}); "
                                   "it cannot step or sync any more (make a new optimizer)"), (rank, r)
         assert not grown(r["before"], r["after"]), (rank, r)   # close() released the rest
@@ -492,3 +493,13 @@ def test_a_sync_moves_every_synced_parameters_version_on_every_rank():
         assert all(moved), (rank, moved)
         assert (error or "").startswith("RuntimeError: one of the variables needed for gradient computation has been "
                                         "modified by an inplace operation"), (rank, error)
+
+
+def test_a_rebuild_on_one_rank_alone_fails_within_the_engines_timeout():
+    """add_param_group on rank 1 alone, rank 0 in step(), the engine's timeout 5 s: each fails
+    within a bounded time. Its rebuild's agreements run on a group of the engine's timeout: on
+    process_group (where they ran for a moment in stop 72) rank 1 waited for rank 0 until
+    process_group's timeout, 30 minutes by default (60 s in these tests)."""
+    results = all_ok(spawn(w.a_lone_rebuild, 2))
+    for rank, r in enumerate(results):
+        assert r["error"] is not None and r["seconds"] < 20, (rank, r)

@@ -351,6 +351,8 @@ def a_rebuild_fails_on_one_rank(rank, world, rebuild):
     owner, error, close = _failing_stage("Engine")
     out = stage_failing(rank == world - 1, call, owner, "Engine", error, close)
     out["open_engines"] = len(lifecycle.open_engines())
+    # What the optimizer says of its closed engines (an AttributeError on None, once).
+    out["engines"], out["cache_bytes"] = len(optimizer.engines), _timed(lambda: optimizer.cache_bytes)[0]
     _ones_grads(net)
     out["next_step"] = _timed(optimizer.step)[0]
     optimizer.close()
@@ -585,3 +587,33 @@ def versions_after_a_sync(rank, world):
     error = _timed(saved.backward)[0]
     optimizer.close()
     return moved, error
+
+
+def a_lone_rebuild(rank, world):
+    """add_param_group on the last rank alone (a misuse: every rank must call it), its peers in
+    their next step(): what each raised and in how many seconds, with the engine's timeout at 5 s.
+    The peers stay until the last rank's call has ended, as processes that go on would: gone, their
+    connections would end its wait early."""
+    import datetime
+
+    from conftest import ranks_store
+
+    net = model(torch.bfloat16)
+    config = ciera.EngineConfig()
+    config.warmup_steps = 0
+    config.timeout_s = 5
+    optimizer = zero.ZeroRedundancyOptimizer(list(net.parameters()), torch.optim.SGD, engine_config=config, lr=0.1)
+    _ones_grads(net)
+    optimizer.step()
+    alone = rank == world - 1
+    _ones_grads(net)
+    extra = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    error, seconds = _timed(lambda: optimizer.add_param_group({"params": [extra]}) if alone else optimizer.step())
+    store = ranks_store()
+    if alone:
+        store.set("lone_rebuild_done", "yes")
+    else:
+        store.set_timeout(datetime.timedelta(seconds=120))
+        store.get("lone_rebuild_done")
+    optimizer.close()
+    return {"error": error, "seconds": seconds}
