@@ -558,7 +558,12 @@ class ZeroRedundancyOptimizer(_TorchZero):
         # filled: an out-of-memory) agreed on every rank before the next: one that raised on one
         # rank alone (a float64 parameter added or unfrozen there) left its peers in the engines'
         # set-up, waiting out the engine's timeout and then process_group's.
-        plans = checked_on_every_rank(_NAME, self._plan_buckets, self._set_up_group())
+        # And the parameters alike, as at construction (a group added with a [2, 3] parameter on
+        # one rank and a [3, 2] one on another synced the same bytes into different shapes).
+        plans = checked_on_every_rank(
+            _NAME, self._plan_buckets, self._set_up_group(),
+            parameters=lambda: [(str(i), tuple(p.shape), str(p.dtype).removeprefix("torch."), p.requires_grad)
+                                for i, p in enumerate(chain.from_iterable(g["params"] for g in self.param_groups))])
         self._close_engines()
         checked_on_every_rank(_NAME, lambda: self._fill_buckets(plans), self._set_up_group())
         self._open_engines()
@@ -814,6 +819,15 @@ class ZeroRedundancyOptimizer(_TorchZero):
         if getattr(self, "_closed", False):   # before PyTorch adds it (PyTorch's constructor calls this too)
             raise ValueError(f"{_NAME} is closed (close()); it takes no parameter group")
         super().add_param_group(param_group)
+        if self.initialized:   # its buckets rebuilt for the mask as it is now
+            self._is_trainable_mask = self._get_is_trainable_mask()
+
+    def _get_is_trainable_mask(self) -> list[bool]:
+        """Whether each parameter of param_groups is trainable. PyTorch's reads the parameters
+        given at construction only: one added by add_param_group frozen, then unfrozen on every
+        rank, never entered a bucket, and its owner's steps reached no other rank, in silence
+        (PyTorch's own optimizer too)."""
+        return [p.requires_grad for group in self.param_groups for p in group["params"]]
 
     def close(self) -> None:
         """Ends the engines (collective when their transport is) and the process groups made for

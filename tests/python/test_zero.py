@@ -503,3 +503,16 @@ def test_a_rebuild_on_one_rank_alone_fails_within_the_engines_timeout():
     results = all_ok(spawn(w.a_lone_rebuild, 2))
     for rank, r in enumerate(results):
         assert r["error"] is not None and r["seconds"] < 20, (rank, r)
+
+
+def test_parameters_added_later_are_synced_once_trainable_and_must_match_across_ranks():
+    """A parameter added frozen (add_param_group), then unfrozen on every rank: PyTorch's mask of
+    trainable parameters covers those given at construction only, so until stop 72 it never
+    entered a bucket and only its owner's copy moved, in silence. And a group added with a
+    parameter of another shape on one rank (the same number of values) synced as if alike: now
+    refused on every rank, as the constructor refuses it."""
+    results = all_ok(spawn(w.added_parameters, 2))
+    for rank, r in enumerate(results):
+        assert r["unfrozen_alike"] and r["unfrozen_moved"], (rank, r)
+        assert r["shape_error"].startswith("ConfigError: ciera.zero.ZeroRedundancyOptimizer: the ranks' models "
+                                           "differ: parameter '4' is [2, 3] bfloat16 "), (rank, r)

@@ -617,3 +617,34 @@ def a_lone_rebuild(rank, world):
         store.get("lone_rebuild_done")
     optimizer.close()
     return {"error": error, "seconds": seconds}
+
+
+def added_parameters(rank, world):
+    """Parameter groups added after construction: one frozen, then unfrozen on every rank and
+    stepped (each rank's values of it, which must agree); and one whose parameter's shape differs
+    on the last rank ([3, 2] there, [2, 3] elsewhere: the same number of values), what each raised."""
+    net = model(torch.bfloat16)
+    optimizer = _optimizer(net)
+    _ones_grads(net)
+    optimizer.step()
+    added = torch.nn.Parameter(torch.zeros(6, dtype=torch.bfloat16), requires_grad=False)
+    optimizer.add_param_group({"params": [added]})
+    _ones_grads(net)
+    optimizer.step()
+    added.requires_grad_(True)
+    for _ in range(2):
+        _ones_grads(net)
+        added.grad = torch.ones_like(added)
+        optimizer.step()
+    values = [torch.zeros_like(added) for _ in range(world)]
+    dist.all_gather(values, added.detach())
+    unfrozen_alike = all(torch.equal(v.view(torch.int16), values[0].view(torch.int16)) for v in values)
+    unfrozen_moved = not torch.equal(added.detach(), torch.zeros_like(added))
+    optimizer.close()
+    net = model(torch.bfloat16)
+    optimizer = _optimizer(net)
+    shape = (3, 2) if rank == world - 1 else (2, 3)
+    other = torch.nn.Parameter(torch.ones(shape, dtype=torch.bfloat16))
+    error, _ = _timed(lambda: optimizer.add_param_group({"params": [other]}))
+    optimizer.close()
+    return {"unfrozen_alike": unfrozen_alike, "unfrozen_moved": unfrozen_moved, "shape_error": error}
