@@ -95,9 +95,10 @@ def set_up_on_every_rank(stage, group, failed_text, cleanup=None):
     """`stage()` (one step of a collective set-up: a transport, a measured cost model, an engine),
     then whether it succeeded on every rank of `group` (one small all_gather_object): returns what
     it returned where it did. Else, on every rank, `cleanup(result)` (what this rank's stage
-    returned, None where it failed: to release what the ranks that succeeded made) and: the stage's own error where every rank failed alike (an engine's configuration agreement
-    throws the same text everywhere), otherwise a ConfigError, `failed_text(rank)` followed by that
-    rank's error, naming the first rank that failed.
+    returned, None where it failed: to release what the ranks that succeeded made) and: the
+    stage's own error where every rank failed alike (an engine's configuration agreement throws
+    the same text everywhere), otherwise a ConfigError, `failed_text(rank)` followed by that rank's
+    error, naming the first rank that failed.
 
     Agreed after each stage, not once at the end: a rank that failed alone would skip the later
     stages, whose collectives (a cost model's measurement on the transport, the engine's

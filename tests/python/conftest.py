@@ -157,14 +157,16 @@ def set_up_stages_failing(failing: bool, enable, transport_owner) -> list:
 def _failing_after(original, failing: bool, error: BaseException, close=None):
     """`original`, failing on this rank if `failing` just after it returned (what it made closed
     by `close`, if given), with a copy of `error`: an error raised again holds the frames of its
-    earlier raises, and any made then, to the next garbage collection."""
+    earlier raises, and any made then, to the next garbage collection. What it made is not left
+    in its frame, which the error's traceback keeps (for group_beside, the group itself)."""
     def call(*args, **kwargs):
         made = original(*args, **kwargs)
-        if failing:
-            if close is not None:
-                close(made)
-            raise type(error)(*error.args)
-        return made
+        if not failing:
+            return made
+        if close is not None:
+            close(made)
+        made = None
+        raise type(error)(*error.args)
     return call
 
 
@@ -193,19 +195,12 @@ def grown(before: dict, now: dict) -> dict:
 def later_set_up_stage_failing(failing: bool, enable, stage: str) -> dict:
     """enable() (a call that sets CIERA up on transport "torch" and returns a handle) whose stage
     `stage` (ciera.fsdp.api's measured_cost_model or make_engine: after the transport) fails on
-    this rank if `failing`, just after its collective part: what it raised here, and what the
-    process held before and after it (held_by_process)."""
+    this rank if `failing`, just after its collective part: stage_failing()'s record of it."""
     from ciera.fsdp import api, lifecycle
 
     close = lifecycle.close_engine if stage == "make_engine" else None
-    before = held_by_process()
-    original = getattr(api, stage)
-    setattr(api, stage, _failing_after(original, failing, MemoryError("no room for the codec state"), close))
-    try:
-        raised = error_of(lambda: enable().disable())
-    finally:
-        setattr(api, stage, original)
-    return {"error": raised, "before": before, "after": held_by_process()}
+    return stage_failing(failing, lambda: enable().disable(), api, stage, MemoryError("no room for the codec state"),
+                         close)
 
 
 def stage_failing(failing: bool, make, owner, stage: str, error: BaseException, close=None) -> dict:
@@ -221,20 +216,9 @@ def stage_failing(failing: bool, make, owner, stage: str, error: BaseException, 
     error, cannot end the peers' wait by releasing its group."""
     import torch.distributed as dist
 
-    def failing_after(*args, **kwargs):
-        # As _failing_after, but what the stage made is not left in this frame, which the error's
-        # traceback keeps (for group_beside, the group itself).
-        made = original(*args, **kwargs)
-        if not failing:
-            return made
-        if close is not None:
-            close(made)
-        made = None
-        raise type(error)(*error.args)
-
     before = held_by_process()
     original = getattr(owner, stage)
-    setattr(owner, stage, failing_after)
+    setattr(owner, stage, _failing_after(original, failing, error, close))
     start = time.perf_counter()
     kept = raised = None
     try:
